@@ -1,0 +1,11 @@
+//! Sans-IO core of the cheetah load balancer.
+//!
+//! Packets go in, verdicts come out. Nothing here opens a socket, spawns a thread or reads a
+//! clock: time (`Nanos`) and randomness (seeds) are passed in, so a pcap replay, the
+//! simulator, the fuzzer and the AF_XDP workers all drive exactly the same code and a run
+//! replays bit for bit.
+
+pub mod policy;
+pub mod types;
+
+pub use types::{Nanos, ServerId};
