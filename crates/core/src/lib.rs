@@ -5,7 +5,9 @@
 //! simulator, the fuzzer and the AF_XDP workers all drive exactly the same code and a run
 //! replays bit for bit.
 
-pub mod policy;
 pub mod types;
+pub mod verdict;
+pub mod wire;
 
 pub use types::{Nanos, ServerId};
+pub use verdict::{DropReason, Verdict};

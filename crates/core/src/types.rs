@@ -77,7 +77,13 @@ mod tests {
 
     #[test]
     fn malformed_mac_text_is_refused() {
-        for bad in ["", "02:00:0a:ff:01", "02:00:0a:ff:01:9c:00", "2:00:0a:ff:01:9c", "zz:00:0a:ff:01:9c"] {
+        for bad in [
+            "",
+            "02:00:0a:ff:01",
+            "02:00:0a:ff:01:9c:00",
+            "2:00:0a:ff:01:9c",
+            "zz:00:0a:ff:01:9c",
+        ] {
             assert_eq!(parse_mac(bad), None, "{bad}");
         }
     }

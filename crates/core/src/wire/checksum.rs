@@ -1,0 +1,174 @@
+//! Internet checksum arithmetic (RFC 1071) and its incremental update (RFC 1624).
+//!
+//! Every header rewrite in cheetah goes through [`update`]: the L4 checksum is never
+//! recomputed or verified, so a packet that arrived with a bad checksum leaves with a
+//! checksum that is exactly as bad, and the receiver drops it as it would have without us.
+
+/// Ones'-complement sum of `data` taken as big-endian 16-bit words, not folded.
+///
+/// An odd trailing byte is padded with zero, as RFC 1071 does at the end of a message.
+#[inline]
+pub fn sum(data: &[u8]) -> u32 {
+    let mut acc: u32 = 0;
+    let mut words = data.chunks_exact(2);
+    for word in &mut words {
+        acc += u16::from_be_bytes([word[0], word[1]]) as u32;
+    }
+    if let [last] = words.remainder() {
+        acc += (*last as u32) << 8;
+    }
+    acc
+}
+
+/// Folds a 32-bit ones'-complement accumulator into 16 bits.
+#[inline]
+pub fn fold(mut acc: u32) -> u16 {
+    acc = (acc & 0xffff) + (acc >> 16);
+    acc = (acc & 0xffff) + (acc >> 16);
+    acc as u16
+}
+
+/// The checksum field value for a region whose ones'-complement sum is `acc`.
+#[inline]
+pub fn finish(acc: u32) -> u16 {
+    !fold(acc)
+}
+
+/// Full checksum of `data` (used to build packets and to check rewrites in tests).
+pub fn compute(data: &[u8]) -> u16 {
+    finish(sum(data))
+}
+
+/// RFC 1624 eqn. 3: the new checksum after the bytes `old` at some position in the
+/// checksummed region became `new` (same length).
+///
+/// `odd_offset` says whether that position is at an odd byte offset from the start of the
+/// region. Ones'-complement sums commute with byte swapping, so a field that straddles
+/// 16-bit words is summed as if aligned and its partial sum byte-swapped before it is
+/// folded in. Only parity matters: a multiple of 2 added to an offset changes nothing.
+#[inline]
+pub fn update(checksum: u16, odd_offset: bool, old: &[u8], new: &[u8]) -> u16 {
+    debug_assert_eq!(old.len(), new.len());
+    // ~old + new, word by word; `!word` is the ones' complement of each 16-bit word.
+    let mut delta: u32 = 0;
+    let mut old_words = old.chunks_exact(2);
+    let mut new_words = new.chunks_exact(2);
+    for (o, n) in (&mut old_words).zip(&mut new_words) {
+        delta += !u16::from_be_bytes([o[0], o[1]]) as u32;
+        delta += u16::from_be_bytes([n[0], n[1]]) as u32;
+    }
+    if let ([o], [n]) = (old_words.remainder(), new_words.remainder()) {
+        delta += !((*o as u16) << 8) as u32;
+        // The zero pad byte of `old` complements to 0xff, which is exactly what makes
+        // ~old + new equal new - old in ones'-complement arithmetic; nothing to cancel.
+        delta += ((*n as u16) << 8) as u32;
+    }
+    let mut delta = fold(delta);
+    if odd_offset {
+        delta = delta.swap_bytes();
+    }
+    !fold((!checksum) as u32 + delta as u32)
+}
+
+/// [`update`] for one 16-bit field at an even offset.
+#[inline]
+pub fn update_u16(checksum: u16, old: u16, new: u16) -> u16 {
+    !fold((!checksum) as u32 + (!old) as u32 + new as u32)
+}
+
+/// [`update`] for one 32-bit field at an even offset (e.g. an IPv4 address).
+#[inline]
+pub fn update_u32(checksum: u16, old: u32, new: u32) -> u16 {
+    let acc = (!checksum) as u32
+        + (!(old >> 16) as u16) as u32
+        + (!(old as u16)) as u32
+        + (new >> 16)
+        + (new & 0xffff);
+    !fold(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn rfc1071_example_sums_to_known_value() {
+        // RFC 1071 section 3 example bytes.
+        let data = [0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7];
+        assert_eq!(fold(sum(&data)), 0xddf2);
+    }
+
+    #[test]
+    fn ipv4_header_checksum_matches_known_header() {
+        let header = [
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8,
+            0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
+        ];
+        assert_eq!(compute(&header), 0xb861);
+    }
+
+    fn with_checksum(mut region: Vec<u8>, at: usize) -> Vec<u8> {
+        region[at] = 0;
+        region[at + 1] = 0;
+        let c = compute(&region);
+        region[at..at + 2].copy_from_slice(&c.to_be_bytes());
+        region
+    }
+
+    proptest! {
+        /// Rewriting any bytes at any offset (odd or even) and updating incrementally gives
+        /// the same checksum as recomputing from scratch.
+        #[test]
+        fn incremental_update_equals_recompute(
+            region in proptest::collection::vec(any::<u8>(), 8..80),
+            at in 0usize..64,
+            replacement in proptest::collection::vec(any::<u8>(), 1..9),
+        ) {
+            let region = with_checksum(region, 0);
+            let at = 2 + at % (region.len() - 2);
+            let len = replacement.len().min(region.len() - at);
+            let replacement = &replacement[..len];
+            let old_sum = u16::from_be_bytes([region[0], region[1]]);
+            let mut rewritten = region.clone();
+            rewritten[at..at + len].copy_from_slice(replacement);
+            let updated = update(old_sum, at % 2 == 1, &region[at..at + len], replacement);
+            let mut expected = rewritten.clone();
+            expected[0] = 0;
+            expected[1] = 0;
+            // Both are valid encodings of the same sum; compare as folded sums of the whole.
+            rewritten[0..2].copy_from_slice(&updated.to_be_bytes());
+            prop_assert_eq!(fold(sum(&rewritten)), 0xffff, "updated checksum must verify");
+        }
+
+        /// A checksum that was wrong before a rewrite is wrong by exactly the same amount after.
+        #[test]
+        fn bad_checksum_stays_exactly_as_bad(
+            region in proptest::collection::vec(any::<u8>(), 8..40),
+            error in 1u16..=0xfffe,
+            new_word in any::<u32>(),
+        ) {
+            let good = with_checksum(region, 0);
+            let good_sum = u16::from_be_bytes([good[0], good[1]]);
+            let bad_sum = good_sum.wrapping_add(error);
+            prop_assume!(bad_sum != good_sum && !(good_sum == 0 && bad_sum == 0xffff) && !(good_sum == 0xffff && bad_sum == 0));
+            let at = 4.min(good.len() - 4);
+            let old = good[at..at + 4].to_vec();
+            let new = new_word.to_be_bytes();
+            let good_after = update(good_sum, false, &old, &new);
+            let bad_after = update(bad_sum, false, &old, &new);
+            prop_assert_eq!(
+                fold((!good_after) as u32 + bad_after as u32),
+                fold((!good_sum) as u32 + bad_sum as u32)
+            );
+        }
+
+        #[test]
+        fn word_helpers_equal_byte_update(csum in any::<u16>(), old in any::<u32>(), new in any::<u32>()) {
+            let via_bytes = update(csum, false, &old.to_be_bytes(), &new.to_be_bytes());
+            prop_assert_eq!(fold(update_u32(csum, old, new) as u32), fold(via_bytes as u32));
+            let via_bytes16 = update(csum, false, &(old as u16).to_be_bytes(), &(new as u16).to_be_bytes());
+            prop_assert_eq!(update_u16(csum, old as u16, new as u16), via_bytes16);
+        }
+    }
+}
