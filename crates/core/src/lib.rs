@@ -5,6 +5,9 @@
 //! simulator, the fuzzer and the AF_XDP workers all drive exactly the same code and a run
 //! replays bit for bit.
 
+pub mod cookie;
+pub mod hash;
+pub mod lb;
 pub mod types;
 pub mod verdict;
 pub mod wire;
