@@ -5,9 +5,12 @@
 //! simulator, the fuzzer and the AF_XDP workers all drive exactly the same code and a run
 //! replays bit for bit.
 
+pub mod config;
 pub mod cookie;
 pub mod hash;
 pub mod lb;
+pub mod policy;
+pub mod tables;
 pub mod types;
 pub mod verdict;
 pub mod wire;

@@ -2,3 +2,6 @@
 
 pub mod fallback;
 pub mod rate_limit;
+pub mod shared;
+
+pub use shared::LbShared;

@@ -1,0 +1,199 @@
+//! Automatic weighted round-robin (CHEETAH paper, section 4.1): smooth WRR whose weights
+//! follow the servers' loads.
+//!
+//! Each server gets `N_i = round(10 * L_avg / ((1 - a) * L_i + a * L_avg))` buckets, with
+//! `a = 0.5`, clamped to `[2, 30]`: a server at the average load gets 10, a less loaded one
+//! more, a busier one fewer. The buckets are recomputed whenever the worker merges loads
+//! (every 10 ms), never per pick, and served with [`SmoothWeights`], whose credits carry
+//! over from one set of buckets to the next.
+//!
+//! Unlike least-loaded, AWRR keeps sending some connections to every server between two
+//! load reports, so a stale report cannot make one server take every new connection.
+
+use crate::policy::wrr::SmoothWeights;
+use crate::policy::{LoadView, PickContext, Policy, PolicyKind, PoolSnapshot};
+use crate::types::ServerId;
+
+/// Buckets of a server at exactly the average load.
+pub const BALANCED_BUCKETS: u32 = 10;
+/// Fewest buckets: even the busiest server keeps getting a trickle of connections, so its
+/// load keeps being measured.
+pub const MIN_BUCKETS: u32 = 2;
+/// Most buckets, 3 x [`BALANCED_BUCKETS`] as in the paper. With `a = 0.5` the formula
+/// never exceeds 20 (reached by an idle server), so the cap only matters for smaller `a`.
+pub const MAX_BUCKETS: u32 = 30;
+/// The paper's `a`: how far a server's own load is blended with the average, which damps
+/// the reaction to a load difference (0 would follow loads at full strength).
+pub const CONVERGENCE: f64 = 0.5;
+
+/// Buckets for a server with load `load` in a pool whose average load is `average`.
+///
+/// Loads are non-negative; anything else (NaN, negative) counts as idle. When the whole
+/// pool is idle every server gets [`BALANCED_BUCKETS`].
+pub fn awrr_bucket(load: f64, average: f64) -> u32 {
+    let load = sanitize(load);
+    let average = sanitize(average);
+    if average == 0.0 {
+        return BALANCED_BUCKETS;
+    }
+    let buckets = f64::from(BALANCED_BUCKETS) * average
+        / ((1.0 - CONVERGENCE) * load + CONVERGENCE * average);
+    (buckets.round() as u32).clamp(MIN_BUCKETS, MAX_BUCKETS)
+}
+
+/// Buckets for each of `loads`, in order.
+pub fn awrr_buckets(loads: &[f64]) -> Vec<u32> {
+    let average = average(loads.iter().copied());
+    loads
+        .iter()
+        .map(|&load| awrr_bucket(load, average))
+        .collect()
+}
+
+fn sanitize(load: f64) -> f64 {
+    if load.is_finite() && load > 0.0 {
+        load
+    } else {
+        0.0
+    }
+}
+
+fn average(loads: impl ExactSizeIterator<Item = f64>) -> f64 {
+    let count = loads.len();
+    if count == 0 {
+        return 0.0;
+    }
+    loads.map(sanitize).sum::<f64>() / count as f64
+}
+
+/// Per-worker AWRR: smooth-WRR credits over buckets derived from the pool's load metric.
+pub struct AutoWeightedRoundRobin {
+    buckets: SmoothWeights,
+}
+
+impl AutoWeightedRoundRobin {
+    /// Starts every server at [`BALANCED_BUCKETS`] (no load known yet), with worker `w`
+    /// `w` picks into the cycle so that workers do not pick in lockstep.
+    pub fn new(pool: &PoolSnapshot, worker: usize, _workers: usize) -> Self {
+        let balanced = vec![BALANCED_BUCKETS; pool.servers.len()];
+        AutoWeightedRoundRobin {
+            buckets: SmoothWeights::for_worker(&balanced, worker),
+        }
+    }
+}
+
+impl Policy for AutoWeightedRoundRobin {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::AutoWeightedRoundRobin
+    }
+
+    #[inline]
+    fn pick(&mut self, ctx: &mut PickContext<'_>) -> Option<ServerId> {
+        debug_assert_eq!(
+            self.buckets.len(),
+            ctx.pool.servers.len(),
+            "built for another pool"
+        );
+        let position = self.buckets.next_position()?;
+        ctx.pool.servers.get(position).copied()
+    }
+
+    fn on_loads_merged(&mut self, pool: &PoolSnapshot, loads: &LoadView) {
+        let load_of = |id: &ServerId| loads.load(*id, pool.metric);
+        if self.buckets.len() != pool.servers.len() {
+            self.buckets = SmoothWeights::new(&vec![BALANCED_BUCKETS; pool.servers.len()]);
+        }
+        let average = average(pool.servers.iter().map(load_of));
+        self.buckets.reweight(
+            pool.servers
+                .iter()
+                .map(|id| awrr_bucket(load_of(id), average)),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::policy::testing::{counts, picks};
+    use crate::policy::LoadMetric;
+
+    #[test]
+    fn balanced_pool_gets_ten_buckets_each() {
+        assert_eq!(awrr_buckets(&[0.4; 5]), vec![10; 5]);
+        assert_eq!(awrr_buckets(&[250.0; 3]), vec![10; 3]);
+    }
+
+    #[test]
+    fn idle_pool_gets_ten_buckets_each() {
+        assert_eq!(awrr_buckets(&[0.0; 4]), vec![10; 4]);
+    }
+
+    #[test]
+    fn idle_server_gets_twenty_buckets() {
+        // 10 * avg / (0.5 * 0 + 0.5 * avg) = 20, whatever the average.
+        assert_eq!(awrr_buckets(&[0.0, 0.6, 0.6]), vec![20, 8, 8]);
+        assert_eq!(awrr_bucket(0.0, 1e-9), 20);
+    }
+
+    #[test]
+    fn formula_matches_the_paper() {
+        // Twice the average: 10 / (1 + 0.5) = 6.67; half the average: 10 / 0.75 = 13.33.
+        assert_eq!(awrr_bucket(2.0, 1.0), 7);
+        assert_eq!(awrr_bucket(0.5, 1.0), 13);
+        assert_eq!(awrr_buckets(&[0.0, 1.0, 2.0]), vec![20, 10, 7]);
+    }
+
+    #[test]
+    fn very_busy_server_keeps_two_buckets() {
+        assert_eq!(awrr_bucket(1e9, 1.0), MIN_BUCKETS);
+        let mut loads = vec![1.0; 100];
+        loads.push(10_000.0);
+        assert_eq!(*awrr_buckets(&loads).last().unwrap(), MIN_BUCKETS);
+    }
+
+    #[test]
+    fn malformed_loads_count_as_idle() {
+        assert_eq!(
+            awrr_buckets(&[f64::NAN, -1.0, 1.0]),
+            awrr_buckets(&[0.0, 0.0, 1.0])
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn buckets_stay_within_two_and_twenty(loads in prop::collection::vec(0.0f64..1e6, 1..50)) {
+            // The 30 cap of the paper is unreachable with a = 0.5: an idle server gets 20.
+            for buckets in awrr_buckets(&loads) {
+                prop_assert!((MIN_BUCKETS..=20).contains(&buckets));
+            }
+        }
+    }
+
+    #[test]
+    fn picks_follow_the_buckets_after_a_merge() {
+        let servers = vec![ServerId(4), ServerId(5), ServerId(6)];
+        let pool = PoolSnapshot::new(servers.clone(), vec![1; 3], LoadMetric::Reported);
+        let mut loads = LoadView::new();
+        for (id, load) in servers.iter().zip([0.0, 1.0, 2.0]) {
+            loads.set_load(*id, LoadMetric::Reported, load);
+            // Another metric must not leak in.
+            loads.set_load(*id, LoadMetric::ActiveConnections, 100.0 - load);
+        }
+        let mut awrr = AutoWeightedRoundRobin::new(&pool, 0, 1);
+        awrr.on_loads_merged(&pool, &loads);
+        let picked = picks(&mut awrr, &pool, &loads, 0, 37);
+        let picked: Vec<ServerId> = picked.iter().map(|id| ServerId(id.0 - 4)).collect();
+        assert_eq!(counts(&picked, 3), [20, 10, 7]);
+    }
+
+    #[test]
+    fn starts_balanced_before_any_load_is_known() {
+        let pool = crate::policy::testing::pool(4);
+        let mut awrr = AutoWeightedRoundRobin::new(&pool, 2, 4);
+        let picked = picks(&mut awrr, &pool, &LoadView::new(), 0, 40);
+        assert_eq!(counts(&picked, 4), [10; 4]);
+    }
+}

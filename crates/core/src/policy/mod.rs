@@ -18,12 +18,15 @@ pub mod random;
 pub mod rr;
 pub mod wrr;
 
+#[cfg(test)]
+mod testing;
+
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::types::{Nanos, ServerId};
-pub use load::{LoadMetric, LoadView};
+pub use load::{LoadMetric, LoadView, ReportedLoad, SharedLoads, WorkerLoads, MERGE_INTERVAL};
 pub use maglev::MaglevTable;
 
 /// The seeded generator every randomized policy draws from.
@@ -108,7 +111,12 @@ impl PoolSnapshot {
     pub fn new(servers: Vec<ServerId>, weights: Vec<u32>, metric: LoadMetric) -> Self {
         assert_eq!(servers.len(), weights.len(), "one weight per server");
         let maglev = Arc::new(MaglevTable::build(&servers));
-        PoolSnapshot { servers, weights, maglev, metric }
+        PoolSnapshot {
+            servers,
+            weights,
+            maglev,
+            metric,
+        }
     }
 }
 
@@ -138,15 +146,76 @@ pub trait Policy: Send {
 ///
 /// `worker` and `workers` let stateful policies start their cursors apart, so that two
 /// workers do not both send their first connection to the same server.
-pub fn build(kind: PolicyKind, pool: &PoolSnapshot, worker: usize, workers: usize) -> Box<dyn Policy> {
+pub fn build(
+    kind: PolicyKind,
+    pool: &PoolSnapshot,
+    worker: usize,
+    workers: usize,
+) -> Box<dyn Policy> {
     match kind {
         PolicyKind::Hash => Box::new(hash::HashPolicy),
         PolicyKind::Maglev => Box::new(maglev::MaglevPolicy),
         PolicyKind::RoundRobin => Box::new(rr::RoundRobin::new(pool, worker, workers)),
-        PolicyKind::WeightedRoundRobin => Box::new(wrr::WeightedRoundRobin::new(pool, worker, workers)),
-        PolicyKind::AutoWeightedRoundRobin => Box::new(awrr::AutoWeightedRoundRobin::new(pool, worker, workers)),
+        PolicyKind::WeightedRoundRobin => {
+            Box::new(wrr::WeightedRoundRobin::new(pool, worker, workers))
+        }
+        PolicyKind::AutoWeightedRoundRobin => {
+            Box::new(awrr::AutoWeightedRoundRobin::new(pool, worker, workers))
+        }
         PolicyKind::PowerOfTwo => Box::new(pow2::PowerOfTwo),
         PolicyKind::LeastLoaded => Box::new(least_loaded::LeastLoaded::new(worker)),
         PolicyKind::Random => Box::new(random::Random),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand_core::SeedableRng;
+
+    use super::*;
+
+    fn pick_once(kind: PolicyKind, pool: &PoolSnapshot) -> Option<ServerId> {
+        let loads = LoadView::new();
+        let mut rng = PolicyRng::seed_from_u64(0);
+        let mut ctx = PickContext {
+            pool,
+            flow_hash: 12_345,
+            loads: &loads,
+            rng: &mut rng,
+            now: 0,
+        };
+        let mut policy = build(kind, pool, 3, 4);
+        assert_eq!(policy.kind(), kind);
+        policy.on_loads_merged(pool, &loads);
+        policy.pick(&mut ctx)
+    }
+
+    #[test]
+    fn every_policy_picks_nothing_from_an_empty_pool() {
+        let empty = PoolSnapshot::new(Vec::new(), Vec::new(), LoadMetric::ActiveConnections);
+        for kind in PolicyKind::ALL {
+            assert_eq!(pick_once(kind, &empty), None, "{}", kind.name());
+        }
+    }
+
+    #[test]
+    fn every_policy_picks_a_pool_member() {
+        let servers = vec![ServerId(3), ServerId(900), ServerId(32_767)];
+        let pool = PoolSnapshot::new(
+            servers.clone(),
+            vec![1, 2, 3],
+            LoadMetric::ActiveConnections,
+        );
+        for kind in PolicyKind::ALL {
+            let picked = pick_once(kind, &pool).unwrap();
+            assert!(servers.contains(&picked), "{}: {picked:?}", kind.name());
+        }
+    }
+
+    #[test]
+    fn policy_names_round_trip() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(PolicyKind::from_name(kind.name()), Some(kind));
+        }
     }
 }

@@ -106,7 +106,7 @@ mod tests {
             ext[0] = extensions.get(i + 1).map_or(next, |e| e.0);
             buf.extend_from_slice(&ext);
         }
-        buf.extend(std::iter::repeat(0).take(upper_len));
+        buf.extend(std::iter::repeat_n(0, upper_len));
         let payload = (buf.len() - HEADER_LEN) as u16;
         buf[4..6].copy_from_slice(&payload.to_be_bytes());
         buf[24..40].copy_from_slice(&Ipv6Addr::LOCALHOST.octets());

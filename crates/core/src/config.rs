@@ -1,0 +1,485 @@
+//! The load balancer's configuration: what operators write in TOML, and its validation.
+//!
+//! This module owns the LB sections of the config file (mode, forwarding, servers, VIPs).
+//! The daemon owns its own sections (interfaces, API address, secret file) and hands the rest
+//! here. Validation names the field and the problem, e.g.
+//! `vips[1].servers[2]: server 9 is not defined in [[servers]]`, and a config that fails
+//! validation changes nothing.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::lb::fallback;
+use crate::policy::{LoadMetric, PolicyKind};
+use crate::types::{parse_mac, Mac, ServerId};
+
+/// How the data path picks servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Policy for the first packet, cookie for the rest: per-connection consistency.
+    #[default]
+    Cheetah,
+    /// Baseline: every packet goes to `pool[hash % n]`, no cookie.
+    Hash,
+    /// Baseline: every packet goes through the VIP's Maglev table, no cookie.
+    Maglev,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Cheetah => "cheetah",
+            Mode::Hash => "hash",
+            Mode::Maglev => "maglev",
+        }
+    }
+}
+
+/// How packets reach the servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Forwarding {
+    /// Rewrite the destination MAC; servers own the VIP on `lo` and route replies via the LB.
+    #[default]
+    L2,
+    /// Stateless NAT: VIP:port <-> DIP:backend_port, checksums updated.
+    Nat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConfiguredState {
+    #[default]
+    Active,
+    Draining,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Id carried in cookies: 0..=32767, never reused while connections may carry it.
+    pub id: u16,
+    /// The server's own address (where NAT sends, and how NAT recognises its replies).
+    pub dip: IpAddr,
+    /// The server's MAC on the LB's segment (required for l2 forwarding).
+    #[serde(default)]
+    pub mac: Option<String>,
+    #[serde(default)]
+    pub state: ConfiguredState,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VipConfig {
+    pub address: IpAddr,
+    pub port: u16,
+    #[serde(default = "default_policy")]
+    pub policy: PolicyKind,
+    /// Load metric for pow2 / least-loaded / awrr (default: reported load for awrr, active
+    /// connections otherwise).
+    #[serde(default)]
+    pub load_metric: Option<LoadMetric>,
+    /// Server port for NAT (default: the VIP port).
+    #[serde(default)]
+    pub backend_port: Option<u16>,
+    /// Ids of the servers in this VIP's pool.
+    pub servers: Vec<u16>,
+    /// Weights by server id (default 1), for wrr.
+    #[serde(default)]
+    pub weights: BTreeMap<String, u32>,
+}
+
+fn default_policy() -> PolicyKind {
+    PolicyKind::RoundRobin
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LbConfig {
+    #[serde(default)]
+    pub mode: Mode,
+    #[serde(default)]
+    pub forwarding: Forwarding,
+    /// Seconds a removed server's id stays retired before it may be given to a new server.
+    #[serde(default = "default_quarantine")]
+    pub quarantine_secs: u64,
+    /// Per-worker LRU entries for connections without TCP timestamps.
+    #[serde(default = "default_fallback_capacity")]
+    pub fallback_table_capacity: usize,
+    /// ICMP errors without a cookie copied to all servers: per-worker rate and burst.
+    #[serde(default = "default_icmp_rate")]
+    pub icmp_copy_rate: u64,
+    #[serde(default = "default_icmp_burst")]
+    pub icmp_copy_burst: u64,
+    #[serde(default)]
+    pub servers: Vec<ServerConfig>,
+    #[serde(default)]
+    pub vips: Vec<VipConfig>,
+}
+
+fn default_quarantine() -> u64 {
+    600
+}
+fn default_fallback_capacity() -> usize {
+    fallback::DEFAULT_CAPACITY
+}
+fn default_icmp_rate() -> u64 {
+    100
+}
+fn default_icmp_burst() -> u64 {
+    50
+}
+
+/// A config that cannot be used, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Path of the offending field, e.g. `vips[0].servers[2]`.
+    pub field: String,
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}", self.problem)
+        } else {
+            write!(f, "{}: {}", self.field, self.problem)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A server after validation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidServer {
+    pub id: ServerId,
+    pub dip: u32,
+    pub mac: Option<Mac>,
+    pub state: ConfiguredState,
+}
+
+/// A VIP after validation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidVip {
+    pub address: IpAddr,
+    pub port: u16,
+    pub policy: PolicyKind,
+    pub metric: LoadMetric,
+    pub backend_port: u16,
+    /// Pool members with their weights, in configured order.
+    pub members: Vec<(ServerId, u32)>,
+}
+
+impl ValidVip {
+    /// The IPv4 address, or `None` for an IPv6 VIP (parsed, not yet balanced).
+    pub fn ipv4(&self) -> Option<u32> {
+        match self.address {
+            IpAddr::V4(a) => Some(a.into()),
+            IpAddr::V6(_) => None,
+        }
+    }
+}
+
+impl LbConfig {
+    /// Parses the LB sections from TOML text; unknown fields are errors.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let field = e.span().map(|s| locate(text, s.start)).unwrap_or_default();
+            ConfigError::new(field, e.message().to_string())
+        })
+    }
+
+    /// Checks everything that can be checked without the running system, returning the
+    /// servers and VIPs in the form the control plane uses.
+    pub fn validate(&self) -> Result<(Vec<ValidServer>, Vec<ValidVip>), ConfigError> {
+        if self.fallback_table_capacity == 0
+            || self.fallback_table_capacity > fallback::MAX_CAPACITY
+        {
+            return Err(ConfigError::new(
+                "fallback_table_capacity",
+                format!("must be between 1 and {}", fallback::MAX_CAPACITY),
+            ));
+        }
+        let mut servers = Vec::with_capacity(self.servers.len());
+        let mut ids = HashSet::new();
+        for (i, s) in self.servers.iter().enumerate() {
+            servers.push(validate_server(
+                s,
+                &format!("servers[{i}]"),
+                self.forwarding,
+            )?);
+            if !ids.insert(s.id) {
+                return Err(ConfigError::new(
+                    format!("servers[{i}].id"),
+                    format!("server id {} is used twice", s.id),
+                ));
+            }
+        }
+        let mut vips = Vec::with_capacity(self.vips.len());
+        let mut seen = HashSet::new();
+        let mut nat_backends: HashMap<(u32, u16), usize> = HashMap::new();
+        for (i, v) in self.vips.iter().enumerate() {
+            let field = format!("vips[{i}]");
+            let vip = validate_vip(v, &field, &ids)?;
+            if !seen.insert((vip.address, vip.port)) {
+                return Err(ConfigError::new(
+                    format!("{field}.port"),
+                    format!("VIP {}:{} is defined twice", vip.address, vip.port),
+                ));
+            }
+            if self.forwarding == Forwarding::Nat {
+                for (j, (id, _)) in vip.members.iter().enumerate() {
+                    let dip = servers.iter().find(|s| s.id == *id).map(|s| s.dip).unwrap();
+                    if let Some(other) = nat_backends.insert((dip, vip.backend_port), i) {
+                        if other != i {
+                            return Err(ConfigError::new(
+                                format!("{field}.servers[{j}]"),
+                                format!(
+                                    "in nat mode {}:{} would serve vips[{other}] and vips[{i}]; replies could not be told apart (use another backend_port)",
+                                    std::net::Ipv4Addr::from(dip),
+                                    vip.backend_port
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+            vips.push(vip);
+        }
+        Ok((servers, vips))
+    }
+}
+
+pub(crate) fn validate_server(
+    s: &ServerConfig,
+    field: &str,
+    forwarding: Forwarding,
+) -> Result<ValidServer, ConfigError> {
+    let id = ServerId::new(s.id).ok_or_else(|| {
+        ConfigError::new(
+            format!("{field}.id"),
+            format!("{} is above the cookie's limit of {}", s.id, ServerId::MAX),
+        )
+    })?;
+    let dip = match s.dip {
+        IpAddr::V4(a) => u32::from(a),
+        IpAddr::V6(_) => {
+            return Err(ConfigError::new(
+                format!("{field}.dip"),
+                "IPv6 servers are not supported yet",
+            ))
+        }
+    };
+    let mac = match &s.mac {
+        Some(text) => Some(parse_mac(text).ok_or_else(|| {
+            ConfigError::new(
+                format!("{field}.mac"),
+                format!("`{text}` is not a MAC address like 02:00:00:00:00:01"),
+            )
+        })?),
+        None => None,
+    };
+    if forwarding == Forwarding::L2 && mac.is_none() {
+        return Err(ConfigError::new(
+            format!("{field}.mac"),
+            "l2 forwarding needs each server's MAC address",
+        ));
+    }
+    Ok(ValidServer {
+        id,
+        dip,
+        mac,
+        state: s.state,
+    })
+}
+
+pub(crate) fn validate_vip(
+    v: &VipConfig,
+    field: &str,
+    ids: &HashSet<u16>,
+) -> Result<ValidVip, ConfigError> {
+    if v.port == 0 {
+        return Err(ConfigError::new(
+            format!("{field}.port"),
+            "port 0 is not a service port",
+        ));
+    }
+    if v.backend_port == Some(0) {
+        return Err(ConfigError::new(
+            format!("{field}.backend_port"),
+            "port 0 is not a service port",
+        ));
+    }
+    let mut members = Vec::with_capacity(v.servers.len());
+    for (j, id) in v.servers.iter().enumerate() {
+        if !ids.contains(id) {
+            return Err(ConfigError::new(
+                format!("{field}.servers[{j}]"),
+                format!("server {id} is not defined in [[servers]]"),
+            ));
+        }
+        if members.iter().any(|(m, _): &(ServerId, u32)| m.0 == *id) {
+            return Err(ConfigError::new(
+                format!("{field}.servers[{j}]"),
+                format!("server {id} is listed twice"),
+            ));
+        }
+        members.push((ServerId(*id), 1));
+    }
+    for (key, weight) in &v.weights {
+        let wfield = format!("{field}.weights.{key}");
+        let id: u16 = key
+            .parse()
+            .map_err(|_| ConfigError::new(&wfield, "weights are keyed by server id"))?;
+        let Some(member) = members.iter_mut().find(|(m, _)| m.0 == id) else {
+            return Err(ConfigError::new(
+                &wfield,
+                format!("server {id} is not in this VIP's servers"),
+            ));
+        };
+        if *weight == 0 {
+            return Err(ConfigError::new(
+                &wfield,
+                "weight must be at least 1 (drain the server to stop new connections)",
+            ));
+        }
+        member.1 = *weight;
+    }
+    Ok(ValidVip {
+        address: v.address,
+        port: v.port,
+        policy: v.policy,
+        metric: v.load_metric.unwrap_or_else(|| v.policy.default_metric()),
+        backend_port: v.backend_port.unwrap_or(v.port),
+        members,
+    })
+}
+
+/// Best-effort `line N` for a TOML error offset, so a parse error says where it is.
+fn locate(text: &str, offset: usize) -> String {
+    let line = text[..offset.min(text.len())].matches('\n').count() + 1;
+    format!("line {line}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        mode = "cheetah"
+        forwarding = "l2"
+
+        [[servers]]
+        id = 1
+        dip = "10.1.0.1"
+        mac = "02:00:00:00:01:01"
+
+        [[servers]]
+        id = 2
+        dip = "10.1.0.2"
+        mac = "02:00:00:00:01:02"
+        state = "draining"
+
+        [[vips]]
+        address = "10.0.0.100"
+        port = 80
+        policy = "wrr"
+        servers = [1, 2]
+        weights = { 2 = 3 }
+    "#;
+
+    #[test]
+    fn good_config_validates() {
+        let cfg = LbConfig::from_toml(GOOD).unwrap();
+        let (servers, vips) = cfg.validate().unwrap();
+        assert_eq!(servers.len(), 2);
+        assert_eq!(servers[1].state, ConfiguredState::Draining);
+        assert_eq!(vips[0].members, vec![(ServerId(1), 1), (ServerId(2), 3)]);
+        assert_eq!(vips[0].policy, PolicyKind::WeightedRoundRobin);
+        assert_eq!(cfg.quarantine_secs, 600);
+    }
+
+    fn error_for(edit: impl Fn(&mut LbConfig)) -> ConfigError {
+        let mut cfg = LbConfig::from_toml(GOOD).unwrap();
+        edit(&mut cfg);
+        cfg.validate().unwrap_err()
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_problem() {
+        let e = error_for(|c| c.vips[0].servers.push(9));
+        assert_eq!(
+            e.to_string(),
+            "vips[0].servers[2]: server 9 is not defined in [[servers]]"
+        );
+        let e = error_for(|c| c.servers[1].id = 1);
+        assert_eq!(e.field, "servers[1].id");
+        let e = error_for(|c| c.servers[0].id = 40000);
+        assert!(e.to_string().contains("above the cookie's limit"), "{e}");
+        let e = error_for(|c| c.servers[0].mac = Some("nope".into()));
+        assert_eq!(e.field, "servers[0].mac");
+        let e = error_for(|c| c.servers[0].mac = None);
+        assert!(e.problem.contains("l2 forwarding needs"), "{e}");
+        let e = error_for(|c| {
+            c.vips[0].weights.insert("1".into(), 0);
+        });
+        assert_eq!(e.field, "vips[0].weights.1");
+        let e = error_for(|c| {
+            let dup = c.vips[0].clone();
+            c.vips.push(dup);
+        });
+        assert!(e.problem.contains("defined twice"), "{e}");
+    }
+
+    #[test]
+    fn nat_refuses_a_backend_shared_by_two_vips() {
+        let e = error_for(|c| {
+            c.forwarding = Forwarding::Nat;
+            let mut other = c.vips[0].clone();
+            other.port = 443;
+            other.backend_port = Some(80);
+            c.vips.push(other);
+        });
+        assert_eq!(e.field, "vips[1].servers[0]");
+        assert!(
+            e.problem
+                .contains("10.1.0.1:80 would serve vips[0] and vips[1]"),
+            "{e}"
+        );
+        // Distinct backend ports are fine.
+        let mut cfg = LbConfig::from_toml(GOOD).unwrap();
+        cfg.forwarding = Forwarding::Nat;
+        let mut other = cfg.vips[0].clone();
+        other.port = 443;
+        cfg.vips.push(other);
+        assert!(cfg.validate().is_ok());
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_parse_errors_with_a_location() {
+        let e = LbConfig::from_toml("mode = \"cheetah\"\nmood = 1\n").unwrap_err();
+        assert!(e.problem.contains("unknown field `mood`"), "{e}");
+        assert_eq!(e.field, "line 2");
+        let e = LbConfig::from_toml("mode = \"round\"\n").unwrap_err();
+        assert!(e.problem.contains("unknown variant `round`"), "{e}");
+        let e = LbConfig::from_toml(
+            "[[vips]]\naddress = \"10.0.0.1\"\nport = 80\npolicy = \"fastest\"\nservers = []\n",
+        )
+        .unwrap_err();
+        assert!(e.problem.contains("fastest"), "{e}");
+    }
+}

@@ -1,0 +1,661 @@
+//! The control plane: owns the desired tables, applies operator changes, publishes snapshots.
+//!
+//! Every change is validated against the whole resulting state before anything is
+//! published; a refused change leaves the running tables exactly as they were.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use super::servers::{AllServers, ServerSlot, SlotState};
+use super::snapshot::{Snapshot, VipEntry};
+use crate::config::{
+    self, ConfigError, ConfiguredState, Forwarding, LbConfig, Mode, ServerConfig, ValidVip,
+};
+use crate::hash::Secret;
+use crate::lb::shared::LbShared;
+use crate::policy::{LoadMetric, PolicyKind, PoolSnapshot, ReportedLoad};
+use crate::types::{format_mac, Mac, Nanos, ServerId, NANOS_PER_SEC};
+
+/// A refused control request. `Invalid` names the field; the daemon maps the kinds to 400,
+/// 404 and 409.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControlError {
+    Invalid(ConfigError),
+    NotFound(String),
+    Conflict(String),
+}
+
+impl fmt::Display for ControlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlError::Invalid(e) => write!(f, "{e}"),
+            ControlError::NotFound(what) | ControlError::Conflict(what) => f.write_str(what),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {}
+
+impl From<ConfigError> for ControlError {
+    fn from(e: ConfigError) -> Self {
+        ControlError::Invalid(e)
+    }
+}
+
+/// A server to add at run time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerSpec {
+    /// Requested id; the lowest free id if `None`.
+    pub id: Option<u16>,
+    pub dip: IpAddr,
+    pub mac: Option<String>,
+    /// VIPs (`address:port`) to join, with a weight.
+    pub vips: Vec<(String, u32)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ServerRecord {
+    dip: u32,
+    mac: Option<Mac>,
+    state: SlotState,
+    removed_at: Option<Nanos>,
+}
+
+/// How a server looks from the control API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerInfo {
+    pub id: ServerId,
+    pub dip: Ipv4Addr,
+    pub mac: Option<String>,
+    pub state: SlotState,
+    /// Seconds of quarantine left for a removed server.
+    pub quarantine_left_secs: Option<u64>,
+}
+
+pub struct ControlPlane {
+    mode: Mode,
+    forwarding: Forwarding,
+    quarantine: Nanos,
+    servers: BTreeMap<ServerId, ServerRecord>,
+    vips: Vec<ValidVip>,
+    generation: u64,
+    shared: Arc<LbShared>,
+    config: LbConfig,
+}
+
+impl ControlPlane {
+    /// Validates `config` and publishes its first snapshot.
+    pub fn new(config: &LbConfig, secret: &Secret) -> Result<Self, ConfigError> {
+        let (servers, vips) = config.validate()?;
+        let servers = servers
+            .into_iter()
+            .map(|s| {
+                let state = match s.state {
+                    ConfiguredState::Active => SlotState::Active,
+                    ConfiguredState::Draining => SlotState::Draining,
+                };
+                (
+                    s.id,
+                    ServerRecord {
+                        dip: s.dip,
+                        mac: s.mac,
+                        state,
+                        removed_at: None,
+                    },
+                )
+            })
+            .collect();
+        let mut plane = ControlPlane {
+            mode: config.mode,
+            forwarding: config.forwarding,
+            quarantine: config.quarantine_secs.saturating_mul(NANOS_PER_SEC),
+            servers,
+            vips,
+            generation: 0,
+            shared: Arc::new(LbShared::new(secret, Snapshot::empty())),
+            config: config.clone(),
+        };
+        let first = plane.build(1);
+        plane.shared.snapshot.publish(first);
+        plane.generation = 1;
+        Ok(plane)
+    }
+
+    pub fn shared(&self) -> &Arc<LbShared> {
+        &self.shared
+    }
+
+    /// The settings this LB started with (mode, forwarding, table sizes).
+    pub fn config(&self) -> &LbConfig {
+        &self.config
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn servers(&self, now: Nanos) -> Vec<ServerInfo> {
+        self.servers
+            .iter()
+            .map(|(id, r)| ServerInfo {
+                id: *id,
+                dip: Ipv4Addr::from(r.dip),
+                mac: r.mac.as_ref().map(format_mac),
+                state: r.state,
+                quarantine_left_secs: r.removed_at.map(|at| {
+                    (at + self.quarantine)
+                        .saturating_sub(now)
+                        .div_ceil(NANOS_PER_SEC)
+                }),
+            })
+            .collect()
+    }
+
+    pub fn vips(&self) -> &[ValidVip] {
+        &self.vips
+    }
+
+    /// Adds a server (and makes it join the VIPs listed).
+    pub fn add_server(&mut self, spec: ServerSpec, now: Nanos) -> Result<ServerId, ControlError> {
+        self.expire(now);
+        let id = match spec.id {
+            Some(id) => {
+                let sid = ServerId::new(id).ok_or_else(|| {
+                    ConfigError::new(
+                        "id",
+                        format!("{id} is above the cookie's limit of {}", ServerId::MAX),
+                    )
+                })?;
+                if let Some(record) = self.servers.get(&sid) {
+                    return Err(ControlError::Conflict(match record.removed_at {
+                        Some(at) => format!(
+                            "server id {id} was removed and is quarantined for another {} s, so that late packets carrying its cookie cannot reach a new server",
+                            (at + self.quarantine).saturating_sub(now).div_ceil(NANOS_PER_SEC)
+                        ),
+                        None => format!("server id {id} is already in use"),
+                    }));
+                }
+                sid
+            }
+            None => (0..=ServerId::MAX)
+                .map(ServerId)
+                .find(|id| !self.servers.contains_key(id))
+                .ok_or_else(|| {
+                    ControlError::Conflict("all 32768 server ids are in use or quarantined".into())
+                })?,
+        };
+        let valid = config::validate_server(
+            &ServerConfig {
+                id: id.0,
+                dip: spec.dip,
+                mac: spec.mac.clone(),
+                state: ConfiguredState::Active,
+            },
+            "server",
+            self.forwarding,
+        )?;
+        let mut next = self.clone_state();
+        next.servers.insert(
+            id,
+            ServerRecord {
+                dip: valid.dip,
+                mac: valid.mac,
+                state: SlotState::Active,
+                removed_at: None,
+            },
+        );
+        for (i, (vip, weight)) in spec.vips.iter().enumerate() {
+            let index = next
+                .find_vip(vip)
+                .map_err(|e| prefix(e, &format!("vips[{i}]")))?;
+            if *weight == 0 {
+                return Err(ConfigError::new(
+                    format!("vips[{i}].weight"),
+                    "weight must be at least 1",
+                )
+                .into());
+            }
+            next.vips[index].members.push((id, *weight));
+        }
+        self.commit(next)?;
+        // A reused id must not inherit the previous holder's load or clock.
+        self.shared.loads.reset(id);
+        self.shared.msb.forget(id);
+        Ok(id)
+    }
+
+    /// Stops new connections to `id`; its existing connections keep going.
+    pub fn drain_server(&mut self, id: u16) -> Result<(), ControlError> {
+        let sid = self.existing(id)?;
+        let mut next = self.clone_state();
+        let record = next.servers.get_mut(&sid).unwrap();
+        match record.state {
+            SlotState::Active => record.state = SlotState::Draining,
+            SlotState::Draining => return Ok(()),
+            _ => return Err(ControlError::Conflict(format!("server {id} is removed"))),
+        }
+        self.commit(next)
+    }
+
+    /// Puts a draining server back into service.
+    pub fn activate_server(&mut self, id: u16) -> Result<(), ControlError> {
+        let sid = self.existing(id)?;
+        let mut next = self.clone_state();
+        let record = next.servers.get_mut(&sid).unwrap();
+        if record.state == SlotState::Removed {
+            return Err(ControlError::Conflict(format!(
+                "server {id} is removed; add it again after its quarantine"
+            )));
+        }
+        record.state = SlotState::Active;
+        self.commit(next)
+    }
+
+    /// Retires `id`: packets carrying its cookie are dropped from now on, and the id is
+    /// quarantined before it can be given to another server.
+    pub fn remove_server(&mut self, id: u16, now: Nanos) -> Result<(), ControlError> {
+        let sid = self.existing(id)?;
+        let mut next = self.clone_state();
+        let record = next.servers.get_mut(&sid).unwrap();
+        if record.state == SlotState::Removed {
+            return Ok(());
+        }
+        record.state = SlotState::Removed;
+        record.removed_at = Some(now);
+        for vip in &mut next.vips {
+            vip.members.retain(|(m, _)| *m != sid);
+        }
+        self.commit(next)?;
+        self.shared.loads.reset(sid);
+        Ok(())
+    }
+
+    /// Frees ids whose quarantine is over; returns how many.
+    pub fn expire(&mut self, now: Nanos) -> usize {
+        let quarantine = self.quarantine;
+        let expired: Vec<ServerId> = self
+            .servers
+            .iter()
+            .filter(|(_, r)| {
+                r.removed_at
+                    .is_some_and(|at| now.saturating_sub(at) >= quarantine)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        if expired.is_empty() {
+            return 0;
+        }
+        let mut next = self.clone_state();
+        for id in &expired {
+            next.servers.remove(id);
+        }
+        self.commit(next)
+            .expect("freeing quarantined ids cannot invalidate the tables");
+        for id in &expired {
+            self.shared.msb.forget(*id);
+        }
+        expired.len()
+    }
+
+    pub fn set_policy(
+        &mut self,
+        vip: &str,
+        policy: PolicyKind,
+        metric: Option<LoadMetric>,
+    ) -> Result<(), ControlError> {
+        let mut next = self.clone_state();
+        let index = next.find_vip(vip)?;
+        next.vips[index].policy = policy;
+        next.vips[index].metric = metric.unwrap_or_else(|| policy.default_metric());
+        self.commit(next)
+    }
+
+    /// Sets weights of pool members of `vip` (others keep theirs).
+    pub fn set_weights(&mut self, vip: &str, weights: &[(u16, u32)]) -> Result<(), ControlError> {
+        let mut next = self.clone_state();
+        let index = next.find_vip(vip)?;
+        for (i, (id, weight)) in weights.iter().enumerate() {
+            if *weight == 0 {
+                return Err(ConfigError::new(
+                    format!("weights[{i}]"),
+                    "weight must be at least 1 (drain the server to stop new connections)",
+                )
+                .into());
+            }
+            let member = next.vips[index]
+                .members
+                .iter_mut()
+                .find(|(m, _)| m.0 == *id)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        format!("weights[{i}]"),
+                        format!("server {id} is not in the pool of {vip}"),
+                    )
+                })?;
+            member.1 = *weight;
+        }
+        self.commit(next)
+    }
+
+    /// Adds an existing server to a VIP's pool.
+    pub fn join_pool(&mut self, vip: &str, id: u16, weight: u32) -> Result<(), ControlError> {
+        let sid = self.existing(id)?;
+        let mut next = self.clone_state();
+        let index = next.find_vip(vip)?;
+        if next.servers[&sid].state == SlotState::Removed {
+            return Err(ControlError::Conflict(format!("server {id} is removed")));
+        }
+        if next.vips[index].members.iter().any(|(m, _)| *m == sid) {
+            return Err(ControlError::Conflict(format!(
+                "server {id} is already in the pool of {vip}"
+            )));
+        }
+        if weight == 0 {
+            return Err(ConfigError::new("weight", "weight must be at least 1").into());
+        }
+        next.vips[index].members.push((sid, weight));
+        self.commit(next)
+    }
+
+    /// Takes a server out of one VIP's pool; connections it has keep going (cookies name
+    /// the server, not the pool).
+    pub fn leave_pool(&mut self, vip: &str, id: u16) -> Result<(), ControlError> {
+        let sid = self.existing(id)?;
+        let mut next = self.clone_state();
+        let index = next.find_vip(vip)?;
+        let before = next.vips[index].members.len();
+        next.vips[index].members.retain(|(m, _)| *m != sid);
+        if next.vips[index].members.len() == before {
+            return Err(ControlError::NotFound(format!(
+                "server {id} is not in the pool of {vip}"
+            )));
+        }
+        self.commit(next)
+    }
+
+    /// Records a load report for `id` (CPU or the server's own connection count).
+    pub fn report_load(&self, id: u16, report: ReportedLoad) -> Result<(), ControlError> {
+        let sid = self.existing(id)?;
+        self.shared
+            .loads
+            .report(sid, report)
+            .map_err(|e| ControlError::Invalid(ConfigError::new("load", format!("{e:?}"))))
+    }
+
+    fn existing(&self, id: u16) -> Result<ServerId, ControlError> {
+        ServerId::new(id)
+            .filter(|sid| self.servers.contains_key(sid))
+            .ok_or_else(|| ControlError::NotFound(format!("server {id} does not exist")))
+    }
+
+    fn clone_state(&self) -> Draft {
+        Draft {
+            servers: self.servers.clone(),
+            vips: self.vips.clone(),
+        }
+    }
+
+    fn commit(&mut self, draft: Draft) -> Result<(), ControlError> {
+        draft.check(self.forwarding)?;
+        self.servers = draft.servers;
+        self.vips = draft.vips;
+        self.generation += 1;
+        let snapshot = self.build(self.generation);
+        self.shared.snapshot.publish(snapshot);
+        Ok(())
+    }
+
+    fn build(&self, generation: u64) -> Snapshot {
+        let len = self
+            .servers
+            .keys()
+            .next_back()
+            .map_or(0, |id| id.index() + 1);
+        let mut slots = vec![ServerSlot::default(); len];
+        for (id, r) in &self.servers {
+            slots[id.index()] = ServerSlot {
+                dip: r.dip,
+                mac: r.mac.unwrap_or_default(),
+                state: r.state,
+                has_mac: r.mac.is_some(),
+            };
+        }
+        let vips = self
+            .vips
+            .iter()
+            .map(|v| {
+                let active: Vec<(ServerId, u32)> = v
+                    .members
+                    .iter()
+                    .copied()
+                    .filter(|(id, _)| {
+                        self.servers
+                            .get(id)
+                            .is_some_and(|r| r.state == SlotState::Active)
+                    })
+                    .collect();
+                VipEntry {
+                    address: v.address,
+                    port: v.port,
+                    policy: v.policy,
+                    pool: Arc::new(PoolSnapshot::new(
+                        active.iter().map(|m| m.0).collect(),
+                        active.iter().map(|m| m.1).collect(),
+                        v.metric,
+                    )),
+                    members: v.members.clone(),
+                    backend_port: v.backend_port,
+                }
+            })
+            .collect();
+        Snapshot::new(
+            generation,
+            self.mode,
+            self.forwarding,
+            AllServers::from_slots(slots),
+            vips,
+        )
+    }
+}
+
+/// A candidate state, checked as a whole before it replaces the current one.
+struct Draft {
+    servers: BTreeMap<ServerId, ServerRecord>,
+    vips: Vec<ValidVip>,
+}
+
+impl Draft {
+    fn find_vip(&self, key: &str) -> Result<usize, ControlError> {
+        let (address, port) = parse_vip_key(key)?;
+        self.vips
+            .iter()
+            .position(|v| v.address == address && v.port == port)
+            .ok_or_else(|| ControlError::NotFound(format!("VIP {key} does not exist")))
+    }
+
+    fn check(&self, forwarding: Forwarding) -> Result<(), ControlError> {
+        if forwarding == Forwarding::Nat {
+            let mut owners: BTreeMap<(u32, u16), usize> = BTreeMap::new();
+            for (i, vip) in self.vips.iter().enumerate() {
+                for (id, _) in &vip.members {
+                    let dip = self.servers[id].dip;
+                    if let Some(other) = owners.insert((dip, vip.backend_port), i) {
+                        if other != i {
+                            return Err(ControlError::Conflict(format!(
+                                "in nat mode {}:{} would serve both {}:{} and {}:{}",
+                                Ipv4Addr::from(dip),
+                                vip.backend_port,
+                                self.vips[other].address,
+                                self.vips[other].port,
+                                vip.address,
+                                vip.port
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        let mut macs = BTreeMap::new();
+        for (id, r) in &self.servers {
+            if let (Some(mac), false) = (r.mac, r.state == SlotState::Removed) {
+                if let Some(other) = macs.insert(mac, *id) {
+                    return Err(ControlError::Conflict(format!(
+                        "servers {other} and {id} have the same MAC {}; replies could not be told apart",
+                        format_mac(&mac)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses `10.0.0.1:80` or `[2001:db8::1]:80`.
+pub fn parse_vip_key(key: &str) -> Result<(IpAddr, u16), ControlError> {
+    key.parse::<std::net::SocketAddr>()
+        .map(|s| (s.ip(), s.port()))
+        .map_err(|_| ConfigError::new("vip", format!("`{key}` is not address:port")).into())
+}
+
+fn prefix(e: ControlError, field: &str) -> ControlError {
+    match e {
+        ControlError::Invalid(c) => {
+            ControlError::Invalid(ConfigError::new(format!("{field}.{}", c.field), c.problem))
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = r#"
+        quarantine_secs = 60
+        [[servers]]
+        id = 1
+        dip = "10.1.0.1"
+        mac = "02:00:00:00:01:01"
+        [[servers]]
+        id = 2
+        dip = "10.1.0.2"
+        mac = "02:00:00:00:01:02"
+        [[vips]]
+        address = "10.0.0.100"
+        port = 80
+        servers = [1, 2]
+    "#;
+
+    fn plane() -> ControlPlane {
+        ControlPlane::new(&LbConfig::from_toml(CONFIG).unwrap(), &Secret([7; 16])).unwrap()
+    }
+
+    fn spec(id: Option<u16>, last: u8) -> ServerSpec {
+        ServerSpec {
+            id,
+            dip: format!("10.1.0.{last}").parse().unwrap(),
+            mac: Some(format!("02:00:00:00:01:{last:02x}")),
+            vips: vec![("10.0.0.100:80".into(), 1)],
+        }
+    }
+
+    fn pool(plane: &ControlPlane) -> Vec<u16> {
+        plane.shared().snapshot.load().vips[0]
+            .pool
+            .servers
+            .iter()
+            .map(|s| s.0)
+            .collect()
+    }
+
+    #[test]
+    fn lifecycle_active_draining_removed_then_quarantined_then_free() {
+        let mut p = plane();
+        assert_eq!(pool(&p), vec![1, 2]);
+        p.drain_server(2).unwrap();
+        assert_eq!(pool(&p), vec![1]);
+        let snap = p.shared().snapshot.load();
+        assert_eq!(snap.servers.get(ServerId(2)).state, SlotState::Draining);
+        assert_eq!(
+            snap.server_by_mac(&[2, 0, 0, 0, 1, 2]),
+            Some(ServerId(2)),
+            "draining servers' replies are still known"
+        );
+        p.remove_server(2, 10 * NANOS_PER_SEC).unwrap();
+        assert_eq!(
+            p.shared().snapshot.load().servers.get(ServerId(2)).state,
+            SlotState::Removed
+        );
+        let e = p
+            .add_server(spec(Some(2), 9), 30 * NANOS_PER_SEC)
+            .unwrap_err();
+        assert!(
+            matches!(&e, ControlError::Conflict(m) if m.contains("quarantined for another 40 s")),
+            "{e}"
+        );
+        assert_eq!(
+            p.add_server(spec(None, 9), 30 * NANOS_PER_SEC).unwrap(),
+            ServerId(0),
+            "lowest free id"
+        );
+        assert_eq!(
+            p.add_server(spec(Some(2), 10), 70 * NANOS_PER_SEC).unwrap(),
+            ServerId(2)
+        );
+        assert_eq!(
+            p.shared().snapshot.load().servers.get(ServerId(2)).dip,
+            u32::from(Ipv4Addr::new(10, 1, 0, 10))
+        );
+        assert_eq!(pool(&p), vec![1, 0, 2]);
+    }
+
+    #[test]
+    fn refused_changes_change_nothing() {
+        let mut p = plane();
+        let before = p.generation();
+        assert!(matches!(p.drain_server(7), Err(ControlError::NotFound(_))));
+        assert!(matches!(
+            p.set_policy("10.0.0.1:80", PolicyKind::PowerOfTwo, None),
+            Err(ControlError::NotFound(_))
+        ));
+        let e = p
+            .set_weights("10.0.0.100:80", &[(1, 5), (2, 0)])
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "weights[1]: weight must be at least 1 (drain the server to stop new connections)"
+        );
+        let e = p.add_server(spec(Some(9), 1), 0).unwrap_err();
+        assert!(e.to_string().contains("same MAC"), "{e}");
+        let e = p
+            .set_policy("nonsense", PolicyKind::Random, None)
+            .unwrap_err();
+        assert_eq!(e.to_string(), "vip: `nonsense` is not address:port");
+        assert_eq!(p.generation(), before);
+        assert_eq!(
+            p.vips()[0].members,
+            vec![(ServerId(1), 1), (ServerId(2), 1)]
+        );
+    }
+
+    #[test]
+    fn policy_and_weights_changes_are_published() {
+        let mut p = plane();
+        p.set_policy("10.0.0.100:80", PolicyKind::PowerOfTwo, None)
+            .unwrap();
+        p.set_weights("10.0.0.100:80", &[(2, 4)]).unwrap();
+        let snap = p.shared().snapshot.load();
+        assert_eq!(snap.vips[0].policy, PolicyKind::PowerOfTwo);
+        assert_eq!(snap.vips[0].pool.weights, vec![1, 4]);
+        p.leave_pool("10.0.0.100:80", 1).unwrap();
+        assert_eq!(pool(&p), vec![2]);
+        p.join_pool("10.0.0.100:80", 1, 2).unwrap();
+        assert_eq!(pool(&p), vec![2, 1]);
+    }
+}

@@ -1,0 +1,170 @@
+//! One immutable view of AllServers and VIPToServers, as the data path reads it.
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use rustc_hash::FxHashMap;
+
+use super::servers::AllServers;
+use crate::config::{Forwarding, Mode};
+use crate::policy::{PolicyKind, PoolSnapshot};
+use crate::types::{Mac, ServerId};
+
+/// A VIP and the pool its new connections are spread over.
+#[derive(Debug)]
+pub struct VipEntry {
+    pub address: IpAddr,
+    pub port: u16,
+    pub policy: PolicyKind,
+    /// Servers accepting new connections, their weights, the Maglev table.
+    pub pool: Arc<PoolSnapshot>,
+    /// Every configured member with its weight, draining ones included.
+    pub members: Vec<(ServerId, u32)>,
+    /// Server-side port in NAT mode.
+    pub backend_port: u16,
+}
+
+/// Everything the data path consults, built by the control plane, never mutated.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub generation: u64,
+    pub mode: Mode,
+    pub forwarding: Forwarding,
+    pub servers: AllServers,
+    pub vips: Vec<VipEntry>,
+    vip_by_addr_port: FxHashMap<u64, u16>,
+    vip_addrs: FxHashMap<u32, ()>,
+    vip_addrs_v6: Vec<Ipv6Addr>,
+    server_by_mac: FxHashMap<u64, ServerId>,
+    /// `(DIP << 16 | backend port)` -> (server, VIP index), for NAT replies.
+    nat_backends: FxHashMap<u64, (ServerId, u16)>,
+}
+
+#[inline]
+fn addr_port(addr: u32, port: u16) -> u64 {
+    ((addr as u64) << 16) | port as u64
+}
+
+#[inline]
+fn mac_key(mac: &Mac) -> u64 {
+    let mut b = [0u8; 8];
+    b[..6].copy_from_slice(mac);
+    u64::from_le_bytes(b)
+}
+
+impl Snapshot {
+    pub fn new(
+        generation: u64,
+        mode: Mode,
+        forwarding: Forwarding,
+        servers: AllServers,
+        vips: Vec<VipEntry>,
+    ) -> Self {
+        let mut snapshot = Snapshot {
+            generation,
+            mode,
+            forwarding,
+            servers,
+            vips,
+            vip_by_addr_port: FxHashMap::default(),
+            vip_addrs: FxHashMap::default(),
+            vip_addrs_v6: Vec::new(),
+            server_by_mac: FxHashMap::default(),
+            nat_backends: FxHashMap::default(),
+        };
+        for (index, vip) in snapshot.vips.iter().enumerate() {
+            match vip.address {
+                IpAddr::V4(a) => {
+                    let a = u32::from(a);
+                    snapshot
+                        .vip_by_addr_port
+                        .insert(addr_port(a, vip.port), index as u16);
+                    snapshot.vip_addrs.insert(a, ());
+                    for (id, _) in &vip.members {
+                        let dip = snapshot.servers.get(*id).dip;
+                        snapshot
+                            .nat_backends
+                            .insert(addr_port(dip, vip.backend_port), (*id, index as u16));
+                    }
+                }
+                IpAddr::V6(a) => snapshot.vip_addrs_v6.push(a),
+            }
+        }
+        for (id, slot) in snapshot.servers.iter() {
+            if slot.has_mac {
+                snapshot.server_by_mac.insert(mac_key(&slot.mac), id);
+            }
+        }
+        snapshot
+    }
+
+    /// An empty snapshot: no servers, no VIPs (everything passes to the host).
+    pub fn empty() -> Self {
+        Snapshot::new(
+            0,
+            Mode::Cheetah,
+            Forwarding::L2,
+            AllServers::default(),
+            Vec::new(),
+        )
+    }
+
+    /// Index of the IPv4 TCP VIP at `addr:port`.
+    #[inline]
+    pub fn vip_index(&self, addr: u32, port: u16) -> Option<u16> {
+        self.vip_by_addr_port.get(&addr_port(addr, port)).copied()
+    }
+
+    /// Whether `addr` is the address of any VIP (on any port).
+    #[inline]
+    pub fn is_vip_addr(&self, addr: u32) -> bool {
+        self.vip_addrs.contains_key(&addr)
+    }
+
+    pub fn is_vip_addr_v6(&self, addr: &Ipv6Addr) -> bool {
+        self.vip_addrs_v6.contains(addr)
+    }
+
+    /// The server whose NIC has this MAC (l2 replies).
+    #[inline]
+    pub fn server_by_mac(&self, mac: &Mac) -> Option<ServerId> {
+        self.server_by_mac.get(&mac_key(mac)).copied()
+    }
+
+    /// The server and VIP a NAT reply from `dip:port` belongs to.
+    #[inline]
+    pub fn nat_backend(&self, dip: u32, port: u16) -> Option<(ServerId, u16)> {
+        self.nat_backends.get(&addr_port(dip, port)).copied()
+    }
+
+    pub fn vip(&self, index: u16) -> &VipEntry {
+        &self.vips[index as usize]
+    }
+}
+
+/// Where the control plane publishes snapshots and workers pick them up.
+pub struct SnapshotCell {
+    current: ArcSwap<Snapshot>,
+}
+
+impl SnapshotCell {
+    pub fn new(snapshot: Snapshot) -> Self {
+        SnapshotCell {
+            current: ArcSwap::from_pointee(snapshot),
+        }
+    }
+
+    pub fn publish(&self, snapshot: Snapshot) {
+        self.current.store(Arc::new(snapshot));
+    }
+
+    pub fn load(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// The swap cell itself, for building a per-worker `arc_swap::Cache`.
+    pub fn swap_cell(&self) -> &ArcSwap<Snapshot> {
+        &self.current
+    }
+}
