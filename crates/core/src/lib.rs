@@ -11,6 +11,7 @@ pub mod hash;
 pub mod lb;
 pub mod policy;
 pub mod tables;
+pub mod testkit;
 pub mod types;
 pub mod verdict;
 pub mod wire;

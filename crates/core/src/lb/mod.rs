@@ -1,7 +1,15 @@
 //! The load-balancing pipeline and the per-worker state it keeps beside the policies.
 
+mod client_path;
+pub mod cookie_stage;
+pub mod counters;
 pub mod fallback;
+mod icmp_path;
 pub mod rate_limit;
+mod server_path;
 pub mod shared;
+pub mod worker;
 
+pub use counters::{Counter, WorkerCounters};
 pub use shared::LbShared;
+pub use worker::{Worker, WorkerConfig};

@@ -8,6 +8,15 @@ use crate::types::ServerId;
 
 pub struct HashPolicy;
 
+/// `servers[flow_hash % n]`; shared with the plain-hash baseline mode of the pipeline.
+#[inline]
+pub fn pick_modulo(servers: &[ServerId], flow_hash: u64) -> Option<ServerId> {
+    if servers.is_empty() {
+        return None;
+    }
+    Some(servers[(flow_hash % servers.len() as u64) as usize])
+}
+
 impl Policy for HashPolicy {
     fn kind(&self) -> PolicyKind {
         PolicyKind::Hash
@@ -15,11 +24,7 @@ impl Policy for HashPolicy {
 
     #[inline]
     fn pick(&mut self, ctx: &mut PickContext<'_>) -> Option<ServerId> {
-        let servers = &ctx.pool.servers;
-        if servers.is_empty() {
-            return None;
-        }
-        Some(servers[(ctx.flow_hash % servers.len() as u64) as usize])
+        pick_modulo(&ctx.pool.servers, ctx.flow_hash)
     }
 }
 

@@ -1,6 +1,7 @@
 //! One immutable view of AllServers and VIPToServers, as the data path reads it.
 
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -23,6 +24,18 @@ pub struct VipEntry {
     pub members: Vec<(ServerId, u32)>,
     /// Server-side port in NAT mode.
     pub backend_port: u16,
+}
+
+impl VipEntry {
+    /// The IPv4 address (IPv6 VIPs never reach the IPv4 paths, which look them up by a
+    /// 32-bit address).
+    #[inline]
+    pub fn ipv4_or_zero(&self) -> u32 {
+        match self.address {
+            IpAddr::V4(a) => u32::from(a),
+            IpAddr::V6(_) => 0,
+        }
+    }
 }
 
 /// Everything the data path consults, built by the control plane, never mutated.
@@ -144,27 +157,38 @@ impl Snapshot {
 }
 
 /// Where the control plane publishes snapshots and workers pick them up.
+///
+/// Workers hold their own `Arc<Snapshot>` and compare [`generation`](Self::generation)
+/// (one plain load on x86) per packet; only when it moved do they load the new snapshot.
+/// Holding the Arc instead of re-loading it per packet keeps the reference count's cache
+/// line out of the per-packet path.
 pub struct SnapshotCell {
     current: ArcSwap<Snapshot>,
+    generation: AtomicU64,
 }
 
 impl SnapshotCell {
     pub fn new(snapshot: Snapshot) -> Self {
+        let generation = AtomicU64::new(snapshot.generation);
         SnapshotCell {
             current: ArcSwap::from_pointee(snapshot),
+            generation,
         }
     }
 
     pub fn publish(&self, snapshot: Snapshot) {
+        let generation = snapshot.generation;
         self.current.store(Arc::new(snapshot));
+        self.generation.store(generation, Ordering::Release);
+    }
+
+    /// Generation of the latest published snapshot.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     pub fn load(&self) -> Arc<Snapshot> {
         self.current.load_full()
-    }
-
-    /// The swap cell itself, for building a per-worker `arc_swap::Cache`.
-    pub fn swap_cell(&self) -> &ArcSwap<Snapshot> {
-        &self.current
     }
 }

@@ -48,6 +48,12 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         Ok(Ipv4Packet { buffer })
     }
 
+    /// Wraps a buffer the caller has already checked with [`new_checked`](Self::new_checked).
+    #[inline]
+    pub fn new_unchecked(buffer: T) -> Self {
+        Ipv4Packet { buffer }
+    }
+
     #[inline]
     pub fn header_len(&self) -> usize {
         ((self.buffer.as_ref()[field::VER_IHL] & 0x0f) as usize) * 4

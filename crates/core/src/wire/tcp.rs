@@ -42,6 +42,12 @@ impl<T: AsRef<[u8]>> TcpSegment<T> {
         Ok(TcpSegment { buffer })
     }
 
+    /// Wraps a buffer the caller has already checked with [`new_checked`](Self::new_checked).
+    #[inline]
+    pub fn new_unchecked(buffer: T) -> Self {
+        TcpSegment { buffer }
+    }
+
     #[inline]
     pub fn src_port(&self) -> u16 {
         read_u16(self.buffer.as_ref(), field::SRC_PORT)

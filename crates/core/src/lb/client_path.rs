@@ -1,0 +1,154 @@
+//! Client -> VIP TCP: the first packet takes the policy, every later one its cookie.
+
+use super::cookie_stage::route_by_cookie;
+use super::counters::Counter;
+use super::shared::LbShared;
+use super::worker::{Ipv4Layout, WorkerState};
+use crate::config::{Forwarding, Mode};
+use crate::hash::FlowKey;
+use crate::policy::{hash::pick_modulo, PickContext};
+use crate::tables::{Snapshot, VipEntry};
+use crate::types::{Nanos, ServerId};
+use crate::verdict::{DropReason, Verdict};
+use crate::wire::tcp::MIN_HEADER_LEN as TCP_HEADER;
+use crate::wire::tcp_options::{self, SegmentKind, TSECR};
+use crate::wire::{ip_proto, read_u32, Ipv4Packet, TcpSegment};
+
+impl WorkerState {
+    #[inline]
+    pub(crate) fn client_tcp(
+        &mut self,
+        snapshot: &Snapshot,
+        shared: &LbShared,
+        packet: &mut [u8],
+        layout: Ipv4Layout,
+        client_ip: u32,
+        vip_ip: u32,
+        now: Nanos,
+    ) -> Verdict {
+        let segment = match TcpSegment::new_checked(&packet[layout.l4..layout.end]) {
+            Ok(segment) => segment,
+            Err(reason) => return Verdict::Drop(reason),
+        };
+        let (client_port, vip_port, flags) =
+            (segment.src_port(), segment.dst_port(), segment.flags());
+        let Some(vip_index) = snapshot.vip_index(vip_ip, vip_port) else {
+            return Verdict::Drop(DropReason::VipPortUnknown);
+        };
+        let vip = snapshot.vip(vip_index);
+        let key = FlowKey {
+            client_ip,
+            vip_ip,
+            client_port,
+            vip_port,
+            protocol: ip_proto::TCP,
+        };
+        let hash = shared.hasher.hash(&key);
+        let server = match snapshot.mode {
+            Mode::Hash => pick_modulo(&vip.pool.servers, hash),
+            Mode::Maglev => vip.pool.maglev.lookup(hash),
+            Mode::Cheetah => {
+                let kind = SegmentKind::from_flags(flags);
+                let timestamp = match tcp_options::find_timestamp(segment.options(), kind) {
+                    Ok(lookup) => lookup,
+                    Err(reason) => return Verdict::Drop(reason),
+                };
+                self.counters.inc(if timestamp.fast_path {
+                    Counter::OptionsFastPath
+                } else {
+                    Counter::OptionsSlowPath
+                });
+                match (kind, timestamp.offset) {
+                    (SegmentKind::Syn, Some(_)) => self.pick_new(vip_index, vip, hash, now),
+                    (SegmentKind::Syn, None) => {
+                        let server = vip.pool.maglev.lookup(hash);
+                        if let Some(server) = server {
+                            self.fallback.insert(key, hash, server);
+                            self.counters.inc(Counter::FallbackConnections);
+                            self.loads.on_new_connection(server);
+                        }
+                        server
+                    }
+                    (_, None) => match self.fallback.lookup(&key, hash) {
+                        Some(server) => {
+                            self.counters.inc(Counter::FallbackHits);
+                            Some(server)
+                        }
+                        None => {
+                            self.counters.inc(Counter::FallbackMisses);
+                            vip.pool.maglev.lookup(hash)
+                        }
+                    },
+                    (_, Some(at)) => {
+                        let tsecr_at = layout.l4 + TCP_HEADER + at + TSECR;
+                        let tsecr = read_u32(packet, tsecr_at);
+                        match route_by_cookie(&snapshot.servers, &shared.msb, tsecr, hash) {
+                            Ok((server, restored)) => {
+                                TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end])
+                                    .rewrite_option_u32(at + TSECR, restored);
+                                self.counters.inc(Counter::CookieRouted);
+                                return self
+                                    .forward_to_server(snapshot, vip, packet, layout, server);
+                            }
+                            Err(reason) => return Verdict::Drop(reason),
+                        }
+                    }
+                }
+            }
+        };
+        match server {
+            Some(server) => self.forward_to_server(snapshot, vip, packet, layout, server),
+            None => Verdict::Drop(DropReason::NoServerAvailable),
+        }
+    }
+
+    /// Runs the VIP's policy for a new connection and counts it toward the server's load.
+    #[inline]
+    fn pick_new(
+        &mut self,
+        vip_index: u16,
+        vip: &VipEntry,
+        hash: u64,
+        now: Nanos,
+    ) -> Option<ServerId> {
+        let policy = &mut self.policies[vip_index as usize];
+        let mut ctx = PickContext {
+            pool: &vip.pool,
+            flow_hash: hash,
+            loads: self.loads.view(),
+            rng: &mut self.rng,
+            now,
+        };
+        let server = policy.policy.pick(&mut ctx)?;
+        self.loads.on_new_connection(server);
+        self.counters.inc(Counter::NewConnections);
+        Some(server)
+    }
+
+    /// Rewrites the packet toward `server`: its MAC (l2), or its address and port (NAT).
+    #[inline]
+    pub(crate) fn forward_to_server(
+        &mut self,
+        snapshot: &Snapshot,
+        vip: &VipEntry,
+        packet: &mut [u8],
+        layout: Ipv4Layout,
+        server: ServerId,
+    ) -> Verdict {
+        let slot = snapshot.servers.get(server);
+        if slot.has_mac {
+            packet[0..6].copy_from_slice(&slot.mac);
+        }
+        if snapshot.forwarding == Forwarding::Nat {
+            let old =
+                Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_dst(slot.dip);
+            let mut segment = TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end]);
+            segment.update_checksum_for_address(old, slot.dip);
+            if vip.backend_port != vip.port {
+                segment.set_dst_port(vip.backend_port);
+            }
+        }
+        self.loads.on_packet(server, layout.end - layout.l3);
+        Verdict::ToServer(server)
+    }
+}

@@ -1,0 +1,109 @@
+//! Server -> client TCP: the cookie goes into TSval, M is learnt, NAT is undone.
+
+use super::counters::Counter;
+use super::shared::LbShared;
+use super::worker::{Ipv4Layout, WorkerState};
+use crate::config::Mode;
+use crate::cookie::{tcp_ts, MsbLearn};
+use crate::hash::FlowKey;
+use crate::tables::Snapshot;
+use crate::types::{Nanos, ServerId};
+use crate::verdict::{DropReason, Verdict};
+use crate::wire::tcp::{flags, MIN_HEADER_LEN as TCP_HEADER};
+use crate::wire::tcp_options::{self, SegmentKind, TSVAL};
+use crate::wire::{ip_proto, read_u32, Ipv4Packet, TcpSegment};
+
+impl WorkerState {
+    /// `nat_vip` is the VIP the NAT backend belongs to (NAT mode), `None` in l2 mode where
+    /// the packet's source already is the VIP.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(crate) fn server_tcp(
+        &mut self,
+        snapshot: &Snapshot,
+        shared: &LbShared,
+        packet: &mut [u8],
+        layout: Ipv4Layout,
+        server: ServerId,
+        nat_vip: Option<u16>,
+        now: Nanos,
+    ) -> Verdict {
+        if !snapshot.servers.get(server).state.forwards() {
+            return Verdict::Drop(DropReason::ServerRemoved);
+        }
+        let segment = match TcpSegment::new_checked(&packet[layout.l4..layout.end]) {
+            Ok(segment) => segment,
+            Err(reason) => return Verdict::Drop(reason),
+        };
+        let (src_port, client_port, tcp_flags) =
+            (segment.src_port(), segment.dst_port(), segment.flags());
+        let ip = Ipv4Packet::new_unchecked(&packet[layout.l3..layout.end]);
+        let client_ip = ip.dst();
+        let vip_index = match nat_vip {
+            Some(vip) => vip,
+            None => match snapshot.vip_index(ip.src(), src_port) {
+                Some(vip) => vip,
+                None => return Verdict::Drop(DropReason::VipPortUnknown),
+            },
+        };
+        let vip = snapshot.vip(vip_index);
+        let vip_ip = vip.ipv4_or_zero();
+
+        if snapshot.mode == Mode::Cheetah {
+            let kind = SegmentKind::from_flags(tcp_flags);
+            let timestamp = match tcp_options::find_timestamp(segment.options(), kind) {
+                Ok(lookup) => lookup,
+                Err(reason) => return Verdict::Drop(reason),
+            };
+            self.counters.inc(if timestamp.fast_path {
+                Counter::OptionsFastPath
+            } else {
+                Counter::OptionsSlowPath
+            });
+            let key = FlowKey {
+                client_ip,
+                vip_ip,
+                client_port,
+                vip_port: vip.port,
+                protocol: ip_proto::TCP,
+            };
+            match timestamp.offset {
+                Some(at) => {
+                    let hash = shared.hasher.hash(&key);
+                    let tsval = read_u32(packet, layout.l4 + TCP_HEADER + at + TSVAL);
+                    match shared.msb.learn(server, tsval, now) {
+                        MsbLearn::Unchanged => {}
+                        MsbLearn::Learned => self.counters.inc(Counter::MsbLearned),
+                        MsbLearn::Advanced => self.counters.inc(Counter::MsbAdvanced),
+                        MsbLearn::Unstable(_) => self.counters.inc(Counter::ServerTsClockUnstable),
+                    }
+                    let cookie = tcp_ts::encode(server, hash, tcp_ts::extract(tsval));
+                    TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end])
+                        .rewrite_option_u32(at + TSVAL, tcp_ts::insert(tsval, cookie));
+                    self.counters.inc(Counter::CookiesInserted);
+                }
+                None if kind == SegmentKind::SynAck => {
+                    // The client offered no timestamp: its later packets will be routed by
+                    // the fallback table, so teach it the server that actually answered.
+                    let hash = shared.hasher.hash(&key);
+                    self.fallback.insert(key, hash, server);
+                    self.counters.inc(Counter::FallbackLearnedFromServer);
+                }
+                None => {}
+            }
+        }
+        if tcp_flags & (flags::FIN | flags::RST) != 0 {
+            self.loads.on_server_close(server);
+        }
+        if nat_vip.is_some() {
+            let old = Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_src(vip_ip);
+            let mut segment = TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end]);
+            segment.update_checksum_for_address(old, vip_ip);
+            if src_port != vip.port {
+                segment.set_src_port(vip.port);
+            }
+        }
+        self.loads.on_packet(server, layout.end - layout.l3);
+        Verdict::ToClient
+    }
+}

@@ -1,0 +1,322 @@
+//! One worker: the per-core pipeline that every I/O backend drives.
+//!
+//! ```text
+//!  parse ─► classify ─┬─ client → VIP ─► SYN: policy pick      ─┐
+//!                     │                  other: cookie decode, ├─► rewrite toward server
+//!                     │                  restore TSecr         ─┘   (dst MAC, or NAT)
+//!                     ├─ server → client ─► learn M, cookie into TSval ─► (NAT) ─► client
+//!                     ├─ ICMP error → VIP ─► cookie of the embedded packet ─► server
+//!                     └─ anything else ─► Pass (host kernel)
+//! ```
+//! `process` takes the packet buffer and `now`; randomness comes from the seed given at
+//! construction. The worker owns what only it writes (policy cursors, load deltas, the
+//! no-timestamp LRU, counters) and reads what all workers share through [`LbShared`].
+
+use std::sync::Arc;
+
+use rand_core::SeedableRng;
+
+use super::counters::{Counter, WorkerCounters};
+use super::fallback::FallbackTable;
+use super::rate_limit::TokenBucket;
+use super::shared::LbShared;
+use crate::config::{Forwarding, Mode};
+use crate::policy::{self, Policy, PolicyRng, PoolSnapshot, WorkerLoads};
+use crate::tables::Snapshot;
+use crate::types::{Nanos, ServerId};
+use crate::verdict::{DropReason, Verdict};
+use crate::wire::ethernet::ethertype;
+use crate::wire::{ip_proto, EthernetFrame, Ipv4Packet, Ipv6Packet};
+
+/// Per-worker settings.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// This worker's index among `workers` (round-robin cursors start here).
+    pub index: usize,
+    pub workers: usize,
+    /// Seed of the policy RNG; with the same seed and packets a run replays exactly.
+    pub seed: u64,
+    pub fallback_capacity: usize,
+    pub icmp_copy_rate: u64,
+    pub icmp_copy_burst: u64,
+}
+
+impl WorkerConfig {
+    pub fn new(index: usize, workers: usize, config: &crate::config::LbConfig) -> Self {
+        WorkerConfig {
+            index,
+            workers,
+            seed: 0x5eed_0000 + index as u64,
+            fallback_capacity: config.fallback_table_capacity,
+            icmp_copy_rate: config.icmp_copy_rate,
+            icmp_copy_burst: config.icmp_copy_burst,
+        }
+    }
+}
+
+/// A VIP's policy instance on this worker.
+pub(crate) struct VipPolicy {
+    pub(crate) policy: Box<dyn Policy>,
+    pub(crate) pool: Arc<PoolSnapshot>,
+}
+
+/// Everything a worker writes. Split from the snapshot so a path can borrow both.
+pub(crate) struct WorkerState {
+    pub(crate) index: usize,
+    pub(crate) workers: usize,
+    pub(crate) policies: Vec<VipPolicy>,
+    pub(crate) loads: WorkerLoads,
+    pub(crate) rng: PolicyRng,
+    pub(crate) fallback: FallbackTable,
+    pub(crate) icmp_copies: TokenBucket,
+    pub(crate) counters: Arc<WorkerCounters>,
+}
+
+pub struct Worker {
+    shared: Arc<LbShared>,
+    snapshot: Arc<Snapshot>,
+    pub(crate) state: WorkerState,
+}
+
+/// Where the IPv4 header and its payload sit in the frame.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ipv4Layout {
+    pub(crate) l3: usize,
+    pub(crate) l4: usize,
+    pub(crate) end: usize,
+}
+
+impl Worker {
+    pub fn new(shared: Arc<LbShared>, config: WorkerConfig) -> Self {
+        let snapshot = shared.snapshot.load();
+        let mut worker = Worker {
+            state: WorkerState {
+                index: config.index,
+                workers: config.workers.max(1),
+                policies: Vec::new(),
+                loads: WorkerLoads::new(Arc::clone(&shared.loads)),
+                rng: PolicyRng::seed_from_u64(config.seed),
+                fallback: FallbackTable::with_capacity(config.fallback_capacity),
+                icmp_copies: TokenBucket::new(config.icmp_copy_rate, config.icmp_copy_burst),
+                counters: Arc::new(WorkerCounters::default()),
+            },
+            shared,
+            snapshot: Arc::new(Snapshot::empty()),
+        };
+        worker.install(snapshot);
+        worker
+    }
+
+    pub fn counters(&self) -> &Arc<WorkerCounters> {
+        &self.state.counters
+    }
+
+    pub fn shared(&self) -> &Arc<LbShared> {
+        &self.shared
+    }
+
+    pub fn snapshot(&self) -> &Arc<Snapshot> {
+        &self.snapshot
+    }
+
+    pub fn fallback_table(&self) -> &FallbackTable {
+        &self.state.fallback
+    }
+
+    /// Picks up a new snapshot and merges load counters when due. `process` calls it for
+    /// every packet; an idle I/O loop calls it so merges keep their 10 ms cadence.
+    #[inline]
+    pub fn tick(&mut self, now: Nanos) {
+        if self.shared.snapshot.generation() != self.snapshot.generation {
+            let snapshot = self.shared.snapshot.load();
+            self.install(snapshot);
+        }
+        if self.state.loads.merge_due(now) {
+            self.merge_loads(now);
+        }
+    }
+
+    #[cold]
+    fn merge_loads(&mut self, now: Nanos) {
+        let state = &mut self.state;
+        state.loads.merge(now);
+        for vip in &mut state.policies {
+            vip.policy.on_loads_merged(&vip.pool, state.loads.view());
+        }
+        state.counters.inc(Counter::LoadMerges);
+    }
+
+    /// Rebuilds per-VIP policy instances for a new snapshot, keeping the ones whose pool
+    /// and policy did not change so round-robin cursors and WRR credits carry on.
+    #[cold]
+    fn install(&mut self, snapshot: Arc<Snapshot>) {
+        let state = &mut self.state;
+        let mut previous: Vec<Option<VipPolicy>> = std::mem::take(&mut state.policies)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut watched = Vec::new();
+        for vip in &snapshot.vips {
+            let kept = previous.iter_mut().find_map(|slot| {
+                let same = slot.as_ref().is_some_and(|old| {
+                    old.policy.kind() == vip.policy
+                        && old.pool.servers == vip.pool.servers
+                        && old.pool.weights == vip.pool.weights
+                        && old.pool.metric == vip.pool.metric
+                });
+                if same {
+                    slot.take()
+                } else {
+                    None
+                }
+            });
+            let entry = match kept {
+                Some(mut old) => {
+                    old.pool = Arc::clone(&vip.pool);
+                    old
+                }
+                None => VipPolicy {
+                    policy: policy::build(vip.policy, &vip.pool, state.index, state.workers),
+                    pool: Arc::clone(&vip.pool),
+                },
+            };
+            state.policies.push(entry);
+            watched.extend(vip.members.iter().map(|m| m.0));
+        }
+        state.loads.watch(&watched);
+        for vip in &mut state.policies {
+            vip.policy.on_loads_merged(&vip.pool, state.loads.view());
+        }
+        self.snapshot = snapshot;
+        state.counters.inc(Counter::SnapshotReloads);
+    }
+
+    /// Runs one packet through the pipeline, rewriting it in place.
+    #[inline]
+    pub fn process(&mut self, packet: &mut [u8], now: Nanos) -> Verdict {
+        self.tick(now);
+        let verdict = self.classify(packet, now);
+        let counters = &self.state.counters;
+        counters.inc(Counter::Packets);
+        match verdict {
+            Verdict::ToServer(_) => counters.inc(Counter::ToServer),
+            Verdict::ToClient => counters.inc(Counter::ToClient),
+            Verdict::ToAllServers { .. } => counters.inc(Counter::ToAllServers),
+            Verdict::Pass => counters.inc(Counter::Passed),
+            Verdict::Drop(reason) => {
+                counters.inc(Counter::Dropped);
+                counters.count_drop(reason);
+            }
+        }
+        verdict
+    }
+
+    #[inline]
+    fn classify(&mut self, packet: &mut [u8], now: Nanos) -> Verdict {
+        let frame = match EthernetFrame::new_checked(&*packet) {
+            Ok(frame) => frame,
+            Err(reason) => return Verdict::Drop(reason),
+        };
+        let l3 = frame.payload_offset();
+        match frame.ethertype() {
+            ethertype::IPV4 => {}
+            ethertype::IPV6 => return self.classify_ipv6(&packet[l3..]),
+            _ => return Verdict::Pass,
+        }
+        let src_mac = frame.src_mac();
+        let (layout, protocol, src, dst, fragment) = match Ipv4Packet::new_checked(&packet[l3..]) {
+            Ok(ip) => (
+                Ipv4Layout {
+                    l3,
+                    l4: l3 + ip.header_len(),
+                    end: l3 + ip.total_len(),
+                },
+                ip.protocol(),
+                ip.src(),
+                ip.dst(),
+                ip.is_fragment(),
+            ),
+            Err(reason) => return Verdict::Drop(reason),
+        };
+        let snapshot = &*self.snapshot;
+        let shared = &*self.shared;
+        if snapshot.is_vip_addr(dst) {
+            if fragment {
+                return Verdict::Drop(DropReason::UnsupportedFragment);
+            }
+            return match protocol {
+                ip_proto::TCP => self
+                    .state
+                    .client_tcp(snapshot, shared, packet, layout, src, dst, now),
+                ip_proto::ICMP => self
+                    .state
+                    .client_icmp(snapshot, shared, packet, layout, dst, now),
+                ip_proto::UDP => Verdict::Drop(DropReason::UnsupportedUdp),
+                _ => Verdict::Drop(DropReason::UnsupportedProtocol),
+            };
+        }
+        match snapshot.forwarding {
+            Forwarding::L2 if snapshot.is_vip_addr(src) => {
+                let Some(server) = snapshot.server_by_mac(&src_mac) else {
+                    return Verdict::Drop(DropReason::UnknownServerSource);
+                };
+                if fragment {
+                    return Verdict::Drop(DropReason::UnsupportedFragment);
+                }
+                match protocol {
+                    ip_proto::TCP => self
+                        .state
+                        .server_tcp(snapshot, shared, packet, layout, server, None, now),
+                    _ => Verdict::ToClient,
+                }
+            }
+            Forwarding::Nat if protocol == ip_proto::TCP && !fragment => {
+                let Some(src_port) = packet
+                    .get(layout.l4..layout.l4 + 2)
+                    .map(|p| u16::from_be_bytes([p[0], p[1]]))
+                else {
+                    return Verdict::Pass;
+                };
+                match snapshot.nat_backend(src, src_port) {
+                    Some((server, vip)) => self.state.server_tcp(
+                        snapshot,
+                        shared,
+                        packet,
+                        layout,
+                        server,
+                        Some(vip),
+                        now,
+                    ),
+                    None => Verdict::Pass,
+                }
+            }
+            _ => Verdict::Pass,
+        }
+    }
+
+    #[cold]
+    fn classify_ipv6(&self, l3: &[u8]) -> Verdict {
+        match Ipv6Packet::new_checked(l3) {
+            Ok(ip) if self.snapshot.is_vip_addr_v6(&ip.dst_addr()) => {
+                Verdict::Drop(DropReason::UnsupportedIpv6)
+            }
+            Ok(_) => Verdict::Pass,
+            Err(reason) => Verdict::Drop(reason),
+        }
+    }
+
+    /// Rewrites an unmodified copy of a [`Verdict::ToAllServers`] packet for one server.
+    pub fn prepare_copy(&self, packet: &mut [u8], vip: u16, server: ServerId) {
+        self.state
+            .prepare_icmp_copy(&self.snapshot, packet, vip, server)
+    }
+
+    /// The servers a [`Verdict::ToAllServers`] packet is copied to.
+    pub fn copy_targets(&self, vip: u16) -> &[ServerId] {
+        &self.snapshot.vip(vip).pool.servers
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.snapshot.mode
+    }
+}
