@@ -1,1 +1,38 @@
-fn main() {}
+//! `cheetah`: the one binary. Each subcommand is its own module.
+
+mod bench;
+mod config;
+mod replay;
+
+use clap::{Parser, Subcommand};
+
+/// cheetah: an L4 load balancer that never breaks a connection when servers or load
+/// balancers come and go, whatever policy places new connections.
+#[derive(Parser)]
+#[command(name = "cheetah", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the pipeline over a pcap and write what the LB would have sent, with a
+    /// per-packet verdict log.
+    Replay(replay::Args),
+    /// Measure the per-packet cost of the pipeline on a generated trace.
+    Bench(bench::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Replay(args) => replay::run(args),
+        Command::Bench(args) => bench::run(args),
+    }
+}
