@@ -72,7 +72,7 @@ pub mod options {
     }
 
     fn pad(mut v: Vec<u8>) -> Vec<u8> {
-        while v.len() % 4 != 0 {
+        while !v.len().is_multiple_of(4) {
             v.push(kind::END);
         }
         v

@@ -22,10 +22,9 @@ impl WorkerState {
         shared: &LbShared,
         packet: &mut [u8],
         layout: Ipv4Layout,
-        client_ip: u32,
-        vip_ip: u32,
         now: Nanos,
     ) -> Verdict {
+        let (client_ip, vip_ip) = (layout.src, layout.dst);
         let segment = match TcpSegment::new_checked(&packet[layout.l4..layout.end]) {
             Ok(segment) => segment,
             Err(reason) => return Verdict::Drop(reason),

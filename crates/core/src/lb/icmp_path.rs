@@ -116,9 +116,9 @@ impl WorkerState {
         shared: &LbShared,
         packet: &mut [u8],
         layout: Ipv4Layout,
-        vip_ip: u32,
         now: Nanos,
     ) -> Verdict {
+        let vip_ip = layout.dst;
         let embedded = match Embedded::parse(packet, layout) {
             Ok(embedded) => embedded,
             Err(reason) => return Verdict::Drop(reason),
@@ -206,11 +206,7 @@ impl WorkerState {
         let Ok(ip) = Ipv4Packet::new_checked(&packet[l3..]) else {
             return;
         };
-        let layout = Ipv4Layout {
-            l3,
-            l4: l3 + ip.header_len(),
-            end: l3 + ip.total_len(),
-        };
+        let layout = Ipv4Layout::of(l3, &ip);
         if let Ok(embedded) = Embedded::parse(packet, layout) {
             rewrite_for_server(snapshot, packet, layout, &embedded, vip_index, server);
         }

@@ -37,11 +37,10 @@ impl WorkerState {
         };
         let (src_port, client_port, tcp_flags) =
             (segment.src_port(), segment.dst_port(), segment.flags());
-        let ip = Ipv4Packet::new_unchecked(&packet[layout.l3..layout.end]);
-        let client_ip = ip.dst();
+        let client_ip = layout.dst;
         let vip_index = match nat_vip {
             Some(vip) => vip,
-            None => match snapshot.vip_index(ip.src(), src_port) {
+            None => match snapshot.vip_index(layout.src, src_port) {
                 Some(vip) => vip,
                 None => return Verdict::Drop(DropReason::VipPortUnknown),
             },

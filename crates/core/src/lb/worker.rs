@@ -78,12 +78,27 @@ pub struct Worker {
     pub(crate) state: WorkerState,
 }
 
-/// Where the IPv4 header and its payload sit in the frame.
+/// Where the IPv4 header and its payload sit in the frame, and its addresses.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ipv4Layout {
     pub(crate) l3: usize,
     pub(crate) l4: usize,
     pub(crate) end: usize,
+    pub(crate) src: u32,
+    pub(crate) dst: u32,
+}
+
+impl Ipv4Layout {
+    #[inline]
+    pub(crate) fn of(l3: usize, ip: &Ipv4Packet<&[u8]>) -> Self {
+        Ipv4Layout {
+            l3,
+            l4: l3 + ip.header_len(),
+            end: l3 + ip.total_len(),
+            src: ip.src(),
+            dst: ip.dst(),
+        }
+    }
 }
 
 impl Worker {
@@ -224,20 +239,11 @@ impl Worker {
             _ => return Verdict::Pass,
         }
         let src_mac = frame.src_mac();
-        let (layout, protocol, src, dst, fragment) = match Ipv4Packet::new_checked(&packet[l3..]) {
-            Ok(ip) => (
-                Ipv4Layout {
-                    l3,
-                    l4: l3 + ip.header_len(),
-                    end: l3 + ip.total_len(),
-                },
-                ip.protocol(),
-                ip.src(),
-                ip.dst(),
-                ip.is_fragment(),
-            ),
+        let (layout, protocol, fragment) = match Ipv4Packet::new_checked(&packet[l3..]) {
+            Ok(ip) => (Ipv4Layout::of(l3, &ip), ip.protocol(), ip.is_fragment()),
             Err(reason) => return Verdict::Drop(reason),
         };
+        let (src, dst) = (layout.src, layout.dst);
         let snapshot = &*self.snapshot;
         let shared = &*self.shared;
         if snapshot.is_vip_addr(dst) {
@@ -245,12 +251,10 @@ impl Worker {
                 return Verdict::Drop(DropReason::UnsupportedFragment);
             }
             return match protocol {
-                ip_proto::TCP => self
-                    .state
-                    .client_tcp(snapshot, shared, packet, layout, src, dst, now),
+                ip_proto::TCP => self.state.client_tcp(snapshot, shared, packet, layout, now),
                 ip_proto::ICMP => self
                     .state
-                    .client_icmp(snapshot, shared, packet, layout, dst, now),
+                    .client_icmp(snapshot, shared, packet, layout, now),
                 ip_proto::UDP => Verdict::Drop(DropReason::UnsupportedUdp),
                 _ => Verdict::Drop(DropReason::UnsupportedProtocol),
             };
