@@ -303,7 +303,7 @@ impl Summary<'_> {
         for kind in VerdictKind::ALL {
             write!(
                 out,
-                "  {:<16} {}",
+                "  {:<28} {}",
                 kind.name(),
                 tally.by_kind[kind as usize]
             )?;
