@@ -213,10 +213,10 @@ impl CaptureReader {
                 nanos: header.ts_resolution == TsResolution::NanoSecond,
             }
         } else {
+            let start: String = magic[..got].iter().map(|b| format!("{b:02x}")).collect();
             bail!(
-                "input {}: not a pcap or pcapng capture (it starts with {:02x?})",
-                path.display(),
-                &magic[..got]
+                "input {}: not a pcap or pcapng capture (it starts with 0x{start})",
+                path.display()
             );
         };
         Ok(CaptureReader {

@@ -189,9 +189,13 @@ pub fn run(args: Args) -> Result<()> {
         tally: &tally,
         written,
     };
-    summary
-        .print(&mut std::io::stdout().lock())
-        .context("cannot print the summary")?;
+    // The outputs are complete by now: a reader that stopped early (`| head`) is no failure.
+    match summary.print(&mut std::io::stdout().lock()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            return Err(e).context("cannot print the summary")
+        }
+        _ => {}
+    }
     match read_error {
         None => Ok(()),
         Some(e) => Err(e.context(format!(
