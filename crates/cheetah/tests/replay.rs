@@ -33,7 +33,12 @@ const ROUTER: u32 = 0x0a09_0001;
 
 /// A config over servers `1..=SERVERS` (testkit's MACs and DIPs) with one round-robin VIP.
 fn config_text(vip_servers: &str) -> String {
-    let mut text = String::from("secret_file = \"key\"\nmode = \"cheetah\"\nforwarding = \"l2\"\n");
+    config_with("l2", vip_servers)
+}
+
+fn config_with(forwarding: &str, vip_servers: &str) -> String {
+    let mut text =
+        format!("secret_file = \"key\"\nmode = \"cheetah\"\nforwarding = \"{forwarding}\"\n");
     for id in 1..=SERVERS {
         text += &format!(
             "\n[[servers]]\nid = {id}\ndip = \"{}\"\nmac = \"{}\"\n",
@@ -681,4 +686,31 @@ fn packets_cut_by_the_snap_length_are_replayed_as_captured_and_flagged() {
     assert_eq!(run.row(1).verdict, "to_server");
     assert_eq!(run.row(2).reason, "bad_ipv4_total_length");
     assert!(run.stdout.contains("1 packets were cut"), "{}", run.stdout);
+}
+
+#[test]
+fn nat_mode_translates_both_ways() {
+    let lab = Lab::with_config(&config_with("nat", "[1, 2, 3]"));
+    let syn = client(flags::SYN, 1000, 0, options::linux_syn(CLIENT_TS, 0), b"");
+    let run = lab
+        .replay(&lab.write_pcap("in.pcap", &[syn.clone()]), &[])
+        .ok();
+    let s = run.server_of(1);
+    let (_, dst, _, _) = testkit::addresses(run.out_for(1)).unwrap();
+    assert_eq!(dst, testkit::server_dip(s));
+    let syn_ack = TcpFrame::from_server_nat(
+        s,
+        testkit::client_ip(1),
+        CLIENT_PORT,
+        flags::SYN | flags::ACK,
+        options::linux_syn(SERVER_TS, CLIENT_TS),
+    )
+    .build();
+    let run = lab
+        .replay(&lab.write_pcap("in.pcap", &[syn, syn_ack]), &[])
+        .ok();
+    assert_eq!(run.row(2).verdict, "to_client");
+    let reply = run.out_for(2);
+    assert_eq!(testkit::addresses(reply).unwrap().0, VIP);
+    assert!(testkit::checksums_valid(reply));
 }
