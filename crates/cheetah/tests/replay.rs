@@ -693,7 +693,7 @@ fn nat_mode_translates_both_ways() {
     let lab = Lab::with_config(&config_with("nat", "[1, 2, 3]"));
     let syn = client(flags::SYN, 1000, 0, options::linux_syn(CLIENT_TS, 0), b"");
     let run = lab
-        .replay(&lab.write_pcap("in.pcap", &[syn.clone()]), &[])
+        .replay(&lab.write_pcap("in.pcap", std::slice::from_ref(&syn)), &[])
         .ok();
     let s = run.server_of(1);
     let (_, dst, _, _) = testkit::addresses(run.out_for(1)).unwrap();
