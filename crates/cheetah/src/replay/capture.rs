@@ -130,12 +130,13 @@ impl TsUnit {
 
 /// Says what is wrong in words an operator can act on; pcap-file's own messages ("Need more
 /// bytes", "Error reading bytes") do not say that the file was cut short.
+/// A length field too large for the reader's 8 MB buffer reads the same as a cut file,
+/// hence both causes in the message.
 fn describe(error: &PcapError) -> String {
+    const CUT: &str = "the file ends in the middle of it (cut short, or a corrupt length field)";
     match error {
-        PcapError::IncompleteBuffer => "the file ends in the middle of it (cut short?)".into(),
-        PcapError::IoError(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            "the file ends in the middle of it (cut short?)".into()
-        }
+        PcapError::IncompleteBuffer => CUT.into(),
+        PcapError::IoError(e) if e.kind() == io::ErrorKind::UnexpectedEof => CUT.into(),
         PcapError::IoError(e) => e.to_string(),
         PcapError::InvalidField(what) => format!("invalid field: {what}"),
         other => other.to_string(),
