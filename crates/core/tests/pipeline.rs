@@ -6,9 +6,9 @@ use cheetah_core::cookie::tcp_ts;
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Counter, Worker, WorkerConfig};
 use cheetah_core::policy::{PolicyKind, ReportedLoad};
-use cheetah_core::tables::{ControlPlane, ServerSpec};
+use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
-use cheetah_core::types::{format_mac, NANOS_PER_MS, NANOS_PER_SEC};
+use cheetah_core::types::{NANOS_PER_MS, NANOS_PER_SEC};
 use cheetah_core::wire::tcp::flags::{ACK, FIN, PSH, RST, SYN};
 use cheetah_core::{DropReason, ServerId, Verdict};
 
@@ -184,82 +184,28 @@ fn cookie_names_the_server_and_the_server_gets_its_own_tsval_back() {
     assert_eq!(lb.counter(Counter::NewConnections), 1);
 }
 
-/// Churn: servers added, drained and removed while 2,000 connections are open. Cheetah
-/// keeps every packet of every connection on its server; plain hashing does not.
-fn churn(mode: Mode) -> (usize, usize) {
-    let mut lb = Lb::new(
-        testkit::config(mode, Forwarding::L2, PolicyKind::RoundRobin, 8),
-        2,
-    );
-    let mut conns: Vec<Conn> = (0..2000).map(Conn::new).collect();
-    let mut now = NANOS_PER_SEC;
-    for (i, c) in conns.iter_mut().enumerate() {
-        c.syn(&mut lb, i % 2, now);
-        c.server_sends(&mut lb, (i + 1) % 2, 5_000_000 + i as u32, SYN | ACK, now);
-        now += NANOS_PER_MS;
-    }
-    let mut moved = 0;
-    let mut packets = 0;
-    for round in 0..6 {
-        match round {
-            1 => drop(lb.plane.add_server(
-                ServerSpec {
-                    id: Some(20),
-                    dip: "10.1.0.20".parse().unwrap(),
-                    mac: Some(format_mac(&testkit::server_mac(20))),
-                    vips: vec![(format!("{}:{VIP_PORT}", std::net::Ipv4Addr::from(VIP)), 1)],
-                },
-                now,
-            )),
-            2 => lb.plane.drain_server(3).unwrap(),
-            3 => lb
-                .plane
-                .leave_pool(&format!("{}:{VIP_PORT}", std::net::Ipv4Addr::from(VIP)), 5)
-                .unwrap(),
-            4 => lb
-                .plane
-                .set_policy(
-                    &format!("{}:{VIP_PORT}", std::net::Ipv4Addr::from(VIP)),
-                    PolicyKind::PowerOfTwo,
-                    None,
-                )
-                .unwrap(),
-            _ => {}
-        }
-        for (i, c) in conns.iter_mut().enumerate() {
-            let (v, _) = c.client_sends(&mut lb, (i + round) % 2, ACK | PSH, now);
-            packets += 1;
-            match v {
-                Verdict::ToServer(s) if Some(s) == c.server => {}
-                _ => moved += 1,
-            }
-            c.server_sends(
-                &mut lb,
-                (i + round + 1) % 2,
-                5_000_000 + i as u32 + round as u32,
-                ACK,
-                now,
-            );
-            now += NANOS_PER_MS / 10;
-        }
-    }
-    (moved, packets)
-}
-
 #[test]
 fn churn_breaks_no_connection_in_cheetah_mode_but_breaks_many_under_hashing() {
-    let (moved, packets) = churn(Mode::Cheetah);
-    assert_eq!(moved, 0, "cheetah moved {moved} of {packets} packets");
-    let (moved, _) = churn(Mode::Hash);
-    assert!(
-        moved > 500,
-        "plain hashing should remap connections when the pool changes, moved {moved}"
+    use cheetah_core::testkit::churn;
+    let cheetah = churn::run(Mode::Cheetah, 2000);
+    assert_eq!(cheetah.changes.len(), 4);
+    assert_eq!(
+        (cheetah.misrouted_packets, cheetah.dropped_packets),
+        (0, 0),
+        "{cheetah:?}"
     );
-    let (moved, _) = churn(Mode::Maglev);
+    assert_eq!(cheetah.packets, 6 * 2000);
+    let hash = churn::run(Mode::Hash, 2000);
     assert!(
-        moved > 50,
-        "Maglev remaps some connections on pool changes, moved {moved}"
+        hash.broken_connections > 500,
+        "plain hashing remaps connections when the pool changes: {hash:?}"
     );
+    let maglev = churn::run(Mode::Maglev, 2000);
+    assert!(
+        maglev.broken_connections > 50,
+        "Maglev remaps some connections on pool changes: {maglev:?}"
+    );
+    assert!(maglev.broken_connections < hash.broken_connections);
 }
 
 #[test]

@@ -3,6 +3,8 @@
 //! Everything here builds real wire bytes with correct checksums, so what the pipeline is
 //! tested on is what a Linux stack would send.
 
+pub mod churn;
+
 use crate::config::{Forwarding, LbConfig, Mode, ServerConfig, VipConfig};
 use crate::policy::PolicyKind;
 use crate::types::{format_mac, Mac};
