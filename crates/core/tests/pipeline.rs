@@ -728,3 +728,64 @@ fn every_prefix_of_real_frames_is_handled_without_panic() {
         }
     }
 }
+
+#[test]
+fn a_removed_server_gets_no_packets_of_its_connections_without_timestamps() {
+    let mut lb = Lb::with(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 3);
+    let client = testkit::client_ip(7);
+    let mut syn = TcpFrame::from_client(client, 40_000, SYN, options::windows_syn()).build();
+    let Verdict::ToServer(server) = lb.process(0, &mut syn, NANOS_PER_SEC) else {
+        panic!()
+    };
+    let ack = TcpFrame::from_client(client, 40_000, ACK, Vec::new()).build();
+    assert_eq!(
+        lb.process(0, &mut ack.clone(), 2 * NANOS_PER_SEC),
+        Verdict::ToServer(server)
+    );
+    lb.plane.remove_server(server.0, 3 * NANOS_PER_SEC).unwrap();
+    assert_eq!(
+        lb.process(0, &mut ack.clone(), 4 * NANOS_PER_SEC),
+        Verdict::Drop(DropReason::FallbackServerRemoved)
+    );
+    // An ICMP error about that connection is not routed to the removed server either.
+    let quoted = TcpFrame::from_server_l2(server.0, client, 40_000, ACK, Vec::new()).build();
+    let mut icmp = testkit::icmp_frag_needed(0x0a09_0001, &quoted, 48);
+    assert_ne!(
+        lb.process(0, &mut icmp, 5 * NANOS_PER_SEC),
+        Verdict::ToServer(server)
+    );
+}
+
+#[test]
+fn nat_replies_keep_flowing_after_the_server_leaves_the_pool() {
+    let mut lb = Lb::with(Mode::Cheetah, Forwarding::Nat, PolicyKind::RoundRobin, 3);
+    let vip = format!("{}:{VIP_PORT}", std::net::Ipv4Addr::from(VIP));
+    let reply = || {
+        TcpFrame::from_server_nat(
+            2,
+            testkit::client_ip(7),
+            40_000,
+            ACK,
+            options::nop_nop_ts(0x1234_0000, 1),
+        )
+        .build()
+    };
+    assert_eq!(
+        lb.process(0, &mut reply(), NANOS_PER_SEC),
+        Verdict::ToClient
+    );
+    lb.plane.leave_pool(&vip, 2).unwrap();
+    assert_eq!(
+        lb.process(0, &mut reply(), 2 * NANOS_PER_SEC),
+        Verdict::ToClient,
+        "existing connections keep going"
+    );
+    lb.plane.join_pool(&vip, 2, 1).unwrap();
+    lb.plane.leave_pool(&vip, 2).unwrap();
+    lb.plane.remove_server(2, 3 * NANOS_PER_SEC).unwrap();
+    assert_eq!(
+        lb.process(0, &mut reply(), 4 * NANOS_PER_SEC),
+        Verdict::Pass,
+        "a removed server's DIP is no backend any more"
+    );
+}

@@ -69,9 +69,15 @@ impl WorkerState {
                         server
                     }
                     (_, None) => match self.fallback.lookup(&key, hash) {
-                        Some(server) => {
+                        Some(server) if snapshot.servers.get(server).state.forwards() => {
                             self.counters.inc(Counter::FallbackHits);
                             Some(server)
+                        }
+                        Some(_) => {
+                            // Its server was removed: the connection is gone, as it is for
+                            // a cookie naming a removed server.
+                            self.fallback.remove(&key, hash);
+                            return Verdict::Drop(DropReason::FallbackServerRemoved);
                         }
                         None => {
                             self.counters.inc(Counter::FallbackMisses);

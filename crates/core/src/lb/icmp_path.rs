@@ -172,7 +172,10 @@ impl WorkerState {
                     Some(decoded.server)
                 }
                 None => {
-                    let server = self.fallback.peek(&key, hash);
+                    let server = self
+                        .fallback
+                        .peek(&key, hash)
+                        .filter(|s| snapshot.servers.get(*s).state.forwards());
                     if server.is_some() {
                         self.counters.inc(Counter::IcmpRoutedByFallback);
                     }

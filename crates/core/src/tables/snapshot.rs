@@ -22,6 +22,8 @@ pub struct VipEntry {
     pub pool: Arc<PoolSnapshot>,
     /// Every configured member with its weight, draining ones included.
     pub members: Vec<(ServerId, u32)>,
+    /// Servers that left the pool but still serve their connections.
+    pub departed: Vec<ServerId>,
     /// Server-side port in NAT mode.
     pub backend_port: u16,
 }
@@ -94,7 +96,7 @@ impl Snapshot {
                         .vip_by_addr_port
                         .insert(addr_port(a, vip.port), index as u16);
                     snapshot.vip_addrs.insert(a, ());
-                    for (id, _) in &vip.members {
+                    for id in vip.members.iter().map(|m| &m.0).chain(&vip.departed) {
                         let dip = snapshot.servers.get(*id).dip;
                         snapshot
                             .nat_backends
