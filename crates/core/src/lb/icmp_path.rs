@@ -9,11 +9,10 @@
 
 use super::counters::Counter;
 use super::shared::LbShared;
-use super::worker::{Ipv4Layout, WorkerState};
+use super::worker::{baseline_pick, Ipv4Layout, WorkerState};
 use crate::config::{Forwarding, Mode};
 use crate::cookie::tcp_ts;
 use crate::hash::FlowKey;
-use crate::policy::hash::pick_modulo;
 use crate::tables::{SlotState, Snapshot};
 use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
@@ -135,17 +134,10 @@ impl WorkerState {
             return Verdict::Drop(DropReason::VipPortUnknown);
         };
         let vip = snapshot.vip(vip_index);
-        let key = FlowKey {
-            client_ip,
-            vip_ip,
-            client_port,
-            vip_port,
-            protocol: ip_proto::TCP,
-        };
+        let key = FlowKey::tcp(client_ip, client_port, vip_ip, vip_port);
         let hash = shared.hasher.hash(&key);
         let server = match snapshot.mode {
-            Mode::Hash => pick_modulo(&vip.pool.servers, hash),
-            Mode::Maglev => vip.pool.maglev.lookup(hash),
+            Mode::Hash | Mode::Maglev => baseline_pick(snapshot.mode, &vip.pool, hash),
             Mode::Cheetah => match embedded.tsval_at(packet) {
                 Some(tsval_at) => {
                     let tsval = read_u32(packet, tsval_at);

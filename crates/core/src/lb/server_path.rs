@@ -10,8 +10,8 @@ use crate::tables::Snapshot;
 use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::tcp::{flags, MIN_HEADER_LEN as TCP_HEADER};
-use crate::wire::tcp_options::{self, SegmentKind, TSVAL};
-use crate::wire::{ip_proto, read_u32, Ipv4Packet, TcpSegment};
+use crate::wire::tcp_options::{SegmentKind, TSVAL};
+use crate::wire::{read_u32, Ipv4Packet, TcpSegment};
 
 impl WorkerState {
     /// `nat_vip` is the VIP the NAT backend belongs to (NAT mode), `None` in l2 mode where
@@ -50,22 +50,11 @@ impl WorkerState {
 
         if snapshot.mode == Mode::Cheetah {
             let kind = SegmentKind::from_flags(tcp_flags);
-            let timestamp = match tcp_options::find_timestamp(segment.options(), kind) {
+            let timestamp = match self.find_timestamp(segment.options(), kind) {
                 Ok(lookup) => lookup,
                 Err(reason) => return Verdict::Drop(reason),
             };
-            self.counters.inc(if timestamp.fast_path {
-                Counter::OptionsFastPath
-            } else {
-                Counter::OptionsSlowPath
-            });
-            let key = FlowKey {
-                client_ip,
-                vip_ip,
-                client_port,
-                vip_port: vip.port,
-                protocol: ip_proto::TCP,
-            };
+            let key = FlowKey::tcp(client_ip, client_port, vip_ip, vip.port);
             match timestamp.offset {
                 Some(at) => {
                     let hash = shared.hasher.hash(&key);

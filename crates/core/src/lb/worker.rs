@@ -21,11 +21,13 @@ use super::fallback::FallbackTable;
 use super::rate_limit::TokenBucket;
 use super::shared::LbShared;
 use crate::config::{Forwarding, Mode};
+use crate::policy::hash::pick_modulo;
 use crate::policy::{self, Policy, PolicyRng, PoolSnapshot, WorkerLoads};
 use crate::tables::Snapshot;
 use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::ethernet::ethertype;
+use crate::wire::tcp_options::{self, SegmentKind, TimestampLookup};
 use crate::wire::{ip_proto, EthernetFrame, Ipv4Packet, Ipv6Packet};
 
 /// Per-worker settings.
@@ -86,6 +88,33 @@ pub(crate) struct Ipv4Layout {
     pub(crate) end: usize,
     pub(crate) src: u32,
     pub(crate) dst: u32,
+}
+
+impl WorkerState {
+    /// The TCP timestamp option, counting which path found it.
+    #[inline]
+    pub(crate) fn find_timestamp(
+        &self,
+        options: &[u8],
+        kind: SegmentKind,
+    ) -> Result<TimestampLookup, DropReason> {
+        let lookup = tcp_options::find_timestamp(options, kind)?;
+        self.counters.inc(if lookup.fast_path {
+            Counter::OptionsFastPath
+        } else {
+            Counter::OptionsSlowPath
+        });
+        Ok(lookup)
+    }
+}
+
+/// Where the baseline modes send every packet: `pool[h % n]` or the Maglev table.
+#[inline]
+pub(crate) fn baseline_pick(mode: Mode, pool: &PoolSnapshot, flow_hash: u64) -> Option<ServerId> {
+    match mode {
+        Mode::Hash => pick_modulo(&pool.servers, flow_hash),
+        Mode::Maglev | Mode::Cheetah => pool.maglev.lookup(flow_hash),
+    }
 }
 
 impl Ipv4Layout {
