@@ -1,13 +1,397 @@
-//! `cheetah bench`: to be written (trace generator first).
-#![allow(dead_code)]
+//! `cheetah bench`: the per-packet cost of the pipeline on a generated trace.
+//!
+//! A generated in-memory trace of HTTP-like connections ([`trace`]) is played once through a
+//! warm-up LB of each mode (cheetah, plain hash, Maglev), which yields realistic packets:
+//! established client packets echo the cookies that LB wrote. Each path's packets are then
+//! timed on a pinned core, each in its own buffer restored from a pristine copy every pass
+//! (the restore is timed alone and subtracted), in at least five runs whose median, min and
+//! max are reported in TSC ticks and ns. `--callgrind` adds instructions per packet counted
+//! by callgrind. The targets are printed as PASS/MISS lines; nothing asserts.
+//!
+//! `docs/benchmarks.md` has the commands and the results on the reference machine.
 
+mod affinity;
+mod callgrind;
+mod element;
+mod hashcost;
+mod items;
 mod lab;
 mod layouts;
+mod packets;
+mod pipeline;
+mod report;
 mod rng;
+mod timing;
 mod trace;
 
-#[derive(clap::Args)]
-pub struct Args {}
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not yet")
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use cheetah_core::config::Mode;
+use cheetah_core::lb::Counter;
+use cheetah_core::policy::PolicyKind;
+
+use element::Element;
+use hashcost::HashBench;
+use items::{Item, Path};
+use lab::Lab;
+use report::Row;
+use timing::Clock;
+use trace::{Role, Trace, TraceConfig};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Connections in the trace.
+    #[arg(long, default_value_t = 16_384)]
+    flows: usize,
+    /// Most connections open at once.
+    #[arg(long, default_value_t = 1_024)]
+    concurrency: usize,
+    /// Servers behind the VIP.
+    #[arg(long, default_value_t = 64)]
+    servers: u16,
+    /// Seed of the trace generator.
+    #[arg(long, default_value_t = TraceConfig::default().seed)]
+    seed: u64,
+    /// Share of connections whose client offers no TCP timestamps (reported separately).
+    #[arg(long, default_value_t = 0.02)]
+    no_ts_share: f64,
+    /// VIP policy of the LB the trace is played through (SYN rows run every policy).
+    #[arg(long, default_value = "rr", value_parser = items::parse_policy)]
+    trace_policy: PolicyKind,
+    /// Runs per row (at least 5); the median is reported.
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// Packets per run (whole passes over the path's packets, rounded up).
+    #[arg(long, default_value_t = 2_000_000)]
+    packets_per_run: u64,
+    /// Core to pin to (default: the last one).
+    #[arg(long)]
+    core: Option<usize>,
+    /// Only these paths (repeat or comma-separate).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    path: Vec<Path>,
+    /// Only these modes: cheetah, hash, maglev.
+    #[arg(long, value_delimiter = ',', value_parser = items::parse_mode)]
+    mode: Vec<Mode>,
+    /// Only these policies, for the per-policy SYN rows.
+    #[arg(long, value_delimiter = ',', value_parser = items::parse_policy)]
+    policy: Vec<PolicyKind>,
+    /// Restore whole frames instead of headers before each use.
+    #[arg(long)]
+    full_restore: bool,
+    /// Also count instructions per packet, re-running each row under callgrind.
+    #[arg(long)]
+    callgrind: bool,
+    /// Run one row for `--iterations` packets with no timing (for callgrind).
+    #[arg(long)]
+    instructions_only: bool,
+    /// Packets to run with --instructions-only (default: one pass over the path).
+    #[arg(long)]
+    iterations: Option<u64>,
+    /// Print the tables as markdown.
+    #[arg(long)]
+    markdown: bool,
+}
+
+impl Args {
+    fn trace_config(&self) -> TraceConfig {
+        TraceConfig {
+            flows: self.flows,
+            concurrency: self.concurrency,
+            seed: self.seed,
+            no_ts_share: self.no_ts_share,
+        }
+    }
+
+    /// The arguments a callgrind child needs to build the very same trace.
+    fn trace_args(&self) -> Vec<String> {
+        let mut args = vec![
+            format!("--flows={}", self.flows),
+            format!("--concurrency={}", self.concurrency),
+            format!("--servers={}", self.servers),
+            format!("--seed={}", self.seed),
+            format!("--no-ts-share={}", self.no_ts_share),
+            format!("--trace-policy={}", self.trace_policy.name()),
+        ];
+        if self.full_restore {
+            args.push("--full-restore".into());
+        }
+        args
+    }
+
+    fn selected(&self) -> Vec<Item> {
+        items::all()
+            .into_iter()
+            .filter(|i| self.path.is_empty() || self.path.contains(&i.path))
+            .filter(|i| self.mode.is_empty() || self.mode.contains(&i.mode))
+            .filter(|i| self.policy.is_empty() || i.policy.is_none_or(|p| self.policy.contains(&p)))
+            .collect()
+    }
+}
+
+/// The trace of one mode and the LB it was played through.
+struct ModeTrace {
+    lab: Lab,
+    trace: Trace,
+    /// Option lookups of that LB over the whole trace: (fast, slow).
+    options: (u64, u64),
+}
+
+struct Traces {
+    config: TraceConfig,
+    args_servers: u16,
+    by_mode: Vec<ModeTrace>,
+}
+
+impl Traces {
+    fn get(&mut self, mode: Mode, policy: PolicyKind) -> anyhow::Result<&ModeTrace> {
+        if let Some(at) = self.by_mode.iter().position(|t| t.lab.mode == mode) {
+            return Ok(&self.by_mode[at]);
+        }
+        let started = Instant::now();
+        let lab = Lab::new(mode, policy, self.args_servers)?;
+        let mut warm_up = lab.worker();
+        let trace = trace::generate(&self.config, &mut warm_up)
+            .with_context(|| format!("generating the {} trace", mode.name()))?;
+        let counters = warm_up.counters();
+        let options = (
+            counters.get(Counter::OptionsFastPath),
+            counters.get(Counter::OptionsSlowPath),
+        );
+        eprintln!(
+            "trace {}: {} packets of {} connections (max {} open) in {:.2?}",
+            mode.name(),
+            trace.packets.len(),
+            trace.keys.len(),
+            trace.max_concurrent,
+            started.elapsed()
+        );
+        self.by_mode.push(ModeTrace {
+            lab,
+            trace,
+            options,
+        });
+        Ok(self.by_mode.last().unwrap())
+    }
+}
+
+/// Builds what `item` runs on, and either times it or (`instructions`) runs it untimed.
+fn run_item(
+    item: &Item,
+    args: &Args,
+    traces: &mut Traces,
+    instructions: Option<u64>,
+) -> anyhow::Result<Option<Row>> {
+    let modal = traces.get(item.mode, args.trace_policy)?;
+    let (runs, per_run) = (args.runs, args.packets_per_run);
+    let row = |count, timing, latency, options, restore_bytes| Row {
+        item: *item,
+        count,
+        timing,
+        latency,
+        ir: None,
+        options,
+        restore_bytes,
+    };
+    match item.path {
+        Path::Siphash | Path::Toeplitz => {
+            let bench = HashBench::new(modal.trace.keys.clone(), modal.lab.plane.shared().hasher);
+            if let Some(n) = instructions {
+                bench.run_for_instructions(item.path, n);
+                return Ok(None);
+            }
+            let (throughput, latency) = bench.time(item.path, runs, per_run);
+            Ok(Some(row(bench.len(), throughput, Some(latency), None, 0.0)))
+        }
+        Path::Element => {
+            let mut element = Element::prepare(&modal.lab, &modal.trace, args.full_restore)?;
+            if let Some(n) = instructions {
+                element.run_for_instructions(n);
+                return Ok(None);
+            }
+            let timing = element.time(runs, per_run);
+            let bytes = element.set.mean_restore_bytes();
+            Ok(Some(row(element.set.len(), timing, None, None, bytes)))
+        }
+        _ => {
+            // Each policy's SYN row gets an LB of its own with that VIP policy.
+            let own_lab = match item.policy {
+                Some(policy) => Some(Lab::new(item.mode, policy, args.servers)?),
+                None => None,
+            };
+            let lab = own_lab.as_ref().unwrap_or(&modal.lab);
+            let mut prepared = pipeline::prepare(lab, &modal.trace, item.path, args.full_restore)
+                .with_context(|| item.label())?;
+            if let Some(n) = instructions {
+                prepared.run_for_instructions(n);
+                return Ok(None);
+            }
+            let timing = prepared.time(runs, per_run);
+            let options = Some((prepared.options_fast, prepared.options_slow));
+            let bytes = prepared.set.mean_restore_bytes();
+            Ok(Some(row(prepared.set.len(), timing, None, options, bytes)))
+        }
+    }
+}
+
+/// How many packets (or ids) one pass of `item` has, for the callgrind child's count.
+fn item_count(item: &Item, trace: &Trace) -> usize {
+    match item.path {
+        Path::Siphash | Path::Toeplitz => trace.keys.len(),
+        path => trace.packets.iter().filter(|p| path.selects(p)).count(),
+    }
+}
+
+fn machine_summary(clock: &Clock, core: &str) -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let cpus = affinity::cpus();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    format!(
+        "machine: {model}, {cpus} cpus, kernel {kernel}; TSC {:.4} ticks/ns; {core}; load average at start {}",
+        clock.ticks_per_ns,
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    )
+}
+
+fn trace_summary(trace: &Trace) -> String {
+    let count =
+        |f: &dyn Fn(&trace::TracePacket) -> bool| trace.packets.iter().filter(|p| f(p)).count();
+    format!(
+        "trace: {} connections ({} without timestamps), at most {} open, {} packets: {} SYN, {} client established, {} SYN-ACK, {} server established",
+        trace.keys.len(),
+        count(&|p| !p.timestamps && p.role == Role::ClientSyn),
+        trace.max_concurrent,
+        trace.packets.len(),
+        count(&|p| p.role == Role::ClientSyn),
+        count(&|p| p.role == Role::ClientEstablished),
+        count(&|p| p.role == Role::ServerSynAck),
+        count(&|p| p.role == Role::ServerEstablished),
+    )
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    ensure!(
+        args.flows > 0 && args.concurrency > 0,
+        "--flows and --concurrency must be > 0"
+    );
+    ensure!(
+        (0.0..=1.0).contains(&args.no_ts_share),
+        "--no-ts-share is a share in 0..=1"
+    );
+    let items = args.selected();
+    ensure!(!items.is_empty(), "no row matches --path/--mode/--policy");
+    let mut traces = Traces {
+        config: args.trace_config(),
+        args_servers: args.servers,
+        by_mode: Vec::new(),
+    };
+
+    if args.instructions_only {
+        let [item] = items[..] else {
+            bail!(
+                "--instructions-only runs one row, and {} match: {}",
+                items.len(),
+                items.iter().map(Item::label).collect::<Vec<_>>().join(", ")
+            );
+        };
+        let trace = &traces.get(item.mode, args.trace_policy)?.trace;
+        let n = args.iterations.unwrap_or(item_count(&item, trace) as u64);
+        run_item(&item, &args, &mut traces, Some(n))?;
+        println!("{}: {n} packets, untimed", item.label());
+        return Ok(());
+    }
+
+    ensure!(
+        args.runs >= 5,
+        "--runs must be at least 5 (the median of 5 runs or more)"
+    );
+    let core = args.core.unwrap_or_else(affinity::default_core);
+    let (pin, pinned) = match affinity::pin_to(core) {
+        Ok(pin) => (Some(pin), format!("pinned to core {core}")),
+        Err(e) => {
+            eprintln!("warning: cannot pin to core {core} ({e}); figures will be noisier");
+            (None, format!("NOT pinned ({e})"))
+        }
+    };
+    let clock = Clock::calibrate(Duration::from_millis(300));
+    let machine = machine_summary(&clock, &pinned);
+    eprintln!("{machine}");
+
+    let mut rows = Vec::new();
+    for item in &items {
+        let started = Instant::now();
+        let row = run_item(item, &args, &mut traces, None)?.expect("timed rows return a row");
+        eprintln!(
+            "{:<32} {:>7.2} ns/pkt {:>7.1} ticks (min {:.1}, max {:.1}) in {:.1?}",
+            item.label(),
+            clock.ns(row.timing.net.median),
+            row.timing.net.median,
+            row.timing.net.min,
+            row.timing.net.max,
+            started.elapsed()
+        );
+        rows.push(row);
+    }
+    let drift = (clock.rate_since_start() / clock.ticks_per_ns - 1.0) * 100.0;
+    if let Some(pin) = pin {
+        pin.release();
+    }
+
+    let callgrind_note = if !args.callgrind {
+        Some("Ir/pkt: run with --callgrind to count instructions per packet.".to_string())
+    } else if !callgrind::available() {
+        Some("Ir/pkt: skipped, valgrind is not installed (apt-get install valgrind).".to_string())
+    } else {
+        let jobs: Vec<callgrind::Job> = rows
+            .iter()
+            .map(|r| callgrind::Job {
+                item: r.item,
+                packets: r.count as u64,
+            })
+            .collect();
+        let results = callgrind::run_all(&jobs, &args.trace_args(), affinity::cpus());
+        let mut failed = 0;
+        for (row, result) in rows.iter_mut().zip(results) {
+            match result {
+                Ok(ir) => row.ir = Some(ir),
+                Err(_) => failed += 1,
+            }
+        }
+        Some(format!(
+            "Ir/pkt: callgrind instructions inside the measured function per packet (one pass over the path, restore excluded){}.",
+            if failed > 0 {
+                format!("; {failed} rows failed under valgrind")
+            } else {
+                String::new()
+            }
+        ))
+    };
+
+    let cheetah_trace = traces.by_mode.iter().find(|t| t.lab.mode == Mode::Cheetah);
+    let ctx = report::Context {
+        clock: &clock,
+        trace_options: cheetah_trace.map(|t| t.options),
+        callgrind_note,
+        trace: cheetah_trace.map(|t| &t.trace),
+    };
+    let first_trace = &traces.by_mode[0].trace;
+    println!("{machine}");
+    println!("{}", trace_summary(first_trace));
+    println!(
+        "runs: {} per row, >= {} packets per run; restore: {}; TSC rate drift over the run {drift:+.3}%",
+        args.runs,
+        args.packets_per_run,
+        if args.full_restore { "whole frames" } else { "headers" },
+    );
+    print!("{}", report::render(&rows, &ctx, args.markdown));
+    Ok(())
 }

@@ -1,0 +1,154 @@
+//! Time stamps, tick-to-nanosecond calibration, and the repeat-and-subtract protocol.
+//!
+//! Ticks are the TSC, read between `lfence`s so that the reads neither start before the
+//! measured code has finished nor let it start early. The TSC runs at a constant rate
+//! (`constant_tsc`), so ticks convert to nanoseconds with one factor, measured against the
+//! OS monotonic clock.
+//!
+//! Every measured block runs a whole pass (or several) over its packets: "restore only"
+//! first (copy each packet's pristine bytes back into its buffer), then "restore and
+//! process". The restore cost is reported and subtracted, run by run, so the figure is the
+//! processing of a packet whose header was just written, i.e. is in L1, as it is after the
+//! I/O layer touched it.
+
+use std::time::{Duration, Instant};
+
+/// A TSC reading, serialised against surrounding code.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn ticks() -> u64 {
+    use core::arch::x86_64::{_mm_lfence, _rdtsc};
+    // SAFETY: lfence and rdtsc exist on every x86_64 CPU and touch no memory.
+    unsafe {
+        _mm_lfence();
+        let t = _rdtsc();
+        _mm_lfence();
+        t
+    }
+}
+
+/// Elsewhere there is no TSC: ticks are nanoseconds of the monotonic clock.
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+pub fn ticks() -> u64 {
+    use std::sync::OnceLock;
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Ticks per nanosecond.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    pub ticks_per_ns: f64,
+    started: Instant,
+    started_ticks: u64,
+}
+
+impl Clock {
+    /// Spins for `span` and compares the TSC with the monotonic clock.
+    pub fn calibrate(span: Duration) -> Self {
+        let (t0, c0) = (Instant::now(), ticks());
+        while t0.elapsed() < span {
+            std::hint::spin_loop();
+        }
+        let (c1, elapsed) = (ticks(), t0.elapsed());
+        Clock {
+            ticks_per_ns: (c1 - c0) as f64 / elapsed.as_nanos() as f64,
+            started: t0,
+            started_ticks: c0,
+        }
+    }
+
+    /// The rate over everything since calibration began: a check that the TSC stayed
+    /// constant over the run.
+    pub fn rate_since_start(&self) -> f64 {
+        let (c, elapsed) = (ticks(), self.started.elapsed());
+        (c - self.started_ticks) as f64 / elapsed.as_nanos() as f64
+    }
+
+    pub fn ns(&self, ticks: f64) -> f64 {
+        ticks / self.ticks_per_ns
+    }
+}
+
+/// Median, min and max of per-run figures.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Stats {
+    pub fn of(values: &[f64]) -> Self {
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Stats {
+            median,
+            min: v[0],
+            max: v[n - 1],
+        }
+    }
+}
+
+/// What a pass does: only the baseline (restore, or the bare loop), or the baseline and the
+/// measured work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Baseline,
+    Work,
+}
+
+/// Per-item ticks: the work net of its baseline, the baseline, and both together.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Measurement {
+    pub net: Stats,
+    pub baseline: Stats,
+    pub gross: Stats,
+}
+
+/// Runs `runs` runs; each times enough baseline passes, then as many work passes, to
+/// cover `per_run` items, and records ticks per item.
+pub fn measure(items: usize, runs: usize, per_run: u64, mut pass: impl FnMut(Pass)) -> Measurement {
+    let passes = per_run.div_ceil(items.max(1) as u64).max(1);
+    let per = (passes * items as u64) as f64;
+    let (mut net, mut baseline, mut gross) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let t0 = ticks();
+        for _ in 0..passes {
+            pass(Pass::Baseline);
+        }
+        let t1 = ticks();
+        for _ in 0..passes {
+            pass(Pass::Work);
+        }
+        let t2 = ticks();
+        let (b, g) = ((t1 - t0) as f64 / per, (t2 - t1) as f64 / per);
+        baseline.push(b);
+        gross.push(g);
+        net.push(g - b);
+    }
+    Measurement {
+        net: Stats::of(&net),
+        baseline: Stats::of(&baseline),
+        gross: Stats::of(&gross),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_take_the_middle() {
+        let s = Stats::of(&[5.0, 1.0, 3.0, 9.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max), (3.0, 1.0, 9.0));
+        assert_eq!(Stats::of(&[1.0, 2.0]).median, 1.5);
+    }
+}
