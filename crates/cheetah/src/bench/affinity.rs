@@ -65,3 +65,36 @@ pub fn cpus() -> usize {
 pub fn default_core() -> usize {
     cpus() - 1
 }
+
+/// While held, the thread runs under `SCHED_FIFO`: ordinary (CFS) processes no longer
+/// preempt it on its core, so on a machine shared with builds and fuzzers the runs stop
+/// measuring other people's jobs. The kernel's RT throttling (by default 50 ms of every
+/// second left to others) keeps the machine usable; [`Realtime::release`] goes back to
+/// normal scheduling before anything long (the callgrind children) starts.
+pub struct Realtime(());
+
+#[cfg(target_os = "linux")]
+pub fn realtime() -> std::io::Result<Realtime> {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: plain syscall on this thread with a valid param.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Realtime(()))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn realtime() -> std::io::Result<Realtime> {
+    Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+}
+
+impl Realtime {
+    pub fn release(self) {
+        #[cfg(target_os = "linux")]
+        {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: as above.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
+        }
+    }
+}

@@ -59,11 +59,12 @@ pub struct Args {
     /// VIP policy of the LB the trace is played through (SYN rows run every policy).
     #[arg(long, default_value = "rr", value_parser = items::parse_policy)]
     trace_policy: PolicyKind,
-    /// Runs per row (at least 5); the median is reported.
-    #[arg(long, default_value_t = 7)]
+    /// Undisturbed runs per row (at least 5) whose median, min and max are reported. Runs
+    /// during which another process took the core are made again, up to 4x this many.
+    #[arg(long, default_value_t = 21)]
     runs: usize,
     /// Packets per run (whole passes over the path's packets, rounded up).
-    #[arg(long, default_value_t = 2_000_000)]
+    #[arg(long, default_value_t = 100_000)]
     packets_per_run: u64,
     /// Core to pin to (default: the last one).
     #[arg(long)]
@@ -77,6 +78,10 @@ pub struct Args {
     /// Only these policies, for the per-policy SYN rows.
     #[arg(long, value_delimiter = ',', value_parser = items::parse_policy)]
     policy: Vec<PolicyKind>,
+    /// Time under SCHED_FIFO (root): ordinary processes stop preempting the benchmark on
+    /// its core. For a machine shared with builds; dropped before the callgrind children.
+    #[arg(long)]
+    realtime: bool,
     /// Restore whole frames instead of headers before each use.
     #[arg(long)]
     full_restore: bool,
@@ -311,7 +316,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 
     ensure!(
-        args.runs >= 5,
+        args.runs >= timing::MIN_RUNS,
         "--runs must be at least 5 (the median of 5 runs or more)"
     );
     let core = args.core.unwrap_or_else(affinity::default_core);
@@ -322,6 +327,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (None, format!("NOT pinned ({e})"))
         }
     };
+    let (rt, pinned) = if args.realtime {
+        match affinity::realtime() {
+            Ok(rt) => (Some(rt), format!("{pinned}, SCHED_FIFO")),
+            Err(e) => {
+                eprintln!("warning: cannot switch to SCHED_FIFO ({e})");
+                (None, format!("{pinned}, SCHED_FIFO refused ({e})"))
+            }
+        }
+    } else {
+        (None, pinned)
+    };
     let clock = Clock::calibrate(Duration::from_millis(300));
     let machine = machine_summary(&clock, &pinned);
     eprintln!("{machine}");
@@ -331,17 +347,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let started = Instant::now();
         let row = run_item(item, &args, &mut traces, None)?.expect("timed rows return a row");
         eprintln!(
-            "{:<32} {:>7.2} ns/pkt {:>7.1} ticks (min {:.1}, max {:.1}) in {:.1?}",
+            "{:<32} {:>7.2} ns/pkt {:>7.1} ticks (min {:.1}, max {:.1}; {} of {} runs disturbed) in {:.1?}",
             item.label(),
             clock.ns(row.timing.net.median),
             row.timing.net.median,
             row.timing.net.min,
             row.timing.net.max,
+            row.timing.preempted,
+            row.timing.runs,
             started.elapsed()
         );
         rows.push(row);
     }
     let drift = (clock.rate_since_start() / clock.ticks_per_ns - 1.0) * 100.0;
+    if let Some(rt) = rt {
+        rt.release();
+    }
     if let Some(pin) = pin {
         pin.release();
     }

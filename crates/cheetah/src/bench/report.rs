@@ -122,6 +122,7 @@ fn main_table(rows: &[Row], ctx: &Context) -> Table {
             "restore ticks",
             "restored bytes",
             "with restore",
+            "runs used",
             "Ir/pkt",
             "vs hash",
             "vs maglev",
@@ -142,6 +143,11 @@ fn main_table(rows: &[Row], ctx: &Context) -> Table {
             format!("{:.1}", t.baseline.median),
             format!("{:.0}", row.restore_bytes),
             format!("{:.1}", t.gross.median),
+            if t.undisturbed_only {
+                format!("{}/{}", t.runs - t.preempted, t.runs)
+            } else {
+                format!("all {} (noisy!)", t.runs)
+            },
             row.ir.map_or("-".to_string(), |ir| format!("{ir:.1}")),
             ratio(rows, row, Mode::Hash),
             ratio(rows, row, Mode::Maglev),

@@ -111,15 +111,44 @@ pub struct Measurement {
     pub net: Stats,
     pub baseline: Stats,
     pub gross: Stats,
+    /// Runs made in all.
+    pub runs: usize,
+    /// Runs during which the OS switched this thread out: another process took the core
+    /// for a while, so the run's time includes someone else's work.
+    pub preempted: usize,
+    /// Whether the figures are of the undisturbed runs only (else of every run, because
+    /// fewer than [`MIN_RUNS`] were undisturbed: the figures are then inflated).
+    pub undisturbed_only: bool,
 }
 
-/// Runs `runs` runs; each times enough baseline passes, then as many work passes, to
-/// cover `per_run` items, and records ticks per item.
+/// Fewest runs a median is taken over.
+pub const MIN_RUNS: usize = 5;
+
+/// Context switches of this thread so far (voluntary and not), 0 where unknown.
+fn context_switches() -> u64 {
+    #[cfg(target_os = "linux")]
+    // SAFETY: getrusage fills the zeroed struct we own.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_THREAD, &mut usage) == 0 {
+            return (usage.ru_nivcsw + usage.ru_nvcsw) as u64;
+        }
+    }
+    0
+}
+
+/// Times runs until `runs` of them were undisturbed (or `4 * runs` were made). Each run
+/// times enough baseline passes, then as many work passes, to cover `per_run` items, and
+/// yields ticks per item. The medians are over the undisturbed runs when there are at
+/// least [`MIN_RUNS`] of them: on a machine shared with other jobs, a run that lost the
+/// core to one of them measures that job, not ours.
 pub fn measure(items: usize, runs: usize, per_run: u64, mut pass: impl FnMut(Pass)) -> Measurement {
     let passes = per_run.div_ceil(items.max(1) as u64).max(1);
     let per = (passes * items as u64) as f64;
-    let (mut net, mut baseline, mut gross) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..runs {
+    // (baseline, gross, undisturbed) per run.
+    let mut all: Vec<(f64, f64, bool)> = Vec::new();
+    while all.iter().filter(|r| r.2).count() < runs && all.len() < 4 * runs {
+        let switches = context_switches();
         let t0 = ticks();
         for _ in 0..passes {
             pass(Pass::Baseline);
@@ -129,15 +158,21 @@ pub fn measure(items: usize, runs: usize, per_run: u64, mut pass: impl FnMut(Pas
             pass(Pass::Work);
         }
         let t2 = ticks();
-        let (b, g) = ((t1 - t0) as f64 / per, (t2 - t1) as f64 / per);
-        baseline.push(b);
-        gross.push(g);
-        net.push(g - b);
+        let undisturbed = context_switches() == switches;
+        all.push(((t1 - t0) as f64 / per, (t2 - t1) as f64 / per, undisturbed));
     }
+    let clean = all.iter().filter(|r| r.2).count();
+    let undisturbed_only = clean >= MIN_RUNS;
+    let used: Vec<_> = all.iter().filter(|r| r.2 || !undisturbed_only).collect();
+    let column =
+        |f: &dyn Fn(&(f64, f64, bool)) -> f64| -> Vec<f64> { used.iter().map(|r| f(r)).collect() };
     Measurement {
-        net: Stats::of(&net),
-        baseline: Stats::of(&baseline),
-        gross: Stats::of(&gross),
+        net: Stats::of(&column(&|r| r.1 - r.0)),
+        baseline: Stats::of(&column(&|r| r.0)),
+        gross: Stats::of(&column(&|r| r.1)),
+        runs: all.len(),
+        preempted: all.len() - clean,
+        undisturbed_only,
     }
 }
 
