@@ -24,7 +24,7 @@ use super::items::Path;
 use super::lab::Lab;
 use super::packets::PacketSet;
 use super::pipeline;
-use super::timing::{measure, Measurement, Pass};
+use super::timing::{Pass, Timed};
 use super::trace::{Trace, TracePacket};
 
 /// What the parsing elements and the NIC hand the Cheetah element.
@@ -136,17 +136,6 @@ impl Element {
         })
     }
 
-    pub fn time(&mut self, runs: usize, per_run: u64) -> Measurement {
-        let (set, parsed, servers) = (&mut self.set, &self.parsed, &self.servers);
-        let msb = &self.lab_shared.msb;
-        measure(set.len(), runs, per_run, |pass| match pass {
-            Pass::Baseline => set.restore_pass(),
-            Pass::Work => set.pass(|i, packet| {
-                let _ = black_box(element_packet(servers, msb, &parsed[i], packet));
-            }),
-        })
-    }
-
     pub fn run_for_instructions(&mut self, packets: u64) {
         let n = self.set.len();
         let msb = &self.lab_shared.msb;
@@ -159,6 +148,22 @@ impl Element {
                 &self.parsed[i],
                 packet,
             ));
+        }
+    }
+}
+
+impl Timed for Element {
+    fn items(&self) -> usize {
+        self.set.len()
+    }
+
+    fn pass(&mut self, pass: Pass) {
+        let (parsed, servers, msb) = (&self.parsed, &self.servers, &self.lab_shared.msb);
+        match pass {
+            Pass::Baseline => self.set.restore_pass(),
+            Pass::Work => self.set.pass(|i, packet| {
+                let _ = black_box(element_packet(servers, msb, &parsed[i], packet));
+            }),
         }
     }
 }

@@ -13,12 +13,16 @@ use cheetah_core::hash::toeplitz::{Toeplitz, MICROSOFT_KEY};
 use cheetah_core::hash::{FlowHasher, FlowKey};
 
 use super::items::Path;
-use super::timing::{measure, Measurement, Pass};
+use super::timing::{Pass, Timed};
 
 pub struct HashBench {
     keys: Vec<FlowKey>,
     siphash: FlowHasher,
     toeplitz: Toeplitz,
+    /// [`Path::Siphash`] or [`Path::Toeplitz`].
+    path: Path,
+    /// Time a dependent chain (latency) instead of independent hashes (throughput).
+    chained: bool,
 }
 
 #[inline(always)]
@@ -39,61 +43,60 @@ pub fn measured_toeplitz(toeplitz: &Toeplitz, key: &FlowKey) -> u64 {
 }
 
 impl HashBench {
-    pub fn new(keys: Vec<FlowKey>, siphash: FlowHasher) -> Self {
+    pub fn new(keys: Vec<FlowKey>, siphash: FlowHasher, path: Path, chained: bool) -> Self {
         HashBench {
             keys,
             siphash,
             toeplitz: Toeplitz::new(&MICROSOFT_KEY),
+            path,
+            chained,
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub fn run_for_instructions(&self, hashes: u64) {
+        let n = self.keys.len();
+        for i in 0..hashes as usize {
+            let key = &self.keys[i % n];
+            black_box(match self.path {
+                Path::Siphash => measured_siphash(&self.siphash, key),
+                _ => measured_toeplitz(&self.toeplitz, key),
+            });
+        }
+    }
+}
+
+impl Timed for HashBench {
+    fn items(&self) -> usize {
         self.keys.len()
     }
 
-    /// (throughput, latency) ticks per hash, net of the bare loop over the keys.
-    pub fn time(&self, path: Path, runs: usize, per_run: u64) -> (Measurement, Measurement) {
-        let (keys, sip, toe) = (&self.keys, &self.siphash, &self.toeplitz);
-        let hash = |k: &FlowKey| match path {
+    /// The baseline is the bare loop over the keys.
+    fn pass(&mut self, pass: Pass) {
+        let (sip, toe) = (&self.siphash, &self.toeplitz);
+        let hash = |k: &FlowKey| match self.path {
             Path::Siphash => sip.hash(k),
             _ => toeplitz_of(toe, k),
         };
-        let bare_loop = || {
-            for k in keys {
-                black_box(k);
+        match (pass, self.chained) {
+            (Pass::Baseline, _) => {
+                for k in &self.keys {
+                    black_box(k);
+                }
             }
-        };
-        let throughput = measure(keys.len(), runs, per_run, |pass| match pass {
-            Pass::Baseline => bare_loop(),
-            Pass::Work => {
-                for k in keys {
+            (Pass::Work, false) => {
+                for k in &self.keys {
                     black_box(hash(black_box(k)));
                 }
             }
-        });
-        let latency = measure(keys.len(), runs, per_run, |pass| match pass {
-            Pass::Baseline => bare_loop(),
-            Pass::Work => {
+            (Pass::Work, true) => {
                 let mut h = 0u64;
-                for k in keys {
+                for k in &self.keys {
                     let mut key = *black_box(k);
                     key.client_port ^= (h & 1) as u16;
                     h = hash(&key);
                 }
                 black_box(h);
             }
-        });
-        (throughput, latency)
-    }
-
-    pub fn run_for_instructions(&self, path: Path, hashes: u64) {
-        let n = self.keys.len();
-        for i in 0..hashes as usize {
-            let key = &self.keys[i % n];
-            black_box(match path {
-                Path::Siphash => measured_siphash(&self.siphash, key),
-                _ => measured_toeplitz(&self.toeplitz, key),
-            });
         }
     }
 }

@@ -36,7 +36,7 @@ use hashcost::HashBench;
 use items::{Item, Path};
 use lab::Lab;
 use report::Row;
-use timing::Clock;
+use timing::{Clock, Measurement, Timed};
 use trace::{Role, Trace, TraceConfig};
 
 #[derive(clap::Args, Debug)]
@@ -61,7 +61,7 @@ pub struct Args {
     trace_policy: PolicyKind,
     /// Undisturbed runs per row (at least 5) whose median, min and max are reported. Runs
     /// during which another process took the core are made again, up to 4x this many.
-    #[arg(long, default_value_t = 21)]
+    #[arg(long, default_value_t = 31)]
     runs: usize,
     /// Packets per run (whole passes over the path's packets, rounded up).
     #[arg(long, default_value_t = 100_000)]
@@ -181,61 +181,82 @@ impl Traces {
     }
 }
 
-/// Builds what `item` runs on, and either times it or (`instructions`) runs it untimed.
-fn run_item(
-    item: &Item,
-    args: &Args,
-    traces: &mut Traces,
-    instructions: Option<u64>,
-) -> anyhow::Result<Option<Row>> {
-    let modal = traces.get(item.mode, args.trace_policy)?;
-    let (runs, per_run) = (args.runs, args.packets_per_run);
-    let row = |count, timing, latency, options, restore_bytes| Row {
-        item: *item,
-        count,
-        timing,
-        latency,
-        ir: None,
-        options,
-        restore_bytes,
-    };
-    match item.path {
-        Path::Siphash | Path::Toeplitz => {
-            let bench = HashBench::new(modal.trace.keys.clone(), modal.lab.plane.shared().hasher);
-            if let Some(n) = instructions {
-                bench.run_for_instructions(item.path, n);
-                return Ok(None);
+/// A row made ready: what it times, and what the report says about it.
+enum Subject {
+    Pipeline(pipeline::Prepared),
+    Element(Element),
+    /// Throughput, then latency.
+    Hash(HashBench, HashBench),
+}
+
+impl Subject {
+    /// Builds what `item` runs on (and checks it: see `pipeline::prepare`).
+    fn prepare(item: &Item, args: &Args, traces: &mut Traces) -> anyhow::Result<Self> {
+        let modal = traces.get(item.mode, args.trace_policy)?;
+        Ok(match item.path {
+            Path::Siphash | Path::Toeplitz => {
+                let hash = |chained| {
+                    let hasher = modal.lab.plane.shared().hasher;
+                    HashBench::new(modal.trace.keys.clone(), hasher, item.path, chained)
+                };
+                Subject::Hash(hash(false), hash(true))
             }
-            let (throughput, latency) = bench.time(item.path, runs, per_run);
-            Ok(Some(row(bench.len(), throughput, Some(latency), None, 0.0)))
+            Path::Element => Subject::Element(Element::prepare(
+                &modal.lab,
+                &modal.trace,
+                args.full_restore,
+            )?),
+            _ => {
+                // Each policy's SYN row gets an LB of its own with that VIP policy.
+                let own_lab = match item.policy {
+                    Some(policy) => Some(Lab::new(item.mode, policy, args.servers)?),
+                    None => None,
+                };
+                let lab = own_lab.as_ref().unwrap_or(&modal.lab);
+                Subject::Pipeline(
+                    pipeline::prepare(lab, &modal.trace, item.path, args.full_restore)
+                        .with_context(|| item.label())?,
+                )
+            }
+        })
+    }
+
+    /// Runs `n` packets through the row's `measured_*` function, untimed.
+    fn run_for_instructions(&mut self, n: u64) {
+        match self {
+            Subject::Pipeline(p) => p.run_for_instructions(n),
+            Subject::Element(e) => e.run_for_instructions(n),
+            Subject::Hash(h, _) => h.run_for_instructions(n),
         }
-        Path::Element => {
-            let mut element = Element::prepare(&modal.lab, &modal.trace, args.full_restore)?;
-            if let Some(n) = instructions {
-                element.run_for_instructions(n);
-                return Ok(None);
-            }
-            let timing = element.time(runs, per_run);
-            let bytes = element.set.mean_restore_bytes();
-            Ok(Some(row(element.set.len(), timing, None, None, bytes)))
+    }
+
+    fn timed(&mut self) -> Vec<&mut dyn Timed> {
+        match self {
+            Subject::Pipeline(p) => vec![p],
+            Subject::Element(e) => vec![e],
+            Subject::Hash(throughput, latency) => vec![throughput, latency],
         }
-        _ => {
-            // Each policy's SYN row gets an LB of its own with that VIP policy.
-            let own_lab = match item.policy {
-                Some(policy) => Some(Lab::new(item.mode, policy, args.servers)?),
-                None => None,
-            };
-            let lab = own_lab.as_ref().unwrap_or(&modal.lab);
-            let mut prepared = pipeline::prepare(lab, &modal.trace, item.path, args.full_restore)
-                .with_context(|| item.label())?;
-            if let Some(n) = instructions {
-                prepared.run_for_instructions(n);
-                return Ok(None);
-            }
-            let timing = prepared.time(runs, per_run);
-            let options = Some((prepared.options_fast, prepared.options_slow));
-            let bytes = prepared.set.mean_restore_bytes();
-            Ok(Some(row(prepared.set.len(), timing, None, options, bytes)))
+    }
+
+    /// The report row, given the row's measurements (in `timed` order).
+    fn row(&self, item: Item, measured: &[Measurement]) -> Row {
+        let (count, options, restore_bytes) = match self {
+            Subject::Pipeline(p) => (
+                p.set.len(),
+                Some((p.options_fast, p.options_slow)),
+                p.set.mean_restore_bytes(),
+            ),
+            Subject::Element(e) => (e.set.len(), None, e.set.mean_restore_bytes()),
+            Subject::Hash(h, _) => (h.items(), None, 0.0),
+        };
+        Row {
+            item,
+            count,
+            timing: measured[0],
+            latency: measured.get(1).copied(),
+            ir: None,
+            options,
+            restore_bytes,
         }
     }
 }
@@ -310,7 +331,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         let trace = &traces.get(item.mode, args.trace_policy)?.trace;
         let n = args.iterations.unwrap_or(item_count(&item, trace) as u64);
-        run_item(&item, &args, &mut traces, Some(n))?;
+        Subject::prepare(&item, &args, &mut traces)?.run_for_instructions(n);
         println!("{}: {n} packets, untimed", item.label());
         return Ok(());
     }
@@ -342,12 +363,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let machine = machine_summary(&clock, &pinned);
     eprintln!("{machine}");
 
-    let mut rows = Vec::new();
+    let mut subjects = Vec::new();
     for item in &items {
-        let started = Instant::now();
-        let row = run_item(item, &args, &mut traces, None)?.expect("timed rows return a row");
+        subjects.push(Subject::prepare(item, &args, &mut traces)?);
+    }
+    let mut timed: Vec<&mut dyn Timed> = subjects.iter_mut().flat_map(Subject::timed).collect();
+    let started = Instant::now();
+    let mut measured = timing::measure_all(&mut timed, args.runs, args.packets_per_run).into_iter();
+    eprintln!("timed {} rows in {:.1?}", items.len(), started.elapsed());
+    let mut rows = Vec::new();
+    for (item, subject) in items.iter().zip(&mut subjects) {
+        let of_row: Vec<Measurement> = measured.by_ref().take(subject.timed().len()).collect();
+        let row = subject.row(*item, &of_row);
         eprintln!(
-            "{:<32} {:>7.2} ns/pkt {:>7.1} ticks (min {:.1}, max {:.1}; {} of {} runs disturbed) in {:.1?}",
+            "{:<32} {:>7.2} ns/pkt {:>7.1} ticks (min {:.1}, max {:.1}; {} of {} runs disturbed)",
             item.label(),
             clock.ns(row.timing.net.median),
             row.timing.net.median,
@@ -355,7 +384,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             row.timing.net.max,
             row.timing.preempted,
             row.timing.runs,
-            started.elapsed()
         );
         rows.push(row);
     }

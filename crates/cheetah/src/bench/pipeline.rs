@@ -16,7 +16,7 @@ use cheetah_core::{DropReason, Nanos, Verdict};
 use super::items::Path;
 use super::lab::Lab;
 use super::packets::PacketSet;
-use super::timing::{measure, Measurement, Pass};
+use super::timing::{Pass, Timed};
 use super::trace::{Trace, TracePacket};
 
 /// A worker ready to process one path's packets.
@@ -27,6 +27,9 @@ pub struct Prepared {
     pub options_fast: u64,
     pub options_slow: u64,
     now: Nanos,
+    /// When timing began: `now` moves on with real time, as on a live worker, so load
+    /// merges keep their cadence.
+    started: Option<Instant>,
 }
 
 /// Replays the whole trace through `worker`, as the trace's time went, so it holds what a
@@ -114,26 +117,11 @@ pub fn prepare(
         worker,
         set,
         now,
+        started: None,
     })
 }
 
 impl Prepared {
-    /// Times `runs` runs of restore-only passes against restore-and-process passes.
-    pub fn time(&mut self, runs: usize, per_run: u64) -> Measurement {
-        let (worker, set) = (&mut self.worker, &mut self.set);
-        // Time moves on as it would on a live worker, so load merges keep their cadence.
-        let (start, base) = (Instant::now(), self.now);
-        measure(set.len(), runs, per_run, |pass| match pass {
-            Pass::Baseline => set.restore_pass(),
-            Pass::Work => {
-                let now = base + start.elapsed().as_nanos() as Nanos;
-                set.pass(|_, packet| {
-                    black_box(worker.process(packet, now));
-                });
-            }
-        })
-    }
-
     /// Processes `packets` packets (cycling over the path) with no timing, each through
     /// [`measured_packet`], for `valgrind --toggle-collect`.
     pub fn run_for_instructions(&mut self, packets: u64) {
@@ -141,6 +129,26 @@ impl Prepared {
         for k in 0..packets as usize {
             let packet = self.set.restored(k % n);
             black_box(measured_packet(&mut self.worker, packet, self.now));
+        }
+    }
+}
+
+impl Timed for Prepared {
+    fn items(&self) -> usize {
+        self.set.len()
+    }
+
+    fn pass(&mut self, pass: Pass) {
+        match pass {
+            Pass::Baseline => self.set.restore_pass(),
+            Pass::Work => {
+                let started = *self.started.get_or_insert_with(Instant::now);
+                let now = self.now + started.elapsed().as_nanos() as Nanos;
+                let worker = &mut self.worker;
+                self.set.pass(|_, packet| {
+                    black_box(worker.process(packet, now));
+                });
+            }
         }
     }
 }

@@ -9,7 +9,7 @@
 //! first (copy each packet's pristine bytes back into its buffer), then "restore and
 //! process". The restore cost is reported and subtracted, run by run, so the figure is the
 //! processing of a packet whose header was just written, i.e. is in L1, as it is after the
-//! I/O layer touched it.
+//! I/O layer touched it. Rows are timed in interleaved rounds ([`measure_all`]).
 
 use std::time::{Duration, Instant};
 
@@ -137,43 +137,108 @@ fn context_switches() -> u64 {
     0
 }
 
-/// Times runs until `runs` of them were undisturbed (or `4 * runs` were made). Each run
-/// times enough baseline passes, then as many work passes, to cover `per_run` items, and
-/// yields ticks per item. The medians are over the undisturbed runs when there are at
-/// least [`MIN_RUNS`] of them: on a machine shared with other jobs, a run that lost the
-/// core to one of them measures that job, not ours.
-pub fn measure(items: usize, runs: usize, per_run: u64, mut pass: impl FnMut(Pass)) -> Measurement {
-    let passes = per_run.div_ceil(items.max(1) as u64).max(1);
-    let per = (passes * items as u64) as f64;
-    // (baseline, gross, undisturbed) per run.
-    let mut all: Vec<(f64, f64, bool)> = Vec::new();
-    while all.iter().filter(|r| r.2).count() < runs && all.len() < 4 * runs {
+/// Something timed in passes: a path's packets, the element, a hash.
+pub trait Timed {
+    /// Items (packets, connection ids) one pass covers.
+    fn items(&self) -> usize;
+    fn pass(&mut self, pass: Pass);
+}
+
+/// The runs of one row: per run, ticks per item of the baseline and of baseline + work,
+/// and whether the run was undisturbed.
+struct Sampler {
+    passes: u64,
+    per: f64,
+    samples: Vec<(f64, f64, bool)>,
+}
+
+impl Sampler {
+    fn new(items: usize, per_run: u64) -> Self {
+        let passes = per_run.div_ceil(items.max(1) as u64).max(1);
+        Sampler {
+            passes,
+            per: (passes * items as u64) as f64,
+            samples: Vec::new(),
+        }
+    }
+
+    /// One run: an untimed pass to bring the row's code and state back into the caches
+    /// (the previous row evicted them), then the timed baseline and work passes.
+    fn run(&mut self, timed: &mut dyn Timed) {
+        timed.pass(Pass::Work);
         let switches = context_switches();
         let t0 = ticks();
-        for _ in 0..passes {
-            pass(Pass::Baseline);
+        for _ in 0..self.passes {
+            timed.pass(Pass::Baseline);
         }
         let t1 = ticks();
-        for _ in 0..passes {
-            pass(Pass::Work);
+        for _ in 0..self.passes {
+            timed.pass(Pass::Work);
         }
         let t2 = ticks();
         let undisturbed = context_switches() == switches;
-        all.push(((t1 - t0) as f64 / per, (t2 - t1) as f64 / per, undisturbed));
+        self.samples.push((
+            (t1 - t0) as f64 / self.per,
+            (t2 - t1) as f64 / self.per,
+            undisturbed,
+        ));
     }
-    let clean = all.iter().filter(|r| r.2).count();
-    let undisturbed_only = clean >= MIN_RUNS;
-    let used: Vec<_> = all.iter().filter(|r| r.2 || !undisturbed_only).collect();
-    let column =
-        |f: &dyn Fn(&(f64, f64, bool)) -> f64| -> Vec<f64> { used.iter().map(|r| f(r)).collect() };
-    Measurement {
-        net: Stats::of(&column(&|r| r.1 - r.0)),
-        baseline: Stats::of(&column(&|r| r.0)),
-        gross: Stats::of(&column(&|r| r.1)),
-        runs: all.len(),
-        preempted: all.len() - clean,
-        undisturbed_only,
+
+    fn undisturbed(&self) -> usize {
+        self.samples.iter().filter(|r| r.2).count()
     }
+
+    fn finish(&self) -> Measurement {
+        let clean = self.undisturbed();
+        let undisturbed_only = clean >= MIN_RUNS;
+        let used: Vec<_> = self
+            .samples
+            .iter()
+            .filter(|r| r.2 || !undisturbed_only)
+            .collect();
+        let column = |f: &dyn Fn(&(f64, f64, bool)) -> f64| -> Vec<f64> {
+            used.iter().map(|r| f(r)).collect()
+        };
+        Measurement {
+            net: Stats::of(&column(&|r| r.1 - r.0)),
+            baseline: Stats::of(&column(&|r| r.0)),
+            gross: Stats::of(&column(&|r| r.1)),
+            runs: self.samples.len(),
+            preempted: self.samples.len() - clean,
+            undisturbed_only,
+        }
+    }
+}
+
+/// Times every row in rounds, one run of each row per round, until each has `runs`
+/// undisturbed runs (or made `4 * runs`).
+///
+/// Round-robin rather than row after row: on a VM whose host and neighbours come and go,
+/// the machine's speed drifts over seconds, and rows measured minutes apart would differ by
+/// that drift. Interleaved, every row sees the same mix of machine states, so the ratios
+/// between rows (cheetah vs plain hash "in the same run") compare like with like.
+///
+/// A run times enough baseline passes, then as many work passes, to cover `per_run`
+/// items, and yields ticks per item. The medians are over the undisturbed runs when there
+/// are at least [`MIN_RUNS`]: a run that lost the core to another process measured it too.
+pub fn measure_all(rows: &mut [&mut dyn Timed], runs: usize, per_run: u64) -> Vec<Measurement> {
+    let mut samplers: Vec<Sampler> = rows
+        .iter()
+        .map(|r| Sampler::new(r.items(), per_run))
+        .collect();
+    loop {
+        let mut ran = false;
+        for (row, sampler) in rows.iter_mut().zip(&mut samplers) {
+            if sampler.undisturbed() < runs && sampler.samples.len() < 4 * runs {
+                sampler.run(&mut **row);
+                ran = true;
+            }
+        }
+        if !ran {
+            break;
+        }
+    }
+    samplers.iter().map(Sampler::finish).collect()
 }
 
 #[cfg(test)]
