@@ -183,7 +183,7 @@ impl Traces {
 
 /// A row made ready: what it times, and what the report says about it.
 enum Subject {
-    Pipeline(pipeline::Prepared),
+    Pipeline(Box<pipeline::Prepared>),
     Element(Element),
     /// Throughput, then latency.
     Hash(HashBench, HashBench),
@@ -213,10 +213,10 @@ impl Subject {
                     None => None,
                 };
                 let lab = own_lab.as_ref().unwrap_or(&modal.lab);
-                Subject::Pipeline(
+                Subject::Pipeline(Box::new(
                     pipeline::prepare(lab, &modal.trace, item.path, args.full_restore)
                         .with_context(|| item.label())?,
-                )
+                ))
             }
         })
     }
@@ -232,7 +232,7 @@ impl Subject {
 
     fn timed(&mut self) -> Vec<&mut dyn Timed> {
         match self {
-            Subject::Pipeline(p) => vec![p],
+            Subject::Pipeline(p) => vec![&mut **p],
             Subject::Element(e) => vec![e],
             Subject::Hash(throughput, latency) => vec![throughput, latency],
         }
