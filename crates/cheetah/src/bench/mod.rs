@@ -21,23 +21,22 @@ mod packets;
 mod pipeline;
 mod report;
 mod rng;
+mod rows;
+mod summary;
 mod timing;
 mod trace;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context as _};
+use anyhow::{bail, ensure};
 use cheetah_core::config::Mode;
-use cheetah_core::lb::Counter;
 use cheetah_core::policy::PolicyKind;
 
-use element::Element;
-use hashcost::HashBench;
 use items::{Item, Path};
-use lab::Lab;
-use report::Row;
+use rows::{Subject, Traces};
+use summary::{machine_summary, trace_summary};
 use timing::{Clock, Measurement, Timed};
-use trace::{Role, Trace, TraceConfig};
+use trace::TraceConfig;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -135,175 +134,6 @@ impl Args {
     }
 }
 
-/// The trace of one mode and the LB it was played through.
-struct ModeTrace {
-    lab: Lab,
-    trace: Trace,
-    /// Option lookups of that LB over the whole trace: (fast, slow).
-    options: (u64, u64),
-}
-
-struct Traces {
-    config: TraceConfig,
-    args_servers: u16,
-    by_mode: Vec<ModeTrace>,
-}
-
-impl Traces {
-    fn get(&mut self, mode: Mode, policy: PolicyKind) -> anyhow::Result<&ModeTrace> {
-        if let Some(at) = self.by_mode.iter().position(|t| t.lab.mode == mode) {
-            return Ok(&self.by_mode[at]);
-        }
-        let started = Instant::now();
-        let lab = Lab::new(mode, policy, self.args_servers)?;
-        let mut warm_up = lab.worker();
-        let trace = trace::generate(&self.config, &mut warm_up)
-            .with_context(|| format!("generating the {} trace", mode.name()))?;
-        let counters = warm_up.counters();
-        let options = (
-            counters.get(Counter::OptionsFastPath),
-            counters.get(Counter::OptionsSlowPath),
-        );
-        eprintln!(
-            "trace {}: {} packets of {} connections (max {} open) in {:.2?}",
-            mode.name(),
-            trace.packets.len(),
-            trace.keys.len(),
-            trace.max_concurrent,
-            started.elapsed()
-        );
-        self.by_mode.push(ModeTrace {
-            lab,
-            trace,
-            options,
-        });
-        Ok(self.by_mode.last().unwrap())
-    }
-}
-
-/// A row made ready: what it times, and what the report says about it.
-enum Subject {
-    Pipeline(Box<pipeline::Prepared>),
-    Element(Element),
-    /// Throughput, then latency.
-    Hash(HashBench, HashBench),
-}
-
-impl Subject {
-    /// Builds what `item` runs on (and checks it: see `pipeline::prepare`).
-    fn prepare(item: &Item, args: &Args, traces: &mut Traces) -> anyhow::Result<Self> {
-        let modal = traces.get(item.mode, args.trace_policy)?;
-        Ok(match item.path {
-            Path::Siphash | Path::Toeplitz => {
-                let hash = |chained| {
-                    let hasher = modal.lab.plane.shared().hasher;
-                    HashBench::new(modal.trace.keys.clone(), hasher, item.path, chained)
-                };
-                Subject::Hash(hash(false), hash(true))
-            }
-            Path::Element => Subject::Element(Element::prepare(
-                &modal.lab,
-                &modal.trace,
-                args.full_restore,
-            )?),
-            _ => {
-                // Each policy's SYN row gets an LB of its own with that VIP policy.
-                let own_lab = match item.policy {
-                    Some(policy) => Some(Lab::new(item.mode, policy, args.servers)?),
-                    None => None,
-                };
-                let lab = own_lab.as_ref().unwrap_or(&modal.lab);
-                Subject::Pipeline(Box::new(
-                    pipeline::prepare(lab, &modal.trace, item.path, args.full_restore)
-                        .with_context(|| item.label())?,
-                ))
-            }
-        })
-    }
-
-    /// Runs `n` packets through the row's `measured_*` function, untimed.
-    fn run_for_instructions(&mut self, n: u64) {
-        match self {
-            Subject::Pipeline(p) => p.run_for_instructions(n),
-            Subject::Element(e) => e.run_for_instructions(n),
-            Subject::Hash(h, _) => h.run_for_instructions(n),
-        }
-    }
-
-    fn timed(&mut self) -> Vec<&mut dyn Timed> {
-        match self {
-            Subject::Pipeline(p) => vec![&mut **p],
-            Subject::Element(e) => vec![e],
-            Subject::Hash(throughput, latency) => vec![throughput, latency],
-        }
-    }
-
-    /// The report row, given the row's measurements (in `timed` order).
-    fn row(&self, item: Item, measured: &[Measurement]) -> Row {
-        let (count, options, restore_bytes) = match self {
-            Subject::Pipeline(p) => (
-                p.set.len(),
-                Some((p.options_fast, p.options_slow)),
-                p.set.mean_restore_bytes(),
-            ),
-            Subject::Element(e) => (e.set.len(), None, e.set.mean_restore_bytes()),
-            Subject::Hash(h, _) => (h.items(), None, 0.0),
-        };
-        Row {
-            item,
-            count,
-            timing: measured[0],
-            latency: measured.get(1).copied(),
-            ir: None,
-            options,
-            restore_bytes,
-        }
-    }
-}
-
-/// How many packets (or ids) one pass of `item` has, for the callgrind child's count.
-fn item_count(item: &Item, trace: &Trace) -> usize {
-    match item.path {
-        Path::Siphash | Path::Toeplitz => trace.keys.len(),
-        path => trace.packets.iter().filter(|p| path.selects(p)).count(),
-    }
-}
-
-fn machine_summary(clock: &Clock, core: &str) -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
-        .unwrap_or_else(|| "unknown".into());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into());
-    let cpus = affinity::cpus();
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    format!(
-        "machine: {model}, {cpus} cpus, kernel {kernel}; TSC {:.4} ticks/ns; {core}; load average at start {}",
-        clock.ticks_per_ns,
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    )
-}
-
-fn trace_summary(trace: &Trace) -> String {
-    let count =
-        |f: &dyn Fn(&trace::TracePacket) -> bool| trace.packets.iter().filter(|p| f(p)).count();
-    format!(
-        "trace: {} connections ({} without timestamps), at most {} open, {} packets: {} SYN, {} client established, {} SYN-ACK, {} server established",
-        trace.keys.len(),
-        count(&|p| !p.timestamps && p.role == Role::ClientSyn),
-        trace.max_concurrent,
-        trace.packets.len(),
-        count(&|p| p.role == Role::ClientSyn),
-        count(&|p| p.role == Role::ClientEstablished),
-        count(&|p| p.role == Role::ServerSynAck),
-        count(&|p| p.role == Role::ServerEstablished),
-    )
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     ensure!(
         args.flows > 0 && args.concurrency > 0,
@@ -317,7 +147,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ensure!(!items.is_empty(), "no row matches --path/--mode/--policy");
     let mut traces = Traces {
         config: args.trace_config(),
-        args_servers: args.servers,
+        servers: args.servers,
         by_mode: Vec::new(),
     };
 
@@ -330,7 +160,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         };
         let trace = &traces.get(item.mode, args.trace_policy)?.trace;
-        let n = args.iterations.unwrap_or(item_count(&item, trace) as u64);
+        let n = args
+            .iterations
+            .unwrap_or(rows::item_count(&item, trace) as u64);
         Subject::prepare(&item, &args, &mut traces)?.run_for_instructions(n);
         println!("{}: {n} packets, untimed", item.label());
         return Ok(());
