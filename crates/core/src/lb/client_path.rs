@@ -22,6 +22,7 @@ impl WorkerState {
         shared: &LbShared,
         packet: &mut [u8],
         layout: Ipv4Layout,
+        vip_index: u16,
         now: Nanos,
     ) -> Verdict {
         let (client_ip, vip_ip) = (layout.src, layout.dst);
@@ -31,9 +32,6 @@ impl WorkerState {
         };
         let (client_port, vip_port, flags) =
             (segment.src_port(), segment.dst_port(), segment.flags());
-        let Some(vip_index) = snapshot.vip_index(vip_ip, vip_port) else {
-            return Verdict::Drop(DropReason::VipPortUnknown);
-        };
         let vip = snapshot.vip(vip_index);
         let key = FlowKey::tcp(client_ip, client_port, vip_ip, vip_port);
         let hash = shared.hasher.hash(&key);

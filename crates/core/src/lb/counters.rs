@@ -37,7 +37,6 @@ macro_rules! counters {
 }
 
 counters! {
-    Packets => "packets", "Packets processed.";
     ToServer => "to_server", "Packets sent to a server.";
     ToClient => "to_client", "Packets sent toward a client.";
     ToAllServers => "to_all_servers", "ICMP errors without a cookie copied to every active server of the VIP.";
@@ -93,6 +92,21 @@ impl WorkerCounters {
     pub fn count_drop(&self, reason: DropReason) {
         let c = &self.drops[reason as usize];
         c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
+    }
+
+    /// Packets processed: the sum of the verdict counters (not counted separately, to keep
+    /// one store off the per-packet path).
+    pub fn packets(&self) -> u64 {
+        [
+            Counter::ToServer,
+            Counter::ToClient,
+            Counter::ToAllServers,
+            Counter::Passed,
+            Counter::Dropped,
+        ]
+        .iter()
+        .map(|c| self.get(*c))
+        .sum()
     }
 
     pub fn get(&self, counter: Counter) -> u64 {

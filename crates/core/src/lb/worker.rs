@@ -28,7 +28,7 @@ use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::ethernet::ethertype;
 use crate::wire::tcp_options::{self, SegmentKind, TimestampLookup};
-use crate::wire::{ip_proto, EthernetFrame, Ipv4Packet, Ipv6Packet};
+use crate::wire::{ip_proto, read_u16, EthernetFrame, Ipv4Packet, Ipv6Packet, TcpSegment};
 
 /// Per-worker settings.
 #[derive(Clone, Debug)]
@@ -78,6 +78,15 @@ pub struct Worker {
     shared: Arc<LbShared>,
     snapshot: Arc<Snapshot>,
     pub(crate) state: WorkerState,
+}
+
+/// The server a reply comes from, and the VIP it answers for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sender {
+    pub(crate) server: ServerId,
+    pub(crate) vip: u16,
+    /// NAT mode: the source is the server's DIP and must become the VIP.
+    pub(crate) nat: bool,
 }
 
 /// Where the IPv4 header and its payload sit in the frame, and its addresses.
@@ -241,7 +250,6 @@ impl Worker {
         self.tick(now);
         let verdict = self.classify(packet, now);
         let counters = &self.state.counters;
-        counters.inc(Counter::Packets);
         match verdict {
             Verdict::ToServer(_) => counters.inc(Counter::ToServer),
             Verdict::ToClient => counters.inc(Counter::ToClient),
@@ -275,12 +283,70 @@ impl Worker {
         let (src, dst) = (layout.src, layout.dst);
         let snapshot = &*self.snapshot;
         let shared = &*self.shared;
-        if snapshot.is_vip_addr(dst) {
+        // The common case first, one index lookup per direction: a TCP segment to a VIP
+        // port, or a reply from a server.
+        if protocol == ip_proto::TCP && !fragment && layout.l4 + 4 <= layout.end {
+            let src_port = read_u16(packet, layout.l4);
+            let dst_port = read_u16(packet, layout.l4 + 2);
+            if let Some(vip) = snapshot.vip_index(dst, dst_port) {
+                return self
+                    .state
+                    .client_tcp(snapshot, shared, packet, layout, vip, now);
+            }
+            let sender = match snapshot.forwarding {
+                Forwarding::L2 => snapshot.vip_index(src, src_port).map(|vip| {
+                    snapshot.server_by_mac(&src_mac).map(|server| Sender {
+                        server,
+                        vip,
+                        nat: false,
+                    })
+                }),
+                Forwarding::Nat => snapshot.nat_backend(src, src_port).map(|(server, vip)| {
+                    Some(Sender {
+                        server,
+                        vip,
+                        nat: true,
+                    })
+                }),
+            };
+            match sender {
+                Some(Some(sender)) => {
+                    return self
+                        .state
+                        .server_tcp(snapshot, shared, packet, layout, sender, now)
+                }
+                Some(None) => return Verdict::Drop(DropReason::UnknownServerSource),
+                None => {}
+            }
+        }
+        self.classify_rest(packet, layout, protocol, fragment, &src_mac, now)
+    }
+
+    /// Everything but the common TCP case: ICMP errors, unsupported traffic to a VIP,
+    /// malformed segments, and what belongs to the host.
+    #[cold]
+    fn classify_rest(
+        &mut self,
+        packet: &mut [u8],
+        layout: Ipv4Layout,
+        protocol: u8,
+        fragment: bool,
+        src_mac: &crate::types::Mac,
+        now: Nanos,
+    ) -> Verdict {
+        let snapshot = &*self.snapshot;
+        let shared = &*self.shared;
+        let tcp_reason =
+            |packet: &[u8]| match TcpSegment::new_checked(&packet[layout.l4..layout.end]) {
+                Ok(_) => DropReason::VipPortUnknown,
+                Err(reason) => reason,
+            };
+        if snapshot.is_vip_addr(layout.dst) {
             if fragment {
                 return Verdict::Drop(DropReason::UnsupportedFragment);
             }
             return match protocol {
-                ip_proto::TCP => self.state.client_tcp(snapshot, shared, packet, layout, now),
+                ip_proto::TCP => Verdict::Drop(tcp_reason(packet)),
                 ip_proto::ICMP => self
                     .state
                     .client_icmp(snapshot, shared, packet, layout, now),
@@ -288,43 +354,19 @@ impl Worker {
                 _ => Verdict::Drop(DropReason::UnsupportedProtocol),
             };
         }
-        match snapshot.forwarding {
-            Forwarding::L2 if snapshot.is_vip_addr(src) => {
-                let Some(server) = snapshot.server_by_mac(&src_mac) else {
-                    return Verdict::Drop(DropReason::UnknownServerSource);
-                };
-                if fragment {
-                    return Verdict::Drop(DropReason::UnsupportedFragment);
-                }
-                match protocol {
-                    ip_proto::TCP => self
-                        .state
-                        .server_tcp(snapshot, shared, packet, layout, server, None, now),
-                    _ => Verdict::ToClient,
-                }
+        if snapshot.forwarding == Forwarding::L2 && snapshot.is_vip_addr(layout.src) {
+            if snapshot.server_by_mac(src_mac).is_none() {
+                return Verdict::Drop(DropReason::UnknownServerSource);
             }
-            Forwarding::Nat if protocol == ip_proto::TCP && !fragment => {
-                let Some(src_port) = packet
-                    .get(layout.l4..layout.l4 + 2)
-                    .map(|p| u16::from_be_bytes([p[0], p[1]]))
-                else {
-                    return Verdict::Pass;
-                };
-                match snapshot.nat_backend(src, src_port) {
-                    Some((server, vip)) => self.state.server_tcp(
-                        snapshot,
-                        shared,
-                        packet,
-                        layout,
-                        server,
-                        Some(vip),
-                        now,
-                    ),
-                    None => Verdict::Pass,
-                }
+            if fragment {
+                return Verdict::Drop(DropReason::UnsupportedFragment);
             }
-            _ => Verdict::Pass,
+            return match protocol {
+                ip_proto::TCP => Verdict::Drop(tcp_reason(packet)),
+                _ => Verdict::ToClient,
+            };
         }
+        Verdict::Pass
     }
 
     #[cold]
