@@ -90,3 +90,53 @@ pub fn describe(study: &Study, plan: &RunPlan) -> String {
         _ => plan.lb.name(),
     }
 }
+
+/// Files a study wrote.
+pub struct Outputs {
+    pub runs: Vec<Timed>,
+    pub files: Vec<std::path::PathBuf>,
+    /// Plots that could not be drawn (e.g. no font): the CSVs are written regardless.
+    pub plot_error: Option<anyhow::Error>,
+}
+
+/// Runs every plan of `study` and writes `<out>/<name>.csv`, `<name>_timeseries.csv`
+/// (time-series studies) and one PNG + SVG per plot.
+pub fn run_study(
+    study: &Study,
+    out: &std::path::Path,
+    options: &RunnerOptions,
+) -> anyhow::Result<Outputs> {
+    let plans = study.plans();
+    let runs = run_plans(study, &plans, options);
+    let results: Vec<&RunResult> = runs.iter().map(|timed| &timed.result).collect();
+    std::fs::create_dir_all(out)?;
+    let mut files = Vec::new();
+    let summary = out.join(format!("{}.csv", study.name));
+    crate::report::write_summary(std::fs::File::create(&summary)?, study, &plans, &results)?;
+    files.push(summary);
+    if plans.iter().any(|plan| plan.scenario.timeseries) {
+        let series = out.join(format!("{}_timeseries.csv", study.name));
+        crate::report::write_series(std::fs::File::create(&series)?, study, &results)?;
+        files.push(series);
+    }
+    let mut plot_error = None;
+    for spec in &study.plots {
+        let stem = out.join(format!("{}_{}", study.name, spec.metric.name()));
+        let chart = crate::plot::chart(study, spec, &results);
+        match crate::plot::write(&chart, &stem) {
+            Ok(()) => {
+                files.push(stem.with_extension("png"));
+                files.push(stem.with_extension("svg"));
+            }
+            Err(error) => {
+                plot_error = Some(error);
+                break;
+            }
+        }
+    }
+    Ok(Outputs {
+        runs,
+        files,
+        plot_error,
+    })
+}

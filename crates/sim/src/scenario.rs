@@ -316,6 +316,18 @@ impl Study {
             (0.0..=1.0).contains(&scenario.workload.no_timestamp_share),
             "no_timestamp_share must be in [0, 1]"
         );
+        if let crate::workload::DurationModel::Empirical { knots } = &scenario.workload.durations {
+            anyhow::ensure!(
+                knots.len() >= 2
+                    && knots[0].1 == 0.0
+                    && knots[knots.len() - 1].1 == 1.0
+                    && knots[0].0 > 0.0
+                    && knots
+                        .windows(2)
+                        .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1),
+                "empirical duration knots must start at share 0, end at share 1, and grow"
+            );
+        }
         anyhow::ensure!(
             scenario.duration_s > 0.0 && scenario.warmup_s >= 0.0,
             "duration_s must be positive and warmup_s non-negative"

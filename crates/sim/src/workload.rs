@@ -196,6 +196,10 @@ pub enum DurationModel {
     Edge,
     /// Every connection lasts exactly this long (for hand-checked tests).
     Fixed { seconds: f64 },
+    /// A CDF of your own: knots `[seconds, cumulative share]`, the first share 0 and the
+    /// last 1, interpolated log-uniformly like [`DurationModel::Edge`] (e.g. to test how
+    /// much the results owe to the tail of long connections).
+    Empirical { knots: Vec<(f64, f64)> },
     /// Duration follows the size: `base_ms + bytes * 8 / rate_mbps`, i.e. a request served
     /// at a fixed per-flow rate after a fixed setup time. Used for the figure-9 scenario,
     /// whose requests "are served using the web server distribution".
@@ -298,8 +302,9 @@ impl Workload {
             SizeModel::WebSearch => Cdf::new(&WEB_SEARCH_KNOTS, false),
             SizeModel::DataMining => Cdf::new(&DATA_MINING_KNOTS, false),
         };
-        let durations = match spec.durations {
+        let durations = match &spec.durations {
             DurationModel::Edge => Some(Cdf::new(&EDGE_DURATION_KNOTS, true)),
+            DurationModel::Empirical { knots } => Some(Cdf::new(knots, true)),
             _ => None,
         };
         let mut workload = Workload {
@@ -321,7 +326,9 @@ impl Workload {
     /// Mean connection duration in seconds.
     pub fn mean_duration(&self) -> f64 {
         match &self.duration_model {
-            DurationModel::Edge => self.durations.as_ref().expect("edge CDF").mean(),
+            DurationModel::Edge | DurationModel::Empirical { .. } => {
+                self.durations.as_ref().expect("duration CDF").mean()
+            }
             DurationModel::Fixed { seconds } => *seconds,
             DurationModel::FromSize { base_ms, rate_mbps } => {
                 base_ms / 1e3 + self.sizes.mean() * PACKET_BYTES * 8.0 / (rate_mbps * 1e6)
@@ -368,10 +375,10 @@ impl Workload {
     pub fn connection(&mut self) -> NewConnection {
         let bytes = self.sample_bytes();
         let seconds = match &self.duration_model {
-            DurationModel::Edge => self
+            DurationModel::Edge | DurationModel::Empirical { .. } => self
                 .durations
                 .as_ref()
-                .expect("edge CDF")
+                .expect("duration CDF")
                 .sample(&mut self.rng),
             DurationModel::Fixed { seconds } => *seconds,
             DurationModel::FromSize { base_ms, rate_mbps } => {
@@ -387,12 +394,12 @@ impl Workload {
     /// empty system spares the hour of warm-up the longest connections would need.
     pub fn connection_in_progress(&mut self) -> NewConnection {
         let (bytes, total) = match self.duration_model.clone() {
-            DurationModel::Edge => {
+            DurationModel::Edge | DurationModel::Empirical { .. } => {
                 let bytes = self.sample_bytes();
                 let total = self
                     .durations
                     .as_ref()
-                    .expect("edge CDF")
+                    .expect("duration CDF")
                     .sample_length_biased(&mut self.rng);
                 (bytes, total)
             }

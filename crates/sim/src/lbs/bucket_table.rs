@@ -7,11 +7,16 @@
 //! entries to the hosts with the fewest mapped entries"; Beamer's stable hashing moves
 //! only the leaving server's buckets), and a server that joins takes buckets one by one
 //! from the member with the most until it has its share. Ties go to the lowest id, so a
-//! run replays exactly.
+//! run replays exactly. A donor gives away the bucket it has held longest: a bucket that
+//! just moved still daisy-chains to its previous server, and moving it again would cut
+//! that chain (neither paper says which bucket its controller picks; giving away the
+//! newest would break connections on every re-addition that follows a removal).
 //!
 //! When a bucket moves, its previous server becomes the server it had until now: whatever
 //! previous server it had before is forgotten, which is how a bucket that changes twice
 //! breaks the connections of its first owner.
+
+use std::collections::VecDeque;
 
 use cheetah_core::{Nanos, ServerId};
 
@@ -22,8 +27,8 @@ pub struct BucketTable {
     current: Vec<u16>,
     previous: Vec<u16>,
     changed_at: Vec<Nanos>,
-    /// Buckets whose current server is the id (indexed by id).
-    owned: Vec<Vec<u32>>,
+    /// Buckets whose current server is the id (indexed by id), longest held first.
+    owned: Vec<VecDeque<u32>>,
     /// Servers in the table, sorted.
     members: Vec<ServerId>,
     /// Buckets changed by the last [`BucketTable::sync`].
@@ -78,7 +83,7 @@ impl BucketTable {
 
     /// Buckets owned by `server`.
     pub fn owned_by(&self, server: ServerId) -> usize {
-        self.owned.get(server.index()).map_or(0, Vec::len)
+        self.owned.get(server.index()).map_or(0, VecDeque::len)
     }
 
     /// Buckets changed by the last [`BucketTable::sync`], each once.
@@ -97,7 +102,7 @@ impl BucketTable {
         self.changed.clear();
         if let Some(&max) = target.iter().max() {
             if self.owned.len() <= max.index() {
-                self.owned.resize_with(max.index() + 1, Vec::new);
+                self.owned.resize_with(max.index() + 1, VecDeque::new);
             }
         }
         if self.members.is_empty() {
@@ -106,7 +111,7 @@ impl BucketTable {
             for bucket in 0..self.current.len() {
                 let server = self.members[bucket % self.members.len()];
                 self.current[bucket] = server.0;
-                self.owned[server.index()].push(bucket as u32);
+                self.owned[server.index()].push_back(bucket as u32);
             }
             return;
         }
@@ -135,7 +140,9 @@ impl BucketTable {
             let share = self.current.len() / self.members.len();
             while self.owned[server.index()].len() < share {
                 let from = self.most();
-                let bucket = self.owned[from.index()].pop().expect("donor has buckets");
+                let bucket = self.owned[from.index()]
+                    .pop_front()
+                    .expect("donor has buckets");
                 self.assign(bucket, server, now);
             }
         }
@@ -148,7 +155,7 @@ impl BucketTable {
         self.previous[b] = self.current[b];
         self.current[b] = to.0;
         self.changed_at[b] = now;
-        self.owned[to.index()].push(bucket);
+        self.owned[to.index()].push_back(bucket);
         self.changed.push(bucket);
     }
 
