@@ -214,6 +214,22 @@ where
     }
 }
 
+/// Axis tick text: no trailing ".0", few digits.
+fn tick(value: &f64) -> String {
+    let v = *value;
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= 1000.0 {
+        format!("{:.0}k", v / 1000.0)
+    } else if v.abs() >= 1.0 && (v - v.round()).abs() < 1e-9 {
+        format!("{v:.0}")
+    } else if v.abs() >= 0.1 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0e}")
+    }
+}
+
 fn draw_on<DB, X, Y>(
     root: &DrawingArea<DB, Shift>,
     chart: &Chart,
@@ -230,8 +246,11 @@ where
     Y::CoordDescType: ValueFormatter<f64>,
 {
     root.fill(&WHITE)?;
-    let mut context = ChartBuilder::on(root)
-        .caption(&chart.title, ("sans-serif", 22))
+    let (width, _) = root.dim_in_pixel();
+    // The legend gets its own panel on the right, so it never hides a line.
+    let (plot_area, legend_area) = root.split_horizontally(width.saturating_sub(250));
+    let mut context = ChartBuilder::on(&plot_area)
+        .caption(&chart.title, ("sans-serif", 20))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
@@ -240,28 +259,27 @@ where
         .configure_mesh()
         .x_desc(&chart.x_label)
         .y_desc(&chart.y_label)
+        .x_labels(if chart.log_x { 4 } else { 10 })
+        .y_labels(if chart.log_y { 6 } else { 10 })
+        .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
-        .light_line_style(RGBColor(235, 235, 235))
+        .light_line_style(RGBColor(238, 238, 238))
         .draw()?;
+    let mut legend = Vec::new();
     for (index, series) in chart.series.iter().enumerate() {
         let color = COLORS[index % COLORS.len()];
         let all_zero = chart.log_y && series.points.iter().all(|p| p.1 <= 0.0);
+        let some_zero = chart.log_y && series.points.iter().any(|p| p.1 <= 0.0);
         let points: Vec<(f64, f64)> = series
             .points
             .iter()
             .map(|&(x, y)| (x, if chart.log_y && y <= 0.0 { y_floor } else { y }))
             .collect();
-        let label = if all_zero {
-            format!("{} (0, drawn at the floor)", series.label)
-        } else {
-            series.label.clone()
-        };
+        legend.push((series.label.clone(), all_zero, some_zero, color));
         let style = ShapeStyle::from(&color).stroke_width(2);
-        context
-            .draw_series(LineSeries::new(points.iter().copied(), style))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        context.draw_series(LineSeries::new(points.iter().copied(), style))?;
         if points.len() <= 40 {
             context.draw_series(
                 points
@@ -270,12 +288,25 @@ where
             )?;
         }
     }
-    context
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(180, 180, 180))
-        .label_font(("sans-serif", 14))
-        .draw()?;
+    let text = ("sans-serif", 14).into_font();
+    let note = ("sans-serif", 12)
+        .into_font()
+        .color(&RGBColor(110, 110, 110));
+    let mut y = 60;
+    for (label, all_zero, some_zero, color) in legend {
+        let style = ShapeStyle::from(&color).stroke_width(3);
+        legend_area.draw(&PathElement::new(vec![(8, y), (34, y)], style))?;
+        legend_area.draw(&Text::new(label, (42, y - 8), text.clone()))?;
+        y += 22;
+        if some_zero {
+            let why = if all_zero {
+                "0 everywhere, drawn at the floor"
+            } else {
+                "its zeros are drawn at the floor"
+            };
+            legend_area.draw(&Text::new(why, (42, y - 10), note.clone()))?;
+            y += 18;
+        }
+    }
     Ok(())
 }

@@ -16,8 +16,12 @@
 //! The dynamic variant ("we extended Beamer with a dynamic mechanism that gets as input an
 //! imbalance threshold and remove a server from the indirection table whenever its load is
 //! above this threshold. The server is re-added to the table when its number of active
-//! connections drops below the average") checks loads every `check_interval`. A server
-//! taken out of the table stays in the pool and keeps its connections.
+//! connections drops below the average") checks loads every `check_interval` (100 ms,
+//! fine enough to see micro-bursts). Each check puts back every excluded server now below
+//! the average and takes out at most one server, the busiest above the threshold: the
+//! paper does not say how many, and taking out all of them at once makes the shed buckets
+//! overload the next servers in a cascade that empties the table. A server taken out of
+//! the table stays in the pool and keeps its connections.
 
 use std::collections::VecDeque;
 
@@ -245,16 +249,23 @@ impl LbModel for DynamicBeamer {
         self.excluded
             .retain(|id| f64::from(world.active_of(*id)) >= average);
         let readded = self.excluded.len() != before;
-        let mut removed = false;
-        for &id in self.beamer.table().members() {
-            if f64::from(world.active_of(id)) > limit {
-                if let Err(position) = self.excluded.binary_search(&id) {
-                    self.excluded.insert(position, id);
-                    removed = true;
-                }
+        // Out: the busiest table member above the threshold, one per check, so that the
+        // buckets it sheds can settle before the next decision (taking every server above
+        // the threshold at once cascades: their buckets overload the next ones).
+        let busiest = self
+            .beamer
+            .table()
+            .members()
+            .iter()
+            .copied()
+            .filter(|id| f64::from(world.active_of(*id)) > limit)
+            .max_by_key(|id| (world.active_of(*id), std::cmp::Reverse(*id)));
+        if let Some(id) = busiest {
+            if let Err(position) = self.excluded.binary_search(&id) {
+                self.excluded.insert(position, id);
             }
         }
-        if readded || removed {
+        if readded || busiest.is_some() {
             self.sync(world, conns, broken);
         }
     }

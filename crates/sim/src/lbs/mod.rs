@@ -16,6 +16,7 @@ pub mod cheetah;
 pub mod faild;
 pub mod hash;
 pub mod maglev;
+pub mod ring;
 pub mod shell;
 pub mod stateful;
 
@@ -113,6 +114,11 @@ pub enum LbSpec {
     Hash,
     /// Maglev consistent hashing without connection state, on every packet.
     Maglev,
+    /// Ring consistent hashing (Karger) with `vnodes` points per server, on every packet.
+    Ring {
+        #[serde(default = "ring_vnodes")]
+        vnodes: u32,
+    },
     /// Beamer: bucket table with daisy chaining to one previous DIP per bucket.
     Beamer {
         #[serde(default = "beamer_buckets_per_server")]
@@ -167,6 +173,9 @@ pub fn beamer_timeout_s() -> Option<f64> {
 pub fn dynamic_check_interval_ms() -> f64 {
     100.0
 }
+pub fn ring_vnodes() -> u32 {
+    100
+}
 pub fn faild_entries_per_server() -> u32 {
     8
 }
@@ -187,6 +196,7 @@ impl LbSpec {
             LbSpec::Cheetah { policy } => format!("cheetah-{}", policy.name()),
             LbSpec::Hash => "hash".into(),
             LbSpec::Maglev => "maglev".into(),
+            LbSpec::Ring { vnodes } => format!("ring-v{vnodes}"),
             LbSpec::Beamer {
                 daisy_chaining: false,
                 ..
@@ -228,6 +238,9 @@ impl LbSpec {
                 buckets_per_server: beamer_buckets_per_server(),
                 timeout_s: beamer_timeout_s(),
             },
+            _ if name.starts_with("ring-v") => LbSpec::Ring {
+                vnodes: name.strip_prefix("ring-v")?.parse().ok()?,
+            },
             _ => {
                 let depth = name.strip_prefix("shell-h")?.parse().ok()?;
                 LbSpec::Shell {
@@ -246,6 +259,7 @@ impl LbSpec {
             LbSpec::Cheetah { policy } => Box::new(cheetah::Cheetah::new(policy)),
             LbSpec::Hash => Box::new(hash::PlainHash::default()),
             LbSpec::Maglev => Box::new(maglev::StatelessMaglev::default()),
+            LbSpec::Ring { vnodes } => Box::new(ring::Ring::new(vnodes)),
             LbSpec::Beamer {
                 buckets_per_server,
                 timeout_s,
@@ -291,6 +305,7 @@ mod tests {
             },
             LbSpec::Hash,
             LbSpec::Maglev,
+            LbSpec::Ring { vnodes: 100 },
             LbSpec::from_name("beamer").unwrap(),
             LbSpec::from_name("beamer-no-daisy").unwrap(),
             LbSpec::from_name("beamer-no-timeout").unwrap(),
