@@ -94,9 +94,12 @@ pub fn chart(study: &Study, spec: &PlotSpec, results: &[&RunResult]) -> Chart {
                 Some(value) => format!("{} ({value})", result.lb),
                 None => result.lb.clone(),
             };
+            let mut so_far = 0;
             for (second, stats) in result.series.iter().enumerate() {
+                so_far += stats.broken;
                 let y = match spec.metric {
                     Metric::BrokenPerSecond => stats.broken as f64,
+                    Metric::BrokenCumulative => so_far as f64,
                     _ => pct(stats.broken, stats.broken + stats.completed),
                 };
                 push(label.clone(), (second as f64 + 0.5, y));
@@ -116,13 +119,7 @@ pub fn chart(study: &Study, spec: &PlotSpec, results: &[&RunResult]) -> Chart {
         let param = study.sweep.as_ref().map(|sweep| sweep.param);
         (
             param.map_or("run", |p| p.label()).to_string(),
-            param.is_some_and(|p| {
-                matches!(
-                    p,
-                    crate::scenario::SweepParam::UpdateRatePerMin
-                        | crate::scenario::SweepParam::ActiveConnections
-                )
-            }),
+            param == Some(crate::scenario::SweepParam::UpdateRatePerMin),
         )
     };
     Chart {
@@ -219,7 +216,7 @@ fn tick(value: &f64) -> String {
     let v = *value;
     if v == 0.0 {
         "0".into()
-    } else if v.abs() >= 1000.0 {
+    } else if v.abs() >= 10_000.0 && (v / 1000.0 - (v / 1000.0).round()).abs() < 1e-9 {
         format!("{:.0}k", v / 1000.0)
     } else if v.abs() >= 1.0 && (v - v.round()).abs() < 1e-9 {
         format!("{v:.0}")

@@ -203,6 +203,8 @@ pub enum Metric {
     BrokenPerSecondPct,
     /// Per second: broken connections.
     BrokenPerSecond,
+    /// Broken connections since the window opened, second by second.
+    BrokenCumulative,
 }
 
 impl Metric {
@@ -212,6 +214,7 @@ impl Metric {
             Metric::ImbalanceExcessPct => "system imbalance - 1 (%)",
             Metric::BrokenPerSecondPct => "broken / ended connections (%)",
             Metric::BrokenPerSecond => "broken connections per second",
+            Metric::BrokenCumulative => "broken connections so far",
         }
     }
 
@@ -221,13 +224,17 @@ impl Metric {
             Metric::ImbalanceExcessPct => "imbalance_excess_pct",
             Metric::BrokenPerSecondPct => "broken_per_second_pct",
             Metric::BrokenPerSecond => "broken_per_second",
+            Metric::BrokenCumulative => "broken_cumulative",
         }
     }
 
     /// Whether the metric is drawn over time (one point per second) rather than over the
     /// swept parameter.
     pub fn is_timeseries(self) -> bool {
-        matches!(self, Metric::BrokenPerSecondPct | Metric::BrokenPerSecond)
+        matches!(
+            self,
+            Metric::BrokenPerSecondPct | Metric::BrokenPerSecond | Metric::BrokenCumulative
+        )
     }
 }
 
