@@ -39,6 +39,9 @@ pub fn run_plans(study: &Study, plans: &[RunPlan], options: &RunnerOptions) -> V
             .expect("valid template"),
     );
     overall.set_prefix(study.name.clone());
+    if options.progress {
+        overall.enable_steady_tick(Duration::from_millis(500));
+    }
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Timed>>> = Mutex::new((0..plans.len()).map(|_| None).collect());
     let style = ProgressStyle::with_template("  {msg:32} {bar:40} {pos}/{len} simulated s")
