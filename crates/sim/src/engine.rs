@@ -420,22 +420,25 @@ pub fn run(
                 }
             }
             Kind::RandomUpdate => {
-                let must_remove = engine.removed.is_empty();
-                let must_add = engine.pool.len() <= engine.min_pool;
-                let remove = match (must_remove, must_add) {
-                    (true, _) => engine.pool.len() > 1,
-                    (false, true) => false,
-                    (false, false) => unit(&mut update_rng) < 0.5,
+                let can_remove = engine.pool.len() > 1;
+                let can_add = !engine.removed.is_empty();
+                let remove = match (can_remove, can_add) {
+                    (true, true) if engine.pool.len() > engine.min_pool => {
+                        unit(&mut update_rng) < 0.5
+                    }
+                    (true, true) => false,
+                    (can_remove, _) => can_remove,
                 };
                 if remove {
                     let victim = engine.pool[below(&mut update_rng, engine.pool.len())];
                     engine.remove_server(victim);
-                } else {
+                    engine.pool_changed(lb);
+                } else if can_add {
                     let index = below(&mut update_rng, engine.removed.len());
                     let back = engine.removed.swap_remove(index);
                     engine.add_server(back);
+                    engine.pool_changed(lb);
                 }
-                engine.pool_changed(lb);
                 next_random_update = at + secs(exponential(&mut update_rng, update_rate)).max(1);
             }
             Kind::ScheduledUpdate => {

@@ -204,3 +204,16 @@ fn stateless_lbs_ignore_lb_instance_changes() {
         assert_eq!(result.lb_changes, 2);
     }
 }
+
+/// A one-server pool can neither lose its server nor get one back: random updates are
+/// no-ops, and the run goes on.
+#[test]
+fn random_updates_leave_a_single_server_alone() {
+    let mut scenario = four_servers(&[]);
+    scenario.servers = 1;
+    scenario.updates.rate_per_min = 600.0;
+    for spec in [LbSpec::Hash, lb("beamer"), lb("shell-h2"), lb("cheetah-rr")] {
+        let result = simulate(&scenario, &spec);
+        assert_eq!((result.broken, result.dip_updates), (0, 0), "{}", result.lb);
+    }
+}
