@@ -55,15 +55,15 @@ pub fn element_packet(
     packet: &mut [u8],
 ) -> Result<ServerId, DropReason> {
     let (server, restored) = route_by_cookie(servers, msb, parsed.tsecr, parsed.flow_hash)?;
-    let (old, new) = (parsed.tsecr.to_be_bytes(), restored.to_be_bytes());
     let at = parsed.tsecr_at as usize;
-    packet[at..at + 4].copy_from_slice(&new);
+    packet[at..at + 4].copy_from_slice(&restored.to_be_bytes());
+    // The same fixed-width incremental update the pipeline uses for TSecr.
     let c = parsed.checksum_at as usize;
-    let sum = checksum::update(
+    let sum = checksum::update_u32_at(
         u16::from_be_bytes([packet[c], packet[c + 1]]),
         parsed.odd,
-        &old,
-        &new,
+        parsed.tsecr,
+        restored,
     );
     packet[c..c + 2].copy_from_slice(&sum.to_be_bytes());
     packet[0..6].copy_from_slice(&servers.get(server).mac);

@@ -44,6 +44,7 @@ counters! {
     Dropped => "dropped", "Packets dropped (see drops by reason).";
     NewConnections => "new_connections", "SYNs placed by the VIP's policy.";
     CookieRouted => "cookie_routed", "Client packets routed by their cookie.";
+    FastPath => "fast_path", "Established client packets handled by the straight-line fast path.";
     CookiesInserted => "cookies_inserted", "Server packets whose TSval now carries a cookie.";
     OptionsFastPath => "options_fast_path", "Timestamp found by one wide compare (paper Table 1).";
     OptionsSlowPath => "options_slow_path", "TCP options that needed the TLV walk.";

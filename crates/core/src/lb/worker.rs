@@ -72,6 +72,9 @@ pub(crate) struct WorkerState {
     pub(crate) fallback: FallbackTable,
     pub(crate) icmp_copies: TokenBucket,
     pub(crate) counters: Arc<WorkerCounters>,
+    /// Whether established client packets may take `lb/fast_path.rs` (off only to test it
+    /// against the general pipeline).
+    pub(crate) fast_path: bool,
 }
 
 pub struct Worker {
@@ -152,12 +155,19 @@ impl Worker {
                 fallback: FallbackTable::with_capacity(config.fallback_capacity),
                 icmp_copies: TokenBucket::new(config.icmp_copy_rate, config.icmp_copy_burst),
                 counters: Arc::new(WorkerCounters::default()),
+                fast_path: true,
             },
             shared,
             snapshot: Arc::new(Snapshot::empty()),
         };
         worker.install(snapshot);
         worker
+    }
+
+    /// Turns the established-client fast path off or on; the verdicts and bytes must be the
+    /// same either way (differential tests use this).
+    pub fn set_fast_path(&mut self, enabled: bool) {
+        self.state.fast_path = enabled;
     }
 
     pub fn counters(&self) -> &Arc<WorkerCounters> {
@@ -248,7 +258,16 @@ impl Worker {
     #[inline]
     pub fn process(&mut self, packet: &mut [u8], now: Nanos) -> Verdict {
         self.tick(now);
-        let verdict = self.classify(packet, now);
+        let fast = if self.state.fast_path {
+            self.state
+                .client_established_fast(&self.snapshot, &self.shared, packet)
+        } else {
+            None
+        };
+        let verdict = match fast {
+            Some(verdict) => verdict,
+            None => self.classify(packet, now),
+        };
         let counters = &self.state.counters;
         match verdict {
             Verdict::ToServer(_) => counters.inc(Counter::ToServer),
