@@ -17,13 +17,13 @@
 //! modelled without eviction (1M entries per worker hold every run here).
 
 use cheetah_core::policy::{
-    self, LoadMetric, PickContext, Policy, PolicyKind, PolicyRng, PoolSnapshot, MERGE_INTERVAL,
+    self, LoadMetric, Policy, PolicyKind, PolicyRng, PoolSnapshot, MERGE_INTERVAL,
 };
 use cheetah_core::{Nanos, ServerId};
 
 use crate::conns::{Conn, ConnTable};
 use crate::lbs::stateful::{ecmp_instance, instance_bit, rehome};
-use crate::lbs::{LbModel, World};
+use crate::lbs::{pick_with, LbModel, World};
 
 pub struct Cheetah {
     kind: PolicyKind,
@@ -72,14 +72,13 @@ impl LbModel for Cheetah {
                 .lookup(conn.flow_hash)
                 .expect("the pool is never empty");
         }
-        let mut ctx = PickContext {
-            pool: &self.snapshot,
-            flow_hash: conn.flow_hash,
-            loads: world.loads,
+        pick_with(
+            self.policy.as_mut(),
+            &self.snapshot,
+            world,
             rng,
-            now: world.now,
-        };
-        self.policy.pick(&mut ctx).expect("the pool is never empty")
+            conn.flow_hash,
+        )
     }
 
     fn pool_changed(&mut self, world: &World, _conns: &mut ConnTable, _broken: &mut Vec<u32>) {

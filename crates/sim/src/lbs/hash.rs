@@ -4,13 +4,11 @@
 //! a removed server's connections and most of everyone else's.
 
 use cheetah_core::policy::hash::pick_modulo;
-use cheetah_core::policy::{
-    self, LoadMetric, PickContext, Policy, PolicyKind, PolicyRng, PoolSnapshot,
-};
+use cheetah_core::policy::{self, LoadMetric, Policy, PolicyKind, PolicyRng, PoolSnapshot};
 use cheetah_core::ServerId;
 
 use crate::conns::{Conn, ConnTable};
-use crate::lbs::{LbModel, World};
+use crate::lbs::{pick_with, LbModel, World};
 
 pub struct PlainHash {
     snapshot: PoolSnapshot,
@@ -35,14 +33,13 @@ impl LbModel for PlainHash {
     }
 
     fn place(&mut self, world: &World, rng: &mut PolicyRng, conn: &mut Conn) -> ServerId {
-        let mut ctx = PickContext {
-            pool: &self.snapshot,
-            flow_hash: conn.flow_hash,
-            loads: world.loads,
+        pick_with(
+            self.policy.as_mut(),
+            &self.snapshot,
+            world,
             rng,
-            now: world.now,
-        };
-        self.policy.pick(&mut ctx).expect("the pool is never empty")
+            conn.flow_hash,
+        )
     }
 
     fn pool_changed(&mut self, world: &World, conns: &mut ConnTable, broken: &mut Vec<u32>) {

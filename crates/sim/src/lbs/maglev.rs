@@ -3,13 +3,11 @@
 //! change remaps the removed server's connections and, because the table is rebuilt from
 //! scratch, a small share of everyone else's (about 1-2% of the slots in the core's tests).
 
-use cheetah_core::policy::{
-    self, LoadMetric, PickContext, Policy, PolicyKind, PolicyRng, PoolSnapshot,
-};
+use cheetah_core::policy::{self, LoadMetric, Policy, PolicyKind, PolicyRng, PoolSnapshot};
 use cheetah_core::ServerId;
 
 use crate::conns::{Conn, ConnTable};
-use crate::lbs::{LbModel, World};
+use crate::lbs::{pick_with, LbModel, World};
 
 pub struct StatelessMaglev {
     snapshot: PoolSnapshot,
@@ -34,14 +32,13 @@ impl LbModel for StatelessMaglev {
     }
 
     fn place(&mut self, world: &World, rng: &mut PolicyRng, conn: &mut Conn) -> ServerId {
-        let mut ctx = PickContext {
-            pool: &self.snapshot,
-            flow_hash: conn.flow_hash,
-            loads: world.loads,
+        pick_with(
+            self.policy.as_mut(),
+            &self.snapshot,
+            world,
             rng,
-            now: world.now,
-        };
-        self.policy.pick(&mut ctx).expect("the pool is never empty")
+            conn.flow_hash,
+        )
     }
 
     fn pool_changed(&mut self, world: &World, conns: &mut ConnTable, broken: &mut Vec<u32>) {

@@ -20,7 +20,7 @@ pub mod ring;
 pub mod shell;
 pub mod stateful;
 
-use cheetah_core::policy::{LoadView, PolicyKind, PolicyRng};
+use cheetah_core::policy::{LoadView, PickContext, Policy, PolicyKind, PolicyRng, PoolSnapshot};
 use cheetah_core::{Nanos, ServerId};
 use serde::{Deserialize, Serialize};
 
@@ -164,6 +164,24 @@ pub enum LbSpec {
 fn yes() -> bool {
     true
 }
+/// Places a new connection with one of the core's policies, exactly as a worker does.
+pub fn pick_with(
+    policy: &mut dyn Policy,
+    pool: &PoolSnapshot,
+    world: &World,
+    rng: &mut PolicyRng,
+    flow_hash: u64,
+) -> ServerId {
+    let mut ctx = PickContext {
+        pool,
+        flow_hash,
+        loads: world.loads,
+        rng,
+        now: world.now,
+    };
+    policy.pick(&mut ctx).expect("the pool is never empty")
+}
+
 pub fn beamer_buckets_per_server() -> u32 {
     100
 }
