@@ -504,10 +504,13 @@ impl Model {
     }
 }
 
+/// A pool's exact content: active members with weights, and the load metric's index.
+type PoolKey = (Vec<(ServerId, u32)>, u8);
+
 /// Pools by exact content, so that equal pools share one Maglev table.
 #[derive(Default)]
 struct PoolCache {
-    pools: HashMap<(Vec<(ServerId, u32)>, u8), Arc<PoolSnapshot>>,
+    pools: HashMap<PoolKey, Arc<PoolSnapshot>>,
 }
 
 impl PoolCache {
@@ -977,7 +980,7 @@ fn check_cookie(
                 let mac: [u8; 6] = input[6..12].try_into().unwrap();
                 snapshot
                     .server_by_mac(&mac)
-                    .and_then(|s| snapshot.vip_index(src, sport).map(|v| (s, v)))
+                    .zip(snapshot.vip_index(src, sport))
             };
             let Some((server, vip)) = sender else {
                 panic!("ToClient for a TCP packet from no known server");
