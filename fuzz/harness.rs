@@ -914,6 +914,7 @@ fn check(
                 tcp_sum(output, lo),
                 "{verdict:?}: the TCP checksum must stay exactly as right or wrong as it was"
             );
+            check_ports(snapshot, input, output, l, verdict);
             check_cookie(worker, snapshot, input, output, l, verdict);
         }
         ip_proto::ICMP if l.end - l.l4 >= 8 => {
@@ -926,6 +927,51 @@ fn check(
         _ => assert!(
             input[l.l3..] == output[l.l3..],
             "{verdict:?}: a non-TCP, non-ICMP packet is forwarded unchanged past L2"
+        ),
+    }
+}
+
+/// Where a forwarded TCP packet goes: a new connection only to a server of the VIP's pool
+/// (active, not draining), and in NAT mode the VIP port <-> backend port translation.
+fn check_ports(snapshot: &Snapshot, input: &[u8], output: &[u8], l: Layout, verdict: Verdict) {
+    let nat = snapshot.forwarding == Forwarding::Nat;
+    let (src, dst) = (read_u32(input, l.l3 + 12), read_u32(input, l.l3 + 16));
+    let (sport, dport) = (read_u16(input, l.l4), read_u16(input, l.l4 + 2));
+    let (sport_out, dport_out) = (read_u16(output, l.l4), read_u16(output, l.l4 + 2));
+    match verdict {
+        Verdict::ToServer(server) => {
+            let vip = snapshot
+                .vip_index(dst, dport)
+                .map(|v| snapshot.vip(v))
+                .expect("a client packet forwarded to a server was for a VIP");
+            assert_eq!(sport_out, sport, "the client port is never rewritten");
+            let expected = if nat { vip.backend_port } else { dport };
+            assert_eq!(dport_out, expected, "destination port of {verdict:?}");
+            if SegmentKind::from_flags(input[l.l4 + 13]) == SegmentKind::Syn {
+                assert!(
+                    vip.pool.servers.contains(&server),
+                    "a new connection went to {server:?}, outside the pool {:?}",
+                    vip.pool.servers
+                );
+            }
+        }
+        Verdict::ToClient if nat => {
+            let (_, vip) = snapshot
+                .nat_backend(src, sport)
+                .expect("a NAT reply came from a backend");
+            let vip = snapshot.vip(vip);
+            assert_eq!(
+                read_u32(output, l.l3 + 12),
+                vip.ipv4_or_zero(),
+                "NAT replies leave from the VIP"
+            );
+            assert_eq!(sport_out, vip.port, "NAT replies leave from the VIP port");
+            assert_eq!(dport_out, dport, "the client port is never rewritten");
+        }
+        _ => assert_eq!(
+            (sport_out, dport_out),
+            (sport, dport),
+            "{verdict:?}: ports are only rewritten by NAT"
         ),
     }
 }
