@@ -18,7 +18,9 @@
 //!   tag 0x00..=0x7f  packet: bit 0 worker, bits 1-3 time step (STEPS), then a 2-byte
 //!                    big-endian length and that many bytes (fewer if the input ends)
 //!   tag 0x80..=0xbf  control action (ACTIONS[tag & 7]) on server id (tag >> 3) & 7
-//!   tag 0xc0..=0xff  MSB import: server id tag & 7, then a 2-byte big-endian M
+//!   tag 0xc0..=0xff  server id tag & 7, then a 2-byte big-endian value v; bits 3-5 say
+//!                    what it is: 1 reported load v/100, 2 reported connections v, 3 both,
+//!                    anything else an MSB import (M = v)
 //! ```
 //! Every packet is processed with a strictly increasing `now`, and every verdict is checked
 //! against the invariants in [`check`]. A violation panics, which is what the fuzzer and
@@ -35,7 +37,7 @@ use cheetah_core::config::{ConfiguredState, Forwarding, LbConfig, Mode, VipConfi
 use cheetah_core::cookie::tcp_ts;
 use cheetah_core::hash::{FlowKey, Secret};
 use cheetah_core::lb::{Counter, LbShared, Worker, WorkerConfig};
-use cheetah_core::policy::{LoadMetric, PolicyKind, PoolSnapshot};
+use cheetah_core::policy::{LoadMetric, PolicyKind, PoolSnapshot, ReportedLoad};
 use cheetah_core::tables::{
     AllServers, ControlPlane, ServerSlot, ServerSpec, SlotState, Snapshot, VipEntry,
 };
@@ -227,6 +229,14 @@ impl InputBuilder {
         self
     }
 
+    /// A load report: `kind` 1 load `value / 100`, 2 connections `value`, 3 both.
+    pub fn load(mut self, server: u16, kind: u8, value: u16) -> Self {
+        self.bytes
+            .push(0xc0 | ((kind & 7) << 3) | (server as u8 & 7));
+        self.bytes.extend_from_slice(&value.to_be_bytes());
+        self
+    }
+
     pub fn build(self) -> Vec<u8> {
         self.bytes
     }
@@ -242,6 +252,8 @@ enum Record<'a> {
     /// Index into the plan's snapshots (the control plane state after that action).
     Control(usize),
     Msb(ServerId, u16),
+    /// A load report, as an agent or the operator sends it (`SharedLoads::report`).
+    Load(ServerId, ReportedLoad),
 }
 
 /// Splits an input into records, applying the limits and computing every packet's `now`.
@@ -283,10 +295,33 @@ fn parse(records: &[u8]) -> (Vec<Record<'_>>, Vec<(Action, u16, Nanos)>) {
                     break;
                 };
                 rest = tail;
-                out.push(Record::Msb(
-                    ServerId(u16::from(tag & 7)),
-                    u16::from_be_bytes(*msb),
-                ));
+                let (id, value) = (ServerId(u16::from(tag & 7)), u16::from_be_bytes(*msb));
+                let load = Some(f64::from(value) / 100.0);
+                let connections = Some(u64::from(value));
+                out.push(match (tag >> 3) & 7 {
+                    1 => Record::Load(
+                        id,
+                        ReportedLoad {
+                            load,
+                            active_connections: None,
+                        },
+                    ),
+                    2 => Record::Load(
+                        id,
+                        ReportedLoad {
+                            load: None,
+                            active_connections: connections,
+                        },
+                    ),
+                    3 => Record::Load(
+                        id,
+                        ReportedLoad {
+                            load,
+                            active_connections: connections,
+                        },
+                    ),
+                    _ => Record::Msb(id, value),
+                });
             }
         }
     }
@@ -652,6 +687,12 @@ pub fn run_with(data: &[u8], checks: Checks) {
                     }
                 }
                 Record::Msb(id, msb) => shared.msb.import(&[(id, msb)]),
+                Record::Load(id, report) => {
+                    shared
+                        .loads
+                        .report(id, report)
+                        .expect("finite, non-negative load");
+                }
             }
         }
     });

@@ -207,6 +207,25 @@ fn no_timestamps(setup: Setup, action: Action, server: u16) -> Vec<u8> {
         .build()
 }
 
+/// New connections spread by a load-aware policy after load reports, across merges.
+fn loads(setup: Setup) -> Vec<u8> {
+    let mut builder = InputBuilder::new(setup)
+        .load(1, 1, 9_000)
+        .load(2, 2, 40)
+        .load(3, 3, 150);
+    for port in 0..8u16 {
+        let syn = TcpFrame::from_client(
+            client(),
+            CLIENT_PORT + port,
+            flags::SYN,
+            options::linux_syn(CLIENT_TS, 0),
+        )
+        .build();
+        builder = builder.packet((port % 2) as u8, 2, &syn);
+    }
+    builder.build()
+}
+
 /// Malformed and unbalanced traffic, each in its own record.
 fn odd_packets(setup: Setup) -> Vec<u8> {
     let good = syn(options::linux_syn(CLIENT_TS, 0));
@@ -285,6 +304,18 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             conversation(extra, options::apple_syn(CLIENT_TS, 0), 2),
         ));
         seeds.push((format!("{tag}-odd-packets"), odd_packets(setup)));
+        for policy in [
+            PolicyKind::AutoWeightedRoundRobin,
+            PolicyKind::LeastLoaded,
+            PolicyKind::PowerOfTwo,
+        ] {
+            let loaded = Setup {
+                policy,
+                two_workers: true,
+                ..setup
+            };
+            seeds.push((format!("{tag}-loads-{}", policy.name()), loads(loaded)));
+        }
         seeds.push((format!("{tag}-odd-packets-extra-vips"), odd_packets(extra)));
         for (action, name) in [
             (Action::Drain, "drain"),
