@@ -355,14 +355,17 @@ fn malformed_options() -> Vec<Input> {
     ]
 }
 
+/// Table 1's MSS NOP NOP TS SAckOK EOL (no testkit builder for it).
+fn mss_nop_nop_ts(tsval: u32, tsecr: u32) -> Vec<u8> {
+    let mut o = vec![2, 4, 0x05, 0xb4, 1, 1, 8, 10];
+    o.extend_from_slice(&tsval.to_be_bytes());
+    o.extend_from_slice(&tsecr.to_be_bytes());
+    o.extend_from_slice(&[4, 2, 0, 0]);
+    o
+}
+
 /// Cheetah mode: SYN layouts, cookies both ways, ICMP, FIN/RST, and the failure cases.
 fn cheetah_inputs(nat: bool) -> Vec<Input> {
-    let mss_nop_nop_ts = {
-        let mut o = vec![2, 4, 0x05, 0xb4, 1, 1, 8, 10];
-        o.extend_from_slice(&CLIENT_TS.to_be_bytes());
-        o.extend_from_slice(&[0, 0, 0, 0, 4, 2, 0, 0]);
-        o
-    };
     let mut bad_sum = client_ack(cookie_ts(2, 0, 0x5678));
     bad_sum[14 + 20 + 16] ^= 0x5a;
     let mut inputs = vec![
@@ -384,7 +387,7 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         input(
             "syn-mss-nop-nop-ts",
             "Table 1 SYN: MSS NOP NOP TS SAckOK EOL.",
-            syn(mss_nop_nop_ts),
+            syn(mss_nop_nop_ts(CLIENT_TS, 0)),
         ),
         input(
             "syn-ts-first",
@@ -456,6 +459,34 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
                 options::linux_syn(SERVER_TS, CLIENT_TS),
             )
             .build(),
+        ),
+        input(
+            "server-syn-ack-apple-layout",
+            "Table 1 SYN-ACK: MSS NOP WS NOP NOP TS SAckOK EOL from server 2: cookie inserted.",
+            from_server(
+                nat,
+                2,
+                flags::SYN | flags::ACK,
+                options::apple_syn(SERVER_TS, CLIENT_TS),
+            )
+            .build(),
+        ),
+        input(
+            "server-syn-ack-mss-nop-ws-sackok-ts",
+            "Table 1 SYN-ACK: MSS NOP WS SAckOK TS from server 2: cookie inserted.",
+            from_server(
+                nat,
+                2,
+                flags::SYN | flags::ACK,
+                options::mss_nop_ws_sackok_ts(SERVER_TS, CLIENT_TS),
+            )
+            .build(),
+        ),
+        input(
+            "server-syn-ack-mss-nop-nop-ts",
+            "Table 1 SYN-ACK: MSS NOP NOP TS SAckOK EOL from server 2: cookie inserted.",
+            from_server(nat, 2, flags::SYN | flags::ACK, mss_nop_nop_ts(SERVER_TS, CLIENT_TS))
+                .build(),
         ),
         input(
             "server-data",
