@@ -699,23 +699,36 @@ pub fn run_with(data: &[u8], checks: Checks) {
 }
 
 /// Processes `packet` on `worker` and checks every invariant of the verdict; for
-/// [`Verdict::ToAllServers`] also prepares and checks each copy.
+/// [`Verdict::ToAllServers`] also prepares and checks each copy, and for a cookie put into a
+/// server's packet also echoes it back as the client would (see [`echo_cookie`]).
 pub fn process_and_check(
     worker: &mut Worker,
     packet: &[u8],
     now: Nanos,
     checks: Checks,
 ) -> Verdict {
-    let fallback_routed = || {
+    let (verdict, output) = process_checked(worker, packet, now, checks);
+    if verdict == Verdict::ToClient {
+        echo_cookie(worker, packet, &output, now, checks);
+    }
+    verdict
+}
+
+/// Processes one packet and checks the invariants; returns the verdict and the output.
+fn process_checked(
+    worker: &mut Worker,
+    packet: &[u8],
+    now: Nanos,
+    checks: Checks,
+) -> (Verdict, Vec<u8>) {
+    let fallback_routed = |worker: &Worker| {
         let counters = worker.counters();
         counters.get(Counter::FallbackHits) + counters.get(Counter::IcmpRoutedByFallback)
     };
-    let fallback_before = fallback_routed();
+    let fallback_before = fallback_routed(worker);
     let mut buffer = packet.to_vec();
     let verdict = worker.process(&mut buffer, now);
-    let by_fallback = worker.counters().get(Counter::FallbackHits)
-        + worker.counters().get(Counter::IcmpRoutedByFallback)
-        != fallback_before;
+    let by_fallback = fallback_routed(worker) != fallback_before;
     let snapshot = Arc::clone(worker.snapshot());
     let tolerate_removed = checks.tolerate_fallback_to_removed && by_fallback;
     check(
@@ -745,7 +758,70 @@ pub fn process_and_check(
             );
         }
     }
-    verdict
+    (verdict, buffer)
+}
+
+/// The round trip that is the point of the cookie: a client echoing, in TSecr, the TSval a
+/// server's packet left the LB with must be routed to that server, with TSecr restored to
+/// exactly the TSval the server sent. Checked whenever the server's MSB is M or M - 1 (the
+/// window the MSB table promises to restore; a clock that went further back is flagged as
+/// unstable and cannot be corrected).
+fn echo_cookie(worker: &mut Worker, input: &[u8], output: &[u8], now: Nanos, checks: Checks) {
+    let snapshot = Arc::clone(worker.snapshot());
+    if snapshot.mode != Mode::Cheetah {
+        return;
+    }
+    let Some(l) = ipv4_layout(output).filter(|l| l.protocol == ip_proto::TCP) else {
+        return;
+    };
+    let Some((tsval_at, _, _)) = timestamp_at(output, l) else {
+        return;
+    };
+    let (src, sport) = (read_u32(input, l.l3 + 12), read_u16(input, l.l4));
+    let sender = if snapshot.forwarding == Forwarding::Nat {
+        snapshot.nat_backend(src, sport)
+    } else {
+        let mac: [u8; 6] = input[6..12].try_into().unwrap();
+        snapshot
+            .server_by_mac(&mac)
+            .zip(snapshot.vip_index(src, sport))
+    };
+    let Some((server, vip)) = sender else {
+        return;
+    };
+    let vip = snapshot.vip(vip);
+    let (original, cookie) = (read_u32(input, tsval_at), read_u32(output, tsval_at));
+    let msb = (original >> 16) as u16;
+    match worker.shared().msb.get(server) {
+        Some(m) if m == msb || m == msb.wrapping_add(1) => {}
+        _ => return,
+    }
+    let echo = testkit::TcpFrame {
+        src_mac: testkit::CLIENT_MAC,
+        dst_mac: testkit::LB_MAC,
+        src_ip: read_u32(output, l.l3 + 16),
+        dst_ip: vip.ipv4_or_zero(),
+        src_port: read_u16(output, l.l4 + 2),
+        dst_port: vip.port,
+        seq: read_u32(output, l.l4 + 8),
+        ack: read_u32(output, l.l4 + 4).wrapping_add(1),
+        flags: tcp::flags::ACK,
+        options: testkit::options::nop_nop_ts(0x0102_0304, cookie),
+        payload: Vec::new(),
+    }
+    .build();
+    let (verdict, restored) = process_checked(worker, &echo, now, checks);
+    assert_eq!(
+        verdict,
+        Verdict::ToServer(server),
+        "the client's echo of {server:?}'s cookie {cookie:#010x} must reach {server:?}"
+    );
+    let (_, tsecr_at) = testkit::timestamp_offsets(&restored).expect("echo has a timestamp");
+    assert_eq!(
+        read_u32(&restored, tsecr_at),
+        original,
+        "the echo's TSecr must be restored to the TSval {server:?} sent"
+    );
 }
 
 /// Where the IPv4 header and its payload sit in a frame (mirrors the pipeline's parse).
