@@ -3,6 +3,7 @@
 mod bench;
 mod config;
 mod replay;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +23,8 @@ enum Command {
     Replay(replay::Args),
     /// Measure the per-packet cost of the pipeline on a generated trace.
     Bench(bench::Args),
+    /// Simulate cheetah and other load balancers at scale (broken connections, imbalance).
+    Sim(sim::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,5 +37,6 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Replay(args) => replay::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Sim(args) => sim::run(args),
     }
 }

@@ -182,6 +182,9 @@ pub struct ValidVip {
     pub backend_port: u16,
     /// Pool members with their weights, in configured order.
     pub members: Vec<(ServerId, u32)>,
+    /// Servers that left the pool but are not removed: their connections keep going, so in
+    /// NAT mode their replies must still be recognised as this VIP's.
+    pub departed: Vec<ServerId>,
 }
 
 impl ValidVip {
@@ -366,6 +369,7 @@ pub(crate) fn validate_vip(
         metric: v.load_metric.unwrap_or_else(|| v.policy.default_metric()),
         backend_port: v.backend_port.unwrap_or(v.port),
         members,
+        departed: Vec::new(),
     })
 }
 

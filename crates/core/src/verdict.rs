@@ -79,6 +79,7 @@ drop_reasons! {
     NoServerAvailable => "no_server_available", "A new connection for a VIP whose pool has no active server.";
     CookieUnknownServer => "cookie_unknown_server", "The cookie decodes to a server id that is not allocated.";
     CookieServerRemoved => "cookie_server_removed", "The cookie decodes to a removed (retired) server.";
+    FallbackServerRemoved => "fallback_server_removed", "A connection without timestamps whose server (remembered in the fallback table) was removed.";
     TsMsbUnknown => "ts_msb_unknown", "The server's timestamp MSB is not known yet, so the echoed timestamp cannot be restored.";
     UnknownServerSource => "unknown_server_source", "A packet from a VIP whose sender is not a known server.";
     ServerRemoved => "server_removed", "A packet from a server that has been removed.";

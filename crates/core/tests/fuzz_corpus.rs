@@ -129,11 +129,9 @@ fn regressions_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/regressions/pipeline")
 }
 
-/// Inputs that reproduce open core bugs, run with every invariant enforced. Ignored while
-/// the bug is open (the corpus test tolerates it, see `harness::Checks`); the fix makes it
-/// pass, and then the `#[ignore]` and the tolerance should go.
+/// Inputs that reproduced core bugs, run with every invariant enforced (see
+/// `harness::Checks`): a bug that comes back fails here by name.
 #[test]
-#[ignore = "open core bug: fallback table routes to a removed server (docs/fuzzing.md)"]
 fn regressions_replay_strictly() {
     let mut files: Vec<PathBuf> = std::fs::read_dir(regressions_dir())
         .unwrap()
@@ -149,12 +147,11 @@ fn regressions_replay_strictly() {
     }
 }
 
-/// The bug the regression inputs find, spelled out with the public API: a cheetah-mode
+/// The bug the regression inputs found, spelled out with the public API: a cheetah-mode
 /// client that sends no TCP timestamps is routed by the worker's fallback table, and that
-/// table still names a server after the server was removed. Cookie-routed packets of the
-/// same server are dropped as `cookie_server_removed`; these go to the removed server.
+/// table still named a server after the server was removed (cookie-routed packets of the
+/// same server are dropped as `cookie_server_removed`). Fixed in core; kept as a guard.
 #[test]
-#[ignore = "open core bug: fallback table routes to a removed server (docs/fuzzing.md)"]
 fn fallback_table_does_not_route_to_a_removed_server() {
     use cheetah_core::lb::{Worker, WorkerConfig};
     use cheetah_core::tables::ControlPlane;
@@ -198,12 +195,11 @@ fn fallback_table_does_not_route_to_a_removed_server() {
 }
 
 /// Found while writing the harness's invariants: in NAT mode a server's replies are only
-/// recognised through `Snapshot::nat_backend`, which is built from the VIPs' *members*. A
-/// server that leaves a VIP's pool (`ControlPlane::leave_pool`, documented as "connections
-/// it has keep going") is no member any more, so its replies on existing connections are
-/// passed to the host untranslated instead of going back to the client from the VIP.
+/// recognised through `Snapshot::nat_backend`, which was built from the VIPs' *members*. A
+/// server that left a VIP's pool (`ControlPlane::leave_pool`, documented as "connections
+/// it has keep going") was no member any more, so its replies on existing connections were
+/// passed to the host untranslated. Fixed in core (`VipEntry::departed`); kept as a guard.
 #[test]
-#[ignore = "open core bug: NAT replies of a server that left the pool are passed (docs/fuzzing.md)"]
 fn nat_replies_keep_flowing_after_the_server_leaves_the_pool() {
     use cheetah_core::lb::{Worker, WorkerConfig};
     use cheetah_core::tables::ControlPlane;

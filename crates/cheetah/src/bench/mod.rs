@@ -1,6 +1,278 @@
-//! `cheetah bench`: to be written.
-#[derive(clap::Args)]
-pub struct Args {}
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not yet")
+//! `cheetah bench`: the per-packet cost of the pipeline on a generated trace.
+//!
+//! A generated in-memory trace of HTTP-like connections ([`trace`]) is played once through a
+//! warm-up LB of each mode (cheetah, plain hash, Maglev), which yields realistic packets:
+//! established client packets echo the cookies that LB wrote. Each path's packets are then
+//! timed on a pinned core, each in its own buffer restored from a pristine copy every pass
+//! (the restore is timed alone and subtracted), in at least five runs whose median, min and
+//! max are reported in TSC ticks and ns. `--callgrind` adds instructions per packet counted
+//! by callgrind. The targets are printed as PASS/MISS lines; nothing asserts.
+//!
+//! `docs/benchmarks.md` has the commands and the results on the reference machine.
+
+mod affinity;
+mod callgrind;
+mod element;
+mod hashcost;
+mod items;
+mod lab;
+mod layouts;
+mod packets;
+mod pipeline;
+mod report;
+mod rng;
+mod rows;
+mod summary;
+mod timing;
+mod trace;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure};
+use cheetah_core::config::Mode;
+use cheetah_core::policy::PolicyKind;
+
+use items::{Item, Path};
+use rows::{Subject, Traces};
+use summary::{machine_summary, trace_summary};
+use timing::{Clock, Measurement, Timed};
+use trace::TraceConfig;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Connections in the trace.
+    #[arg(long, default_value_t = 16_384)]
+    flows: usize,
+    /// Most connections open at once.
+    #[arg(long, default_value_t = 1_024)]
+    concurrency: usize,
+    /// Servers behind the VIP.
+    #[arg(long, default_value_t = 64)]
+    servers: u16,
+    /// Seed of the trace generator.
+    #[arg(long, default_value_t = TraceConfig::default().seed)]
+    seed: u64,
+    /// Share of connections whose client offers no TCP timestamps (reported separately).
+    #[arg(long, default_value_t = 0.02)]
+    no_ts_share: f64,
+    /// VIP policy of the LB the trace is played through (SYN rows run every policy).
+    #[arg(long, default_value = "rr", value_parser = items::parse_policy)]
+    trace_policy: PolicyKind,
+    /// Undisturbed runs per row (at least 5) whose median, min and max are reported. Runs
+    /// during which another process took the core are made again, up to 4x this many.
+    #[arg(long, default_value_t = 31)]
+    runs: usize,
+    /// Packets per run (whole passes over the path's packets, rounded up).
+    #[arg(long, default_value_t = 100_000)]
+    packets_per_run: u64,
+    /// Core to pin to (default: the last one).
+    #[arg(long)]
+    core: Option<usize>,
+    /// Only these paths (repeat or comma-separate).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    path: Vec<Path>,
+    /// Only these modes: cheetah, hash, maglev.
+    #[arg(long, value_delimiter = ',', value_parser = items::parse_mode)]
+    mode: Vec<Mode>,
+    /// Only these policies, for the per-policy SYN rows.
+    #[arg(long, value_delimiter = ',', value_parser = items::parse_policy)]
+    policy: Vec<PolicyKind>,
+    /// Time under SCHED_FIFO (root): ordinary processes stop preempting the benchmark on
+    /// its core. For a machine shared with builds; dropped before the callgrind children.
+    #[arg(long)]
+    realtime: bool,
+    /// Restore whole frames instead of headers before each use.
+    #[arg(long)]
+    full_restore: bool,
+    /// Also count instructions per packet, re-running each row under callgrind.
+    #[arg(long)]
+    callgrind: bool,
+    /// Run one row for `--iterations` packets with no timing (for callgrind).
+    #[arg(long)]
+    instructions_only: bool,
+    /// Packets to run with --instructions-only (default: one pass over the path).
+    #[arg(long)]
+    iterations: Option<u64>,
+    /// Print the tables as markdown.
+    #[arg(long)]
+    markdown: bool,
+}
+
+impl Args {
+    fn trace_config(&self) -> TraceConfig {
+        TraceConfig {
+            flows: self.flows,
+            concurrency: self.concurrency,
+            seed: self.seed,
+            no_ts_share: self.no_ts_share,
+        }
+    }
+
+    /// The arguments a callgrind child needs to build the very same trace.
+    fn trace_args(&self) -> Vec<String> {
+        let mut args = vec![
+            format!("--flows={}", self.flows),
+            format!("--concurrency={}", self.concurrency),
+            format!("--servers={}", self.servers),
+            format!("--seed={}", self.seed),
+            format!("--no-ts-share={}", self.no_ts_share),
+            format!("--trace-policy={}", self.trace_policy.name()),
+        ];
+        if self.full_restore {
+            args.push("--full-restore".into());
+        }
+        args
+    }
+
+    fn selected(&self) -> Vec<Item> {
+        items::all()
+            .into_iter()
+            .filter(|i| self.path.is_empty() || self.path.contains(&i.path))
+            .filter(|i| self.mode.is_empty() || self.mode.contains(&i.mode))
+            .filter(|i| self.policy.is_empty() || i.policy.is_none_or(|p| self.policy.contains(&p)))
+            .collect()
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    ensure!(
+        args.flows > 0 && args.concurrency > 0,
+        "--flows and --concurrency must be > 0"
+    );
+    ensure!(
+        (0.0..=1.0).contains(&args.no_ts_share),
+        "--no-ts-share is a share in 0..=1"
+    );
+    let items = args.selected();
+    ensure!(!items.is_empty(), "no row matches --path/--mode/--policy");
+    let mut traces = Traces {
+        config: args.trace_config(),
+        servers: args.servers,
+        by_mode: Vec::new(),
+    };
+
+    if args.instructions_only {
+        let [item] = items[..] else {
+            bail!(
+                "--instructions-only runs one row, and {} match: {}",
+                items.len(),
+                items.iter().map(Item::label).collect::<Vec<_>>().join(", ")
+            );
+        };
+        let trace = &traces.get(item.mode, args.trace_policy)?.trace;
+        let n = args
+            .iterations
+            .unwrap_or(rows::item_count(&item, trace) as u64);
+        Subject::prepare(&item, &args, &mut traces)?.run_for_instructions(n);
+        println!("{}: {n} packets, untimed", item.label());
+        return Ok(());
+    }
+
+    ensure!(
+        args.runs >= timing::MIN_RUNS,
+        "--runs must be at least 5 (the median of 5 runs or more)"
+    );
+    let core = args.core.unwrap_or_else(affinity::default_core);
+    let (pin, pinned) = match affinity::pin_to(core) {
+        Ok(pin) => (Some(pin), format!("pinned to core {core}")),
+        Err(e) => {
+            eprintln!("warning: cannot pin to core {core} ({e}); figures will be noisier");
+            (None, format!("NOT pinned ({e})"))
+        }
+    };
+    let (rt, pinned) = if args.realtime {
+        match affinity::realtime() {
+            Ok(rt) => (Some(rt), format!("{pinned}, SCHED_FIFO")),
+            Err(e) => {
+                eprintln!("warning: cannot switch to SCHED_FIFO ({e})");
+                (None, format!("{pinned}, SCHED_FIFO refused ({e})"))
+            }
+        }
+    } else {
+        (None, pinned)
+    };
+    let clock = Clock::calibrate(Duration::from_millis(300));
+    let machine = machine_summary(&clock, &pinned);
+    eprintln!("{machine}");
+
+    let mut subjects = Vec::new();
+    for item in &items {
+        subjects.push(Subject::prepare(item, &args, &mut traces)?);
+    }
+    let mut timed: Vec<&mut dyn Timed> = subjects.iter_mut().flat_map(Subject::timed).collect();
+    let started = Instant::now();
+    let mut measured = timing::measure_all(&mut timed, args.runs, args.packets_per_run).into_iter();
+    eprintln!("timed {} rows in {:.1?}", items.len(), started.elapsed());
+    let mut rows = Vec::new();
+    for (item, subject) in items.iter().zip(&mut subjects) {
+        let of_row: Vec<Measurement> = measured.by_ref().take(subject.timed().len()).collect();
+        let row = subject.row(*item, &of_row);
+        eprintln!(
+            "{:<32} {:>7.2} ns/pkt {:>7.1} ticks (min {:.1}, max {:.1}; {} of {} runs disturbed)",
+            item.label(),
+            clock.ns(row.timing.net.median),
+            row.timing.net.median,
+            row.timing.net.min,
+            row.timing.net.max,
+            row.timing.preempted,
+            row.timing.runs,
+        );
+        rows.push(row);
+    }
+    let drift = (clock.rate_since_start() / clock.ticks_per_ns - 1.0) * 100.0;
+    if let Some(rt) = rt {
+        rt.release();
+    }
+    if let Some(pin) = pin {
+        pin.release();
+    }
+
+    let callgrind_note = if !args.callgrind {
+        Some("Ir/pkt: run with --callgrind to count instructions per packet.".to_string())
+    } else if !callgrind::available() {
+        Some("Ir/pkt: skipped, valgrind is not installed (apt-get install valgrind).".to_string())
+    } else {
+        let jobs: Vec<callgrind::Job> = rows
+            .iter()
+            .map(|r| callgrind::Job {
+                item: r.item,
+                packets: r.count as u64,
+            })
+            .collect();
+        let results = callgrind::run_all(&jobs, &args.trace_args(), affinity::cpus());
+        let mut failed = 0;
+        for (row, result) in rows.iter_mut().zip(results) {
+            match result {
+                Ok(ir) => row.ir = Some(ir),
+                Err(_) => failed += 1,
+            }
+        }
+        Some(format!(
+            "Ir/pkt: callgrind instructions inside the measured function per packet (one pass over the path, restore excluded){}.",
+            if failed > 0 {
+                format!("; {failed} rows failed under valgrind")
+            } else {
+                String::new()
+            }
+        ))
+    };
+
+    let cheetah_trace = traces.by_mode.iter().find(|t| t.lab.mode == Mode::Cheetah);
+    let ctx = report::Context {
+        clock: &clock,
+        trace_options: cheetah_trace.map(|t| t.options),
+        callgrind_note,
+        trace: cheetah_trace.map(|t| &t.trace),
+    };
+    let first_trace = &traces.by_mode[0].trace;
+    println!("{machine}");
+    println!("{}", trace_summary(first_trace));
+    println!(
+        "runs: {} per row, >= {} packets per run; restore: {}; TSC rate drift over the run {drift:+.3}%",
+        args.runs,
+        args.packets_per_run,
+        if args.full_restore { "whole frames" } else { "headers" },
+    );
+    print!("{}", report::render(&rows, &ctx, args.markdown));
+    Ok(())
 }

@@ -7,4 +7,4 @@
 pub mod msb;
 pub mod tcp_ts;
 
-pub use msb::{MsbLearn, MsbTable};
+pub use msb::{MsbLearn, MsbTable, PersistedMsb, PersistedMsbError};

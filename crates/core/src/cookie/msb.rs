@@ -237,6 +237,77 @@ impl MsbTable {
     }
 }
 
+/// How old a persisted M may be and still be trusted: an echo may lag a TSval by up to a
+/// keepalive (25 s), and M must be within one step of every MSB still in flight. A file
+/// older than this may be a step or more behind; re-learning from traffic is safer.
+pub const MAX_PERSISTED_AGE_MS: u64 = 30_000;
+
+/// What the daemon writes to disk so M survives a restart (any serde format).
+///
+/// `saved_at_unix_ms` means "M was current at this time", so the daemon saves whenever
+/// [`MsbTable::write_count`] moves *and* at least every few seconds without changes;
+/// otherwise a restart more than 30 s after the last change would discard a valid M.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PersistedMsb {
+    /// Wall-clock time of the save, in ms since the Unix epoch (passed in by the daemon).
+    pub saved_at_unix_ms: u64,
+    /// (server id, M) for every server whose M is known.
+    pub servers: Vec<(u16, u16)>,
+}
+
+/// Why persisted values were not loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PersistedMsbError {
+    /// Saved longer ago than [`MAX_PERSISTED_AGE_MS`] (or in the future).
+    Stale { age_ms: i64 },
+    /// A server id above the cookie's range.
+    BadServerId(u16),
+}
+
+impl std::fmt::Display for PersistedMsbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PersistedMsbError::Stale { age_ms } => write!(
+                f,
+                "saved {age_ms} ms ago, more than {MAX_PERSISTED_AGE_MS} ms: each server's timestamp MSB will be re-learnt from its next packet"
+            ),
+            PersistedMsbError::BadServerId(id) => write!(f, "server id {id} is above {}", ServerId::MAX),
+        }
+    }
+}
+
+impl MsbTable {
+    pub fn persist(&self, now_unix_ms: u64) -> PersistedMsb {
+        PersistedMsb {
+            saved_at_unix_ms: now_unix_ms,
+            servers: self.export().into_iter().map(|(id, m)| (id.0, m)).collect(),
+        }
+    }
+
+    /// Loads a persisted table if it is fresh enough; returns how many servers it knew.
+    pub fn load_persisted(
+        &self,
+        saved: &PersistedMsb,
+        now_unix_ms: u64,
+    ) -> Result<usize, PersistedMsbError> {
+        let age_ms = now_unix_ms as i64 - saved.saved_at_unix_ms as i64;
+        if !(0..=MAX_PERSISTED_AGE_MS as i64).contains(&age_ms) {
+            return Err(PersistedMsbError::Stale { age_ms });
+        }
+        let values = saved
+            .servers
+            .iter()
+            .map(|&(id, m)| {
+                ServerId::new(id)
+                    .map(|id| (id, m))
+                    .ok_or(PersistedMsbError::BadServerId(id))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.import(&values);
+        Ok(values.len())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +393,35 @@ mod tests {
         assert!(restarted.write_count() > 0);
         // The first change after a restart is not judged against a pre-restart time.
         assert_eq!(restarted.learn(A, 78 << 16, 5), MsbLearn::Advanced);
+    }
+
+    #[test]
+    fn persisted_values_load_only_while_fresh() {
+        let t = MsbTable::new();
+        t.learn(A, 0x0102_0000, 1);
+        let saved = t.persist(1_000_000);
+        let text = toml::to_string(&saved).unwrap();
+        let back: PersistedMsb = toml::from_str(&text).unwrap();
+        let fresh = MsbTable::new();
+        assert_eq!(
+            fresh.load_persisted(&back, 1_000_000 + MAX_PERSISTED_AGE_MS),
+            Ok(1)
+        );
+        assert_eq!(fresh.get(A), Some(0x0102));
+        let late = MsbTable::new();
+        assert_eq!(
+            late.load_persisted(&back, 1_000_000 + MAX_PERSISTED_AGE_MS + 1),
+            Err(PersistedMsbError::Stale { age_ms: 30_001 })
+        );
+        assert_eq!(late.get(A), None);
+        let bad = PersistedMsb {
+            saved_at_unix_ms: 5,
+            servers: vec![(40_000, 1)],
+        };
+        assert_eq!(
+            late.load_persisted(&bad, 5),
+            Err(PersistedMsbError::BadServerId(40_000))
+        );
     }
 
     /// One server clock in milliseconds with its own offset.

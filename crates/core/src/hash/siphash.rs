@@ -67,6 +67,18 @@ pub struct FlowKey {
 }
 
 impl FlowKey {
+    /// The id of a TCP connection between `client` and a VIP.
+    #[inline]
+    pub fn tcp(client_ip: u32, client_port: u16, vip_ip: u32, vip_port: u16) -> Self {
+        FlowKey {
+            client_ip,
+            vip_ip,
+            client_port,
+            vip_port,
+            protocol: crate::wire::ip_proto::TCP,
+        }
+    }
+
     /// The 13 bytes that are hashed, in network order.
     pub fn to_bytes(&self) -> [u8; 13] {
         let mut b = [0u8; 13];

@@ -3,16 +3,16 @@
 use super::cookie_stage::route_by_cookie;
 use super::counters::Counter;
 use super::shared::LbShared;
-use super::worker::{Ipv4Layout, WorkerState};
+use super::worker::{baseline_pick, Ipv4Layout, WorkerState};
 use crate::config::{Forwarding, Mode};
 use crate::hash::FlowKey;
-use crate::policy::{hash::pick_modulo, PickContext};
+use crate::policy::PickContext;
 use crate::tables::{Snapshot, VipEntry};
 use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::tcp::MIN_HEADER_LEN as TCP_HEADER;
-use crate::wire::tcp_options::{self, SegmentKind, TSECR};
-use crate::wire::{ip_proto, read_u32, Ipv4Packet, TcpSegment};
+use crate::wire::tcp_options::{SegmentKind, TSECR};
+use crate::wire::{read_u32, Ipv4Packet, TcpSegment};
 
 impl WorkerState {
     #[inline]
@@ -22,42 +22,27 @@ impl WorkerState {
         shared: &LbShared,
         packet: &mut [u8],
         layout: Ipv4Layout,
-        client_ip: u32,
-        vip_ip: u32,
+        vip_index: u16,
         now: Nanos,
     ) -> Verdict {
+        let (client_ip, vip_ip) = (layout.src, layout.dst);
         let segment = match TcpSegment::new_checked(&packet[layout.l4..layout.end]) {
             Ok(segment) => segment,
             Err(reason) => return Verdict::Drop(reason),
         };
         let (client_port, vip_port, flags) =
             (segment.src_port(), segment.dst_port(), segment.flags());
-        let Some(vip_index) = snapshot.vip_index(vip_ip, vip_port) else {
-            return Verdict::Drop(DropReason::VipPortUnknown);
-        };
         let vip = snapshot.vip(vip_index);
-        let key = FlowKey {
-            client_ip,
-            vip_ip,
-            client_port,
-            vip_port,
-            protocol: ip_proto::TCP,
-        };
+        let key = FlowKey::tcp(client_ip, client_port, vip_ip, vip_port);
         let hash = shared.hasher.hash(&key);
         let server = match snapshot.mode {
-            Mode::Hash => pick_modulo(&vip.pool.servers, hash),
-            Mode::Maglev => vip.pool.maglev.lookup(hash),
+            Mode::Hash | Mode::Maglev => baseline_pick(snapshot.mode, &vip.pool, hash),
             Mode::Cheetah => {
                 let kind = SegmentKind::from_flags(flags);
-                let timestamp = match tcp_options::find_timestamp(segment.options(), kind) {
+                let timestamp = match self.find_timestamp(segment.options(), kind) {
                     Ok(lookup) => lookup,
                     Err(reason) => return Verdict::Drop(reason),
                 };
-                self.counters.inc(if timestamp.fast_path {
-                    Counter::OptionsFastPath
-                } else {
-                    Counter::OptionsSlowPath
-                });
                 match (kind, timestamp.offset) {
                     (SegmentKind::Syn, Some(_)) => self.pick_new(vip_index, vip, hash, now),
                     (SegmentKind::Syn, None) => {
@@ -70,9 +55,15 @@ impl WorkerState {
                         server
                     }
                     (_, None) => match self.fallback.lookup(&key, hash) {
-                        Some(server) => {
+                        Some(server) if snapshot.servers.get(server).state.forwards() => {
                             self.counters.inc(Counter::FallbackHits);
                             Some(server)
+                        }
+                        Some(_) => {
+                            // Its server was removed: the connection is gone, as it is for
+                            // a cookie naming a removed server.
+                            self.fallback.remove(&key, hash);
+                            return Verdict::Drop(DropReason::FallbackServerRemoved);
                         }
                         None => {
                             self.counters.inc(Counter::FallbackMisses);

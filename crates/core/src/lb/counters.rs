@@ -37,7 +37,6 @@ macro_rules! counters {
 }
 
 counters! {
-    Packets => "packets", "Packets processed.";
     ToServer => "to_server", "Packets sent to a server.";
     ToClient => "to_client", "Packets sent toward a client.";
     ToAllServers => "to_all_servers", "ICMP errors without a cookie copied to every active server of the VIP.";
@@ -45,6 +44,7 @@ counters! {
     Dropped => "dropped", "Packets dropped (see drops by reason).";
     NewConnections => "new_connections", "SYNs placed by the VIP's policy.";
     CookieRouted => "cookie_routed", "Client packets routed by their cookie.";
+    FastPath => "fast_path", "Established client packets handled by the straight-line fast path.";
     CookiesInserted => "cookies_inserted", "Server packets whose TSval now carries a cookie.";
     OptionsFastPath => "options_fast_path", "Timestamp found by one wide compare (paper Table 1).";
     OptionsSlowPath => "options_slow_path", "TCP options that needed the TLV walk.";
@@ -93,6 +93,21 @@ impl WorkerCounters {
     pub fn count_drop(&self, reason: DropReason) {
         let c = &self.drops[reason as usize];
         c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
+    }
+
+    /// Packets processed: the sum of the verdict counters (not counted separately, to keep
+    /// one store off the per-packet path).
+    pub fn packets(&self) -> u64 {
+        [
+            Counter::ToServer,
+            Counter::ToClient,
+            Counter::ToAllServers,
+            Counter::Passed,
+            Counter::Dropped,
+        ]
+        .iter()
+        .map(|c| self.get(*c))
+        .sum()
     }
 
     pub fn get(&self, counter: Counter) -> u64 {

@@ -9,11 +9,10 @@
 
 use super::counters::Counter;
 use super::shared::LbShared;
-use super::worker::{Ipv4Layout, WorkerState};
+use super::worker::{baseline_pick, Ipv4Layout, WorkerState};
 use crate::config::{Forwarding, Mode};
 use crate::cookie::tcp_ts;
 use crate::hash::FlowKey;
-use crate::policy::hash::pick_modulo;
 use crate::tables::{SlotState, Snapshot};
 use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
@@ -116,9 +115,9 @@ impl WorkerState {
         shared: &LbShared,
         packet: &mut [u8],
         layout: Ipv4Layout,
-        vip_ip: u32,
         now: Nanos,
     ) -> Verdict {
+        let vip_ip = layout.dst;
         let embedded = match Embedded::parse(packet, layout) {
             Ok(embedded) => embedded,
             Err(reason) => return Verdict::Drop(reason),
@@ -135,17 +134,10 @@ impl WorkerState {
             return Verdict::Drop(DropReason::VipPortUnknown);
         };
         let vip = snapshot.vip(vip_index);
-        let key = FlowKey {
-            client_ip,
-            vip_ip,
-            client_port,
-            vip_port,
-            protocol: ip_proto::TCP,
-        };
+        let key = FlowKey::tcp(client_ip, client_port, vip_ip, vip_port);
         let hash = shared.hasher.hash(&key);
         let server = match snapshot.mode {
-            Mode::Hash => pick_modulo(&vip.pool.servers, hash),
-            Mode::Maglev => vip.pool.maglev.lookup(hash),
+            Mode::Hash | Mode::Maglev => baseline_pick(snapshot.mode, &vip.pool, hash),
             Mode::Cheetah => match embedded.tsval_at(packet) {
                 Some(tsval_at) => {
                     let tsval = read_u32(packet, tsval_at);
@@ -172,7 +164,10 @@ impl WorkerState {
                     Some(decoded.server)
                 }
                 None => {
-                    let server = self.fallback.peek(&key, hash);
+                    let server = self
+                        .fallback
+                        .peek(&key, hash)
+                        .filter(|s| snapshot.servers.get(*s).state.forwards());
                     if server.is_some() {
                         self.counters.inc(Counter::IcmpRoutedByFallback);
                     }
@@ -206,11 +201,7 @@ impl WorkerState {
         let Ok(ip) = Ipv4Packet::new_checked(&packet[l3..]) else {
             return;
         };
-        let layout = Ipv4Layout {
-            l3,
-            l4: l3 + ip.header_len(),
-            end: l3 + ip.total_len(),
-        };
+        let layout = Ipv4Layout::of(l3, &ip);
         if let Ok(embedded) = Embedded::parse(packet, layout) {
             rewrite_for_server(snapshot, packet, layout, &embedded, vip_index, server);
         }

@@ -4,6 +4,7 @@ mod client_path;
 pub mod cookie_stage;
 pub mod counters;
 pub mod fallback;
+mod fast_path;
 mod icmp_path;
 pub mod rate_limit;
 mod server_path;

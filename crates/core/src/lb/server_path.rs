@@ -2,21 +2,18 @@
 
 use super::counters::Counter;
 use super::shared::LbShared;
-use super::worker::{Ipv4Layout, WorkerState};
+use super::worker::{Ipv4Layout, Sender, WorkerState};
 use crate::config::Mode;
 use crate::cookie::{tcp_ts, MsbLearn};
 use crate::hash::FlowKey;
 use crate::tables::Snapshot;
-use crate::types::{Nanos, ServerId};
+use crate::types::Nanos;
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::tcp::{flags, MIN_HEADER_LEN as TCP_HEADER};
-use crate::wire::tcp_options::{self, SegmentKind, TSVAL};
-use crate::wire::{ip_proto, read_u32, Ipv4Packet, TcpSegment};
+use crate::wire::tcp_options::{SegmentKind, TSVAL};
+use crate::wire::{read_u32, Ipv4Packet, TcpSegment};
 
 impl WorkerState {
-    /// `nat_vip` is the VIP the NAT backend belongs to (NAT mode), `None` in l2 mode where
-    /// the packet's source already is the VIP.
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(crate) fn server_tcp(
         &mut self,
@@ -24,10 +21,14 @@ impl WorkerState {
         shared: &LbShared,
         packet: &mut [u8],
         layout: Ipv4Layout,
-        server: ServerId,
-        nat_vip: Option<u16>,
+        sender: Sender,
         now: Nanos,
     ) -> Verdict {
+        let Sender {
+            server,
+            vip: vip_index,
+            nat,
+        } = sender;
         if !snapshot.servers.get(server).state.forwards() {
             return Verdict::Drop(DropReason::ServerRemoved);
         }
@@ -37,36 +38,17 @@ impl WorkerState {
         };
         let (src_port, client_port, tcp_flags) =
             (segment.src_port(), segment.dst_port(), segment.flags());
-        let ip = Ipv4Packet::new_unchecked(&packet[layout.l3..layout.end]);
-        let client_ip = ip.dst();
-        let vip_index = match nat_vip {
-            Some(vip) => vip,
-            None => match snapshot.vip_index(ip.src(), src_port) {
-                Some(vip) => vip,
-                None => return Verdict::Drop(DropReason::VipPortUnknown),
-            },
-        };
+        let client_ip = layout.dst;
         let vip = snapshot.vip(vip_index);
         let vip_ip = vip.ipv4_or_zero();
 
         if snapshot.mode == Mode::Cheetah {
             let kind = SegmentKind::from_flags(tcp_flags);
-            let timestamp = match tcp_options::find_timestamp(segment.options(), kind) {
+            let timestamp = match self.find_timestamp(segment.options(), kind) {
                 Ok(lookup) => lookup,
                 Err(reason) => return Verdict::Drop(reason),
             };
-            self.counters.inc(if timestamp.fast_path {
-                Counter::OptionsFastPath
-            } else {
-                Counter::OptionsSlowPath
-            });
-            let key = FlowKey {
-                client_ip,
-                vip_ip,
-                client_port,
-                vip_port: vip.port,
-                protocol: ip_proto::TCP,
-            };
+            let key = FlowKey::tcp(client_ip, client_port, vip_ip, vip.port);
             match timestamp.offset {
                 Some(at) => {
                     let hash = shared.hasher.hash(&key);
@@ -95,7 +77,7 @@ impl WorkerState {
         if tcp_flags & (flags::FIN | flags::RST) != 0 {
             self.loads.on_server_close(server);
         }
-        if nat_vip.is_some() {
+        if nat {
             let old = Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_src(vip_ip);
             let mut segment = TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end]);
             segment.update_checksum_for_address(old, vip_ip);

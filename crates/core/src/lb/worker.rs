@@ -21,12 +21,14 @@ use super::fallback::FallbackTable;
 use super::rate_limit::TokenBucket;
 use super::shared::LbShared;
 use crate::config::{Forwarding, Mode};
+use crate::policy::hash::pick_modulo;
 use crate::policy::{self, Policy, PolicyRng, PoolSnapshot, WorkerLoads};
 use crate::tables::Snapshot;
 use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::ethernet::ethertype;
-use crate::wire::{ip_proto, EthernetFrame, Ipv4Packet, Ipv6Packet};
+use crate::wire::tcp_options::{self, SegmentKind, TimestampLookup};
+use crate::wire::{ip_proto, read_u16, EthernetFrame, Ipv4Packet, Ipv6Packet, TcpSegment};
 
 /// Per-worker settings.
 #[derive(Clone, Debug)]
@@ -70,6 +72,9 @@ pub(crate) struct WorkerState {
     pub(crate) fallback: FallbackTable,
     pub(crate) icmp_copies: TokenBucket,
     pub(crate) counters: Arc<WorkerCounters>,
+    /// Whether established client packets may take `lb/fast_path.rs` (off only to test it
+    /// against the general pipeline).
+    pub(crate) fast_path: bool,
 }
 
 pub struct Worker {
@@ -78,12 +83,63 @@ pub struct Worker {
     pub(crate) state: WorkerState,
 }
 
-/// Where the IPv4 header and its payload sit in the frame.
+/// The server a reply comes from, and the VIP it answers for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sender {
+    pub(crate) server: ServerId,
+    pub(crate) vip: u16,
+    /// NAT mode: the source is the server's DIP and must become the VIP.
+    pub(crate) nat: bool,
+}
+
+/// Where the IPv4 header and its payload sit in the frame, and its addresses.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ipv4Layout {
     pub(crate) l3: usize,
     pub(crate) l4: usize,
     pub(crate) end: usize,
+    pub(crate) src: u32,
+    pub(crate) dst: u32,
+}
+
+impl WorkerState {
+    /// The TCP timestamp option, counting which path found it.
+    #[inline]
+    pub(crate) fn find_timestamp(
+        &self,
+        options: &[u8],
+        kind: SegmentKind,
+    ) -> Result<TimestampLookup, DropReason> {
+        let lookup = tcp_options::find_timestamp(options, kind)?;
+        self.counters.inc(if lookup.fast_path {
+            Counter::OptionsFastPath
+        } else {
+            Counter::OptionsSlowPath
+        });
+        Ok(lookup)
+    }
+}
+
+/// Where the baseline modes send every packet: `pool[h % n]` or the Maglev table.
+#[inline]
+pub(crate) fn baseline_pick(mode: Mode, pool: &PoolSnapshot, flow_hash: u64) -> Option<ServerId> {
+    match mode {
+        Mode::Hash => pick_modulo(&pool.servers, flow_hash),
+        Mode::Maglev | Mode::Cheetah => pool.maglev.lookup(flow_hash),
+    }
+}
+
+impl Ipv4Layout {
+    #[inline]
+    pub(crate) fn of(l3: usize, ip: &Ipv4Packet<&[u8]>) -> Self {
+        Ipv4Layout {
+            l3,
+            l4: l3 + ip.header_len(),
+            end: l3 + ip.total_len(),
+            src: ip.src(),
+            dst: ip.dst(),
+        }
+    }
 }
 
 impl Worker {
@@ -99,12 +155,19 @@ impl Worker {
                 fallback: FallbackTable::with_capacity(config.fallback_capacity),
                 icmp_copies: TokenBucket::new(config.icmp_copy_rate, config.icmp_copy_burst),
                 counters: Arc::new(WorkerCounters::default()),
+                fast_path: true,
             },
             shared,
             snapshot: Arc::new(Snapshot::empty()),
         };
         worker.install(snapshot);
         worker
+    }
+
+    /// Turns the established-client fast path off or on; the verdicts and bytes must be the
+    /// same either way (differential tests use this).
+    pub fn set_fast_path(&mut self, enabled: bool) {
+        self.state.fast_path = enabled;
     }
 
     pub fn counters(&self) -> &Arc<WorkerCounters> {
@@ -195,9 +258,17 @@ impl Worker {
     #[inline]
     pub fn process(&mut self, packet: &mut [u8], now: Nanos) -> Verdict {
         self.tick(now);
-        let verdict = self.classify(packet, now);
+        let fast = if self.state.fast_path {
+            self.state
+                .client_established_fast(&self.snapshot, &self.shared, packet)
+        } else {
+            None
+        };
+        let verdict = match fast {
+            Some(verdict) => verdict,
+            None => self.classify(packet, now),
+        };
         let counters = &self.state.counters;
-        counters.inc(Counter::Packets);
         match verdict {
             Verdict::ToServer(_) => counters.inc(Counter::ToServer),
             Verdict::ToClient => counters.inc(Counter::ToClient),
@@ -224,74 +295,97 @@ impl Worker {
             _ => return Verdict::Pass,
         }
         let src_mac = frame.src_mac();
-        let (layout, protocol, src, dst, fragment) = match Ipv4Packet::new_checked(&packet[l3..]) {
-            Ok(ip) => (
-                Ipv4Layout {
-                    l3,
-                    l4: l3 + ip.header_len(),
-                    end: l3 + ip.total_len(),
-                },
-                ip.protocol(),
-                ip.src(),
-                ip.dst(),
-                ip.is_fragment(),
-            ),
+        let (layout, protocol, fragment) = match Ipv4Packet::new_checked(&packet[l3..]) {
+            Ok(ip) => (Ipv4Layout::of(l3, &ip), ip.protocol(), ip.is_fragment()),
             Err(reason) => return Verdict::Drop(reason),
         };
+        let (src, dst) = (layout.src, layout.dst);
         let snapshot = &*self.snapshot;
         let shared = &*self.shared;
-        if snapshot.is_vip_addr(dst) {
+        // The common case first, one index lookup per direction: a TCP segment to a VIP
+        // port, or a reply from a server.
+        if protocol == ip_proto::TCP && !fragment && layout.l4 + 4 <= layout.end {
+            let src_port = read_u16(packet, layout.l4);
+            let dst_port = read_u16(packet, layout.l4 + 2);
+            if let Some(vip) = snapshot.vip_index(dst, dst_port) {
+                return self
+                    .state
+                    .client_tcp(snapshot, shared, packet, layout, vip, now);
+            }
+            let sender = match snapshot.forwarding {
+                Forwarding::L2 => snapshot.vip_index(src, src_port).map(|vip| {
+                    snapshot.server_by_mac(&src_mac).map(|server| Sender {
+                        server,
+                        vip,
+                        nat: false,
+                    })
+                }),
+                Forwarding::Nat => snapshot.nat_backend(src, src_port).map(|(server, vip)| {
+                    Some(Sender {
+                        server,
+                        vip,
+                        nat: true,
+                    })
+                }),
+            };
+            match sender {
+                Some(Some(sender)) => {
+                    return self
+                        .state
+                        .server_tcp(snapshot, shared, packet, layout, sender, now)
+                }
+                Some(None) => return Verdict::Drop(DropReason::UnknownServerSource),
+                None => {}
+            }
+        }
+        self.classify_rest(packet, layout, protocol, fragment, &src_mac, now)
+    }
+
+    /// Everything but the common TCP case: ICMP errors, unsupported traffic to a VIP,
+    /// malformed segments, and what belongs to the host.
+    #[cold]
+    fn classify_rest(
+        &mut self,
+        packet: &mut [u8],
+        layout: Ipv4Layout,
+        protocol: u8,
+        fragment: bool,
+        src_mac: &crate::types::Mac,
+        now: Nanos,
+    ) -> Verdict {
+        let snapshot = &*self.snapshot;
+        let shared = &*self.shared;
+        let tcp_reason =
+            |packet: &[u8]| match TcpSegment::new_checked(&packet[layout.l4..layout.end]) {
+                Ok(_) => DropReason::VipPortUnknown,
+                Err(reason) => reason,
+            };
+        if snapshot.is_vip_addr(layout.dst) {
             if fragment {
                 return Verdict::Drop(DropReason::UnsupportedFragment);
             }
             return match protocol {
-                ip_proto::TCP => self
-                    .state
-                    .client_tcp(snapshot, shared, packet, layout, src, dst, now),
+                ip_proto::TCP => Verdict::Drop(tcp_reason(packet)),
                 ip_proto::ICMP => self
                     .state
-                    .client_icmp(snapshot, shared, packet, layout, dst, now),
+                    .client_icmp(snapshot, shared, packet, layout, now),
                 ip_proto::UDP => Verdict::Drop(DropReason::UnsupportedUdp),
                 _ => Verdict::Drop(DropReason::UnsupportedProtocol),
             };
         }
-        match snapshot.forwarding {
-            Forwarding::L2 if snapshot.is_vip_addr(src) => {
-                let Some(server) = snapshot.server_by_mac(&src_mac) else {
-                    return Verdict::Drop(DropReason::UnknownServerSource);
-                };
-                if fragment {
-                    return Verdict::Drop(DropReason::UnsupportedFragment);
-                }
-                match protocol {
-                    ip_proto::TCP => self
-                        .state
-                        .server_tcp(snapshot, shared, packet, layout, server, None, now),
-                    _ => Verdict::ToClient,
-                }
+        if snapshot.forwarding == Forwarding::L2 && snapshot.is_vip_addr(layout.src) {
+            if snapshot.server_by_mac(src_mac).is_none() {
+                return Verdict::Drop(DropReason::UnknownServerSource);
             }
-            Forwarding::Nat if protocol == ip_proto::TCP && !fragment => {
-                let Some(src_port) = packet
-                    .get(layout.l4..layout.l4 + 2)
-                    .map(|p| u16::from_be_bytes([p[0], p[1]]))
-                else {
-                    return Verdict::Pass;
-                };
-                match snapshot.nat_backend(src, src_port) {
-                    Some((server, vip)) => self.state.server_tcp(
-                        snapshot,
-                        shared,
-                        packet,
-                        layout,
-                        server,
-                        Some(vip),
-                        now,
-                    ),
-                    None => Verdict::Pass,
-                }
+            if fragment {
+                return Verdict::Drop(DropReason::UnsupportedFragment);
             }
-            _ => Verdict::Pass,
+            return match protocol {
+                ip_proto::TCP => Verdict::Drop(tcp_reason(packet)),
+                _ => Verdict::ToClient,
+            };
         }
+        Verdict::Pass
     }
 
     #[cold]

@@ -230,8 +230,8 @@ impl LoadView {
         self.servers[id.index()].active.max(0) as u64
     }
 
-    /// Packets exchanged with `id`: the process-wide total at the last merge plus this
-    /// worker's packets since.
+    /// Packets exchanged with `id`: the process-wide total at the last merge (this worker's
+    /// own packets included from its next merge on).
     #[inline]
     pub fn packets(&self, id: ServerId) -> u64 {
         self.servers[id.index()].packets
@@ -384,9 +384,8 @@ impl WorkerLoads {
         let pending = self.pending_mut(id);
         pending.packets += 1;
         pending.bytes += bytes;
-        let viewed = &mut self.view.servers[id.index()];
-        viewed.packets += 1;
-        viewed.bytes += bytes;
+        // The view's packet and byte totals move at merges only: the policies use rates
+        // computed at merges, and this keeps a second cache line off the per-packet path.
     }
 
     #[inline]

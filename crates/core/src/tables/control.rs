@@ -270,6 +270,7 @@ impl ControlPlane {
         record.removed_at = Some(now);
         for vip in &mut next.vips {
             vip.members.retain(|(m, _)| *m != sid);
+            vip.departed.retain(|m| *m != sid);
         }
         self.commit(next)?;
         self.shared.loads.reset(sid);
@@ -360,6 +361,7 @@ impl ControlPlane {
             return Err(ConfigError::new("weight", "weight must be at least 1").into());
         }
         next.vips[index].members.push((sid, weight));
+        next.vips[index].departed.retain(|m| *m != sid);
         self.commit(next)
     }
 
@@ -376,6 +378,7 @@ impl ControlPlane {
                 "server {id} is not in the pool of {vip}"
             )));
         }
+        next.vips[index].departed.push(sid);
         self.commit(next)
     }
 
@@ -450,6 +453,7 @@ impl ControlPlane {
                         v.metric,
                     )),
                     members: v.members.clone(),
+                    departed: v.departed.clone(),
                     backend_port: v.backend_port,
                 }
             })
@@ -483,7 +487,7 @@ impl Draft {
         if forwarding == Forwarding::Nat {
             let mut owners: BTreeMap<(u32, u16), usize> = BTreeMap::new();
             for (i, vip) in self.vips.iter().enumerate() {
-                for (id, _) in &vip.members {
+                for id in vip.members.iter().map(|m| &m.0).chain(&vip.departed) {
                     let dip = self.servers[id].dip;
                     if let Some(other) = owners.insert((dip, vip.backend_port), i) {
                         if other != i {

@@ -5,6 +5,7 @@
 //! per packet to notice a new generation and never locks.
 
 pub mod control;
+pub mod index;
 pub mod servers;
 pub mod snapshot;
 

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use rustc_hash::FxHashMap;
 
+use super::index::FlatIndex;
 use super::servers::AllServers;
 use crate::config::{Forwarding, Mode};
 use crate::policy::{PolicyKind, PoolSnapshot};
@@ -22,6 +22,8 @@ pub struct VipEntry {
     pub pool: Arc<PoolSnapshot>,
     /// Every configured member with its weight, draining ones included.
     pub members: Vec<(ServerId, u32)>,
+    /// Servers that left the pool but still serve their connections.
+    pub departed: Vec<ServerId>,
     /// Server-side port in NAT mode.
     pub backend_port: u16,
 }
@@ -46,12 +48,12 @@ pub struct Snapshot {
     pub forwarding: Forwarding,
     pub servers: AllServers,
     pub vips: Vec<VipEntry>,
-    vip_by_addr_port: FxHashMap<u64, u16>,
-    vip_addrs: FxHashMap<u32, ()>,
+    vip_by_addr_port: FlatIndex<u16>,
+    vip_addrs: FlatIndex<()>,
     vip_addrs_v6: Vec<Ipv6Addr>,
-    server_by_mac: FxHashMap<u64, ServerId>,
+    server_by_mac: FlatIndex<ServerId>,
     /// `(DIP << 16 | backend port)` -> (server, VIP index), for NAT replies.
-    nat_backends: FxHashMap<u64, (ServerId, u16)>,
+    nat_backends: FlatIndex<(ServerId, u16)>,
 }
 
 #[inline]
@@ -74,42 +76,40 @@ impl Snapshot {
         servers: AllServers,
         vips: Vec<VipEntry>,
     ) -> Self {
-        let mut snapshot = Snapshot {
-            generation,
-            mode,
-            forwarding,
-            servers,
-            vips,
-            vip_by_addr_port: FxHashMap::default(),
-            vip_addrs: FxHashMap::default(),
-            vip_addrs_v6: Vec::new(),
-            server_by_mac: FxHashMap::default(),
-            nat_backends: FxHashMap::default(),
-        };
-        for (index, vip) in snapshot.vips.iter().enumerate() {
+        let mut by_addr_port = Vec::new();
+        let mut addrs = Vec::new();
+        let mut vip_addrs_v6 = Vec::new();
+        let mut nat_backends = Vec::new();
+        for (index, vip) in vips.iter().enumerate() {
             match vip.address {
                 IpAddr::V4(a) => {
                     let a = u32::from(a);
-                    snapshot
-                        .vip_by_addr_port
-                        .insert(addr_port(a, vip.port), index as u16);
-                    snapshot.vip_addrs.insert(a, ());
-                    for (id, _) in &vip.members {
-                        let dip = snapshot.servers.get(*id).dip;
-                        snapshot
-                            .nat_backends
-                            .insert(addr_port(dip, vip.backend_port), (*id, index as u16));
+                    by_addr_port.push((addr_port(a, vip.port), index as u16));
+                    addrs.push((a as u64, ()));
+                    for id in vip.members.iter().map(|m| &m.0).chain(&vip.departed) {
+                        let dip = servers.get(*id).dip;
+                        nat_backends.push((addr_port(dip, vip.backend_port), (*id, index as u16)));
                     }
                 }
-                IpAddr::V6(a) => snapshot.vip_addrs_v6.push(a),
+                IpAddr::V6(a) => vip_addrs_v6.push(a),
             }
         }
-        for (id, slot) in snapshot.servers.iter() {
-            if slot.has_mac {
-                snapshot.server_by_mac.insert(mac_key(&slot.mac), id);
-            }
+        let by_mac = servers
+            .iter()
+            .filter(|(_, slot)| slot.has_mac)
+            .map(|(id, slot)| (mac_key(&slot.mac), id));
+        Snapshot {
+            generation,
+            mode,
+            forwarding,
+            vip_by_addr_port: FlatIndex::build(by_addr_port),
+            vip_addrs: FlatIndex::build(addrs),
+            vip_addrs_v6,
+            server_by_mac: FlatIndex::build(by_mac),
+            nat_backends: FlatIndex::build(nat_backends),
+            servers,
+            vips,
         }
-        snapshot
     }
 
     /// An empty snapshot: no servers, no VIPs (everything passes to the host).
@@ -126,13 +126,13 @@ impl Snapshot {
     /// Index of the IPv4 TCP VIP at `addr:port`.
     #[inline]
     pub fn vip_index(&self, addr: u32, port: u16) -> Option<u16> {
-        self.vip_by_addr_port.get(&addr_port(addr, port)).copied()
+        self.vip_by_addr_port.get(addr_port(addr, port))
     }
 
     /// Whether `addr` is the address of any VIP (on any port).
     #[inline]
     pub fn is_vip_addr(&self, addr: u32) -> bool {
-        self.vip_addrs.contains_key(&addr)
+        self.vip_addrs.contains(addr as u64)
     }
 
     pub fn is_vip_addr_v6(&self, addr: &Ipv6Addr) -> bool {
@@ -142,13 +142,13 @@ impl Snapshot {
     /// The server whose NIC has this MAC (l2 replies).
     #[inline]
     pub fn server_by_mac(&self, mac: &Mac) -> Option<ServerId> {
-        self.server_by_mac.get(&mac_key(mac)).copied()
+        self.server_by_mac.get(mac_key(mac))
     }
 
     /// The server and VIP a NAT reply from `dip:port` belongs to.
     #[inline]
     pub fn nat_backend(&self, dip: u32, port: u16) -> Option<(ServerId, u16)> {
-        self.nat_backends.get(&addr_port(dip, port)).copied()
+        self.nat_backends.get(addr_port(dip, port))
     }
 
     pub fn vip(&self, index: u16) -> &VipEntry {

@@ -87,6 +87,18 @@ pub fn update_u32(checksum: u16, old: u32, new: u32) -> u16 {
     !fold(acc)
 }
 
+/// [`update`] for one 32-bit field at any offset, without the byte loop: the hot path
+/// rewrites TSval and TSecr this way, and the option walk may put them at odd offsets.
+#[inline]
+pub fn update_u32_at(checksum: u16, odd_offset: bool, old: u32, new: u32) -> u16 {
+    if !odd_offset {
+        return update_u32(checksum, old, new);
+    }
+    let delta =
+        fold((!(old >> 16) as u16) as u32 + (!(old as u16)) as u32 + (new >> 16) + (new & 0xffff));
+    !fold((!checksum) as u32 + delta.swap_bytes() as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +179,9 @@ mod tests {
         fn word_helpers_equal_byte_update(csum in any::<u16>(), old in any::<u32>(), new in any::<u32>()) {
             let via_bytes = update(csum, false, &old.to_be_bytes(), &new.to_be_bytes());
             prop_assert_eq!(fold(update_u32(csum, old, new) as u32), fold(via_bytes as u32));
+            let via_bytes_odd = update(csum, true, &old.to_be_bytes(), &new.to_be_bytes());
+            prop_assert_eq!(fold(update_u32_at(csum, true, old, new) as u32), fold(via_bytes_odd as u32));
+            prop_assert_eq!(update_u32_at(csum, false, old, new), update_u32(csum, old, new));
             let via_bytes16 = update(csum, false, &(old as u16).to_be_bytes(), &(new as u16).to_be_bytes());
             prop_assert_eq!(update_u16(csum, old as u16, new as u16), via_bytes16);
         }

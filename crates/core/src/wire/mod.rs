@@ -30,22 +30,24 @@ pub mod ip_proto {
     pub const ICMPV6: u8 = 58;
 }
 
-#[inline]
+// One bounds check and one load per field.
+
+#[inline(always)]
 pub(crate) fn read_u16(buf: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([buf[at], buf[at + 1]])
+    u16::from_be_bytes(buf[at..at + 2].try_into().unwrap())
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn read_u32(buf: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]])
+    u32::from_be_bytes(buf[at..at + 4].try_into().unwrap())
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn write_u16(buf: &mut [u8], at: usize, value: u16) {
     buf[at..at + 2].copy_from_slice(&value.to_be_bytes());
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn write_u32(buf: &mut [u8], at: usize, value: u32) {
     buf[at..at + 4].copy_from_slice(&value.to_be_bytes());
 }

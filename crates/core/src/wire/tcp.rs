@@ -104,15 +104,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> TcpSegment<T> {
         let buf = self.buffer.as_mut();
         let old = read_u32(buf, at);
         if old == value {
+            // Leave even a 0xffff checksum byte-identical (eqn. 3 would turn it into 0).
             return;
         }
         write_u32(buf, at, value);
-        let sum = checksum::update(
-            read_u16(buf, field::CHECKSUM),
-            at % 2 == 1,
-            &old.to_be_bytes(),
-            &value.to_be_bytes(),
-        );
+        let sum = checksum::update_u32_at(read_u16(buf, field::CHECKSUM), at % 2 == 1, old, value);
         write_u16(buf, field::CHECKSUM, sum);
     }
 

@@ -3,6 +3,8 @@
 //! Everything here builds real wire bytes with correct checksums, so what the pipeline is
 //! tested on is what a Linux stack would send.
 
+pub mod churn;
+
 use crate::config::{Forwarding, LbConfig, Mode, ServerConfig, VipConfig};
 use crate::policy::PolicyKind;
 use crate::types::{format_mac, Mac};
@@ -72,7 +74,7 @@ pub mod options {
     }
 
     fn pad(mut v: Vec<u8>) -> Vec<u8> {
-        while v.len() % 4 != 0 {
+        while !v.len().is_multiple_of(4) {
             v.push(kind::END);
         }
         v

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building and testing cheetah needs on a fresh Debian 12 machine.
+# Idempotent: already-present tools are left alone.
+set -euo pipefail
+
+need_apt=()
+command -v cc >/dev/null || need_apt+=(build-essential)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+command -v valgrind >/dev/null || need_apt+=(valgrind)
+# `cheetah sim` draws its plots' text with this font (no fontconfig/freetype needed).
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: need root to install: ${need_apt[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    echo "setup: cargo not found; install Rust (rustup) first" >&2
+    exit 1
+  fi
+fi
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
