@@ -1,0 +1,947 @@
+//! Shared test vectors: the core's exact output for chosen packets, as files another data
+//! path (the XDP program, in C) can be held to byte for byte.
+//!
+//! The inputs are defined here with `testkit`; the expected outputs are what the core
+//! produced when the files were last regenerated. By default this test LOADS the committed
+//! files under `testdata/vectors/`, checks that their inputs are still the ones defined here,
+//! and runs every vector through a fresh pipeline comparing verdict and bytes. With
+//! `CHEETAH_REGEN_VECTORS=1` it rewrites the files from the core's current output instead
+//! (review the diff: a changed output is a behaviour change). See docs/test-vectors.md.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cheetah_core::config::{Forwarding, LbConfig, Mode, VipConfig};
+use cheetah_core::cookie::tcp_ts;
+use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
+use cheetah_core::lb::{Worker, WorkerConfig};
+use cheetah_core::policy::PolicyKind;
+use cheetah_core::tables::ControlPlane;
+use cheetah_core::testkit::{self, options, TcpFrame};
+use cheetah_core::types::{ServerId, NANOS_PER_SEC};
+use cheetah_core::verdict::Verdict;
+use cheetah_core::wire::tcp::flags;
+use cheetah_core::wire::{checksum, ip_proto};
+use serde::{Deserialize, Serialize};
+
+/// One file of vectors: `vectors.toml` of a suite.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VectorFile {
+    /// Servers removed through the control plane (at time 0) before every vector, for
+    /// states the config file cannot express. The XDP side marks them removed in its
+    /// server table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    removed_servers: Vec<u16>,
+    vector: Vec<Vector>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Vector {
+    name: String,
+    description: String,
+    now_ns: u64,
+    /// Per-server timestamp MSB (M) imported into the MSB table before the packet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    msb_state: Vec<MsbEntry>,
+    /// Packets processed first, on the same worker (their verdicts are checked too).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    prelude: Vec<PreludePacket>,
+    packet_in: String,
+    verdict: String,
+    packet_out: String,
+    /// For `to_all_servers`: each copy after `prepare_copy`, in `copy_targets` order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    copies: Vec<CopyOut>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MsbEntry {
+    server: u16,
+    msb: u16,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PreludePacket {
+    now_ns: u64,
+    packet_in: String,
+    verdict: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CopyOut {
+    server: u16,
+    packet_out: String,
+}
+
+/// A vector's input as defined in code.
+struct Input {
+    name: &'static str,
+    description: &'static str,
+    msb: Vec<(u16, u16)>,
+    prelude: Vec<Vec<u8>>,
+    packet: Vec<u8>,
+}
+
+fn input(name: &'static str, description: &'static str, packet: Vec<u8>) -> Input {
+    Input {
+        name,
+        description,
+        msb: Vec::new(),
+        prelude: Vec::new(),
+        packet,
+    }
+}
+
+impl Input {
+    fn msb(mut self, server: u16, msb: u16) -> Self {
+        self.msb.push((server, msb));
+        self
+    }
+
+    fn after(mut self, packet: Vec<u8>) -> Self {
+        self.prelude.push(packet);
+        self
+    }
+}
+
+struct Suite {
+    name: &'static str,
+    config: LbConfig,
+    removed_servers: Vec<u16>,
+    inputs: Vec<Input>,
+}
+
+/// All vectors run at this time; preludes at one millisecond steps before it.
+const NOW: u64 = 10 * NANOS_PER_SEC;
+const PRELUDE_STEP: u64 = 1_000_000;
+const SECRET: Secret = Secret([
+    0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
+]);
+const CLIENT_PORT: u16 = 40_000;
+const BACKEND_PORT: u16 = 8080;
+const CLIENT_TS: u32 = 0x0102_0304;
+/// The server's clock: M = 0x1234 (even).
+const SERVER_TS: u32 = 0x1234_5678;
+const M: u16 = 0x1234;
+const ROUTER: u32 = 0x0a09_0001;
+
+fn client() -> u32 {
+    testkit::client_ip(7)
+}
+
+fn flow_hash(vip_port: u16) -> u64 {
+    FlowHasher::new(&SECRET).hash(&FlowKey {
+        client_ip: client(),
+        vip_ip: testkit::VIP,
+        client_port: CLIENT_PORT,
+        vip_port,
+        protocol: ip_proto::TCP,
+    })
+}
+
+/// The timestamp a client echoes: `server`'s cookie with version bit `version` and the
+/// given low 16 bits.
+fn cookie_ts(server: u16, version: u16, low: u16) -> u32 {
+    let cookie = tcp_ts::encode(ServerId(server), flow_hash(testkit::VIP_PORT), version);
+    tcp_ts::insert(u32::from(low), cookie)
+}
+
+fn from_client(flags: u8, options: Vec<u8>) -> TcpFrame {
+    TcpFrame::from_client(client(), CLIENT_PORT, flags, options)
+}
+
+fn from_server(nat: bool, server: u16, flags: u8, options: Vec<u8>) -> TcpFrame {
+    if nat {
+        TcpFrame {
+            src_port: BACKEND_PORT,
+            ..TcpFrame::from_server_nat(server, client(), CLIENT_PORT, flags, options)
+        }
+    } else {
+        TcpFrame::from_server_l2(server, client(), CLIENT_PORT, flags, options)
+    }
+}
+
+fn client_ack(tsecr: u32) -> Vec<u8> {
+    from_client(
+        flags::ACK | flags::PSH,
+        options::nop_nop_ts(CLIENT_TS + 1, tsecr),
+    )
+    .with_payload(b"GET / HTTP/1.1\r\n\r\n")
+    .build()
+}
+
+/// What the client received from the VIP, cookie in TSval (quoted by ICMP errors).
+fn seen_by_client(server: u16) -> Vec<u8> {
+    TcpFrame::from_server_l2(
+        server,
+        client(),
+        CLIENT_PORT,
+        flags::ACK,
+        options::nop_nop_ts(cookie_ts(server, 0, 0x5678), CLIENT_TS + 1),
+    )
+    .with_payload(&[0x42; 100])
+    .build()
+}
+
+fn refill_ipv4_checksum(frame: &mut [u8], l3: usize) {
+    let ihl = usize::from(frame[l3] & 0x0f) * 4;
+    frame[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
+    let sum = checksum::compute(&frame[l3..l3 + ihl]);
+    frame[l3 + 10..l3 + 12].copy_from_slice(&sum.to_be_bytes());
+}
+
+fn syn(options: Vec<u8>) -> Vec<u8> {
+    from_client(flags::SYN, options).build()
+}
+
+fn linux_syn() -> Vec<u8> {
+    syn(options::linux_syn(CLIENT_TS, 0))
+}
+
+fn vlan_tagged(frame: &[u8]) -> Vec<u8> {
+    let mut tagged = frame[..12].to_vec();
+    tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x2a]);
+    tagged.extend_from_slice(&frame[12..]);
+    tagged
+}
+
+fn arp() -> Vec<u8> {
+    let mut frame = vec![0xff; 6];
+    frame.extend_from_slice(&testkit::CLIENT_MAC);
+    frame.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    frame.extend_from_slice(&testkit::CLIENT_MAC);
+    frame.extend_from_slice(&client().to_be_bytes());
+    frame.extend_from_slice(&[0; 6]);
+    frame.extend_from_slice(&testkit::VIP.to_be_bytes());
+    frame
+}
+
+/// An IPv6 TCP SYN from 2001:db8::7 to the suite's IPv6 VIP.
+fn ipv6_syn() -> Vec<u8> {
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&testkit::LB_MAC);
+    frame.extend_from_slice(&testkit::CLIENT_MAC);
+    frame.extend_from_slice(&[0x86, 0xdd]);
+    frame.extend_from_slice(&[0x60, 0, 0, 0, 0, 20, ip_proto::TCP, 64]);
+    frame.extend_from_slice(
+        &"2001:db8::7"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets(),
+    );
+    frame.extend_from_slice(&IPV6_VIP.parse::<std::net::Ipv6Addr>().unwrap().octets());
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&CLIENT_PORT.to_be_bytes());
+    tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
+    tcp[12] = 0x50;
+    tcp[13] = flags::SYN;
+    frame.extend_from_slice(&tcp);
+    frame
+}
+
+const IPV6_VIP: &str = "2001:db8::100";
+
+/// The malformed-packet classes every mode detects before it looks at TCP options.
+fn malformed_common() -> Vec<Input> {
+    let good = linux_syn();
+    let mut bad_ihl = good.clone();
+    bad_ihl[14] = 0x44;
+    refill_ipv4_checksum(&mut bad_ihl, 14);
+    let mut bad_total = good.clone();
+    bad_total[16..18].copy_from_slice(&((good.len() - 14 + 1) as u16).to_be_bytes());
+    refill_ipv4_checksum(&mut bad_total, 14);
+    // IPv4 total length covering only 10 bytes of TCP.
+    let mut short_tcp = good[..14 + 20 + 10].to_vec();
+    short_tcp[16..18].copy_from_slice(&30u16.to_be_bytes());
+    refill_ipv4_checksum(&mut short_tcp, 14);
+    let mut bad_offset = good.clone();
+    bad_offset[14 + 20 + 12] = 0xf0;
+    let mut fragment = good.clone();
+    fragment[20] = 0x20; // more fragments, offset 0
+    refill_ipv4_checksum(&mut fragment, 14);
+    let mut udp = good.clone();
+    udp[23] = ip_proto::UDP;
+    refill_ipv4_checksum(&mut udp, 14);
+    let mut other_port = from_client(flags::SYN, options::linux_syn(CLIENT_TS, 0));
+    other_port.dst_port = 8443;
+    vec![
+        input(
+            "truncated-ethernet",
+            "10 bytes: shorter than an Ethernet header.",
+            good[..10].to_vec(),
+        ),
+        input(
+            "truncated-ipv4",
+            "Ethernet header and 10 bytes of IPv4.",
+            good[..24].to_vec(),
+        ),
+        input(
+            "bad-ipv4-header-length",
+            "IHL 4 (16 bytes), below the minimum of 5.",
+            bad_ihl,
+        ),
+        input(
+            "bad-ipv4-total-length",
+            "IPv4 total length one byte past the end of the frame.",
+            bad_total,
+        ),
+        input(
+            "truncated-tcp",
+            "IPv4 total length leaves only 10 bytes of TCP header.",
+            short_tcp,
+        ),
+        input(
+            "bad-tcp-data-offset",
+            "TCP data offset 15 (60 bytes) runs past the segment.",
+            bad_offset,
+        ),
+        input(
+            "unsupported-fragment",
+            "A first fragment (MF set) of a SYN to the VIP.",
+            fragment,
+        ),
+        input(
+            "unsupported-udp",
+            "UDP to the VIP address (protocol byte of the SYN changed to 17).",
+            udp,
+        ),
+        input(
+            "vip-port-unknown",
+            "A SYN to the VIP address on port 8443, where no VIP is configured.",
+            other_port.build(),
+        ),
+        input(
+            "arp",
+            "An ARP request for the VIP: passed to the host.",
+            arp(),
+        ),
+        input(
+            "vlan-tagged-syn",
+            "A Linux SYN with an 802.1Q tag (VLAN 42): balanced like an untagged one, tag kept.",
+            vlan_tagged(&good),
+        ),
+    ]
+}
+
+/// Option-level malformations: only cheetah mode walks the options.
+fn malformed_options() -> Vec<Input> {
+    let with = |opts: Vec<u8>| from_client(flags::ACK, opts).build();
+    vec![
+        input(
+            "tcp-option-truncated",
+            "Options NOP NOP NOP MSS: the last kind has no length byte.",
+            with(vec![1, 1, 1, 2]),
+        ),
+        input(
+            "tcp-option-bad-length",
+            "Options MSS with length 1.",
+            with(vec![2, 1, 0, 0]),
+        ),
+        input(
+            "tcp-option-overrun",
+            "Options MSS with length 8 in a 4-byte option area.",
+            with(vec![2, 8, 0, 0]),
+        ),
+        input(
+            "bad-timestamp-option-length",
+            "Options: a TS option with length 8 instead of 10 (fits the option area).",
+            with(vec![8, 8, 0, 0, 0, 0, 0, 0]),
+        ),
+    ]
+}
+
+/// Table 1's MSS NOP NOP TS SAckOK EOL (no testkit builder for it).
+fn mss_nop_nop_ts(tsval: u32, tsecr: u32) -> Vec<u8> {
+    let mut o = vec![2, 4, 0x05, 0xb4, 1, 1, 8, 10];
+    o.extend_from_slice(&tsval.to_be_bytes());
+    o.extend_from_slice(&tsecr.to_be_bytes());
+    o.extend_from_slice(&[4, 2, 0, 0]);
+    o
+}
+
+/// Cheetah mode: SYN layouts, cookies both ways, ICMP, FIN/RST, and the failure cases.
+fn cheetah_inputs(nat: bool) -> Vec<Input> {
+    let mut bad_sum = client_ack(cookie_ts(2, 0, 0x5678));
+    bad_sum[14 + 20 + 16] ^= 0x5a;
+    let mut inputs = vec![
+        input(
+            "syn-linux",
+            "Table 1 SYN: MSS SAckOK TS NOP WS. New connection, round-robin picks the first server.",
+            linux_syn(),
+        ),
+        input(
+            "syn-apple",
+            "Table 1 SYN: MSS NOP WS NOP NOP TS SAckOK EOL (macOS/iOS).",
+            syn(options::apple_syn(CLIENT_TS, 0)),
+        ),
+        input(
+            "syn-mss-nop-ws-sackok-ts",
+            "Table 1 SYN: MSS NOP WS SAckOK TS.",
+            syn(options::mss_nop_ws_sackok_ts(CLIENT_TS, 0)),
+        ),
+        input(
+            "syn-mss-nop-nop-ts",
+            "Table 1 SYN: MSS NOP NOP TS SAckOK EOL.",
+            syn(mss_nop_nop_ts(CLIENT_TS, 0)),
+        ),
+        input(
+            "syn-ts-first",
+            "SYN with TS first then NOPs: not a Table 1 layout, found by the option walk.",
+            syn(options::ts_first(CLIENT_TS, 0)),
+        ),
+        input(
+            "syn-no-timestamps",
+            "Windows SYN without timestamps: fallback, the VIP's Maglev table picks the server.",
+            syn(options::windows_syn()),
+        ),
+        input(
+            "no-timestamps-ack-after-syn",
+            "ACK without timestamps after the SYN on the same worker: the fallback table routes it.",
+            from_client(flags::ACK, Vec::new()).build(),
+        )
+        .after(syn(options::windows_syn())),
+        input(
+            "established-cookie-version-0",
+            "Client ACK echoing server 2's cookie, version bit 0, M = 0x1234: TSecr restored to 0x1234xxxx.",
+            client_ack(cookie_ts(2, 0, 0x5678)),
+        )
+        .msb(2, M),
+        input(
+            "established-cookie-version-1",
+            "Client ACK echoing server 2's cookie, version bit 1, M = 0x1234: TSecr restored to M - 1 = 0x1233xxxx.",
+            client_ack(cookie_ts(2, 1, 0xfff0)),
+        )
+        .msb(2, M),
+        input(
+            "established-bad-tcp-checksum",
+            "The version-0 client ACK with its TCP checksum corrupted: forwarded, the checksum stays exactly as wrong.",
+            bad_sum,
+        )
+        .msb(2, M),
+        input(
+            "client-fin",
+            "Client FIN-ACK with server 2's cookie: routed by cookie like any packet.",
+            from_client(
+                flags::FIN | flags::ACK,
+                options::nop_nop_ts(CLIENT_TS + 2, cookie_ts(2, 0, 0x5678)),
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "client-rst-without-timestamps",
+            "Client RST without options: no cookie, unknown to the fallback table, Maglev picks.",
+            from_client(flags::RST, Vec::new()).build(),
+        ),
+        input(
+            "forged-cookie",
+            "TSecr carrying a cookie for server 77, which does not exist.",
+            client_ack(cookie_ts(77, 0, 0x5678)),
+        )
+        .msb(2, M),
+        input(
+            "msb-unknown",
+            "A valid cookie of server 2, but server 2's M was never learnt nor imported.",
+            client_ack(cookie_ts(2, 0, 0x5678)),
+        ),
+        input(
+            "server-syn-ack",
+            "Server 2's Linux SYN-ACK: TSval's 16 MSB replaced by the cookie, M learnt.",
+            from_server(
+                nat,
+                2,
+                flags::SYN | flags::ACK,
+                options::linux_syn(SERVER_TS, CLIENT_TS),
+            )
+            .build(),
+        ),
+        input(
+            "server-syn-ack-apple-layout",
+            "Table 1 SYN-ACK: MSS NOP WS NOP NOP TS SAckOK EOL from server 2: cookie inserted.",
+            from_server(
+                nat,
+                2,
+                flags::SYN | flags::ACK,
+                options::apple_syn(SERVER_TS, CLIENT_TS),
+            )
+            .build(),
+        ),
+        input(
+            "server-syn-ack-mss-nop-ws-sackok-ts",
+            "Table 1 SYN-ACK: MSS NOP WS SAckOK TS from server 2: cookie inserted.",
+            from_server(
+                nat,
+                2,
+                flags::SYN | flags::ACK,
+                options::mss_nop_ws_sackok_ts(SERVER_TS, CLIENT_TS),
+            )
+            .build(),
+        ),
+        input(
+            "server-syn-ack-mss-nop-nop-ts",
+            "Table 1 SYN-ACK: MSS NOP NOP TS SAckOK EOL from server 2: cookie inserted.",
+            from_server(nat, 2, flags::SYN | flags::ACK, mss_nop_nop_ts(SERVER_TS, CLIENT_TS))
+                .build(),
+        ),
+        input(
+            "server-data",
+            "Server 2's data segment with NOP NOP TS: cookie inserted.",
+            from_server(
+                nat,
+                2,
+                flags::ACK | flags::PSH,
+                options::nop_nop_ts(SERVER_TS + 1, CLIENT_TS + 1),
+            )
+            .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
+            .build(),
+        ),
+        input(
+            "server-syn-ack-odd-offset",
+            "Server 2's SYN-ACK with MSS WS TS: TSval at an odd offset, checksum updated with swapped bytes.",
+            from_server(
+                nat,
+                2,
+                flags::SYN | flags::ACK,
+                options::odd_offset_ts(SERVER_TS + 2, CLIENT_TS),
+            )
+            .build(),
+        ),
+        input(
+            "server-fin",
+            "Server 2's FIN-ACK: cookie inserted, connection counted closed.",
+            from_server(
+                nat,
+                2,
+                flags::FIN | flags::ACK,
+                options::nop_nop_ts(SERVER_TS + 3, CLIENT_TS + 2),
+            )
+            .build(),
+        ),
+        input(
+            "server-rst",
+            "Server 2's RST without options: nothing to put a cookie in.",
+            from_server(nat, 2, flags::RST, Vec::new()).build(),
+        ),
+        input(
+            "icmp-frag-needed-cookie",
+            "ICMP fragmentation-needed quoting IP, TCP and options of a packet carrying server 2's cookie: routed to server 2, quoted TSval restored.",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 20 + 32 + 8),
+        )
+        .msb(2, M),
+        input(
+            "icmp-frag-needed-8-bytes",
+            "ICMP fragmentation-needed quoting only IP and 8 bytes of TCP: no cookie, copied to every active server.",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 28),
+        ),
+    ];
+    inputs.extend(malformed_common());
+    inputs.extend(malformed_options());
+    inputs
+}
+
+/// Hash and Maglev modes: every packet of a connection goes where the hash says.
+fn baseline_inputs() -> Vec<Input> {
+    let mut bad_sum = client_ack(CLIENT_TS);
+    bad_sum[14 + 20 + 16] ^= 0x5a;
+    let mut inputs = vec![
+        input("syn-linux", "A Linux SYN: the hash picks the server.", linux_syn()),
+        input(
+            "established-ack",
+            "A client ACK of the same connection: same server, TSecr untouched (no cookie).",
+            client_ack(0x2222_3333),
+        ),
+        input(
+            "established-bad-tcp-checksum",
+            "The ACK with a corrupted TCP checksum: forwarded, checksum unchanged.",
+            bad_sum,
+        ),
+        input(
+            "server-syn-ack",
+            "Server 2's SYN-ACK: to the client unchanged (no cookie in this mode).",
+            from_server(
+                false,
+                2,
+                flags::SYN | flags::ACK,
+                options::linux_syn(SERVER_TS, CLIENT_TS),
+            )
+            .build(),
+        ),
+        input(
+            "icmp-frag-needed",
+            "ICMP fragmentation-needed about the connection: routed by the hash of the quoted ports.",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 28),
+        ),
+        input(
+            "options-not-parsed",
+            "An ACK with malformed options: this mode never walks options, so it is forwarded.",
+            from_client(flags::ACK, vec![2, 1, 0, 0]).build(),
+        ),
+        input(
+            "unknown-server-source",
+            "A packet from the VIP address whose source MAC is no server's.",
+            TcpFrame {
+                src_mac: [0x02, 0, 0, 0x09, 0, 0x09],
+                ..from_server(false, 2, flags::ACK, Vec::new())
+            }
+            .build(),
+        ),
+    ];
+    inputs.extend(malformed_common());
+    inputs
+}
+
+fn with_ipv6_vip(mut config: LbConfig) -> LbConfig {
+    config.vips.push(VipConfig {
+        address: IPV6_VIP.parse().unwrap(),
+        port: 80,
+        policy: PolicyKind::RoundRobin,
+        load_metric: None,
+        backend_port: None,
+        servers: vec![1, 2, 3],
+        weights: Default::default(),
+    });
+    config
+}
+
+fn suites() -> Vec<Suite> {
+    let mut l2 = cheetah_inputs(false);
+    l2.push(input(
+        "unsupported-ipv6",
+        "An IPv6 SYN to the suite's IPv6 VIP 2001:db8::100.",
+        ipv6_syn(),
+    ));
+    l2.push(input(
+        "unknown-server-source",
+        "A packet from the VIP address whose source MAC is no server's.",
+        TcpFrame {
+            src_mac: [0x02, 0, 0, 0x09, 0, 0x09],
+            ..from_server(false, 2, flags::ACK, options::nop_nop_ts(SERVER_TS, 0))
+        }
+        .build(),
+    ));
+    let mut nat = cheetah_inputs(true);
+    nat.push(input(
+        "unknown-source-passes",
+        "In NAT mode a reply from an address:port that is no backend is not ours: passed.",
+        TcpFrame {
+            src_ip: 0x0a01_0063,
+            ..from_server(true, 2, flags::ACK, options::nop_nop_ts(SERVER_TS, 0))
+        }
+        .build(),
+    ));
+    let mut nat_config = testkit::config(Mode::Cheetah, Forwarding::Nat, PolicyKind::RoundRobin, 3);
+    nat_config.vips[0].backend_port = Some(BACKEND_PORT);
+    vec![
+        Suite {
+            name: "l2-cheetah",
+            config: with_ipv6_vip(testkit::config(
+                Mode::Cheetah,
+                Forwarding::L2,
+                PolicyKind::RoundRobin,
+                3,
+            )),
+            removed_servers: Vec::new(),
+            inputs: l2,
+        },
+        Suite {
+            name: "nat-cheetah",
+            config: nat_config,
+            removed_servers: Vec::new(),
+            inputs: nat,
+        },
+        Suite {
+            name: "l2-hash",
+            config: testkit::config(Mode::Hash, Forwarding::L2, PolicyKind::Hash, 3),
+            removed_servers: Vec::new(),
+            inputs: baseline_inputs(),
+        },
+        Suite {
+            name: "l2-maglev",
+            config: testkit::config(Mode::Maglev, Forwarding::L2, PolicyKind::Maglev, 3),
+            removed_servers: Vec::new(),
+            inputs: baseline_inputs(),
+        },
+        Suite {
+            name: "l2-cheetah-removed",
+            config: testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 3),
+            removed_servers: vec![3],
+            inputs: vec![
+                input(
+                    "cookie-server-removed",
+                    "A client ACK echoing the cookie of server 3, which was removed.",
+                    client_ack(cookie_ts(3, 0, 0x5678)),
+                )
+                .msb(3, M),
+                input(
+                    "server-removed",
+                    "A reply from removed server 3 (known by its MAC).",
+                    from_server(false, 3, flags::ACK, options::nop_nop_ts(SERVER_TS, 0)).build(),
+                ),
+                input(
+                    "syn-skips-removed-server",
+                    "A new connection: round-robin over the servers left (1 and 2).",
+                    linux_syn(),
+                ),
+            ],
+        },
+    ]
+}
+
+fn verdict_name(verdict: Verdict) -> String {
+    match verdict {
+        Verdict::ToServer(server) => format!("to_server:{}", server.0),
+        Verdict::ToClient => "to_client".into(),
+        Verdict::ToAllServers { vip } => format!("to_all_servers:{vip}"),
+        Verdict::Pass => "pass".into(),
+        Verdict::Drop(reason) => format!("drop:{}", reason.name()),
+    }
+}
+
+/// Runs one vector's input through a fresh pipeline, as the files describe it.
+fn run(config: &LbConfig, secret: &Secret, removed: &[u16], input: &Vector) -> Vector {
+    let mut plane = ControlPlane::new(config, secret).expect("suite config is valid");
+    for id in removed {
+        plane.remove_server(*id, 0).expect("removable server");
+    }
+    let msb: Vec<_> = input
+        .msb_state
+        .iter()
+        .map(|e| (ServerId(e.server), e.msb))
+        .collect();
+    plane.shared().msb.import(&msb);
+    let mut worker = Worker::new(Arc::clone(plane.shared()), WorkerConfig::new(0, 1, config));
+    let prelude = input
+        .prelude
+        .iter()
+        .map(|p| {
+            let mut packet = hex::decode(&p.packet_in).unwrap();
+            PreludePacket {
+                verdict: verdict_name(worker.process(&mut packet, p.now_ns)),
+                ..p.clone()
+            }
+        })
+        .collect();
+    let mut packet = hex::decode(&input.packet_in).unwrap();
+    let original = packet.clone();
+    let verdict = worker.process(&mut packet, input.now_ns);
+    let copies = match verdict {
+        Verdict::ToAllServers { vip } => worker
+            .copy_targets(vip)
+            .to_vec()
+            .into_iter()
+            .map(|server| {
+                let mut copy = original.clone();
+                worker.prepare_copy(&mut copy, vip, server);
+                CopyOut {
+                    server: server.0,
+                    packet_out: hex::encode(copy),
+                }
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    Vector {
+        prelude,
+        verdict: verdict_name(verdict),
+        packet_out: hex::encode(packet),
+        copies,
+        ..input.clone()
+    }
+}
+
+/// The vector file a suite's code definitions describe, outputs left empty.
+fn defined(suite: &Suite) -> VectorFile {
+    VectorFile {
+        removed_servers: suite.removed_servers.clone(),
+        vector: suite
+            .inputs
+            .iter()
+            .map(|i| Vector {
+                name: i.name.into(),
+                description: i.description.into(),
+                now_ns: NOW,
+                msb_state: i
+                    .msb
+                    .iter()
+                    .map(|&(server, msb)| MsbEntry { server, msb })
+                    .collect(),
+                prelude: i
+                    .prelude
+                    .iter()
+                    .enumerate()
+                    .map(|(n, p)| PreludePacket {
+                        now_ns: NOW - (i.prelude.len() - n) as u64 * PRELUDE_STEP,
+                        packet_in: hex::encode(p),
+                        verdict: String::new(),
+                    })
+                    .collect(),
+                packet_in: hex::encode(&i.packet),
+                verdict: String::new(),
+                packet_out: String::new(),
+                copies: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
+/// The inputs of a vector file, outputs blanked, to compare with the definitions.
+fn inputs_only(file: &VectorFile) -> VectorFile {
+    VectorFile {
+        removed_servers: file.removed_servers.clone(),
+        vector: file
+            .vector
+            .iter()
+            .map(|v| Vector {
+                prelude: v
+                    .prelude
+                    .iter()
+                    .map(|p| PreludePacket {
+                        verdict: String::new(),
+                        ..p.clone()
+                    })
+                    .collect(),
+                verdict: String::new(),
+                packet_out: String::new(),
+                copies: Vec::new(),
+                ..v.clone()
+            })
+            .collect(),
+    }
+}
+
+fn vectors_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/vectors")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; regenerate with CHEETAH_REGEN_VECTORS=1 (docs/test-vectors.md)",
+            path.display()
+        )
+    })
+}
+
+const HEADER: &str = "# Generated by crates/core/tests/vectors.rs (CHEETAH_REGEN_VECTORS=1); \
+see docs/test-vectors.md.\n# packet_in/packet_out are whole Ethernet frames in hex; \
+packet_out is the buffer after Worker::process.\n\n";
+
+fn regenerate(suite: &Suite, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let config_text = toml::to_string_pretty(&suite.config).unwrap();
+    // What is written must read back as the same config.
+    assert_eq!(LbConfig::from_toml(&config_text).unwrap(), suite.config);
+    std::fs::write(dir.join("config.toml"), config_text).unwrap();
+    std::fs::write(dir.join("secret.hex"), format!("{}\n", SECRET.to_hex())).unwrap();
+    let defined = defined(suite);
+    let file = VectorFile {
+        removed_servers: defined.removed_servers.clone(),
+        vector: defined
+            .vector
+            .iter()
+            .map(|v| run(&suite.config, &SECRET, &suite.removed_servers, v))
+            .collect(),
+    };
+    let text = format!("{HEADER}{}", toml::to_string_pretty(&file).unwrap());
+    std::fs::write(dir.join("vectors.toml"), text).unwrap();
+}
+
+#[test]
+fn vectors_match_the_core_byte_for_byte() {
+    let regen = std::env::var("CHEETAH_REGEN_VECTORS").is_ok_and(|v| v == "1");
+    let mut failures = Vec::new();
+    for suite in suites() {
+        let dir = vectors_dir().join(suite.name);
+        if regen {
+            regenerate(&suite, &dir);
+        }
+        let config = LbConfig::from_toml(&read(&dir.join("config.toml")))
+            .unwrap_or_else(|e| panic!("{}: {e}", suite.name));
+        let secret = Secret::from_hex(&read(&dir.join("secret.hex"))).expect("secret.hex");
+        let file: VectorFile = toml::from_str(&read(&dir.join("vectors.toml")))
+            .unwrap_or_else(|e| panic!("{}/vectors.toml: {e}", suite.name));
+        assert_eq!(
+            (&config, secret),
+            (&suite.config, SECRET),
+            "{}: config or secret differ from the definitions; regenerate",
+            suite.name
+        );
+        assert_eq!(
+            inputs_only(&file),
+            defined(&suite),
+            "{}: vector inputs differ from the definitions in tests/vectors.rs; regenerate",
+            suite.name
+        );
+        for vector in &file.vector {
+            let got = run(&config, &secret, &file.removed_servers, vector);
+            if got != *vector {
+                failures.push(format!(
+                    "{}/{}: expected {} {}\n{:>width$}got {} {}",
+                    suite.name,
+                    vector.name,
+                    vector.verdict,
+                    vector.packet_out,
+                    "",
+                    got.verdict,
+                    got.packet_out,
+                    width = suite.name.len() + vector.name.len() + 3
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} vector(s) differ from the core's output:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Every verdict the vectors promise to cover appears, so that a regeneration that
+/// silently turned, say, the forged cookie into something else is noticed.
+#[test]
+fn vectors_cover_every_promised_verdict() {
+    let mut seen = std::collections::BTreeSet::new();
+    for suite in suites() {
+        let text = read(&vectors_dir().join(suite.name).join("vectors.toml"));
+        let file: VectorFile = toml::from_str(&text).unwrap();
+        for v in file.vector {
+            seen.insert(format!("{}: {}", suite.name, v.verdict));
+            seen.insert(v.verdict);
+        }
+    }
+    for expected in [
+        "to_client",
+        "to_all_servers:0",
+        "pass",
+        "drop:cookie_unknown_server",
+        "drop:cookie_server_removed",
+        "drop:server_removed",
+        "drop:ts_msb_unknown",
+        "drop:truncated_ethernet",
+        "drop:truncated_ipv4",
+        "drop:bad_ipv4_header_length",
+        "drop:bad_ipv4_total_length",
+        "drop:truncated_tcp",
+        "drop:bad_tcp_data_offset",
+        "drop:tcp_option_truncated",
+        "drop:tcp_option_bad_length",
+        "drop:tcp_option_overrun",
+        "drop:bad_timestamp_option_length",
+        "drop:unsupported_fragment",
+        "drop:unsupported_udp",
+        "drop:unsupported_ipv6",
+        "drop:vip_port_unknown",
+        "drop:unknown_server_source",
+        "nat-cheetah: to_all_servers:0",
+        "l2-hash: to_client",
+        "l2-maglev: to_client",
+    ] {
+        assert!(seen.contains(expected), "no vector has verdict {expected}");
+    }
+}
