@@ -13,10 +13,11 @@
 use super::cookie_stage::route_by_cookie;
 use super::counters::Counter;
 use super::shared::LbShared;
-use super::worker::{baseline_pick, Ipv4Layout, WorkerState};
-use crate::config::Mode;
+use super::worker::{baseline_pick, Ipv4Layout, Sender, WorkerState};
+use crate::config::{Forwarding, Mode};
 use crate::hash::FlowKey;
 use crate::tables::Snapshot;
+use crate::types::{Mac, Nanos};
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::tcp::flags::SYN;
 use crate::wire::{read_u16, read_u32, TcpSegment};
@@ -62,23 +63,51 @@ fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u8)> {
 }
 
 impl WorkerState {
+    /// Established traffic in both directions: a client segment to a VIP port is routed
+    /// here; a reply from a server goes straight to the server path with the layout and
+    /// sender found here, skipping the general classifier.
     #[inline(always)]
-    pub(crate) fn client_established_fast(
+    pub(crate) fn established_fast(
         &mut self,
         snapshot: &Snapshot,
         shared: &LbShared,
         packet: &mut [u8],
+        now: Nanos,
     ) -> Option<Verdict> {
         let (layout, flags) = plain_ipv4_tcp(packet)?;
         let l4 = layout.l4;
+        let src_port = read_u16(packet, l4);
+        let dst_port = read_u16(packet, l4 + 2);
+        let Some(vip_index) = snapshot.vip_index(layout.dst, dst_port) else {
+            // Not to a VIP: a server's reply, found exactly as the general classifier does.
+            let sender = match snapshot.forwarding {
+                Forwarding::L2 => {
+                    let vip = snapshot.vip_index(layout.src, src_port)?;
+                    let mac: Mac = packet[6..12].try_into().unwrap();
+                    Sender {
+                        server: snapshot.server_by_mac(&mac)?,
+                        vip,
+                        nat: false,
+                    }
+                }
+                Forwarding::Nat => {
+                    let (server, vip) = snapshot.nat_backend(layout.src, src_port)?;
+                    Sender {
+                        server,
+                        vip,
+                        nat: true,
+                    }
+                }
+            };
+            self.counters.inc(Counter::FastPath);
+            return Some(self.server_tcp(snapshot, shared, packet, layout, sender, now));
+        };
         let cheetah = snapshot.mode == Mode::Cheetah;
         if cheetah && (flags & SYN != 0 || read_u32(packet, l4 + 20) != NOP_NOP_TS) {
             return None;
         }
-        let (client_ip, vip_ip) = (layout.src, layout.dst);
-        let client_port = read_u16(packet, l4);
-        let vip_port = read_u16(packet, l4 + 2);
-        let vip_index = snapshot.vip_index(vip_ip, vip_port)?;
+        let (client_ip, vip_ip, client_port, vip_port) =
+            (layout.src, layout.dst, src_port, dst_port);
         let hash = shared
             .hasher
             .hash(&FlowKey::tcp(client_ip, client_port, vip_ip, vip_port));

@@ -260,7 +260,7 @@ impl Worker {
         self.tick(now);
         let fast = if self.state.fast_path {
             self.state
-                .client_established_fast(&self.snapshot, &self.shared, packet)
+                .established_fast(&self.snapshot, &self.shared, packet, now)
         } else {
             None
         };
