@@ -14,11 +14,10 @@ pub mod beamer;
 pub mod bucket_table;
 pub mod cheetah;
 pub mod faild;
-pub mod hash;
-pub mod maglev;
 pub mod ring;
 pub mod shell;
 pub mod stateful;
+pub mod stateless;
 
 use cheetah_core::policy::{LoadView, PickContext, Policy, PolicyKind, PolicyRng, PoolSnapshot};
 use cheetah_core::{Nanos, ServerId};
@@ -275,8 +274,8 @@ impl LbSpec {
         let servers = servers.max(1) as u32;
         match *self {
             LbSpec::Cheetah { policy } => Box::new(cheetah::Cheetah::new(policy)),
-            LbSpec::Hash => Box::new(hash::PlainHash::default()),
-            LbSpec::Maglev => Box::new(maglev::StatelessMaglev::default()),
+            LbSpec::Hash => Box::new(stateless::Stateless::new(PolicyKind::Hash)),
+            LbSpec::Maglev => Box::new(stateless::Stateless::new(PolicyKind::Maglev)),
             LbSpec::Ring { vnodes } => Box::new(ring::Ring::new(vnodes)),
             LbSpec::Beamer {
                 buckets_per_server,
