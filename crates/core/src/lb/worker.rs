@@ -373,6 +373,12 @@ impl Worker {
                 _ => Verdict::Drop(DropReason::UnsupportedProtocol),
             };
         }
+        if snapshot.forwarding == Forwarding::Nat
+            && protocol == ip_proto::TCP
+            && snapshot.removed_server_at(layout.src).is_some()
+        {
+            return Verdict::Drop(DropReason::ServerRemoved);
+        }
         if snapshot.forwarding == Forwarding::L2 && snapshot.is_vip_addr(layout.src) {
             if snapshot.server_by_mac(src_mac).is_none() {
                 return Verdict::Drop(DropReason::UnknownServerSource);

@@ -54,6 +54,9 @@ pub struct Snapshot {
     server_by_mac: FlatIndex<ServerId>,
     /// `(DIP << 16 | backend port)` -> (server, VIP index), for NAT replies.
     nat_backends: FlatIndex<(ServerId, u16)>,
+    /// DIPs of removed servers, so their late NAT replies are dropped and counted rather
+    /// than handed to the host untranslated.
+    removed_dips: FlatIndex<ServerId>,
 }
 
 #[inline]
@@ -107,6 +110,12 @@ impl Snapshot {
             vip_addrs_v6,
             server_by_mac: FlatIndex::build(by_mac),
             nat_backends: FlatIndex::build(nat_backends),
+            removed_dips: FlatIndex::build(
+                servers
+                    .iter()
+                    .filter(|(_, slot)| slot.state == super::servers::SlotState::Removed)
+                    .map(|(id, slot)| (slot.dip as u64, id)),
+            ),
             servers,
             vips,
         }
@@ -149,6 +158,12 @@ impl Snapshot {
     #[inline]
     pub fn nat_backend(&self, dip: u32, port: u16) -> Option<(ServerId, u16)> {
         self.nat_backends.get(addr_port(dip, port))
+    }
+
+    /// The removed server whose DIP this is, if no current backend claims the reply.
+    #[inline]
+    pub fn removed_server_at(&self, dip: u32) -> Option<ServerId> {
+        self.removed_dips.get(dip as u64)
     }
 
     pub fn vip(&self, index: u16) -> &VipEntry {
