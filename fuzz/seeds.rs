@@ -12,8 +12,8 @@ use cheetah_core::hash::{FlowHasher, FlowKey};
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::testkit::{self, options, TcpFrame};
 use cheetah_core::types::ServerId;
+use cheetah_core::wire::ip_proto;
 use cheetah_core::wire::tcp::flags;
-use cheetah_core::wire::{checksum, ip_proto};
 
 use super::harness::{Action, InputBuilder, Setup, IPV6_VIP};
 
@@ -48,54 +48,11 @@ fn from_server(forwarding: Forwarding, server: u16, flags: u8, options: Vec<u8>)
     }
 }
 
-/// Inserts an 802.1Q tag (VLAN 42) after the MAC addresses.
-pub fn vlan_tagged(frame: &[u8]) -> Vec<u8> {
-    let mut tagged = frame[..12].to_vec();
-    tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x2a]);
-    tagged.extend_from_slice(&frame[12..]);
-    tagged
-}
-
-/// An IPv6 TCP SYN to `dst` (only classified, never balanced).
-pub fn ipv6_syn(dst: std::net::Ipv6Addr) -> Vec<u8> {
-    let mut frame = Vec::new();
-    frame.extend_from_slice(&testkit::LB_MAC);
-    frame.extend_from_slice(&testkit::CLIENT_MAC);
-    frame.extend_from_slice(&[0x86, 0xdd]);
-    frame.extend_from_slice(&[0x60, 0, 0, 0, 0, 20, ip_proto::TCP, 64]);
-    frame.extend_from_slice(
-        &"2001:db8::7"
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets(),
-    );
-    frame.extend_from_slice(&dst.octets());
-    let mut tcp = [0u8; 20];
-    tcp[0..2].copy_from_slice(&CLIENT_PORT.to_be_bytes());
-    tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
-    tcp[12] = 0x50;
-    tcp[13] = flags::SYN;
-    frame.extend_from_slice(&tcp);
-    frame
-}
-
-/// An ARP request (passed to the host).
-pub fn arp() -> Vec<u8> {
-    let mut frame = vec![0xff; 6];
-    frame.extend_from_slice(&testkit::CLIENT_MAC);
-    frame.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
-    frame.extend_from_slice(&testkit::CLIENT_MAC);
-    frame.extend_from_slice(&client().to_be_bytes());
-    frame.extend_from_slice(&[0; 6]);
-    frame.extend_from_slice(&testkit::VIP.to_be_bytes());
-    frame
-}
-
 /// A client -> VIP UDP datagram.
 pub fn udp_to_vip() -> Vec<u8> {
     let mut frame = TcpFrame::from_client(client(), CLIENT_PORT, flags::SYN, Vec::new()).build();
     frame[23] = ip_proto::UDP;
-    refill_ipv4_checksum(&mut frame, 14);
+    testkit::refill_ipv4_checksum(&mut frame, 14);
     frame
 }
 
@@ -103,16 +60,8 @@ pub fn udp_to_vip() -> Vec<u8> {
 pub fn fragment_to_vip() -> Vec<u8> {
     let mut frame = syn(options::linux_syn(CLIENT_TS, 0));
     frame[20] |= 0x20;
-    refill_ipv4_checksum(&mut frame, 14);
+    testkit::refill_ipv4_checksum(&mut frame, 14);
     frame
-}
-
-/// Recomputes the IPv4 header checksum of a frame whose header starts at `l3`.
-pub fn refill_ipv4_checksum(frame: &mut [u8], l3: usize) {
-    let ihl = usize::from(frame[l3] & 0x0f) * 4;
-    frame[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
-    let sum = checksum::compute(&frame[l3..l3 + ihl]);
-    frame[l3 + 10..l3 + 12].copy_from_slice(&sum.to_be_bytes());
 }
 
 fn syn(options: Vec<u8>) -> Vec<u8> {
@@ -254,9 +203,9 @@ fn odd_packets(setup: Setup) -> Vec<u8> {
         other_port,
         udp_to_vip(),
         fragment_to_vip(),
-        arp(),
-        ipv6_syn(IPV6_VIP),
-        vlan_tagged(&good),
+        testkit::arp_request(client()),
+        testkit::ipv6_syn(CLIENT_PORT, IPV6_VIP),
+        testkit::vlan_tagged(&good),
         from_server(setup.forwarding, 9, flags::ACK, options::nop_nop_ts(1, 2)).build(),
     ] {
         builder = builder.packet(0, 0, &packet);

@@ -659,10 +659,7 @@ fn icmp_errors_follow_the_cookie_or_go_to_every_server_rate_limited() {
 #[test]
 fn traffic_that_is_not_for_a_vip_goes_to_the_host_and_unsupported_traffic_is_counted() {
     let mut lb = Lb::with(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 2);
-    let mut arp = vec![0xffu8; 6];
-    arp.extend_from_slice(&testkit::CLIENT_MAC);
-    arp.extend_from_slice(&[0x08, 0x06]);
-    arp.extend_from_slice(&[0u8; 28]);
+    let mut arp = testkit::arp_request(testkit::client_ip(1));
     assert_eq!(lb.process(0, &mut arp, 1), Verdict::Pass);
     let mut other = TcpFrame::from_client(testkit::client_ip(1), 1000, SYN, vec![]);
     other.dst_ip = 0x0a00_0001;

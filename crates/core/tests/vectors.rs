@@ -20,8 +20,8 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame};
 use cheetah_core::types::{ServerId, NANOS_PER_SEC};
 use cheetah_core::verdict::Verdict;
+use cheetah_core::wire::ip_proto;
 use cheetah_core::wire::tcp::flags;
-use cheetah_core::wire::{checksum, ip_proto};
 use serde::{Deserialize, Serialize};
 
 /// One file of vectors: `vectors.toml` of a suite.
@@ -188,60 +188,12 @@ fn seen_by_client(server: u16) -> Vec<u8> {
     .build()
 }
 
-fn refill_ipv4_checksum(frame: &mut [u8], l3: usize) {
-    let ihl = usize::from(frame[l3] & 0x0f) * 4;
-    frame[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
-    let sum = checksum::compute(&frame[l3..l3 + ihl]);
-    frame[l3 + 10..l3 + 12].copy_from_slice(&sum.to_be_bytes());
-}
-
 fn syn(options: Vec<u8>) -> Vec<u8> {
     from_client(flags::SYN, options).build()
 }
 
 fn linux_syn() -> Vec<u8> {
     syn(options::linux_syn(CLIENT_TS, 0))
-}
-
-fn vlan_tagged(frame: &[u8]) -> Vec<u8> {
-    let mut tagged = frame[..12].to_vec();
-    tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x2a]);
-    tagged.extend_from_slice(&frame[12..]);
-    tagged
-}
-
-fn arp() -> Vec<u8> {
-    let mut frame = vec![0xff; 6];
-    frame.extend_from_slice(&testkit::CLIENT_MAC);
-    frame.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
-    frame.extend_from_slice(&testkit::CLIENT_MAC);
-    frame.extend_from_slice(&client().to_be_bytes());
-    frame.extend_from_slice(&[0; 6]);
-    frame.extend_from_slice(&testkit::VIP.to_be_bytes());
-    frame
-}
-
-/// An IPv6 TCP SYN from 2001:db8::7 to the suite's IPv6 VIP.
-fn ipv6_syn() -> Vec<u8> {
-    let mut frame = Vec::new();
-    frame.extend_from_slice(&testkit::LB_MAC);
-    frame.extend_from_slice(&testkit::CLIENT_MAC);
-    frame.extend_from_slice(&[0x86, 0xdd]);
-    frame.extend_from_slice(&[0x60, 0, 0, 0, 0, 20, ip_proto::TCP, 64]);
-    frame.extend_from_slice(
-        &"2001:db8::7"
-            .parse::<std::net::Ipv6Addr>()
-            .unwrap()
-            .octets(),
-    );
-    frame.extend_from_slice(&IPV6_VIP.parse::<std::net::Ipv6Addr>().unwrap().octets());
-    let mut tcp = [0u8; 20];
-    tcp[0..2].copy_from_slice(&CLIENT_PORT.to_be_bytes());
-    tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
-    tcp[12] = 0x50;
-    tcp[13] = flags::SYN;
-    frame.extend_from_slice(&tcp);
-    frame
 }
 
 const IPV6_VIP: &str = "2001:db8::100";
@@ -251,22 +203,22 @@ fn malformed_common() -> Vec<Input> {
     let good = linux_syn();
     let mut bad_ihl = good.clone();
     bad_ihl[14] = 0x44;
-    refill_ipv4_checksum(&mut bad_ihl, 14);
+    testkit::refill_ipv4_checksum(&mut bad_ihl, 14);
     let mut bad_total = good.clone();
     bad_total[16..18].copy_from_slice(&((good.len() - 14 + 1) as u16).to_be_bytes());
-    refill_ipv4_checksum(&mut bad_total, 14);
+    testkit::refill_ipv4_checksum(&mut bad_total, 14);
     // IPv4 total length covering only 10 bytes of TCP.
     let mut short_tcp = good[..14 + 20 + 10].to_vec();
     short_tcp[16..18].copy_from_slice(&30u16.to_be_bytes());
-    refill_ipv4_checksum(&mut short_tcp, 14);
+    testkit::refill_ipv4_checksum(&mut short_tcp, 14);
     let mut bad_offset = good.clone();
     bad_offset[14 + 20 + 12] = 0xf0;
     let mut fragment = good.clone();
     fragment[20] = 0x20; // more fragments, offset 0
-    refill_ipv4_checksum(&mut fragment, 14);
+    testkit::refill_ipv4_checksum(&mut fragment, 14);
     let mut udp = good.clone();
     udp[23] = ip_proto::UDP;
-    refill_ipv4_checksum(&mut udp, 14);
+    testkit::refill_ipv4_checksum(&mut udp, 14);
     let mut other_port = from_client(flags::SYN, options::linux_syn(CLIENT_TS, 0));
     other_port.dst_port = 8443;
     vec![
@@ -318,12 +270,12 @@ fn malformed_common() -> Vec<Input> {
         input(
             "arp",
             "An ARP request for the VIP: passed to the host.",
-            arp(),
+            testkit::arp_request(client()),
         ),
         input(
             "vlan-tagged-syn",
             "A Linux SYN with an 802.1Q tag (VLAN 42): balanced like an untagged one, tag kept.",
-            vlan_tagged(&good),
+            testkit::vlan_tagged(&good),
         ),
     ]
 }
@@ -613,7 +565,7 @@ fn suites() -> Vec<Suite> {
     l2.push(input(
         "unsupported-ipv6",
         "An IPv6 SYN to the suite's IPv6 VIP 2001:db8::100.",
-        ipv6_syn(),
+        testkit::ipv6_syn(CLIENT_PORT, IPV6_VIP.parse().unwrap()),
     ));
     l2.push(input(
         "unknown-server-source",

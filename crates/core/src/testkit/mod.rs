@@ -357,3 +357,50 @@ pub fn icmp_frag_needed(router: u32, quoted_frame: &[u8], quote_len: usize) -> V
         .fill_checksum();
     frame
 }
+
+/// Inserts an 802.1Q tag (VLAN 42) after the MAC addresses.
+pub fn vlan_tagged(frame: &[u8]) -> Vec<u8> {
+    let mut tagged = frame[..12].to_vec();
+    tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x2a]);
+    tagged.extend_from_slice(&frame[12..]);
+    tagged
+}
+
+/// A broadcast ARP request from the client at `sender_ip` for the VIP (passed to the host).
+pub fn arp_request(sender_ip: u32) -> Vec<u8> {
+    let mut frame = vec![0xff; 6];
+    frame.extend_from_slice(&CLIENT_MAC);
+    frame.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    frame.extend_from_slice(&CLIENT_MAC);
+    frame.extend_from_slice(&sender_ip.to_be_bytes());
+    frame.extend_from_slice(&[0; 6]);
+    frame.extend_from_slice(&VIP.to_be_bytes());
+    frame
+}
+
+/// An IPv6 TCP SYN from 2001:db8::7 (port `client_port`) to `dst` port 80.
+pub fn ipv6_syn(client_port: u16, dst: std::net::Ipv6Addr) -> Vec<u8> {
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&LB_MAC);
+    frame.extend_from_slice(&CLIENT_MAC);
+    frame.extend_from_slice(&[0x86, 0xdd]);
+    frame.extend_from_slice(&[0x60, 0, 0, 0, 0, 20, ip_proto::TCP, 64]);
+    frame.extend_from_slice(&std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7).octets());
+    frame.extend_from_slice(&dst.octets());
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&client_port.to_be_bytes());
+    tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
+    tcp[12] = 0x50;
+    tcp[13] = tcp::flags::SYN;
+    frame.extend_from_slice(&tcp);
+    frame
+}
+
+/// Recomputes the IPv4 header checksum of a frame whose header starts at `l3`, trusting
+/// its IHL even when other fields were made malformed on purpose.
+pub fn refill_ipv4_checksum(frame: &mut [u8], l3: usize) {
+    let ihl = usize::from(frame[l3] & 0x0f) * 4;
+    frame[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
+    let sum = crate::wire::checksum::compute(&frame[l3..l3 + ihl]);
+    frame[l3 + 10..l3 + 12].copy_from_slice(&sum.to_be_bytes());
+}
