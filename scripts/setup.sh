@@ -9,6 +9,12 @@ command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
 # `cheetah sim` draws its plots' text with this font (no fontconfig/freetype needed).
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+# The XDP program (bpf/) is built with clang against libbpf's headers; libbpf-sys links
+# libelf and zlib.
+command -v clang >/dev/null || need_apt+=(clang)
+[ -f /usr/include/bpf/bpf_helpers.h ] || need_apt+=(libbpf-dev)
+[ -f /usr/include/libelf.h ] || need_apt+=(libelf-dev)
+[ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: need root to install: ${need_apt[*]}" >&2

@@ -2,7 +2,9 @@
 
 mod bench;
 mod config;
+mod dataplane;
 mod replay;
+mod run;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -18,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the load balancer on real interfaces (AF_XDP), with its control API.
+    Run(run::Args),
     /// Run the pipeline over a pcap and write what the LB would have sent, with a
     /// per-packet verdict log.
     Replay(replay::Args),
@@ -35,6 +39,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Run(args) => run::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => sim::run(args),

@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// cheetah's XDP steering program: hands the packets the load balancer owns to its AF_XDP
+// sockets and everything else to the host kernel.
+//
+// Owned packets are IPv4 packets addressed to a VIP (client -> LB) and server replies
+// (l2: sent from a VIP address; nat: sent from a backend DIP:port). For server replies the
+// program also asks the kernel's FIB and neighbour table for the next hop toward the
+// client and leaves the answer in XDP metadata in front of the packet, so the userspace
+// data path never keeps its own routing state. When no socket is bound for the receiving
+// queue (the LB is restarting, or was killed), owned packets are dropped rather than passed:
+// the host kernel must never answer a load-balanced connection with a RST.
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#define AF_INET 2
+#define MAX_QUEUES 64
+#define MAX_INTERFACES 16
+
+// Keep in sync with crates/cheetah/src/dataplane/meta.rs.
+#define META_MAGIC 0xc4ee7a11
+#define META_TO_VIP (1u << 0)
+#define META_FROM_SERVER (1u << 1)
+#define META_FIB_OK (1u << 2)
+#define META_FIB_NO_NEIGH (1u << 3)
+#define META_FIB_FAILED (1u << 4)
+
+struct cheetah_meta {
+	__u32 magic;
+	__u32 flags;
+	__u32 ifindex;
+	__u8 dmac[6];
+	__u8 smac[6];
+};
+
+// Keep in sync with crates/cheetah/src/dataplane/xdp.rs.
+enum xdp_stat {
+	STAT_TO_SOCKET,
+	STAT_NO_SOCKET,
+	STAT_PASSED,
+	STAT_NO_METADATA_ROOM,
+	STAT_COUNT,
+};
+
+// Key: interface slot * MAX_QUEUES + rx queue. A socket only accepts frames from the
+// device and queue it is bound to, so each interface needs its own range of keys.
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, MAX_INTERFACES * MAX_QUEUES);
+	__type(key, __u32);
+	__type(value, __u32);
+} xsks SEC(".maps");
+
+// ifindex -> interface slot.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_INTERFACES);
+	__type(key, __u32);
+	__type(value, __u32);
+} interface_slots SEC(".maps");
+
+// VIP addresses (network byte order) -> unused.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u32);
+} vip_addrs SEC(".maps");
+
+struct backend_key {
+	__u32 addr; // network byte order
+	__u16 port; // network byte order
+	__u16 pad;
+};
+
+// NAT backends (DIP, port) -> unused. Empty in l2 forwarding.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct backend_key);
+	__type(value, __u32);
+} backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+static __always_inline void count(__u32 stat)
+{
+	__u64 *value = bpf_map_lookup_elem(&stats, &stat);
+
+	if (value)
+		*value += 1;
+}
+
+static __always_inline int pass(void)
+{
+	count(STAT_PASSED);
+	return XDP_PASS;
+}
+
+static __always_inline __u32 next_hop(struct xdp_md *ctx, struct iphdr *ip,
+				      struct cheetah_meta *meta)
+{
+	struct bpf_fib_lookup fib = {};
+	int rc;
+
+	fib.family = AF_INET;
+	fib.tos = ip->tos;
+	fib.l4_protocol = ip->protocol;
+	fib.tot_len = bpf_ntohs(ip->tot_len);
+	fib.ipv4_src = ip->saddr;
+	fib.ipv4_dst = ip->daddr;
+	fib.ifindex = ctx->ingress_ifindex;
+
+	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		meta->ifindex = fib.ifindex;
+		__builtin_memcpy(meta->dmac, fib.dmac, 6);
+		__builtin_memcpy(meta->smac, fib.smac, 6);
+		return META_FIB_OK;
+	}
+	meta->ifindex = fib.ifindex;
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		// The kernel resolves the neighbour when userspace asks it to; tell it whom.
+		__builtin_memcpy(meta->dmac, &fib.ipv4_dst, 4);
+		return META_FIB_NO_NEIGH;
+	}
+	meta->ifindex = rc;
+	return META_FIB_FAILED;
+}
+
+// Puts the direction and, for server replies, the next hop in front of the packet.
+static __always_inline int write_meta(struct xdp_md *ctx, __u32 flags)
+{
+	struct cheetah_meta *meta;
+	struct iphdr *ip;
+	void *data;
+
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct cheetah_meta)))
+		return 0;
+	meta = (void *)(long)ctx->data_meta;
+	data = (void *)(long)ctx->data;
+	if ((void *)(meta + 1) > data)
+		return 0;
+	ip = data + sizeof(struct ethhdr);
+	if ((void *)(ip + 1) > (void *)(long)ctx->data_end)
+		return 0;
+	__builtin_memset(meta, 0, sizeof(*meta));
+	if (flags & META_FROM_SERVER)
+		flags |= next_hop(ctx, ip, meta);
+	meta->magic = META_MAGIC;
+	meta->flags = flags;
+	return 1;
+}
+
+SEC("xdp")
+int cheetah_steer(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+	__u32 flags = 0;
+	__u32 ifindex = ctx->ingress_ifindex;
+	__u32 *slot;
+	__u32 key;
+	int action;
+
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return pass();
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
+		return pass();
+
+	if (bpf_map_lookup_elem(&vip_addrs, &ip->daddr)) {
+		flags = META_TO_VIP;
+	} else if (bpf_map_lookup_elem(&vip_addrs, &ip->saddr)) {
+		flags = META_FROM_SERVER;
+	} else if (ip->protocol == IPPROTO_TCP && ip->ihl >= 5) {
+		struct tcphdr *tcp = (void *)ip + ip->ihl * 4;
+		struct backend_key backend = {};
+
+		if ((void *)(tcp + 1) > data_end)
+			return pass();
+		backend.addr = ip->saddr;
+		backend.port = tcp->source;
+		if (!bpf_map_lookup_elem(&backends, &backend))
+			return pass();
+		flags = META_FROM_SERVER;
+	} else {
+		return pass();
+	}
+
+	slot = bpf_map_lookup_elem(&interface_slots, &ifindex);
+	if (!slot || ctx->rx_queue_index >= MAX_QUEUES) {
+		count(STAT_NO_SOCKET);
+		return XDP_DROP;
+	}
+	key = *slot * MAX_QUEUES + ctx->rx_queue_index;
+
+	if (!write_meta(ctx, flags))
+		count(STAT_NO_METADATA_ROOM);
+
+	// Lower bits of the flags are the action when no socket is bound: drop.
+	action = bpf_redirect_map(&xsks, key, XDP_DROP);
+	count(action == XDP_REDIRECT ? STAT_TO_SOCKET : STAT_NO_SOCKET);
+	return action;
+}
+
+char LICENSE[] SEC("license") = "GPL";

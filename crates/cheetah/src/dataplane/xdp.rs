@@ -1,0 +1,200 @@
+//! Loads the steering program (`bpf/xdp_lb.c`), fills its maps and attaches it.
+//!
+//! The program is attached with plain netlink (no bpf_link), so it outlives this process:
+//! after a crash or `kill -9` it keeps dropping VIP traffic instead of letting the host
+//! kernel answer it with RSTs, until the next `cheetah run` replaces it atomically.
+
+use std::net::Ipv4Addr;
+use std::os::fd::{AsFd, RawFd};
+
+use anyhow::{bail, Context};
+use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
+
+static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_lb.o"));
+
+/// Must match MAX_QUEUES and MAX_INTERFACES in the C program.
+pub const MAX_QUEUES: u32 = 64;
+pub const MAX_INTERFACES: usize = 16;
+
+/// Which XDP hook to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum XdpMode {
+    /// Driver mode where the interface supports it, generic (skb) mode otherwise.
+    #[default]
+    Auto,
+    Native,
+    Generic,
+}
+
+/// Counters kept by the XDP program itself (per CPU, summed here).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SteeringStats {
+    pub to_socket: u64,
+    /// Owned packets dropped because no socket was bound for their queue.
+    pub no_socket: u64,
+    pub passed_to_host: u64,
+    pub no_metadata_room: u64,
+}
+
+pub struct SteeringProgram {
+    object: Object,
+}
+
+impl SteeringProgram {
+    pub fn load() -> anyhow::Result<Self> {
+        let open = ObjectBuilder::default()
+            .open_memory(PROGRAM)
+            .context("cannot open the embedded XDP program")?;
+        let object = open
+            .load()
+            .context("the kernel refused the XDP program (needs root, BPF and XDP support)")?;
+        Ok(SteeringProgram { object })
+    }
+
+    fn map(&self, name: &str) -> libbpf_rs::Map<'_> {
+        self.object
+            .maps()
+            .find(|m| m.name() == name)
+            .unwrap_or_else(|| panic!("map {name} is missing from bpf/xdp_lb.c"))
+    }
+
+    pub fn set_interface_slot(&self, ifindex: u32, slot: u32) -> anyhow::Result<()> {
+        self.map("interface_slots")
+            .update(&ifindex.to_ne_bytes(), &slot.to_ne_bytes(), MapFlags::ANY)
+            .context("cannot update interface_slots")
+    }
+
+    pub fn add_vip_addr(&self, addr: Ipv4Addr) -> anyhow::Result<()> {
+        self.map("vip_addrs")
+            .update(&addr.octets(), &0u32.to_ne_bytes(), MapFlags::ANY)
+            .context("cannot update vip_addrs")
+    }
+
+    /// Replaces the set of NAT backends (DIP, port) whose packets are server replies.
+    pub fn set_backends(&self, backends: &[(Ipv4Addr, u16)]) -> anyhow::Result<()> {
+        let map = self.map("backends");
+        let wanted: Vec<[u8; 8]> = backends
+            .iter()
+            .map(|(addr, port)| backend_key(*addr, *port))
+            .collect();
+        for key in &wanted {
+            map.update(key, &0u32.to_ne_bytes(), MapFlags::ANY)
+                .context("cannot update backends")?;
+        }
+        let stale: Vec<Vec<u8>> = map
+            .keys()
+            .filter(|k| !wanted.iter().any(|w| w[..] == k[..]))
+            .collect();
+        for key in stale {
+            map.delete(&key).context("cannot delete from backends")?;
+        }
+        Ok(())
+    }
+
+    pub fn bind_socket(&self, slot: u32, queue: u32, fd: RawFd) -> anyhow::Result<()> {
+        let key = slot * MAX_QUEUES + queue;
+        self.map("xsks")
+            .update(
+                &key.to_ne_bytes(),
+                &(fd as u32).to_ne_bytes(),
+                MapFlags::ANY,
+            )
+            .with_context(|| format!("cannot put the socket for slot {slot} queue {queue} in xsks"))
+    }
+
+    /// Attaches (or atomically replaces whatever XDP program is there) and returns the mode
+    /// used.
+    pub fn attach(
+        &self,
+        ifname: &str,
+        ifindex: u32,
+        mode: XdpMode,
+    ) -> anyhow::Result<&'static str> {
+        let prog = self
+            .object
+            .progs()
+            .find(|p| p.name() == "cheetah_steer")
+            .expect("program cheetah_steer is missing from bpf/xdp_lb.c");
+        let xdp = Xdp::new(prog.as_fd());
+        let try_mode = |flags: XdpFlags| -> anyhow::Result<()> {
+            // A program attached in the other mode blocks this one: native and generic XDP
+            // cannot be active together. It is ours from an earlier run; take it off.
+            if xdp
+                .attach(ifindex as i32, XdpFlags::from_bits_retain(flags.bits()))
+                .is_err()
+            {
+                let _ = xdp.detach(ifindex as i32, XdpFlags::SKB_MODE);
+                let _ = xdp.detach(ifindex as i32, XdpFlags::DRV_MODE);
+                xdp.attach(ifindex as i32, flags)?;
+            }
+            Ok(())
+        };
+        match mode {
+            XdpMode::Native => try_mode(XdpFlags::DRV_MODE)
+                .with_context(|| format!("interface {ifname}: native XDP attach failed"))
+                .map(|_| "native"),
+            XdpMode::Generic => try_mode(XdpFlags::SKB_MODE)
+                .with_context(|| format!("interface {ifname}: generic XDP attach failed"))
+                .map(|_| "generic"),
+            XdpMode::Auto => match try_mode(XdpFlags::DRV_MODE) {
+                Ok(()) => Ok("native"),
+                Err(native) => {
+                    tracing::warn!(interface = ifname, error = %native, "native XDP unavailable, using generic mode");
+                    try_mode(XdpFlags::SKB_MODE)
+                        .with_context(|| format!("interface {ifname}: XDP attach failed"))
+                        .map(|_| "generic")
+                }
+            },
+        }
+    }
+
+    pub fn stats(&self) -> SteeringStats {
+        let map = self.map("stats");
+        let sum = |index: u32| -> u64 {
+            map.lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
+                .ok()
+                .flatten()
+                .map(|values| {
+                    values
+                        .iter()
+                        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap()))
+                        .sum()
+                })
+                .unwrap_or(0)
+        };
+        SteeringStats {
+            to_socket: sum(0),
+            no_socket: sum(1),
+            passed_to_host: sum(2),
+            no_metadata_room: sum(3),
+        }
+    }
+}
+
+fn backend_key(addr: Ipv4Addr, port: u16) -> [u8; 8] {
+    let mut key = [0u8; 8];
+    key[..4].copy_from_slice(&addr.octets());
+    key[4..6].copy_from_slice(&port.to_be_bytes());
+    key
+}
+
+/// Takes any XDP program off `ifindex` (both modes).
+pub fn detach(ifname: &str, ifindex: u32) -> anyhow::Result<()> {
+    let program = SteeringProgram::load()?;
+    let prog = program
+        .object
+        .progs()
+        .find(|p| p.name() == "cheetah_steer")
+        .expect("program cheetah_steer is missing");
+    let xdp = Xdp::new(prog.as_fd());
+    let native = xdp.detach(ifindex as i32, XdpFlags::DRV_MODE);
+    let generic = xdp.detach(ifindex as i32, XdpFlags::SKB_MODE);
+    if native.is_err() && generic.is_err() {
+        bail!(
+            "interface {ifname}: cannot detach XDP: {}",
+            native.unwrap_err()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! `cheetah run`: the load balancer daemon on real interfaces.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use cheetah_core::config::Forwarding;
+use cheetah_core::hash::Secret;
+use cheetah_core::lb::{LbShared, Worker, WorkerConfig};
+use cheetah_core::tables::{ControlPlane, SlotState};
+
+use crate::config::{read_secret, DaemonConfig, FileConfig};
+use crate::dataplane::worker_loop::{Clock, DataPath};
+use crate::dataplane::xdp::{self, SteeringProgram};
+use crate::dataplane::xsk::WorkerPorts;
+use crate::dataplane::{Interface, IoCounters};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The config file (see the README's config reference).
+    #[arg(long)]
+    config: PathBuf,
+    /// Create the secret file with a fresh random key if it does not exist. Every LB
+    /// instance behind the same routers must share one key: copy the file, do not
+    /// create one per instance.
+    #[arg(long)]
+    init_secret: bool,
+    /// Take the XDP program off the config's interfaces and exit. (A stopped LB leaves it
+    /// attached on purpose: it drops VIP traffic so the host never resets connections.)
+    #[arg(long)]
+    unload: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let file = FileConfig::load(&args.config)?;
+    let daemon = file
+        .daemon
+        .clone()
+        .context("the config has no [daemon] section (daemon.interfaces is required to run)")?;
+    if args.unload {
+        for name in &daemon.interfaces {
+            let iface = Interface::discover(name, 0)?;
+            xdp::detach(name, iface.ifindex)?;
+            tracing::info!(interface = %name, "XDP program detached");
+        }
+        return Ok(());
+    }
+    let secret_path = file.secret_file.clone().context(
+        "secret_file: required (a file with 32 hex digits; create it with --init-secret)",
+    )?;
+    let secret = load_or_create_secret(&secret_path, args.init_secret)?;
+    let control = ControlPlane::new(&file.lb, &secret).map_err(anyhow::Error::msg)?;
+    let daemon_run = Daemon::start(&file, &daemon, control)?;
+    tracing::info!(
+        fingerprint = %secret.fingerprint(),
+        mode = file.lb.mode.name(),
+        workers = daemon_run.workers.len(),
+        "cheetah is forwarding"
+    );
+    daemon_run.wait_for_signal()
+}
+
+fn load_or_create_secret(path: &Path, create: bool) -> anyhow::Result<Secret> {
+    if path.exists() {
+        return read_secret(path);
+    }
+    if !create {
+        bail!(
+            "secret file {} does not exist; pass --init-secret to create it (and copy it to every other LB instance)",
+            path.display()
+        );
+    }
+    let mut key = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .context("cannot read /dev/urandom")?;
+    let secret = Secret(key);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create secret file {}", path.display()))?;
+    writeln!(out, "{}", secret.to_hex())?;
+    tracing::info!(path = %path.display(), fingerprint = %secret.fingerprint(), "created a new secret");
+    Ok(secret)
+}
+
+pub struct Daemon {
+    pub control: Arc<std::sync::Mutex<ControlPlane>>,
+    pub shared: Arc<LbShared>,
+    pub workers: Vec<WorkerHandle>,
+    pub interfaces: Vec<(Interface, &'static str)>,
+    pub steering: Arc<SteeringProgram>,
+    stop: Arc<AtomicBool>,
+}
+
+pub struct WorkerHandle {
+    pub queue: u32,
+    pub counters: Arc<cheetah_core::lb::WorkerCounters>,
+    pub io: Arc<IoCounters>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Daemon {
+    pub fn start(
+        file: &FileConfig,
+        daemon: &DaemonConfig,
+        control: ControlPlane,
+    ) -> anyhow::Result<Self> {
+        let interfaces = daemon
+            .interfaces
+            .iter()
+            .enumerate()
+            .map(|(slot, name)| Interface::discover(name, slot as u32))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        for iface in &interfaces {
+            ensure_forwarding(&iface.name)?;
+        }
+        let queues = interfaces.iter().map(|i| i.queues).max().unwrap_or(1);
+        let workers = daemon
+            .workers
+            .unwrap_or(queues)
+            .min(queues)
+            .min(xdp::MAX_QUEUES);
+        let shared = control.shared().clone();
+
+        let steering = SteeringProgram::load()?;
+        for iface in &interfaces {
+            steering.set_interface_slot(iface.ifindex, iface.slot)?;
+        }
+        sync_steering(&steering, &shared, file.lb.forwarding)?;
+
+        // Sockets go into the map before the program is attached (or replaces the previous
+        // run's), so there is no moment where owned packets reach the host kernel.
+        let mut ports = Vec::new();
+        for queue in 0..workers {
+            let worker_ports = WorkerPorts::open(&interfaces, queue, daemon.frames_per_worker)?;
+            for port in &worker_ports.ports {
+                steering.bind_socket(port.slot, queue, port.fd())?;
+            }
+            ports.push(worker_ports);
+        }
+        let mut attached = Vec::new();
+        for iface in &interfaces {
+            let mode = steering.attach(&iface.name, iface.ifindex, daemon.xdp_mode)?;
+            tracing::info!(interface = %iface.name, mode, queues = iface.queues, "XDP program attached");
+            attached.push((iface.clone(), mode));
+        }
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let clock = Clock::new();
+        let mut seed = [0u8; 8];
+        let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut seed));
+        let mut handles = Vec::new();
+        for (index, worker_ports) in ports.into_iter().enumerate() {
+            let mut config = WorkerConfig::new(index, workers as usize, &file.lb);
+            config.seed ^= u64::from_ne_bytes(seed);
+            let worker = Worker::new(shared.clone(), config);
+            let counters = worker.counters().clone();
+            let io = Arc::new(IoCounters::default());
+            let port_names: Vec<(String, u8)> = worker_ports
+                .ports
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (interfaces[p.slot as usize].name.clone(), i as u8))
+                .collect();
+            let path = DataPath {
+                worker,
+                ports: worker_ports,
+                io: io.clone(),
+                clock,
+                stop: stop.clone(),
+                busy_poll: daemon.busy_poll,
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("cheetah-w{index}"))
+                .spawn(move || path.run(port_names))?;
+            handles.push(WorkerHandle {
+                queue: index as u32,
+                counters,
+                io,
+                thread,
+            });
+        }
+        Ok(Daemon {
+            control: Arc::new(std::sync::Mutex::new(control)),
+            shared,
+            workers: handles,
+            interfaces: attached,
+            steering: Arc::new(steering),
+            stop,
+        })
+    }
+
+    pub fn wait_for_signal(self) -> anyhow::Result<()> {
+        let term = Arc::new(AtomicBool::new(false));
+        for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+            signal_hook::flag::register(signal, term.clone())?;
+        }
+        let mut generation = self.shared.snapshot.generation();
+        let forwarding = self.control.lock().unwrap().config().forwarding;
+        while !term.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = self.shared.snapshot.generation();
+            if now != generation {
+                generation = now;
+                if let Err(e) = sync_steering(&self.steering, &self.shared, forwarding) {
+                    tracing::error!(error = %e, "cannot update the XDP program's maps");
+                }
+            }
+        }
+        tracing::info!(
+            "stopping; the XDP program stays attached and drops VIP traffic until the next start"
+        );
+        self.stop.store(true, Ordering::Relaxed);
+        for worker in self.workers {
+            let _ = worker.thread.join();
+        }
+        Ok(())
+    }
+}
+
+/// Puts the VIP addresses and (for NAT) every server's (DIP, backend port) into the XDP
+/// program's maps, so it knows which packets are the LB's.
+fn sync_steering(
+    steering: &SteeringProgram,
+    shared: &LbShared,
+    forwarding: Forwarding,
+) -> anyhow::Result<()> {
+    let snapshot = shared.snapshot.load();
+    let mut backends = Vec::new();
+    for vip in &snapshot.vips {
+        if let IpAddr::V4(addr) = vip.address {
+            steering.add_vip_addr(addr)?;
+        }
+        if forwarding == Forwarding::Nat {
+            // Every allocated server, in any state: late replies of a removed server must
+            // still reach the core (to be dropped and counted), not the host kernel.
+            for (_, slot) in snapshot.servers.iter() {
+                if slot.state != SlotState::Free {
+                    backends.push((Ipv4Addr::from(slot.dip), vip.backend_port));
+                }
+            }
+        }
+    }
+    steering.set_backends(&backends)
+}
+
+/// Server replies are routed by the kernel's FIB from XDP, which only answers for
+/// interfaces with forwarding on.
+fn ensure_forwarding(interface: &str) -> anyhow::Result<()> {
+    let path = format!("/proc/sys/net/ipv4/conf/{interface}/forwarding");
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    if current.trim() != "1" {
+        std::fs::write(&path, "1").with_context(|| format!("cannot enable forwarding: {path}"))?;
+        tracing::warn!(interface, "enabled IPv4 forwarding: the XDP program asks the kernel's FIB for next hops toward clients");
+    }
+    Ok(())
+}
