@@ -4,6 +4,7 @@ mod bench;
 mod config;
 mod replay;
 mod sim;
+mod testbed;
 
 use clap::{Parser, Subcommand};
 
@@ -25,6 +26,8 @@ enum Command {
     Bench(bench::Args),
     /// Simulate cheetah and other load balancers at scale (broken connections, imbalance).
     Sim(sim::Args),
+    /// Build, inspect or remove the namespace testbed (clients, router, LB, servers).
+    Testbed(testbed::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +41,6 @@ fn main() -> anyhow::Result<()> {
         Command::Replay(args) => replay::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => sim::run(args),
+        Command::Testbed(args) => testbed::run(args),
     }
 }
