@@ -4,6 +4,7 @@
 //! Names and addresses are read from the `testbed.json` that `up` writes, the way the LB's
 //! end-to-end tests are meant to read them.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -124,12 +125,14 @@ fn is_root() -> bool {
 #[test]
 fn testbed_comes_up_serves_and_goes_down_without_a_trace() {
     if !is_root() {
-        eprintln!();
-        eprintln!("########################################################################");
-        eprintln!("## SKIPPED testbed_comes_up_serves_and_goes_down_without_a_trace:      ##");
-        eprintln!("## it needs root to create network namespaces. Run the tests as root. ##");
-        eprintln!("########################################################################");
-        eprintln!();
+        // Straight to stderr: the test harness swallows eprintln! of a passing test.
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n########################################################################\n\
+             ## SKIPPED testbed_comes_up_serves_and_goes_down_without_a_trace:      ##\n\
+             ## it needs root to create network namespaces. Run the tests as root. ##\n\
+             ########################################################################\n"
+        );
         return;
     }
     let _teardown = Teardown;
