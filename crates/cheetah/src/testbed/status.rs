@@ -5,7 +5,7 @@ use anyhow::bail;
 use serde::Deserialize;
 
 use super::lifecycle::state_dir;
-use super::plan::{forwarding_name, role_of, Role, Topology};
+use super::plan::{check_prefix, forwarding_name, role_of, Role, Topology};
 use super::shell::Cmd;
 use super::{netns, nginx};
 
@@ -29,6 +29,7 @@ struct AddrInfo {
 }
 
 pub fn print(prefix: &str) -> anyhow::Result<()> {
+    check_prefix(prefix)?;
     let namespaces = netns::list(prefix)?;
     if namespaces.is_empty() {
         bail!("no testbed `{prefix}`: there is no namespace {prefix}-*");
