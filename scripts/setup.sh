@@ -15,6 +15,15 @@ command -v clang >/dev/null || need_apt+=(clang)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need_apt+=(libbpf-dev)
 [ -f /usr/include/libelf.h ] || need_apt+=(libelf-dev)
 [ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)
+# `cheetah testbed` (docs/testbed.md): namespaces, veths and their offloads, nginx servers
+# with the echo module for /slow, and the tools its checks and tests use.
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v ethtool >/dev/null || need_apt+=(ethtool)
+command -v tcpdump >/dev/null || need_apt+=(tcpdump)
+command -v curl >/dev/null || need_apt+=(curl)
+command -v ping >/dev/null || need_apt+=(iputils-ping)
+command -v nginx >/dev/null || need_apt+=(nginx-light)
+[ -f /usr/lib/nginx/modules/ngx_http_echo_module.so ] || need_apt+=(libnginx-mod-http-echo)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: need root to install: ${need_apt[*]}" >&2

@@ -6,6 +6,7 @@ mod dataplane;
 mod replay;
 mod run;
 mod sim;
+mod testbed;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +30,8 @@ enum Command {
     Bench(bench::Args),
     /// Simulate cheetah and other load balancers at scale (broken connections, imbalance).
     Sim(sim::Args),
+    /// Build, inspect or remove the namespace testbed (clients, router, LB, servers).
+    Testbed(testbed::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,5 +46,6 @@ fn main() -> anyhow::Result<()> {
         Command::Replay(args) => replay::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => sim::run(args),
+        Command::Testbed(args) => testbed::run(args),
     }
 }

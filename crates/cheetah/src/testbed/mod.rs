@@ -1,0 +1,210 @@
+//! `cheetah testbed up|status|down`: clients, a router, the LB's namespace, a switch and
+//! nginx servers on this machine, built from network namespaces and veths, for the
+//! end-to-end tests and the demo (docs/testbed.md). The LB itself is not started here;
+//! `up` writes the config it runs with.
+//!
+//! [`Topology::up`] and [`Topology::down`] are the same operations as a library; the
+//! names and addresses of a testbed are in its [`Topology`] and in `<dir>/testbed.json`.
+
+mod lbconf;
+mod lifecycle;
+mod netns;
+mod network;
+mod nginx;
+mod plan;
+mod shell;
+mod status;
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use cheetah_core::config::{Forwarding, Mode};
+use cheetah_core::policy::PolicyKind;
+
+pub use lifecycle::teardown;
+pub use plan::{forwarding_name, Topology};
+
+/// What `up` builds.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Namespaces are `<prefix>-lb`, `<prefix>-s1`, ...; at most 4 characters.
+    pub prefix: String,
+    pub servers: u16,
+    /// Clients behind the router, besides c0 on the LB's own segment.
+    pub clients: u16,
+    pub forwarding: Forwarding,
+    pub mode: Mode,
+    pub policy: PolicyKind,
+    /// State dir; `/run/cheetah-testbed/<prefix>` if `None`.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            prefix: "ch".into(),
+            servers: 4,
+            clients: 3,
+            forwarding: Forwarding::L2,
+            mode: Mode::Cheetah,
+            policy: PolicyKind::RoundRobin,
+            dir: None,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// Build the testbed, replacing any with the same prefix, start its nginx servers and
+    /// write the LB's config and `testbed.json` into the state dir.
+    Up(UpArgs),
+    /// Show the testbed's namespaces, interfaces, nginx servers and files.
+    Status(PrefixArg),
+    /// Remove the testbed: its processes, namespaces and state dir. Fine if none exists.
+    Down(DownArgs),
+}
+
+#[derive(clap::Args)]
+struct PrefixArg {
+    /// Testbed name, the prefix of its namespaces (1 to 4 lowercase letters or digits).
+    #[arg(long, default_value = "ch")]
+    prefix: String,
+}
+
+#[derive(clap::Args)]
+struct UpArgs {
+    #[command(flatten)]
+    prefix: PrefixArg,
+    #[arg(long, default_value_t = 4)]
+    servers: u16,
+    /// Clients behind the router (c1..cN); c0 on the LB's own segment always exists.
+    #[arg(long, default_value_t = 3)]
+    clients: u16,
+    /// l2 (servers hold the VIP on lo) or nat.
+    #[arg(long, default_value = "l2", value_parser = parse_forwarding)]
+    forwarding: Forwarding,
+    /// cheetah, hash or maglev: the LB config's mode.
+    #[arg(long, default_value = "cheetah", value_parser = parse_mode)]
+    mode: Mode,
+    /// The VIP's policy: rr, wrr, awrr, pow2, least-loaded, random, hash or maglev
+    /// (round-robin, weighted-round-robin and power-of-two are accepted too).
+    #[arg(long, default_value = "rr", value_parser = parse_policy)]
+    policy: PolicyKind,
+    /// State dir for the configs, logs and content [default: /run/cheetah-testbed/<prefix>].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct DownArgs {
+    #[command(flatten)]
+    prefix: PrefixArg,
+    /// Keep the state dir (nginx error logs, the LB's config and state) for a post-mortem.
+    #[arg(long)]
+    keep_dir: bool,
+}
+
+fn parse_forwarding(text: &str) -> anyhow::Result<Forwarding> {
+    match text {
+        "l2" => Ok(Forwarding::L2),
+        "nat" => Ok(Forwarding::Nat),
+        _ => bail!("use l2 or nat"),
+    }
+}
+
+fn parse_mode(text: &str) -> anyhow::Result<Mode> {
+    match text {
+        "cheetah" => Ok(Mode::Cheetah),
+        "hash" => Ok(Mode::Hash),
+        "maglev" => Ok(Mode::Maglev),
+        _ => bail!("use cheetah, hash or maglev"),
+    }
+}
+
+/// The LB config's own policy names, plus the spelled-out forms people tend to type.
+fn parse_policy(text: &str) -> anyhow::Result<PolicyKind> {
+    let canonical = match text {
+        "round-robin" => "rr",
+        "weighted-round-robin" => "wrr",
+        "auto-weighted-round-robin" => "awrr",
+        "power-of-two" => "pow2",
+        other => other,
+    };
+    PolicyKind::from_name(canonical).ok_or_else(|| {
+        let names: Vec<&str> = PolicyKind::ALL.iter().map(|k| k.name()).collect();
+        anyhow::anyhow!("use one of {}", names.join(", "))
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.action {
+        Action::Up(up) => {
+            let options = Options {
+                prefix: up.prefix.prefix,
+                servers: up.servers,
+                clients: up.clients,
+                forwarding: up.forwarding,
+                mode: up.mode,
+                policy: up.policy,
+                dir: up.dir,
+            };
+            let topo = Topology::up(&options)?;
+            print_summary(&topo);
+            Ok(())
+        }
+        Action::Status(status) => status::print(&status.prefix),
+        Action::Down(down) => teardown(&down.prefix.prefix, down.keep_dir),
+    }
+}
+
+fn print_summary(topo: &Topology) {
+    let lb = &topo.lb;
+    let ends: Vec<String> = lb
+        .interfaces()
+        .iter()
+        .map(|end| format!("{} {}", end.interface, end.cidr().unwrap_or_default()))
+        .collect();
+    println!(
+        "testbed {} is up: {} servers, c0 + {} clients, {} forwarding, VIP {}:{}",
+        topo.prefix,
+        topo.servers.len(),
+        topo.clients.len() - 1,
+        forwarding_name(topo.forwarding),
+        topo.vip,
+        topo.vip_port
+    );
+    println!("  LB namespace {} ({})", lb.namespace, ends.join(", "));
+    println!("  LB config    {}", topo.files.config.display());
+    println!("  summary      {}", topo.files.summary.display());
+    if let Some(client) = topo.client(1).or_else(|| topo.client(0)) {
+        println!(
+            "  once the LB runs in {}: ip netns exec {} curl http://{}/small",
+            lb.namespace, client.namespace, topo.vip
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_take_the_configs_names_and_spelled_out_ones() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(parse_policy(kind.name()).unwrap(), kind);
+        }
+        assert_eq!(parse_policy("round-robin").unwrap(), PolicyKind::RoundRobin);
+        assert_eq!(
+            parse_policy("power-of-two").unwrap(),
+            PolicyKind::PowerOfTwo
+        );
+        let error = parse_policy("fastest").unwrap_err().to_string();
+        assert!(error.contains("least-loaded"), "{error}");
+    }
+}

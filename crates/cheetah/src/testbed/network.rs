@@ -1,0 +1,208 @@
+//! Building the plan's namespaces, veths, bridge, addresses, routes and sysctls, and
+//! checking that packets get through.
+
+use std::path::Path;
+
+use anyhow::Context;
+use cheetah_core::config::Forwarding;
+
+use super::netns::{self, ip};
+use super::plan::{Endpoint, Topology, Veth, CLIENT_NET, VIP_NET};
+use super::shell::Cmd;
+
+pub fn build(topo: &Topology) -> anyhow::Result<()> {
+    for namespace in topo.namespaces() {
+        netns::add(namespace)?;
+    }
+    // Before any veth exists, so that `default` settings reach every interface.
+    set_sysctls(topo)?;
+    let veths = topo.veths();
+    for veth in &veths {
+        create_veth(veth)?;
+    }
+    build_bridge(topo)?;
+    for end in veths.iter().flat_map(|v| [&v.a, &v.b]) {
+        configure_end(end)?;
+    }
+    add_routes(topo)?;
+    Ok(())
+}
+
+fn set_sysctls(topo: &Topology) -> anyhow::Result<()> {
+    // rp_filter off: new namespaces may inherit the host's setting, and in l2 forwarding
+    // the LB's stack sees server replies from the VIP, to which it has no route, so
+    // reverse-path filtering would drop whatever of them reaches the kernel.
+    let mut common = vec![
+        ("net.ipv4.conf.all.rp_filter", "0"),
+        ("net.ipv4.conf.default.rp_filter", "0"),
+    ];
+    // No IPv6: router solicitations and MLD reports would otherwise reach the LB's ports and
+    // show up in its counters and in every capture.
+    if Path::new("/proc/sys/net/ipv6").exists() {
+        common.push(("net.ipv6.conf.all.disable_ipv6", "1"));
+        common.push(("net.ipv6.conf.default.disable_ipv6", "1"));
+    }
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut all = common.clone();
+        all.extend_from_slice(extra);
+        all
+    };
+
+    // The LB's XDP program looks up the kernel FIB, which needs forwarding on.
+    netns::sysctl(&topo.lb.namespace, &with(&[("net.ipv4.ip_forward", "1")]))?;
+    netns::sysctl(
+        &topo.router.namespace,
+        &with(&[("net.ipv4.ip_forward", "1")]),
+    )?;
+
+    let mut switch = Vec::new();
+    // br_netfilter is loaded on these machines; in each new namespace it defaults to passing
+    // bridged frames through iptables, so turn it off here as well as on the bridge.
+    if Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists() {
+        switch.extend([
+            ("net.bridge.bridge-nf-call-iptables", "0"),
+            ("net.bridge.bridge-nf-call-ip6tables", "0"),
+            ("net.bridge.bridge-nf-call-arptables", "0"),
+        ]);
+    }
+    netns::sysctl(&topo.switch.namespace, &with(&switch))?;
+
+    let mut server = vec![
+        // One clock per server rather than per connection: the LB corrects the timestamps
+        // it rewrites by a per-server offset.
+        ("net.ipv4.tcp_timestamps", "2"),
+        ("net.ipv4.tcp_keepalive_time", "25"),
+    ];
+    if topo.forwarding == Forwarding::L2 {
+        // Servers hold the VIP on lo and must not answer ARP for it.
+        server.push(("net.ipv4.conf.all.arp_ignore", "1"));
+        server.push(("net.ipv4.conf.all.arp_announce", "2"));
+    }
+    for s in &topo.servers {
+        netns::sysctl(&s.namespace, &with(&server))?;
+    }
+    for c in &topo.clients {
+        netns::sysctl(&c.namespace, &common)?;
+    }
+    Ok(())
+}
+
+/// Creates the pair with each end directly in its namespace, so no name ever appears in
+/// the root namespace (where it could clash with another testbed's or the host's).
+fn create_veth(veth: &Veth) -> anyhow::Result<()> {
+    let queues = veth.queues.to_string();
+    let end_options = |end: &Endpoint| {
+        let mut words = Vec::new();
+        if let Some(mac) = &end.mac {
+            words.extend(["address".to_string(), mac.clone()]);
+        }
+        words.extend([
+            "numtxqueues".to_string(),
+            queues.clone(),
+            "numrxqueues".to_string(),
+            queues.clone(),
+        ]);
+        words
+    };
+    ip(&veth.a.namespace)
+        .args(["link", "add", &veth.a.interface])
+        .args(end_options(&veth.a))
+        .args(["type", "veth", "peer", "name", &veth.b.interface])
+        .args(end_options(&veth.b))
+        .args(["netns", &veth.b.namespace])
+        .run()?;
+    Ok(())
+}
+
+fn build_bridge(topo: &Topology) -> anyhow::Result<()> {
+    let sw = &topo.switch;
+    ip(&sw.namespace)
+        .args(["link", "add", &sw.bridge, "type", "bridge"])
+        .args(["nf_call_iptables", "0", "nf_call_ip6tables", "0"])
+        .args(["nf_call_arptables", "0"])
+        .run()?;
+    for port in std::iter::once(&sw.lb_port).chain(&sw.server_ports) {
+        ip(&sw.namespace)
+            .args(["link", "set", &port.interface, "master", &sw.bridge])
+            .run()?;
+    }
+    ip(&sw.namespace)
+        .args(["link", "set", &sw.bridge, "up"])
+        .run()?;
+    Ok(())
+}
+
+fn configure_end(end: &Endpoint) -> anyhow::Result<()> {
+    if let Some(cidr) = end.cidr() {
+        ip(&end.namespace)
+            .args(["addr", "add", &cidr, "dev", &end.interface])
+            .run()?;
+    }
+    // Without this, the TCP stack hands veths 64 KB GSO frames with partial checksums, which
+    // the LB would have to segment and checksum itself. Harmless on the LB's own ports.
+    Cmd::in_netns(&end.namespace, "ethtool")
+        .args(["-K", &end.interface])
+        .args(["tx", "off", "tso", "off", "gso", "off", "gro", "off"])
+        .run()?;
+    ip(&end.namespace)
+        .args(["link", "set", &end.interface, "up"])
+        .run()?;
+    Ok(())
+}
+
+fn add_routes(topo: &Topology) -> anyhow::Result<()> {
+    let route = |namespace: &str, net: String, via: String| {
+        ip(namespace)
+            .args(["route", "add", &net, "via", &via])
+            .run()
+    };
+    let router_address = topo.router.lb_side.address.expect("rt-lb has an address");
+    let lb_address = topo.lb.client_side.address.expect("lb-c has an address");
+    route(
+        &topo.lb.namespace,
+        format!("{}/{}", CLIENT_NET.0, CLIENT_NET.1),
+        router_address.to_string(),
+    )?;
+    route(
+        &topo.router.namespace,
+        format!("{}/{}", VIP_NET.0, VIP_NET.1),
+        lb_address.to_string(),
+    )?;
+    for c in &topo.clients {
+        route(&c.namespace, "default".into(), c.gateway.to_string())?;
+    }
+    for s in &topo.servers {
+        route(&s.namespace, "default".into(), s.gateway.to_string())?;
+        if topo.forwarding == Forwarding::L2 {
+            ip(&s.namespace)
+                .args(["addr", "add", &format!("{}/32", topo.vip), "dev", "lo"])
+                .run()?;
+        }
+    }
+    Ok(())
+}
+
+/// Pings every segment once: the router and each client reach the LB (clients behind the
+/// router through it), and each server reaches its gateway on the bridge.
+pub fn check_reachability(topo: &Topology) -> anyhow::Result<()> {
+    let lb_client_side = topo.lb.client_side.address.expect("lb-c has an address");
+    let mut probes = vec![(topo.router.namespace.as_str(), lb_client_side)];
+    for c in &topo.clients {
+        let target = if c.index == 0 {
+            c.gateway
+        } else {
+            lb_client_side
+        };
+        probes.push((&c.namespace, target));
+    }
+    for s in &topo.servers {
+        probes.push((&s.namespace, s.gateway));
+    }
+    for (namespace, target) in probes {
+        Cmd::in_netns(namespace, "ping")
+            .args(["-c", "1", "-W", "2", "-q", &target.to_string()])
+            .run()
+            .with_context(|| format!("{namespace} cannot reach {target}"))?;
+    }
+    Ok(())
+}

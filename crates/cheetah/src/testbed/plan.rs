@@ -1,0 +1,481 @@
+//! The testbed's names, addresses and files, derived from the options alone.
+//!
+//! Nothing here touches the system: `up` builds what the plan says, `testbed.json` is the
+//! plan serialized, and tests read names and addresses from that file instead of repeating
+//! the numbering scheme.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+use cheetah_core::config::{Forwarding, Mode};
+use cheetah_core::policy::PolicyKind;
+use serde::{Deserialize, Serialize};
+
+use super::Options;
+
+pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+pub const VIP_PORT: u16 = 80;
+/// Where state dirs go unless `--dir` says otherwise.
+pub const RUN_DIR: &str = "/run/cheetah-testbed";
+/// Namespace names are `<prefix>-<role>`; a short prefix keeps them readable in `ip` output.
+pub const MAX_PREFIX_CHARS: usize = 4;
+/// Server `j` is 10.20.0.(10+j) with MAC ..:02:<j>, so j must stay well below 245.
+pub const MAX_SERVERS: u16 = 200;
+/// Client `i` sits on 10.10.(10+i).0/24.
+pub const MAX_CLIENTS: u16 = 200;
+/// The LB's veths have two queue pairs so that the data path can run two workers per port.
+pub const LB_QUEUES: u8 = 2;
+/// What the router routes to the LB: the VIP's /24.
+pub const VIP_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 99, 0, 0), 24);
+/// What the LB routes to the router: every client segment.
+pub const CLIENT_NET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 10, 0, 0), 16);
+
+/// One end of a veth pair, or a bridge port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub namespace: String,
+    pub interface: String,
+    /// IPv4 address; `None` for a bridge port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_len: Option<u8>,
+    /// Set at creation where the LB config or tests must know it in advance; else random.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+}
+
+impl Endpoint {
+    fn new(namespace: &str, interface: &str) -> Self {
+        Endpoint {
+            namespace: namespace.to_string(),
+            interface: interface.to_string(),
+            address: None,
+            prefix_len: None,
+            mac: None,
+        }
+    }
+
+    fn with_address(mut self, address: Ipv4Addr, prefix_len: u8) -> Self {
+        self.address = Some(address);
+        self.prefix_len = Some(prefix_len);
+        self
+    }
+
+    fn with_mac(mut self, mac: String) -> Self {
+        self.mac = Some(mac);
+        self
+    }
+
+    /// `10.10.1.2/24`, as `ip addr add` takes it.
+    pub fn cidr(&self) -> Option<String> {
+        Some(format!("{}/{}", self.address?, self.prefix_len?))
+    }
+}
+
+/// A veth pair: `a` is created in its namespace, `b` is created directly in its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Veth {
+    pub a: Endpoint,
+    pub b: Endpoint,
+    pub queues: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Files {
+    pub dir: PathBuf,
+    /// The LB's config, `cheetah run --config` reads it.
+    pub config: PathBuf,
+    pub secret: PathBuf,
+    /// The LB's own state folder (`[daemon] state_dir`).
+    pub lb_state: PathBuf,
+    /// Content every server serves (`/small`, `/large`).
+    pub www: PathBuf,
+    /// This plan as JSON.
+    pub summary: PathBuf,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lb {
+    pub namespace: String,
+    /// `lb-c`, towards the router and the clients behind it.
+    pub client_side: Endpoint,
+    /// `lb-s`, on the servers' bridge.
+    pub server_side: Endpoint,
+    /// `lb-l`, to client c0 on the LB's own segment.
+    pub local_side: Endpoint,
+}
+
+impl Lb {
+    pub fn interfaces(&self) -> [&Endpoint; 3] {
+        [&self.client_side, &self.server_side, &self.local_side]
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Router {
+    pub namespace: String,
+    pub lb_side: Endpoint,
+    /// `rt-c<i>` for clients 1..=n.
+    pub client_sides: Vec<Endpoint>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Switch {
+    pub namespace: String,
+    pub bridge: String,
+    pub lb_port: Endpoint,
+    /// `sw-s<j>` for servers 1..=n.
+    pub server_ports: Vec<Endpoint>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Server {
+    /// The server id in the LB config (and in cookies).
+    pub id: u16,
+    /// `s<j>`, also the value of the `X-Server` header.
+    pub name: String,
+    pub namespace: String,
+    pub dip: Ipv4Addr,
+    pub mac: String,
+    pub link: Endpoint,
+    pub gateway: Ipv4Addr,
+    pub dir: PathBuf,
+    pub nginx_conf: PathBuf,
+    pub nginx_pid_file: PathBuf,
+    pub error_log: PathBuf,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Client {
+    /// 0 for the client on the LB's own segment, 1.. behind the router.
+    pub index: u16,
+    pub name: String,
+    pub namespace: String,
+    pub address: Ipv4Addr,
+    pub gateway: Ipv4Addr,
+    pub link: Endpoint,
+}
+
+/// The whole testbed: what `up` builds and `testbed.json` records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    pub prefix: String,
+    pub mode: Mode,
+    pub forwarding: Forwarding,
+    pub policy: PolicyKind,
+    pub vip: Ipv4Addr,
+    pub vip_port: u16,
+    pub files: Files,
+    pub lb: Lb,
+    pub router: Router,
+    pub switch: Switch,
+    pub servers: Vec<Server>,
+    /// c0 first, then c1..=n.
+    pub clients: Vec<Client>,
+}
+
+pub fn check_prefix(prefix: &str) -> anyhow::Result<()> {
+    let valid_chars = prefix
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if prefix.is_empty() || prefix.len() > MAX_PREFIX_CHARS || !valid_chars {
+        bail!(
+            "prefix `{prefix}`: use 1 to {MAX_PREFIX_CHARS} lowercase letters or digits, e.g. `ch` or `t1`"
+        );
+    }
+    Ok(())
+}
+
+/// The state dir of a prefix when `--dir` is not given.
+pub fn default_dir(prefix: &str) -> PathBuf {
+    Path::new(RUN_DIR).join(prefix)
+}
+
+pub fn namespace(prefix: &str, role: &str) -> String {
+    format!("{prefix}-{role}")
+}
+
+/// What a testbed namespace is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Lb,
+    Router,
+    Switch,
+    Server(u16),
+    Client(u16),
+}
+
+/// The role of `name` if it is one of the namespaces a testbed with `prefix` creates.
+/// Matching the roles exactly keeps `down --prefix t1` away from `t10-lb` and from anyone
+/// else's `t1-x`.
+pub fn role_of(prefix: &str, name: &str) -> Option<Role> {
+    let role = name.strip_prefix(prefix)?.strip_prefix('-')?;
+    let numbered = |letter: char| {
+        role.strip_prefix(letter)
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse().ok())
+    };
+    match role {
+        "lb" => Some(Role::Lb),
+        "rt" => Some(Role::Router),
+        "sw" => Some(Role::Switch),
+        _ => numbered('s')
+            .map(Role::Server)
+            .or_else(|| numbered('c').map(Role::Client)),
+    }
+}
+
+/// The name `--forwarding` and the LB config use (core's `Forwarding` has no `name()`).
+pub fn forwarding_name(forwarding: Forwarding) -> &'static str {
+    match forwarding {
+        Forwarding::L2 => "l2",
+        Forwarding::Nat => "nat",
+    }
+}
+
+fn mac(group: u8, index: u16) -> String {
+    format!("02:ce:00:00:{group:02x}:{index:02x}")
+}
+
+impl Topology {
+    /// The plan for `options`, checked for limits; builds nothing.
+    pub fn plan(options: &Options) -> anyhow::Result<Self> {
+        let prefix = options.prefix.as_str();
+        check_prefix(prefix)?;
+        if options.servers == 0 || options.servers > MAX_SERVERS {
+            bail!("--servers {}: use 1 to {MAX_SERVERS}", options.servers);
+        }
+        if options.clients > MAX_CLIENTS {
+            bail!("--clients {}: use 0 to {MAX_CLIENTS}", options.clients);
+        }
+        let dir = options.dir.clone().unwrap_or_else(|| default_dir(prefix));
+        let files = Files {
+            config: dir.join("cheetah.toml"),
+            secret: dir.join("secret"),
+            lb_state: dir.join("state"),
+            www: dir.join("www"),
+            summary: dir.join("testbed.json"),
+            dir: dir.clone(),
+        };
+
+        let lb_ns = namespace(prefix, "lb");
+        let rt_ns = namespace(prefix, "rt");
+        let sw_ns = namespace(prefix, "sw");
+        let lb = Lb {
+            client_side: Endpoint::new(&lb_ns, "lb-c")
+                .with_address(Ipv4Addr::new(10, 10, 1, 2), 24)
+                .with_mac(mac(1, 1)),
+            server_side: Endpoint::new(&lb_ns, "lb-s")
+                .with_address(Ipv4Addr::new(10, 20, 0, 1), 24)
+                .with_mac(mac(1, 2)),
+            local_side: Endpoint::new(&lb_ns, "lb-l")
+                .with_address(Ipv4Addr::new(10, 10, 9, 1), 24)
+                .with_mac(mac(1, 3)),
+            namespace: lb_ns,
+        };
+
+        let c0_ns = namespace(prefix, "c0");
+        let mut clients = vec![Client {
+            index: 0,
+            name: "c0".into(),
+            address: Ipv4Addr::new(10, 10, 9, 2),
+            gateway: Ipv4Addr::new(10, 10, 9, 1),
+            link: Endpoint::new(&c0_ns, "eth0").with_address(Ipv4Addr::new(10, 10, 9, 2), 24),
+            namespace: c0_ns,
+        }];
+        let mut client_sides = Vec::new();
+        for i in 1..=options.clients {
+            let name = format!("c{i}");
+            let ns = namespace(prefix, &name);
+            let subnet = u8::try_from(10 + i).expect("MAX_CLIENTS keeps this in range");
+            let gateway = Ipv4Addr::new(10, 10, subnet, 1);
+            let address = Ipv4Addr::new(10, 10, subnet, 2);
+            client_sides
+                .push(Endpoint::new(&rt_ns, &format!("rt-{name}")).with_address(gateway, 24));
+            clients.push(Client {
+                index: i,
+                address,
+                gateway,
+                link: Endpoint::new(&ns, "eth0").with_address(address, 24),
+                namespace: ns,
+                name,
+            });
+        }
+        let router = Router {
+            lb_side: Endpoint::new(&rt_ns, "rt-lb").with_address(Ipv4Addr::new(10, 10, 1, 1), 24),
+            client_sides,
+            namespace: rt_ns,
+        };
+
+        let mut servers = Vec::new();
+        let mut server_ports = Vec::new();
+        for j in 1..=options.servers {
+            let name = format!("s{j}");
+            let ns = namespace(prefix, &name);
+            let host = u8::try_from(10 + j).expect("MAX_SERVERS keeps this in range");
+            let dip = Ipv4Addr::new(10, 20, 0, host);
+            let server_mac = mac(2, j);
+            let server_dir = dir.join(&name);
+            server_ports.push(Endpoint::new(&sw_ns, &format!("sw-{name}")));
+            servers.push(Server {
+                id: j,
+                dip,
+                link: Endpoint::new(&ns, "eth0")
+                    .with_address(dip, 24)
+                    .with_mac(server_mac.clone()),
+                mac: server_mac,
+                gateway: Ipv4Addr::new(10, 20, 0, 1),
+                nginx_conf: server_dir.join("nginx.conf"),
+                nginx_pid_file: server_dir.join("nginx.pid"),
+                error_log: server_dir.join("error.log"),
+                dir: server_dir,
+                namespace: ns,
+                name,
+            });
+        }
+        let switch = Switch {
+            bridge: "br0".into(),
+            lb_port: Endpoint::new(&sw_ns, "sw-lb"),
+            server_ports,
+            namespace: sw_ns,
+        };
+
+        Ok(Topology {
+            prefix: prefix.to_string(),
+            mode: options.mode,
+            forwarding: options.forwarding,
+            policy: options.policy,
+            vip: VIP,
+            vip_port: VIP_PORT,
+            files,
+            lb,
+            router,
+            switch,
+            servers,
+            clients,
+        })
+    }
+
+    /// Every namespace, in the order `up` creates them.
+    pub fn namespaces(&self) -> Vec<&str> {
+        let mut names = vec![
+            self.lb.namespace.as_str(),
+            &self.router.namespace,
+            &self.switch.namespace,
+        ];
+        names.extend(self.servers.iter().map(|s| s.namespace.as_str()));
+        names.extend(self.clients.iter().map(|c| c.namespace.as_str()));
+        names
+    }
+
+    /// Every veth pair. The LB's ports have [`LB_QUEUES`] queues on both ends, because a
+    /// veth delivers on the peer's rx queue matching the sender's tx queue.
+    pub fn veths(&self) -> Vec<Veth> {
+        let pair = |a: &Endpoint, b: &Endpoint, queues| Veth {
+            a: a.clone(),
+            b: b.clone(),
+            queues,
+        };
+        let mut veths = vec![
+            pair(&self.lb.client_side, &self.router.lb_side, LB_QUEUES),
+            pair(&self.lb.server_side, &self.switch.lb_port, LB_QUEUES),
+            pair(&self.lb.local_side, &self.clients[0].link, LB_QUEUES),
+        ];
+        for (side, client) in self.router.client_sides.iter().zip(&self.clients[1..]) {
+            veths.push(pair(side, &client.link, 1));
+        }
+        for (port, server) in self.switch.server_ports.iter().zip(&self.servers) {
+            veths.push(pair(port, &server.link, 1));
+        }
+        veths
+    }
+
+    #[allow(dead_code, reason = "library API, for callers that hold a Topology")]
+    pub fn server(&self, id: u16) -> Option<&Server> {
+        self.servers.iter().find(|s| s.id == id)
+    }
+
+    pub fn client(&self, index: u16) -> Option<&Client> {
+        self.clients.iter().find(|c| c.index == index)
+    }
+
+    /// Reads the summary `up` wrote.
+    pub fn load(summary: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(summary)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", summary.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{} is not a testbed summary: {e}", summary.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(prefix: &str, servers: u16, clients: u16) -> Options {
+        Options {
+            prefix: prefix.into(),
+            servers,
+            clients,
+            ..Options::default()
+        }
+    }
+
+    #[test]
+    fn names_and_addresses_follow_the_documented_scheme() {
+        let topo = Topology::plan(&options("t1", 12, 2)).unwrap();
+        assert_eq!(topo.lb.namespace, "t1-lb");
+        assert_eq!(topo.lb.client_side.cidr().unwrap(), "10.10.1.2/24");
+        assert_eq!(
+            topo.lb.server_side.mac.as_deref(),
+            Some("02:ce:00:00:01:02")
+        );
+        let s12 = topo.server(12).unwrap();
+        assert_eq!(s12.namespace, "t1-s12");
+        assert_eq!(s12.dip, Ipv4Addr::new(10, 20, 0, 22));
+        assert_eq!(s12.mac, "02:ce:00:00:02:0c");
+        assert_eq!(topo.switch.server_ports[11].interface, "sw-s12");
+        let c2 = topo.client(2).unwrap();
+        assert_eq!(c2.address, Ipv4Addr::new(10, 10, 12, 2));
+        assert_eq!(topo.router.client_sides[1].interface, "rt-c2");
+        assert_eq!(topo.client(0).unwrap().gateway, Ipv4Addr::new(10, 10, 9, 1));
+        assert_eq!(topo.namespaces().len(), 3 + 12 + 3);
+        assert_eq!(topo.veths().len(), 3 + 2 + 12);
+        assert!(topo.veths()[..3].iter().all(|v| v.queues == LB_QUEUES));
+    }
+
+    #[test]
+    fn the_summary_round_trips_through_json() {
+        let topo = Topology::plan(&options("ch", 4, 3)).unwrap();
+        let text = serde_json::to_string_pretty(&topo).unwrap();
+        assert_eq!(serde_json::from_str::<Topology>(&text).unwrap(), topo);
+    }
+
+    #[test]
+    fn prefixes_and_counts_are_limited() {
+        assert!(check_prefix("abcd").is_ok());
+        for bad in ["", "abcde", "a-b", "Ab", "a b"] {
+            assert!(check_prefix(bad).is_err(), "{bad:?}");
+        }
+        assert!(Topology::plan(&options("ch", 0, 1)).is_err());
+        assert!(Topology::plan(&options("ch", MAX_SERVERS + 1, 1)).is_err());
+        assert!(Topology::plan(&options("ch", 1, MAX_CLIENTS + 1)).is_err());
+        assert!(Topology::plan(&options("ch", 1, 0)).is_ok());
+    }
+
+    #[test]
+    fn only_the_prefixes_own_roles_are_claimed() {
+        assert_eq!(role_of("t1", "t1-lb"), Some(Role::Lb));
+        assert_eq!(role_of("t1", "t1-rt"), Some(Role::Router));
+        assert_eq!(role_of("t1", "t1-sw"), Some(Role::Switch));
+        assert_eq!(role_of("t1", "t1-s12"), Some(Role::Server(12)));
+        assert_eq!(role_of("t1", "t1-c0"), Some(Role::Client(0)));
+        for other in [
+            "t10-lb", "t1-x", "t1-s", "t1-cx", "t1lb", "x-t1-lb", "t1-lb2", "t1-s+1",
+        ] {
+            assert_eq!(role_of("t1", other), None, "{other}");
+        }
+    }
+}

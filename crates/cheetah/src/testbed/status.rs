@@ -1,0 +1,105 @@
+//! `status`: what of a testbed exists right now, read from the system rather than from
+//! the summary, so that it also describes a half-built or half-removed testbed.
+
+use anyhow::bail;
+use serde::Deserialize;
+
+use super::lifecycle::state_dir;
+use super::plan::{check_prefix, forwarding_name, role_of, Role, Topology};
+use super::shell::Cmd;
+use super::{netns, nginx};
+
+/// The parts of `ip -j addr show` that status prints.
+#[derive(Deserialize)]
+struct Link {
+    ifname: String,
+    #[serde(default)]
+    operstate: String,
+    #[serde(default)]
+    address: String,
+    #[serde(default)]
+    addr_info: Vec<AddrInfo>,
+}
+
+#[derive(Deserialize)]
+struct AddrInfo {
+    family: String,
+    local: String,
+    prefixlen: u8,
+}
+
+pub fn print(prefix: &str) -> anyhow::Result<()> {
+    check_prefix(prefix)?;
+    let namespaces = netns::list(prefix)?;
+    if namespaces.is_empty() {
+        bail!("no testbed `{prefix}`: there is no namespace {prefix}-*");
+    }
+    let dir = state_dir(prefix);
+    let summary = dir.join("testbed.json");
+    match Topology::load(&summary) {
+        Ok(topo) => {
+            println!(
+                "testbed {prefix}: {} servers, c0 + {} clients, mode {}, {} forwarding, policy {}, VIP {}:{}",
+                topo.servers.len(),
+                topo.clients.len() - 1,
+                topo.mode.name(),
+                forwarding_name(topo.forwarding),
+                topo.policy.name(),
+                topo.vip,
+                topo.vip_port
+            );
+            println!("  config   {}", topo.files.config.display());
+            println!("  secret   {}", topo.files.secret.display());
+            println!("  summary  {}", topo.files.summary.display());
+            println!("  LB state {}", topo.files.lb_state.display());
+        }
+        Err(_) => println!(
+            "testbed {prefix}: incomplete, no summary at {} (run `cheetah testbed down --prefix {prefix}`)",
+            summary.display()
+        ),
+    }
+    for namespace in &namespaces {
+        println!("{namespace}");
+        for link in links(namespace)? {
+            let addresses: Vec<String> = link
+                .addr_info
+                .iter()
+                .filter(|a| a.family == "inet")
+                .map(|a| format!("{}/{}", a.local, a.prefixlen))
+                .collect();
+            println!(
+                "  {:<8} {:<8} {:<17} {}",
+                link.ifname,
+                link.operstate,
+                link.address,
+                addresses.join(" ")
+            );
+        }
+        if let Some(Role::Server(_)) = role_of(prefix, namespace) {
+            let pids = nginx::pids(namespace)?;
+            if pids.is_empty() {
+                println!("  nginx: NOT running");
+            } else {
+                let pids: Vec<String> = pids.iter().map(i32::to_string).collect();
+                println!("  nginx: running (pids {})", pids.join(" "));
+            }
+        } else {
+            let processes: Vec<String> = netns::pids(namespace)?
+                .into_iter()
+                .filter_map(|pid| Some(format!("{} {pid}", netns::process_name(pid)?)))
+                .collect();
+            if !processes.is_empty() {
+                println!("  processes: {}", processes.join(", "));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn links(namespace: &str) -> anyhow::Result<Vec<Link>> {
+    let out = Cmd::new("ip")
+        .args(["-j", "-n", namespace, "addr", "show"])
+        .run()?;
+    serde_json::from_str(&out)
+        .map_err(|e| anyhow::anyhow!("cannot read `ip -j -n {namespace} addr show`: {e}"))
+}
