@@ -1,0 +1,439 @@
+//! Shared helpers of the live end-to-end tests: a testbed that tears itself down, the LB
+//! as a child process in its namespace, `ctl` and `loadgen` runs, and packet captures.
+//!
+//! Each test binary uses a subset, hence the `dead_code` allowance.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn cheetah_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cheetah")
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Live tests need root (namespaces, XDP). CI runs as root; elsewhere they say loudly that
+/// they did not run.
+pub fn require_root(test: &str) -> bool {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED {test}: needs root (network namespaces, XDP) ***\n");
+    }
+    is_root()
+}
+
+/// The machine has 2 cores: live scenarios run one at a time, across test threads.
+pub fn exclusive() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn cheetah(args: &[&str]) -> Output {
+    Command::new(cheetah_bin())
+        .args(args)
+        .output()
+        .expect("cannot run the cheetah binary")
+}
+
+pub fn cheetah_ok(args: &[&str]) -> String {
+    let out = cheetah(args);
+    assert!(
+        out.status.success(),
+        "`cheetah {}` failed: {}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a program inside a namespace; returns its output whether or not it succeeded.
+pub fn in_netns(namespace: &str, program: &str, args: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", namespace, program])
+        .args(args)
+        .output()
+        .expect("cannot run ip netns exec")
+}
+
+pub fn in_netns_ok(namespace: &str, program: &str, args: &[&str]) -> String {
+    let out = in_netns(namespace, program, args);
+    assert!(
+        out.status.success(),
+        "`{program} {}` in {namespace} failed: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn spawn_in_netns(namespace: &str, program: &str, args: &[&str], log: &Path) -> Child {
+    let out = std::fs::File::create(log).expect("cannot create a log file");
+    Command::new("ip")
+        .args(["netns", "exec", namespace, program])
+        .args(args)
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("cannot spawn in a namespace")
+}
+
+/// A testbed brought up for one test and taken down when the test ends, also on failure.
+pub struct Testbed {
+    pub prefix: String,
+    pub summary: Value,
+    pub dir: PathBuf,
+}
+
+impl Testbed {
+    pub fn up(prefix: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["testbed", "up", "--prefix", prefix];
+        args.extend_from_slice(extra);
+        // Build the guard before asserting, so a half-made testbed is removed too.
+        let mut testbed = Testbed {
+            prefix: prefix.to_string(),
+            summary: Value::Null,
+            dir: PathBuf::new(),
+        };
+        cheetah_ok(&args);
+        let dir = PathBuf::from(format!("/run/cheetah-testbed/{prefix}"));
+        let text = std::fs::read_to_string(dir.join("testbed.json")).expect("testbed.json");
+        testbed.summary = serde_json::from_str(&text).expect("testbed.json is JSON");
+        testbed.dir = PathBuf::from(testbed.summary["files"]["dir"].as_str().unwrap());
+        testbed
+    }
+
+    pub fn ns(&self, role: &str) -> String {
+        format!("{}-{role}", self.prefix)
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        PathBuf::from(self.summary["files"]["config"].as_str().unwrap())
+    }
+
+    pub fn secret_path(&self) -> PathBuf {
+        PathBuf::from(self.summary["files"]["secret"].as_str().unwrap())
+    }
+
+    pub fn vip(&self) -> String {
+        format!(
+            "{}:{}",
+            self.summary["vip"].as_str().unwrap(),
+            self.summary["vip_port"]
+        )
+    }
+
+    /// Writes a variant of the LB config whose pool holds only `pool` (the other servers
+    /// run nginx but are unknown to the LB until a test adds them).
+    pub fn config_with_pool(&self, pool: &[u16]) -> PathBuf {
+        let text = std::fs::read_to_string(self.config_path()).unwrap();
+        let mut config: toml::Table = text.parse().unwrap();
+        let servers = config["servers"].as_array_mut().unwrap();
+        servers.retain(|s| pool.contains(&(s["id"].as_integer().unwrap() as u16)));
+        let vips = config["vips"].as_array_mut().unwrap();
+        vips[0]["servers"] = toml::Value::Array(
+            pool.iter()
+                .map(|id| toml::Value::Integer(*id as i64))
+                .collect(),
+        );
+        let path = self.dir.join("cheetah-test.toml");
+        std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+        path
+    }
+
+    /// (dip, mac) of server `id` as the testbed made it.
+    pub fn server(&self, id: u16) -> (String, String) {
+        let server = self.summary["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap_or_else(|| panic!("testbed has no server {id}"));
+        (
+            server["dip"].as_str().unwrap().to_string(),
+            server["mac"].as_str().unwrap().to_string(),
+        )
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        let out = cheetah(&["testbed", "down", "--prefix", &self.prefix]);
+        if !out.status.success() {
+            eprintln!(
+                "testbed down {} failed: {}",
+                self.prefix,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// `cheetah run` in the testbed's LB namespace.
+pub struct Lb {
+    namespace: String,
+    config: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl Lb {
+    pub fn start(testbed: &Testbed, config: &Path) -> Self {
+        let mut lb = Lb {
+            namespace: testbed.ns("lb"),
+            config: config.to_path_buf(),
+            log: testbed.dir.join("lb.log"),
+            child: None,
+            starts: 0,
+        };
+        lb.restart();
+        lb
+    }
+
+    /// Starts the LB again (after `kill9` or `stop`), and waits until its API answers.
+    pub fn restart(&mut self) {
+        self.starts += 1;
+        let log = self.log.with_extension(format!("{}.log", self.starts));
+        let config = self.config.to_string_lossy().into_owned();
+        self.child = Some(spawn_in_netns(
+            &self.namespace,
+            cheetah_bin(),
+            &["run", "--config", &config],
+            &log,
+        ));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if self.ctl(&["status"]).status.success() {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "cheetah run exited with {status}:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < deadline, "cheetah run did not come up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // `ip netns exec` execs the binary, so the child's pid is the LB's.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+    }
+
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        let mut all = vec!["ctl"];
+        all.extend_from_slice(args);
+        in_netns(&self.namespace, cheetah_bin(), &all)
+    }
+
+    pub fn ctl_ok(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert!(
+            out.status.success(),
+            "`cheetah ctl {}` failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The Prometheus text of the running LB.
+    pub fn metrics(&self) -> String {
+        String::from_utf8_lossy(
+            &in_netns(
+                &self.namespace,
+                "curl",
+                &["-s", "-m", "5", "http://127.0.0.1:9180/metrics"],
+            )
+            .stdout,
+        )
+        .into_owned()
+    }
+}
+
+impl Drop for Lb {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Sum of the samples of `metric` whose labels contain every `label="value"` given.
+pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| {
+            line.strip_prefix(metric)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|line| labels.iter().all(|l| line.contains(l)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// tcpdump writing a pcap in a namespace until stopped.
+pub struct Capture {
+    child: Child,
+    pub path: PathBuf,
+}
+
+impl Capture {
+    pub fn start(namespace: &str, interface: &str, filter: &str, path: &Path) -> Self {
+        let child = Command::new("ip")
+            .args(["netns", "exec", namespace, "tcpdump", "-U", "-n", "-s", "200"])
+            .args(["-i", interface, "-w"])
+            .arg(path)
+            .arg(filter)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start tcpdump");
+        // tcpdump says "listening on" once the socket is open; give it that moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !path.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        Capture {
+            child,
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// Stops tcpdump (SIGINT flushes the file) and returns the captured frames.
+    pub fn finish(mut self) -> Vec<Vec<u8>> {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+        read_pcap(&self.path)
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn read_pcap(path: &Path) -> Vec<Vec<u8>> {
+    let file = std::fs::File::open(path).expect("capture file");
+    let mut reader = pcap_file::pcap::PcapReader::new(file).expect("a pcap");
+    let mut frames = Vec::new();
+    while let Some(packet) = reader.next_packet() {
+        frames.push(packet.expect("a readable packet").data.into_owned());
+    }
+    frames
+}
+
+/// The fields of an Ethernet/IPv4/TCP frame the tests look at.
+#[derive(Clone, Copy, Debug)]
+pub struct TcpView {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub flags: u8,
+    pub payload_len: usize,
+    /// (TSval, TSecr) if the segment carries a timestamp option.
+    pub timestamps: Option<(u32, u32)>,
+}
+
+impl TcpView {
+    pub fn is_rst(&self) -> bool {
+        self.flags & 0x04 != 0
+    }
+    pub fn is_syn(&self) -> bool {
+        self.flags & 0x02 != 0
+    }
+}
+
+/// A deliberately independent parser (not the core's), so the tests check the core's
+/// output with code that does not share its bugs.
+pub fn parse_tcp(frame: &[u8]) -> Option<TcpView> {
+    let mut at = 12;
+    let mut ethertype = u16::from_be_bytes([*frame.get(at)?, *frame.get(at + 1)?]);
+    while ethertype == 0x8100 || ethertype == 0x88a8 {
+        at += 4;
+        ethertype = u16::from_be_bytes([*frame.get(at)?, *frame.get(at + 1)?]);
+    }
+    if ethertype != 0x0800 {
+        return None;
+    }
+    let ip = frame.get(at + 2..)?;
+    let ihl = (*ip.first()? & 0x0f) as usize * 4;
+    if ip.len() < 20 || ip[9] != 6 || ip.len() < ihl + 20 {
+        return None;
+    }
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    let tcp = &ip[ihl..];
+    let data_offset = (tcp[12] >> 4) as usize * 4;
+    let options = tcp.get(20..data_offset)?;
+    let mut timestamps = None;
+    let mut i = 0;
+    while i < options.len() {
+        match options[i] {
+            0 => break,
+            1 => i += 1,
+            kind => {
+                let len = *options.get(i + 1)? as usize;
+                if len < 2 || i + len > options.len() {
+                    return None;
+                }
+                if kind == 8 && len == 10 {
+                    let word = |o: usize| {
+                        u32::from_be_bytes(options[i + o..i + o + 4].try_into().unwrap())
+                    };
+                    timestamps = Some((word(2), word(6)));
+                }
+                i += len;
+            }
+        }
+    }
+    Some(TcpView {
+        src: ip[12..16].try_into().unwrap(),
+        dst: ip[16..20].try_into().unwrap(),
+        sport: u16::from_be_bytes([tcp[0], tcp[1]]),
+        dport: u16::from_be_bytes([tcp[2], tcp[3]]),
+        flags: tcp[13],
+        payload_len: total.saturating_sub(ihl + data_offset),
+        timestamps,
+    })
+}
+
+/// Waits for a condition, polling; false if it did not hold in time.
+pub fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
