@@ -13,8 +13,11 @@ use tokio::time::{timeout, timeout_at, Instant};
 use super::breaks::{Break, BreakKind};
 use super::http::{parse_head, ParseError};
 
-/// Read size: big enough for `/large` bodies to stream at line rate.
-const READ_CHUNK: usize = 64 * 1024;
+/// Read buffer of a connection: a small response (head and `/small` body) in one read,
+/// without making thousands of sessions costly.
+const SMALL_READ: usize = 4 * 1024;
+/// Read buffer once a large body is coming: `/large` streams at line rate.
+const LARGE_READ: usize = 64 * 1024;
 /// How long a graceful close waits for the server's FIN.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
@@ -75,7 +78,7 @@ pub async fn connect(addr: SocketAddr, limit: Duration) -> Result<Conn, Break> {
     Ok(Conn {
         stream,
         buf: Vec::new(),
-        scratch: vec![0; READ_CHUNK].into_boxed_slice(),
+        scratch: vec![0; SMALL_READ].into_boxed_slice(),
         local_port,
         servers: Vec::new(),
         requests: 0,
@@ -147,6 +150,9 @@ impl Conn {
         }
         self.buf.clear();
         let mut got = buffered;
+        if length - got > LARGE_READ as u64 && self.scratch.len() < LARGE_READ {
+            self.scratch = vec![0; LARGE_READ].into_boxed_slice();
+        }
         while got < length {
             let n = self
                 .read(Instant::now() + limit, limit, "waiting for the body")

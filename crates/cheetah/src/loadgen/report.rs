@@ -134,7 +134,8 @@ pub fn build(
             .map(|b| BrokenEntry {
                 class: b.class.as_str(),
                 kind: b.kind.as_str().to_owned(),
-                t: (b.t.as_secs_f64() * 1e3).round() / 1e3,
+                // Truncated to the ms, so it falls in the same second as in the series.
+                t: b.t.as_millis() as f64 / 1e3,
                 local_port: b.local_port,
                 servers: b.servers.clone(),
                 requests: b.requests,
