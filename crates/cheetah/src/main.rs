@@ -3,6 +3,7 @@
 mod bench;
 mod config;
 mod dataplane;
+mod loadgen;
 mod replay;
 mod run;
 mod sim;
@@ -32,6 +33,8 @@ enum Command {
     Sim(sim::Args),
     /// Build, inspect or remove the namespace testbed (clients, router, LB, servers).
     Testbed(testbed::Args),
+    /// Drive HTTP load through the LB and report every broken connection and why.
+    Loadgen(loadgen::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,5 +50,6 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Testbed(args) => testbed::run(args),
+        Command::Loadgen(args) => loadgen::run(args),
     }
 }
