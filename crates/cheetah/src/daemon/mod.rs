@@ -18,7 +18,9 @@
 //! saver.shutdown(); // saves a last time
 //! ```
 
+pub mod api;
 pub mod io_counters;
+pub mod metrics;
 pub mod persist;
 pub mod state;
 
