@@ -25,6 +25,8 @@ enum Command {
     Bench(bench::Args),
     /// Simulate cheetah and other load balancers at scale (broken connections, imbalance).
     Sim(sim::Args),
+    /// Query and change a running daemon through its control API.
+    Ctl(cheetah::ctl::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +40,6 @@ fn main() -> anyhow::Result<()> {
         Command::Replay(args) => replay::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => sim::run(args),
+        Command::Ctl(args) => cheetah::ctl::run(args),
     }
 }

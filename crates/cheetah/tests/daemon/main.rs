@@ -3,5 +3,6 @@
 
 mod api;
 mod common;
+mod ctl;
 mod metrics;
 mod persist;
