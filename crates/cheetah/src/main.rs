@@ -1,14 +1,12 @@
 //! `cheetah`: the one binary. Each subcommand is its own module.
 
 mod bench;
-mod config;
-mod dataplane;
 mod loadgen;
 mod replay;
-mod run;
 mod sim;
 mod testbed;
 
+use cheetah::run;
 use clap::{Parser, Subcommand};
 
 /// cheetah: an L4 load balancer that never breaks a connection when servers or load
@@ -35,6 +33,8 @@ enum Command {
     Testbed(testbed::Args),
     /// Drive HTTP load through the LB and report every broken connection and why.
     Loadgen(loadgen::Args),
+    /// Query and change a running daemon through its control API.
+    Ctl(cheetah::ctl::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,5 +51,6 @@ fn main() -> anyhow::Result<()> {
         Command::Sim(args) => sim::run(args),
         Command::Testbed(args) => testbed::run(args),
         Command::Loadgen(args) => loadgen::run(args),
+        Command::Ctl(args) => cheetah::ctl::run(args),
     }
 }

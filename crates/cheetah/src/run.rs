@@ -12,13 +12,15 @@ use anyhow::{bail, Context};
 use cheetah_core::config::Forwarding;
 use cheetah_core::hash::Secret;
 use cheetah_core::lb::{LbShared, Worker, WorkerConfig};
-use cheetah_core::tables::{ControlPlane, SlotState};
+use cheetah_core::tables::SlotState;
 
 use crate::config::{read_secret, DaemonConfig, FileConfig};
-use crate::dataplane::worker_loop::{Clock, DataPath};
+use crate::daemon::persist::{self, Persister};
+use crate::daemon::{api, Clock, DaemonState, InterfaceStatus};
+use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
 use crate::dataplane::xsk::WorkerPorts;
-use crate::dataplane::{Interface, IoCounters};
+use crate::dataplane::Interface;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -54,15 +56,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "secret_file: required (a file with 32 hex digits; create it with --init-secret)",
     )?;
     let secret = load_or_create_secret(&secret_path, args.init_secret)?;
-    let control = ControlPlane::new(&file.lb, &secret).map_err(anyhow::Error::msg)?;
-    let daemon_run = Daemon::start(&file, &daemon, control)?;
+    let clock = Clock::start();
+    let persister = Persister::new(&daemon.state_dir, &file.lb)?;
+    let plane = persister.restore(&file.lb, &secret, &clock)?;
+    let state = Arc::new(DaemonState::new(plane, clock, Some(persister)));
+    // The API binds before anything touches the interfaces: a bad or busy address stops
+    // the start with nothing changed.
+    let api = api::spawn(Arc::clone(&state), daemon.api_listen)?;
+    let data_plane = DataPlane::start(&file, &daemon, &state)?;
+    let saver = persist::spawn(Arc::clone(&state), Duration::from_secs(1))?;
     tracing::info!(
         fingerprint = %secret.fingerprint(),
         mode = file.lb.mode.name(),
-        workers = daemon_run.workers.len(),
+        workers = data_plane.workers.len(),
+        api = %api.local_addr(),
         "cheetah is forwarding"
     );
-    daemon_run.wait_for_signal()
+    data_plane.run_until_signal(&state)?;
+    api.shutdown();
+    saver.shutdown();
+    Ok(())
 }
 
 fn load_or_create_secret(path: &Path, create: bool) -> anyhow::Result<Secret> {
@@ -94,27 +107,18 @@ fn load_or_create_secret(path: &Path, create: bool) -> anyhow::Result<Secret> {
     Ok(secret)
 }
 
-pub struct Daemon {
-    pub control: Arc<std::sync::Mutex<ControlPlane>>,
-    pub shared: Arc<LbShared>,
-    pub workers: Vec<WorkerHandle>,
-    pub interfaces: Vec<(Interface, &'static str)>,
-    pub steering: Arc<SteeringProgram>,
+/// The running data path: the XDP program and one worker thread per queue.
+pub struct DataPlane {
+    pub workers: Vec<std::thread::JoinHandle<()>>,
+    steering: SteeringProgram,
     stop: Arc<AtomicBool>,
 }
 
-pub struct WorkerHandle {
-    pub queue: u32,
-    pub counters: Arc<cheetah_core::lb::WorkerCounters>,
-    pub io: Arc<IoCounters>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Daemon {
+impl DataPlane {
     pub fn start(
         file: &FileConfig,
         daemon: &DaemonConfig,
-        control: ControlPlane,
+        state: &Arc<DaemonState>,
     ) -> anyhow::Result<Self> {
         let interfaces = daemon
             .interfaces
@@ -131,13 +135,12 @@ impl Daemon {
             .unwrap_or(queues)
             .min(queues)
             .min(xdp::MAX_QUEUES);
-        let shared = control.shared().clone();
 
         let steering = SteeringProgram::load()?;
         for iface in &interfaces {
             steering.set_interface_slot(iface.ifindex, iface.slot)?;
         }
-        sync_steering(&steering, &shared, file.lb.forwarding)?;
+        sync_steering(&steering, &state.shared, file.lb.forwarding)?;
 
         // Sockets go into the map before the program is attached (or replaces the previous
         // run's), so there is no moment where owned packets reach the host kernel.
@@ -149,24 +152,30 @@ impl Daemon {
             }
             ports.push(worker_ports);
         }
-        let mut attached = Vec::new();
+        let mut statuses = Vec::new();
         for iface in &interfaces {
             let mode = steering.attach(&iface.name, iface.ifindex, daemon.xdp_mode)?;
             tracing::info!(interface = %iface.name, mode, queues = iface.queues, "XDP program attached");
-            attached.push((iface.clone(), mode));
+            statuses.push(InterfaceStatus {
+                name: iface.name.clone(),
+                ifindex: iface.ifindex,
+                xdp_mode: mode.to_string(),
+                queues: (0..iface.queues.min(workers)).collect(),
+            });
         }
+        state.set_interfaces(statuses);
 
         let stop = Arc::new(AtomicBool::new(false));
-        let clock = Clock::new();
         let mut seed = [0u8; 8];
         let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut seed));
-        let mut handles = Vec::new();
+        let mut threads = Vec::new();
         for (index, worker_ports) in ports.into_iter().enumerate() {
             let mut config = WorkerConfig::new(index, workers as usize, &file.lb);
+            // Replays need fixed seeds; a live LB must not make the same random picks as
+            // every other instance.
             config.seed ^= u64::from_ne_bytes(seed);
-            let worker = Worker::new(shared.clone(), config);
-            let counters = worker.counters().clone();
-            let io = Arc::new(IoCounters::default());
+            let worker = Worker::new(Arc::clone(&state.shared), config);
+            let io = state.register_worker(index, index as u32, Arc::clone(worker.counters()));
             let port_names: Vec<(String, u8)> = worker_ports
                 .ports
                 .iter()
@@ -176,45 +185,39 @@ impl Daemon {
             let path = DataPath {
                 worker,
                 ports: worker_ports,
-                io: io.clone(),
-                clock,
-                stop: stop.clone(),
+                io,
+                clock: state.clock,
+                stop: Arc::clone(&stop),
                 busy_poll: daemon.busy_poll,
             };
-            let thread = std::thread::Builder::new()
-                .name(format!("cheetah-w{index}"))
-                .spawn(move || path.run(port_names))?;
-            handles.push(WorkerHandle {
-                queue: index as u32,
-                counters,
-                io,
-                thread,
-            });
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("cheetah-w{index}"))
+                    .spawn(move || path.run(port_names))?,
+            );
         }
-        Ok(Daemon {
-            control: Arc::new(std::sync::Mutex::new(control)),
-            shared,
-            workers: handles,
-            interfaces: attached,
-            steering: Arc::new(steering),
+        Ok(DataPlane {
+            workers: threads,
+            steering,
             stop,
         })
     }
 
-    pub fn wait_for_signal(self) -> anyhow::Result<()> {
+    /// Keeps the XDP program's maps in step with the tables until SIGTERM or SIGINT, then
+    /// stops the workers. The program stays attached (see `--unload`).
+    pub fn run_until_signal(self, state: &DaemonState) -> anyhow::Result<()> {
         let term = Arc::new(AtomicBool::new(false));
         for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-            signal_hook::flag::register(signal, term.clone())?;
+            signal_hook::flag::register(signal, Arc::clone(&term))?;
         }
-        let mut generation = self.shared.snapshot.generation();
-        let forwarding = self.control.lock().unwrap().config().forwarding;
+        let mut generation = state.shared.snapshot.generation();
         while !term.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(100));
-            let now = self.shared.snapshot.generation();
+            std::thread::sleep(Duration::from_millis(50));
+            let now = state.shared.snapshot.generation();
             if now != generation {
                 generation = now;
-                if let Err(e) = sync_steering(&self.steering, &self.shared, forwarding) {
-                    tracing::error!(error = %e, "cannot update the XDP program's maps");
+                if let Err(e) = sync_steering(&self.steering, &state.shared, state.forwarding) {
+                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's maps");
                 }
             }
         }
@@ -223,7 +226,7 @@ impl Daemon {
         );
         self.stop.store(true, Ordering::Relaxed);
         for worker in self.workers {
-            let _ = worker.thread.join();
+            let _ = worker.join();
         }
         Ok(())
     }

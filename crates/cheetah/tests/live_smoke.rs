@@ -39,7 +39,14 @@ fn scenario(forwarding: &str, prefix: &str) {
     let _one_at_a_time = exclusive();
     let testbed = Testbed::up(
         prefix,
-        &["--servers", "3", "--clients", "2", "--forwarding", forwarding],
+        &[
+            "--servers",
+            "3",
+            "--clients",
+            "2",
+            "--forwarding",
+            forwarding,
+        ],
     );
     // Server 3 runs nginx but joins the LB only at run time.
     let config = testbed.config_with_pool(&[1, 2]);
@@ -81,7 +88,10 @@ fn requests_succeed_from_every_client(testbed: &Testbed) {
     for client in ["c0", "c1", "c2"] {
         for _ in 0..4 {
             let (status, server, _) = curl(testbed, client, "/small");
-            assert_eq!(status, "200", "request from {client} through the VIP failed");
+            assert_eq!(
+                status, "200",
+                "request from {client} through the VIP failed"
+            );
             assert!(
                 server == "s1" || server == "s2",
                 "{client} was answered by {server:?}, not a pool member"
@@ -142,7 +152,12 @@ fn cookies_name_the_answering_server(testbed: &Testbed) {
 }
 
 /// Runs `cheetah loadgen` in a client namespace in the background.
-fn start_loadgen(testbed: &Testbed, client: &str, name: &str, args: &[&str]) -> std::process::Child {
+fn start_loadgen(
+    testbed: &Testbed,
+    client: &str,
+    name: &str,
+    args: &[&str],
+) -> std::process::Child {
     let report = testbed.dir.join(format!("{name}.json"));
     let target = testbed.vip();
     let report_arg = report.to_string_lossy().into_owned();
@@ -180,12 +195,21 @@ fn add_and_drain_break_nothing(testbed: &Testbed, lb: &Lb) {
         testbed,
         "c1",
         "add-drain",
-        &["--duration", "24s", "--keepalive", "100", "--short-rate", "20/s"],
+        &[
+            "--duration",
+            "24s",
+            "--keepalive",
+            "100",
+            "--short-rate",
+            "20/s",
+        ],
     );
     std::thread::sleep(Duration::from_secs(6));
     let (dip, mac) = testbed.server(3);
     let vip = testbed.vip();
-    lb.ctl_ok(&["servers", "add", "--id", "3", "--dip", &dip, "--mac", &mac, "--vip", &vip]);
+    lb.ctl_ok(&[
+        "servers", "add", "--id", "3", "--dip", &dip, "--mac", &mac, "--vip", &vip,
+    ]);
     std::thread::sleep(Duration::from_secs(6));
     lb.ctl_ok(&["servers", "drain", "1"]);
     let report = finish_loadgen(testbed, "add-drain", load);
@@ -203,7 +227,10 @@ fn add_and_drain_break_nothing(testbed: &Testbed, lb: &Lb) {
     );
     // Draining stops new connections only: server 1's keep-alive sessions went on.
     assert!(
-        report["live_sessions_at_end"]["by_server"]["s1"].as_u64().unwrap_or(0) > 0,
+        report["live_sessions_at_end"]["by_server"]["s1"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
         "no session of the drained server lived to the end: {}",
         report["live_sessions_at_end"]
     );
@@ -213,8 +240,15 @@ fn both_workers_forwarded(lb: &Lb) {
     let metrics = lb.metrics();
     for worker in ["0", "1"] {
         let label = format!("worker=\"{worker}\"");
-        let forwarded = metric_sum(&metrics, "cheetah_packets_total", &[&label, "direction=\"tx\""]);
-        assert!(forwarded > 100.0, "worker {worker} forwarded {forwarded} packets:\n{metrics}");
+        let forwarded = metric_sum(
+            &metrics,
+            "cheetah_packets_total",
+            &[&label, "direction=\"tx\""],
+        );
+        assert!(
+            forwarded > 100.0,
+            "worker {worker} forwarded {forwarded} packets:\n{metrics}"
+        );
     }
 }
 
@@ -231,13 +265,29 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
         testbed,
         "c1",
         "kill-keepalive",
-        &["--duration", "20s", "--keepalive", "100", "--short-rate", "20/s"],
+        &[
+            "--duration",
+            "20s",
+            "--keepalive",
+            "100",
+            "--short-rate",
+            "20/s",
+        ],
     );
     let downloads = start_loadgen(
         testbed,
         "c2",
         "kill-downloads",
-        &["--duration", "20s", "--keepalive", "0", "--short-rate", "0", "--downloads", "2"],
+        &[
+            "--duration",
+            "20s",
+            "--keepalive",
+            "0",
+            "--short-rate",
+            "0",
+            "--downloads",
+            "2",
+        ],
     );
     std::thread::sleep(Duration::from_secs(6));
     lb.kill9();

@@ -2,7 +2,6 @@
 //! interface and queue; one worker thread per queue runs them through the core.
 
 pub mod egress;
-pub mod io_counters;
 pub mod meta;
 pub mod neighbour;
 pub mod worker_loop;
@@ -12,7 +11,7 @@ pub mod xsk;
 use anyhow::{bail, Context};
 use cheetah_core::types::parse_mac;
 
-pub use io_counters::IoCounters;
+pub use crate::daemon::IoCounters;
 pub use xsk::Interface;
 
 impl Interface {

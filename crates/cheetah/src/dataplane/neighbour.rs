@@ -25,6 +25,12 @@ pub struct NeighbourResolver {
     last: Option<Nanos>,
 }
 
+impl Default for NeighbourResolver {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl NeighbourResolver {
     pub fn new() -> Self {
         // SAFETY: plain socket(2); the fd is owned from here on.

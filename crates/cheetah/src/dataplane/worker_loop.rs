@@ -7,7 +7,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use cheetah_core::lb::Worker;
 use cheetah_core::types::{Nanos, ServerId};
@@ -15,29 +14,16 @@ use cheetah_core::Verdict;
 use xdpilone::xdp::XdpDesc;
 
 use super::egress::ServerEgress;
-use super::io_counters::IoCounters;
 use super::meta::{NextHop, PacketMeta};
 use super::neighbour::NeighbourResolver;
 use super::xsk::WorkerPorts;
+use crate::daemon::{Clock, IoCounters};
 
 pub const BATCH: usize = 64;
 /// Room per port for one batch plus ICMP copies before a mid-batch flush is needed.
 const TX_STAGE: usize = BATCH * 2;
 const IDLE_POLL_MS: i32 = 10;
 const TICK_EVERY: Nanos = 1_000_000;
-
-/// The monotonic clock the core is given (it never reads one itself).
-#[derive(Clone, Copy)]
-pub struct Clock(Instant);
-
-impl Clock {
-    pub fn new() -> Self {
-        Clock(Instant::now())
-    }
-    pub fn now(&self) -> Nanos {
-        self.0.elapsed().as_nanos() as Nanos
-    }
-}
 
 pub struct DataPath {
     pub worker: Worker,

@@ -20,8 +20,8 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{Nanos, NANOS_PER_SEC};
 use cheetah_core::{DropReason, ServerId, Verdict};
 
-use crate::config::{read_secret, FileConfig};
 use capture::{CaptureReader, CaptureWriter};
+use cheetah::config::{read_secret, FileConfig};
 use log::{VerdictKind, VerdictLog};
 use spread::{Spreader, RETA_SIZE};
 

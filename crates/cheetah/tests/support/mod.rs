@@ -302,7 +302,9 @@ pub struct Capture {
 impl Capture {
     pub fn start(namespace: &str, interface: &str, filter: &str, path: &Path) -> Self {
         let child = Command::new("ip")
-            .args(["netns", "exec", namespace, "tcpdump", "-U", "-n", "-s", "200"])
+            .args([
+                "netns", "exec", namespace, "tcpdump", "-U", "-n", "-s", "200",
+            ])
             .args(["-i", interface, "-w"])
             .arg(path)
             .arg(filter)

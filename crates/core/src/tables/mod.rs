@@ -9,6 +9,9 @@ pub mod index;
 pub mod servers;
 pub mod snapshot;
 
-pub use control::{ControlError, ControlPlane, ServerSpec};
+pub use control::{
+    ControlError, ControlPlane, ControlState, QuarantineRestore, SavedMember, SavedServer,
+    SavedServerState, SavedVip, ServerSpec,
+};
 pub use servers::{AllServers, ServerSlot, SlotState};
 pub use snapshot::{Snapshot, SnapshotCell, VipEntry};

@@ -1,0 +1,636 @@
+//! `cheetah ctl`: the operator's client for the daemon's control API.
+//!
+//! Prints human tables by default and the API's JSON with `--json`. Values are sent as
+//! typed and validated by the daemon, so its messages (naming the field) are what the
+//! operator sees. Exit status: 0 on success, 2 when the daemon refused the request (a 4xx,
+//! printed as `error: <message>`) or the command line is wrong, 1 when the daemon cannot be
+//! reached or failed.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use clap::{Args as ClapArgs, Subcommand};
+use serde_json::{json, Value};
+
+use crate::daemon::api::DEFAULT_LISTEN;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Address of the daemon's control API.
+    #[arg(long, default_value = DEFAULT_LISTEN, global = true)]
+    pub api: String,
+    /// Print the API's JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlCommand {
+    /// Version, mode, interfaces, workers and server counts.
+    Status,
+    /// List, add, drain, activate or remove servers.
+    #[command(subcommand)]
+    Servers(ServersCommand),
+    /// List VIPs with their policies and pools.
+    #[command(subcommand)]
+    Vips(VipsCommand),
+    /// Set a VIP's policy.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Set weights in a VIP's pool.
+    #[command(subcommand)]
+    Weights(WeightsCommand),
+    /// Add a server to a VIP's pool or take it out.
+    #[command(subcommand)]
+    Pool(PoolCommand),
+    /// Report a server's load.
+    #[command(subcommand)]
+    Load(LoadCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ServersCommand {
+    List,
+    /// Add a server (it takes new connections at once in the VIPs given).
+    Add {
+        #[arg(long)]
+        dip: String,
+        #[arg(long)]
+        mac: Option<String>,
+        /// Server id (default: the lowest free one).
+        #[arg(long)]
+        id: Option<u16>,
+        /// A VIP to join, `address:port` or `address:port:weight`; repeatable.
+        #[arg(long = "vip", value_name = "VIP[:WEIGHT]")]
+        vips: Vec<String>,
+    },
+    /// Stop new connections to a server; its connections keep going.
+    Drain {
+        id: u16,
+    },
+    /// Put a draining server back into service.
+    Activate {
+        id: u16,
+    },
+    /// Retire a server; its id is quarantined before it can be reused.
+    Remove {
+        id: u16,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VipsCommand {
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCommand {
+    /// `policy set 10.0.0.100:80 pow2 --metric active-connections`
+    Set {
+        vip: String,
+        /// hash, maglev, rr, wrr, awrr, pow2, least-loaded or random.
+        policy: String,
+        /// active-connections, packets, bytes or reported.
+        #[arg(long)]
+        metric: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum WeightsCommand {
+    /// `weights set 10.0.0.100:80 1=3 2=1`
+    Set {
+        vip: String,
+        #[arg(required = true, value_name = "ID=WEIGHT")]
+        weights: Vec<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolCommand {
+    Join {
+        vip: String,
+        id: u16,
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
+    },
+    /// Its connections keep going.
+    Leave { vip: String, id: u16 },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LoadCommand {
+    /// `load report 3 --value 0.7 --active 120`
+    Report {
+        id: u16,
+        /// The server's load (e.g. CPU utilisation), compared across servers.
+        #[arg(long)]
+        value: Option<f64>,
+        /// The connections the server really has open.
+        #[arg(long)]
+        active: Option<u64>,
+    },
+}
+
+/// How a request went wrong, and the exit status that says so.
+enum Failure {
+    /// The daemon refused the request (4xx), or the command line was wrong.
+    Refused(String),
+    /// The daemon could not be reached or failed (5xx).
+    Failed(String),
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match execute(&args) {
+        Ok(text) => {
+            print!("{text}");
+            Ok(())
+        }
+        Err(Failure::Refused(message)) => {
+            eprintln!("error: {message}");
+            std::process::exit(2)
+        }
+        Err(Failure::Failed(message)) => {
+            eprintln!("error: {message}");
+            std::process::exit(1)
+        }
+    }
+}
+
+struct Client {
+    agent: ureq::Agent,
+    base: String,
+    api: String,
+}
+
+enum Method {
+    Get,
+    Post,
+    Put,
+    Delete,
+}
+
+impl Client {
+    fn new(api: &str) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Client {
+            agent,
+            base: format!("http://{api}"),
+            api: api.to_string(),
+        }
+    }
+
+    fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value, Failure> {
+        let url = format!("{}{path}", self.base);
+        let response = match (method, body) {
+            (Method::Get, _) => self.agent.get(&url).call(),
+            (Method::Delete, _) => self.agent.delete(&url).call(),
+            (Method::Post, Some(body)) => self.agent.post(&url).send_json(&body),
+            (Method::Post, None) => self.agent.post(&url).send_empty(),
+            (Method::Put, body) => self.agent.put(&url).send_json(body.unwrap_or(Value::Null)),
+        };
+        let mut response = response.map_err(|e| self.unreachable(e))?;
+        let status = response.status();
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| Failure::Failed(format!("cannot read the daemon's answer: {e}")))?;
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status.is_success() {
+            return Ok(value);
+        }
+        let message = value
+            .get("error")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{status}: {value}"));
+        if status.is_client_error() {
+            Err(Failure::Refused(message))
+        } else {
+            Err(Failure::Failed(format!(
+                "the daemon failed ({status}): {message}"
+            )))
+        }
+    }
+
+    fn unreachable(&self, e: ureq::Error) -> Failure {
+        let why = match &e {
+            ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+                "connection refused".to_string()
+            }
+            other => other.to_string(),
+        };
+        Failure::Failed(format!(
+            "the cheetah daemon is not reachable at {} ({why}); is it running, and is --api its API address?",
+            self.api
+        ))
+    }
+}
+
+/// Percent-encodes a path segment (a VIP key may hold `[` and `]`).
+fn segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// `address:port` or `address:port:weight`.
+fn vip_and_weight(text: &str) -> Value {
+    if text.parse::<std::net::SocketAddr>().is_err() {
+        if let Some((vip, weight)) = text.rsplit_once(':') {
+            if let (Ok(_), Ok(weight)) =
+                (vip.parse::<std::net::SocketAddr>(), weight.parse::<u32>())
+            {
+                return json!({ "vip": vip, "weight": weight });
+            }
+        }
+    }
+    json!({ "vip": text })
+}
+
+fn execute(args: &Args) -> Result<String, Failure> {
+    let client = Client::new(&args.api);
+    let (value, human): (Value, fn(&Value) -> String) = match &args.command {
+        CtlCommand::Status => (client.call(Method::Get, "/status", None)?, show_status),
+        CtlCommand::Servers(ServersCommand::List) => {
+            (client.call(Method::Get, "/servers", None)?, show_servers)
+        }
+        CtlCommand::Servers(ServersCommand::Add { dip, mac, id, vips }) => {
+            let mut body = json!({ "dip": dip, "vips": vips.iter().map(|v| vip_and_weight(v)).collect::<Vec<_>>() });
+            if let Some(mac) = mac {
+                body["mac"] = json!(mac);
+            }
+            if let Some(id) = id {
+                body["id"] = json!(id);
+            }
+            (client.call(Method::Post, "/servers", Some(body))?, |v| {
+                format!("server {} added\n", v["id"])
+            })
+        }
+        CtlCommand::Servers(ServersCommand::Drain { id }) => (
+            client.call(Method::Post, &format!("/servers/{id}/drain"), None)?,
+            |v| format!("server {} is draining: no new connections\n", v["id"]),
+        ),
+        CtlCommand::Servers(ServersCommand::Activate { id }) => (
+            client.call(Method::Post, &format!("/servers/{id}/activate"), None)?,
+            |v| format!("server {} is active\n", v["id"]),
+        ),
+        CtlCommand::Servers(ServersCommand::Remove { id }) => (
+            client.call(Method::Delete, &format!("/servers/{id}"), None)?,
+            |v| {
+                format!(
+                    "server {} removed; its id is quarantined for {} s\n",
+                    v["id"], v["quarantine_left_secs"]
+                )
+            },
+        ),
+        CtlCommand::Vips(VipsCommand::List) => {
+            (client.call(Method::Get, "/vips", None)?, show_vips)
+        }
+        CtlCommand::Policy(PolicyCommand::Set {
+            vip,
+            policy,
+            metric,
+        }) => {
+            let mut body = json!({ "policy": policy });
+            if let Some(metric) = metric {
+                body["metric"] = json!(metric);
+            }
+            let path = format!("/vips/{}/policy", segment(vip));
+            (client.call(Method::Put, &path, Some(body))?, show_vip)
+        }
+        CtlCommand::Weights(WeightsCommand::Set { vip, weights }) => {
+            let mut map = serde_json::Map::new();
+            for w in weights {
+                let parsed = w.split_once('=').and_then(|(id, weight)| {
+                    Some((id.parse::<u16>().ok()?, weight.parse::<u32>().ok()?))
+                });
+                let Some((id, weight)) = parsed else {
+                    return Err(Failure::Refused(format!(
+                        "weights: `{w}` is not ID=WEIGHT (e.g. 3=2)"
+                    )));
+                };
+                map.insert(id.to_string(), json!(weight));
+            }
+            let path = format!("/vips/{}/weights", segment(vip));
+            (
+                client.call(Method::Put, &path, Some(json!({ "weights": map })))?,
+                show_vip,
+            )
+        }
+        CtlCommand::Pool(PoolCommand::Join { vip, id, weight }) => {
+            let path = format!("/vips/{}/servers", segment(vip));
+            let body = json!({ "id": id, "weight": weight });
+            (client.call(Method::Post, &path, Some(body))?, show_vip)
+        }
+        CtlCommand::Pool(PoolCommand::Leave { vip, id }) => {
+            let path = format!("/vips/{}/servers/{id}", segment(vip));
+            (client.call(Method::Delete, &path, None)?, show_vip)
+        }
+        CtlCommand::Load(LoadCommand::Report { id, value, active }) => {
+            let mut body = json!({});
+            if let Some(value) = value {
+                body["load"] = json!(value);
+            }
+            if let Some(active) = active {
+                body["active_connections"] = json!(active);
+            }
+            (
+                client.call(Method::Post, &format!("/servers/{id}/load"), Some(body))?,
+                |v| {
+                    format!(
+                        "server {}: reported load {}, active connections {}\n",
+                        v["id"], v["reported_load"], v["active_connections"]
+                    )
+                },
+            )
+        }
+    };
+    Ok(if args.json {
+        format!(
+            "{}\n",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        )
+    } else {
+        human(&value)
+    })
+}
+
+// ---- human output ----------------------------------------------------------------------
+
+/// A JSON value as a table cell: strings bare, null as `-`.
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() => format!("{}", (f * 100.0).round() / 100.0),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+fn list(v: &Value) -> &[Value] {
+    v.as_array().map(Vec::as_slice).unwrap_or(&[])
+}
+
+/// Left-aligned columns, two spaces apart.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut text = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                text.push_str(c);
+            } else {
+                let _ = write!(text, "{c:<w$}  ");
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(headers.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s:02}s"),
+        (0, _, _) => format!("{h}h{m:02}m{s:02}s"),
+        _ => format!("{d}d{h:02}h{m:02}m"),
+    }
+}
+
+fn show_status(v: &Value) -> String {
+    let mut out = String::new();
+    let servers = &v["servers"];
+    let _ = writeln!(out, "cheetah {}", cell(&v["version"]));
+    let _ = writeln!(out, "mode                {}", cell(&v["mode"]));
+    let _ = writeln!(out, "forwarding          {}", cell(&v["forwarding"]));
+    let _ = writeln!(
+        out,
+        "secret fingerprint  {}",
+        cell(&v["secret_fingerprint"])
+    );
+    let _ = writeln!(
+        out,
+        "uptime              {}",
+        duration(v["uptime_secs"].as_u64().unwrap_or(0))
+    );
+    let _ = writeln!(
+        out,
+        "snapshot generation {}",
+        cell(&v["snapshot_generation"])
+    );
+    let _ = writeln!(
+        out,
+        "servers             {} active, {} draining, {} removed",
+        cell(&servers["active"]),
+        cell(&servers["draining"]),
+        cell(&servers["removed"])
+    );
+    let _ = writeln!(out, "vips                {}", cell(&v["vips"]));
+    let interfaces = list(&v["interfaces"]);
+    if interfaces.is_empty() {
+        out.push_str("interfaces          none reported (no data path attached)\n");
+    } else {
+        out.push('\n');
+        let rows: Vec<Vec<String>> = interfaces
+            .iter()
+            .map(|i| {
+                vec![
+                    cell(&i["name"]),
+                    cell(&i["ifindex"]),
+                    cell(&i["xdp_mode"]),
+                    list(&i["queues"])
+                        .iter()
+                        .map(cell)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["INTERFACE", "IFINDEX", "XDP", "QUEUES"], &rows));
+    }
+    let workers = list(&v["workers"]);
+    if !workers.is_empty() {
+        out.push('\n');
+        let rows: Vec<Vec<String>> = workers
+            .iter()
+            .map(|w| {
+                [
+                    "index",
+                    "queue",
+                    "packets",
+                    "dropped",
+                    "rx_packets",
+                    "tx_packets",
+                    "packets_per_second",
+                ]
+                .iter()
+                .map(|k| cell(&w[*k]))
+                .collect()
+            })
+            .collect();
+        out.push_str(&table(
+            &["WORKER", "QUEUE", "PACKETS", "DROPPED", "RX", "TX", "PKT/S"],
+            &rows,
+        ));
+    }
+    out
+}
+
+fn show_servers(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = list(&v["servers"])
+        .iter()
+        .map(|s| {
+            let mut row: Vec<String> = [
+                "id",
+                "dip",
+                "mac",
+                "state",
+                "active_connections",
+                "packets",
+                "bytes",
+                "reported_load",
+                "quarantine_left_secs",
+            ]
+            .iter()
+            .map(|k| cell(&s[*k]))
+            .collect();
+            let vips: Vec<String> = list(&s["vips"]).iter().map(cell).collect();
+            row.push(if vips.is_empty() {
+                "-".into()
+            } else {
+                vips.join(",")
+            });
+            row
+        })
+        .collect();
+    table(
+        &[
+            "ID",
+            "DIP",
+            "MAC",
+            "STATE",
+            "ACTIVE",
+            "PACKETS",
+            "BYTES",
+            "LOAD",
+            "QUARANTINE",
+            "VIPS",
+        ],
+        &rows,
+    )
+}
+
+fn vip_row(v: &Value) -> Vec<String> {
+    let members: Vec<String> = list(&v["members"])
+        .iter()
+        .map(|m| {
+            let state = m["state"].as_str().unwrap_or("");
+            let mark = if state == "active" {
+                String::new()
+            } else {
+                format!("({state})")
+            };
+            format!("{}*{}{mark}", cell(&m["id"]), cell(&m["weight"]))
+        })
+        .collect();
+    let departed: Vec<String> = list(&v["departed"]).iter().map(cell).collect();
+    vec![
+        cell(&v["vip"]),
+        cell(&v["policy"]),
+        cell(&v["metric"]),
+        cell(&v["backend_port"]),
+        if members.is_empty() {
+            "-".into()
+        } else {
+            members.join(" ")
+        },
+        if departed.is_empty() {
+            "-".into()
+        } else {
+            departed.join(",")
+        },
+    ]
+}
+
+const VIP_HEADERS: [&str; 6] = [
+    "VIP",
+    "POLICY",
+    "METRIC",
+    "BACKEND",
+    "MEMBERS (ID*WEIGHT)",
+    "DEPARTED",
+];
+
+fn show_vips(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = list(&v["vips"]).iter().map(vip_row).collect();
+    table(&VIP_HEADERS, &rows)
+}
+
+fn show_vip(v: &Value) -> String {
+    table(&VIP_HEADERS, &[vip_row(v)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vip_keys_are_path_safe() {
+        assert_eq!(segment("10.0.0.1:80"), "10.0.0.1:80");
+        assert_eq!(segment("[2001:db8::1]:80"), "%5B2001:db8::1%5D:80");
+        assert_eq!(segment("a/b"), "a%2Fb");
+    }
+
+    #[test]
+    fn vip_weights_are_split_off_only_when_they_parse() {
+        assert_eq!(
+            vip_and_weight("10.0.0.1:80"),
+            json!({ "vip": "10.0.0.1:80" })
+        );
+        assert_eq!(
+            vip_and_weight("10.0.0.1:80:3"),
+            json!({ "vip": "10.0.0.1:80", "weight": 3 })
+        );
+        assert_eq!(
+            vip_and_weight("[::1]:80:2"),
+            json!({ "vip": "[::1]:80", "weight": 2 })
+        );
+        assert_eq!(vip_and_weight("nonsense"), json!({ "vip": "nonsense" }));
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let t = table(&["A", "BB"], &[vec!["xxx".into(), "y".into()]]);
+        assert_eq!(t, "A    BB\nxxx  y\n");
+        assert_eq!(duration(59), "59s");
+        assert_eq!(duration(3_661), "1h01m01s");
+    }
+}

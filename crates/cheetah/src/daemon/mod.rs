@@ -1,0 +1,28 @@
+//! The daemon's control side: shared state, the HTTP/JSON API, Prometheus metrics and the
+//! state file. The AF_XDP data path plugs in through [`state::DaemonState`].
+//!
+//! Start-up, in order:
+//!
+//! ```ignore
+//! let clock = Clock::start();
+//! let persister = Persister::new(state_dir, &config.lb)?;
+//! let plane = persister.restore(&config.lb, &secret, &clock)?; // see persist.rs
+//! let state = Arc::new(DaemonState::new(plane, clock, Some(persister)));
+//! // data path: per worker, Worker::new(Arc::clone(&state.shared), ...), then
+//! //   let io = state.register_worker(index, queue, Arc::clone(worker.counters()));
+//! //   and state.set_interfaces(...) once attached; use state.now() as `now`.
+//! let api = api::spawn(Arc::clone(&state), listen)?;
+//! let saver = persist::spawn(Arc::clone(&state), Duration::from_secs(1))?;
+//! // ... on shutdown:
+//! api.shutdown();
+//! saver.shutdown(); // saves a last time
+//! ```
+
+pub mod api;
+pub mod io_counters;
+pub mod metrics;
+pub mod persist;
+pub mod state;
+
+pub use io_counters::IoCounters;
+pub use state::{Clock, DaemonState, InterfaceStatus, WorkerStats};

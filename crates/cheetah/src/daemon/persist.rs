@@ -1,0 +1,389 @@
+//! What survives a daemon restart, and how it is restored.
+//!
+//! One JSON file, `state.json` in the daemon's state directory, holds:
+//!
+//! * the control tables ([`ControlState`]): every server with its state (active,
+//!   draining, or removed and still quarantined, with the seconds of quarantine left),
+//!   servers added at run time, pool membership, policies, metrics and weights;
+//! * each server's timestamp MSB ([`PersistedMsb`]), so a restarted LB can restore the
+//!   TSecr of connections that were open before the restart;
+//! * a fingerprint of the config's LB sections and the wall-clock time of the save.
+//!
+//! It is written atomically (temporary file, fsync, rename, fsync of the directory) every
+//! second by [`spawn`]'s thread, after every successful control change, and on shutdown.
+//!
+//! # Restore rule
+//!
+//! * **No state file**: the config's tables.
+//! * **Config unchanged** since the save (same fingerprint of the parsed LB sections, so
+//!   comments and formatting do not count): the saved tables win, so changes made through
+//!   the API survive the restart. If they no longer validate, the config's are used, as
+//!   below, with a warning.
+//! * **Config changed**: the config's tables win, but ids that were removed and are still
+//!   quarantined stay quarantined for the time they had left (unless the config itself
+//!   defines the id again: the config wins, with a warning).
+//! * In every case the quarantine clock kept running while the daemon was down: the
+//!   wall-clock time since the save is taken off, and no quarantine is longer than the
+//!   config's `quarantine_secs`.
+//! * **MSBs** are restored in both cases if the file was saved at most 30 s ago
+//!   ([`MAX_PERSISTED_AGE_MS`](cheetah_core::cookie::msb::MAX_PERSISTED_AGE_MS)); an older
+//!   file's MSBs may be a step behind, so they are refused and re-learnt from each server's
+//!   next packet. An id whose address differs between the file and the restored tables
+//!   is a different server: its MSB is not restored.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use cheetah_core::config::{ConfigError, LbConfig};
+use cheetah_core::cookie::PersistedMsb;
+use cheetah_core::hash::Secret;
+use cheetah_core::tables::{ControlPlane, ControlState, SavedServerState};
+use cheetah_core::types::Nanos;
+use serde::{Deserialize, Serialize};
+
+use super::state::{unix_ms, Clock, DaemonState};
+
+pub const STATE_FILE: &str = "state.json";
+const FORMAT: u32 = 1;
+
+/// The state file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFile {
+    pub format: u32,
+    /// Wall-clock time of the save, ms since the Unix epoch.
+    pub saved_at_unix_ms: u64,
+    /// [`config_fingerprint`] of the config the daemon ran with.
+    pub config_fingerprint: String,
+    pub tables: ControlState,
+    pub msb: PersistedMsb,
+}
+
+/// A fingerprint of the LB sections of a config: 64-bit FNV-1a of their canonical JSON
+/// (fixed field order, weights sorted), so it is stable across builds and ignores
+/// comments and formatting.
+pub fn config_fingerprint(config: &LbConfig) -> String {
+    let canonical = serde_json::to_vec(config).expect("a config always serializes");
+    let hash = canonical.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
+
+/// Where the tables of a restored control plane came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TablesFrom {
+    /// No state file: the config.
+    Config,
+    /// The state file (the config is unchanged since it was saved).
+    SavedState,
+    /// The config, which changed since the save; quarantines were kept.
+    ConfigChanged,
+    /// The config, because the saved tables did not validate (the reason).
+    SavedStateInvalid(String),
+}
+
+/// What [`restore`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoreReport {
+    pub tables: TablesFrom,
+    /// Removed ids quarantined again from the file (config-wins case), with seconds left.
+    pub quarantine_kept: Vec<(u16, u64)>,
+    /// Quarantined ids the changed config defines again.
+    pub quarantine_overridden: Vec<u16>,
+    /// How many MSBs were restored, or why none were.
+    pub msb: Result<usize, String>,
+}
+
+/// Builds the control plane from `config` and, if there is one, the saved state, by the
+/// rule in this module's documentation. `now` is the daemon clock, `now_unix_ms` the wall
+/// clock. Fails only if the config itself is invalid.
+pub fn restore(
+    config: &LbConfig,
+    secret: &Secret,
+    saved: Option<&StateFile>,
+    now: Nanos,
+    now_unix_ms: u64,
+) -> Result<(ControlPlane, RestoreReport), ConfigError> {
+    let Some(saved) = saved else {
+        let plane = ControlPlane::new(config, secret)?;
+        let report = RestoreReport {
+            tables: TablesFrom::Config,
+            quarantine_kept: Vec::new(),
+            quarantine_overridden: Vec::new(),
+            msb: Err("no state file".into()),
+        };
+        return Ok((plane, report));
+    };
+    // The quarantine went on while the daemon was down (a clock that went back counts as
+    // no time, which keeps ids retired longer, never shorter).
+    let down_secs = now_unix_ms.saturating_sub(saved.saved_at_unix_ms) / 1000;
+    let mut tables = saved.tables.clone();
+    for server in &mut tables.servers {
+        if let Some(left) = &mut server.quarantine_left_secs {
+            *left = left.saturating_sub(down_secs);
+        }
+    }
+
+    let mut report = RestoreReport {
+        tables: TablesFrom::ConfigChanged,
+        quarantine_kept: Vec::new(),
+        quarantine_overridden: Vec::new(),
+        msb: Ok(0),
+    };
+    let mut plane = None;
+    if saved.config_fingerprint == config_fingerprint(config) {
+        match ControlPlane::restore(config, secret, &tables, now) {
+            Ok(restored) => {
+                report.tables = TablesFrom::SavedState;
+                plane = Some(restored);
+            }
+            Err(e) => report.tables = TablesFrom::SavedStateInvalid(e.to_string()),
+        }
+    }
+    let plane = match plane {
+        Some(plane) => plane,
+        None => {
+            let mut plane = ControlPlane::new(config, secret)?;
+            // Removed servers' records are checked leniently (dip and MAC syntax only);
+            // one that does not even parse cannot be quarantined again.
+            match plane.restore_quarantine(&tables, now) {
+                Ok(q) => {
+                    report.quarantine_kept = q.kept;
+                    report.quarantine_overridden = q.overridden;
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "the state file's quarantined servers could not be restored"
+                ),
+            }
+            plane
+        }
+    };
+
+    // MSBs only for ids that name the same server (same address) as when they were saved.
+    let saved_dips: BTreeMap<u16, IpAddr> = saved
+        .tables
+        .servers
+        .iter()
+        .filter(|s| s.state != SavedServerState::Removed)
+        .map(|s| (s.id, s.dip))
+        .collect();
+    let current_dips: BTreeMap<u16, IpAddr> = plane
+        .servers(now)
+        .into_iter()
+        .map(|s| (s.id.0, IpAddr::V4(s.dip)))
+        .collect();
+    let msb = PersistedMsb {
+        saved_at_unix_ms: saved.msb.saved_at_unix_ms,
+        servers: saved
+            .msb
+            .servers
+            .iter()
+            .copied()
+            .filter(|(id, _)| {
+                saved_dips.contains_key(id) && saved_dips.get(id) == current_dips.get(id)
+            })
+            .collect(),
+    };
+    report.msb = plane
+        .shared()
+        .msb
+        .load_persisted(&msb, now_unix_ms)
+        .map_err(|e| e.to_string());
+    Ok((plane, report))
+}
+
+/// Reads and writes the state file of one daemon.
+pub struct Persister {
+    dir: PathBuf,
+    config_fingerprint: String,
+    /// One save at a time, and exports in the order they are written.
+    writing: Mutex<()>,
+}
+
+impl Persister {
+    /// Creates the state directory if needed.
+    pub fn new(dir: impl Into<PathBuf>, config: &LbConfig) -> anyhow::Result<Self> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
+        Ok(Persister {
+            dir,
+            config_fingerprint: config_fingerprint(config),
+            writing: Mutex::new(()),
+        })
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    /// The saved state, `None` if there is no file.
+    pub fn load(&self) -> anyhow::Result<Option<StateFile>> {
+        let path = self.path();
+        let text = match fs::read(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let file: StateFile = serde_json::from_slice(&text)
+            .with_context(|| format!("{} is not a cheetah state file", path.display()))?;
+        if file.format != FORMAT {
+            bail!(
+                "{}: format {} is not {FORMAT}, the one this build reads",
+                path.display(),
+                file.format
+            );
+        }
+        Ok(Some(file))
+    }
+
+    /// Loads the state file and builds the control plane from it and `config` (see the
+    /// module documentation), logging what was restored. An unreadable state file is
+    /// logged and ignored: the daemon starts from the config.
+    pub fn restore(
+        &self,
+        config: &LbConfig,
+        secret: &Secret,
+        clock: &Clock,
+    ) -> anyhow::Result<ControlPlane> {
+        let saved = self.load().unwrap_or_else(|e| {
+            tracing::warn!(error = %format!("{e:#}"), "ignoring the state file: starting from the config");
+            None
+        });
+        let (plane, report) = restore(config, secret, saved.as_ref(), clock.now(), unix_ms())
+            .map_err(anyhow::Error::msg)?;
+        log_report(&self.path(), &report);
+        Ok(plane)
+    }
+
+    /// The state of `daemon` as it would be saved now.
+    pub fn snapshot(&self, daemon: &DaemonState) -> StateFile {
+        let tables = daemon.control().export(daemon.now());
+        let now_unix_ms = unix_ms();
+        StateFile {
+            format: FORMAT,
+            saved_at_unix_ms: now_unix_ms,
+            config_fingerprint: self.config_fingerprint.clone(),
+            tables,
+            msb: daemon.shared.msb.persist(now_unix_ms),
+        }
+    }
+
+    /// Saves the state of `daemon` atomically.
+    pub fn save(&self, daemon: &DaemonState) -> anyhow::Result<()> {
+        let _one_at_a_time = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let file = self.snapshot(daemon);
+        self.write(&file)
+    }
+
+    /// Writes `file` atomically: a reader (or a crash) sees the old file or the new one.
+    pub fn write(&self, file: &StateFile) -> anyhow::Result<()> {
+        let path = self.path();
+        let temp = self.dir.join(format!(".{STATE_FILE}.tmp"));
+        let json = serde_json::to_vec_pretty(file)?;
+        let result = (|| -> std::io::Result<()> {
+            let mut out = File::create(&temp)?;
+            out.write_all(&json)?;
+            out.sync_all()?;
+            fs::rename(&temp, &path)?;
+            // The rename itself is durable once the directory is.
+            File::open(&self.dir)?.sync_all()
+        })();
+        result.with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+fn log_report(path: &Path, report: &RestoreReport) {
+    let path = path.display();
+    match &report.tables {
+        TablesFrom::Config => tracing::info!(%path, "no state file: tables from the config"),
+        TablesFrom::SavedState => {
+            tracing::info!(%path, "config unchanged since the last save: tables from the state file")
+        }
+        TablesFrom::ConfigChanged => tracing::info!(
+            %path,
+            "config changed since the last save: tables from the config, quarantines kept"
+        ),
+        TablesFrom::SavedStateInvalid(why) => tracing::warn!(
+            %path,
+            error = %why,
+            "saved tables are not valid any more: tables from the config, quarantines kept"
+        ),
+    }
+    for (id, left) in &report.quarantine_kept {
+        tracing::info!(id, left_secs = left, "server id still quarantined");
+    }
+    for id in &report.quarantine_overridden {
+        tracing::warn!(
+            id,
+            "server id was quarantined but the config defines it again: the config wins"
+        );
+    }
+    match &report.msb {
+        Ok(n) => tracing::info!(servers = n, "timestamp MSBs restored"),
+        Err(why) => tracing::info!(reason = %why, "timestamp MSBs not restored"),
+    }
+}
+
+/// The thread that saves the state file every `every`, and once more when stopped.
+pub struct SaverHandle {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Starts saving `daemon`'s state (it must have a persister) every `every`.
+pub fn spawn(daemon: Arc<DaemonState>, every: Duration) -> anyhow::Result<SaverHandle> {
+    if daemon.persister().is_none() {
+        bail!("the daemon has no state directory to save to");
+    }
+    let (stop, stopped) = mpsc::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("cheetah-persist".into())
+        .spawn(move || loop {
+            let last = match stopped.recv_timeout(every) {
+                Err(RecvTimeoutError::Timeout) => false,
+                Ok(()) | Err(RecvTimeoutError::Disconnected) => true,
+            };
+            daemon.persist();
+            if last {
+                break;
+            }
+        })
+        .context("cannot start the persister thread")?;
+    Ok(SaverHandle {
+        stop: Some(stop),
+        thread: Some(thread),
+    })
+}
+
+impl SaverHandle {
+    /// Stops the thread after a last save.
+    pub fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for SaverHandle {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}

@@ -1,0 +1,262 @@
+//! What the data path, the API and the persister share.
+//!
+//! The hot path never takes a lock here: workers read the published snapshot, the load
+//! totals and the MSB table through [`LbShared`], and count into their own atomics
+//! ([`WorkerCounters`], [`IoCounters`]). The locks below are taken by the API thread, the
+//! persister, and the data path at start-up (registering workers and interfaces).
+
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cheetah_core::config::{Forwarding, Mode};
+use cheetah_core::lb::{LbShared, WorkerCounters};
+use cheetah_core::tables::ControlPlane;
+use cheetah_core::types::Nanos;
+use serde::Serialize;
+
+use super::io_counters::IoCounters;
+use super::persist::Persister;
+
+/// The daemon's monotonic clock: nanoseconds since start-up, the `now` every core call
+/// takes (the data path must use the same clock, so quarantines and merges agree).
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    base: Instant,
+}
+
+impl Clock {
+    pub fn start() -> Self {
+        Clock {
+            base: Instant::now(),
+        }
+    }
+
+    #[inline]
+    pub fn now(&self) -> Nanos {
+        self.base.elapsed().as_nanos() as Nanos
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::start()
+    }
+}
+
+/// Milliseconds since the Unix epoch (wall clock, for what is saved to disk).
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_millis() as u64
+}
+
+/// One data-path worker, as the API and metrics see it.
+#[derive(Clone)]
+pub struct WorkerStats {
+    pub index: usize,
+    /// The NIC queue it serves.
+    pub queue: u32,
+    pub counters: Arc<WorkerCounters>,
+    pub io: Arc<IoCounters>,
+}
+
+/// An interface the data path attached to, as it reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InterfaceStatus {
+    pub name: String,
+    pub ifindex: u32,
+    /// How the XDP program is attached (`native`, `skb`, ...).
+    pub xdp_mode: String,
+    /// NIC queues with a worker.
+    pub queues: Vec<u32>,
+}
+
+/// Packets per second of each worker, sampled once a second by the API thread.
+#[derive(Default)]
+struct RateMeter {
+    last: Option<(Instant, Vec<u64>)>,
+    rates: Vec<f64>,
+}
+
+pub struct DaemonState {
+    /// The control plane. Control changes are rare and the hot path never takes this lock.
+    pub control: Mutex<ControlPlane>,
+    pub shared: Arc<LbShared>,
+    pub secret_fingerprint: String,
+    pub mode: Mode,
+    pub forwarding: Forwarding,
+    pub clock: Clock,
+    workers: RwLock<Vec<WorkerStats>>,
+    interfaces: RwLock<Vec<InterfaceStatus>>,
+    started: Instant,
+    started_unix_ms: u64,
+    persister: Option<Persister>,
+    rates: Mutex<RateMeter>,
+}
+
+impl DaemonState {
+    /// `plane` must have been built (or restored) with `clock`'s `now`.
+    pub fn new(plane: ControlPlane, clock: Clock, persister: Option<Persister>) -> Self {
+        let shared = Arc::clone(plane.shared());
+        let config = plane.config();
+        DaemonState {
+            secret_fingerprint: shared.secret_fingerprint().to_string(),
+            mode: config.mode,
+            forwarding: config.forwarding,
+            control: Mutex::new(plane),
+            shared,
+            clock,
+            workers: RwLock::new(Vec::new()),
+            interfaces: RwLock::new(Vec::new()),
+            started: Instant::now(),
+            started_unix_ms: unix_ms(),
+            persister,
+            rates: Mutex::new(RateMeter::default()),
+        }
+    }
+
+    #[inline]
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    /// The control plane. A change either happens whole or not at all (the plane
+    /// validates before it publishes), so a panic while it was held leaves it consistent
+    /// and the poison is ignored.
+    pub fn control(&self) -> MutexGuard<'_, ControlPlane> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a worker's counters (the data path, at start-up) and returns the I/O
+    /// counters it is to write.
+    pub fn register_worker(
+        &self,
+        index: usize,
+        queue: u32,
+        counters: Arc<WorkerCounters>,
+    ) -> Arc<IoCounters> {
+        let io = Arc::new(IoCounters::default());
+        let mut workers = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        workers.push(WorkerStats {
+            index,
+            queue,
+            counters,
+            io: Arc::clone(&io),
+        });
+        workers.sort_by_key(|w| w.index);
+        io
+    }
+
+    pub fn workers(&self) -> Vec<WorkerStats> {
+        self.workers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Set by the data path once its interfaces are attached.
+    pub fn set_interfaces(&self, interfaces: Vec<InterfaceStatus>) {
+        *self.interfaces.write().unwrap_or_else(|e| e.into_inner()) = interfaces;
+    }
+
+    pub fn interfaces(&self) -> Vec<InterfaceStatus> {
+        self.interfaces
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    pub fn started_unix_ms(&self) -> u64 {
+        self.started_unix_ms
+    }
+
+    pub fn persister(&self) -> Option<&Persister> {
+        self.persister.as_ref()
+    }
+
+    /// Saves the state file now (after a control change). A failure is logged, not
+    /// returned: the change is made and the periodic save will try again.
+    pub fn persist(&self) {
+        if let Some(persister) = &self.persister {
+            if let Err(e) = persister.save(self) {
+                tracing::warn!(error = %format!("{e:#}"), "cannot save the state file");
+            }
+        }
+    }
+
+    /// Once a second (the API thread): ends quarantines that are over and samples the
+    /// packet rates.
+    pub fn tick(&self) {
+        let expired = self.control().expire(self.now());
+        if expired > 0 {
+            tracing::info!(expired, "quarantine over: server ids free for reuse");
+            self.persist();
+        }
+        self.sample_rates(Instant::now());
+    }
+
+    fn sample_rates(&self, at: Instant) {
+        let totals: Vec<u64> = self
+            .workers()
+            .iter()
+            .map(|w| w.counters.packets())
+            .collect();
+        let mut meter = self.rates.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((last_at, last)) = &meter.last {
+            let seconds = at.duration_since(*last_at).as_secs_f64();
+            if seconds > 0.0 {
+                let rates = totals
+                    .iter()
+                    .enumerate()
+                    .map(|(i, now)| {
+                        now.saturating_sub(last.get(i).copied().unwrap_or(0)) as f64 / seconds
+                    })
+                    .collect();
+                meter.rates = rates;
+            }
+        }
+        meter.last = Some((at, totals));
+    }
+
+    /// Packets per second of each worker over the last sampling second (0 until two
+    /// samples were taken), in the order of [`DaemonState::workers`].
+    pub fn packet_rates(&self) -> Vec<f64> {
+        let meter = self.rates.lock().unwrap_or_else(|e| e.into_inner());
+        let n = self.workers.read().unwrap_or_else(|e| e.into_inner()).len();
+        (0..n)
+            .map(|i| meter.rates.get(i).copied().unwrap_or(0.0))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cheetah_core::config::Forwarding;
+    use cheetah_core::hash::Secret;
+    use cheetah_core::lb::Counter;
+    use cheetah_core::policy::PolicyKind;
+    use cheetah_core::testkit;
+
+    use super::*;
+
+    #[test]
+    fn packet_rates_come_from_the_counters() {
+        let config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 2);
+        let plane = ControlPlane::new(&config, &Secret([1; 16])).unwrap();
+        let state = DaemonState::new(plane, Clock::start(), None);
+        let counters = Arc::new(WorkerCounters::default());
+        state.register_worker(0, 0, Arc::clone(&counters));
+        let t0 = Instant::now();
+        state.sample_rates(t0);
+        assert_eq!(state.packet_rates(), vec![0.0]);
+        counters.add(Counter::ToServer, 300);
+        counters.add(Counter::Dropped, 100);
+        state.sample_rates(t0 + Duration::from_secs(2));
+        assert_eq!(state.packet_rates(), vec![200.0]);
+    }
+}

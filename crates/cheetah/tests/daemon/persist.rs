@@ -1,0 +1,222 @@
+use std::time::Duration;
+
+use cheetah::daemon::persist::{self, Persister, StateFile, TablesFrom};
+use cheetah::daemon::state::unix_ms;
+use cheetah_core::policy::{LoadMetric, PolicyKind};
+use cheetah_core::tables::{ControlPlane, ServerSpec, SlotState};
+use cheetah_core::types::NANOS_PER_SEC;
+use cheetah_core::ServerId;
+
+use crate::common::{self, SECRET, VIP};
+
+/// A daemon after runtime changes, saved: server 5 added (weight 4), 2 removed
+/// (quarantined), policy pow2 on packets; every server's MSB known.
+fn saved_state(dir: &std::path::Path) -> StateFile {
+    let state = common::state_with(&common::config(), Some(dir));
+    {
+        let mut control = state.control();
+        control
+            .add_server(
+                ServerSpec {
+                    id: Some(5),
+                    dip: "10.1.0.5".parse().unwrap(),
+                    mac: Some("02:00:00:01:00:05".into()),
+                    vips: vec![(VIP.into(), 4)],
+                },
+                state.now(),
+            )
+            .unwrap();
+        control.remove_server(2, state.now()).unwrap();
+        control
+            .set_policy(VIP, PolicyKind::PowerOfTwo, Some(LoadMetric::Packets))
+            .unwrap();
+    }
+    for (id, msb) in [(1u16, 0x1234u16), (2, 0x2222), (5, 0x5555)] {
+        state.shared.msb.learn(ServerId(id), (msb as u32) << 16, 0);
+    }
+    state.persist();
+    let file = Persister::new(dir, &common::config())
+        .unwrap()
+        .load()
+        .unwrap()
+        .expect("saved");
+    assert_eq!(file.msb.servers.len(), 3);
+    file
+}
+
+fn pool(plane: &ControlPlane) -> Vec<(u16, u32)> {
+    plane.vips()[0]
+        .members
+        .iter()
+        .map(|(id, w)| (id.0, *w))
+        .collect()
+}
+
+fn state_of(plane: &ControlPlane, id: u16) -> Option<(SlotState, Option<u64>)> {
+    plane
+        .servers(0)
+        .into_iter()
+        .find(|s| s.id.0 == id)
+        .map(|s| (s.state, s.quarantine_left_secs))
+}
+
+#[test]
+fn same_config_the_saved_tables_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = saved_state(dir.path());
+    let (plane, report) =
+        persist::restore(&common::config(), &SECRET, Some(&file), 0, unix_ms()).unwrap();
+    assert_eq!(report.tables, TablesFrom::SavedState);
+    assert_eq!(
+        pool(&plane),
+        vec![(1, 1), (5, 4)],
+        "runtime changes survive"
+    );
+    assert_eq!(plane.vips()[0].policy, PolicyKind::PowerOfTwo);
+    assert_eq!(plane.vips()[0].metric, LoadMetric::Packets);
+    assert_eq!(state_of(&plane, 2), Some((SlotState::Removed, Some(600))));
+    assert_eq!(report.msb, Ok(2), "the removed server's MSB is not needed");
+    assert_eq!(plane.shared().msb.get(ServerId(5)), Some(0x5555));
+    assert_eq!(plane.shared().msb.get(ServerId(1)), Some(0x1234));
+    // Written atomically: no temporary file is left behind.
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, vec!["state.json"]);
+}
+
+#[test]
+fn changed_config_wins_but_quarantine_and_msb_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = saved_state(dir.path());
+    let mut changed = common::config();
+    changed.vips[0].policy = PolicyKind::Maglev;
+    // Server 1 moved to another address: its old MSB belongs to another host.
+    changed.servers[0].dip = "10.1.0.101".parse().unwrap();
+    // Server 2 is still removed in the file, but the changed config has only 1: id 2 must
+    // stay quarantined.
+    changed.servers.truncate(1);
+    changed.vips[0].servers = vec![1];
+    let (mut plane, report) =
+        persist::restore(&changed, &SECRET, Some(&file), 0, unix_ms()).unwrap();
+    assert_eq!(report.tables, TablesFrom::ConfigChanged);
+    assert_eq!(pool(&plane), vec![(1, 1)], "the config's pool");
+    assert_eq!(plane.vips()[0].policy, PolicyKind::Maglev);
+    assert_eq!(
+        state_of(&plane, 5),
+        None,
+        "runtime-added server gone with the tables"
+    );
+    assert_eq!(state_of(&plane, 2), Some((SlotState::Removed, Some(600))));
+    assert_eq!(report.quarantine_kept, vec![(2, 600)]);
+    assert!(plane
+        .add_server(
+            ServerSpec {
+                id: Some(2),
+                dip: "10.1.0.2".parse().unwrap(),
+                mac: Some("02:00:00:01:00:02".into()),
+                vips: vec![],
+            },
+            NANOS_PER_SEC,
+        )
+        .is_err());
+    assert_eq!(plane.shared().msb.get(ServerId(1)), None, "address changed");
+    assert_eq!(report.msb, Ok(0));
+
+    // Same addresses, changed policy only: the MSB of server 1 is restored.
+    let mut changed = common::config();
+    changed.vips[0].policy = PolicyKind::Maglev;
+    let (plane, report) = persist::restore(&changed, &SECRET, Some(&file), 0, unix_ms()).unwrap();
+    assert_eq!(report.tables, TablesFrom::ConfigChanged);
+    assert_eq!(
+        report.quarantine_overridden,
+        vec![2],
+        "the config defines 2 again"
+    );
+    assert_eq!(state_of(&plane, 2), Some((SlotState::Active, None)));
+    assert_eq!(
+        report.msb,
+        Ok(1),
+        "only 1: 2 was removed when saved, 5 is gone"
+    );
+    assert_eq!(plane.shared().msb.get(ServerId(1)), Some(0x1234));
+}
+
+#[test]
+fn an_old_file_keeps_tables_and_aged_quarantine_but_not_msb() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = saved_state(dir.path());
+    file.saved_at_unix_ms -= 31_000;
+    file.msb.saved_at_unix_ms -= 31_000;
+    let (plane, report) =
+        persist::restore(&common::config(), &SECRET, Some(&file), 0, unix_ms()).unwrap();
+    assert_eq!(report.tables, TablesFrom::SavedState);
+    let refused = report.msb.unwrap_err();
+    assert!(refused.contains("more than 30000 ms"), "{refused}");
+    assert_eq!(plane.shared().msb.get(ServerId(1)), None);
+    let left = state_of(&plane, 2).unwrap().1.unwrap();
+    assert!(
+        (568..=569).contains(&left),
+        "31 s of downtime counted: {left}"
+    );
+
+    // Down for longer than the quarantine: the id is free.
+    file.saved_at_unix_ms -= 600_000;
+    let (plane, _) =
+        persist::restore(&common::config(), &SECRET, Some(&file), 0, unix_ms()).unwrap();
+    assert_eq!(state_of(&plane, 2), None);
+}
+
+#[test]
+fn saved_tables_that_no_longer_validate_fall_back_to_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = saved_state(dir.path());
+    file.tables.vips[0].members[0].weight = 0;
+    let (plane, report) =
+        persist::restore(&common::config(), &SECRET, Some(&file), 0, unix_ms()).unwrap();
+    assert_eq!(
+        report.tables,
+        TablesFrom::SavedStateInvalid(
+            "vips[0].members[0].weight: weight must be at least 1".into()
+        )
+    );
+    assert_eq!(pool(&plane), vec![(1, 1), (2, 1)]);
+}
+
+#[test]
+fn the_saver_thread_saves_periodically_and_on_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = common::state_with(&common::config(), Some(dir.path()));
+    let persister = Persister::new(dir.path(), &common::config()).unwrap();
+    let saver = persist::spawn(state.clone(), Duration::from_millis(20)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while persister.load().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "never saved");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    state.shared.msb.learn(ServerId(1), 0x4321_0000, 0);
+    saver.shutdown();
+    let file = persister.load().unwrap().unwrap();
+    assert_eq!(file.msb.servers, vec![(1, 0x4321)], "saved on shutdown");
+    assert!(unix_ms() - file.saved_at_unix_ms < 10_000);
+}
+
+#[test]
+fn restore_from_disk_ignores_an_unreadable_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("state.json"), "{ not json").unwrap();
+    let persister = Persister::new(dir.path(), &common::config()).unwrap();
+    assert!(persister.load().is_err());
+    let clock = cheetah::daemon::Clock::start();
+    let plane = persister
+        .restore(&common::config(), &SECRET, &clock)
+        .unwrap();
+    assert_eq!(pool(&plane), vec![(1, 1), (2, 1)]);
+    // And a good file is used.
+    saved_state(dir.path());
+    let plane = persister
+        .restore(&common::config(), &SECRET, &clock)
+        .unwrap();
+    assert_eq!(pool(&plane), vec![(1, 1), (5, 4)]);
+}
