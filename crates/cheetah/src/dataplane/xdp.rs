@@ -190,11 +190,8 @@ pub fn detach(ifname: &str, ifindex: u32) -> anyhow::Result<()> {
     let xdp = Xdp::new(prog.as_fd());
     let native = xdp.detach(ifindex as i32, XdpFlags::DRV_MODE);
     let generic = xdp.detach(ifindex as i32, XdpFlags::SKB_MODE);
-    if native.is_err() && generic.is_err() {
-        bail!(
-            "interface {ifname}: cannot detach XDP: {}",
-            native.unwrap_err()
-        );
+    match (native, generic) {
+        (Err(e), Err(_)) => bail!("interface {ifname}: cannot detach XDP: {e}"),
+        _ => Ok(()),
     }
-    Ok(())
 }
