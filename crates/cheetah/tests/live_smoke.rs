@@ -135,8 +135,10 @@ fn cookies_name_the_answering_server(testbed: &Testbed) {
             .collect();
         assert!(
             replies.len() >= 3,
-            "connection from port {port}: only {} replies with timestamps captured",
-            replies.len()
+            "connection from port {port}: only {} replies with timestamps among {} captured frames ({} TCP)",
+            replies.len(),
+            frames.len(),
+            frames.iter().filter(|f| parse_tcp(f).is_some()).count()
         );
         for tsval in replies {
             let decoded = tcp_ts::decode(tcp_ts::extract(tsval), hash);
@@ -253,12 +255,13 @@ fn both_workers_forwarded(lb: &Lb) {
 }
 
 fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
-    let rst_filter = "tcp[tcpflags] & tcp-rst != 0";
+    // SYNs are captured too, to prove the capture saw the traffic it reports no RST in.
+    let filter = "tcp[tcpflags] & (tcp-rst|tcp-syn) != 0";
     let captures: Vec<Capture> = ["c1", "c2"]
         .iter()
         .map(|c| {
             let path = testbed.dir.join(format!("{c}-rst.pcap"));
-            Capture::start(&testbed.ns(c), "eth0", rst_filter, Path::new(&path))
+            Capture::start(&testbed.ns(c), "eth0", filter, Path::new(&path))
         })
         .collect();
     let keepalive = start_loadgen(
@@ -303,7 +306,14 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
     assert!(keepalive["requests_by_server"]["s3"].as_u64().unwrap_or(0) > 0);
     for capture in captures {
         let path = capture.path.clone();
-        let resets = capture.finish();
+        let segments: Vec<TcpView> = capture
+            .finish()
+            .iter()
+            .filter_map(|f| parse_tcp(f))
+            .collect();
+        let syns = segments.iter().filter(|t| t.is_syn()).count();
+        let resets: Vec<&TcpView> = segments.iter().filter(|t| t.is_rst()).collect();
+        assert!(syns > 0, "the capture {} saw no SYN at all", path.display());
         assert!(
             resets.is_empty(),
             "{} RST segments seen at a client ({})",

@@ -302,9 +302,17 @@ pub struct Capture {
 impl Capture {
     pub fn start(namespace: &str, interface: &str, filter: &str, path: &Path) -> Self {
         let child = Command::new("ip")
+            // Immediate mode: without it tcpdump holds packets in its ring until a block
+            // fills, and a short capture ends with none written.
             .args([
-                "netns", "exec", namespace, "tcpdump", "-U", "-n", "-s", "200",
+                "netns",
+                "exec",
+                namespace,
+                "tcpdump",
+                "--immediate-mode",
+                "-U",
             ])
+            .arg("-n")
             .args(["-i", interface, "-w"])
             .arg(path)
             .arg(filter)
