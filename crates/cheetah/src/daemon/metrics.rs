@@ -17,6 +17,7 @@
 //! | `cheetah_fallback_connections` (counter) | `worker` |
 //! | `cheetah_worker_packets_per_second` (gauge) | `worker` |
 //! | `cheetah_server_active_connections` (gauge) | `server` |
+//! | `cheetah_server_new_connections` (counter) | `server` |
 //! | `cheetah_server_packets`, `cheetah_server_bytes` (counter) | `server` |
 //! | `cheetah_server_reported_load` (gauge) | `server` |
 //! | `cheetah_servers` (gauge) | `state` |
@@ -255,6 +256,15 @@ impl Collector for DaemonCollector {
             "Open connections of each server: the LB's SYN/FIN estimate, or the server's own count when it reports one.",
             MetricType::Gauge,
             loads.iter().map(|(l, load)| (l.clone(), Whole(load.active_connections))),
+        )?;
+        family(
+            e,
+            "cheetah_server_new_connections",
+            "New connections the policies placed on each server (reset when its id is reused).",
+            MetricType::Counter,
+            loads
+                .iter()
+                .map(|(l, load)| (l.clone(), Count(load.new_connections))),
         )?;
         family(
             e,

@@ -72,6 +72,8 @@ pub enum InvalidReport {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ServerLoad {
     pub active_connections: u64,
+    /// Connections the policies placed on the server since its id was last reset.
+    pub new_connections: u64,
     /// Packets exchanged with the server since its id was last reset (both directions).
     pub packets: u64,
     /// Bytes exchanged with the server since its id was last reset (both directions).
@@ -92,6 +94,7 @@ pub struct SharedLoads {
 struct SharedServerLoad {
     /// Never negative: merges clamp at 0 (see [`SharedLoads::add_active`]).
     active: AtomicI64,
+    new_connections: AtomicU64,
     packets: AtomicU64,
     bytes: AtomicU64,
     /// `f64::to_bits` of the reported load.
@@ -132,6 +135,7 @@ impl SharedLoads {
         let server = &self.servers[id.index()];
         ServerLoad {
             active_connections: server.active.load(Ordering::Relaxed).max(0) as u64,
+            new_connections: server.new_connections.load(Ordering::Relaxed),
             packets: server.packets.load(Ordering::Relaxed),
             bytes: server.bytes.load(Ordering::Relaxed),
             reported_load: f64::from_bits(server.reported_load.load(Ordering::Relaxed)),
@@ -144,6 +148,7 @@ impl SharedLoads {
     pub fn reset(&self, id: ServerId) {
         let server = &self.servers[id.index()];
         server.active.store(0, Ordering::Relaxed);
+        server.new_connections.store(0, Ordering::Relaxed);
         server.packets.store(0, Ordering::Relaxed);
         server.bytes.store(0, Ordering::Relaxed);
         server
@@ -156,6 +161,11 @@ impl SharedLoads {
         let server = &self.servers[id.index()];
         if delta.active != 0 {
             Self::add_active(&server.active, delta.active);
+        }
+        if delta.new_connections != 0 {
+            server
+                .new_connections
+                .fetch_add(delta.new_connections, Ordering::Relaxed);
         }
         if delta.packets != 0 {
             server.packets.fetch_add(delta.packets, Ordering::Relaxed);
@@ -298,6 +308,7 @@ pub struct WorkerLoads {
 #[derive(Clone, Copy, Default)]
 struct PendingDelta {
     active: i64,
+    new_connections: u64,
     packets: u64,
     bytes: u64,
     /// Already listed in `dirty`.
@@ -363,7 +374,9 @@ impl WorkerLoads {
     /// A policy picked `id` for a new connection.
     #[inline]
     pub fn on_new_connection(&mut self, id: ServerId) {
-        self.pending_mut(id).active += 1;
+        let pending = self.pending_mut(id);
+        pending.active += 1;
+        pending.new_connections += 1;
         self.view.servers[id.index()].active += 1;
     }
 
@@ -652,6 +665,26 @@ mod tests {
         first.on_new_connection(late);
         first.watch(&[A, B, late]);
         assert_eq!(first.view().active_connections(late), 41);
+    }
+
+    #[test]
+    fn new_connections_add_up_across_workers_and_closes_do_not_lower_them() {
+        let shared = Arc::new(SharedLoads::new());
+        let mut a = WorkerLoads::new(Arc::clone(&shared));
+        let mut b = WorkerLoads::new(Arc::clone(&shared));
+        let id = ServerId(4);
+        for _ in 0..3 {
+            a.on_new_connection(id);
+        }
+        b.on_new_connection(id);
+        b.on_server_close(id);
+        a.merge(NANOS_PER_SEC);
+        b.merge(NANOS_PER_SEC);
+        let load = shared.server(id);
+        assert_eq!(load.new_connections, 4);
+        assert_eq!(load.active_connections, 3);
+        shared.reset(id);
+        assert_eq!(shared.server(id).new_connections, 0);
     }
 
     #[test]
