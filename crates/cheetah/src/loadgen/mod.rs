@@ -29,7 +29,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use stats::{Class, Recorder};
-use units::{parse_duration, parse_rate};
+// The churn scenario takes durations and rates the way loadgen does.
+pub use units::{parse_duration, parse_rate};
 
 /// Worker threads of the runtime: the load is I/O bound and shares a small machine with the
 /// LB and the servers.
