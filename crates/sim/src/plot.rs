@@ -36,7 +36,7 @@ const COLORS: [RGBColor; 10] = [
 ];
 
 /// Registers the font once per process.
-fn ensure_font() -> anyhow::Result<()> {
+pub fn ensure_font() -> anyhow::Result<()> {
     static FONT: OnceLock<Result<(), String>> = OnceLock::new();
     FONT.get_or_init(|| {
         let candidates: Vec<PathBuf> = std::env::var_os("CHEETAH_SIM_FONT")
