@@ -1,6 +1,7 @@
 //! `cheetah`: the one binary. Each subcommand is its own module.
 
 mod bench;
+mod churn;
 mod loadgen;
 mod replay;
 mod sim;

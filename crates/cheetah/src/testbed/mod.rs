@@ -1,4 +1,4 @@
-//! `cheetah testbed up|status|down`: clients, a router, the LB's namespace, a switch and
+//! `cheetah testbed up|status|down` (and `churn`, `churn-report`, `agent`: see `crate::churn`): clients, a router, the LB's namespace, a switch and
 //! nginx servers on this machine, built from network namespaces and veths, for the
 //! end-to-end tests and the demo (docs/testbed.md). The LB itself is not started here;
 //! `up` writes the config it runs with.
@@ -68,6 +68,15 @@ enum Action {
     Status(PrefixArg),
     /// Remove the testbed: its processes, namespaces and state dir. Fine if none exists.
     Down(DownArgs),
+    /// Run the churn scenario on a testbed of its own: load through `cheetah run` while
+    /// servers are added, drained and removed, the policy changes and the LB restarts;
+    /// writes `<out>/<mode>.json` (docs/churn.md).
+    Churn(crate::churn::ChurnArgs),
+    /// Table and plot of a cheetah run and a hash run of the churn scenario.
+    ChurnReport(crate::churn::ReportArgs),
+    /// A server's load agent (run inside a server namespace): reports the server's open
+    /// connections to the LB's API every second.
+    Agent(crate::churn::AgentArgs),
 }
 
 #[derive(clap::Args)]
@@ -160,6 +169,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Action::Status(status) => status::print(&status.prefix),
         Action::Down(down) => teardown(&down.prefix.prefix, down.keep_dir),
+        Action::Churn(args) => crate::churn::run(args),
+        Action::ChurnReport(args) => crate::churn::run_report(args),
+        Action::Agent(args) => crate::churn::run_agent(args),
     }
 }
 

@@ -1,0 +1,128 @@
+//! `cheetah testbed churn`: per-connection consistency with real TCP stacks under churn,
+//! side by side with hashing (docs/churn.md).
+//!
+//! One run brings a testbed up, starts `cheetah run` in its LB namespace and a load agent
+//! in every server namespace, drives many kinds of connections through the VIP with
+//! `cheetah loadgen` from every client, and meanwhile adds and drains servers, removes
+//! drained ones once empty, switches the policy (rr, pow2, awrr) and restarts the LB twice
+//! (SIGTERM, then kill -9). The loadgens judge every connection; the runner merges their
+//! reports into `<out>/<mode>.json`. `churn-report` turns a cheetah run and a hash run into
+//! a table and a plot.
+
+mod agent;
+mod lb;
+mod lbconfig;
+mod load;
+mod plot;
+mod progress;
+mod report;
+mod results;
+mod scenario;
+mod schedule;
+mod tsclock;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use cheetah_core::config::{Forwarding, Mode};
+
+pub use agent::{run as run_agent, AgentArgs};
+pub use report::{run as run_report, ReportArgs};
+
+use crate::loadgen::{parse_duration, parse_rate};
+
+/// Connections must cross two changes of the servers' timestamp MSB (every 65.5 s).
+const MIN_FULL_DURATION: Duration = Duration::from_secs(140);
+
+#[derive(clap::Args, Debug)]
+pub struct ChurnArgs {
+    /// cheetah (cookies) or hash (`pool[hash % n]`, no cookies): the LB config's mode.
+    #[arg(long, default_value = "cheetah", value_parser = parse_mode)]
+    mode: Mode,
+    /// Testbed servers; the LB starts with all but the last two, which the schedule adds.
+    #[arg(long, default_value_t = 8)]
+    servers: u16,
+    /// How long the load runs; the schedule scales with it. At least 140 s so connections
+    /// cross two changes of the servers' timestamp MSB (shorter runs warn).
+    #[arg(long, default_value = "150s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Testbed name and namespace prefix (1 to 4 lowercase letters or digits).
+    #[arg(long, default_value = "chc")]
+    prefix: String,
+    /// l2 (servers hold the VIP) or nat.
+    #[arg(long, default_value = "l2", value_parser = parse_forwarding)]
+    forwarding: Forwarding,
+    /// Results folder: `<mode>.json` and `<mode>-logs/` (LB, agent and loadgen logs and
+    /// the loadgens' own reports).
+    #[arg(long, default_value = "results/churn")]
+    out: PathBuf,
+    /// Keep-alive sessions in all (a request a second each), split over the clients.
+    #[arg(long, default_value_t = 240)]
+    keepalive: usize,
+    /// Idle sessions in all: a request every --idle-gap on one connection.
+    #[arg(long, default_value_t = 24)]
+    idle_sessions: usize,
+    #[arg(long, default_value = "40s", value_parser = parse_duration)]
+    idle_gap: Duration,
+    /// Connections downloading /large (32 MiB) back to back, in all.
+    #[arg(long, default_value_t = 2)]
+    downloads: usize,
+    /// Short connections per second (one request each), all clients together.
+    #[arg(long, default_value = "40/s", value_parser = parse_rate)]
+    short_rate: f64,
+    /// A status line while it runs (rewritten on a terminal, every 10 s in a log).
+    #[arg(long)]
+    progress: bool,
+}
+
+fn parse_mode(text: &str) -> anyhow::Result<Mode> {
+    match text {
+        "cheetah" => Ok(Mode::Cheetah),
+        "hash" => Ok(Mode::Hash),
+        _ => bail!("use cheetah or hash"),
+    }
+}
+
+fn parse_forwarding(text: &str) -> anyhow::Result<Forwarding> {
+    match text {
+        "l2" => Ok(Forwarding::L2),
+        "nat" => Ok(Forwarding::Nat),
+        _ => bail!("use l2 or nat"),
+    }
+}
+
+pub fn run(args: ChurnArgs) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the churn scenario needs root: it builds a testbed and runs the LB (XDP)");
+    }
+    if args.duration < MIN_FULL_DURATION {
+        eprintln!(
+            "churn: --duration {:?} is under {:?}: connections may not cross two changes of the servers' timestamp MSB",
+            args.duration, MIN_FULL_DURATION
+        );
+    }
+    let config = scenario::Config {
+        mode: args.mode,
+        servers: args.servers,
+        duration: args.duration,
+        prefix: args.prefix,
+        forwarding: args.forwarding,
+        out: args.out,
+        workload: load::Workload {
+            keepalive: args.keepalive,
+            idle_sessions: args.idle_sessions,
+            idle_gap: args.idle_gap,
+            downloads: args.downloads,
+            short_rate: args.short_rate,
+        },
+        progress: args.progress,
+    };
+    let path = scenario::run(&config)?;
+    let text = std::fs::read_to_string(&path)?;
+    let results: results::ChurnResults = serde_json::from_str(&text)?;
+    println!("{}", report::one_line(&results));
+    println!("results: {}", path.display());
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! `cheetah testbed churn-report`: a cheetah run and a hash run of the churn scenario, side
+//! by side, as a table (printed, and written as Markdown) and a plot of broken connections
+//! over time.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use super::plot;
+use super::results::ChurnResults;
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// `cheetah.json` written by `cheetah testbed churn --mode cheetah`.
+    #[arg(long)]
+    cheetah: PathBuf,
+    /// `hash.json` written by `cheetah testbed churn --mode hash`.
+    #[arg(long)]
+    hash: PathBuf,
+    /// Where to write `churn-table.md` and `broken-over-time.png`.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub const TABLE_FILE: &str = "churn-table.md";
+pub const PLOT_FILE: &str = "broken-over-time.png";
+
+fn load(path: &Path) -> anyhow::Result<ChurnResults> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a churn scenario result", path.display()))
+}
+
+pub fn run(args: ReportArgs) -> anyhow::Result<()> {
+    let cheetah = load(&args.cheetah)?;
+    let hash = load(&args.hash)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let table = table(&[&cheetah, &hash]);
+    print!("{table}");
+    let table_path = args.out.join(TABLE_FILE);
+    std::fs::write(&table_path, &table)
+        .with_context(|| format!("cannot write {}", table_path.display()))?;
+    let plot_path = args.out.join(PLOT_FILE);
+    plot::broken_over_time(&[&cheetah, &hash], &plot_path)?;
+    println!(
+        "\nwritten: {} and {}",
+        table_path.display(),
+        plot_path.display()
+    );
+    Ok(())
+}
+
+/// One line for the end of a run.
+pub fn one_line(results: &ChurnResults) -> String {
+    let kinds: Vec<String> = results
+        .broken_by_kind
+        .iter()
+        .map(|(kind, n)| format!("{kind} {n}"))
+        .collect();
+    format!(
+        "churn [{}]: {} requests completed, {} connections broken{}, {} long-lived connections open at the end",
+        results.mode,
+        results.requests.get("total").copied().unwrap_or(0),
+        results.connections_broken,
+        if kinds.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", kinds.join(", "))
+        },
+        results.long_lived_at_end
+    )
+}
+
+fn ratio(value: Option<f64>) -> String {
+    value.map_or("-".into(), |v| format!("{v:.2}"))
+}
+
+/// The side-by-side table, Markdown (readable as plain text too).
+pub fn table(runs: &[&ChurnResults]) -> String {
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+    let mut row = |name: &str, value: &dyn Fn(&ChurnResults) -> String| {
+        rows.push((name.to_string(), runs.iter().map(|r| value(r)).collect()));
+    };
+    let count = |r: &ChurnResults, key: &str| r.requests.get(key).copied().unwrap_or(0);
+    row("load ran (s)", &|r| format!("{:.0}", r.elapsed_s));
+    row("requests completed", &|r| count(r, "total").to_string());
+    for class in ["keepalive", "idle", "short", "download"] {
+        row(&format!("  {class}"), &|r| count(r, class).to_string());
+    }
+    row("long-lived connections open at the end", &|r| {
+        r.long_lived_at_end.to_string()
+    });
+    row("**connections broken**", &|r| {
+        format!("**{}**", r.connections_broken)
+    });
+    let kinds: BTreeSet<&String> = runs.iter().flat_map(|r| r.broken_by_kind.keys()).collect();
+    for kind in kinds {
+        row(&format!("  {kind}"), &|r| {
+            r.broken_by_kind.get(kind).copied().unwrap_or(0).to_string()
+        });
+    }
+    let classes: BTreeSet<&String> = runs.iter().flat_map(|r| r.broken_by_class.keys()).collect();
+    for class in classes {
+        row(&format!("  of them {class}"), &|r| {
+            r.broken_by_class
+                .get(class)
+                .map(|kinds| kinds.values().sum::<u64>())
+                .unwrap_or(0)
+                .to_string()
+        });
+    }
+    row("most broken in one second", &|r| {
+        r.broken_per_second
+            .iter()
+            .map(|(_, kinds)| kinds.values().sum::<u64>())
+            .max()
+            .unwrap_or(0)
+            .to_string()
+    });
+    row("requests per server, max/mean", &|r| {
+        ratio(r.load_spread.requests_max_over_mean)
+    });
+    row("live sessions per server at the end, max/mean", &|r| {
+        ratio(r.load_spread.live_sessions_max_over_mean)
+    });
+    row(
+        "open connections per active server, max/mean (avg of 1 s samples)",
+        &|r| ratio(r.load_spread.active_connections_max_over_mean),
+    );
+    row("drained servers removed / left draining", &|r| {
+        let removed = r.events.iter().filter(|e| e.kind == "remove").count();
+        format!("{removed} / {}", r.not_removed.len())
+    });
+    row("LB: cookie decode failures", &|r| {
+        format!("{:.0}", total(r, "cookie_decode_failures"))
+    });
+    row("LB: server TS MSB advances seen", &|r| {
+        format!("{:.0}", total(r, "event.ts_msb_advanced"))
+    });
+
+    let mut text = String::new();
+    let headers: Vec<String> = runs.iter().map(|r| r.mode.clone()).collect();
+    let _ = writeln!(text, "| | {} |", headers.join(" | "));
+    let _ = writeln!(text, "|---|{}", "---:|".repeat(runs.len()));
+    for (name, values) in rows {
+        let _ = writeln!(text, "| {name} | {} |", values.join(" | "));
+    }
+    if let Some(first) = runs.first() {
+        let _ = writeln!(
+            text,
+            "\n{} servers, {} forwarding, LB started with {} of them; load: {} keep-alive, {} idle ({:.0} s gaps), {} download sessions and {}/s short connections from {} clients.",
+            first.servers,
+            first.forwarding,
+            first.initial_pool.len(),
+            first.workload.keepalive,
+            first.workload.idle_sessions,
+            first.workload.idle_gap_s,
+            first.workload.downloads,
+            first.workload.short_rate,
+            first.workload.clients.len()
+        );
+        let _ = writeln!(text, "\nSchedule (seconds since the load started):\n");
+        let _ = writeln!(text, "| {} | event |", headers.join(" | "));
+        let _ = writeln!(text, "|{}---|", "---:|".repeat(runs.len()));
+        // Removals happen when a drained server is empty, which differs between modes;
+        // everything else is the same schedule in the same order.
+        let scheduled = |r: &ChurnResults| -> Vec<(f64, String)> {
+            r.events
+                .iter()
+                .filter(|e| e.kind != "remove")
+                .map(|e| (e.t, e.label.clone()))
+                .collect()
+        };
+        let per_run: Vec<Vec<(f64, String)>> = runs.iter().map(|r| scheduled(r)).collect();
+        for (index, (_, label)) in per_run[0].iter().enumerate() {
+            let times: Vec<String> = per_run
+                .iter()
+                .map(|events| {
+                    events
+                        .get(index)
+                        .filter(|(_, l)| l == label)
+                        .map_or("-".into(), |(t, _)| format!("{t:.1}"))
+                })
+                .collect();
+            let _ = writeln!(text, "| {} | {label} |", times.join(" | "));
+        }
+        let _ = writeln!(
+            text,
+            "
+Drained servers removed once they had no connection left:\n"
+        );
+        for r in runs {
+            let removals: Vec<String> = r
+                .events
+                .iter()
+                .filter(|e| e.kind == "remove")
+                .map(|e| format!("{} at {:.1} s", e.label, e.t))
+                .collect();
+            let left: Vec<String> = r.not_removed.iter().map(|id| format!("s{id}")).collect();
+            let _ = writeln!(
+                text,
+                "- {}: {}{}",
+                r.mode,
+                if removals.is_empty() {
+                    "none".to_string()
+                } else {
+                    removals.join(", ")
+                },
+                if left.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; still holding connections at the end: {}",
+                        left.join(", ")
+                    )
+                }
+            );
+        }
+    }
+    text
+}
+
+fn total(results: &ChurnResults, key: &str) -> f64 {
+    results.lb_metrics.totals.get(key).copied().unwrap_or(0.0)
+}

@@ -1,0 +1,356 @@
+//! The scenario's results: the loadgen reports of every client merged onto the scenario's
+//! clock, the load spread, the schedule as it happened and the LB's metrics. Written as
+//! `<out>/<mode>.json`; `churn-report` reads two of them back.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Counts by class or by kind.
+pub type Counts = BTreeMap<String, u64>;
+
+/// The part of a `cheetah loadgen --report` the runner uses (docs/loadgen.md).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct LoadgenReport {
+    pub requests: Counts,
+    pub connections_opened: Counts,
+    pub connections_broken: u64,
+    pub broken_by_kind: Counts,
+    pub broken_by_class: BTreeMap<String, Counts>,
+    pub requests_by_server: Counts,
+    pub live_sessions_at_end: LiveAtEnd,
+    pub broken: Vec<BrokenConnection>,
+    pub unfinished_at_stop: u64,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct LiveAtEnd {
+    pub total: u64,
+    pub by_server: Counts,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct BrokenConnection {
+    pub class: String,
+    pub kind: String,
+    /// Seconds since that loadgen's start; since the scenario's start once merged.
+    pub t: f64,
+    #[serde(default)]
+    pub servers: Vec<String>,
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// Something that happened to the LB or its servers during the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Seconds since the start of the load.
+    pub t: f64,
+    /// `add`, `drain`, `remove`, `policy`, `restart`, `ts_msb_change`, `load_stop`...
+    pub kind: String,
+    /// Short, for tables and the plot (`add s7`).
+    pub label: String,
+    #[serde(default)]
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadSpread {
+    /// Requests answered per server (by `X-Server`), all clients.
+    pub requests_per_server: Counts,
+    /// Max over mean of `requests_per_server` among the servers that answered any.
+    pub requests_max_over_mean: Option<f64>,
+    /// Long-lived connections open at the end, by the server that answered them.
+    pub live_sessions_per_server: Counts,
+    pub live_sessions_max_over_mean: Option<f64>,
+    /// Once a second, max over mean of the open connections of the servers taking new
+    /// connections (as their agents report them); the average of those samples. Unlike the
+    /// totals above, this is fair to servers that joined late or were drained.
+    pub active_connections_max_over_mean: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LbMetrics {
+    /// Selected counters summed over every LB process of the run (each restart starts its
+    /// counters from zero): `ts_msb_advanced`, `new_connections`, drops by reason...
+    pub totals: BTreeMap<String, f64>,
+    /// The last `/metrics` of the last LB process, as Prometheus text.
+    pub final_snapshot: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Workload {
+    pub clients: Vec<String>,
+    pub keepalive: usize,
+    pub idle_sessions: usize,
+    pub idle_gap_s: f64,
+    pub downloads: usize,
+    pub short_rate: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChurnResults {
+    pub mode: String,
+    pub forwarding: String,
+    pub servers: u16,
+    pub initial_pool: Vec<u16>,
+    pub duration_s: f64,
+    /// How long the load really ran (a Ctrl-C cuts it short).
+    pub elapsed_s: f64,
+    pub interrupted: bool,
+    pub workload: Workload,
+    pub requests: Counts,
+    pub connections_opened: Counts,
+    pub connections_broken: u64,
+    pub broken_by_kind: Counts,
+    pub broken_by_class: BTreeMap<String, Counts>,
+    /// Long-lived connections (keep-alive, idle, downloads) open when the load stopped.
+    pub long_lived_at_end: u64,
+    /// Sessions still in a request when the loadgens' grace period after the stop ran out.
+    pub unfinished_at_stop: u64,
+    pub load_spread: LoadSpread,
+    /// `[second, {kind: count}]` for every second of the run, on the scenario's clock.
+    pub broken_per_second: Vec<(u64, Counts)>,
+    /// Every broken connection, on the scenario's clock.
+    pub broken: Vec<BrokenConnection>,
+    pub events: Vec<Event>,
+    /// Drained servers that still had connections when the run ended, so were not removed.
+    pub not_removed: Vec<u16>,
+    pub lb_metrics: LbMetrics,
+    /// The per-client loadgen reports, relative to the results file.
+    pub loadgen_reports: Vec<String>,
+}
+
+/// The reports of all clients, merged.
+#[derive(Debug, Default, PartialEq)]
+pub struct Merged {
+    pub requests: Counts,
+    pub connections_opened: Counts,
+    pub connections_broken: u64,
+    pub broken_by_kind: Counts,
+    pub broken_by_class: BTreeMap<String, Counts>,
+    pub requests_per_server: Counts,
+    pub live_sessions_per_server: Counts,
+    pub long_lived_at_end: u64,
+    pub unfinished_at_stop: u64,
+}
+
+fn add_counts(into: &mut Counts, from: &Counts) {
+    for (key, value) in from {
+        *into.entry(key.clone()).or_default() += value;
+    }
+}
+
+/// Merges the clients' reports, each with the time its loadgen started on the scenario's
+/// clock; returns the totals and every broken connection on that clock, in time order.
+pub fn merge(reports: &[(f64, LoadgenReport)]) -> (Merged, Vec<BrokenConnection>) {
+    let mut merged = Merged::default();
+    let mut broken = Vec::new();
+    for (offset, report) in reports {
+        add_counts(&mut merged.requests, &report.requests);
+        add_counts(&mut merged.connections_opened, &report.connections_opened);
+        merged.connections_broken += report.connections_broken;
+        add_counts(&mut merged.broken_by_kind, &report.broken_by_kind);
+        for (class, kinds) in &report.broken_by_class {
+            add_counts(
+                merged.broken_by_class.entry(class.clone()).or_default(),
+                kinds,
+            );
+        }
+        add_counts(&mut merged.requests_per_server, &report.requests_by_server);
+        // `unknown`: connections no response had named yet, so no server to charge.
+        let named: Counts = report
+            .live_sessions_at_end
+            .by_server
+            .iter()
+            .filter(|(server, _)| server.as_str() != "unknown")
+            .map(|(s, n)| (s.clone(), *n))
+            .collect();
+        add_counts(&mut merged.live_sessions_per_server, &named);
+        merged.long_lived_at_end += report.live_sessions_at_end.total;
+        merged.unfinished_at_stop += report.unfinished_at_stop;
+        for entry in &report.broken {
+            let mut entry = entry.clone();
+            entry.t += offset;
+            broken.push(entry);
+        }
+    }
+    broken.sort_by(|a, b| a.t.total_cmp(&b.t));
+    (merged, broken)
+}
+
+/// `[second, {kind: count}]` for seconds 0..=last, like loadgen's own field.
+pub fn per_second(broken: &[BrokenConnection], seconds: u64) -> Vec<(u64, Counts)> {
+    let last = broken
+        .iter()
+        .map(|b| b.t.max(0.0) as u64)
+        .max()
+        .unwrap_or(0)
+        .max(seconds);
+    let mut series: Vec<(u64, Counts)> = (0..=last).map(|s| (s, Counts::new())).collect();
+    for entry in broken {
+        let second = entry.t.max(0.0) as usize;
+        *series[second].1.entry(entry.kind.clone()).or_default() += 1;
+    }
+    series
+}
+
+/// Max over mean of the values that are not zero; `None` if there are none.
+pub fn max_over_mean<'a>(values: impl IntoIterator<Item = &'a u64>) -> Option<f64> {
+    let nonzero: Vec<f64> = values
+        .into_iter()
+        .filter(|v| **v > 0)
+        .map(|v| *v as f64)
+        .collect();
+    if nonzero.is_empty() {
+        return None;
+    }
+    let mean = nonzero.iter().sum::<f64>() / nonzero.len() as f64;
+    let max = nonzero.iter().copied().fold(0.0, f64::max);
+    Some(max / mean)
+}
+
+/// Max over mean of the open connections of the active servers in one `GET /servers`
+/// answer; `None` when they hold none.
+pub fn active_spread(servers: &serde_json::Value) -> Option<f64> {
+    let open: Vec<u64> = servers["servers"]
+        .as_array()?
+        .iter()
+        .filter(|s| s["state"] == "active")
+        .map(|s| s["active_connections"].as_u64().unwrap_or(0))
+        .collect();
+    if open.is_empty() {
+        return None;
+    }
+    let mean = open.iter().sum::<u64>() as f64 / open.len() as f64;
+    if mean == 0.0 {
+        return None;
+    }
+    Some(*open.iter().max()? as f64 / mean)
+}
+
+/// The counters worth summing across LB processes, from one `/metrics` text: every event
+/// counter and every drop reason that is not zero, new connections per server, and cookie
+/// decode failures.
+pub fn metric_highlights(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        let label = |key: &str| {
+            let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
+            let end = labels[start..].find('"')? + start;
+            Some(labels[start..end].to_string())
+        };
+        let key = match name {
+            "cheetah_events_total" => label("event").map(|e| format!("event.{e}")),
+            "cheetah_drops_total" => label("reason").map(|r| format!("drop.{r}")),
+            "cheetah_cookie_decode_failures_total" => Some("cookie_decode_failures".into()),
+            "cheetah_server_new_connections_total" => {
+                label("server").map(|s| format!("new_connections.s{s}"))
+            }
+            _ => None,
+        };
+        if let Some(key) = key {
+            if value != 0.0 {
+                *out.entry(key).or_insert(0.0) += value;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(json: &str) -> LoadgenReport {
+        serde_json::from_str(json).unwrap()
+    }
+
+    const C1: &str = r#"{
+        "settings": {}, "elapsed_s": 10.0,
+        "requests": {"keepalive": 90, "short": 10, "total": 100},
+        "bytes_downloaded": {}, "connections_opened": {"keepalive": 5, "total": 5},
+        "connections_retired": 0, "connections_broken": 2,
+        "broken_by_kind": {"reset": 2}, "broken_by_class": {"keepalive": {"reset": 2}},
+        "requests_by_server": {"s1": 60, "s2": 40},
+        "live_sessions_at_end": {"total": 5, "by_server": {"s1": 3, "s2": 1, "unknown": 1}, "by_class": {}},
+        "latency_ms": {}, "broken_per_second": [],
+        "broken": [
+            {"class": "keepalive", "kind": "reset", "t": 3.5, "local_port": 1, "servers": ["s1"], "requests": 3, "detail": "x"},
+            {"class": "keepalive", "kind": "reset", "t": 1.2, "local_port": 2, "servers": ["s2"], "requests": 1, "detail": "y"}
+        ],
+        "unfinished_at_stop": 0
+    }"#;
+    const C2: &str = r#"{
+        "elapsed_s": 10.0, "requests": {"keepalive": 50, "total": 50},
+        "connections_opened": {"keepalive": 2, "total": 2}, "connections_broken": 1,
+        "broken_by_kind": {"server_changed": 1}, "broken_by_class": {"keepalive": {"server_changed": 1}},
+        "requests_by_server": {"s2": 50},
+        "live_sessions_at_end": {"total": 2, "by_server": {"s2": 2}},
+        "broken": [{"class": "keepalive", "kind": "server_changed", "t": 0.9, "servers": ["s1", "s2"], "detail": "z"}],
+        "unfinished_at_stop": 0
+    }"#;
+
+    #[test]
+    fn reports_merge_onto_the_scenario_clock() {
+        let (merged, broken) = merge(&[(0.5, report(C1)), (2.0, report(C2))]);
+        assert_eq!(merged.requests["total"], 150);
+        assert_eq!(merged.connections_broken, 3);
+        assert_eq!(merged.broken_by_kind["reset"], 2);
+        assert_eq!(merged.broken_by_class["keepalive"]["server_changed"], 1);
+        assert_eq!(merged.requests_per_server["s2"], 90);
+        assert_eq!(merged.live_sessions_per_server["s2"], 3);
+        assert!(!merged.live_sessions_per_server.contains_key("unknown"));
+        assert_eq!(merged.long_lived_at_end, 7);
+        let times: Vec<f64> = broken.iter().map(|b| b.t).collect();
+        assert_eq!(times, [1.7, 2.9, 4.0]);
+
+        let series = per_second(&broken, 5);
+        assert_eq!(series.len(), 6);
+        assert_eq!(series[1].1["reset"], 1);
+        assert_eq!(series[2].1["server_changed"], 1);
+        assert_eq!(series[4].1["reset"], 1);
+        assert!(series[5].1.is_empty());
+    }
+
+    #[test]
+    fn spread_is_max_over_mean_of_the_servers_that_served() {
+        let counts = [10u64, 20, 30, 0];
+        assert_eq!(max_over_mean(&counts), Some(1.5));
+        assert_eq!(max_over_mean(&[0u64]), None);
+        let servers = serde_json::json!({"servers": [
+            {"id": 1, "state": "active", "active_connections": 10},
+            {"id": 2, "state": "active", "active_connections": 30},
+            {"id": 3, "state": "draining", "active_connections": 90}
+        ]});
+        assert_eq!(active_spread(&servers), Some(1.5));
+    }
+
+    #[test]
+    fn metric_highlights_keep_nonzero_events_drops_and_new_connections() {
+        let text = "# HELP x\n\
+cheetah_events_total{worker=\"0\",event=\"ts_msb_advanced\"} 2\n\
+cheetah_events_total{worker=\"1\",event=\"ts_msb_advanced\"} 1\n\
+cheetah_events_total{worker=\"1\",event=\"passed\"} 0\n\
+cheetah_drops_total{worker=\"0\",reason=\"ts_msb_unknown\"} 4\n\
+cheetah_drops_total{worker=\"0\",reason=\"truncated_tcp\"} 0\n\
+cheetah_cookie_decode_failures_total{worker=\"0\"} 4\n\
+cheetah_server_new_connections_total{server=\"7\"} 12\n\
+cheetah_packets_total{worker=\"0\",direction=\"rx\"} 99\n";
+        let highlights = metric_highlights(text);
+        assert_eq!(highlights["event.ts_msb_advanced"], 3.0);
+        assert_eq!(highlights["drop.ts_msb_unknown"], 4.0);
+        assert_eq!(highlights["cookie_decode_failures"], 4.0);
+        assert_eq!(highlights["new_connections.s7"], 12.0);
+        assert!(!highlights.contains_key("event.passed"));
+        assert!(!highlights.contains_key("drop.truncated_tcp"));
+        assert_eq!(highlights.len(), 4);
+    }
+}

@@ -1,0 +1,604 @@
+//! Runs one churn scenario: testbed up, LB and agents started, the load and the schedule
+//! run side by side, drained servers removed once empty, then everything taken down and
+//! the results written. Everything started here is stopped on every way out: the end, an
+//! error, or a Ctrl-C (which stops the load early and still writes what it measured).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use cheetah_core::config::{Forwarding, Mode};
+use cheetah_core::policy::PolicyKind;
+
+use super::lb::{spawn_in_netns, tail, Lb};
+use super::load::{self, ClientLoad, Workload};
+use super::progress::{Progress, Status};
+use super::results::{self, ChurnResults, Event, LbMetrics, LoadSpread, LoadgenReport};
+use super::schedule::{Action, Schedule, Step};
+use super::{lbconfig, tsclock};
+use crate::testbed::{self, forwarding_name, Options, Topology};
+
+/// Clients behind the router; with c0 on the LB's own segment, four loadgens.
+const CLIENTS: u16 = 3;
+/// How long the LB stays down in a restart: long enough that clients retransmit into the
+/// XDP program's drop (no socket bound), short of any request timeout.
+const RESTART_DOWNTIME: Duration = Duration::from_secs(1);
+/// A drained server is removed after this many polls (a second apart) in a row that find
+/// it without connections...
+const EMPTY_POLLS_BEFORE_REMOVE: u32 = 3;
+/// ...and never sooner than this after an LB start: a new LB process counts no connection
+/// until the agents' next reports, so a server looks empty for up to a second.
+const FRESH_LB_GRACE: Duration = Duration::from_secs(3);
+/// After the load, how long drained servers get to empty before the run ends without
+/// removing them.
+const POST_LOAD_DRAIN_WAIT: Duration = Duration::from_secs(20);
+
+/// What to run.
+pub struct Config {
+    pub mode: Mode,
+    pub servers: u16,
+    pub duration: Duration,
+    pub prefix: String,
+    pub forwarding: Forwarding,
+    pub out: PathBuf,
+    pub workload: Workload,
+    pub progress: bool,
+}
+
+/// Takes the testbed down however the run ends.
+struct Teardown(String);
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        if let Err(e) = testbed::teardown(&self.0, false) {
+            eprintln!(
+                "churn: {e:#}; run `cheetah testbed down --prefix {}`",
+                self.0
+            );
+        }
+    }
+}
+
+/// The agents: killed when dropped (they run until then); the teardown would end them too,
+/// as it ends whatever runs in the testbed's namespaces.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A running loadgen; killed if dropped before it exited (on an error).
+struct Loadgen {
+    load: ClientLoad,
+    child: Child,
+    /// When it was started, on the scenario's clock.
+    offset_s: f64,
+    log: PathBuf,
+    report: PathBuf,
+    exited: bool,
+}
+
+impl Drop for Loadgen {
+    fn drop(&mut self) {
+        if !self.exited {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A drained server the runner waits to remove.
+struct DrainWatch {
+    drained_at: f64,
+    empty_polls: u32,
+}
+
+pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
+    let mode = config.mode.name();
+    let schedule = Schedule::new(config.servers, config.duration)?;
+    let logs = config.out.join(format!("{mode}-logs"));
+    if logs.exists() {
+        std::fs::remove_dir_all(&logs)
+            .with_context(|| format!("cannot clear {}", logs.display()))?;
+    }
+    std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    let logs = std::path::absolute(&logs)?;
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&interrupted))?;
+    }
+    let mut progress = Progress::new(config.progress, mode);
+
+    progress.say(&format!(
+        "churn [{mode}]: testbed `{}` with {} servers, {} forwarding",
+        config.prefix,
+        config.servers,
+        forwarding_name(config.forwarding)
+    ));
+    let _teardown = Teardown(config.prefix.clone());
+    let topo = Topology::up(&Options {
+        prefix: config.prefix.clone(),
+        servers: config.servers,
+        clients: CLIENTS,
+        forwarding: config.forwarding,
+        mode: config.mode,
+        policy: PolicyKind::RoundRobin,
+        dir: None,
+    })?;
+    let api_address = topo
+        .lb
+        .server_side
+        .address
+        .context("the LB's server side has no address")?;
+    let api = format!("{api_address}:{}", lbconfig::API_PORT);
+    let lb_config = lbconfig::write(&topo.files.config, &schedule.initial_pool, &api)?;
+    let exe = std::env::current_exe().context("cannot find the cheetah binary")?;
+    let mut lb = Lb::new(&topo.lb.namespace, &exe, &lb_config, &api, &logs);
+    lb.start()?;
+
+    let mut agents = Children(Vec::new());
+    for server in &topo.servers {
+        let args: Vec<String> = [
+            "testbed",
+            "agent",
+            "--id",
+            &server.id.to_string(),
+            "--api",
+            &api,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let log = logs.join(format!("agent-{}.log", server.name));
+        agents
+            .0
+            .push(spawn_in_netns(&server.namespace, &exe, &args, &log)?);
+    }
+
+    let mut runner = Runner {
+        config,
+        topo: &topo,
+        lb,
+        events: Vec::new(),
+        draining: BTreeMap::new(),
+        spread_samples: Vec::new(),
+        metric_totals: BTreeMap::new(),
+        active_servers: schedule.initial_pool.len(),
+        draining_servers: 0,
+        start: Instant::now(),
+        progress,
+    };
+    let pool: Vec<String> = schedule
+        .initial_pool
+        .iter()
+        .map(|id| format!("s{id}"))
+        .collect();
+    runner.event(
+        "start",
+        "LB started".into(),
+        format!(
+            "pool {} of {} servers, policy rr, mode {mode}",
+            pool.join(" "),
+            config.servers
+        ),
+    );
+
+    let stop_file = logs.join("stop");
+    let clients: Vec<(String, String)> = topo
+        .clients
+        .iter()
+        .map(|c| (c.name.clone(), c.namespace.clone()))
+        .collect();
+    let target = format!("{}:{}", topo.vip, topo.vip_port);
+    runner.start = Instant::now();
+    let msb_clock_at_start = tsclock::monotonic_ms();
+    let mut loadgens = Vec::new();
+    for load in load::split(&config.workload, &clients) {
+        let report = logs.join(format!("loadgen-{}.json", load.client));
+        let log = logs.join(format!("loadgen-{}.log", load.client));
+        let args = load.loadgen_args(
+            &config.workload,
+            &target,
+            config.duration,
+            &report,
+            &stop_file,
+        );
+        let offset_s = runner.now();
+        let child = spawn_in_netns(&load.namespace, &exe, &args, &log)?;
+        loadgens.push(Loadgen {
+            load,
+            child,
+            offset_s,
+            log,
+            report,
+            exited: false,
+        });
+    }
+    for t in tsclock::msb_changes(msb_clock_at_start, config.duration) {
+        let msb = tsclock::msb_at(msb_clock_at_start + (t * 1000.0) as u64);
+        runner.events.push(Event {
+            t,
+            kind: "ts_msb_change".into(),
+            label: "server TS MSB changes".into(),
+            detail: format!("the servers' TSval high 16 bits become {msb:#06x}"),
+        });
+    }
+
+    let interrupted_at =
+        runner.run_load(&schedule.steps, &mut loadgens, &interrupted, &stop_file)?;
+    let load_end = runner.now();
+    runner.event(
+        "load_stop",
+        "load stopped".into(),
+        match interrupted_at {
+            Some(t) => format!("interrupted at {t:.1} s"),
+            None => "every loadgen finished".into(),
+        },
+    );
+    runner.remove_drained_after_load(&interrupted);
+    let final_snapshot = runner.lb.metrics().unwrap_or_default();
+    runner.add_metrics(&final_snapshot);
+    runner.lb.stop();
+    drop(agents);
+    runner.progress.finish();
+
+    let results = runner.results(
+        &loadgens,
+        &schedule,
+        load_end,
+        interrupted_at,
+        final_snapshot,
+    )?;
+    let path = config.out.join(format!("{mode}.json"));
+    let mut json = serde_json::to_string_pretty(&results)?;
+    json.push('\n');
+    std::fs::write(&path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+struct Runner<'a> {
+    config: &'a Config,
+    topo: &'a Topology,
+    lb: Lb,
+    events: Vec<Event>,
+    draining: BTreeMap<u16, DrainWatch>,
+    spread_samples: Vec<f64>,
+    metric_totals: BTreeMap<String, f64>,
+    active_servers: usize,
+    draining_servers: usize,
+    start: Instant,
+    progress: Progress,
+}
+
+impl Runner<'_> {
+    fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    fn event(&mut self, kind: &str, label: String, detail: String) {
+        self.event_at(self.now(), kind, label, detail);
+    }
+
+    /// An event that began at `t` (a restart is logged once it is done).
+    fn event_at(&mut self, t: f64, kind: &str, label: String, detail: String) {
+        let text = if detail.is_empty() {
+            format!("  {t:6.1}s  {label}")
+        } else {
+            format!("  {t:6.1}s  {label}: {detail}")
+        };
+        self.progress.say(&text);
+        self.events.push(Event {
+            t,
+            kind: kind.into(),
+            label,
+            detail,
+        });
+    }
+
+    /// Runs the schedule while the loadgens run; returns when they have all exited, with the
+    /// time of a Ctrl-C if there was one.
+    fn run_load(
+        &mut self,
+        steps: &[Step],
+        loadgens: &mut [Loadgen],
+        interrupted: &AtomicBool,
+        stop_file: &Path,
+    ) -> anyhow::Result<Option<f64>> {
+        let mut next_step = 0;
+        let mut next_poll = Duration::ZERO;
+        let mut interrupted_at = None;
+        loop {
+            if interrupted.load(Ordering::Relaxed) && interrupted_at.is_none() {
+                interrupted_at = Some(self.now());
+                std::fs::write(stop_file, "stop\n")?;
+                self.progress
+                    .say("churn: interrupted; stopping the load (results are still written)");
+            }
+            while interrupted_at.is_none()
+                && next_step < steps.len()
+                && self.start.elapsed() >= steps[next_step].at
+            {
+                self.apply(&steps[next_step].action)?;
+                next_step += 1;
+            }
+            if self.start.elapsed() >= next_poll {
+                next_poll = self.start.elapsed() + Duration::from_secs(1);
+                self.poll_servers();
+                self.show_progress(loadgens);
+            }
+            self.lb.check_running()?;
+            for loadgen in loadgens.iter_mut().filter(|l| !l.exited) {
+                if let Some(status) = loadgen.child.try_wait()? {
+                    loadgen.exited = true;
+                    if !status.success() {
+                        bail!(
+                            "loadgen in {} exited with {status}:\n{}",
+                            loadgen.load.namespace,
+                            tail(&loadgen.log)
+                        );
+                    }
+                }
+            }
+            if loadgens.iter().all(|l| l.exited) {
+                return Ok(interrupted_at);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn apply(&mut self, action: &Action) -> anyhow::Result<()> {
+        let vip = format!("{}:{}", self.topo.vip, self.topo.vip_port);
+        match action {
+            Action::Add(id) => {
+                let server = self
+                    .topo
+                    .servers
+                    .iter()
+                    .find(|s| s.id == *id)
+                    .with_context(|| format!("the testbed has no server {id}"))?;
+                let (dip, mac) = (server.dip.to_string(), server.mac.clone());
+                self.lb.ctl(&[
+                    "servers",
+                    "add",
+                    "--id",
+                    &id.to_string(),
+                    "--dip",
+                    &dip,
+                    "--mac",
+                    &mac,
+                    "--vip",
+                    &vip,
+                ])?;
+                self.active_servers += 1;
+                self.event(
+                    "add",
+                    action.label(),
+                    format!("{dip} joins the pool of {vip}"),
+                );
+            }
+            Action::Drain(id) => {
+                self.lb.ctl(&["servers", "drain", &id.to_string()])?;
+                self.draining.insert(
+                    *id,
+                    DrainWatch {
+                        drained_at: self.now(),
+                        empty_polls: 0,
+                    },
+                );
+                self.active_servers -= 1;
+                self.draining_servers += 1;
+                self.event(
+                    "drain",
+                    action.label(),
+                    "no new connections; removed once it has none left".into(),
+                );
+            }
+            Action::Policy { policy, metric } => {
+                self.lb
+                    .ctl(&["policy", "set", &vip, policy, "--metric", metric])?;
+                self.event("policy", action.label(), format!("load metric {metric}"));
+            }
+            Action::GracefulRestart | Action::KillRestart => {
+                // Counters start from zero in every LB process: keep what this one counted.
+                if let Ok(text) = self.lb.metrics() {
+                    self.add_metrics(&text);
+                }
+                let began = Instant::now();
+                let t = self.now();
+                if *action == Action::GracefulRestart {
+                    self.lb.graceful_restart(RESTART_DOWNTIME)?;
+                } else {
+                    self.lb.kill_restart(RESTART_DOWNTIME)?;
+                }
+                self.event_at(
+                    t,
+                    "restart",
+                    action.label(),
+                    format!(
+                        "API answering again after {:.1} s (state file: tables, MSBs)",
+                        began.elapsed().as_secs_f64()
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn add_metrics(&mut self, text: &str) {
+        for (key, value) in results::metric_highlights(text) {
+            *self.metric_totals.entry(key).or_insert(0.0) += value;
+        }
+    }
+
+    /// Reads `/servers`: samples the load spread and removes drained servers that have
+    /// stayed empty. An LB that is restarting does not answer; the next poll will.
+    fn poll_servers(&mut self) {
+        let Ok(servers) = self.lb.ctl(&["servers", "list"]) else {
+            return;
+        };
+        if let Some(spread) = results::active_spread(&servers) {
+            self.spread_samples.push(spread);
+        }
+        let settled = self.lb.up_since.elapsed() >= FRESH_LB_GRACE;
+        let mut empty = Vec::new();
+        for (id, watch) in &mut self.draining {
+            let open = servers["servers"]
+                .as_array()
+                .and_then(|all| all.iter().find(|s| s["id"] == *id))
+                .and_then(|s| s["active_connections"].as_u64());
+            if settled && open == Some(0) {
+                watch.empty_polls += 1;
+            } else {
+                watch.empty_polls = 0;
+            }
+            if watch.empty_polls >= EMPTY_POLLS_BEFORE_REMOVE {
+                empty.push((*id, watch.drained_at));
+            }
+        }
+        for (id, drained_at) in empty {
+            match self.lb.ctl(&["servers", "remove", &id.to_string()]) {
+                Ok(_) => {
+                    self.draining.remove(&id);
+                    self.draining_servers -= 1;
+                    let waited = self.now() - drained_at;
+                    self.event(
+                        "remove",
+                        format!("remove s{id}"),
+                        format!(
+                            "no connection left, {waited:.0} s after the drain; id quarantined"
+                        ),
+                    );
+                }
+                Err(e) => self.progress.say(&format!("churn: {e:#}")),
+            }
+        }
+    }
+
+    /// Gives drained servers a little time to empty once the load has closed its
+    /// connections, then removes them (or reports them as not removed).
+    /// After a Ctrl-C the user wants out: no waiting.
+    fn remove_drained_after_load(&mut self, interrupted: &AtomicBool) {
+        let deadline = Instant::now() + POST_LOAD_DRAIN_WAIT;
+        while !self.draining.is_empty()
+            && Instant::now() < deadline
+            && !interrupted.load(Ordering::Relaxed)
+        {
+            self.poll_servers();
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    fn show_progress(&mut self, loadgens: &[Loadgen]) {
+        let (mut live, mut broken) = (0, 0);
+        for loadgen in loadgens {
+            let text = std::fs::read_to_string(&loadgen.log).unwrap_or_default();
+            if let Some((l, b)) = load::last_progress(&text) {
+                live += l;
+                broken += b;
+            }
+        }
+        let last_event = self
+            .events
+            .iter()
+            .rfind(|e| e.t <= self.now() && e.kind != "start")
+            .map(|e| format!("{:.0}s {}", e.t, e.label));
+        let status = Status {
+            elapsed: self.start.elapsed(),
+            duration: self.config.duration,
+            live,
+            broken,
+            active_servers: self.active_servers,
+            draining_servers: self.draining_servers,
+            last_event,
+        };
+        self.progress.update(&status);
+    }
+
+    fn results(
+        &self,
+        loadgens: &[Loadgen],
+        schedule: &Schedule,
+        load_end: f64,
+        interrupted_at: Option<f64>,
+        final_snapshot: String,
+    ) -> anyhow::Result<ChurnResults> {
+        let mut reports = Vec::new();
+        let mut report_paths = Vec::new();
+        for loadgen in loadgens {
+            let text = std::fs::read_to_string(&loadgen.report).with_context(|| {
+                format!(
+                    "loadgen in {} wrote no report:\n{}",
+                    loadgen.load.namespace,
+                    tail(&loadgen.log)
+                )
+            })?;
+            let report: LoadgenReport = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a loadgen report", loadgen.report.display()))?;
+            reports.push((loadgen.offset_s, report));
+            let relative = loadgen
+                .report
+                .strip_prefix(std::path::absolute(&self.config.out)?)
+                .unwrap_or(&loadgen.report);
+            report_paths.push(relative.to_string_lossy().into_owned());
+        }
+        let (merged, broken) = results::merge(&reports);
+        let seconds = self.config.duration.as_secs().max(load_end as u64);
+        let spread = LoadSpread {
+            requests_max_over_mean: results::max_over_mean(merged.requests_per_server.values()),
+            live_sessions_max_over_mean: results::max_over_mean(
+                merged.live_sessions_per_server.values(),
+            ),
+            active_connections_max_over_mean: (!self.spread_samples.is_empty()).then(|| {
+                self.spread_samples.iter().sum::<f64>() / self.spread_samples.len() as f64
+            }),
+            requests_per_server: merged.requests_per_server,
+            live_sessions_per_server: merged.live_sessions_per_server,
+        };
+        let mut events = self.events.clone();
+        events.sort_by(|a, b| a.t.total_cmp(&b.t));
+        let workload = &self.config.workload;
+        Ok(ChurnResults {
+            mode: self.config.mode.name().into(),
+            forwarding: forwarding_name(self.config.forwarding).into(),
+            servers: self.config.servers,
+            initial_pool: schedule.initial_pool.clone(),
+            duration_s: self.config.duration.as_secs_f64(),
+            elapsed_s: interrupted_at.unwrap_or(load_end),
+            interrupted: interrupted_at.is_some(),
+            workload: results::Workload {
+                clients: loadgens.iter().map(|l| l.load.client.clone()).collect(),
+                keepalive: workload.keepalive,
+                idle_sessions: workload.idle_sessions,
+                idle_gap_s: workload.idle_gap.as_secs_f64(),
+                downloads: workload.downloads,
+                short_rate: workload.short_rate,
+            },
+            requests: merged.requests,
+            connections_opened: merged.connections_opened,
+            connections_broken: merged.connections_broken,
+            broken_by_kind: merged.broken_by_kind,
+            broken_by_class: merged.broken_by_class,
+            long_lived_at_end: merged.long_lived_at_end,
+            unfinished_at_stop: merged.unfinished_at_stop,
+            load_spread: spread,
+            broken_per_second: results::per_second(&broken, seconds),
+            broken,
+            events,
+            not_removed: self.draining.keys().copied().collect(),
+            lb_metrics: LbMetrics {
+                totals: self.metric_totals.clone(),
+                final_snapshot,
+            },
+            loadgen_reports: report_paths,
+        })
+    }
+}
