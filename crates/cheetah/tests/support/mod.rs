@@ -447,3 +447,70 @@ pub fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `cheetah testbed churn` started in the background (it brings up and takes down its own
+/// testbed); [`Churn::finish`] waits for it and returns `<out>/<mode>.json`.
+pub struct Churn {
+    child: Child,
+    pub out: PathBuf,
+    pub mode: String,
+    log: PathBuf,
+}
+
+impl Churn {
+    pub fn start(mode: &str, prefix: &str, out: &Path, extra: &[&str]) -> Self {
+        std::fs::create_dir_all(out).unwrap();
+        let log = out.join(format!("churn-{mode}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let out_arg = out.to_string_lossy().into_owned();
+        let child = Command::new(cheetah_bin())
+            .args([
+                "testbed",
+                "churn",
+                "--mode",
+                mode,
+                "--prefix",
+                prefix,
+                "--out",
+                &out_arg,
+                "--progress",
+            ])
+            .args(extra)
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("cannot start cheetah testbed churn");
+        Churn {
+            child,
+            out: out.to_path_buf(),
+            mode: mode.to_string(),
+            log,
+        }
+    }
+
+    pub fn finish(mut self) -> Value {
+        let status = self.child.wait().unwrap();
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        eprintln!("churn {}:\n{log}", self.mode);
+        assert!(status.success(), "cheetah testbed churn failed:\n{log}");
+        let path = self.out.join(format!("{}.json", self.mode));
+        let text = std::fs::read_to_string(&path).expect("the churn results file");
+        serde_json::from_str(&text).expect("churn results are JSON")
+    }
+}
+
+impl Drop for Churn {
+    fn drop(&mut self) {
+        // A test that fails early still stops the runner, which then tears its testbed down.
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits until a network namespace exists (a testbed someone else brings up).
+pub fn wait_for_namespace(namespace: &str, timeout: Duration) -> bool {
+    eventually(timeout, || Path::new("/run/netns").join(namespace).exists())
+}

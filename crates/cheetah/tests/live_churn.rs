@@ -1,0 +1,165 @@
+//! The churn scenario through the real system (`cheetah testbed churn`: `cheetah run`
+//! between nginx servers and Linux TCP clients in namespaces, docs/churn.md).
+//!
+//! In cheetah mode, hundreds of long-lived connections live through the whole scenario
+//! (two changes of the servers' timestamp MSB, servers added, drained and removed, the
+//! policy changed twice, a graceful restart and a kill -9 of the LB) and none breaks: no
+//! loadgen sees a RST, a timeout or another server, and no RST reaches a client's wire.
+//! In hash mode the same schedule breaks connections, which shows that the test can fail.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+
+fn count(value: &Value) -> u64 {
+    value.as_u64().unwrap_or(0)
+}
+
+fn events<'a>(results: &'a Value, kind: &str) -> Vec<&'a Value> {
+    results["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == kind)
+        .collect()
+}
+
+#[test]
+fn cheetah_breaks_no_connection_through_the_whole_churn_scenario() {
+    if !require_root("cheetah_breaks_no_connection_through_the_whole_churn_scenario") {
+        return;
+    }
+    let _one_at_a_time = exclusive();
+    let out = tempfile::tempdir().unwrap();
+    let churn = Churn::start("cheetah", "cha", out.path(), &["--duration", "150s"]);
+
+    // An eye on the wire that is not loadgen's: every RST at client c1 during the run.
+    assert!(
+        wait_for_namespace("cha-c1", Duration::from_secs(90)),
+        "the runner's testbed did not come up"
+    );
+    let pcap = out.path().join("c1-rst.pcap");
+    let capture = Capture::start(
+        "cha-c1",
+        "eth0",
+        "tcp[tcpflags] & (tcp-rst|tcp-syn) != 0",
+        &pcap,
+    );
+    let results = churn.finish();
+    // The runner's teardown ended tcpdump, which flushed the file on its way out.
+    drop(capture);
+    let segments: Vec<TcpView> = read_pcap(&pcap)
+        .iter()
+        .filter_map(|f| parse_tcp(f))
+        .collect();
+
+    assert_eq!(
+        count(&results["connections_broken"]),
+        0,
+        "cheetah broke connections: {}",
+        serde_json::to_string_pretty(&results["broken"]).unwrap()
+    );
+    let settings = &results["workload"];
+    let long_lived = count(&settings["keepalive"])
+        + count(&settings["idle_sessions"])
+        + count(&settings["downloads"]);
+    assert!(long_lived >= 200, "only {long_lived} long-lived sessions");
+    // Every long-lived session kept its one connection from start to end: none was
+    // reopened, and all are still open when the load stops.
+    let opened = &results["connections_opened"];
+    assert_eq!(
+        count(&opened["keepalive"]) + count(&opened["idle"]) + count(&opened["download"]),
+        long_lived,
+        "long-lived sessions opened more connections than they have sessions: {opened}"
+    );
+    assert_eq!(count(&results["long_lived_at_end"]), long_lived);
+    assert!(results["elapsed_s"].as_f64().unwrap() >= 140.0);
+    assert!(
+        events(&results, "ts_msb_change").len() >= 2,
+        "the connections did not cross two MSB changes: {}",
+        results["events"]
+    );
+    assert!(
+        results["lb_metrics"]["totals"]["event.ts_msb_advanced"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 0.0,
+        "the LB never saw a server's MSB advance: {}",
+        results["lb_metrics"]["totals"]
+    );
+
+    // The schedule really ran.
+    assert_eq!(events(&results, "add").len(), 2);
+    assert_eq!(events(&results, "drain").len(), 3);
+    assert_eq!(events(&results, "policy").len(), 2);
+    assert_eq!(events(&results, "restart").len(), 2);
+    let load_stop = events(&results, "load_stop")[0]["t"].as_f64().unwrap();
+    let removed_under_load = events(&results, "remove")
+        .iter()
+        .filter(|e| e["t"].as_f64().unwrap() < load_stop)
+        .count();
+    assert!(
+        removed_under_load >= 2,
+        "the servers added then drained were not removed during the load: {}",
+        results["events"]
+    );
+    let spread = &results["load_spread"];
+    for added in ["s7", "s8"] {
+        assert!(
+            count(&spread["requests_per_server"][added]) > 0,
+            "{added} got no requests: {spread}"
+        );
+    }
+    // Server 2 was drained early with long-lived connections: they went on to the end.
+    assert!(
+        count(&spread["live_sessions_per_server"]["s2"]) > 0,
+        "the drained server's sessions did not live to the end: {spread}"
+    );
+
+    let syns = segments.iter().filter(|t| t.is_syn()).count();
+    let resets = segments.iter().filter(|t| t.is_rst()).count();
+    assert!(syns > 0, "the capture at c1 saw no SYN at all");
+    assert_eq!(resets, 0, "RST segments reached client c1");
+
+    // The merged numbers are the loadgens' own.
+    for report in results["loadgen_reports"].as_array().unwrap() {
+        let path = out.path().join(report.as_str().unwrap());
+        let text = std::fs::read_to_string(Path::new(&path)).unwrap();
+        let report: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            count(&report["connections_broken"]),
+            0,
+            "{}",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn hashing_breaks_connections_in_the_same_scenario() {
+    if !require_root("hashing_breaks_connections_in_the_same_scenario") {
+        return;
+    }
+    let _one_at_a_time = exclusive();
+    let out = tempfile::tempdir().unwrap();
+    // Shorter: the first add and drain come within 10 s, and each remaps most connections.
+    let results = Churn::start("hash", "chh", out.path(), &["--duration", "40s"]).finish();
+
+    let broken = count(&results["connections_broken"]);
+    assert!(
+        broken >= 50,
+        "hashing broke only {broken} connections under the same churn"
+    );
+    // Connections break when the pool changes, not at random: look at the first add.
+    let first_add = events(&results, "add")[0]["t"].as_f64().unwrap();
+    let first_break = results["broken"][0]["t"].as_f64().unwrap();
+    assert!(
+        first_break >= first_add,
+        "a connection broke at {first_break} s, before the first pool change at {first_add} s"
+    );
+    assert!(count(&results["requests"]["total"]) > 1000);
+}
