@@ -187,6 +187,7 @@ async fn drive(args: &Args) -> Result<report::Report> {
     let duration = (!args.duration.is_zero()).then_some(args.duration);
     stop::wait(rec.start, duration, args.stop_file.as_deref()).await;
     let elapsed = rec.start.elapsed();
+    let started_at = std::time::SystemTime::now() - elapsed;
     let _ = stop_tx.send(true);
     let grace = args.request_timeout + STOP_GRACE;
     let finished =
@@ -203,6 +204,7 @@ async fn drive(args: &Args) -> Result<report::Report> {
     let live = rec.live();
     Ok(report::build(
         settings_json(args),
+        started_at,
         elapsed,
         &stats,
         &live,

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
@@ -21,6 +21,9 @@ type ByKind = BTreeMap<String, u64>;
 pub struct Report {
     /// The workload as run (the flags).
     pub settings: serde_json::Value,
+    /// When the load started (the clock `t` of broken connections counts from), in ms since
+    /// the Unix epoch, so that a caller can put several loadgens on one clock.
+    pub started_at_unix_ms: u64,
     /// From the start of the load to the stop (duration, or stop file).
     pub elapsed_s: f64,
     pub requests: ByClass,
@@ -75,6 +78,7 @@ pub struct BrokenEntry {
 /// Builds the report from the final counts and the live connections at the end.
 pub fn build(
     settings: serde_json::Value,
+    started_at: SystemTime,
     elapsed: Duration,
     stats: &Stats,
     live: &[Option<Live>],
@@ -113,6 +117,9 @@ pub fn build(
     }
     Report {
         settings,
+        started_at_unix_ms: started_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
         elapsed_s: elapsed.as_secs_f64(),
         requests: by_class(&|c| stats.class(c).requests),
         bytes_downloaded: by_class(&|c| stats.class(c).body_bytes),
@@ -322,6 +329,7 @@ mod tests {
         }
         let report = build(
             serde_json::Value::Null,
+            SystemTime::UNIX_EPOCH,
             Duration::from_secs_f64(3.5),
             &stats,
             &rec.live(),
