@@ -124,5 +124,10 @@ pub fn run(args: ChurnArgs) -> anyhow::Result<()> {
     let results: results::ChurnResults = serde_json::from_str(&text)?;
     println!("{}", report::one_line(&results));
     println!("results: {}", path.display());
+    if results.interrupted {
+        // A script running several scenarios (the demo) must stop here too.
+        eprintln!("churn: interrupted; the results cover the load until then");
+        std::process::exit(130);
+    }
     Ok(())
 }

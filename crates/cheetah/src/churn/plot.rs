@@ -53,9 +53,12 @@ pub fn broken_over_time(runs: &[&ChurnResults], path: &Path) -> anyhow::Result<(
         })
         .collect();
     let events = runs.first().map(|r| r.events.as_slice()).unwrap_or(&[]);
+    let setting = runs.first().map_or(String::new(), |r| {
+        format!(" ({} servers, {} forwarding)", r.servers, r.forwarding)
+    });
     panel(
         &top,
-        "Broken connections per second under churn",
+        &format!("Broken connections per second under churn{setting}"),
         "broken / s",
         runs,
         &per_second,
@@ -115,6 +118,8 @@ where
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 15))
         .light_line_style(RGBColor(240, 240, 240))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()?;
 
     let marked: Vec<&Event> = events
@@ -137,9 +142,11 @@ where
             // Three rows of labels, so neighbouring events do not write over each other.
             let row = (index % 3) as f64;
             let y = y_max * (0.97 - 0.07 * row);
+            // A little right of its line, so the dashes do not cross the text.
+            let x = event.t + x_max * 0.004;
             chart.draw_series(std::iter::once(Text::new(
                 event.label.clone(),
-                (event.t, y),
+                (x, y),
                 ("sans-serif", 12).into_font().color(&color),
             )))?;
         }

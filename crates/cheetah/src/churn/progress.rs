@@ -22,7 +22,8 @@ pub struct Status {
     pub live: u64,
     pub broken: u64,
     pub active_servers: usize,
-    pub draining_servers: usize,
+    /// Drained servers not removed yet, with their open connections at the last poll.
+    pub draining: Vec<(u16, Option<u64>)>,
     pub last_event: Option<String>,
 }
 
@@ -46,14 +47,26 @@ impl Progress {
             .as_deref()
             .map(|e| format!("  last: {e}"))
             .unwrap_or_default();
+        let draining = if status.draining.is_empty() {
+            String::new()
+        } else {
+            let servers: Vec<String> = status
+                .draining
+                .iter()
+                .map(|(id, open)| match open {
+                    Some(open) => format!("s{id} {open} open"),
+                    None => format!("s{id}"),
+                })
+                .collect();
+            format!(", draining {}", servers.join(", "))
+        };
         format!(
-            "[{mode}] {:>4.0}s/{:.0}s  live connections {:>4}  broken {:>5}  servers: {} active, {} draining{last}",
+            "[{mode}] {:>4.0}s/{:.0}s  live connections {:>4}  broken {:>5}  servers: {} active{draining}{last}",
             status.elapsed.as_secs_f64(),
             status.duration.as_secs_f64(),
             status.live,
             status.broken,
             status.active_servers,
-            status.draining_servers,
         )
     }
 
@@ -105,7 +118,7 @@ mod tests {
                 live: 266,
                 broken: 0,
                 active_servers: 7,
-                draining_servers: 1,
+                draining: vec![(2, Some(40)), (7, None)],
                 last_event: Some("36s drain s2".into()),
             },
             "cheetah",
@@ -114,7 +127,7 @@ mod tests {
         for part in [
             "live connections  266",
             "broken     0",
-            "7 active, 1 draining",
+            "7 active, draining s2 40 open, s7",
             "last: 36s drain s2",
         ] {
             assert!(line.contains(part), "{part:?} not in {line:?}");

@@ -12,6 +12,9 @@ pub type Counts = BTreeMap<String, u64>;
 /// The part of a `cheetah loadgen --report` the runner uses (docs/loadgen.md).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct LoadgenReport {
+    /// Time 0 of the report's `t`s, in ms since the Unix epoch.
+    #[serde(default)]
+    pub started_at_unix_ms: u64,
     pub requests: Counts,
     pub connections_opened: Counts,
     pub connections_broken: u64,

@@ -80,8 +80,8 @@ impl Drop for Children {
 struct Loadgen {
     load: ClientLoad,
     child: Child,
-    /// When it was started, on the scenario's clock.
-    offset_s: f64,
+    /// When it was spawned, on the scenario's clock (its load starts a little later).
+    spawned_at: f64,
     log: PathBuf,
     report: PathBuf,
     exited: bool,
@@ -100,6 +100,14 @@ impl Drop for Loadgen {
 struct DrainWatch {
     drained_at: f64,
     empty_polls: u32,
+    /// Its open connections at the last poll, for the progress line.
+    open: Option<u64>,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
@@ -173,25 +181,10 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         spread_samples: Vec::new(),
         metric_totals: BTreeMap::new(),
         active_servers: schedule.initial_pool.len(),
-        draining_servers: 0,
         start: Instant::now(),
+        start_unix_ms: 0,
         progress,
     };
-    let pool: Vec<String> = schedule
-        .initial_pool
-        .iter()
-        .map(|id| format!("s{id}"))
-        .collect();
-    runner.event(
-        "start",
-        "LB started".into(),
-        format!(
-            "pool {} of {} servers, policy rr, mode {mode}",
-            pool.join(" "),
-            config.servers
-        ),
-    );
-
     let stop_file = logs.join("stop");
     let clients: Vec<(String, String)> = topo
         .clients
@@ -200,7 +193,23 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         .collect();
     let target = format!("{}:{}", topo.vip, topo.vip_port);
     runner.start = Instant::now();
+    runner.start_unix_ms = unix_ms();
     let msb_clock_at_start = tsclock::monotonic_ms();
+    let pool: Vec<String> = schedule
+        .initial_pool
+        .iter()
+        .map(|id| format!("s{id}"))
+        .collect();
+    runner.event(
+        "start",
+        "load starts".into(),
+        format!(
+            "LB running with pool {} of {} servers, policy rr, mode {mode}",
+            pool.join(" "),
+            config.servers
+        ),
+    );
+
     let mut loadgens = Vec::new();
     for load in load::split(&config.workload, &clients) {
         let report = logs.join(format!("loadgen-{}.json", load.client));
@@ -212,12 +221,12 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
             &report,
             &stop_file,
         );
-        let offset_s = runner.now();
+        let spawned_at = runner.now();
         let child = spawn_in_netns(&load.namespace, &exe, &args, &log)?;
         loadgens.push(Loadgen {
             load,
             child,
-            offset_s,
+            spawned_at,
             log,
             report,
             exited: false,
@@ -274,8 +283,9 @@ struct Runner<'a> {
     spread_samples: Vec<f64>,
     metric_totals: BTreeMap<String, f64>,
     active_servers: usize,
-    draining_servers: usize,
     start: Instant,
+    /// `start` on the wall clock, which loadgens report their own start on.
+    start_unix_ms: u64,
     progress: Progress,
 }
 
@@ -355,7 +365,10 @@ impl Runner<'_> {
         }
     }
 
+    /// Applies one step; its event carries the time the step began, since the LB acts on a
+    /// change as soon as its API answers.
     fn apply(&mut self, action: &Action) -> anyhow::Result<()> {
+        let t = self.now();
         let vip = format!("{}:{}", self.topo.vip, self.topo.vip_port);
         match action {
             Action::Add(id) => {
@@ -379,7 +392,8 @@ impl Runner<'_> {
                     &vip,
                 ])?;
                 self.active_servers += 1;
-                self.event(
+                self.event_at(
+                    t,
                     "add",
                     action.label(),
                     format!("{dip} joins the pool of {vip}"),
@@ -390,13 +404,14 @@ impl Runner<'_> {
                 self.draining.insert(
                     *id,
                     DrainWatch {
-                        drained_at: self.now(),
+                        drained_at: t,
                         empty_polls: 0,
+                        open: None,
                     },
                 );
                 self.active_servers -= 1;
-                self.draining_servers += 1;
-                self.event(
+                self.event_at(
+                    t,
                     "drain",
                     action.label(),
                     "no new connections; removed once it has none left".into(),
@@ -405,7 +420,7 @@ impl Runner<'_> {
             Action::Policy { policy, metric } => {
                 self.lb
                     .ctl(&["policy", "set", &vip, policy, "--metric", metric])?;
-                self.event("policy", action.label(), format!("load metric {metric}"));
+                self.event_at(t, "policy", action.label(), format!("load metric {metric}"));
             }
             Action::GracefulRestart | Action::KillRestart => {
                 // Counters start from zero in every LB process: keep what this one counted.
@@ -413,7 +428,6 @@ impl Runner<'_> {
                     self.add_metrics(&text);
                 }
                 let began = Instant::now();
-                let t = self.now();
                 if *action == Action::GracefulRestart {
                     self.lb.graceful_restart(RESTART_DOWNTIME)?;
                 } else {
@@ -455,6 +469,7 @@ impl Runner<'_> {
                 .as_array()
                 .and_then(|all| all.iter().find(|s| s["id"] == *id))
                 .and_then(|s| s["active_connections"].as_u64());
+            watch.open = open;
             if settled && open == Some(0) {
                 watch.empty_polls += 1;
             } else {
@@ -468,7 +483,6 @@ impl Runner<'_> {
             match self.lb.ctl(&["servers", "remove", &id.to_string()]) {
                 Ok(_) => {
                     self.draining.remove(&id);
-                    self.draining_servers -= 1;
                     let waited = self.now() - drained_at;
                     self.event(
                         "remove",
@@ -517,7 +531,11 @@ impl Runner<'_> {
             live,
             broken,
             active_servers: self.active_servers,
-            draining_servers: self.draining_servers,
+            draining: self
+                .draining
+                .iter()
+                .map(|(id, watch)| (*id, watch.open))
+                .collect(),
             last_event,
         };
         self.progress.update(&status);
@@ -543,7 +561,14 @@ impl Runner<'_> {
             })?;
             let report: LoadgenReport = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not a loadgen report", loadgen.report.display()))?;
-            reports.push((loadgen.offset_s, report));
+            // Breaks are timed from the loadgen's own start, which follows its spawn by the
+            // time it takes to start and check the target: put them on the scenario's clock.
+            let offset = if report.started_at_unix_ms > 0 {
+                (report.started_at_unix_ms as f64 - self.start_unix_ms as f64) / 1000.0
+            } else {
+                loadgen.spawned_at
+            };
+            reports.push((offset, report));
             let relative = loadgen
                 .report
                 .strip_prefix(std::path::absolute(&self.config.out)?)
