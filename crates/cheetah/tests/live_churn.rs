@@ -9,6 +9,7 @@
 
 mod support;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -35,11 +36,13 @@ fn cheetah_breaks_no_connection_through_the_whole_churn_scenario() {
     }
     let _one_at_a_time = exclusive();
     let out = tempfile::tempdir().unwrap();
+    // tcpdump drops root for its own user before it opens the file it writes.
+    std::fs::set_permissions(out.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let churn = Churn::start("cheetah", "cha", out.path(), &["--duration", "150s"]);
 
     // An eye on the wire that is not loadgen's: every RST at client c1 during the run.
     assert!(
-        wait_for_namespace("cha-c1", Duration::from_secs(90)),
+        wait_for_testbed("cha", Duration::from_secs(90)),
         "the runner's testbed did not come up"
     );
     let pcap = out.path().join("c1-rst.pcap");

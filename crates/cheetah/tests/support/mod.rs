@@ -510,7 +510,9 @@ impl Drop for Churn {
     }
 }
 
-/// Waits until a network namespace exists (a testbed someone else brings up).
-pub fn wait_for_namespace(namespace: &str, timeout: Duration) -> bool {
-    eventually(timeout, || Path::new("/run/netns").join(namespace).exists())
+/// Waits until testbed `prefix`, brought up by someone else (the churn runner), is
+/// complete: `up` writes `testbed.json` last.
+pub fn wait_for_testbed(prefix: &str, timeout: Duration) -> bool {
+    let summary = PathBuf::from(format!("/run/cheetah-testbed/{prefix}/testbed.json"));
+    eventually(timeout, || summary.exists())
 }
