@@ -1,20 +1,62 @@
 #!/usr/bin/env bash
-# The demo: builds cheetah, then shows in one screen what it prevents and what it costs.
-#  1. the same churn (server added, drained, removed from the pool, policy changed) over
-#     20,000 open connections, in cheetah, plain-hash and Maglev modes;
-#  2. the per-packet cost of each mode on a generated trace (a short cheetah bench).
+# The demo: per-connection consistency with real TCP stacks under churn, side by side with
+# plain hashing (docs/churn.md).
+#
+#  1. (a few seconds) the core alone: the same churn over 20,000 simulated connections in
+#     cheetah, plain-hash and Maglev modes;
+#  2. the main show, about 6 minutes: `cheetah testbed churn` builds a testbed with 8 nginx
+#     servers in network namespaces, runs `cheetah run` (AF_XDP) in front of them and drives
+#     hundreds of real Linux TCP connections through it while servers are added, drained
+#     and removed, the policy goes rr -> pow2 -> awrr and the LB is restarted twice
+#     (SIGTERM, kill -9). Once in cheetah mode, once in hash mode, same schedule;
+#  3. a side-by-side table (printed, and churn-table.md) and a plot of broken connections
+#     over time (broken-over-time.png), in results/demo-<timestamp>/ or --out DIR.
+#
+# Usage: scripts/demo.sh [--out DIR] [--duration 150s] [--servers 8] [--forwarding l2|nat]
+# Needs root (namespaces, XDP); installs what it needs on a fresh Debian 12 machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+out="results/demo-$(date +%Y%m%d-%H%M%S)"
+duration=150s
+servers=8
+forwarding=l2
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --duration) duration=$2; shift 2 ;;
+    --servers) servers=$2; shift 2 ;;
+    --forwarding) forwarding=$2; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "demo: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [ "$(id -u)" -ne 0 ]; then
+  echo "demo: needs root (network namespaces, XDP): run it with sudo" >&2
+  exit 1
+fi
+
 bash scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== building (release)"
 cargo build --release --locked -p cheetah -p cheetah-core --examples --bins 2>&1 | tail -1
+cheetah="${CARGO_TARGET_DIR:-target}/release/cheetah"
 
 echo
-echo "== 1. per-connection consistency under churn"
+echo "== 1. the core alone: the same churn over 20,000 simulated connections"
 cargo run --release --locked -q -p cheetah-core --example churn -- 20000
 
+mkdir -p "$out"
+# The runner stops its load on Ctrl-C, writes what it measured, tears its testbed down and
+# exits non-zero, which ends the demo here too.
+for mode in cheetah hash; do
+  echo
+  echo "== 2. churn with real TCP, $mode mode ($duration, $servers servers, $forwarding forwarding)"
+  "$cheetah" testbed churn --mode "$mode" --prefix chd --servers "$servers" \
+    --duration "$duration" --forwarding "$forwarding" --out "$out" --progress
+done
+
 echo
-echo "== 2. cost per packet (a short cheetah bench; the full run is in docs/benchmarks.md)"
-./target/release/cheetah bench --runs 5 --path established,server,element,siphash
+echo "== 3. side by side"
+"$cheetah" testbed churn-report --cheetah "$out/cheetah.json" --hash "$out/hash.json" --out "$out"
