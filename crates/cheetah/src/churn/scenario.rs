@@ -34,8 +34,10 @@ const EMPTY_POLLS_BEFORE_REMOVE: u32 = 3;
 /// until the agents' next reports, so a server looks empty for up to a second.
 const FRESH_LB_GRACE: Duration = Duration::from_secs(3);
 /// After the load, how long drained servers get to empty before the run ends without
-/// removing them.
-const POST_LOAD_DRAIN_WAIT: Duration = Duration::from_secs(20);
+/// removing them. A server may hold a half-open connection (SYN-RECV) for about a minute:
+/// when a client retransmits its SYN, the policy may place the copy on another server, and
+/// the server whose SYN-ACK the client did not take retransmits it until it gives up.
+const POST_LOAD_DRAIN_WAIT: Duration = Duration::from_secs(30);
 
 /// What to run.
 pub struct Config {

@@ -67,8 +67,10 @@ impl Schedule {
     /// holds long-lived sessions (they must keep going to the end, so it is removed only
     /// after the load stops); the first added server is drained after it has only had
     /// connections that end (so it empties and is removed during the load). Policy changes
-    /// and both kinds of restart fall between them, and the last steps leave time for the
-    /// servers' timestamp MSB to move on after the kill -9.
+    /// and both kinds of restart fall between them. The last drain comes early enough that
+    /// a half-open connection on that server (a SYN-ACK whose client completed with another
+    /// server, retransmitted for about a minute) is gone before the run ends, so every
+    /// drained server is removed; and the timestamp MSB moves on after the kill -9.
     pub fn new(servers: u16, duration: Duration) -> anyhow::Result<Self> {
         if servers < MIN_SERVERS {
             bail!("the churn scenario needs at least {MIN_SERVERS} servers (--servers {servers})");
@@ -97,7 +99,7 @@ impl Schedule {
                 },
             ),
             (0.64, Action::KillRestart),
-            (0.76, Action::Drain(second_added)),
+            (0.70, Action::Drain(second_added)),
         ]
         .into_iter()
         .map(|(fraction, action)| Step {
