@@ -63,6 +63,8 @@ pub struct ChurnArgs {
     /// Idle sessions in all: a request every --idle-gap on one connection.
     #[arg(long, default_value_t = 24)]
     idle_sessions: usize,
+    /// Time between two requests of an idle session: longer than the servers' TCP
+    /// keepalive (25 s), so only keepalive probes cross some pool changes and MSB changes.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     idle_gap: Duration,
     /// Connections downloading /large (32 MiB) back to back, in all.
