@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --duration) duration=$2; shift 2 ;;
     --servers) servers=$2; shift 2 ;;
     --forwarding) forwarding=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "demo: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
