@@ -166,12 +166,13 @@ pub fn table(runs: &[&ChurnResults]) -> String {
         let _ = writeln!(text, "\nSchedule (seconds since the load started):\n");
         let _ = writeln!(text, "| {} | event |", headers.join(" | "));
         let _ = writeln!(text, "|{}---|", "---:|".repeat(runs.len()));
-        // Removals happen when a drained server is empty, which differs between modes;
-        // everything else is the same schedule in the same order.
+        // Removals happen when a drained server is empty, and the MSB changes when the
+        // servers' clock says, both of which differ between runs; everything else is the
+        // same schedule in the same order.
         let scheduled = |r: &ChurnResults| -> Vec<(f64, String)> {
             r.events
                 .iter()
-                .filter(|e| e.kind != "remove")
+                .filter(|e| e.kind != "remove" && e.kind != "ts_msb_change")
                 .map(|e| (e.t, e.label.clone()))
                 .collect()
         };
@@ -190,8 +191,20 @@ pub fn table(runs: &[&ChurnResults]) -> String {
         }
         let _ = writeln!(
             text,
-            "
-Drained servers removed once they had no connection left:\n"
+            "\nThe servers' timestamp MSB changed (every 65.5 s, on the servers' clock):\n"
+        );
+        for r in runs {
+            let times: Vec<String> = r
+                .events
+                .iter()
+                .filter(|e| e.kind == "ts_msb_change")
+                .map(|e| format!("{:.1} s", e.t))
+                .collect();
+            let _ = writeln!(text, "- {}: {}", r.mode, times.join(", "));
+        }
+        let _ = writeln!(
+            text,
+            "\nDrained servers removed once they had no connection left:\n"
         );
         for r in runs {
             let removals: Vec<String> = r

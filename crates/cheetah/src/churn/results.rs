@@ -233,8 +233,8 @@ pub fn active_spread(servers: &serde_json::Value) -> Option<f64> {
 }
 
 /// The counters worth summing across LB processes, from one `/metrics` text: every event
-/// counter and every drop reason that is not zero, new connections per server, and cookie
-/// decode failures.
+/// counter and every drop reason that is not zero, new connections per server, cookie
+/// decode failures, and frames the I/O layer dropped (TX ring full, no route).
 pub fn metric_highlights(text: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
@@ -257,6 +257,10 @@ pub fn metric_highlights(text: &str) -> BTreeMap<String, f64> {
             "cheetah_server_new_connections_total" => {
                 label("server").map(|s| format!("new_connections.s{s}"))
             }
+            // Frames the data path lost: TCP recovers, but a lost SYN-ACK makes the client
+            // retransmit its SYN, which the policy may place on another server.
+            "cheetah_io_tx_ring_full_total" => Some("io.tx_ring_full".into()),
+            "cheetah_io_no_route_total" => Some("io.no_route".into()),
             _ => None,
         };
         if let Some(key) = key {
@@ -346,6 +350,7 @@ cheetah_drops_total{worker=\"0\",reason=\"ts_msb_unknown\"} 4\n\
 cheetah_drops_total{worker=\"0\",reason=\"truncated_tcp\"} 0\n\
 cheetah_cookie_decode_failures_total{worker=\"0\"} 4\n\
 cheetah_server_new_connections_total{server=\"7\"} 12\n\
+cheetah_io_tx_ring_full_total{worker=\"1\"} 7\n\
 cheetah_packets_total{worker=\"0\",direction=\"rx\"} 99\n";
         let highlights = metric_highlights(text);
         assert_eq!(highlights["event.ts_msb_advanced"], 3.0);
@@ -354,6 +359,7 @@ cheetah_packets_total{worker=\"0\",direction=\"rx\"} 99\n";
         assert_eq!(highlights["new_connections.s7"], 12.0);
         assert!(!highlights.contains_key("event.passed"));
         assert!(!highlights.contains_key("drop.truncated_tcp"));
-        assert_eq!(highlights.len(), 4);
+        assert_eq!(highlights["io.tx_ring_full"], 7.0);
+        assert_eq!(highlights.len(), 5);
     }
 }
