@@ -366,6 +366,8 @@ pub struct TcpView {
     pub dst: [u8; 4],
     pub sport: u16,
     pub dport: u16,
+    pub seq: u32,
+    pub ack: u32,
     pub flags: u8,
     pub payload_len: usize,
     /// (TSval, TSecr) if the segment carries a timestamp option.
@@ -379,6 +381,46 @@ impl TcpView {
     pub fn is_syn(&self) -> bool {
         self.flags & 0x02 != 0
     }
+    pub fn is_syn_ack(&self) -> bool {
+        self.flags & 0x12 == 0x12
+    }
+}
+
+/// RSTs in a client-side capture that are not the cleanup of a half-open connection.
+///
+/// A stateless LB with a non-hash policy can lose a SYN-ACK (the LB was down, or a drop)
+/// and place the client's retransmitted SYN on another server. The client's connection is
+/// then with the second server, and the first server's half-open connection ends with a
+/// RST exchange that the client's TCP ignores (it is out of window). Such a 4-tuple shows
+/// SYN-ACKs with two different initial sequence numbers. Any other RST is a real reset.
+pub fn unexplained_resets(segments: &[TcpView]) -> Vec<TcpView> {
+    let client_port = |t: &TcpView| {
+        if t.is_syn_ack() {
+            t.dport
+        } else {
+            t.sport.min(t.dport)
+        }
+    };
+    segments
+        .iter()
+        .filter(|t| t.is_rst())
+        .filter(|rst| {
+            let port = if rst.sport == 80 {
+                rst.dport
+            } else {
+                rst.sport
+            };
+            let mut isns: Vec<u32> = segments
+                .iter()
+                .filter(|t| t.is_syn_ack() && client_port(t) == port)
+                .map(|t| t.seq)
+                .collect();
+            isns.sort_unstable();
+            isns.dedup();
+            isns.len() < 2
+        })
+        .copied()
+        .collect()
 }
 
 /// A deliberately independent parser (not the core's), so the tests check the core's
@@ -428,6 +470,8 @@ pub fn parse_tcp(frame: &[u8]) -> Option<TcpView> {
         dst: ip[16..20].try_into().unwrap(),
         sport: u16::from_be_bytes([tcp[0], tcp[1]]),
         dport: u16::from_be_bytes([tcp[2], tcp[3]]),
+        seq: u32::from_be_bytes(tcp[4..8].try_into().unwrap()),
+        ack: u32::from_be_bytes(tcp[8..12].try_into().unwrap()),
         flags: tcp[13],
         payload_len: total.saturating_sub(ihl + data_offset),
         timestamps,
