@@ -129,3 +129,60 @@ pub fn read_secret(path: &Path) -> anyhow::Result<Secret> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "/etc/cheetah";
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../../../examples/cheetah.toml");
+        let config = FileConfig::parse(text, Path::new(BASE)).unwrap();
+        let daemon = config.daemon.unwrap();
+        assert_eq!(daemon.interfaces, ["eth1"]);
+        assert_eq!(daemon.xdp_mode, XdpMode::Auto);
+        assert_eq!(
+            config.secret_file.unwrap(),
+            Path::new(BASE).join("cheetah.key")
+        );
+        assert_eq!(config.lb.servers.len(), 3);
+    }
+
+    fn daemon_error(section: &str) -> String {
+        let text = format!("[daemon]\n{section}\n");
+        format!(
+            "{:#}",
+            FileConfig::parse(&text, Path::new(BASE)).err().unwrap()
+        )
+    }
+
+    #[test]
+    fn daemon_section_errors_name_the_field() {
+        assert!(daemon_error("interfaces = []").contains("daemon.interfaces"));
+        assert!(daemon_error("interfaces = [\"a\", \"a\"]").contains("daemon.interfaces[1]"));
+        assert!(daemon_error("interfaces = [\"a\"]\nworkers = 0").contains("daemon.workers"));
+        assert!(daemon_error("interfaces = [\"a\"]\nframes_per_worker = 5")
+            .contains("daemon.frames_per_worker"));
+        let unknown = daemon_error("interfaces = [\"a\"]\nbusy = true");
+        assert!(
+            unknown.contains("daemon") && unknown.contains("busy"),
+            "{unknown}"
+        );
+        let bad_mode = daemon_error("interfaces = [\"a\"]\nxdp_mode = \"fast\"");
+        assert!(bad_mode.contains("fast"), "{bad_mode}");
+        let bad_addr = daemon_error("interfaces = [\"a\"]\napi_listen = \"localhost\"");
+        assert!(bad_addr.contains("daemon"), "{bad_addr}");
+    }
+
+    #[test]
+    fn relative_state_dir_is_taken_from_the_config_folder() {
+        let text = "[daemon]\ninterfaces = [\"a\"]\nstate_dir = \"state\"\n";
+        let config = FileConfig::parse(text, Path::new(BASE)).unwrap();
+        assert_eq!(
+            config.daemon.unwrap().state_dir,
+            Path::new(BASE).join("state")
+        );
+    }
+}

@@ -211,8 +211,22 @@ impl DataPlane {
             signal_hook::flag::register(signal, Arc::clone(&term))?;
         }
         let mut generation = state.shared.snapshot.generation();
+        let mut rounds = 0u64;
         while !term.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
+            rounds += 1;
+            if rounds.is_multiple_of(20) {
+                let stats = self.steering.stats();
+                let counters = &state.steering;
+                counters.to_socket.store(stats.to_socket, Ordering::Relaxed);
+                counters.no_socket.store(stats.no_socket, Ordering::Relaxed);
+                counters
+                    .passed_to_host
+                    .store(stats.passed_to_host, Ordering::Relaxed);
+                counters
+                    .no_metadata_room
+                    .store(stats.no_metadata_room, Ordering::Relaxed);
+            }
             let now = state.shared.snapshot.generation();
             if now != generation {
                 generation = now;
