@@ -1,11 +1,13 @@
 //! `cheetah testbed up|status|down`: clients, a router, the LB's namespace, a switch and
 //! nginx servers on this machine, built from network namespaces and veths, for the
 //! end-to-end tests and the demo (docs/testbed.md). The LB itself is not started here;
-//! `up` writes the config it runs with.
+//! `up` writes the config it runs with. `inject` sends crafted frames from a client
+//! (docs/abuse.md).
 //!
 //! [`Topology::up`] and [`Topology::down`] are the same operations as a library; the
 //! names and addresses of a testbed are in its [`Topology`] and in `<dir>/testbed.json`.
 
+mod inject;
 mod lbconf;
 mod lifecycle;
 mod netns;
@@ -68,6 +70,9 @@ enum Action {
     Status(PrefixArg),
     /// Remove the testbed: its processes, namespaces and state dir. Fine if none exists.
     Down(DownArgs),
+    /// From inside a client namespace, send crafted frames toward a VIP: TCP segments with
+    /// forged cookies, or malformed packets. Prints a JSON summary of what was sent.
+    Inject(inject::InjectArgs),
 }
 
 #[derive(clap::Args)]
@@ -160,6 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Action::Status(status) => status::print(&status.prefix),
         Action::Down(down) => teardown(&down.prefix.prefix, down.keep_dir),
+        Action::Inject(inject) => inject::run(inject),
     }
 }
 
