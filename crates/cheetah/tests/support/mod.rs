@@ -199,7 +199,13 @@ impl Lb {
         lb
     }
 
-    /// Starts the LB again (after `kill9` or `stop`), and waits until its API answers.
+    /// Starts the LB again (after `kill9` or `stop`), and waits until its data path runs.
+    ///
+    /// The API answers before the XDP program is attached (the daemon binds it first, so a
+    /// busy address stops it with nothing changed). A client starting in that window on a
+    /// first start reaches the LB namespace's kernel, which has no route to the VIP and
+    /// answers "network unreachable", so the wait is for `status` to list the interfaces,
+    /// which it does once the program is attached and the sockets bound.
     pub fn restart(&mut self) {
         self.starts += 1;
         let log = self.log.with_extension(format!("{}.log", self.starts));
@@ -212,8 +218,14 @@ impl Lb {
         ));
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if self.ctl(&["status"]).status.success() {
-                return;
+            let status = self.ctl(&["--json", "status"]);
+            if status.status.success() {
+                let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+                let attached =
+                    |field: &str| status[field].as_array().is_some_and(|a| !a.is_empty());
+                if attached("interfaces") && attached("workers") {
+                    return;
+                }
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(
