@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use cheetah_core::cookie::tcp_ts;
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
-use serde_json::Value;
 use support::*;
 
 #[test]
@@ -153,47 +152,8 @@ fn cookies_name_the_answering_server(testbed: &Testbed) {
     assert!(checked >= 36, "too few cookies checked: {checked}");
 }
 
-/// Runs `cheetah loadgen` in a client namespace in the background.
-fn start_loadgen(
-    testbed: &Testbed,
-    client: &str,
-    name: &str,
-    args: &[&str],
-) -> std::process::Child {
-    let report = testbed.dir.join(format!("{name}.json"));
-    let target = testbed.vip();
-    let report_arg = report.to_string_lossy().into_owned();
-    let mut all = vec!["loadgen", "--target", &target, "--report", &report_arg];
-    all.extend_from_slice(args);
-    spawn_in_netns(
-        &testbed.ns(client),
-        cheetah_bin(),
-        &all,
-        &testbed.dir.join(format!("{name}.log")),
-    )
-}
-
-fn finish_loadgen(testbed: &Testbed, name: &str, mut child: std::process::Child) -> Value {
-    let status = child.wait().unwrap();
-    let log = std::fs::read_to_string(testbed.dir.join(format!("{name}.log"))).unwrap_or_default();
-    assert!(status.success(), "loadgen {name} failed:\n{log}");
-    let text = std::fs::read_to_string(testbed.dir.join(format!("{name}.json"))).unwrap();
-    let report: Value = serde_json::from_str(&text).unwrap();
-    eprintln!("loadgen {name}:\n{log}");
-    report
-}
-
-fn assert_nothing_broken(report: &Value, what: &str) {
-    assert_eq!(
-        report["connections_broken"].as_u64(),
-        Some(0),
-        "{what}: broken connections: {}",
-        serde_json::to_string_pretty(&report["broken"]).unwrap()
-    );
-}
-
 fn add_and_drain_break_nothing(testbed: &Testbed, lb: &Lb) {
-    let load = start_loadgen(
+    let load = Loadgen::start(
         testbed,
         "c1",
         "add-drain",
@@ -214,7 +174,7 @@ fn add_and_drain_break_nothing(testbed: &Testbed, lb: &Lb) {
     ]);
     std::thread::sleep(Duration::from_secs(6));
     lb.ctl_ok(&["servers", "drain", "1"]);
-    let report = finish_loadgen(testbed, "add-drain", load);
+    let report = load.finish();
 
     assert_nothing_broken(&report, "adding server 3 and draining server 1");
     assert!(
@@ -264,7 +224,7 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
             Capture::start(&testbed.ns(c), "eth0", filter, Path::new(&path))
         })
         .collect();
-    let keepalive = start_loadgen(
+    let keepalive = Loadgen::start(
         testbed,
         "c1",
         "kill-keepalive",
@@ -277,7 +237,7 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
             "20/s",
         ],
     );
-    let downloads = start_loadgen(
+    let downloads = Loadgen::start(
         testbed,
         "c2",
         "kill-downloads",
@@ -296,8 +256,8 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
     lb.kill9();
     std::thread::sleep(Duration::from_secs(2));
     lb.restart();
-    let keepalive = finish_loadgen(testbed, "kill-keepalive", keepalive);
-    let downloads = finish_loadgen(testbed, "kill-downloads", downloads);
+    let keepalive = keepalive.finish();
+    let downloads = downloads.finish();
     assert_nothing_broken(&keepalive, "kill -9 and restart (keep-alive)");
     assert_nothing_broken(&downloads, "kill -9 and restart (downloads)");
     assert!(downloads["requests"]["download"].as_u64().unwrap_or(0) > 0);

@@ -4,6 +4,11 @@
 //! Each test binary uses a subset, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+mod load;
+pub mod stats;
+
+pub use load::*;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -149,6 +154,38 @@ impl Testbed {
         path
     }
 
+    /// The VIP and its port.
+    pub fn vip_addr(&self) -> std::net::SocketAddrV4 {
+        self.vip()
+            .parse()
+            .expect("the testbed's VIP is address:port")
+    }
+
+    /// The address of client `c<index>`.
+    pub fn client_address(&self, index: usize) -> std::net::Ipv4Addr {
+        self.summary["clients"][index]["address"]
+            .as_str()
+            .unwrap_or_else(|| panic!("testbed has no client c{index}"))
+            .parse()
+            .unwrap()
+    }
+
+    /// The LB's key, to decode cookies as the LB does.
+    pub fn secret(&self) -> cheetah_core::hash::Secret {
+        let text = std::fs::read_to_string(self.secret_path()).expect("the testbed's secret");
+        cheetah_core::hash::Secret::from_hex(&text).expect("the secret is 32 hex digits")
+    }
+
+    /// Ids of the servers the testbed made.
+    pub fn server_ids(&self) -> Vec<u16> {
+        self.summary["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_u64().unwrap() as u16)
+            .collect()
+    }
+
     /// (dip, mac) of server `id` as the testbed made it.
     pub fn server(&self, id: u16) -> (String, String) {
         let server = self.summary["servers"]
@@ -254,6 +291,17 @@ impl Lb {
         }
     }
 
+    /// Whether the LB process is still alive (it was not stopped and did not exit).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| child.try_wait().unwrap().is_none())
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     pub fn ctl(&self, args: &[&str]) -> Output {
         let mut all = vec!["ctl"];
         all.extend_from_slice(args);
@@ -303,6 +351,79 @@ pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
         .filter(|line| labels.iter().all(|l| line.contains(l)))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// Every sample of `metric` summed by the value of `label` (e.g. drops by `reason`, over
+/// all workers).
+pub fn metric_by_label(
+    text: &str,
+    metric: &str,
+    label: &str,
+) -> std::collections::BTreeMap<String, f64> {
+    let mut sums = std::collections::BTreeMap::new();
+    let prefix = format!("{label}=\"");
+    for line in text.lines().filter(|line| !line.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(metric) else {
+            continue;
+        };
+        if !rest.starts_with('{') {
+            continue;
+        }
+        let Some(at) = rest.find(&prefix) else {
+            continue;
+        };
+        let value_start = at + prefix.len();
+        let Some(len) = rest[value_start..].find('"') else {
+            continue;
+        };
+        let Some(sample) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+            continue;
+        };
+        *sums
+            .entry(rest[value_start..value_start + len].to_string())
+            .or_insert(0.0) += sample;
+    }
+    sums
+}
+
+/// Drops by reason, summed over the workers.
+pub fn drops_by_reason(metrics: &str) -> std::collections::BTreeMap<String, u64> {
+    metric_by_label(metrics, "cheetah_drops_total", "reason")
+        .into_iter()
+        .map(|(reason, count)| (reason, count as u64))
+        .collect()
+}
+
+/// `after - before` for every key of `after` (counters only grow).
+pub fn deltas(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(key, value)| (key.clone(), value - before.get(key).copied().unwrap_or(0)))
+        .collect()
+}
+
+/// `cheetah testbed inject ARGS` in a client namespace; its JSON summary.
+pub fn inject(namespace: &str, args: &[&str]) -> Value {
+    let mut all = vec!["testbed", "inject"];
+    all.extend_from_slice(args);
+    let out = in_netns_ok(namespace, cheetah_bin(), &all);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("inject printed no JSON ({e}): {out}"))
+}
+
+/// The `Ip:` counters of `/proc/net/snmp` in a namespace, by name (`InHdrErrors`, ...).
+pub fn ip_snmp(namespace: &str) -> std::collections::BTreeMap<String, u64> {
+    let text = in_netns_ok(namespace, "cat", &["/proc/net/snmp"]);
+    let mut ip_lines = text.lines().filter(|line| line.starts_with("Ip: "));
+    let (names, values) = (ip_lines.next().unwrap(), ip_lines.next().unwrap());
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .skip(1)
+        .map(|(name, value)| (name.to_string(), value.parse().unwrap_or(0)))
+        .collect()
 }
 
 /// tcpdump writing a pcap in a namespace until stopped.
