@@ -76,6 +76,8 @@ fn forged_cookies_are_dropped_or_spread_evenly_under_load() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(100_000);
+    // The same frames in every run; the ids their cookies decode to still change from
+    // run to run, with each testbed's new secret.
     let seed = 0x00c0_0c1e;
     let testbed = Testbed::up("abc", &["--servers", "4", "--clients", "1"]);
     let lb = Lb::start(&testbed, &testbed.config_path());
@@ -107,7 +109,7 @@ fn forged_cookies_are_dropped_or_spread_evenly_under_load() {
             &testbed.vip(),
         ],
     );
-    // The workers empty their rings within milliseconds; the metrics are read at once.
+    // A moment for the workers to empty their rings before the counters are read.
     std::thread::sleep(Duration::from_secs(1));
     let after = lb.metrics();
     let arrived: BTreeMap<u16, Vec<TcpView>> = captures
