@@ -7,6 +7,8 @@
 mod load;
 pub mod stats;
 
+// Like the rest of support, not used by every test binary.
+#[allow(unused_imports)]
 pub use load::*;
 
 use std::path::{Path, PathBuf};
