@@ -224,6 +224,19 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
             Capture::start(&testbed.ns(c), "eth0", filter, Path::new(&path))
         })
         .collect();
+    // On the servers, FINs and RSTs: if a client ever sees an unexplained RST, these say
+    // which server sent it and what it had received.
+    let server_captures: Vec<(String, Capture)> = ["s1", "s2", "s3"]
+        .iter()
+        .map(|s| {
+            let path = testbed.dir.join(format!("{s}-finrst.pcap"));
+            let filter = "tcp[tcpflags] & (tcp-rst|tcp-fin) != 0";
+            (
+                s.to_string(),
+                Capture::start(&testbed.ns(s), "eth0", filter, &path),
+            )
+        })
+        .collect();
     let keepalive = Loadgen::start(
         testbed,
         "c1",
@@ -264,6 +277,17 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
     // Server 3 (added at run time) still gets its connections after the restart, so the
     // restarted LB knew it.
     assert!(keepalive["requests_by_server"]["s3"].as_u64().unwrap_or(0) > 0);
+    let at_servers: Vec<(String, Vec<TcpView>)> = server_captures
+        .into_iter()
+        .map(|(name, capture)| {
+            let segments = capture
+                .finish()
+                .iter()
+                .filter_map(|f| parse_tcp(f))
+                .collect();
+            (name, segments)
+        })
+        .collect();
     for capture in captures {
         let path = capture.path.clone();
         let segments: Vec<TcpView> = capture
@@ -280,9 +304,19 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
             path.display(),
             resets - unexplained.len()
         );
+        let seen_at_servers: Vec<(&String, &TcpView)> = at_servers
+            .iter()
+            .flat_map(|(name, segments)| segments.iter().map(move |t| (name, t)))
+            .filter(|(_, t)| {
+                unexplained
+                    .iter()
+                    .any(|rst| rst.dport == t.sport || rst.sport == t.sport || rst.dport == t.dport)
+            })
+            .collect();
         assert!(
             unexplained.is_empty(),
-            "{} RST segments at a client that no lost SYN-ACK explains ({}): {unexplained:?}",
+            "{} RST segments at a client that no lost SYN-ACK explains ({}): {unexplained:?}\n\
+             FIN/RST segments of those ports at the servers: {seen_at_servers:?}",
             unexplained.len(),
             path.display()
         );
