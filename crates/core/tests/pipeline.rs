@@ -786,3 +786,28 @@ fn nat_replies_keep_flowing_after_the_server_leaves_the_pool() {
         "a removed server's late replies are dropped and counted, as in l2 mode"
     );
 }
+
+/// The test-only fault switch: packets are still routed by their cookie, but the server gets
+/// the cookie in TSecr instead of its own TSval, on the fast path and the general one.
+#[test]
+fn with_the_restore_switched_off_the_server_sees_the_cookie_in_tsecr() {
+    for fast_path in [true, false] {
+        let mut lb = Lb::with(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 2);
+        lb.workers[0].set_restore_tsecr(false);
+        lb.workers[0].set_fast_path(fast_path);
+        let mut conn = Conn::new(3);
+        let Verdict::ToServer(server) = conn.syn(&mut lb, 0, NANOS_PER_SEC) else {
+            panic!()
+        };
+        let server_tsval = 0x0042_0007;
+        conn.server_sends(&mut lb, 0, server_tsval, SYN | ACK, NANOS_PER_SEC);
+        assert_ne!(conn.echo, server_tsval, "the client got a cookie");
+        let (v, ack) = conn.client_sends(&mut lb, 0, ACK | PSH, NANOS_PER_SEC);
+        assert_eq!(v, Verdict::ToServer(server));
+        assert_eq!(
+            testkit::timestamps(&ack).unwrap().1,
+            conn.echo,
+            "fast path {fast_path}: TSecr left as the client sent it"
+        );
+    }
+}

@@ -75,8 +75,10 @@ impl WorkerState {
                         let tsecr = read_u32(packet, tsecr_at);
                         match route_by_cookie(&snapshot.servers, &shared.msb, tsecr, hash) {
                             Ok((server, restored)) => {
-                                TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end])
-                                    .rewrite_option_u32(at + TSECR, restored);
+                                if self.restore_tsecr {
+                                    TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end])
+                                        .rewrite_option_u32(at + TSECR, restored);
+                                }
                                 self.counters.inc(Counter::CookieRouted);
                                 return self
                                     .forward_to_server(snapshot, vip, packet, layout, server);
