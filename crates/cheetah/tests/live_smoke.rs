@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use cheetah_core::cookie::tcp_ts;
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
-use serde_json::Value;
 use support::*;
 
 #[test]
@@ -151,45 +150,6 @@ fn cookies_name_the_answering_server(testbed: &Testbed) {
         }
     }
     assert!(checked >= 36, "too few cookies checked: {checked}");
-}
-
-/// Runs `cheetah loadgen` in a client namespace in the background.
-fn start_loadgen(
-    testbed: &Testbed,
-    client: &str,
-    name: &str,
-    args: &[&str],
-) -> std::process::Child {
-    let report = testbed.dir.join(format!("{name}.json"));
-    let target = testbed.vip();
-    let report_arg = report.to_string_lossy().into_owned();
-    let mut all = vec!["loadgen", "--target", &target, "--report", &report_arg];
-    all.extend_from_slice(args);
-    spawn_in_netns(
-        &testbed.ns(client),
-        cheetah_bin(),
-        &all,
-        &testbed.dir.join(format!("{name}.log")),
-    )
-}
-
-fn finish_loadgen(testbed: &Testbed, name: &str, mut child: std::process::Child) -> Value {
-    let status = child.wait().unwrap();
-    let log = std::fs::read_to_string(testbed.dir.join(format!("{name}.log"))).unwrap_or_default();
-    assert!(status.success(), "loadgen {name} failed:\n{log}");
-    let text = std::fs::read_to_string(testbed.dir.join(format!("{name}.json"))).unwrap();
-    let report: Value = serde_json::from_str(&text).unwrap();
-    eprintln!("loadgen {name}:\n{log}");
-    report
-}
-
-fn assert_nothing_broken(report: &Value, what: &str) {
-    assert_eq!(
-        report["connections_broken"].as_u64(),
-        Some(0),
-        "{what}: broken connections: {}",
-        serde_json::to_string_pretty(&report["broken"]).unwrap()
-    );
 }
 
 fn add_and_drain_break_nothing(testbed: &Testbed, lb: &Lb) {
