@@ -4,7 +4,9 @@
 //! Captures on the servers' own interfaces (after the LB, before their TCP) must show that
 //! every TSecr a server receives equals a TSval that server sent on that connection, for
 //! at least [`MIN_CHECKED_PER_VERSION`] packets with each value of the version bit (the
-//! parity of the server's MSB), and no PAWS drop on any client or server. The testbed's
+//! parity of the server's MSB); that no host receives new data with an older TSval; and no
+//! PAWS drop on any client or server but of late copies a retransmission overtook (see
+//! [`ArrivalOrder`] and docs/timestamps.md). The testbed's
 //! servers run `tcp_timestamps=2`: TSval is the kernel's `CLOCK_MONOTONIC` in
 //! milliseconds, one clock for every namespace, whose MSB changes every 65.536 s; the run is
 //! timed from a server's TSval to cover one change with load on both sides.
@@ -155,13 +157,12 @@ fn restore_is_exact_across_an_msb_change() {
              copies to explain them: {check:#?}"
         );
     }
-    let _ = lb;
 }
 
 fn check_fails_without_the_restore() {
     let _one_at_a_time = exclusive();
     let testbed = Testbed::up("tsf", &["--servers", "2", "--clients", "1"]);
-    let lb = Lb::start_with_args(
+    let _lb = Lb::start_with_args(
         &testbed,
         &testbed.config_path(),
         &["--fault", "skip-tsecr-restore"],
@@ -201,7 +202,6 @@ fn check_fails_without_the_restore() {
         "the check should flag nearly every echo when the LB leaves cookies in TSecr: \
          {check:#?}"
     );
-    let _ = lb;
 }
 
 /// The servers' timestamp clock now, in ms, read from a TSval a server sent, and checked
