@@ -220,6 +220,8 @@ impl Drop for Testbed {
 pub struct Lb {
     namespace: String,
     config: PathBuf,
+    /// Further `cheetah run` arguments (e.g. `--fault ...`), given at every start.
+    extra_args: Vec<String>,
     pub log: PathBuf,
     child: Option<Child>,
     starts: u32,
@@ -227,9 +229,15 @@ pub struct Lb {
 
 impl Lb {
     pub fn start(testbed: &Testbed, config: &Path) -> Self {
+        Self::start_with_args(testbed, config, &[])
+    }
+
+    /// Like [`Lb::start`], with more `cheetah run` arguments.
+    pub fn start_with_args(testbed: &Testbed, config: &Path, extra_args: &[&str]) -> Self {
         let mut lb = Lb {
             namespace: testbed.ns("lb"),
             config: config.to_path_buf(),
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             log: testbed.dir.join("lb.log"),
             child: None,
             starts: 0,
@@ -249,12 +257,9 @@ impl Lb {
         self.starts += 1;
         let log = self.log.with_extension(format!("{}.log", self.starts));
         let config = self.config.to_string_lossy().into_owned();
-        self.child = Some(spawn_in_netns(
-            &self.namespace,
-            cheetah_bin(),
-            &["run", "--config", &config],
-            &log,
-        ));
+        let mut args = vec!["run", "--config", &config];
+        args.extend(self.extra_args.iter().map(String::as_str));
+        self.child = Some(spawn_in_netns(&self.namespace, cheetah_bin(), &args, &log));
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let status = self.ctl(&["--json", "status"]);
@@ -322,6 +327,23 @@ impl Lb {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `active_connections` of every server, from `cheetah ctl --json servers list`.
+    pub fn active_connections(&self) -> Vec<(u16, u64)> {
+        let text = self.ctl_ok(&["--json", "servers", "list"]);
+        let list: Value = serde_json::from_str(&text).expect("servers list is JSON");
+        list["servers"]
+            .as_array()
+            .expect("a servers array")
+            .iter()
+            .map(|s| {
+                (
+                    s["id"].as_u64().unwrap() as u16,
+                    s["active_connections"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+
     /// The Prometheus text of the running LB.
     pub fn metrics(&self) -> String {
         String::from_utf8_lossy(
@@ -340,6 +362,45 @@ impl Drop for Lb {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// Runs `cheetah loadgen` in a client namespace in the background.
+pub fn start_loadgen(
+    testbed: &Testbed,
+    client: &str,
+    name: &str,
+    args: &[&str],
+) -> std::process::Child {
+    let report = testbed.dir.join(format!("{name}.json"));
+    let target = testbed.vip();
+    let report_arg = report.to_string_lossy().into_owned();
+    let mut all = vec!["loadgen", "--target", &target, "--report", &report_arg];
+    all.extend_from_slice(args);
+    spawn_in_netns(
+        &testbed.ns(client),
+        cheetah_bin(),
+        &all,
+        &testbed.dir.join(format!("{name}.log")),
+    )
+}
+
+pub fn finish_loadgen(testbed: &Testbed, name: &str, mut child: std::process::Child) -> Value {
+    let status = child.wait().unwrap();
+    let log = std::fs::read_to_string(testbed.dir.join(format!("{name}.log"))).unwrap_or_default();
+    assert!(status.success(), "loadgen {name} failed:\n{log}");
+    let text = std::fs::read_to_string(testbed.dir.join(format!("{name}.json"))).unwrap();
+    let report: Value = serde_json::from_str(&text).unwrap();
+    eprintln!("loadgen {name}:\n{log}");
+    report
+}
+
+pub fn assert_nothing_broken(report: &Value, what: &str) {
+    assert_eq!(
+        report["connections_broken"].as_u64(),
+        Some(0),
+        "{what}: broken connections: {}",
+        serde_json::to_string_pretty(&report["broken"]).unwrap()
+    );
 }
 
 /// Sum of the samples of `metric` whose labels contain every `label="value"` given.
@@ -436,6 +497,23 @@ pub struct Capture {
 
 impl Capture {
     pub fn start(namespace: &str, interface: &str, filter: &str, path: &Path) -> Self {
+        Self::start_with_snaplen(namespace, interface, filter, path, None)
+    }
+
+    /// Captures only the first `snaplen` bytes of each frame (enough for the headers at
+    /// 128), which keeps long captures small; [`read_pcap`] reads such files.
+    pub fn start_with_snaplen(
+        namespace: &str,
+        interface: &str,
+        filter: &str,
+        path: &Path,
+        snaplen: Option<u32>,
+    ) -> Self {
+        let snaplen = snaplen.map(|n| n.to_string());
+        let snaplen_args: Vec<&str> = match &snaplen {
+            Some(n) => vec!["-s", n],
+            None => Vec::new(),
+        };
         let child = Command::new("ip")
             // Immediate mode: without it tcpdump holds packets in its ring until a block
             // fills, and a short capture ends with none written.
@@ -448,6 +526,7 @@ impl Capture {
                 "-U",
             ])
             .arg("-n")
+            .args(&snaplen_args)
             .args(["-i", interface, "-w"])
             .arg(path)
             .arg(filter)
@@ -484,14 +563,55 @@ impl Drop for Capture {
     }
 }
 
+/// The frames of a classic pcap file (what `tcpdump -w` writes), in capture order.
+///
+/// Hand-written rather than `pcap_file`, which refuses records cut short by a snaplen
+/// (`orig_len > snap_len`), exactly what header-only captures are. A record cut short by
+/// tcpdump being stopped ends the list.
 pub fn read_pcap(path: &Path) -> Vec<Vec<u8>> {
-    let file = std::fs::File::open(path).expect("capture file");
-    let mut reader = pcap_file::pcap::PcapReader::new(file).expect("a pcap");
+    let bytes = std::fs::read(path).expect("capture file");
+    assert!(bytes.len() >= 24, "{}: no pcap header", path.display());
+    let magic: [u8; 4] = bytes[0..4].try_into().unwrap();
+    // Microsecond or nanosecond timestamps, either byte order: only the order matters here.
+    let big_endian = match magic {
+        [0xd4, 0xc3, 0xb2, 0xa1] | [0x4d, 0x3c, 0xb2, 0xa1] => false,
+        [0xa1, 0xb2, 0xc3, 0xd4] | [0xa1, 0xb2, 0x3c, 0x4d] => true,
+        _ => panic!("{}: not a pcap file (magic {magic:02x?})", path.display()),
+    };
+    let word = |at: usize| {
+        let raw: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+        if big_endian {
+            u32::from_be_bytes(raw)
+        } else {
+            u32::from_le_bytes(raw)
+        }
+    };
     let mut frames = Vec::new();
-    while let Some(packet) = reader.next_packet() {
-        frames.push(packet.expect("a readable packet").data.into_owned());
+    let mut at = 24;
+    while at + 16 <= bytes.len() {
+        let captured = word(at + 8) as usize;
+        let data = at + 16;
+        if data + captured > bytes.len() {
+            break;
+        }
+        frames.push(bytes[data..data + captured].to_vec());
+        at = data + captured;
     }
     frames
+}
+
+/// A counter of `/proc/net/netstat` or `/proc/net/snmp` (e.g. `("TcpExt", "PAWSEstab")`)
+/// as the namespace's own TCP stack counts it; `None` if this kernel has no such counter.
+pub fn netstat_counter(namespace: &str, group: &str, name: &str) -> Option<u64> {
+    let text = in_netns_ok(namespace, "cat", &["/proc/net/netstat", "/proc/net/snmp"]);
+    let prefix = format!("{group}:");
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
+    // Each group is a line of names followed by a line of values.
+    lines.chunks(2).find_map(|pair| {
+        let [names, values] = pair else { return None };
+        let position = names.split_whitespace().position(|n| n == name)?;
+        values.split_whitespace().nth(position)?.parse().ok()
+    })
 }
 
 /// The fields of an Ethernet/IPv4/TCP frame the tests look at.
@@ -515,6 +635,9 @@ impl TcpView {
     }
     pub fn is_syn(&self) -> bool {
         self.flags & 0x02 != 0
+    }
+    pub fn is_ack(&self) -> bool {
+        self.flags & 0x10 != 0
     }
     pub fn is_syn_ack(&self) -> bool {
         self.flags & 0x12 == 0x12
