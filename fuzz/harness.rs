@@ -592,8 +592,8 @@ fn metric_index(metric: LoadMetric) -> u8 {
 ///
 /// Reuse must not make a run depend on earlier inputs, or crashes would not reproduce:
 /// the cached models and pools are pure functions of their keys, and `run` resets every id
-/// the input can reach in the shared MSB and load tables, then publishes a fresh snapshot
-/// under a new generation before creating fresh workers.
+/// the input can reach in the shared MSB and load tables, clears the handshake table, then
+/// publishes a fresh snapshot under a new generation before creating fresh workers.
 struct Cache {
     shared: Arc<LbShared>,
     generation: u64,
@@ -603,7 +603,8 @@ struct Cache {
 
 thread_local! {
     static CACHE: RefCell<Cache> = RefCell::new(Cache {
-        shared: Arc::new(LbShared::new(&SECRET, Snapshot::empty())),
+        // A small handshake table, cleared per input in a few stores.
+        shared: Arc::new(LbShared::with_handshake_slots(&SECRET, Snapshot::empty(), 64)),
         generation: 0,
         setups: HashMap::new(),
         pools: PoolCache::default(),
@@ -670,6 +671,7 @@ pub fn run_with(data: &[u8], checks: Checks) {
             shared.msb.forget(ServerId(id));
             shared.loads.reset(ServerId(id));
         }
+        shared.handshakes.clear();
         cache.generation += 1;
         shared
             .snapshot

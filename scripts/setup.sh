@@ -22,6 +22,8 @@ command -v ethtool >/dev/null || need_apt+=(ethtool)
 command -v tcpdump >/dev/null || need_apt+=(tcpdump)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v ping >/dev/null || need_apt+=(iputils-ping)
+# The live SYN-retry test drops SYN-ACKs on the testbed's switch with nftables.
+command -v nft >/dev/null || need_apt+=(nftables)
 command -v nginx >/dev/null || need_apt+=(nginx-light)
 [ -f /usr/lib/nginx/modules/ngx_http_echo_module.so ] || need_apt+=(libnginx-mod-http-echo)
 if [ ${#need_apt[@]} -gt 0 ]; then

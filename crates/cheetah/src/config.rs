@@ -66,6 +66,11 @@ impl DaemonConfig {
             );
         }
         for (i, name) in self.interfaces.iter().enumerate() {
+            if !is_valid_interface_name(name) {
+                bail!(
+                    "daemon.interfaces[{i}]: `{name}` is not an interface name (1 to 15 characters, none of them `/`, `:` or white space)"
+                );
+            }
             if self.interfaces[..i].contains(name) {
                 bail!("daemon.interfaces[{i}]: {name} is listed twice");
             }
@@ -108,7 +113,13 @@ impl FileConfig {
             }
             None => None,
         };
-        let lb = LbConfig::from_toml(&toml::to_string(&table)?).map_err(anyhow::Error::msg)?;
+        // The core names the line of a bad value; give it the user's lines, not those of a
+        // re-serialized (and key-sorted) table, whenever the file's layout allows.
+        let lb_text = match lb_sections_in_place(text, &table) {
+            Some(lb_text) => lb_text,
+            None => toml::to_string(&table)?,
+        };
+        let lb = LbConfig::from_toml(&lb_text).map_err(anyhow::Error::msg)?;
         lb.validate().map_err(anyhow::Error::msg)?;
         Ok(FileConfig {
             lb,
@@ -116,6 +127,45 @@ impl FileConfig {
             daemon,
         })
     }
+}
+
+/// What Linux accepts as an interface name (`dev_valid_name`): shorter than IFNAMSIZ, not
+/// `.` or `..`, without `/`, `:` or white space. Checked with the config, so that a typo
+/// is reported before the daemon binds its API or touches any interface.
+fn is_valid_interface_name(name: &str) -> bool {
+    (1..=15).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+}
+
+/// The config text with the `secret_file` line and the `[daemon]` table blanked out, lines
+/// kept, so that errors in the LB sections name the user's line numbers. `None` when the
+/// layout is not the plain one (a dotted `daemon.x = ...` key, an inline table, a
+/// multi-line `secret_file`...): the blanked text must parse to exactly `lb_table`.
+fn lb_sections_in_place(text: &str, lb_table: &toml::Table) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut in_daemon = false;
+    let mut before_any_table = true;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('[') {
+            let name = trimmed.trim_start_matches('[').split(']').next()?.trim();
+            in_daemon = name == "daemon";
+            before_any_table = false;
+        }
+        let key = trimmed.split('=').next().unwrap_or_default().trim();
+        let secret_line = before_any_table && key.trim_matches('"') == "secret_file";
+        if in_daemon || secret_line {
+            out.push_str(if line.ends_with('\n') { "\n" } else { "" });
+        } else {
+            out.push_str(line);
+        }
+    }
+    let blanked: toml::Table = out.parse().ok()?;
+    (blanked == *lb_table).then_some(out)
 }
 
 /// Reads a secret file: 32 hex digits (128 bits), surrounding whitespace ignored.
@@ -128,4 +178,158 @@ pub fn read_secret(path: &Path) -> anyhow::Result<Secret> {
             path.display()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "/etc/cheetah";
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../../../examples/cheetah.toml");
+        let config = FileConfig::parse(text, Path::new(BASE)).unwrap();
+        let daemon = config.daemon.unwrap();
+        assert_eq!(daemon.interfaces, ["eth1"]);
+        assert_eq!(daemon.xdp_mode, XdpMode::Auto);
+        assert_eq!(
+            config.secret_file.unwrap(),
+            Path::new(BASE).join("cheetah.key")
+        );
+        assert_eq!(config.lb.servers.len(), 3);
+    }
+
+    fn daemon_error(section: &str) -> String {
+        let text = format!("[daemon]\n{section}\n");
+        format!(
+            "{:#}",
+            FileConfig::parse(&text, Path::new(BASE)).err().unwrap()
+        )
+    }
+
+    #[test]
+    fn daemon_section_errors_name_the_field() {
+        assert!(daemon_error("interfaces = []").contains("daemon.interfaces"));
+        assert!(daemon_error("interfaces = [\"a\", \"a\"]").contains("daemon.interfaces[1]"));
+        assert!(daemon_error("interfaces = [\"a\"]\nworkers = 0").contains("daemon.workers"));
+        assert!(daemon_error("interfaces = [\"a\"]\nframes_per_worker = 5")
+            .contains("daemon.frames_per_worker"));
+        let unknown = daemon_error("interfaces = [\"a\"]\nbusy = true");
+        assert!(
+            unknown.contains("daemon") && unknown.contains("busy"),
+            "{unknown}"
+        );
+        let bad_mode = daemon_error("interfaces = [\"a\"]\nxdp_mode = \"fast\"");
+        assert!(bad_mode.contains("fast"), "{bad_mode}");
+        let bad_addr = daemon_error("interfaces = [\"a\"]\napi_listen = \"localhost\"");
+        assert!(bad_addr.contains("daemon"), "{bad_addr}");
+    }
+
+    #[test]
+    fn relative_state_dir_is_taken_from_the_config_folder() {
+        let text = "[daemon]\ninterfaces = [\"a\"]\nstate_dir = \"state\"\n";
+        let config = FileConfig::parse(text, Path::new(BASE)).unwrap();
+        assert_eq!(
+            config.daemon.unwrap().state_dir,
+            Path::new(BASE).join("state")
+        );
+    }
+
+    const CONFIG: &str = r#"# a comment
+secret_file = "cheetah.key"
+mode = "cheetah"
+
+[daemon]
+interfaces = ["eth1"]
+api_listen = "127.0.0.1:9180"
+
+[[servers]]
+id = 1
+dip = "10.1.0.1"
+mac = "02:00:00:00:01:01"
+
+[[servers]]
+id = 2
+dip = "10.1.0.2"
+mac = "02:00:00:00:01:02"
+
+[[vips]]
+address = "10.0.0.100"
+port = 80
+servers = [1, 2]
+"#;
+
+    fn error_of(text: &str) -> String {
+        let error = FileConfig::parse(text, Path::new("/etc/cheetah"))
+            .err()
+            .unwrap();
+        format!("{error:#}")
+    }
+
+    #[test]
+    fn a_good_config_splits_into_its_parts() {
+        let file = FileConfig::parse(CONFIG, Path::new("/etc/cheetah")).unwrap();
+        assert_eq!(
+            file.secret_file,
+            Some(PathBuf::from("/etc/cheetah/cheetah.key"))
+        );
+        assert_eq!(file.daemon.unwrap().interfaces, ["eth1"]);
+        assert_eq!(file.lb.servers.len(), 2);
+    }
+
+    /// Regression: errors named lines of the re-serialized, key-sorted LB table, so an
+    /// unknown field on line 4 was reported on line 1.
+    #[test]
+    fn errors_in_the_lb_sections_name_the_users_line() {
+        let unknown = CONFIG.replace(
+            "mode = \"cheetah\"\n",
+            "mode = \"cheetah\"\ncolour = \"blue\"\n",
+        );
+        assert!(
+            error_of(&unknown).starts_with("line 4: unknown field `colour`"),
+            "{}",
+            error_of(&unknown)
+        );
+        let bad_dip = CONFIG.replace("10.1.0.2", "10.1.0.300");
+        assert!(
+            error_of(&bad_dip).starts_with("line 16: "),
+            "{}",
+            error_of(&bad_dip)
+        );
+    }
+
+    #[test]
+    fn unusual_layouts_still_parse() {
+        let inline = CONFIG
+            .replace(
+                "[daemon]\ninterfaces = [\"eth1\"]\napi_listen = \"127.0.0.1:9180\"\n",
+                "",
+            )
+            .replace(
+                "mode = \"cheetah\"\n",
+                "mode = \"cheetah\"\ndaemon = { interfaces = [\"eth2\"] }\n",
+            );
+        let file = FileConfig::parse(&inline, Path::new("/")).unwrap();
+        assert_eq!(file.daemon.unwrap().interfaces, ["eth2"]);
+        let dotted = inline.replace(
+            "daemon = { interfaces = [\"eth2\"] }",
+            "daemon.interfaces = [\"eth3\"]",
+        );
+        let file = FileConfig::parse(&dotted, Path::new("/")).unwrap();
+        assert_eq!(file.daemon.unwrap().interfaces, ["eth3"]);
+    }
+
+    #[test]
+    fn interface_names_linux_would_refuse_are_config_errors() {
+        for bad in ["", "this-name-is-too-long", "eth0:1", "a b", "a/b", ".."] {
+            let text = CONFIG.replace("[\"eth1\"]", &format!("[\"eth1\", \"{bad}\"]"));
+            let error = error_of(&text);
+            assert!(
+                error.starts_with("daemon.interfaces[1]: "),
+                "{bad:?}: {error}"
+            );
+        }
+        assert!(is_valid_interface_name("veth-lb-c0.100"));
+    }
 }

@@ -3,6 +3,7 @@
 //! of it in-process beside the built binary.
 
 pub mod config;
+pub mod crafted;
 pub mod ctl;
 pub mod daemon;
 pub mod dataplane;

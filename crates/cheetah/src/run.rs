@@ -36,6 +36,18 @@ pub struct Args {
     /// attached on purpose: it drops VIP traffic so the host never resets connections.)
     #[arg(long)]
     unload: bool,
+    /// Test-only fault injection (hidden): break the LB on purpose so that a test can show
+    /// its check notices. Never use it in production.
+    #[arg(long = "fault", hide = true, value_enum)]
+    faults: Vec<Fault>,
+}
+
+/// Deliberate bugs for the live tests (`--fault`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// Route client packets by their cookie but leave the cookie in TSecr: servers see
+    /// TSecr values they never sent (`Worker::set_restore_tsecr(false)`).
+    SkipTsecrRestore,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -63,7 +75,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // The API binds before anything touches the interfaces: a bad or busy address stops
     // the start with nothing changed.
     let api = api::spawn(Arc::clone(&state), daemon.api_listen)?;
-    let data_plane = DataPlane::start(&file, &daemon, &state)?;
+    for fault in &args.faults {
+        tracing::warn!(
+            ?fault,
+            "FAULT INJECTION: this LB is broken on purpose for a test; never run it in production"
+        );
+    }
+    let data_plane = DataPlane::start(&file, &daemon, &state, &args.faults)?;
     let saver = persist::spawn(Arc::clone(&state), Duration::from_secs(1))?;
     tracing::info!(
         fingerprint = %secret.fingerprint(),
@@ -119,6 +137,7 @@ impl DataPlane {
         file: &FileConfig,
         daemon: &DaemonConfig,
         state: &Arc<DaemonState>,
+        faults: &[Fault],
     ) -> anyhow::Result<Self> {
         let interfaces = daemon
             .interfaces
@@ -174,7 +193,10 @@ impl DataPlane {
             // Replays need fixed seeds; a live LB must not make the same random picks as
             // every other instance.
             config.seed ^= u64::from_ne_bytes(seed);
-            let worker = Worker::new(Arc::clone(&state.shared), config);
+            let mut worker = Worker::new(Arc::clone(&state.shared), config);
+            if faults.contains(&Fault::SkipTsecrRestore) {
+                worker.set_restore_tsecr(false);
+            }
             let io = state.register_worker(index, index as u32, Arc::clone(worker.counters()));
             let port_names: Vec<(String, u8)> = worker_ports
                 .ports
@@ -211,8 +233,22 @@ impl DataPlane {
             signal_hook::flag::register(signal, Arc::clone(&term))?;
         }
         let mut generation = state.shared.snapshot.generation();
+        let mut rounds = 0u64;
         while !term.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
+            rounds += 1;
+            if rounds.is_multiple_of(20) {
+                let stats = self.steering.stats();
+                let counters = &state.steering;
+                counters.to_socket.store(stats.to_socket, Ordering::Relaxed);
+                counters.no_socket.store(stats.no_socket, Ordering::Relaxed);
+                counters
+                    .passed_to_host
+                    .store(stats.passed_to_host, Ordering::Relaxed);
+                counters
+                    .no_metadata_room
+                    .store(stats.no_metadata_room, Ordering::Relaxed);
+            }
             let now = state.shared.snapshot.generation();
             if now != generation {
                 generation = now;

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use cheetah_core::cookie::tcp_ts;
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
-use serde_json::Value;
 use support::*;
 
 #[test]
@@ -153,47 +152,8 @@ fn cookies_name_the_answering_server(testbed: &Testbed) {
     assert!(checked >= 36, "too few cookies checked: {checked}");
 }
 
-/// Runs `cheetah loadgen` in a client namespace in the background.
-fn start_loadgen(
-    testbed: &Testbed,
-    client: &str,
-    name: &str,
-    args: &[&str],
-) -> std::process::Child {
-    let report = testbed.dir.join(format!("{name}.json"));
-    let target = testbed.vip();
-    let report_arg = report.to_string_lossy().into_owned();
-    let mut all = vec!["loadgen", "--target", &target, "--report", &report_arg];
-    all.extend_from_slice(args);
-    spawn_in_netns(
-        &testbed.ns(client),
-        cheetah_bin(),
-        &all,
-        &testbed.dir.join(format!("{name}.log")),
-    )
-}
-
-fn finish_loadgen(testbed: &Testbed, name: &str, mut child: std::process::Child) -> Value {
-    let status = child.wait().unwrap();
-    let log = std::fs::read_to_string(testbed.dir.join(format!("{name}.log"))).unwrap_or_default();
-    assert!(status.success(), "loadgen {name} failed:\n{log}");
-    let text = std::fs::read_to_string(testbed.dir.join(format!("{name}.json"))).unwrap();
-    let report: Value = serde_json::from_str(&text).unwrap();
-    eprintln!("loadgen {name}:\n{log}");
-    report
-}
-
-fn assert_nothing_broken(report: &Value, what: &str) {
-    assert_eq!(
-        report["connections_broken"].as_u64(),
-        Some(0),
-        "{what}: broken connections: {}",
-        serde_json::to_string_pretty(&report["broken"]).unwrap()
-    );
-}
-
 fn add_and_drain_break_nothing(testbed: &Testbed, lb: &Lb) {
-    let load = start_loadgen(
+    let load = Loadgen::start(
         testbed,
         "c1",
         "add-drain",
@@ -214,7 +174,7 @@ fn add_and_drain_break_nothing(testbed: &Testbed, lb: &Lb) {
     ]);
     std::thread::sleep(Duration::from_secs(6));
     lb.ctl_ok(&["servers", "drain", "1"]);
-    let report = finish_loadgen(testbed, "add-drain", load);
+    let report = load.finish();
 
     assert_nothing_broken(&report, "adding server 3 and draining server 1");
     assert!(
@@ -264,7 +224,20 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
             Capture::start(&testbed.ns(c), "eth0", filter, Path::new(&path))
         })
         .collect();
-    let keepalive = start_loadgen(
+    // On the servers, FINs and RSTs: if a client ever sees an unexplained RST, these say
+    // which server sent it and what it had received.
+    let server_captures: Vec<(String, Capture)> = ["s1", "s2", "s3"]
+        .iter()
+        .map(|s| {
+            let path = testbed.dir.join(format!("{s}-finrst.pcap"));
+            let filter = "tcp[tcpflags] & (tcp-rst|tcp-fin) != 0";
+            (
+                s.to_string(),
+                Capture::start(&testbed.ns(s), "eth0", filter, &path),
+            )
+        })
+        .collect();
+    let keepalive = Loadgen::start(
         testbed,
         "c1",
         "kill-keepalive",
@@ -277,7 +250,7 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
             "20/s",
         ],
     );
-    let downloads = start_loadgen(
+    let downloads = Loadgen::start(
         testbed,
         "c2",
         "kill-downloads",
@@ -296,14 +269,25 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
     lb.kill9();
     std::thread::sleep(Duration::from_secs(2));
     lb.restart();
-    let keepalive = finish_loadgen(testbed, "kill-keepalive", keepalive);
-    let downloads = finish_loadgen(testbed, "kill-downloads", downloads);
+    let keepalive = keepalive.finish();
+    let downloads = downloads.finish();
     assert_nothing_broken(&keepalive, "kill -9 and restart (keep-alive)");
     assert_nothing_broken(&downloads, "kill -9 and restart (downloads)");
     assert!(downloads["requests"]["download"].as_u64().unwrap_or(0) > 0);
     // Server 3 (added at run time) still gets its connections after the restart, so the
     // restarted LB knew it.
     assert!(keepalive["requests_by_server"]["s3"].as_u64().unwrap_or(0) > 0);
+    let at_servers: Vec<(String, Vec<TcpView>)> = server_captures
+        .into_iter()
+        .map(|(name, capture)| {
+            let segments = capture
+                .finish()
+                .iter()
+                .filter_map(|f| parse_tcp(f))
+                .collect();
+            (name, segments)
+        })
+        .collect();
     for capture in captures {
         let path = capture.path.clone();
         let segments: Vec<TcpView> = capture
@@ -312,12 +296,28 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
             .filter_map(|f| parse_tcp(f))
             .collect();
         let syns = segments.iter().filter(|t| t.is_syn()).count();
-        let resets: Vec<&TcpView> = segments.iter().filter(|t| t.is_rst()).collect();
+        let resets = segments.iter().filter(|t| t.is_rst()).count();
+        let unexplained = unexplained_resets(&segments);
         assert!(syns > 0, "the capture {} saw no SYN at all", path.display());
+        eprintln!(
+            "{}: {resets} RSTs, {} of them from half-open connections whose SYN-ACK the restart lost",
+            path.display(),
+            resets - unexplained.len()
+        );
+        let seen_at_servers: Vec<(&String, &TcpView)> = at_servers
+            .iter()
+            .flat_map(|(name, segments)| segments.iter().map(move |t| (name, t)))
+            .filter(|(_, t)| {
+                unexplained
+                    .iter()
+                    .any(|rst| rst.dport == t.sport || rst.sport == t.sport || rst.dport == t.dport)
+            })
+            .collect();
         assert!(
-            resets.is_empty(),
-            "{} RST segments seen at a client ({})",
-            resets.len(),
+            unexplained.is_empty(),
+            "{} RST segments at a client that no lost SYN-ACK explains ({}): {unexplained:?}\n\
+             FIN/RST segments of those ports at the servers: {seen_at_servers:?}",
+            unexplained.len(),
             path.display()
         );
     }

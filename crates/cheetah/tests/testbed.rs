@@ -6,52 +6,15 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod support;
+use support::{cheetah, cheetah_ok, in_netns_ok};
+
 const PREFIX: &str = "tb";
-
-fn cheetah(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cheetah"))
-        .args(args)
-        .output()
-        .expect("cannot run the cheetah binary")
-}
-
-fn cheetah_ok(args: &[&str]) -> String {
-    let out = cheetah(args);
-    assert!(
-        out.status.success(),
-        "`cheetah {}` failed: {}\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Runs a program inside a namespace; returns its output whether or not it succeeded.
-fn in_netns(namespace: &str, program: &str, args: &[&str]) -> Output {
-    Command::new("ip")
-        .args(["netns", "exec", namespace, program])
-        .args(args)
-        .output()
-        .expect("cannot run ip netns exec")
-}
-
-fn in_netns_ok(namespace: &str, program: &str, args: &[&str]) -> String {
-    let out = in_netns(namespace, program, args);
-    assert!(
-        out.status.success(),
-        "`{program} {}` in {namespace} failed: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn namespaces_of(prefix: &str) -> Vec<String> {
     let out = Command::new("ip")

@@ -366,6 +366,12 @@ fn a_draining_server_keeps_its_connections_and_gets_no_new_ones() {
     );
 }
 
+/// What Linux does when a server's SYN-ACKs are lost (seen on the testbed, see
+/// `crates/cheetah/tests/live_syn_retry.rs` and docs/design.md): the client's retried SYN is
+/// placed on the other server, which answers first. The first server's later SYN-ACK
+/// retransmissions reach the client, which answers each with a challenge ACK echoing the
+/// *second* server's cookie, so the first server never gets an ACK it could answer with a
+/// RST: it drops its half-open connection silently. The LB must not keep counting it.
 #[test]
 fn a_retransmitted_syn_that_reaches_a_second_server_leaves_no_count_raised() {
     let mut lb = Lb::with(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 2);
@@ -374,16 +380,23 @@ fn a_retransmitted_syn_that_reaches_a_second_server_leaves_no_count_raised() {
     let Verdict::ToServer(first) = conn.syn(&mut lb, 0, 1) else {
         panic!()
     };
-    // The first SYN-ACK is lost; the retransmitted SYN goes to the other server.
-    let Verdict::ToServer(second) = conn.syn(&mut lb, 0, 2 * NANOS_PER_SEC) else {
+    lb.workers[0].tick(NANOS_PER_SEC / 2);
+    assert_eq!(loads.server(first).active_connections, 1);
+    // The first server's SYN-ACKs are lost; the retransmitted SYN (same ISN) goes to the
+    // other server.
+    let Verdict::ToServer(second) = conn.syn(&mut lb, 0, NANOS_PER_SEC) else {
         panic!()
     };
     assert_ne!(first, second);
-    conn.server_sends(&mut lb, 0, 5 << 16, SYN | ACK, 2 * NANOS_PER_SEC);
-    conn.client_sends(&mut lb, 0, ACK, 2 * NANOS_PER_SEC);
-    // The first server retransmits its SYN-ACK; the client (established with the second
-    // server) answers with an ACK echoing the first server's cookie, which the first
-    // server answers with a RST: its half-open connection is gone.
+    lb.workers[0].tick(NANOS_PER_SEC + NANOS_PER_MS * 20);
+    assert_eq!(loads.server(first).active_connections, 0);
+    assert_eq!(loads.server(second).active_connections, 1);
+    assert_eq!(lb.counter(Counter::SynRetransmissions), 1);
+
+    conn.server_sends(&mut lb, 0, 5 << 16, SYN | ACK, NANOS_PER_SEC);
+    conn.client_sends(&mut lb, 0, ACK, NANOS_PER_SEC);
+    // The first server retransmits its SYN-ACK; the client, established with the second,
+    // sends a challenge ACK that echoes the second server's cookie.
     let mut stale = TcpFrame::from_server_l2(
         first.0,
         conn.client,
@@ -396,23 +409,8 @@ fn a_retransmitted_syn_that_reaches_a_second_server_leaves_no_count_raised() {
         lb.process(0, &mut stale, 3 * NANOS_PER_SEC),
         Verdict::ToClient
     );
-    let stale_cookie = testkit::timestamps(&stale).unwrap().0;
-    let mut challenge = TcpFrame::from_client(
-        conn.client,
-        conn.port,
-        ACK,
-        options::nop_nop_ts(50, stale_cookie),
-    )
-    .build();
-    assert_eq!(
-        lb.process(0, &mut challenge, 3 * NANOS_PER_SEC),
-        Verdict::ToServer(first)
-    );
-    let mut rst = TcpFrame::from_server_l2(first.0, conn.client, conn.port, RST, vec![]).build();
-    assert_eq!(
-        lb.process(0, &mut rst, 3 * NANOS_PER_SEC),
-        Verdict::ToClient
-    );
+    let (challenge, _) = conn.client_sends(&mut lb, 0, ACK, 3 * NANOS_PER_SEC);
+    assert_eq!(challenge, Verdict::ToServer(second));
     // A client RST for the real connection must not lower the second server's count.
     let mut client_rst = TcpFrame::from_client(
         conn.client,
@@ -429,9 +427,77 @@ fn a_retransmitted_syn_that_reaches_a_second_server_leaves_no_count_raised() {
         1,
         "a client's RST does not count"
     );
+    assert_eq!(lb.counter(Counter::HandshakeCountMoved), 0);
     conn.server_sends(&mut lb, 0, 7 << 16, FIN | ACK, 5 * NANOS_PER_SEC);
     lb.workers[0].tick(6 * NANOS_PER_SEC);
     assert_eq!(loads.server(second).active_connections, 0);
+}
+
+/// The other outcome of the race: the first server's SYN-ACK retransmission passes the LB
+/// before the second server's answer, so the client is established with the first server,
+/// and the count follows that first answer. The SYN and the SYN-ACKs arrive on different
+/// workers, as they do on separate interfaces.
+#[test]
+fn the_first_answer_to_a_retried_syn_takes_the_count() {
+    let config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 2);
+    let mut lb = Lb::new(config, 2);
+    let loads = lb.plane.shared().loads.clone();
+    let mut conn = Conn::new(6);
+    let Verdict::ToServer(first) = conn.syn(&mut lb, 0, 1) else {
+        panic!()
+    };
+    let Verdict::ToServer(second) = conn.syn(&mut lb, 0, NANOS_PER_SEC) else {
+        panic!()
+    };
+    assert_ne!(first, second);
+    conn.server = Some(first);
+    let (v, _) = conn.server_sends(&mut lb, 1, 9 << 16, SYN | ACK, NANOS_PER_SEC);
+    assert_eq!(v, Verdict::ToClient);
+    conn.server = Some(second);
+    conn.server_sends(&mut lb, 1, 3 << 16, SYN | ACK, NANOS_PER_SEC);
+    for worker in 0..2 {
+        lb.workers[worker].tick(2 * NANOS_PER_SEC);
+    }
+    assert_eq!(loads.server(first).active_connections, 1);
+    assert_eq!(loads.server(second).active_connections, 0);
+    assert_eq!(lb.counter(Counter::HandshakeCountMoved), 1);
+    assert_eq!(
+        loads.server(first).new_connections + loads.server(second).new_connections,
+        2,
+        "both placements are still counted as placements"
+    );
+}
+
+/// A SYN retransmitted to the same server (a one-server pool here; Maglev for clients
+/// without timestamps) is one connection there, not two.
+#[test]
+fn a_syn_retransmitted_to_the_same_server_counts_once() {
+    for timestamps in [true, false] {
+        let mut lb = Lb::with(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 1);
+        let loads = lb.plane.shared().loads.clone();
+        let options = |clock| {
+            if timestamps {
+                options::linux_syn(clock, 0)
+            } else {
+                options::windows_syn()
+            }
+        };
+        let mut verdicts = Vec::new();
+        for retry in 0..3u32 {
+            let mut syn =
+                TcpFrame::from_client(testkit::client_ip(9), 40_000, SYN, options(retry)).build();
+            verdicts.push(lb.process(0, &mut syn, u64::from(retry) * NANOS_PER_SEC));
+        }
+        assert!(verdicts
+            .iter()
+            .all(|v| *v == Verdict::ToServer(ServerId(1))));
+        lb.workers[0].tick(5 * NANOS_PER_SEC);
+        assert_eq!(
+            loads.server(ServerId(1)).active_connections,
+            1,
+            "timestamps: {timestamps}"
+        );
+    }
 }
 
 #[test]
@@ -785,4 +851,29 @@ fn nat_replies_keep_flowing_after_the_server_leaves_the_pool() {
         Verdict::Drop(DropReason::ServerRemoved),
         "a removed server's late replies are dropped and counted, as in l2 mode"
     );
+}
+
+/// The test-only fault switch: packets are still routed by their cookie, but the server gets
+/// the cookie in TSecr instead of its own TSval, on the fast path and the general one.
+#[test]
+fn with_the_restore_switched_off_the_server_sees_the_cookie_in_tsecr() {
+    for fast_path in [true, false] {
+        let mut lb = Lb::with(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 2);
+        lb.workers[0].set_restore_tsecr(false);
+        lb.workers[0].set_fast_path(fast_path);
+        let mut conn = Conn::new(3);
+        let Verdict::ToServer(server) = conn.syn(&mut lb, 0, NANOS_PER_SEC) else {
+            panic!()
+        };
+        let server_tsval = 0x0042_0007;
+        conn.server_sends(&mut lb, 0, server_tsval, SYN | ACK, NANOS_PER_SEC);
+        assert_ne!(conn.echo, server_tsval, "the client got a cookie");
+        let (v, ack) = conn.client_sends(&mut lb, 0, ACK | PSH, NANOS_PER_SEC);
+        assert_eq!(v, Verdict::ToServer(server));
+        assert_eq!(
+            testkit::timestamps(&ack).unwrap().1,
+            conn.echo,
+            "fast path {fast_path}: TSecr left as the client sent it"
+        );
+    }
 }

@@ -14,7 +14,6 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -36,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::metrics;
+use super::service::ServiceThread;
 use super::state::DaemonState;
 
 /// Where the API listens unless told otherwise: loopback only.
@@ -45,8 +45,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9180";
 /// its thread.
 pub struct ApiHandle {
     addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    service: ServiceThread,
 }
 
 impl ApiHandle {
@@ -55,23 +54,8 @@ impl ApiHandle {
         self.addr
     }
 
-    pub fn shutdown(mut self) {
-        self.stop_and_join();
-    }
-
-    fn stop_and_join(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for ApiHandle {
-    fn drop(&mut self) {
-        self.stop_and_join();
+    pub fn shutdown(self) {
+        self.service.shutdown();
     }
 }
 
@@ -120,8 +104,12 @@ pub fn spawn(state: Arc<DaemonState>, listen: SocketAddr) -> anyhow::Result<ApiH
     tracing::info!(%addr, "control API listening");
     Ok(ApiHandle {
         addr,
-        stop: Some(stop),
-        thread: Some(thread),
+        service: ServiceThread::new(
+            move || {
+                let _ = stop.send(());
+            },
+            thread,
+        ),
     })
 }
 

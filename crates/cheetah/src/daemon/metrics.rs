@@ -21,6 +21,7 @@
 //! | `cheetah_server_packets`, `cheetah_server_bytes` (counter) | `server` |
 //! | `cheetah_server_reported_load` (gauge) | `server` |
 //! | `cheetah_servers` (gauge) | `state` |
+//! | `cheetah_xdp_packets` (counter) | `outcome` |
 //! | `cheetah_snapshot_generation` (gauge) | |
 //! | `cheetah` (info) | `version`, `mode`, `forwarding`, `secret_fingerprint` |
 
@@ -300,6 +301,16 @@ impl Collector for DaemonCollector {
                 let n = servers.iter().filter(|s| s.state == st).count();
                 (vec![("state", st.name().to_string())], Whole(n as u64))
             }),
+        )?;
+        family(
+            e,
+            "cheetah_xdp_packets",
+            "Packets the XDP program saw, by outcome: to_socket (the LB's), no_socket (the LB's, dropped while no worker socket was bound), passed_to_host, no_metadata_room.",
+            MetricType::Counter,
+            state
+                .steering
+                .samples()
+                .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], Count(n))),
         )?;
         family(
             e,

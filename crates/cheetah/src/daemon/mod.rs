@@ -22,6 +22,7 @@ pub mod api;
 pub mod io_counters;
 pub mod metrics;
 pub mod persist;
+mod service;
 pub mod state;
 
 pub use io_counters::IoCounters;

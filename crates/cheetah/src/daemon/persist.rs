@@ -38,7 +38,6 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -49,6 +48,7 @@ use cheetah_core::tables::{ControlPlane, ControlState, SavedServerState};
 use cheetah_core::types::Nanos;
 use serde::{Deserialize, Serialize};
 
+use super::service::ServiceThread;
 use super::state::{unix_ms, Clock, DaemonState};
 
 pub const STATE_FILE: &str = "state.json";
@@ -337,8 +337,7 @@ fn log_report(path: &Path, report: &RestoreReport) {
 
 /// The thread that saves the state file every `every`, and once more when stopped.
 pub struct SaverHandle {
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    service: ServiceThread,
 }
 
 /// Starts saving `daemon`'s state (it must have a persister) every `every`.
@@ -361,29 +360,18 @@ pub fn spawn(daemon: Arc<DaemonState>, every: Duration) -> anyhow::Result<SaverH
         })
         .context("cannot start the persister thread")?;
     Ok(SaverHandle {
-        stop: Some(stop),
-        thread: Some(thread),
+        service: ServiceThread::new(
+            move || {
+                let _ = stop.send(());
+            },
+            thread,
+        ),
     })
 }
 
 impl SaverHandle {
     /// Stops the thread after a last save.
-    pub fn shutdown(mut self) {
-        self.stop_and_join();
-    }
-
-    fn stop_and_join(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for SaverHandle {
-    fn drop(&mut self) {
-        self.stop_and_join();
+    pub fn shutdown(self) {
+        self.service.shutdown();
     }
 }

@@ -72,6 +72,28 @@ pub struct InterfaceStatus {
     pub queues: Vec<u32>,
 }
 
+/// The XDP program's own counters: packets handed to a socket, dropped because no socket
+/// was bound (the LB restarting), passed to the host, and sent without metadata room.
+#[derive(Debug, Default)]
+pub struct SteeringCounters {
+    pub to_socket: std::sync::atomic::AtomicU64,
+    pub no_socket: std::sync::atomic::AtomicU64,
+    pub passed_to_host: std::sync::atomic::AtomicU64,
+    pub no_metadata_room: std::sync::atomic::AtomicU64,
+}
+
+impl SteeringCounters {
+    pub fn samples(&self) -> [(&'static str, u64); 4] {
+        use std::sync::atomic::Ordering::Relaxed;
+        [
+            ("to_socket", self.to_socket.load(Relaxed)),
+            ("no_socket", self.no_socket.load(Relaxed)),
+            ("passed_to_host", self.passed_to_host.load(Relaxed)),
+            ("no_metadata_room", self.no_metadata_room.load(Relaxed)),
+        ]
+    }
+}
+
 /// Packets per second of each worker, sampled once a second by the API thread.
 #[derive(Default)]
 struct RateMeter {
@@ -93,6 +115,9 @@ pub struct DaemonState {
     started_unix_ms: u64,
     persister: Option<Persister>,
     rates: Mutex<RateMeter>,
+    /// What the XDP steering program did, copied from its per-CPU map about once a
+    /// second by the daemon's main thread (the program object lives there).
+    pub steering: SteeringCounters,
 }
 
 impl DaemonState {
@@ -113,6 +138,7 @@ impl DaemonState {
             started_unix_ms: unix_ms(),
             persister,
             rates: Mutex::new(RateMeter::default()),
+            steering: SteeringCounters::default(),
         }
     }
 

@@ -1,11 +1,13 @@
 //! `cheetah testbed up|status|down` (and `churn`, `churn-report`, `agent`: see `crate::churn`): clients, a router, the LB's namespace, a switch and
 //! nginx servers on this machine, built from network namespaces and veths, for the
 //! end-to-end tests and the demo (docs/testbed.md). The LB itself is not started here;
-//! `up` writes the config it runs with.
+//! `up` writes the config it runs with. `inject` sends crafted frames from a client
+//! (docs/abuse.md).
 //!
 //! [`Topology::up`] and [`Topology::down`] are the same operations as a library; the
 //! names and addresses of a testbed are in its [`Topology`] and in `<dir>/testbed.json`.
 
+mod inject;
 mod lbconf;
 mod lifecycle;
 mod netns;
@@ -77,6 +79,9 @@ enum Action {
     /// A server's load agent (run inside a server namespace): reports the server's open
     /// connections to the LB's API every second.
     Agent(crate::churn::AgentArgs),
+    /// From inside a client namespace, send crafted frames toward a VIP: TCP segments with
+    /// forged cookies, or malformed packets. Prints a JSON summary of what was sent.
+    Inject(inject::InjectArgs),
 }
 
 #[derive(clap::Args)]
@@ -172,6 +177,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Action::Churn(args) => crate::churn::run(args),
         Action::ChurnReport(args) => crate::churn::run_report(args),
         Action::Agent(args) => crate::churn::run_agent(args),
+        Action::Inject(inject) => inject::run(inject),
     }
 }
 

@@ -4,6 +4,13 @@
 //! Each test binary uses a subset, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+mod load;
+pub mod stats;
+
+// Like the rest of support, not used by every test binary.
+#[allow(unused_imports)]
+pub use load::*;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -149,6 +156,38 @@ impl Testbed {
         path
     }
 
+    /// The VIP and its port.
+    pub fn vip_addr(&self) -> std::net::SocketAddrV4 {
+        self.vip()
+            .parse()
+            .expect("the testbed's VIP is address:port")
+    }
+
+    /// The address of client `c<index>`.
+    pub fn client_address(&self, index: usize) -> std::net::Ipv4Addr {
+        self.summary["clients"][index]["address"]
+            .as_str()
+            .unwrap_or_else(|| panic!("testbed has no client c{index}"))
+            .parse()
+            .unwrap()
+    }
+
+    /// The LB's key, to decode cookies as the LB does.
+    pub fn secret(&self) -> cheetah_core::hash::Secret {
+        let text = std::fs::read_to_string(self.secret_path()).expect("the testbed's secret");
+        cheetah_core::hash::Secret::from_hex(&text).expect("the secret is 32 hex digits")
+    }
+
+    /// Ids of the servers the testbed made.
+    pub fn server_ids(&self) -> Vec<u16> {
+        self.summary["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_u64().unwrap() as u16)
+            .collect()
+    }
+
     /// (dip, mac) of server `id` as the testbed made it.
     pub fn server(&self, id: u16) -> (String, String) {
         let server = self.summary["servers"]
@@ -181,6 +220,8 @@ impl Drop for Testbed {
 pub struct Lb {
     namespace: String,
     config: PathBuf,
+    /// Further `cheetah run` arguments (e.g. `--fault ...`), given at every start.
+    extra_args: Vec<String>,
     pub log: PathBuf,
     child: Option<Child>,
     starts: u32,
@@ -188,9 +229,15 @@ pub struct Lb {
 
 impl Lb {
     pub fn start(testbed: &Testbed, config: &Path) -> Self {
+        Self::start_with_args(testbed, config, &[])
+    }
+
+    /// Like [`Lb::start`], with more `cheetah run` arguments.
+    pub fn start_with_args(testbed: &Testbed, config: &Path, extra_args: &[&str]) -> Self {
         let mut lb = Lb {
             namespace: testbed.ns("lb"),
             config: config.to_path_buf(),
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             log: testbed.dir.join("lb.log"),
             child: None,
             starts: 0,
@@ -199,21 +246,30 @@ impl Lb {
         lb
     }
 
-    /// Starts the LB again (after `kill9` or `stop`), and waits until its API answers.
+    /// Starts the LB again (after `kill9` or `stop`), and waits until its data path runs.
+    ///
+    /// The API answers before the XDP program is attached (the daemon binds it first, so a
+    /// busy address stops it with nothing changed). A client starting in that window on a
+    /// first start reaches the LB namespace's kernel, which has no route to the VIP and
+    /// answers "network unreachable", so the wait is for `status` to list the interfaces,
+    /// which it does once the program is attached and the sockets bound.
     pub fn restart(&mut self) {
         self.starts += 1;
         let log = self.log.with_extension(format!("{}.log", self.starts));
         let config = self.config.to_string_lossy().into_owned();
-        self.child = Some(spawn_in_netns(
-            &self.namespace,
-            cheetah_bin(),
-            &["run", "--config", &config],
-            &log,
-        ));
+        let mut args = vec!["run", "--config", &config];
+        args.extend(self.extra_args.iter().map(String::as_str));
+        self.child = Some(spawn_in_netns(&self.namespace, cheetah_bin(), &args, &log));
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if self.ctl(&["status"]).status.success() {
-                return;
+            let status = self.ctl(&["--json", "status"]);
+            if status.status.success() {
+                let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+                let attached =
+                    |field: &str| status[field].as_array().is_some_and(|a| !a.is_empty());
+                if attached("interfaces") && attached("workers") {
+                    return;
+                }
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(
@@ -242,6 +298,17 @@ impl Lb {
         }
     }
 
+    /// Whether the LB process is still alive (it was not stopped and did not exit).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| child.try_wait().unwrap().is_none())
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     pub fn ctl(&self, args: &[&str]) -> Output {
         let mut all = vec!["ctl"];
         all.extend_from_slice(args);
@@ -258,6 +325,23 @@ impl Lb {
             String::from_utf8_lossy(&out.stdout)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `active_connections` of every server, from `cheetah ctl --json servers list`.
+    pub fn active_connections(&self) -> Vec<(u16, u64)> {
+        let text = self.ctl_ok(&["--json", "servers", "list"]);
+        let list: Value = serde_json::from_str(&text).expect("servers list is JSON");
+        list["servers"]
+            .as_array()
+            .expect("a servers array")
+            .iter()
+            .map(|s| {
+                (
+                    s["id"].as_u64().unwrap() as u16,
+                    s["active_connections"].as_u64().unwrap(),
+                )
+            })
+            .collect()
     }
 
     /// The Prometheus text of the running LB.
@@ -280,6 +364,45 @@ impl Drop for Lb {
     }
 }
 
+/// Runs `cheetah loadgen` in a client namespace in the background.
+pub fn start_loadgen(
+    testbed: &Testbed,
+    client: &str,
+    name: &str,
+    args: &[&str],
+) -> std::process::Child {
+    let report = testbed.dir.join(format!("{name}.json"));
+    let target = testbed.vip();
+    let report_arg = report.to_string_lossy().into_owned();
+    let mut all = vec!["loadgen", "--target", &target, "--report", &report_arg];
+    all.extend_from_slice(args);
+    spawn_in_netns(
+        &testbed.ns(client),
+        cheetah_bin(),
+        &all,
+        &testbed.dir.join(format!("{name}.log")),
+    )
+}
+
+pub fn finish_loadgen(testbed: &Testbed, name: &str, mut child: std::process::Child) -> Value {
+    let status = child.wait().unwrap();
+    let log = std::fs::read_to_string(testbed.dir.join(format!("{name}.log"))).unwrap_or_default();
+    assert!(status.success(), "loadgen {name} failed:\n{log}");
+    let text = std::fs::read_to_string(testbed.dir.join(format!("{name}.json"))).unwrap();
+    let report: Value = serde_json::from_str(&text).unwrap();
+    eprintln!("loadgen {name}:\n{log}");
+    report
+}
+
+pub fn assert_nothing_broken(report: &Value, what: &str) {
+    assert_eq!(
+        report["connections_broken"].as_u64(),
+        Some(0),
+        "{what}: broken connections: {}",
+        serde_json::to_string_pretty(&report["broken"]).unwrap()
+    );
+}
+
 /// Sum of the samples of `metric` whose labels contain every `label="value"` given.
 pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
     text.lines()
@@ -293,6 +416,79 @@ pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
+/// Every sample of `metric` summed by the value of `label` (e.g. drops by `reason`, over
+/// all workers).
+pub fn metric_by_label(
+    text: &str,
+    metric: &str,
+    label: &str,
+) -> std::collections::BTreeMap<String, f64> {
+    let mut sums = std::collections::BTreeMap::new();
+    let prefix = format!("{label}=\"");
+    for line in text.lines().filter(|line| !line.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(metric) else {
+            continue;
+        };
+        if !rest.starts_with('{') {
+            continue;
+        }
+        let Some(at) = rest.find(&prefix) else {
+            continue;
+        };
+        let value_start = at + prefix.len();
+        let Some(len) = rest[value_start..].find('"') else {
+            continue;
+        };
+        let Some(sample) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+            continue;
+        };
+        *sums
+            .entry(rest[value_start..value_start + len].to_string())
+            .or_insert(0.0) += sample;
+    }
+    sums
+}
+
+/// Drops by reason, summed over the workers.
+pub fn drops_by_reason(metrics: &str) -> std::collections::BTreeMap<String, u64> {
+    metric_by_label(metrics, "cheetah_drops_total", "reason")
+        .into_iter()
+        .map(|(reason, count)| (reason, count as u64))
+        .collect()
+}
+
+/// `after - before` for every key of `after` (counters only grow).
+pub fn deltas(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(key, value)| (key.clone(), value - before.get(key).copied().unwrap_or(0)))
+        .collect()
+}
+
+/// `cheetah testbed inject ARGS` in a client namespace; its JSON summary.
+pub fn inject(namespace: &str, args: &[&str]) -> Value {
+    let mut all = vec!["testbed", "inject"];
+    all.extend_from_slice(args);
+    let out = in_netns_ok(namespace, cheetah_bin(), &all);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("inject printed no JSON ({e}): {out}"))
+}
+
+/// The `Ip:` counters of `/proc/net/snmp` in a namespace, by name (`InHdrErrors`, ...).
+pub fn ip_snmp(namespace: &str) -> std::collections::BTreeMap<String, u64> {
+    let text = in_netns_ok(namespace, "cat", &["/proc/net/snmp"]);
+    let mut ip_lines = text.lines().filter(|line| line.starts_with("Ip: "));
+    let (names, values) = (ip_lines.next().unwrap(), ip_lines.next().unwrap());
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .skip(1)
+        .map(|(name, value)| (name.to_string(), value.parse().unwrap_or(0)))
+        .collect()
+}
+
 /// tcpdump writing a pcap in a namespace until stopped.
 pub struct Capture {
     child: Child,
@@ -301,6 +497,23 @@ pub struct Capture {
 
 impl Capture {
     pub fn start(namespace: &str, interface: &str, filter: &str, path: &Path) -> Self {
+        Self::start_with_snaplen(namespace, interface, filter, path, None)
+    }
+
+    /// Captures only the first `snaplen` bytes of each frame (enough for the headers at
+    /// 128), which keeps long captures small; [`read_pcap`] reads such files.
+    pub fn start_with_snaplen(
+        namespace: &str,
+        interface: &str,
+        filter: &str,
+        path: &Path,
+        snaplen: Option<u32>,
+    ) -> Self {
+        let snaplen = snaplen.map(|n| n.to_string());
+        let snaplen_args: Vec<&str> = match &snaplen {
+            Some(n) => vec!["-s", n],
+            None => Vec::new(),
+        };
         let child = Command::new("ip")
             // Immediate mode: without it tcpdump holds packets in its ring until a block
             // fills, and a short capture ends with none written.
@@ -313,6 +526,7 @@ impl Capture {
                 "-U",
             ])
             .arg("-n")
+            .args(&snaplen_args)
             .args(["-i", interface, "-w"])
             .arg(path)
             .arg(filter)
@@ -349,14 +563,55 @@ impl Drop for Capture {
     }
 }
 
+/// The frames of a classic pcap file (what `tcpdump -w` writes), in capture order.
+///
+/// Hand-written rather than `pcap_file`, which refuses records cut short by a snaplen
+/// (`orig_len > snap_len`), exactly what header-only captures are. A record cut short by
+/// tcpdump being stopped ends the list.
 pub fn read_pcap(path: &Path) -> Vec<Vec<u8>> {
-    let file = std::fs::File::open(path).expect("capture file");
-    let mut reader = pcap_file::pcap::PcapReader::new(file).expect("a pcap");
+    let bytes = std::fs::read(path).expect("capture file");
+    assert!(bytes.len() >= 24, "{}: no pcap header", path.display());
+    let magic: [u8; 4] = bytes[0..4].try_into().unwrap();
+    // Microsecond or nanosecond timestamps, either byte order: only the order matters here.
+    let big_endian = match magic {
+        [0xd4, 0xc3, 0xb2, 0xa1] | [0x4d, 0x3c, 0xb2, 0xa1] => false,
+        [0xa1, 0xb2, 0xc3, 0xd4] | [0xa1, 0xb2, 0x3c, 0x4d] => true,
+        _ => panic!("{}: not a pcap file (magic {magic:02x?})", path.display()),
+    };
+    let word = |at: usize| {
+        let raw: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+        if big_endian {
+            u32::from_be_bytes(raw)
+        } else {
+            u32::from_le_bytes(raw)
+        }
+    };
     let mut frames = Vec::new();
-    while let Some(packet) = reader.next_packet() {
-        frames.push(packet.expect("a readable packet").data.into_owned());
+    let mut at = 24;
+    while at + 16 <= bytes.len() {
+        let captured = word(at + 8) as usize;
+        let data = at + 16;
+        if data + captured > bytes.len() {
+            break;
+        }
+        frames.push(bytes[data..data + captured].to_vec());
+        at = data + captured;
     }
     frames
+}
+
+/// A counter of `/proc/net/netstat` or `/proc/net/snmp` (e.g. `("TcpExt", "PAWSEstab")`)
+/// as the namespace's own TCP stack counts it; `None` if this kernel has no such counter.
+pub fn netstat_counter(namespace: &str, group: &str, name: &str) -> Option<u64> {
+    let text = in_netns_ok(namespace, "cat", &["/proc/net/netstat", "/proc/net/snmp"]);
+    let prefix = format!("{group}:");
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
+    // Each group is a line of names followed by a line of values.
+    lines.chunks(2).find_map(|pair| {
+        let [names, values] = pair else { return None };
+        let position = names.split_whitespace().position(|n| n == name)?;
+        values.split_whitespace().nth(position)?.parse().ok()
+    })
 }
 
 /// The fields of an Ethernet/IPv4/TCP frame the tests look at.
@@ -366,6 +621,8 @@ pub struct TcpView {
     pub dst: [u8; 4],
     pub sport: u16,
     pub dport: u16,
+    pub seq: u32,
+    pub ack: u32,
     pub flags: u8,
     pub payload_len: usize,
     /// (TSval, TSecr) if the segment carries a timestamp option.
@@ -379,6 +636,49 @@ impl TcpView {
     pub fn is_syn(&self) -> bool {
         self.flags & 0x02 != 0
     }
+    pub fn is_ack(&self) -> bool {
+        self.flags & 0x10 != 0
+    }
+    pub fn is_syn_ack(&self) -> bool {
+        self.flags & 0x12 == 0x12
+    }
+}
+
+/// RSTs in a client-side capture that are not the cleanup of a half-open connection.
+///
+/// A stateless LB with a non-hash policy can lose a SYN-ACK (the LB was down, or a drop)
+/// and place the client's retransmitted SYN on another server. The client's connection is
+/// then with the second server, and the first server's half-open connection ends with a
+/// RST exchange that the client's TCP ignores (it is out of window). Such a 4-tuple shows
+/// SYN-ACKs with two different initial sequence numbers. Any other RST is a real reset.
+pub fn unexplained_resets(segments: &[TcpView]) -> Vec<TcpView> {
+    let client_port = |t: &TcpView| {
+        if t.is_syn_ack() {
+            t.dport
+        } else {
+            t.sport.min(t.dport)
+        }
+    };
+    segments
+        .iter()
+        .filter(|t| t.is_rst())
+        .filter(|rst| {
+            let port = if rst.sport == 80 {
+                rst.dport
+            } else {
+                rst.sport
+            };
+            let mut isns: Vec<u32> = segments
+                .iter()
+                .filter(|t| t.is_syn_ack() && client_port(t) == port)
+                .map(|t| t.seq)
+                .collect();
+            isns.sort_unstable();
+            isns.dedup();
+            isns.len() < 2
+        })
+        .copied()
+        .collect()
 }
 
 /// A deliberately independent parser (not the core's), so the tests check the core's
@@ -428,6 +728,8 @@ pub fn parse_tcp(frame: &[u8]) -> Option<TcpView> {
         dst: ip[16..20].try_into().unwrap(),
         sport: u16::from_be_bytes([tcp[0], tcp[1]]),
         dport: u16::from_be_bytes([tcp[2], tcp[3]]),
+        seq: u32::from_be_bytes(tcp[4..8].try_into().unwrap()),
+        ack: u32::from_be_bytes(tcp[8..12].try_into().unwrap()),
         flags: tcp[13],
         payload_len: total.saturating_sub(ihl + data_offset),
         timestamps,

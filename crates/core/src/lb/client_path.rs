@@ -44,13 +44,20 @@ impl WorkerState {
                     Err(reason) => return Verdict::Drop(reason),
                 };
                 match (kind, timestamp.offset) {
-                    (SegmentKind::Syn, Some(_)) => self.pick_new(vip_index, vip, hash, now),
+                    (SegmentKind::Syn, Some(_)) => {
+                        let server = self.pick_new(vip_index, vip, hash, now);
+                        if let Some(server) = server {
+                            self.count_once_per_handshake(shared, hash, segment.seq(), server);
+                        }
+                        server
+                    }
                     (SegmentKind::Syn, None) => {
                         let server = vip.pool.maglev.lookup(hash);
                         if let Some(server) = server {
                             self.fallback.insert(key, hash, server);
                             self.counters.inc(Counter::FallbackConnections);
                             self.loads.on_new_connection(server);
+                            self.count_once_per_handshake(shared, hash, segment.seq(), server);
                         }
                         server
                     }
@@ -75,8 +82,10 @@ impl WorkerState {
                         let tsecr = read_u32(packet, tsecr_at);
                         match route_by_cookie(&snapshot.servers, &shared.msb, tsecr, hash) {
                             Ok((server, restored)) => {
-                                TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end])
-                                    .rewrite_option_u32(at + TSECR, restored);
+                                if self.restore_tsecr {
+                                    TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end])
+                                        .rewrite_option_u32(at + TSECR, restored);
+                                }
                                 self.counters.inc(Counter::CookieRouted);
                                 return self
                                     .forward_to_server(snapshot, vip, packet, layout, server);
@@ -114,6 +123,22 @@ impl WorkerState {
         self.loads.on_new_connection(server);
         self.counters.inc(Counter::NewConnections);
         Some(server)
+    }
+
+    /// A retransmitted SYN was counted again where it was placed now: the count it raised
+    /// before goes, so each connection counts once (see `lb/handshakes.rs`).
+    #[inline]
+    fn count_once_per_handshake(
+        &mut self,
+        shared: &LbShared,
+        hash: u64,
+        client_isn: u32,
+        server: ServerId,
+    ) {
+        if let Some(previous) = shared.handshakes.on_syn(hash, client_isn, server) {
+            self.loads.on_syn_retransmitted(previous);
+            self.counters.inc(Counter::SynRetransmissions);
+        }
     }
 
     /// Rewrites the packet toward `server`: its MAC (l2), or its address and port (NAT).

@@ -57,6 +57,8 @@ counters! {
     ServerTsClockUnstable => "server_ts_clock_unstable", "Server timestamps going backwards or ticking too fast to correct at the LB.";
     IcmpRoutedByCookie => "icmp_routed_by_cookie", "ICMP errors routed by the cookie of the embedded packet.";
     IcmpRoutedByFallback => "icmp_routed_by_fallback", "ICMP errors about a no-timestamp connection routed by the LRU.";
+    SynRetransmissions => "syn_retransmissions", "Retransmitted SYNs recognised: the count the SYN raised before is released.";
+    HandshakeCountMoved => "handshake_count_moved", "SYN-ACKs of a server other than the last pick that passed first: the connection's count moved to that server.";
     SnapshotReloads => "snapshot_reloads", "New table snapshots picked up by this worker.";
     LoadMerges => "load_merges", "Merges of this worker's load deltas into the shared totals.";
 }

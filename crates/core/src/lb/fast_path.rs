@@ -128,8 +128,10 @@ impl WorkerState {
             Ok(routed) => routed,
             Err(reason) => return Some(Verdict::Drop(reason)),
         };
-        TcpSegment::new_unchecked(&mut packet[l4..end])
-            .rewrite_option_u32(TSECR_IN_OPTIONS, restored);
+        if self.restore_tsecr {
+            TcpSegment::new_unchecked(&mut packet[l4..end])
+                .rewrite_option_u32(TSECR_IN_OPTIONS, restored);
+        }
         self.counters.inc(Counter::CookieRouted);
         Some(self.forward_to_server(snapshot, vip, packet, layout, server))
     }

@@ -5,6 +5,7 @@ pub mod cookie_stage;
 pub mod counters;
 pub mod fallback;
 mod fast_path;
+pub mod handshakes;
 mod icmp_path;
 pub mod rate_limit;
 mod server_path;

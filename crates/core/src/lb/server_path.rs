@@ -49,6 +49,15 @@ impl WorkerState {
                 Err(reason) => return Verdict::Drop(reason),
             };
             let key = FlowKey::tcp(client_ip, client_port, vip_ip, vip.port);
+            if kind == SegmentKind::SynAck {
+                // The first answer to a (possibly retransmitted) SYN takes its load count.
+                let client_isn = segment.ack().wrapping_sub(1);
+                let hash = shared.hasher.hash(&key);
+                if let Some(from) = shared.handshakes.on_syn_ack(hash, client_isn, server) {
+                    self.loads.on_connection_moved(from, server);
+                    self.counters.inc(Counter::HandshakeCountMoved);
+                }
+            }
             match timestamp.offset {
                 Some(at) => {
                     let hash = shared.hasher.hash(&key);

@@ -75,6 +75,9 @@ pub(crate) struct WorkerState {
     /// Whether established client packets may take `lb/fast_path.rs` (off only to test it
     /// against the general pipeline).
     pub(crate) fast_path: bool,
+    /// Whether the TSecr of client packets is given back the server's MSB (off only to
+    /// show that the live tests catch a server seeing cookies in TSecr).
+    pub(crate) restore_tsecr: bool,
 }
 
 pub struct Worker {
@@ -156,6 +159,7 @@ impl Worker {
                 icmp_copies: TokenBucket::new(config.icmp_copy_rate, config.icmp_copy_burst),
                 counters: Arc::new(WorkerCounters::default()),
                 fast_path: true,
+                restore_tsecr: true,
             },
             shared,
             snapshot: Arc::new(Snapshot::empty()),
@@ -168,6 +172,15 @@ impl Worker {
     /// same either way (differential tests use this).
     pub fn set_fast_path(&mut self, enabled: bool) {
         self.state.fast_path = enabled;
+    }
+
+    /// **Fault injection, for tests only.** With `false` the worker still routes client
+    /// packets by their cookie but leaves the cookie in TSecr instead of restoring the
+    /// server's MSB, so servers see TSecr values they never sent. The live timestamp test
+    /// turns this on (`cheetah run --fault skip-tsecr-restore`) to prove that its check
+    /// fails when the restore is missing. Never turn it off in production.
+    pub fn set_restore_tsecr(&mut self, enabled: bool) {
+        self.state.restore_tsecr = enabled;
     }
 
     pub fn counters(&self) -> &Arc<WorkerCounters> {

@@ -390,6 +390,23 @@ impl WorkerLoads {
         self.view.servers[id.index()].active -= 1;
     }
 
+    /// The client retransmitted a SYN first given to `id`, which the policy has placed again
+    /// (and counted) elsewhere or on `id` once more: `id`'s earlier count goes.
+    #[inline]
+    pub fn on_syn_retransmitted(&mut self, id: ServerId) {
+        self.pending_mut(id).active -= 1;
+        self.view.servers[id.index()].active -= 1;
+    }
+
+    /// A connection counted on `from` was answered first by `to` (after a retried SYN), so
+    /// it will be `to`'s: the count moves. New-connection totals are left alone.
+    #[inline]
+    pub fn on_connection_moved(&mut self, from: ServerId, to: ServerId) {
+        self.on_syn_retransmitted(from);
+        self.pending_mut(to).active += 1;
+        self.view.servers[to.index()].active += 1;
+    }
+
     /// A packet of `bytes` bytes went to or came from `id`.
     #[inline]
     pub fn on_packet(&mut self, id: ServerId, bytes: usize) {
@@ -549,6 +566,32 @@ mod tests {
         second.merge(MERGE_INTERVAL);
         assert_eq!(shared.server(A).active_connections, 1);
         assert_eq!(second.view().active_connections(A), 1);
+    }
+
+    #[test]
+    fn a_retried_syn_and_a_moved_count_keep_one_count_per_connection() {
+        let (shared, mut first, mut second) = two_workers();
+        first.on_new_connection(A);
+        // The retransmitted SYN reaches the other worker, which places it on B.
+        second.on_new_connection(B);
+        second.on_syn_retransmitted(A);
+        first.merge(MERGE_INTERVAL);
+        second.merge(MERGE_INTERVAL);
+        assert_eq!(shared.server(A).active_connections, 0);
+        assert_eq!(shared.server(B).active_connections, 1);
+        first.merge(2 * MERGE_INTERVAL);
+        // A's late SYN-ACK reached the client first after all: the count follows it.
+        first.on_connection_moved(B, A);
+        assert_eq!(first.view().active_connections(A), 1);
+        assert_eq!(first.view().active_connections(B), 0);
+        first.merge(3 * MERGE_INTERVAL);
+        assert_eq!(shared.server(A).active_connections, 1);
+        assert_eq!(shared.server(B).active_connections, 0);
+        assert_eq!(
+            shared.server(A).new_connections,
+            1,
+            "a move is not a new connection"
+        );
     }
 
     #[test]

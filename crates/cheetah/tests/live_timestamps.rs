@@ -1,0 +1,555 @@
+//! Live: servers get back exactly the timestamps they sent, on real TCP stacks, across a
+//! change of their timestamp MSB (LB-side timestamp correction, paper appendix C.1).
+//!
+//! Captures on the servers' own interfaces (after the LB, before their TCP) must show that
+//! every TSecr a server receives equals a TSval that server sent on that connection, for
+//! at least [`MIN_CHECKED_PER_VERSION`] packets with each value of the version bit (the
+//! parity of the server's MSB); that no host receives new data with an older TSval; and no
+//! PAWS drop on any client or server but of late copies a retransmission overtook (see
+//! [`ArrivalOrder`] and docs/timestamps.md). The testbed's
+//! servers run `tcp_timestamps=2`: TSval is the kernel's `CLOCK_MONOTONIC` in
+//! milliseconds, one clock for every namespace, whose MSB changes every 65.536 s; the run is
+//! timed from a server's TSval to cover one change with load on both sides.
+//!
+//! The second test runs the LB with the restore switched off (`--fault
+//! skip-tsecr-restore`) and shows that the same check fails.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use support::*;
+
+/// Packets checked for each value of the version bit.
+const MIN_CHECKED_PER_VERSION: u64 = 1000;
+/// One MSB period of a 1 ms timestamp clock.
+const MSB_PERIOD_MS: u64 = 1 << 16;
+/// Load on each side of the MSB change: at about 100 checked packets a second, twice what
+/// each version needs.
+const LOAD_AROUND_CHANGE_MS: u64 = 20_000;
+/// From planning the run to the load running (loadgen's start and its sessions' spread).
+const LOAD_START_MS: u64 = 3_000;
+/// Header-only captures: Ethernet, IPv4 and TCP with the longest options fit.
+const SNAPLEN: u32 = 128;
+
+#[test]
+fn servers_get_back_exactly_their_own_timestamps_across_an_msb_change() {
+    if require_root("servers_get_back_exactly_their_own_timestamps_across_an_msb_change") {
+        restore_is_exact_across_an_msb_change();
+    }
+}
+
+#[test]
+fn without_the_tsecr_restore_the_timestamp_check_fails() {
+    if require_root("without_the_tsecr_restore_the_timestamp_check_fails") {
+        check_fails_without_the_restore();
+    }
+}
+
+fn restore_is_exact_across_an_msb_change() {
+    let _one_at_a_time = exclusive();
+    let testbed = Testbed::up("ts", &["--servers", "2", "--clients", "1"]);
+    let lb = Lb::start(&testbed, &testbed.config_path());
+
+    let now_ms = server_clock_ms(&testbed);
+    let plan = RunPlan::covering_the_next_msb_change(now_ms);
+    eprintln!(
+        "server clock {now_ms} ms (MSB {}): next MSB change in {} s, running the load {} s",
+        now_ms >> 16,
+        plan.change_in_ms / 1000,
+        plan.duration_ms / 1000
+    );
+
+    let paws = PawsCounters::read(&testbed);
+    let captures = Captures::start(&testbed, "restore", &["c0", "c1"]);
+    let duration = format!("{}ms", plan.duration_ms);
+    // Keep-alive sessions give a steady stream of echoes on both sides of the change; idle
+    // sessions (30 s gaps, so the servers' 25 s keepalive probes run) echo TSvals up to a
+    // keepalive old; short connections add handshakes and closes.
+    let keepalive = start_loadgen(
+        &testbed,
+        "c1",
+        "ts-keepalive",
+        &[
+            "--duration",
+            &duration,
+            "--keepalive",
+            "60",
+            "--idle-sessions",
+            "10",
+            "--idle-gap",
+            "30s",
+            "--short-rate",
+            "5/s",
+        ],
+    );
+    let direct = start_loadgen(
+        &testbed,
+        "c0",
+        "ts-direct",
+        &[
+            "--duration",
+            &duration,
+            "--keepalive",
+            "20",
+            "--short-rate",
+            "2/s",
+        ],
+    );
+    let keepalive = finish_loadgen(&testbed, "ts-keepalive", keepalive);
+    let direct = finish_loadgen(&testbed, "ts-direct", direct);
+    let check = captures.finish_and_check();
+    eprintln!("{check:#?}");
+
+    assert_nothing_broken(&keepalive, "keep-alive load across an MSB change");
+    assert_nothing_broken(&direct, "load from the LB's segment across an MSB change");
+    assert!(
+        check.mismatches.is_empty(),
+        "{} TSecr values a server never sent on that connection, e.g. {:#?}",
+        check.mismatch_count,
+        check.mismatches
+    );
+    assert_eq!(
+        check.unknown_connections, 0,
+        "echoes on connections whose start the captures missed"
+    );
+    for version in 0..2 {
+        assert!(
+            check.checked_by_version[version] >= MIN_CHECKED_PER_VERSION,
+            "only {} checked echoes with version bit {version}: {check:#?}",
+            check.checked_by_version[version]
+        );
+    }
+    assert!(
+        check.late_echoes > 0,
+        "no echo of an older MSB arrived after a server's MSB changed, so the restore to M - 1 \
+         was not exercised: {check:#?}"
+    );
+    let paws = paws.since();
+    eprintln!("TCP counters over the run: {paws:#?}");
+    // The LB's own drops (a full TX ring under load) cause retransmissions, which is what
+    // can make a flow change LB worker (see `ArrivalOrder`).
+    for line in lb.metrics().lines() {
+        let drops =
+            line.starts_with("cheetah_io_tx_ring_full") || line.starts_with("cheetah_drops_total");
+        if drops && !line.ends_with(" 0") {
+            eprintln!("{line}");
+        }
+    }
+    for (namespace, order) in &check.arrival {
+        assert_eq!(
+            order.backwards, 0,
+            "{namespace} received new data with an older TSval: {order:#?}"
+        );
+    }
+    // No PAWS drop, but for late copies that a retransmission overtook: PAWS is right to
+    // drop those, and they say nothing about the timestamps.
+    for (namespace, drops) in &paws.pawsestab {
+        let overtaken = check
+            .arrival
+            .iter()
+            .find(|(n, _)| n == namespace)
+            .map_or(0, |(_, order)| order.overtaken);
+        assert!(
+            *drops <= overtaken,
+            "{namespace}: {drops} PAWS drops on established connections, {overtaken} late \
+             copies to explain them: {check:#?}"
+        );
+    }
+}
+
+fn check_fails_without_the_restore() {
+    let _one_at_a_time = exclusive();
+    let testbed = Testbed::up("tsf", &["--servers", "2", "--clients", "1"]);
+    let _lb = Lb::start_with_args(
+        &testbed,
+        &testbed.config_path(),
+        &["--fault", "skip-tsecr-restore"],
+    );
+    let paws = PawsCounters::read(&testbed);
+    let captures = Captures::start(&testbed, "fault", &["c1"]);
+    let load = start_loadgen(
+        &testbed,
+        "c1",
+        "tsf-keepalive",
+        &[
+            "--duration",
+            "10s",
+            "--keepalive",
+            "20",
+            "--short-rate",
+            "5/s",
+        ],
+    );
+    let report = finish_loadgen(&testbed, "tsf-keepalive", load);
+    let check = captures.finish_and_check();
+    let paws = paws.since();
+    eprintln!("with the restore off: {check:#?}\nTCP counters: {paws:#?}");
+    eprintln!(
+        "loadgen with the restore off: {} broken, {}",
+        report["connections_broken"], report["broken_by_kind"]
+    );
+
+    let echoes = check.checked_by_version.iter().sum::<u64>() + check.mismatch_count;
+    assert!(
+        echoes > 200,
+        "too little traffic reached the servers: {check:#?}"
+    );
+    // A cookie equals the server's own MSB by chance once in 65536 connections.
+    assert!(
+        check.mismatch_count * 10 >= echoes * 9,
+        "the check should flag nearly every echo when the LB leaves cookies in TSecr: \
+         {check:#?}"
+    );
+}
+
+/// The servers' timestamp clock now, in ms, read from a TSval a server sent, and checked
+/// against `CLOCK_MONOTONIC`: with `tcp_timestamps=2` Linux sends the monotonic clock in
+/// milliseconds with no per-connection offset.
+fn server_clock_ms(testbed: &Testbed) -> u64 {
+    let captures: Vec<Capture> = ["s1", "s2"]
+        .iter()
+        .map(|s| {
+            let path = testbed.dir.join(format!("{s}-clock.pcap"));
+            Capture::start(&testbed.ns(s), "eth0", "tcp src port 80", &path)
+        })
+        .collect();
+    let before = monotonic_ms();
+    let url = format!("http://{}/", testbed.vip());
+    in_netns_ok(&testbed.ns("c1"), "curl", &["-s", "-m", "10", &url]);
+    let after = monotonic_ms();
+    let tsval = captures
+        .into_iter()
+        .flat_map(|c| c.finish())
+        .filter_map(|f| parse_tcp(&f)?.timestamps)
+        .map(|(tsval, _)| tsval)
+        .next()
+        .expect("no TSval captured at a server");
+    assert!(
+        (before as u32..=after as u32 + 1).contains(&tsval),
+        "TSval {tsval} is not CLOCK_MONOTONIC in ms ({before}..{after}): are the servers \
+         running tcp_timestamps=2?"
+    );
+    // Time has moved on since: the monotonic clock is the same clock, read now.
+    monotonic_ms()
+}
+
+fn monotonic_ms() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write into.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) },
+        0
+    );
+    now.tv_sec as u64 * 1000 + now.tv_nsec as u64 / 1_000_000
+}
+
+/// When the servers' MSB next changes and how long to run the load so that it runs
+/// [`LOAD_AROUND_CHANGE_MS`] on both sides of one change.
+#[derive(Debug, PartialEq)]
+struct RunPlan {
+    change_in_ms: u64,
+    duration_ms: u64,
+}
+
+impl RunPlan {
+    fn covering_the_next_msb_change(now_ms: u64) -> Self {
+        let mut change_in_ms = MSB_PERIOD_MS - now_ms % MSB_PERIOD_MS;
+        if change_in_ms < LOAD_START_MS + LOAD_AROUND_CHANGE_MS {
+            // Too close to load both sides: take the one after.
+            change_in_ms += MSB_PERIOD_MS;
+        }
+        RunPlan {
+            change_in_ms,
+            duration_ms: change_in_ms + LOAD_AROUND_CHANGE_MS,
+        }
+    }
+}
+
+#[test]
+fn a_run_covers_one_msb_change_with_load_on_both_sides() {
+    // 40 s before a change: run until 20 s after it.
+    let plan = RunPlan::covering_the_next_msb_change(5 * MSB_PERIOD_MS - 40_000);
+    assert_eq!(
+        plan,
+        RunPlan {
+            change_in_ms: 40_000,
+            duration_ms: 60_000
+        }
+    );
+    // 10 s before a change: too close, the next one is 75.5 s away.
+    let plan = RunPlan::covering_the_next_msb_change(5 * MSB_PERIOD_MS - 10_000);
+    assert_eq!(plan.change_in_ms, 10_000 + MSB_PERIOD_MS);
+    // Never longer than two periods and a margin, never shorter than two margins.
+    for now in (0..3 * MSB_PERIOD_MS).step_by(997) {
+        let plan = RunPlan::covering_the_next_msb_change(now);
+        assert!(plan.change_in_ms >= LOAD_START_MS + LOAD_AROUND_CHANGE_MS);
+        assert!(plan.duration_ms <= MSB_PERIOD_MS + LOAD_START_MS + 2 * LOAD_AROUND_CHANGE_MS);
+        assert_eq!((now + plan.change_in_ms) % MSB_PERIOD_MS, 0);
+    }
+}
+
+/// `tcp port 80` on every server's and client's own interface, headers only.
+struct Captures {
+    /// (namespace, capture)
+    servers: Vec<(String, Capture)>,
+    clients: Vec<(String, Capture)>,
+}
+
+impl Captures {
+    fn start(testbed: &Testbed, name: &str, clients: &[&str]) -> Self {
+        let start = |role: &str| {
+            let path: PathBuf = testbed.dir.join(format!("{role}-{name}.pcap"));
+            let capture = Capture::start_with_snaplen(
+                &testbed.ns(role),
+                "eth0",
+                "tcp port 80",
+                &path,
+                Some(SNAPLEN),
+            );
+            (testbed.ns(role), capture)
+        };
+        Captures {
+            servers: ["s1", "s2"].iter().map(|s| start(s)).collect(),
+            clients: clients.iter().map(|c| start(c)).collect(),
+        }
+    }
+
+    fn finish_and_check(self) -> TsecrCheck {
+        let mut check = TsecrCheck::default();
+        for (namespace, capture) in self.servers {
+            let segments = segments_of(capture);
+            check.add_server_capture(&segments);
+            let order = ArrivalOrder::of(&segments, |t| t.dport == 80);
+            check.arrival.push((namespace, order));
+        }
+        for (namespace, capture) in self.clients {
+            let order = ArrivalOrder::of(&segments_of(capture), |t| t.sport == 80);
+            check.arrival.push((namespace, order));
+        }
+        check
+    }
+}
+
+fn segments_of(capture: Capture) -> Vec<TcpView> {
+    capture
+        .finish()
+        .iter()
+        .filter_map(|f| parse_tcp(f))
+        .collect()
+}
+
+/// Source address and port, destination address and port.
+type Connection = ([u8; 4], u16, [u8; 4], u16);
+
+/// Segments that reached a host with a TSval older (by more than PAWS's one-tick window)
+/// than one it had already received on that connection, in two kinds:
+///
+/// - *overtaken*: carrying no sequence space beyond what had arrived, i.e. a late copy
+///   (the original of a segment whose retransmission came first). PAWS drops these when
+///   they are not pure ACKs, as it should; the LB only delivers one late when one flow's
+///   packets took two LB workers (see docs/timestamps.md);
+/// - *backwards*: carrying new data or a new FIN. Only a timestamp that really went
+///   backwards does that, which is what the cookie in TSval must never cause.
+#[derive(Debug, Default)]
+struct ArrivalOrder {
+    overtaken: u64,
+    backwards: u64,
+    examples: Vec<String>,
+}
+
+impl ArrivalOrder {
+    fn of(segments: &[TcpView], incoming: impl Fn(&TcpView) -> bool) -> Self {
+        let mut order = ArrivalOrder::default();
+        // Per connection: the newest TSval so far and the end of the sequence space seen.
+        let mut seen: HashMap<Connection, (u32, u32)> = HashMap::new();
+        for (at, segment) in segments.iter().enumerate() {
+            let Some((tsval, _)) = segment.timestamps else {
+                continue;
+            };
+            if !incoming(segment) || segment.is_syn() {
+                continue;
+            }
+            let key = (segment.src, segment.sport, segment.dst, segment.dport);
+            let fin = u32::from(segment.flags & 0x01 != 0);
+            let end = segment
+                .seq
+                .wrapping_add(segment.payload_len as u32)
+                .wrapping_add(fin);
+            let Some(&(newest, seen_end)) = seen.get(&key) else {
+                seen.insert(key, (tsval, end));
+                continue;
+            };
+            let new_space = (end.wrapping_sub(seen_end) as i32) > 0;
+            if (newest.wrapping_sub(tsval) as i32) > 1 {
+                let kind = if new_space {
+                    order.backwards += 1;
+                    "backwards"
+                } else {
+                    order.overtaken += 1;
+                    "overtaken"
+                };
+                if order.examples.len() < 5 {
+                    order.examples.push(format!(
+                        "{kind}: {}:{} -> {}:{} TSval {tsval:#010x} after {newest:#010x}, \
+                         flags {:#04x} seq {} len {} (frame {at})",
+                        std::net::Ipv4Addr::from(segment.src),
+                        segment.sport,
+                        std::net::Ipv4Addr::from(segment.dst),
+                        segment.dport,
+                        segment.flags,
+                        segment.seq,
+                        segment.payload_len,
+                    ));
+                }
+            }
+            let entry = seen.get_mut(&key).unwrap();
+            if (tsval.wrapping_sub(entry.0) as i32) > 0 {
+                entry.0 = tsval;
+            }
+            if new_space {
+                entry.1 = end;
+            }
+        }
+        order
+    }
+}
+
+/// What the servers' captures say about the TSecr values they received.
+#[derive(Debug, Default)]
+struct TsecrCheck {
+    /// Client segments whose TSecr is a TSval the server sent earlier on that connection,
+    /// by version bit (bit 16 of the TSecr: the parity of the server's MSB).
+    checked_by_version: [u64; 2],
+    /// Of those, echoes of an older MSB than the newest the server had sent by then (on any
+    /// connection): what the LB restores to M - 1.
+    late_echoes: u64,
+    /// TSecr values the server never sent on that connection: all of them counted, the
+    /// first few described.
+    mismatch_count: u64,
+    mismatches: Vec<String>,
+    /// Client segments on connections whose server packets the capture did not see.
+    unknown_connections: u64,
+    /// Per host (namespace): segments that arrived with an older TSval.
+    arrival: Vec<(String, ArrivalOrder)>,
+}
+
+impl TsecrCheck {
+    fn add_server_capture(&mut self, segments: &[TcpView]) {
+        // Per connection (client address and port): every TSval the server sent on it.
+        let mut sent: HashMap<([u8; 4], u16), Vec<u32>> = HashMap::new();
+        let mut newest_msb: Option<u16> = None;
+        for segment in segments {
+            let Some((tsval, tsecr)) = segment.timestamps else {
+                continue;
+            };
+            if segment.sport == 80 {
+                sent.entry((segment.dst, segment.dport))
+                    .or_default()
+                    .push(tsval);
+                let msb = (tsval >> 16) as u16;
+                // Serial-number order, as the MSB wraps.
+                if newest_msb.is_none_or(|m| (msb.wrapping_sub(m) as i16) > 0) {
+                    newest_msb = Some(msb);
+                }
+                continue;
+            }
+            // A client segment: everything but the SYN acknowledges, and echoes.
+            if segment.dport != 80 || !segment.is_ack() {
+                continue;
+            }
+            let Some(server_tsvals) = sent.get(&(segment.src, segment.sport)) else {
+                self.unknown_connections += 1;
+                continue;
+            };
+            if server_tsvals.contains(&tsecr) {
+                self.checked_by_version[(tsecr >> 16) as usize & 1] += 1;
+                if newest_msb.is_some_and(|m| (tsecr >> 16) as u16 != m) {
+                    self.late_echoes += 1;
+                }
+            } else {
+                self.mismatch_count += 1;
+                if self.mismatches.len() < 10 {
+                    self.mismatches.push(format!(
+                        "{}:{} flags {:#04x}: TSecr {tsecr:#010x}, the server sent {} TSvals \
+                         on it, the last {:#010x}",
+                        std::net::Ipv4Addr::from(segment.src),
+                        segment.sport,
+                        segment.flags,
+                        server_tsvals.len(),
+                        server_tsvals.last().unwrap()
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// TCP counters of the clients and servers that take part, to compare before and after.
+struct PawsCounters {
+    namespaces: Vec<String>,
+    before: Vec<[u64; COUNTERS.len()]>,
+}
+
+/// `PAWSEstab` must stay 0; the others are printed for docs/timestamps.md (0 where the
+/// kernel does not have them: `PAWSOldAck` and `TSEcrRejected` are recent).
+const COUNTERS: [&str; 7] = [
+    "PAWSEstab",
+    "PAWSOldAck",
+    "PAWSTimewait",
+    "TSEcrRejected",
+    "TcpTimeoutRehash",
+    "TCPDuplicateDataRehash",
+    "TCPSpuriousRTOs",
+];
+
+#[derive(Debug)]
+#[allow(dead_code)] // read through Debug
+struct PawsDeltas {
+    pawsestab: Vec<(String, u64)>,
+    others: Vec<(String, &'static str, u64)>,
+}
+
+impl PawsCounters {
+    fn read(testbed: &Testbed) -> Self {
+        let namespaces: Vec<String> = ["c0", "c1", "s1", "s2"]
+            .iter()
+            .map(|r| testbed.ns(r))
+            .collect();
+        let before = namespaces.iter().map(|ns| Self::now(ns)).collect();
+        PawsCounters { namespaces, before }
+    }
+
+    fn now(namespace: &str) -> [u64; COUNTERS.len()] {
+        COUNTERS.map(|name| {
+            let value = netstat_counter(namespace, "TcpExt", name);
+            match name {
+                "PAWSEstab" => value.expect("every kernel counts TcpExt:PAWSEstab"),
+                _ => value.unwrap_or(0),
+            }
+        })
+    }
+
+    fn since(&self) -> PawsDeltas {
+        let mut deltas = PawsDeltas {
+            pawsestab: Vec::new(),
+            others: Vec::new(),
+        };
+        for (namespace, before) in self.namespaces.iter().zip(&self.before) {
+            let now = Self::now(namespace);
+            for (i, name) in COUNTERS.iter().enumerate() {
+                let delta = now[i] - before[i];
+                if i == 0 {
+                    deltas.pawsestab.push((namespace.clone(), delta));
+                } else if delta > 0 {
+                    deltas.others.push((namespace.clone(), name, delta));
+                }
+            }
+        }
+        deltas
+    }
+}
