@@ -20,6 +20,8 @@ command -v clang >/dev/null || need_apt+=(clang)
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v ethtool >/dev/null || need_apt+=(ethtool)
 command -v tcpdump >/dev/null || need_apt+=(tcpdump)
+# `cheetah testbed throughput` drives its load with wrk.
+command -v wrk >/dev/null || need_apt+=(wrk)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v ping >/dev/null || need_apt+=(iputils-ping)
 # The live SYN-retry test drops SYN-ACKs on the testbed's switch with nftables.

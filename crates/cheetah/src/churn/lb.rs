@@ -139,6 +139,11 @@ impl Lb {
         self.start()
     }
 
+    /// The running LB's pid (`ip netns exec` execs the LB, so it is the child's).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Fails if the LB exited by itself.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
         if let Some(child) = self.child.as_mut() {

@@ -19,6 +19,7 @@ mod report;
 mod results;
 mod scenario;
 mod schedule;
+mod throughput;
 mod tsclock;
 
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ use cheetah_core::config::{Forwarding, Mode};
 
 pub use agent::{run as run_agent, AgentArgs};
 pub use report::{run as run_report, ReportArgs};
+pub use throughput::{run as run_throughput, ThroughputArgs};
 
 use crate::loadgen::{parse_duration, parse_rate};
 

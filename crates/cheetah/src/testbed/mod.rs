@@ -82,6 +82,9 @@ enum Action {
     /// From inside a client namespace, send crafted frames toward a VIP: TCP segments with
     /// forged cookies, or malformed packets. Prints a JSON summary of what was sent.
     Inject(inject::InjectArgs),
+    /// Requests/s, latency and the LB's CPU per packet: through cheetah, through hash mode,
+    /// and straight to a server (a benchmark; results in docs/benchmarks.md).
+    Throughput(crate::churn::ThroughputArgs),
 }
 
 #[derive(clap::Args)]
@@ -178,6 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Action::ChurnReport(args) => crate::churn::run_report(args),
         Action::Agent(args) => crate::churn::run_agent(args),
         Action::Inject(inject) => inject::run(inject),
+        Action::Throughput(args) => crate::churn::run_throughput(args),
     }
 }
 

@@ -1,0 +1,360 @@
+//! `cheetah testbed throughput`: requests/s and latency through the LB in the testbed,
+//! beside the same load sent straight to one server and through the LB in hash mode, and
+//! the CPU the LB spends per packet. A benchmark, not a test: numbers go to
+//! docs/benchmarks.md with the command that produced them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use cheetah_core::config::{Forwarding, Mode};
+use cheetah_core::policy::PolicyKind;
+
+use super::lb::Lb;
+use super::lbconfig;
+use crate::loadgen::parse_duration;
+use crate::testbed::{self, Options, Topology};
+
+#[derive(clap::Args, Debug)]
+pub struct ThroughputArgs {
+    /// Servers in the LB's pool for the "all servers" rows.
+    #[arg(long, default_value_t = 4)]
+    servers: u16,
+    /// Length of each measured wrk run (after a 3 s warm-up).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    duration: Duration,
+    /// wrk connections (keep-alive) and threads.
+    #[arg(long, default_value_t = 64)]
+    connections: u32,
+    #[arg(long, default_value_t = 2)]
+    threads: u32,
+    /// What every request fetches.
+    #[arg(long, default_value = "/small")]
+    path: String,
+    #[arg(long, default_value = "thr")]
+    prefix: String,
+    /// Also write the table (markdown) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// One measured configuration.
+#[derive(Debug, Default)]
+struct Row {
+    name: String,
+    requests_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// CPU time of the `cheetah run` process per packet it received, in ns (None: no LB).
+    lb_cpu_ns_per_packet: Option<f64>,
+    /// The LB's packets per request (both directions).
+    packets_per_request: Option<f64>,
+    /// CPU time of the whole machine (all processes, softirqs) per request, in µs.
+    host_cpu_us_per_request: f64,
+}
+
+/// Removes the testbed when the benchmark ends, also on error.
+struct TestbedGuard(String);
+
+impl Drop for TestbedGuard {
+    fn drop(&mut self) {
+        if let Err(e) = testbed::teardown(&self.0, false) {
+            eprintln!("throughput: cannot remove testbed {}: {e:#}", self.0);
+        }
+    }
+}
+
+pub fn run(args: ThroughputArgs) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the throughput benchmark needs root: it builds a testbed and runs the LB (XDP)");
+    }
+    if Command::new("wrk").arg("--version").output().is_err() {
+        bail!("wrk is not installed (scripts/setup.sh installs it)");
+    }
+    let options = Options {
+        prefix: args.prefix.clone(),
+        servers: args.servers,
+        clients: 1,
+        forwarding: Forwarding::L2,
+        mode: Mode::Cheetah,
+        policy: PolicyKind::RoundRobin,
+        dir: None,
+    };
+    let topo = Topology::up(&options)?;
+    let _guard = TestbedGuard(args.prefix.clone());
+    let ns = |role: &str| format!("{}-{role}", args.prefix);
+    // The direct row: the router sends server addresses to the LB host, whose kernel
+    // forwards them (the XDP program passes traffic that is not the LB's).
+    sh(&[
+        "ip",
+        "-n",
+        &ns("rt"),
+        "route",
+        "add",
+        "10.20.0.0/24",
+        "via",
+        "10.10.1.2",
+    ])?;
+    let exe = std::env::current_exe().context("cannot find the cheetah binary")?;
+    let dir = topo.files.dir.clone();
+    let all: Vec<u16> = (1..=args.servers).collect();
+    let client = ns("c1");
+    let vip_url = format!("http://{}:{}{}", topo.vip, topo.vip_port, args.path);
+
+    let mut rows = Vec::new();
+    let direct_url = format!("http://{}{}", topo.servers[0].dip, args.path);
+    rows.push(measure(
+        &args,
+        &client,
+        &direct_url,
+        "direct to s1 (no LB process)",
+        None,
+    )?);
+    for (mode, pool, name) in [
+        (Mode::Cheetah, &all[..1], "cheetah, pool of 1 (s1)"),
+        (Mode::Hash, &all[..1], "hash, pool of 1 (s1)"),
+        (Mode::Cheetah, &all[..], "cheetah, all servers (rr)"),
+        (Mode::Hash, &all[..], "hash, all servers"),
+    ] {
+        let config = config_for(&topo.files.config, &dir, pool, mode)?;
+        let mut lb = Lb::new(&ns("lb"), &exe, &config, "127.0.0.1:9180", &dir);
+        lb.start()?;
+        let row = measure(&args, &client, &vip_url, name, Some(&lb));
+        lb.stop();
+        rows.push(row?);
+    }
+    let table = table(&args, &rows);
+    println!("{table}");
+    if let Some(out) = &args.out {
+        std::fs::write(out, &table).with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    Ok(())
+}
+
+fn config_for(
+    testbed_config: &Path,
+    dir: &Path,
+    pool: &[u16],
+    mode: Mode,
+) -> anyhow::Result<PathBuf> {
+    let text = std::fs::read_to_string(testbed_config)?;
+    let config = lbconfig::config_text(&text, pool, "127.0.0.1:9180")?;
+    let mut table: toml::Table = config.parse()?;
+    table.insert("mode".into(), mode.name().into());
+    let path = dir.join(format!("throughput-{}-{}.toml", mode.name(), pool.len()));
+    std::fs::write(&path, toml::to_string(&table)?)?;
+    Ok(path)
+}
+
+fn measure(
+    args: &ThroughputArgs,
+    client: &str,
+    url: &str,
+    name: &str,
+    lb: Option<&Lb>,
+) -> anyhow::Result<Row> {
+    eprintln!("throughput: {name}: {url}");
+    wrk(client, url, args, Duration::from_secs(3))?;
+    let lb_before = lb.map(lb_sample).transpose()?;
+    let host_before = host_busy_ticks()?;
+    let result = wrk(client, url, args, args.duration)?;
+    let host_after = host_busy_ticks()?;
+    let lb_after = lb.map(lb_sample).transpose()?;
+    let requests = result.requests_per_sec * args.duration.as_secs_f64();
+    let ticks_per_sec = clock_ticks_per_sec();
+    let mut row = Row {
+        name: name.to_string(),
+        requests_per_sec: result.requests_per_sec,
+        p50_ms: result.p50_ms,
+        p99_ms: result.p99_ms,
+        host_cpu_us_per_request: (host_after - host_before) as f64 / ticks_per_sec * 1e6
+            / requests.max(1.0),
+        ..Row::default()
+    };
+    if let (Some(before), Some(after)) = (lb_before, lb_after) {
+        let packets = (after.packets - before.packets).max(1.0);
+        let cpu_s = (after.cpu_ticks - before.cpu_ticks) as f64 / ticks_per_sec;
+        row.lb_cpu_ns_per_packet = Some(cpu_s * 1e9 / packets);
+        row.packets_per_request = Some(packets / requests.max(1.0));
+    }
+    Ok(row)
+}
+
+struct WrkResult {
+    requests_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn wrk(
+    client: &str,
+    url: &str,
+    args: &ThroughputArgs,
+    duration: Duration,
+) -> anyhow::Result<WrkResult> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", client, "wrk", "--latency"])
+        .arg(format!("-t{}", args.threads))
+        .arg(format!("-c{}", args.connections))
+        .arg(format!("-d{}s", duration.as_secs().max(1)))
+        .arg(url)
+        .output()
+        .context("cannot run wrk")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("wrk failed: {}{text}", String::from_utf8_lossy(&out.stderr));
+    }
+    parse_wrk(&text).with_context(|| format!("cannot read wrk's output:\n{text}"))
+}
+
+fn parse_wrk(text: &str) -> Option<WrkResult> {
+    let field = |prefix: &str| {
+        text.lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::trim)
+    };
+    if text.contains("Non-2xx or 3xx responses") || text.contains("Socket errors") {
+        return None;
+    }
+    Some(WrkResult {
+        requests_per_sec: field("Requests/sec:")?.parse().ok()?,
+        p50_ms: millis(field("50%")?)?,
+        p99_ms: millis(field("99%")?)?,
+    })
+}
+
+/// wrk prints latencies as `812.00us`, `4.91ms` or `1.20s`.
+fn millis(text: &str) -> Option<f64> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("us") {
+        (n, 1e-3)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1e3)
+    } else {
+        return None;
+    };
+    number.parse::<f64>().ok().map(|n| n * scale)
+}
+
+struct LbSample {
+    cpu_ticks: u64,
+    packets: f64,
+}
+
+fn lb_sample(lb: &Lb) -> anyhow::Result<LbSample> {
+    let pid = lb.pid().context("the LB is not running")?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may contain spaces): state is field 3, utime 14,
+    // stime 15.
+    let rest = &stat[stat.rfind(')').context("odd /proc stat")? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let cpu_ticks = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    let metrics = lb.metrics()?;
+    let packets = metrics
+        .lines()
+        .filter(|l| l.starts_with("cheetah_io_rx_packets_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    Ok(LbSample { cpu_ticks, packets })
+}
+
+/// Busy time of the whole machine, in clock ticks (all CPUs, user + system + softirq...).
+fn host_busy_ticks() -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let cpu = stat.lines().next().context("empty /proc/stat")?;
+    let values: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...: all but idle and iowait.
+    Ok(values
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, v)| v)
+        .sum())
+}
+
+fn clock_ticks_per_sec() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+fn sh(args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(args[0]).args(&args[1..]).output()?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+fn table(args: &ThroughputArgs, rows: &[Row]) -> String {
+    let mut text = format!(
+        "wrk -t{} -c{} -d{}s --latency, GET {} (keep-alive), from {}-c1 behind the router\n\n\
+         | configuration | requests/s | p50 ms | p99 ms | LB process CPU ns/packet | LB packets/request | host CPU µs/request |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+        args.threads,
+        args.connections,
+        args.duration.as_secs(),
+        args.path,
+        args.prefix
+    );
+    for row in rows {
+        let opt =
+            |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+        text.push_str(&format!(
+            "| {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.1} |\n",
+            row.name,
+            row.requests_per_sec,
+            row.p50_ms,
+            row.p99_ms,
+            opt(row.lb_cpu_ns_per_packet, 0),
+            opt(row.packets_per_request, 1),
+            row.host_cpu_us_per_request
+        ));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WRK: &str = "Running 15s test @ http://10.99.0.1/small
+  2 threads and 64 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     5.23ms    2.11ms  40.00ms   85.00%
+    Req/Sec     6.20k   500.00     7.00k    70.00%
+  Latency Distribution
+     50%  812.00us
+     75%    6.20ms
+     90%    7.80ms
+     99%    1.21s
+  123456 requests in 15.00s, 150.00MB read
+Requests/sec:   8230.40
+Transfer/sec:     10.00MB
+";
+
+    #[test]
+    fn wrk_output_is_read_with_its_units() {
+        let result = parse_wrk(WRK).unwrap();
+        assert_eq!(result.requests_per_sec, 8230.40);
+        assert!((result.p50_ms - 0.812).abs() < 1e-9);
+        assert!((result.p99_ms - 1210.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_run_with_errors_is_not_a_result() {
+        let failed = format!("{WRK}  Socket errors: connect 0, read 3, write 0, timeout 0\n");
+        assert!(parse_wrk(&failed).is_none());
+    }
+}
