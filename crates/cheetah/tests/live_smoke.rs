@@ -215,8 +215,9 @@ fn both_workers_forwarded(lb: &Lb) {
 }
 
 fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
-    // SYNs are captured too, to prove the capture saw the traffic it reports no RST in.
-    let filter = "tcp[tcpflags] & (tcp-rst|tcp-syn) != 0";
+    // SYNs are captured too, to prove the capture saw the traffic it reports no RST in, and
+    // FINs, to tell resets of live connections from those of closed ones.
+    let filter = "tcp[tcpflags] & (tcp-rst|tcp-syn|tcp-fin) != 0";
     let captures: Vec<Capture> = ["c1", "c2"]
         .iter()
         .map(|c| {
@@ -300,7 +301,7 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
         let unexplained = unexplained_resets(&segments);
         assert!(syns > 0, "the capture {} saw no SYN at all", path.display());
         eprintln!(
-            "{}: {resets} RSTs, {} of them from half-open connections whose SYN-ACK the restart lost",
+            "{}: {resets} RSTs, {} of them ending half-open or client-closed connections after a SYN-ACK the restart lost",
             path.display(),
             resets - unexplained.len()
         );

@@ -642,32 +642,31 @@ impl TcpView {
     pub fn is_syn_ack(&self) -> bool {
         self.flags & 0x12 == 0x12
     }
+    pub fn is_fin(&self) -> bool {
+        self.flags & 0x01 != 0
+    }
 }
 
-/// RSTs in a client-side capture that are not the cleanup of a half-open connection.
+/// RSTs in a client-side capture (SYNs, FINs and RSTs, in capture order) that could have
+/// reset a live connection.
 ///
-/// A stateless LB with a non-hash policy can lose a SYN-ACK (the LB was down, or a drop)
-/// and place the client's retransmitted SYN on another server. The client's connection is
-/// then with the second server, and the first server's half-open connection ends with a
-/// RST exchange that the client's TCP ignores (it is out of window). Such a 4-tuple shows
-/// SYN-ACKs with two different initial sequence numbers. Any other RST is a real reset.
+/// Two kinds of RST break nothing, and both follow from a SYN-ACK lost while the LB was
+/// down (a stateless LB with a non-hash policy places the retransmitted SYN anew):
+/// - the cleanup of the first server's half-open connection, which the client's TCP
+///   ignores (out of window): the 4-tuple shows SYN-ACKs with two different ISNs;
+/// - a RST after the client closed the connection (its FIN was sent): a late ACK from the
+///   client's FIN_WAIT or TIME_WAIT socket echoing the other server's cookie reaches a
+///   server without the connection, whose RST only ends the client's closing socket.
+///
+/// Any other RST is a real reset.
 pub fn unexplained_resets(segments: &[TcpView]) -> Vec<TcpView> {
-    let client_port = |t: &TcpView| {
-        if t.is_syn_ack() {
-            t.dport
-        } else {
-            t.sport.min(t.dport)
-        }
-    };
+    let client_port = |t: &TcpView| if t.sport == 80 { t.dport } else { t.sport };
     segments
         .iter()
-        .filter(|t| t.is_rst())
-        .filter(|rst| {
-            let port = if rst.sport == 80 {
-                rst.dport
-            } else {
-                rst.sport
-            };
+        .enumerate()
+        .filter(|(_, t)| t.is_rst())
+        .filter(|(at, rst)| {
+            let port = client_port(rst);
             let mut isns: Vec<u32> = segments
                 .iter()
                 .filter(|t| t.is_syn_ack() && client_port(t) == port)
@@ -675,9 +674,12 @@ pub fn unexplained_resets(segments: &[TcpView]) -> Vec<TcpView> {
                 .collect();
             isns.sort_unstable();
             isns.dedup();
-            isns.len() < 2
+            let client_closed_before = segments[..*at]
+                .iter()
+                .any(|t| t.is_fin() && t.dport == 80 && t.sport == port);
+            isns.len() < 2 && !client_closed_before
         })
-        .copied()
+        .map(|(_, t)| *t)
         .collect()
 }
 
