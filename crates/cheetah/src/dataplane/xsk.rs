@@ -27,6 +27,8 @@ pub struct Interface {
 
 pub const FRAME_SIZE: u32 = 2048;
 const RING_SIZE: u32 = 2048;
+/// Frames the kernel sends per `sendto` in copy mode.
+const KERNEL_TX_BATCH: u32 = 32;
 
 pub struct Port {
     pub slot: u32,
@@ -40,6 +42,24 @@ pub struct Port {
 impl Port {
     pub fn fd(&self) -> RawFd {
         self.rx.as_raw_fd()
+    }
+}
+
+/// In copy mode every frame sent becomes an skb charged to the socket's send buffer until
+/// the peer has taken it; the default (about 200 KiB) stalls transmission under bursts and
+/// the TX ring overflows. Room for a full ring of full-size frames avoids that.
+fn raise_send_buffer(fd: RawFd) {
+    let bytes: libc::c_int = (RING_SIZE * 4096) as libc::c_int;
+    // SAFETY: setsockopt on an open socket with a correctly sized int option. FORCE needs
+    // CAP_NET_ADMIN, which the data path has; without it the default stays, as before.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }
 
@@ -146,6 +166,7 @@ impl WorkerPorts {
             let user = umem.rx_tx(&socket, &config).map_err(errno("rx/tx rings"))?;
             umem.bind(&user).map_err(errno("bind"))?;
             let rx = user.map_rx().map_err(errno("rx ring mmap"))?;
+            raise_send_buffer(rx.as_raw_fd());
             let tx = user.map_tx().map_err(errno("tx ring mmap"))?;
             ports.push(Port {
                 slot: iface.slot,
@@ -226,24 +247,35 @@ impl WorkerPorts {
         if descs.is_empty() {
             return 0;
         }
-        let sent = {
-            let mut tx = self.ports[port].tx.transmit(descs.len() as u32);
-            let sent = tx.insert(descs.iter().copied()) as usize;
+        // xdpilone reserves against a cached view of the kernel's consumer and refreshes it
+        // only when that view shows no room at all, so one call may take fewer slots than
+        // are free; ask again until everything is queued or the ring is really full.
+        let mut sent = 0;
+        while sent < descs.len() {
+            let mut tx = self.ports[port].tx.transmit((descs.len() - sent) as u32);
+            let queued = tx.insert(descs[sent..].iter().copied()) as usize;
             tx.commit();
-            sent
-        };
+            if queued == 0 {
+                break;
+            }
+            sent += queued;
+        }
         for desc in &descs[sent..] {
             self.release(desc.addr);
         }
         descs.len() - sent
     }
 
-    /// Kicks the kernel to send what is queued on `port` (in copy mode it sends only on a
-    /// syscall, a bounded batch per call).
+    /// Kicks the kernel to send what is queued on `port`. In copy mode (veth, generic XDP)
+    /// the kernel sends only inside the syscall, at most 32 frames per call
+    /// (`TX_BATCH_SIZE`), so one kick per loop let the TX ring fill under bursts and drop
+    /// frames; kick until the ring is drained, with a bound in case the device pushes back.
     pub fn flush(&mut self, port: usize) {
         let tx = &self.ports[port].tx;
-        if tx.pending() > 0 && tx.needs_wakeup() {
+        let mut kicks = tx.pending() / KERNEL_TX_BATCH + 2;
+        while tx.pending() > 0 && tx.needs_wakeup() && kicks > 0 {
             tx.wake();
+            kicks -= 1;
         }
     }
 
@@ -270,8 +302,9 @@ impl WorkerPorts {
         let share = (self.frames as usize / (self.ports.len() + 1)).min(RING_SIZE as usize);
         let device = &mut self.ports[port].device;
         let queued = device.pending() as usize;
-        let want = share.saturating_sub(queued).min(self.free.len());
-        if want > 0 {
+        let mut want = share.saturating_sub(queued).min(self.free.len());
+        // As in `transmit`: a reservation may see fewer free slots than there are.
+        while want > 0 {
             let mut fill = device.fill(want as u32);
             let mut given = 0;
             while given < fill.capacity() as usize {
@@ -283,6 +316,10 @@ impl WorkerPorts {
                 given += 1;
             }
             fill.commit();
+            if given == 0 {
+                break;
+            }
+            want -= given;
         }
         device.needs_wakeup()
     }
