@@ -117,7 +117,7 @@ impl WorkerState {
     }
 
     /// Rewrites the packet toward `server`: its MAC (l2), or its address and port (NAT).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn forward_to_server(
         &mut self,
         snapshot: &Snapshot,
