@@ -361,3 +361,56 @@ fn common_replies_take_the_straight_line() {
         }
     }
 }
+
+/// `process_batch` is `process` on each packet of the burst with the burst's `now`: same
+/// verdicts, bytes and counters (every one, the straight-line bundles included).
+#[test]
+fn a_batch_is_its_packets_one_by_one() {
+    for (mode, forwarding) in MODES {
+        let (_a, batched) = worker(mode, forwarding, true);
+        let (_b, single) = worker(mode, forwarding, true);
+        let pair = RefCell::new((batched, single, 0 as Nanos));
+        let mut runner = TestRunner::new(Config {
+            cases: 1_000,
+            ..Config::default()
+        });
+        let bursts = proptest::collection::vec(
+            prop_oneof![mutated(client_frames()), mutated(reply_frames(forwarding))],
+            1..40,
+        );
+        runner
+            .run(&bursts, |burst| {
+                let (batched, single, now) = &mut *pair.borrow_mut();
+                *now += 3_000_000;
+                let (mut x, mut y) = (burst.clone(), burst);
+                let mut vx = Vec::new();
+                batched.process_batch(x.iter_mut().map(|f| &mut f[..]), *now, |v| vx.push(v));
+                let vy: Vec<Verdict> = y.iter_mut().map(|f| single.process(f, *now)).collect();
+                prop_assert_eq!(vx, vy);
+                prop_assert_eq!(x, y);
+                Ok(())
+            })
+            .unwrap();
+        let (batched, single, _) = &*pair.borrow();
+        for c in Counter::ALL {
+            assert_eq!(
+                batched.counters().get(*c),
+                single.counters().get(*c),
+                "{mode:?} {forwarding:?} {}",
+                c.name()
+            );
+        }
+        for bundle in Bundle::ALL {
+            assert_eq!(
+                batched.counters().bundle(bundle),
+                single.counters().bundle(bundle)
+            );
+        }
+        for reason in cheetah_core::DropReason::ALL {
+            assert_eq!(
+                batched.counters().drops(*reason),
+                single.counters().drops(*reason)
+            );
+        }
+    }
+}

@@ -117,9 +117,25 @@ impl WorkerState {
     }
 
     /// Rewrites the packet toward `server`: its MAC (l2), or its address and port (NAT).
-    #[inline(always)]
+    #[inline]
     pub(crate) fn forward_to_server(
         &mut self,
+        snapshot: &Snapshot,
+        vip: &VipEntry,
+        packet: &mut [u8],
+        layout: Ipv4Layout,
+        server: ServerId,
+    ) -> Verdict {
+        let nat = snapshot.forwarding == Forwarding::Nat;
+        self.forward_to_server_via(nat, snapshot, vip, packet, layout, server)
+    }
+
+    /// [`forward_to_server`](Self::forward_to_server) with `nat` (`snapshot.forwarding ==
+    /// Forwarding::Nat`) given, for the straight line, which knows it at compile time.
+    #[inline(always)]
+    pub(crate) fn forward_to_server_via(
+        &mut self,
+        nat: bool,
         snapshot: &Snapshot,
         vip: &VipEntry,
         packet: &mut [u8],
@@ -130,7 +146,7 @@ impl WorkerState {
         if slot.has_mac {
             packet[0..6].copy_from_slice(&slot.mac);
         }
-        if snapshot.forwarding == Forwarding::Nat {
+        if nat {
             let old =
                 Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_dst(slot.dip);
             let mut segment = TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end]);

@@ -128,16 +128,18 @@ impl WorkerState {
 
     /// A reply whose sender the straight line found but which it leaves to the general
     /// server path; out of line, to keep the straight line's registers for itself.
+    /// The layout is found again here rather than passed, so that the straight line need
+    /// not keep it in memory for this rare call.
     #[inline(never)]
     fn reply_general(
         &mut self,
         snapshot: &Snapshot,
         shared: &LbShared,
         packet: &mut [u8],
-        layout: Ipv4Layout,
         sender: Sender,
         now: Nanos,
     ) -> Verdict {
+        let (layout, _) = plain_ipv4_tcp(packet).expect("the straight line checked the frame");
         self.counters.inc(Counter::FastPath);
         let verdict = self.server_tcp(snapshot, shared, packet, layout, sender, now);
         self.counters.count_verdict(verdict);
@@ -146,22 +148,29 @@ impl WorkerState {
 
     /// Established traffic in both directions: a client segment to a VIP port, or a reply
     /// from a server. `None`: the general pipeline decides (and counts).
+    ///
+    /// Compiled once per (mode, forwarding) pair: `CHEETAH` is `snapshot.mode ==
+    /// Mode::Cheetah` and `NAT` is `snapshot.forwarding == Forwarding::Nat`, which the caller
+    /// matches once (per burst in `Worker::process_batch`), so the straight line tests
+    /// neither.
     #[inline(always)]
-    pub(crate) fn established_fast(
+    pub(crate) fn established_fast<const CHEETAH: bool, const NAT: bool>(
         &mut self,
         snapshot: &Snapshot,
         shared: &LbShared,
         packet: &mut [u8],
         now: Nanos,
     ) -> Option<Verdict> {
+        debug_assert_eq!(CHEETAH, snapshot.mode == Mode::Cheetah);
+        debug_assert_eq!(NAT, snapshot.forwarding == Forwarding::Nat);
         let (layout, doff_flags) = plain_ipv4_tcp(packet)?;
         let ports = read_u32(packet, layout.l4);
         let (src_port, dst_port) = ((ports >> 16) as u16, ports as u16);
         match snapshot.vip_index(layout.dst, dst_port) {
-            Some(vip_index) => self.client_fast(
+            Some(vip_index) => self.client_fast::<CHEETAH, NAT>(
                 snapshot, shared, packet, layout, doff_flags, src_port, vip_index,
             ),
-            None => self.reply_fast(
+            None => self.reply_fast::<CHEETAH, NAT>(
                 snapshot, shared, packet, layout, doff_flags, src_port, dst_port, now,
             ),
         }
@@ -170,7 +179,7 @@ impl WorkerState {
     /// A client segment to the VIP at `vip_index`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn client_fast(
+    fn client_fast<const CHEETAH: bool, const NAT: bool>(
         &mut self,
         snapshot: &Snapshot,
         shared: &LbShared,
@@ -181,8 +190,7 @@ impl WorkerState {
         vip_index: u16,
     ) -> Option<Verdict> {
         let l4 = layout.l4;
-        let cheetah = snapshot.mode == Mode::Cheetah;
-        if cheetah && (doff_flags & SYN as u16 != 0 || read_u32(packet, l4 + TCP) != NOP_NOP_TS) {
+        if CHEETAH && (doff_flags & SYN as u16 != 0 || read_u32(packet, l4 + TCP) != NOP_NOP_TS) {
             return None;
         }
         let vip = snapshot.vip(vip_index);
@@ -191,12 +199,12 @@ impl WorkerState {
             .hasher
             .hash(&FlowKey::tcp(layout.src, client_port, layout.dst, vip.port));
         let counters = &*self.counters;
-        if !cheetah {
+        if !CHEETAH {
             // The baselines: this same path with `pool[h % n]` or Maglev for the cookie stage.
             return Some(match baseline_pick(snapshot.mode, &vip.pool, hash) {
                 Some(server) => {
                     counters.inc_bundle(Bundle::ClientPick);
-                    self.forward_to_server(snapshot, vip, packet, layout, server)
+                    self.forward_to_server_via(NAT, snapshot, vip, packet, layout, server)
                 }
                 None => {
                     counters.inc(Counter::FastPath);
@@ -219,7 +227,7 @@ impl WorkerState {
                     tcp_ts::extract(restored),
                 );
                 counters.inc_bundle(Bundle::ClientCookie);
-                Some(self.forward_to_server(snapshot, vip, packet, layout, server))
+                Some(self.forward_to_server_via(NAT, snapshot, vip, packet, layout, server))
             }
             Err(reason) => {
                 counters.inc(Counter::FastPath);
@@ -235,7 +243,7 @@ impl WorkerState {
     /// as the general classifier finds it), else `None`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn reply_fast(
+    fn reply_fast<const CHEETAH: bool, const NAT: bool>(
         &mut self,
         snapshot: &Snapshot,
         shared: &LbShared,
@@ -247,42 +255,39 @@ impl WorkerState {
         now: Nanos,
     ) -> Option<Verdict> {
         let l4 = layout.l4;
-        let sender = match snapshot.forwarding {
-            Forwarding::L2 => {
-                let vip = snapshot.vip_index(layout.src, src_port)?;
-                Sender {
-                    server: snapshot.server_by_mac(&packet[6..12].try_into().unwrap())?,
-                    vip,
-                    nat: false,
-                }
+        let sender = if NAT {
+            let (server, vip) = snapshot.nat_backend(layout.src, src_port)?;
+            Sender {
+                server,
+                vip,
+                nat: true,
             }
-            Forwarding::Nat => {
-                let (server, vip) = snapshot.nat_backend(layout.src, src_port)?;
-                Sender {
-                    server,
-                    vip,
-                    nat: true,
-                }
+        } else {
+            let vip = snapshot.vip_index(layout.src, src_port)?;
+            Sender {
+                server: snapshot.server_by_mac(&packet[6..12].try_into().unwrap())?,
+                vip,
+                nat: false,
             }
         };
         let server = sender.server;
-        let cheetah = snapshot.mode == Mode::Cheetah;
-        let timestamp_at = if cheetah {
+        let timestamp_at = if CHEETAH {
             reply_timestamp_at(packet, l4, doff_flags)
         } else {
             None
         };
-        if !snapshot.servers.get(server).state.forwards() || (cheetah && timestamp_at.is_none()) {
+        if !snapshot.servers.get(server).state.forwards() || (CHEETAH && timestamp_at.is_none()) {
             // A removed server, or options the wide compares do not place: the general
             // server path decides.
-            return Some(self.reply_general(snapshot, shared, packet, layout, sender, now));
+            return Some(self.reply_general(snapshot, shared, packet, sender, now));
         }
         let vip = snapshot.vip(sender.vip);
         // In l2 mode the reply comes from the VIP's own address and port (that is how its
         // VIP was found); in NAT mode from the server's, and the VIP's are in its entry.
-        let (vip_ip, vip_port) = match snapshot.forwarding {
-            Forwarding::L2 => (layout.src, src_port),
-            Forwarding::Nat => (vip.ipv4_or_zero(), vip.port),
+        let (vip_ip, vip_port) = if NAT {
+            (vip.ipv4_or_zero(), vip.port)
+        } else {
+            (layout.src, src_port)
         };
         if let Some(at) = timestamp_at {
             let hash = shared
@@ -305,7 +310,7 @@ impl WorkerState {
         if doff_flags & (FIN | RST) as u16 != 0 {
             self.loads.on_server_close(server);
         }
-        if sender.nat {
+        if NAT {
             let old = Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_src(vip_ip);
             let mut segment = TcpSegment::new_unchecked(&mut packet[l4..layout.end]);
             segment.update_checksum_for_address(old, vip_ip);
