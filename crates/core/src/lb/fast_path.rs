@@ -20,7 +20,7 @@
 //!
 //! Every verdict returned here has been counted already (most as one [`Bundle`]).
 
-use super::cookie_stage::route_by_cookie;
+use super::cookie_stage::route_to_slot;
 use super::counters::{Bundle, Counter};
 use super::shared::LbShared;
 use super::worker::{baseline_pick, Ipv4Layout, Sender, WorkerState};
@@ -62,12 +62,13 @@ fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u16)> {
     let l4 = ETH + IP;
     let doff_flags = read_u16(packet, l4 + 12);
     let header_len = ((doff_flags >> 12) as usize) * 4;
+    // IP + TCP_WITH_TS <= IP + header_len <= total_len <= frame: the TCP header with room
+    // for NOP NOP TS is within the IP packet, which is within the frame.
     if ethertype_ver_ihl != 0x08_00_45
         || frag_ttl_proto & 0x3fff_00ff != 0x0000_0006
-        || total_len < IP + TCP_WITH_TS
-        || ETH + total_len > packet.len()
         || header_len < TCP_WITH_TS
-        || header_len > total_len - IP
+        || IP + header_len > total_len
+        || ETH + total_len > packet.len()
     {
         return None;
     }
@@ -168,7 +169,7 @@ impl WorkerState {
         let (src_port, dst_port) = ((ports >> 16) as u16, ports as u16);
         match snapshot.vip_index(layout.dst, dst_port) {
             Some(vip_index) => self.client_fast::<CHEETAH, NAT>(
-                snapshot, shared, packet, layout, doff_flags, src_port, vip_index,
+                snapshot, shared, packet, layout, doff_flags, src_port, dst_port, vip_index,
             ),
             None => self.reply_fast::<CHEETAH, NAT>(
                 snapshot, shared, packet, layout, doff_flags, src_port, dst_port, now,
@@ -187,6 +188,7 @@ impl WorkerState {
         layout: Ipv4Layout,
         doff_flags: u16,
         client_port: u16,
+        vip_port: u16,
         vip_index: u16,
     ) -> Option<Verdict> {
         let l4 = layout.l4;
@@ -197,14 +199,15 @@ impl WorkerState {
         // The VIP's address and port are the packet's destination: that is how it was found.
         let hash = shared
             .hasher
-            .hash(&FlowKey::tcp(layout.src, client_port, layout.dst, vip.port));
+            .hash(&FlowKey::tcp(layout.src, client_port, layout.dst, vip_port));
         let counters = &*self.counters;
         if !CHEETAH {
             // The baselines: this same path with `pool[h % n]` or Maglev for the cookie stage.
             return Some(match baseline_pick(snapshot.mode, &vip.pool, hash) {
                 Some(server) => {
                     counters.inc_bundle(Bundle::ClientPick);
-                    self.forward_to_server_via(NAT, snapshot, vip, packet, layout, server)
+                    let slot = snapshot.servers.get(server);
+                    self.forward_to_server_via(NAT, slot, vip, packet, layout, server)
                 }
                 None => {
                     counters.inc(Counter::FastPath);
@@ -216,8 +219,8 @@ impl WorkerState {
         }
         let tsecr_at = TCP + TSECR_IN_OPTIONS;
         let tsecr = read_u32(packet, l4 + tsecr_at);
-        match route_by_cookie(&snapshot.servers, &shared.msb, tsecr, hash) {
-            Ok((server, restored)) => {
+        match route_to_slot(&snapshot.servers, &shared.msb, tsecr, hash) {
+            Ok((server, slot, restored)) => {
                 // Only the MSB change: the cookie becomes the server's own MSB.
                 rewrite_high_half(
                     packet,
@@ -227,7 +230,7 @@ impl WorkerState {
                     tcp_ts::extract(restored),
                 );
                 counters.inc_bundle(Bundle::ClientCookie);
-                Some(self.forward_to_server_via(NAT, snapshot, vip, packet, layout, server))
+                Some(self.forward_to_server_via(NAT, slot, vip, packet, layout, server))
             }
             Err(reason) => {
                 counters.inc(Counter::FastPath);
