@@ -366,9 +366,13 @@ fn common_replies_take_the_straight_line() {
 /// verdicts, bytes and counters (every one, the straight-line bundles included).
 #[test]
 fn a_batch_is_its_packets_one_by_one() {
-    for (mode, forwarding) in MODES {
-        let (_a, batched) = worker(mode, forwarding, true);
-        let (_b, single) = worker(mode, forwarding, true);
+    let with_and_without_the_straight_line = MODES
+        .iter()
+        .map(|&(mode, forwarding)| (mode, forwarding, true))
+        .chain([(Mode::Cheetah, Forwarding::L2, false)]);
+    for (mode, forwarding, fast) in with_and_without_the_straight_line {
+        let (_a, batched) = worker(mode, forwarding, fast);
+        let (_b, single) = worker(mode, forwarding, fast);
         let pair = RefCell::new((batched, single, 0 as Nanos));
         let mut runner = TestRunner::new(Config {
             cases: 1_000,
