@@ -44,8 +44,9 @@ struct Staging {
 impl DataPath {
     pub fn run(mut self, port_names: Vec<(String, u8)>) {
         let mut rx: Vec<XdpDesc> = Vec::with_capacity(BATCH);
-        // One verdict per received packet: never more than BATCH, so never reallocated.
-        let mut verdicts: Vec<Verdict> = Vec::with_capacity(BATCH);
+        // One verdict per received packet, and a receive never takes more than `rx` holds:
+        // never reallocated.
+        let mut verdicts: Vec<Verdict> = Vec::with_capacity(rx.capacity());
         let mut stage = Staging {
             tx: (0..self.ports.ports.len())
                 .map(|_| Vec::with_capacity(TX_STAGE))
