@@ -1,28 +1,43 @@
-//! The established-client fast path must be invisible: for any frame, a worker with it and
-//! a worker without it give the same verdict and leave the same bytes.
+//! The straight-line path must be invisible: for any frame, a worker with it and a worker
+//! without it give the same verdict, leave the same bytes and count the same events. Client
+//! segments and server replies of every kind (l2 and NAT, SYN-ACK, FIN, RST, no timestamp,
+//! odd layouts, mutated bytes) go through both.
+
+use std::cell::RefCell;
 
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::tcp_ts;
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
-use cheetah_core::lb::{Counter, Worker, WorkerConfig};
+use cheetah_core::lb::{Bundle, Counter, Worker, WorkerConfig};
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::wire::tcp::flags::{ACK, FIN, PSH, RST, SYN};
-use cheetah_core::ServerId;
+use cheetah_core::wire::tcp_options::kind;
+use cheetah_core::{Nanos, ServerId, Verdict};
 use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
 
 const SECRET: Secret = Secret([9; 16]);
+/// Servers 1..=4 active with M known, 5 draining with M unknown, 6 removed, 7 unknown.
+const SERVERS: u16 = 6;
+
+/// The M that server `id` starts with (ids 1..=4).
+fn initial_msb(id: u16) -> u16 {
+    0x0123 + id
+}
 
 fn worker(mode: Mode, forwarding: Forwarding, fast: bool) -> (ControlPlane, Worker) {
-    let config = testkit::config(mode, forwarding, PolicyKind::RoundRobin, 4);
-    let plane = ControlPlane::new(&config, &SECRET).unwrap();
+    let config = testkit::config(mode, forwarding, PolicyKind::RoundRobin, SERVERS);
+    let mut plane = ControlPlane::new(&config, &SECRET).unwrap();
     for id in 1..=4 {
         plane
             .shared()
             .msb
-            .learn(ServerId(id), 0x0123_0000 + id as u32 * 0x1_0000, 1);
+            .learn(ServerId(id), (initial_msb(id) as u32) << 16, 1);
     }
+    plane.drain_server(5).unwrap();
+    plane.remove_server(6, 1).unwrap();
     let mut worker = Worker::new(plane.shared().clone(), WorkerConfig::new(0, 1, &config));
     worker.set_fast_path(fast);
     (plane, worker)
@@ -50,10 +65,10 @@ fn frame(
         .build()
 }
 
-fn frames() -> impl Strategy<Value = Vec<u8>> {
+fn client_frames() -> impl Strategy<Value = Vec<u8>> {
     (
         0u32..50,
-        1u16..6,
+        1u16..=SERVERS + 1,
         0u16..2,
         prop_oneof![
             Just(ACK),
@@ -70,7 +85,7 @@ fn frames() -> impl Strategy<Value = Vec<u8>> {
             frame(
                 testkit::client_ip(c),
                 30_000 + c as u16,
-                if s == 5 { 0x7fff } else { s },
+                if s == SERVERS + 1 { 0x7fff } else { s },
                 v,
                 f,
                 sack,
@@ -79,9 +94,123 @@ fn frames() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
-fn mutated() -> impl Strategy<Value = Vec<u8>> {
+fn ts(tsval: u32) -> Vec<u8> {
+    let mut o = vec![kind::TIMESTAMP, 10];
+    o.extend_from_slice(&tsval.to_be_bytes());
+    o.extend_from_slice(&0x0000_0777u32.to_be_bytes());
+    o
+}
+
+const MSS: [u8; 4] = [kind::MSS, 4, 0x05, 0xb4];
+
+/// The option layouts a server's reply may carry: Table 1's (non-SYN and SYN-ACK rows),
+/// the slow-path rest, none, and malformed ones.
+fn reply_options(layout: u8, tsval: u32) -> Vec<u8> {
+    let nop = kind::NOP;
+    let mut options = match layout {
+        0 => options::nop_nop_ts(tsval, 0x777),
+        1 => options::nop_nop_ts_sack(tsval, 0x777),
+        2 => options::linux_syn(tsval, 0x777),
+        3 => options::apple_syn(tsval, 0x777),
+        4 => options::mss_nop_ws_sackok_ts(tsval, 0x777),
+        // MSS NOP NOP TS SAckOK EOL (SYN-ACK row 3).
+        5 => [
+            &MSS[..],
+            &[nop, nop],
+            &ts(tsval),
+            &[kind::SACK_PERMITTED, 2, 0, 0],
+        ]
+        .concat(),
+        6 => options::windows_syn(),
+        7 => options::ts_first(tsval, 0x777),
+        8 => options::odd_offset_ts(tsval, 0x777),
+        9 => Vec::new(),
+        // The timestamp after a SACK block.
+        10 => [
+            &[nop, nop, kind::SACK, 10][..],
+            &[0, 0, 0, 1, 0, 0, 0, 2],
+            &[nop, nop],
+            &ts(tsval),
+        ]
+        .concat(),
+        // A timestamp option of the wrong length where NOP NOP TS would be.
+        11 => vec![nop, nop, kind::TIMESTAMP, 8, 1, 2, 3, 4, 5, 6, 0, 0],
+        // NOP NOP TS cut short: the header ends inside the option.
+        12 => vec![nop, nop, kind::TIMESTAMP, 10, 1, 2, 3, 4],
+        // Table 1's SYN-ACK pattern followed by a malformed option the wide compare skips.
+        13 => [
+            &MSS[..],
+            &[kind::SACK_PERMITTED, 2],
+            &ts(tsval),
+            &[kind::WINDOW_SCALE, 0],
+        ]
+        .concat(),
+        // NOP NOP TS with room to spare (a NOP-padded 40-byte header).
+        _ => [&options::nop_nop_ts(tsval, 0x777)[..], &[nop; 8]].concat(),
+    };
+    while options.len() % 4 != 0 {
+        options.push(kind::END);
+    }
+    options
+}
+
+/// A reply from server `server` (7: no such server) to client `c`, as an l2 or NAT server
+/// sends it, with a TSval whose MSB is near the server's M (or anywhere).
+fn reply_frames(forwarding: Forwarding) -> impl Strategy<Value = Vec<u8>> {
     (
-        frames(),
+        (
+            0u32..50,
+            1u16..=SERVERS + 1,
+            // Mostly the common layouts, but every one often enough.
+            prop_oneof![
+                8 => Just(0u8),
+                2 => Just(1u8),
+                1 => Just(14u8),
+                8 => 2u8..6,
+                1 => Just(13u8),
+                7 => 6u8..13,
+            ],
+        ),
+        prop_oneof![
+            4 => Just(ACK),
+            2 => Just(ACK | PSH),
+            2 => Just(SYN | ACK),
+            1 => Just(ACK | FIN),
+            1 => Just(ACK | FIN | PSH),
+            1 => Just(RST),
+            1 => Just(RST | ACK),
+            1 => Just(SYN),
+            1 => Just(SYN | FIN),
+            1 => Just(0u8),
+        ],
+        (
+            prop_oneof![0i32..4, Just(-1), Just(-3), Just(0x4000)],
+            any::<u16>(),
+        ),
+        (0usize..40, 0u8..8),
+    )
+        .prop_map(
+            move |((c, server, layout), flags, (step, low), (payload, style))| {
+                let msb = (initial_msb(server) as i32 + step) as u16;
+                let tsval = ((msb as u32) << 16) | low as u32;
+                let client = testkit::client_ip(c);
+                let port = 30_000 + c as u16;
+                let opts = reply_options(layout, tsval);
+                // Mostly the mode's own kind of reply, sometimes the other.
+                let nat = (forwarding == Forwarding::Nat) != (style == 0);
+                let reply = if nat {
+                    TcpFrame::from_server_nat(server, client, port, flags, opts)
+                } else {
+                    TcpFrame::from_server_l2(server, client, port, flags, opts)
+                };
+                reply.with_payload(&vec![0x62; payload]).build()
+            },
+        )
+}
+
+fn mutated(frames: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
+    (
+        frames,
         proptest::collection::vec((0usize..80, any::<u8>()), 0..3),
         0usize..100,
     )
@@ -98,48 +227,78 @@ fn mutated() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
-/// One pair of workers for all cases (building them is the slow part); both see the same
-/// packets in the same order, so their state stays identical.
+const MODES: [(Mode, Forwarding); 6] = [
+    (Mode::Cheetah, Forwarding::L2),
+    (Mode::Cheetah, Forwarding::Nat),
+    (Mode::Hash, Forwarding::L2),
+    (Mode::Hash, Forwarding::Nat),
+    (Mode::Maglev, Forwarding::L2),
+    (Mode::Maglev, Forwarding::Nat),
+];
+
+/// One pair of workers per mode (building them is the slow part); both see the same
+/// packets at the same times, so their state (M, loads, fallback table) stays identical.
 #[test]
 fn fast_path_gives_the_general_pipelines_verdict_and_bytes() {
-    use proptest::test_runner::{Config, TestRunner};
-    use std::cell::RefCell;
-    for (mode, forwarding) in [
-        (Mode::Cheetah, Forwarding::L2),
-        (Mode::Cheetah, Forwarding::Nat),
-        (Mode::Hash, Forwarding::L2),
-        (Mode::Maglev, Forwarding::Nat),
-    ] {
+    for (mode, forwarding) in MODES {
         let (_a, fast) = worker(mode, forwarding, true);
         let (_b, general) = worker(mode, forwarding, false);
-        let pair = RefCell::new((fast, general));
+        let pair = RefCell::new((fast, general, 0 as Nanos));
         let mut runner = TestRunner::new(Config {
             cases: 20_000,
             ..Config::default()
         });
+        let packets = prop_oneof![mutated(client_frames()), mutated(reply_frames(forwarding))];
         runner
-            .run(&mutated(), |packet| {
-                let (fast, general) = &mut *pair.borrow_mut();
+            .run(&packets, |packet| {
+                let (fast, general, now) = &mut *pair.borrow_mut();
+                // Time moves on by 0.7 ms a packet: load merges and the MSB clock checks
+                // run as on a live worker.
+                *now += 700_000;
                 let (mut x, mut y) = (packet.clone(), packet);
-                let (vx, vy) = (fast.process(&mut x, 5), general.process(&mut y, 5));
+                let (vx, vy) = (fast.process(&mut x, *now), general.process(&mut y, *now));
                 prop_assert_eq!(vx, vy);
                 prop_assert_eq!(x, y);
                 Ok(())
             })
             .unwrap();
-        let (fast, general) = &*pair.borrow();
-        let taken = fast.counters().get(Counter::FastPath);
+        let (fast, general, _) = &*pair.borrow();
+        let cheetah = mode == Mode::Cheetah;
+        let (client, server) = if cheetah {
+            (Bundle::ClientCookie, Bundle::ServerCookie)
+        } else {
+            (Bundle::ClientPick, Bundle::ServerPlain)
+        };
+        for bundle in [client, server] {
+            let taken = fast.counters().bundle(bundle);
+            assert!(
+                taken > 500,
+                "the straight-line path must actually be exercised ({mode:?} {forwarding:?} \
+                 {bundle:?}): {taken}"
+            );
+        }
         assert!(
-            taken > 2_000,
-            "the fast path must actually be exercised ({forwarding:?}): {taken}"
+            general.counters().get(Counter::CookiesInserted) > 0 || !cheetah,
+            "{forwarding:?}"
         );
+        for bundle in Bundle::ALL {
+            assert_eq!(general.counters().bundle(bundle), 0);
+        }
         assert_eq!(general.counters().get(Counter::FastPath), 0);
         for c in Counter::ALL.iter().filter(|c| **c != Counter::FastPath) {
             assert_eq!(
                 fast.counters().get(*c),
                 general.counters().get(*c),
-                "{}",
+                "{mode:?} {forwarding:?} {}",
                 c.name()
+            );
+        }
+        for reason in cheetah_core::DropReason::ALL {
+            assert_eq!(
+                fast.counters().drops(*reason),
+                general.counters().drops(*reason),
+                "{mode:?} {forwarding:?} {}",
+                reason.name()
             );
         }
     }
@@ -149,14 +308,115 @@ fn fast_path_gives_the_general_pipelines_verdict_and_bytes() {
 fn the_fast_path_is_taken_for_the_common_case() {
     let (_plane, mut w) = worker(Mode::Cheetah, Forwarding::L2, true);
     let mut f = frame(testkit::client_ip(1), 40_000, 2, 1, ACK, false, 10);
-    assert_eq!(
-        w.process(&mut f, 5),
-        cheetah_core::Verdict::ToServer(ServerId(2))
-    );
+    assert_eq!(w.process(&mut f, 5), Verdict::ToServer(ServerId(2)));
     assert_eq!(
         testkit::timestamps(&f).unwrap().1,
         0x0125_4321,
         "TSecr restored to server 2's MSB"
     );
     assert!(testkit::checksums_valid(&f));
+    assert_eq!(w.counters().bundle(Bundle::ClientCookie), 1);
+}
+
+/// Every Table 1 layout a server uses (NOP NOP TS on later segments, the four SYN-ACK rows)
+/// comes out with the cookie and valid checksums in both forwarding modes; later segments
+/// take the straight line, SYN-ACKs the general path (it settles which server a retried
+/// SYN's count belongs to, `lb/handshakes.rs`).
+#[test]
+fn common_replies_take_the_straight_line() {
+    for forwarding in [Forwarding::L2, Forwarding::Nat] {
+        let (_plane, mut w) = worker(Mode::Cheetah, forwarding, true);
+        let hasher = FlowHasher::new(&SECRET);
+        for (layout, flags) in [
+            (0, ACK),
+            (1, ACK),
+            (14, ACK | FIN),
+            (2, SYN | ACK),
+            (3, SYN | ACK),
+            (4, SYN | ACK),
+            (5, SYN | ACK),
+        ] {
+            let before = w.counters().bundle(Bundle::ServerCookie);
+            let (client, port, server) = (testkit::client_ip(3), 41_000, 3);
+            let tsval = (initial_msb(server) as u32) << 16 | 0x5555;
+            let opts = reply_options(layout, tsval);
+            let reply = match forwarding {
+                Forwarding::L2 => TcpFrame::from_server_l2(server, client, port, flags, opts),
+                Forwarding::Nat => TcpFrame::from_server_nat(server, client, port, flags, opts),
+            };
+            let mut f = reply.with_payload(b"hello").build();
+            assert_eq!(w.process(&mut f, 5), Verdict::ToClient, "layout {layout}");
+            let straight_line = flags & SYN == 0;
+            assert_eq!(
+                w.counters().bundle(Bundle::ServerCookie),
+                before + u64::from(straight_line),
+                "layout {layout} {forwarding:?}"
+            );
+            assert!(testkit::checksums_valid(&f), "layout {layout}");
+            let (src, _, sport, _) = testkit::addresses(&f).unwrap();
+            assert_eq!((src, sport), (VIP, VIP_PORT));
+            let hash = hasher.hash(&FlowKey::tcp(client, port, VIP, VIP_PORT));
+            let (out, _) = testkit::timestamps(&f).unwrap();
+            assert_eq!(out & 0xffff, 0x5555);
+            let decoded = tcp_ts::decode(tcp_ts::extract(out), hash);
+            assert_eq!(decoded.server, ServerId(server));
+        }
+    }
+}
+
+/// `process_batch` is `process` on each packet of the burst with the burst's `now`: same
+/// verdicts, bytes and counters (every one, the straight-line bundles included).
+#[test]
+fn a_batch_is_its_packets_one_by_one() {
+    let with_and_without_the_straight_line = MODES
+        .iter()
+        .map(|&(mode, forwarding)| (mode, forwarding, true))
+        .chain([(Mode::Cheetah, Forwarding::L2, false)]);
+    for (mode, forwarding, fast) in with_and_without_the_straight_line {
+        let (_a, batched) = worker(mode, forwarding, fast);
+        let (_b, single) = worker(mode, forwarding, fast);
+        let pair = RefCell::new((batched, single, 0 as Nanos));
+        let mut runner = TestRunner::new(Config {
+            cases: 1_000,
+            ..Config::default()
+        });
+        let bursts = proptest::collection::vec(
+            prop_oneof![mutated(client_frames()), mutated(reply_frames(forwarding))],
+            1..40,
+        );
+        runner
+            .run(&bursts, |burst| {
+                let (batched, single, now) = &mut *pair.borrow_mut();
+                *now += 3_000_000;
+                let (mut x, mut y) = (burst.clone(), burst);
+                let mut vx = Vec::new();
+                batched.process_batch(x.iter_mut().map(|f| &mut f[..]), *now, |v| vx.push(v));
+                let vy: Vec<Verdict> = y.iter_mut().map(|f| single.process(f, *now)).collect();
+                prop_assert_eq!(vx, vy);
+                prop_assert_eq!(x, y);
+                Ok(())
+            })
+            .unwrap();
+        let (batched, single, _) = &*pair.borrow();
+        for c in Counter::ALL {
+            assert_eq!(
+                batched.counters().get(*c),
+                single.counters().get(*c),
+                "{mode:?} {forwarding:?} {}",
+                c.name()
+            );
+        }
+        for bundle in Bundle::ALL {
+            assert_eq!(
+                batched.counters().bundle(bundle),
+                single.counters().bundle(bundle)
+            );
+        }
+        for reason in cheetah_core::DropReason::ALL {
+            assert_eq!(
+                batched.counters().drops(*reason),
+                single.counters().drops(*reason)
+            );
+        }
+    }
 }

@@ -84,6 +84,10 @@ pub struct Args {
     /// Restore whole frames instead of headers before each use.
     #[arg(long)]
     full_restore: bool,
+    /// Call `Worker::process` once per packet, as the receive loop did before it took
+    /// `Worker::process_batch` (the default: one call per burst of 32).
+    #[arg(long)]
+    per_packet: bool,
     /// Also count instructions per packet, re-running each row under callgrind.
     #[arg(long)]
     callgrind: bool,
@@ -120,6 +124,9 @@ impl Args {
         ];
         if self.full_restore {
             args.push("--full-restore".into());
+        }
+        if self.per_packet {
+            args.push("--per-packet".into());
         }
         args
     }
@@ -268,10 +275,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("{machine}");
     println!("{}", trace_summary(first_trace));
     println!(
-        "runs: {} per row, >= {} packets per run; restore: {}; TSC rate drift over the run {drift:+.3}%",
+        "runs: {} per row, >= {} packets per run; restore: {}; calls: {}; TSC rate drift over the run {drift:+.3}%",
         args.runs,
         args.packets_per_run,
         if args.full_restore { "whole frames" } else { "headers" },
+        if args.per_packet {
+            "Worker::process per packet"
+        } else {
+            "Worker::process_batch per burst of 32"
+        },
     );
     print!("{}", report::render(&rows, &ctx, args.markdown));
     Ok(())

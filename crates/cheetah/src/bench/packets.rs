@@ -96,6 +96,23 @@ impl PacketSet {
         }
     }
 
+    /// One pass, burst by burst: restore the burst, then hand the whole burst to `f` (for
+    /// `Worker::process_batch`, as the receive loop calls it).
+    #[inline(never)]
+    pub fn pass_bursts(&mut self, mut f: impl FnMut(&mut [Vec<u8>])) {
+        for start in (0..self.len()).step_by(BURST) {
+            let end = (start + BURST).min(self.len());
+            self.restore_burst(start, end);
+            f(&mut self.work[start..end]);
+        }
+    }
+
+    /// Restores packets `start..end` and returns their buffers.
+    pub fn restored_burst(&mut self, start: usize, end: usize) -> &mut [Vec<u8>] {
+        self.restore_burst(start, end);
+        &mut self.work[start..end]
+    }
+
     /// A pass that only restores: the baseline subtracted from every packet figure.
     #[inline(never)]
     pub fn restore_pass(&mut self) {

@@ -15,7 +15,7 @@ use cheetah_core::{DropReason, Nanos, Verdict};
 
 use super::items::Path;
 use super::lab::Lab;
-use super::packets::PacketSet;
+use super::packets::{PacketSet, BURST};
 use super::timing::{Pass, Timed};
 use super::trace::{Trace, TracePacket};
 
@@ -27,6 +27,8 @@ pub struct Prepared {
     pub options_fast: u64,
     pub options_slow: u64,
     now: Nanos,
+    /// Call `Worker::process` per packet instead of `Worker::process_batch` per burst.
+    per_packet: bool,
     /// When timing began: `now` moves on with real time, as on a live worker, so load
     /// merges keep their cadence.
     started: Option<Instant>,
@@ -57,6 +59,7 @@ pub fn prepare(
     trace: &Trace,
     path: Path,
     full_restore: bool,
+    per_packet: bool,
 ) -> anyhow::Result<Prepared> {
     let mut worker = lab.worker();
     warm(&mut worker, trace)?;
@@ -117,6 +120,7 @@ pub fn prepare(
         worker,
         set,
         now,
+        per_packet,
         started: None,
     })
 }
@@ -124,11 +128,25 @@ pub fn prepare(
 impl Prepared {
     /// Processes `packets` packets (cycling over the path) with no timing, each through
     /// [`measured_packet`], for `valgrind --toggle-collect`.
+    /// Processes `packets` packets (cycling over the path) with no timing, in bursts
+    /// through [`measured_packet_burst`] (or one by one through [`measured_packet`] with
+    /// `--per-packet`), for `valgrind --toggle-collect`.
     pub fn run_for_instructions(&mut self, packets: u64) {
         let n = self.set.len();
-        for k in 0..packets as usize {
-            let packet = self.set.restored(k % n);
-            black_box(measured_packet(&mut self.worker, packet, self.now));
+        if self.per_packet {
+            for k in 0..packets as usize {
+                let packet = self.set.restored(k % n);
+                black_box(measured_packet(&mut self.worker, packet, self.now));
+            }
+            return;
+        }
+        let (mut left, mut start) = (packets as usize, 0);
+        while left > 0 {
+            let end = (start + BURST).min(n).min(start + left);
+            let burst = self.set.restored_burst(start, end);
+            measured_packet_burst(&mut self.worker, burst, self.now);
+            left -= end - start;
+            start = end % n;
         }
     }
 }
@@ -145,9 +163,17 @@ impl Timed for Prepared {
                 let started = *self.started.get_or_insert_with(Instant::now);
                 let now = self.now + started.elapsed().as_nanos() as Nanos;
                 let worker = &mut self.worker;
-                self.set.pass(|_, packet| {
-                    black_box(worker.process(packet, now));
-                });
+                if self.per_packet {
+                    self.set.pass(|_, packet| {
+                        black_box(worker.process(packet, now));
+                    });
+                } else {
+                    self.set.pass_bursts(|burst| {
+                        worker.process_batch(burst.iter_mut().map(|b| &mut b[..]), now, |v| {
+                            black_box(v);
+                        });
+                    });
+                }
             }
         }
     }
@@ -157,4 +183,13 @@ impl Timed for Prepared {
 #[inline(never)]
 pub fn measured_packet(worker: &mut Worker, packet: &mut [u8], now: Nanos) -> Verdict {
     worker.process(packet, now)
+}
+
+/// One burst through the pipeline as the receive loop runs it, never inlined so callgrind
+/// can count exactly it (its name matches the same `--toggle-collect` pattern).
+#[inline(never)]
+pub fn measured_packet_burst(worker: &mut Worker, burst: &mut [Vec<u8>], now: Nanos) {
+    worker.process_batch(burst.iter_mut().map(|b| &mut b[..]), now, |v| {
+        black_box(v);
+    });
 }

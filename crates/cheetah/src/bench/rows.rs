@@ -97,8 +97,14 @@ impl Subject {
                 };
                 let lab = own_lab.as_ref().unwrap_or(&modal.lab);
                 Subject::Pipeline(Box::new(
-                    pipeline::prepare(lab, &modal.trace, item.path, args.full_restore)
-                        .with_context(|| item.label())?,
+                    pipeline::prepare(
+                        lab,
+                        &modal.trace,
+                        item.path,
+                        args.full_restore,
+                        args.per_packet,
+                    )
+                    .with_context(|| item.label())?,
                 ))
             }
         })

@@ -1,6 +1,6 @@
-//! One worker thread: receive a batch from each of its sockets, run every packet through
-//! the core, queue it on the socket of the interface it leaves by, repeat; sleep in
-//! `poll()` when there is nothing to do.
+//! One worker thread: receive a batch from each of its sockets, run the batch through the
+//! core (`Worker::process_batch`), queue each packet on the socket of the interface it
+//! leaves by, repeat; sleep in `poll()` when there is nothing to do.
 //!
 //! The loop allocates nothing and takes no lock: descriptor arrays are sized once, the
 //! core reads its tables through a snapshot pointer, and counters are single-writer.
@@ -44,6 +44,9 @@ struct Staging {
 impl DataPath {
     pub fn run(mut self, port_names: Vec<(String, u8)>) {
         let mut rx: Vec<XdpDesc> = Vec::with_capacity(BATCH);
+        // One verdict per received packet, and a receive never takes more than `rx` holds:
+        // never reallocated.
+        let mut verdicts: Vec<Verdict> = Vec::with_capacity(rx.capacity());
         let mut stage = Staging {
             tx: (0..self.ports.ports.len())
                 .map(|_| Vec::with_capacity(TX_STAGE))
@@ -78,8 +81,23 @@ impl DataPath {
                 }
                 received += n;
                 IoCounters::add(&self.io.rx_batches, 1);
-                for desc in &rx {
-                    self.handle(*desc, now, &mut stage);
+                // The core sees the whole burst in one call (one snapshot check, the
+                // straight line in one loop), then each packet goes where it was sent.
+                verdicts.clear();
+                let ports = &self.ports;
+                self.worker.process_batch(
+                    rx.iter().map(|desc| {
+                        // SAFETY: each frame was just received, so this worker owns it
+                        // until it is queued for transmission or released; the frames
+                        // are distinct and no other reference into them exists while
+                        // the batch runs.
+                        unsafe { ports.bytes(desc.addr, desc.len) }
+                    }),
+                    now,
+                    |verdict| verdicts.push(verdict),
+                );
+                for (desc, verdict) in rx.iter().zip(&verdicts) {
+                    self.handle(*desc, *verdict, now, &mut stage);
                 }
             }
             for port in 0..self.ports.ports.len() {
@@ -126,14 +144,15 @@ impl DataPath {
         stage.tx[port].push(desc);
     }
 
-    fn handle(&mut self, desc: XdpDesc, now: Nanos, stage: &mut Staging) {
+    /// Sends one processed packet where its verdict says.
+    fn handle(&mut self, desc: XdpDesc, verdict: Verdict, now: Nanos, stage: &mut Staging) {
         IoCounters::add(&self.io.rx_packets, 1);
         IoCounters::add(&self.io.rx_bytes, desc.len as u64);
         let meta = self.ports.meta(desc.addr).and_then(PacketMeta::parse);
-        // SAFETY: the frame was just received, so this worker owns it until it is queued
-        // for transmission or released; no other reference into it exists.
+        // SAFETY: the frame was received in this burst, so this worker owns it until it is
+        // queued for transmission or released; the core's borrow of it has ended.
         let packet = unsafe { self.ports.bytes(desc.addr, desc.len) };
-        match self.worker.process(packet, now) {
+        match verdict {
             Verdict::ToServer(id) => match self.server_egress(id, now, stage) {
                 Some((port, dst_mac)) => {
                     packet[0..6].copy_from_slice(&dst_mac);

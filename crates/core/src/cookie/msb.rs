@@ -102,7 +102,7 @@ impl MsbTable {
     }
 
     /// Records the TSval that `server` sent (its MSB, and at changes its tick rate).
-    #[inline]
+    #[inline(always)]
     pub fn learn(&self, server: ServerId, tsval: u32, now: Nanos) -> MsbLearn {
         let msb = (tsval >> 16) as u16;
         let current = self.states[server.index()].load(Relaxed);
@@ -184,7 +184,7 @@ impl MsbTable {
     }
 
     /// The original MSB for an echoed cookie of `version`, or `None` while M is unknown.
-    #[inline]
+    #[inline(always)]
     pub fn restore(&self, server: ServerId, version: u16) -> Option<u16> {
         let current = self.states[server.index()].load(Relaxed);
         if current & KNOWN == 0 {

@@ -7,7 +7,7 @@ use super::worker::{baseline_pick, Ipv4Layout, WorkerState};
 use crate::config::{Forwarding, Mode};
 use crate::hash::FlowKey;
 use crate::policy::PickContext;
-use crate::tables::{Snapshot, VipEntry};
+use crate::tables::{ServerSlot, Snapshot, VipEntry};
 use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::tcp::MIN_HEADER_LEN as TCP_HEADER;
@@ -151,11 +151,28 @@ impl WorkerState {
         layout: Ipv4Layout,
         server: ServerId,
     ) -> Verdict {
+        let nat = snapshot.forwarding == Forwarding::Nat;
         let slot = snapshot.servers.get(server);
+        self.forward_to_server_via(nat, slot, vip, packet, layout, server)
+    }
+
+    /// [`forward_to_server`](Self::forward_to_server) with `nat` (`snapshot.forwarding ==
+    /// Forwarding::Nat`) and the server's AllServers slot given, for the straight line,
+    /// which knows the first at compile time and has just read the second.
+    #[inline(always)]
+    pub(crate) fn forward_to_server_via(
+        &mut self,
+        nat: bool,
+        slot: ServerSlot,
+        vip: &VipEntry,
+        packet: &mut [u8],
+        layout: Ipv4Layout,
+        server: ServerId,
+    ) -> Verdict {
         if slot.has_mac {
             packet[0..6].copy_from_slice(&slot.mac);
         }
-        if snapshot.forwarding == Forwarding::Nat {
+        if nat {
             let old =
                 Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_dst(slot.dip);
             let mut segment = TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end]);

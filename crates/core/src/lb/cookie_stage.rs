@@ -5,20 +5,50 @@
 //! "element-equivalent" benchmark) and mirrored line by line in the XDP program.
 
 use crate::cookie::{tcp_ts, MsbTable};
-use crate::tables::{AllServers, SlotState};
+use crate::tables::{AllServers, ServerSlot, SlotState};
 use crate::types::ServerId;
 use crate::verdict::DropReason;
 
 /// Decodes the cookie in `tsecr`, checks AllServers, and restores the server's MSB.
-#[inline]
+#[inline(always)]
 pub fn route_by_cookie(
     servers: &AllServers,
     msb: &MsbTable,
     tsecr: u32,
     flow_hash: u64,
 ) -> Result<(ServerId, u32), DropReason> {
+    route(servers, msb, tsecr, flow_hash, |server, _, restored| {
+        (server, restored)
+    })
+}
+
+/// [`route_by_cookie`], also giving the server's AllServers slot, so that the caller need
+/// not look it up again to forward the packet.
+#[inline(always)]
+pub(crate) fn route_to_slot(
+    servers: &AllServers,
+    msb: &MsbTable,
+    tsecr: u32,
+    flow_hash: u64,
+) -> Result<(ServerId, ServerSlot, u32), DropReason> {
+    route(servers, msb, tsecr, flow_hash, |server, slot, restored| {
+        (server, slot, restored)
+    })
+}
+
+/// The stage itself; `routed` shapes the answer (so that each caller's `Result` is only as
+/// wide as what it uses).
+#[inline(always)]
+fn route<R>(
+    servers: &AllServers,
+    msb: &MsbTable,
+    tsecr: u32,
+    flow_hash: u64,
+    routed: impl FnOnce(ServerId, ServerSlot, u32) -> R,
+) -> Result<R, DropReason> {
     let decoded = tcp_ts::decode(tcp_ts::extract(tsecr), flow_hash);
-    match servers.get(decoded.server).state {
+    let slot = servers.get(decoded.server);
+    match slot.state {
         SlotState::Active | SlotState::Draining => {}
         SlotState::Free => return Err(DropReason::CookieUnknownServer),
         SlotState::Removed => return Err(DropReason::CookieServerRemoved),
@@ -26,8 +56,9 @@ pub fn route_by_cookie(
     let original_msb = msb
         .restore(decoded.server, decoded.version)
         .ok_or(DropReason::TsMsbUnknown)?;
-    Ok((
+    Ok(routed(
         decoded.server,
+        slot,
         ((original_msb as u32) << 16) | (tsecr & 0xffff),
     ))
 }

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::verdict::DropReason;
+use crate::verdict::{DropReason, Verdict};
 
 macro_rules! counters {
     ($($variant:ident => $name:literal, $doc:literal;)*) => {
@@ -44,7 +44,7 @@ counters! {
     Dropped => "dropped", "Packets dropped (see drops by reason).";
     NewConnections => "new_connections", "SYNs placed by the VIP's policy.";
     CookieRouted => "cookie_routed", "Client packets routed by their cookie.";
-    FastPath => "fast_path", "Established client packets handled by the straight-line fast path.";
+    FastPath => "fast_path", "Established packets (client segments and server replies) classified by the straight-line fast path.";
     CookiesInserted => "cookies_inserted", "Server packets whose TSval now carries a cookie.";
     OptionsFastPath => "options_fast_path", "Timestamp found by one wide compare (paper Table 1).";
     OptionsSlowPath => "options_slow_path", "TCP options that needed the TLV walk.";
@@ -63,27 +63,82 @@ counters! {
     LoadMerges => "load_merges", "Merges of this worker's load deltas into the shared totals.";
 }
 
+/// Sets of counters that the straight-line paths of `lb/fast_path.rs` always bump
+/// together, stored as one word each: one store per packet instead of four. `get` adds a
+/// bundle into every counter it stands for, so readers see exactly the counts they would
+/// if each counter had been bumped; [`WorkerCounters::bundle`] tells how many packets took
+/// each straight-line path (tests use it to check that those paths are exercised).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Bundle {
+    /// An established client packet routed by its cookie.
+    ClientCookie,
+    /// An established client packet routed by a baseline's pick (hash or Maglev mode).
+    ClientPick,
+    /// A server reply whose TSval now carries a cookie.
+    ServerCookie,
+    /// A server reply in a baseline mode (no cookie).
+    ServerPlain,
+}
+
+impl Bundle {
+    pub const ALL: [Bundle; 4] = [
+        Bundle::ClientCookie,
+        Bundle::ClientPick,
+        Bundle::ServerCookie,
+        Bundle::ServerPlain,
+    ];
+    const COUNT: usize = Self::ALL.len();
+
+    /// The counters one packet of this bundle stands for.
+    pub const fn counters(self) -> &'static [Counter] {
+        match self {
+            Bundle::ClientCookie => &[
+                Counter::FastPath,
+                Counter::OptionsFastPath,
+                Counter::CookieRouted,
+                Counter::ToServer,
+            ],
+            Bundle::ClientPick => &[Counter::FastPath, Counter::ToServer],
+            Bundle::ServerCookie => &[
+                Counter::FastPath,
+                Counter::OptionsFastPath,
+                Counter::CookiesInserted,
+                Counter::ToClient,
+            ],
+            Bundle::ServerPlain => &[Counter::FastPath, Counter::ToClient],
+        }
+    }
+}
+
 /// One worker's counters, packed: the handful a packet bumps share one or two cache lines,
-/// which only this worker writes.
+/// which only this worker writes. Fixed-size arrays, so an increment is a load and a
+/// store at a constant offset, with no bounds check.
 pub struct WorkerCounters {
-    events: Box<[AtomicU64]>,
-    drops: Box<[AtomicU64]>,
+    events: [AtomicU64; Counter::COUNT],
+    bundles: [AtomicU64; Bundle::COUNT],
+    drops: [AtomicU64; DropReason::COUNT],
 }
 
 impl Default for WorkerCounters {
     fn default() -> Self {
         WorkerCounters {
-            events: (0..Counter::COUNT).map(|_| AtomicU64::new(0)).collect(),
-            drops: (0..DropReason::COUNT).map(|_| AtomicU64::new(0)).collect(),
+            events: std::array::from_fn(|_| AtomicU64::new(0)),
+            bundles: std::array::from_fn(|_| AtomicU64::new(0)),
+            drops: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
+}
+
+#[inline(always)]
+fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
 }
 
 impl WorkerCounters {
     #[inline]
     pub fn add(&self, counter: Counter, n: u64) {
-        let c = &self.events[counter as usize];
-        c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
+        bump(&self.events[counter as usize], n);
     }
 
     #[inline]
@@ -91,10 +146,30 @@ impl WorkerCounters {
         self.add(counter, 1);
     }
 
+    /// One packet of a [`Bundle`]: every counter of the bundle, in one store.
+    #[inline(always)]
+    pub(crate) fn inc_bundle(&self, bundle: Bundle) {
+        bump(&self.bundles[bundle as usize], 1);
+    }
+
     #[inline]
     pub fn count_drop(&self, reason: DropReason) {
-        let c = &self.drops[reason as usize];
-        c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
+        bump(&self.drops[reason as usize], 1);
+    }
+
+    /// Counts a verdict under its counter (and a drop under its reason).
+    #[inline(always)]
+    pub(crate) fn count_verdict(&self, verdict: Verdict) {
+        match verdict {
+            Verdict::ToServer(_) => self.inc(Counter::ToServer),
+            Verdict::ToClient => self.inc(Counter::ToClient),
+            Verdict::ToAllServers { .. } => self.inc(Counter::ToAllServers),
+            Verdict::Pass => self.inc(Counter::Passed),
+            Verdict::Drop(reason) => {
+                self.inc(Counter::Dropped);
+                self.count_drop(reason);
+            }
+        }
     }
 
     /// Packets processed: the sum of the verdict counters (not counted separately, to keep
@@ -113,7 +188,19 @@ impl WorkerCounters {
     }
 
     pub fn get(&self, counter: Counter) -> u64 {
-        self.events[counter as usize].load(Relaxed)
+        let bundled: u64 = Bundle::ALL
+            .iter()
+            .filter(|b| b.counters().contains(&counter))
+            .map(|b| self.bundles[*b as usize].load(Relaxed))
+            .fold(0, u64::wrapping_add);
+        self.events[counter as usize]
+            .load(Relaxed)
+            .wrapping_add(bundled)
+    }
+
+    /// Packets counted as one `bundle` (each is also in every counter of the bundle).
+    pub fn bundle(&self, bundle: Bundle) -> u64 {
+        self.bundles[bundle as usize].load(Relaxed)
     }
 
     pub fn drops(&self, reason: DropReason) -> u64 {
@@ -127,5 +214,26 @@ impl WorkerCounters {
             .map(|r| (*r, self.drops(*r)))
             .filter(|(_, n)| *n > 0)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bundle_counts_in_each_of_its_counters() {
+        let counters = WorkerCounters::default();
+        counters.inc(Counter::ToServer);
+        counters.inc_bundle(Bundle::ClientCookie);
+        counters.inc_bundle(Bundle::ClientCookie);
+        counters.inc_bundle(Bundle::ServerPlain);
+        assert_eq!(counters.get(Counter::ToServer), 3);
+        assert_eq!(counters.get(Counter::CookieRouted), 2);
+        assert_eq!(counters.get(Counter::OptionsFastPath), 2);
+        assert_eq!(counters.get(Counter::FastPath), 3);
+        assert_eq!(counters.get(Counter::ToClient), 1);
+        assert_eq!(counters.get(Counter::CookiesInserted), 0);
+        assert_eq!(counters.packets(), 4);
     }
 }

@@ -1,39 +1,58 @@
-//! The straight-line path for the packet a load balancer sees most: a client's segment on
-//! an established connection, in an untagged IPv4 frame without IP options, whose TCP
-//! options start NOP NOP Timestamp (99.95% of non-SYN packets in the paper's Table 1).
-//! The baseline modes take the same path with their pick in place of the cookie stage, so
-//! benchmarks compare like with like.
+//! The straight-line path for the packets a load balancer sees most, in an untagged IPv4
+//! frame without IP options:
+//!
+//! * a client's segment on an established connection whose TCP options start NOP NOP
+//!   Timestamp (99.95% of non-SYN packets in the paper's Table 1): cookie decoded from
+//!   TSecr, TSecr restored, toward the server;
+//! * a server's reply whose timestamp sits where the common layouts put it (NOP NOP TS for
+//!   non-SYN segments, the four SYN-ACK rows of Table 1): M learnt, cookie put into TSval,
+//!   toward the client.
+//!
+//! The baseline modes take the same path with their pick in place of the cookie stage (and
+//! no cookie on replies), so benchmarks compare like with like.
 //!
 //! It checks exactly what the general pipeline would find for such a packet, with a few
-//! fixed-offset compares instead of the layered views, and declines (`None`) anything
-//! else, which the general pipeline then handles. Both must give the same verdict and the
-//! same bytes for every input: `tests/fast_path.rs` and the fuzz harness compare them.
-//! This is also the shape the XDP program's hot path takes.
+//! fixed-offset compares instead of the layered views, and declines anything else: a client
+//! packet back to the general pipeline (`None`), a server reply, once its sender is known,
+//! to the general server path. Both must give the same verdict, the same bytes and the same
+//! counters for every input: `tests/fast_path.rs` and the fuzz harness compare them. This
+//! is also the shape the XDP program's hot path takes.
+//!
+//! Every verdict returned here has been counted already (most as one [`Bundle`]).
 
-use super::cookie_stage::route_by_cookie;
-use super::counters::Counter;
+use super::cookie_stage::route_to_slot;
+use super::counters::{Bundle, Counter};
 use super::shared::LbShared;
 use super::worker::{baseline_pick, Ipv4Layout, Sender, WorkerState};
 use crate::config::{Forwarding, Mode};
+use crate::cookie::{tcp_ts, MsbLearn};
 use crate::hash::FlowKey;
 use crate::tables::Snapshot;
-use crate::types::{Mac, Nanos};
+use crate::types::Nanos;
 use crate::verdict::{DropReason, Verdict};
-use crate::wire::tcp::flags::SYN;
-use crate::wire::{read_u16, read_u32, TcpSegment};
+use crate::wire::tcp::flags::{FIN, RST, SYN};
+use crate::wire::tcp_options::{find_timestamp_fast, SegmentKind, TSVAL};
+use crate::wire::{checksum, read_u16, read_u32, write_u16, Ipv4Packet, TcpSegment};
 
 const ETH: usize = 14;
 const IP: usize = 20;
+/// TCP header without options.
+const TCP: usize = 20;
 /// TCP header with NOP NOP TS: 20 + 12 bytes.
 const TCP_WITH_TS: usize = 32;
+/// TCP checksum offset in the TCP header.
+const TCP_CHECKSUM: usize = 16;
 const NOP_NOP_TS: u32 = 0x0101_080a;
+/// Offset of the timestamp option within the options when they start NOP NOP TS.
+const TS_AFTER_NOP_NOP: usize = 2;
 /// TSecr offset from the start of the TCP options (NOP NOP kind len TSval).
 const TSECR_IN_OPTIONS: usize = 2 + 6;
 
 /// An untagged IPv4 frame without IP options or fragmentation carrying a TCP segment whose
-/// header has room for NOP NOP TS, all within the frame: its layout and TCP flags.
+/// header has room for NOP NOP TS, all within the frame: its layout and the TCP data offset
+/// and flags word.
 #[inline(always)]
-fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u8)> {
+fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u16)> {
     if packet.len() < ETH + IP + TCP_WITH_TS {
         return None;
     }
@@ -43,12 +62,13 @@ fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u8)> {
     let l4 = ETH + IP;
     let doff_flags = read_u16(packet, l4 + 12);
     let header_len = ((doff_flags >> 12) as usize) * 4;
+    // IP + TCP_WITH_TS <= IP + header_len <= total_len <= frame: the TCP header with room
+    // for NOP NOP TS is within the IP packet, which is within the frame.
     if ethertype_ver_ihl != 0x08_00_45
         || frag_ttl_proto & 0x3fff_00ff != 0x0000_0006
-        || total_len < IP + TCP_WITH_TS
-        || ETH + total_len > packet.len()
         || header_len < TCP_WITH_TS
-        || header_len > total_len - IP
+        || IP + header_len > total_len
+        || ETH + total_len > packet.len()
     {
         return None;
     }
@@ -59,80 +79,257 @@ fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u8)> {
         src: read_u32(packet, ETH + 12),
         dst: read_u32(packet, ETH + 16),
     };
-    Some((layout, doff_flags as u8))
+    Some((layout, doff_flags))
+}
+
+/// Replaces the 16 most significant bits of the 32-bit word at the even TCP offset `at`
+/// (its other half stays) and updates the checksum. The same bytes as
+/// `TcpSegment::rewrite_option_u32` with the whole word: nothing at all when the value is
+/// unchanged, else RFC 1624's `~(~HC + ~m + m')` over both halves, where the unchanged
+/// half adds `~low + low = 0xffff`.
+#[inline(always)]
+fn rewrite_high_half(packet: &mut [u8], l4: usize, at: usize, old: u16, new: u16) {
+    debug_assert_eq!(at % 2, 0);
+    if old == new {
+        return;
+    }
+    write_u16(packet, l4 + at, new);
+    let sum = read_u16(packet, l4 + TCP_CHECKSUM);
+    let acc = (!sum) as u32 + (!old) as u32 + new as u32 + 0xffff;
+    write_u16(packet, l4 + TCP_CHECKSUM, checksum::finish(acc));
+}
+
+/// Where a server reply's timestamp option starts within its TCP options, if it is where
+/// the general path's option search finds it with one wide compare (the same patterns, so
+/// the same answer); `None` leaves the reply to the general server path.
+#[inline(always)]
+fn reply_timestamp_at(packet: &[u8], l4: usize, doff_flags: u16) -> Option<usize> {
+    if doff_flags & SYN as u16 == 0 {
+        // `plain_ipv4_tcp` made sure the header has room for NOP NOP TS.
+        (read_u32(packet, l4 + TCP) == NOP_NOP_TS).then_some(TS_AFTER_NOP_NOP)
+    } else {
+        // SYN and SYN-ACK share Table 1's patterns.
+        let header_len = ((doff_flags >> 12) as usize) * 4;
+        find_timestamp_fast(&packet[l4 + TCP..l4 + header_len], SegmentKind::SynAck)
+    }
 }
 
 impl WorkerState {
-    /// Established traffic in both directions: a client segment to a VIP port is routed
-    /// here; a reply from a server goes straight to the server path with the layout and
-    /// sender found here, skipping the general classifier.
+    /// What `MsbTable::learn` did, when it did anything (about once a minute per server).
+    #[cold]
+    #[inline(never)]
+    fn count_msb_change(&self, learnt: MsbLearn) {
+        self.counters.inc(match learnt {
+            MsbLearn::Unchanged => return,
+            MsbLearn::Learned => Counter::MsbLearned,
+            MsbLearn::Advanced => Counter::MsbAdvanced,
+            MsbLearn::Unstable(_) => Counter::ServerTsClockUnstable,
+        });
+    }
+
+    /// A reply whose sender the straight line found but which it leaves to the general
+    /// server path; out of line, to keep the straight line's registers for itself.
+    /// The layout is found again here rather than passed, so that the straight line need
+    /// not keep it in memory for this rare call.
+    #[inline(never)]
+    fn reply_general(
+        &mut self,
+        snapshot: &Snapshot,
+        shared: &LbShared,
+        packet: &mut [u8],
+        sender: Sender,
+        now: Nanos,
+    ) -> Verdict {
+        let (layout, _) = plain_ipv4_tcp(packet).expect("the straight line checked the frame");
+        self.counters.inc(Counter::FastPath);
+        let verdict = self.server_tcp(snapshot, shared, packet, layout, sender, now);
+        self.counters.count_verdict(verdict);
+        verdict
+    }
+
+    /// Established traffic in both directions: a client segment to a VIP port, or a reply
+    /// from a server. `None`: the general pipeline decides (and counts).
+    ///
+    /// Compiled once per (mode, forwarding) pair: `CHEETAH` is `snapshot.mode ==
+    /// Mode::Cheetah` and `NAT` is `snapshot.forwarding == Forwarding::Nat`, which the caller
+    /// matches once (per burst in `Worker::process_batch`), so the straight line tests
+    /// neither.
     #[inline(always)]
-    pub(crate) fn established_fast(
+    pub(crate) fn established_fast<const CHEETAH: bool, const NAT: bool>(
         &mut self,
         snapshot: &Snapshot,
         shared: &LbShared,
         packet: &mut [u8],
         now: Nanos,
     ) -> Option<Verdict> {
-        let (layout, flags) = plain_ipv4_tcp(packet)?;
+        debug_assert_eq!(CHEETAH, snapshot.mode == Mode::Cheetah);
+        debug_assert_eq!(NAT, snapshot.forwarding == Forwarding::Nat);
+        let (layout, doff_flags) = plain_ipv4_tcp(packet)?;
+        let ports = read_u32(packet, layout.l4);
+        let (src_port, dst_port) = ((ports >> 16) as u16, ports as u16);
+        match snapshot.vip_index(layout.dst, dst_port) {
+            Some(vip_index) => self.client_fast::<CHEETAH, NAT>(
+                snapshot, shared, packet, layout, doff_flags, src_port, dst_port, vip_index,
+            ),
+            None => self.reply_fast::<CHEETAH, NAT>(
+                snapshot, shared, packet, layout, doff_flags, src_port, dst_port, now,
+            ),
+        }
+    }
+
+    /// A client segment to the VIP at `vip_index`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn client_fast<const CHEETAH: bool, const NAT: bool>(
+        &mut self,
+        snapshot: &Snapshot,
+        shared: &LbShared,
+        packet: &mut [u8],
+        layout: Ipv4Layout,
+        doff_flags: u16,
+        client_port: u16,
+        vip_port: u16,
+        vip_index: u16,
+    ) -> Option<Verdict> {
         let l4 = layout.l4;
-        let src_port = read_u16(packet, l4);
-        let dst_port = read_u16(packet, l4 + 2);
-        let Some(vip_index) = snapshot.vip_index(layout.dst, dst_port) else {
-            // Not to a VIP: a server's reply, found exactly as the general classifier does.
-            let sender = match snapshot.forwarding {
-                Forwarding::L2 => {
-                    let vip = snapshot.vip_index(layout.src, src_port)?;
-                    let mac: Mac = packet[6..12].try_into().unwrap();
-                    Sender {
-                        server: snapshot.server_by_mac(&mac)?,
-                        vip,
-                        nat: false,
-                    }
-                }
-                Forwarding::Nat => {
-                    let (server, vip) = snapshot.nat_backend(layout.src, src_port)?;
-                    Sender {
-                        server,
-                        vip,
-                        nat: true,
-                    }
-                }
-            };
-            self.counters.inc(Counter::FastPath);
-            return Some(self.server_tcp(snapshot, shared, packet, layout, sender, now));
-        };
-        let cheetah = snapshot.mode == Mode::Cheetah;
-        if cheetah && (flags & SYN != 0 || read_u32(packet, l4 + 20) != NOP_NOP_TS) {
+        if CHEETAH && (doff_flags & SYN as u16 != 0 || read_u32(packet, l4 + TCP) != NOP_NOP_TS) {
             return None;
         }
-        let (client_ip, vip_ip, client_port, vip_port) =
-            (layout.src, layout.dst, src_port, dst_port);
+        let vip = snapshot.vip(vip_index);
+        // The VIP's address and port are the packet's destination: that is how it was found.
         let hash = shared
             .hasher
-            .hash(&FlowKey::tcp(client_ip, client_port, vip_ip, vip_port));
-        let vip = snapshot.vip(vip_index);
-        let end = layout.end;
-        self.counters.inc(Counter::FastPath);
-        if !cheetah {
+            .hash(&FlowKey::tcp(layout.src, client_port, layout.dst, vip_port));
+        let counters = &*self.counters;
+        if !CHEETAH {
             // The baselines: this same path with `pool[h % n]` or Maglev for the cookie stage.
             return Some(match baseline_pick(snapshot.mode, &vip.pool, hash) {
-                Some(server) => self.forward_to_server(snapshot, vip, packet, layout, server),
-                None => Verdict::Drop(DropReason::NoServerAvailable),
+                Some(server) => {
+                    counters.inc_bundle(Bundle::ClientPick);
+                    let slot = snapshot.servers.get(server);
+                    self.forward_to_server_via(NAT, slot, vip, packet, layout, server)
+                }
+                None => {
+                    counters.inc(Counter::FastPath);
+                    let verdict = Verdict::Drop(DropReason::NoServerAvailable);
+                    counters.count_verdict(verdict);
+                    verdict
+                }
             });
         }
-        self.counters.inc(Counter::OptionsFastPath);
-        let tsecr = read_u32(packet, l4 + 20 + TSECR_IN_OPTIONS);
-        let (server, restored) = match route_by_cookie(&snapshot.servers, &shared.msb, tsecr, hash)
-        {
-            Ok(routed) => routed,
-            Err(reason) => return Some(Verdict::Drop(reason)),
-        };
-        if self.restore_tsecr {
-            TcpSegment::new_unchecked(&mut packet[l4..end])
-                .rewrite_option_u32(TSECR_IN_OPTIONS, restored);
+        let tsecr_at = TCP + TSECR_IN_OPTIONS;
+        let tsecr = read_u32(packet, l4 + tsecr_at);
+        match route_to_slot(&snapshot.servers, &shared.msb, tsecr, hash) {
+            Ok((server, slot, restored)) => {
+                // Only the MSB change: the cookie becomes the server's own MSB (unless a
+                // test switched the restore off to prove its checks can fail).
+                if self.restore_tsecr {
+                    rewrite_high_half(
+                        packet,
+                        l4,
+                        tsecr_at,
+                        tcp_ts::extract(tsecr),
+                        tcp_ts::extract(restored),
+                    );
+                }
+                counters.inc_bundle(Bundle::ClientCookie);
+                Some(self.forward_to_server_via(NAT, slot, vip, packet, layout, server))
+            }
+            Err(reason) => {
+                counters.inc(Counter::FastPath);
+                counters.inc(Counter::OptionsFastPath);
+                let verdict = Verdict::Drop(reason);
+                counters.count_verdict(verdict);
+                Some(verdict)
+            }
         }
-        self.counters.inc(Counter::CookieRouted);
-        Some(self.forward_to_server(snapshot, vip, packet, layout, server))
+    }
+
+    /// A segment not to a VIP port: a server's reply if its source says so (found exactly
+    /// as the general classifier finds it), else `None`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn reply_fast<const CHEETAH: bool, const NAT: bool>(
+        &mut self,
+        snapshot: &Snapshot,
+        shared: &LbShared,
+        packet: &mut [u8],
+        layout: Ipv4Layout,
+        doff_flags: u16,
+        src_port: u16,
+        client_port: u16,
+        now: Nanos,
+    ) -> Option<Verdict> {
+        let l4 = layout.l4;
+        let sender = if NAT {
+            let (server, vip) = snapshot.nat_backend(layout.src, src_port)?;
+            Sender {
+                server,
+                vip,
+                nat: true,
+            }
+        } else {
+            let vip = snapshot.vip_index(layout.src, src_port)?;
+            Sender {
+                server: snapshot.server_by_mac(&packet[6..12].try_into().unwrap())?,
+                vip,
+                nat: false,
+            }
+        };
+        let server = sender.server;
+        let timestamp_at = if CHEETAH {
+            reply_timestamp_at(packet, l4, doff_flags)
+        } else {
+            None
+        };
+        // SYN-ACKs settle which server a retried SYN's count belongs to (lb/handshakes.rs):
+        // the general server path does that bookkeeping.
+        if !snapshot.servers.get(server).state.forwards()
+            || (CHEETAH && timestamp_at.is_none())
+            || doff_flags & SYN as u16 != 0
+        {
+            // A removed server, or options the wide compares do not place: the general
+            // server path decides.
+            return Some(self.reply_general(snapshot, shared, packet, sender, now));
+        }
+        let vip = snapshot.vip(sender.vip);
+        // In l2 mode the reply comes from the VIP's own address and port (that is how its
+        // VIP was found); in NAT mode from the server's, and the VIP's are in its entry.
+        let (vip_ip, vip_port) = if NAT {
+            (vip.ipv4_or_zero(), vip.port)
+        } else {
+            (layout.src, src_port)
+        };
+        if let Some(at) = timestamp_at {
+            let hash = shared
+                .hasher
+                .hash(&FlowKey::tcp(layout.dst, client_port, vip_ip, vip_port));
+            // Timestamp options at 2, 6 or 10: TSval at an even TCP offset.
+            let tsval_at = TCP + at + TSVAL;
+            let tsval = read_u32(packet, l4 + tsval_at);
+            let learnt = shared.msb.learn(server, tsval, now);
+            if learnt != MsbLearn::Unchanged {
+                self.count_msb_change(learnt);
+            }
+            let msb = tcp_ts::extract(tsval);
+            // The cookie takes the place of the MSB; the low half stays.
+            rewrite_high_half(packet, l4, tsval_at, msb, tcp_ts::encode(server, hash, msb));
+            self.counters.inc_bundle(Bundle::ServerCookie);
+        } else {
+            self.counters.inc_bundle(Bundle::ServerPlain);
+        }
+        if doff_flags & (FIN | RST) as u16 != 0 {
+            self.loads.on_server_close(server);
+        }
+        if NAT {
+            let old = Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_src(vip_ip);
+            let mut segment = TcpSegment::new_unchecked(&mut packet[l4..layout.end]);
+            segment.update_checksum_for_address(old, vip_ip);
+            if src_port != vip_port {
+                segment.set_src_port(vip_port);
+            }
+        }
+        self.loads.on_packet(server, layout.end - layout.l3);
+        Some(Verdict::ToClient)
     }
 }

@@ -12,6 +12,6 @@ mod server_path;
 pub mod shared;
 pub mod worker;
 
-pub use counters::{Counter, WorkerCounters};
+pub use counters::{Bundle, Counter, WorkerCounters};
 pub use shared::LbShared;
 pub use worker::{Worker, WorkerConfig};

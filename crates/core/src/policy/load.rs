@@ -303,6 +303,9 @@ pub struct WorkerLoads {
     dirty: Vec<ServerId>,
     watched: Vec<WatchedServer>,
     last_merge: Option<Nanos>,
+    /// `last_merge + MERGE_INTERVAL` (0 before the first merge), so that the per-packet
+    /// check is one compare.
+    next_merge: Nanos,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -332,6 +335,7 @@ impl WorkerLoads {
             dirty: Vec::with_capacity(ServerId::SPACE),
             watched: Vec::new(),
             last_merge: None,
+            next_merge: 0,
         }
     }
 
@@ -384,7 +388,7 @@ impl WorkerLoads {
     ///
     /// Call it only for closes coming from the server: a client could otherwise steer the
     /// load-aware policies toward a server by sending RSTs for connections it never opened.
-    #[inline]
+    #[inline(always)]
     pub fn on_server_close(&mut self, id: ServerId) {
         self.pending_mut(id).active -= 1;
         self.view.servers[id.index()].active -= 1;
@@ -408,7 +412,7 @@ impl WorkerLoads {
     }
 
     /// A packet of `bytes` bytes went to or came from `id`.
-    #[inline]
+    #[inline(always)]
     pub fn on_packet(&mut self, id: ServerId, bytes: usize) {
         let bytes = bytes as u64;
         let pending = self.pending_mut(id);
@@ -418,7 +422,7 @@ impl WorkerLoads {
         // computed at merges, and this keeps a second cache line off the per-packet path.
     }
 
-    #[inline]
+    #[inline(always)]
     fn pending_mut(&mut self, id: ServerId) -> &mut PendingDelta {
         let pending = &mut self.pending[id.index()];
         if !pending.dirty {
@@ -428,11 +432,10 @@ impl WorkerLoads {
         pending
     }
 
-    /// Whether [`MERGE_INTERVAL`] has passed since the last merge.
-    #[inline]
+    /// Whether [`MERGE_INTERVAL`] has passed since the last merge (or there was none).
+    #[inline(always)]
     pub fn merge_due(&self, now: Nanos) -> bool {
-        self.last_merge
-            .is_none_or(|last| now.saturating_sub(last) >= MERGE_INTERVAL)
+        now >= self.next_merge
     }
 
     /// Pushes this worker's deltas into the shared totals, then makes the view the fresh
@@ -468,6 +471,8 @@ impl WorkerLoads {
             self.view.pull(watched.id, &totals);
         }
         self.last_merge = Some(now);
+        // Saturating: 584 years in, the next merge would be due at u64::MAX ns.
+        self.next_merge = now.saturating_add(MERGE_INTERVAL);
     }
 
     /// The loads this worker's policies see: the totals at the last merge plus this
