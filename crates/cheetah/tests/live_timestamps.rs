@@ -371,10 +371,18 @@ impl ArrivalOrder {
             let Some((tsval, _)) = segment.timestamps else {
                 continue;
             };
-            if !incoming(segment) || segment.is_syn() {
+            let key = (segment.src, segment.sport, segment.dst, segment.dport);
+            if segment.is_syn() {
+                // A new connection on a 4-tuple used before (ports come back after
+                // TIME_WAIT): its timestamps start afresh, and after a change of the server's
+                // MSB its cookie's version bit differs from the old connection's.
+                seen.remove(&key);
+                seen.remove(&(segment.dst, segment.dport, segment.src, segment.sport));
                 continue;
             }
-            let key = (segment.src, segment.sport, segment.dst, segment.dport);
+            if !incoming(segment) {
+                continue;
+            }
             let fin = u32::from(segment.flags & 0x01 != 0);
             let end = segment
                 .seq
