@@ -47,7 +47,7 @@ impl WorkerState {
                     (SegmentKind::Syn, Some(_)) => {
                         let server = self.pick_new(vip_index, vip, hash, now);
                         if let Some(server) = server {
-                            self.count_once_per_handshake(shared, hash, segment.seq(), server);
+                            self.count_once_per_handshake(shared, hash, segment.seq(), server, now);
                         }
                         server
                     }
@@ -57,7 +57,7 @@ impl WorkerState {
                             self.fallback.insert(key, hash, server);
                             self.counters.inc(Counter::FallbackConnections);
                             self.loads.on_new_connection(server);
-                            self.count_once_per_handshake(shared, hash, segment.seq(), server);
+                            self.count_once_per_handshake(shared, hash, segment.seq(), server, now);
                         }
                         server
                     }
@@ -134,8 +134,9 @@ impl WorkerState {
         hash: u64,
         client_isn: u32,
         server: ServerId,
+        now: Nanos,
     ) {
-        if let Some(previous) = shared.handshakes.on_syn(hash, client_isn, server) {
+        if let Some(previous) = shared.handshakes.on_syn(hash, client_isn, server, now) {
             self.loads.on_syn_retransmitted(previous);
             self.counters.inc(Counter::SynRetransmissions);
         }

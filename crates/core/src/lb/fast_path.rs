@@ -6,7 +6,8 @@
 //!   TSecr, TSecr restored, toward the server;
 //! * a server's reply whose timestamp sits where the common layouts put it (NOP NOP TS for
 //!   non-SYN segments, the four SYN-ACK rows of Table 1): M learnt, cookie put into TSval,
-//!   toward the client.
+//!   toward the client. A SYN-ACK answering a recently retried SYN goes to the general
+//!   server path, which settles whose load count the connection is.
 //!
 //! The baseline modes take the same path with their pick in place of the cookie stage (and
 //! no cookie on replies), so benchmarks compare like with like.
@@ -282,12 +283,7 @@ impl WorkerState {
         } else {
             None
         };
-        // SYN-ACKs settle which server a retried SYN's count belongs to (lb/handshakes.rs):
-        // the general server path does that bookkeeping.
-        if !snapshot.servers.get(server).state.forwards()
-            || (CHEETAH && timestamp_at.is_none())
-            || doff_flags & SYN as u16 != 0
-        {
+        if !snapshot.servers.get(server).state.forwards() || (CHEETAH && timestamp_at.is_none()) {
             // A removed server, or options the wide compares do not place: the general
             // server path decides.
             return Some(self.reply_general(snapshot, shared, packet, sender, now));
@@ -304,6 +300,11 @@ impl WorkerState {
             let hash = shared
                 .hasher
                 .hash(&FlowKey::tcp(layout.dst, client_port, vip_ip, vip_port));
+            if doff_flags & SYN as u16 != 0 && shared.handshakes.retried_recently(hash, now) {
+                // The answer to a retried SYN may have to move its load count
+                // (lb/handshakes.rs): the general server path does that bookkeeping.
+                return Some(self.reply_general(snapshot, shared, packet, sender, now));
+            }
             // Timestamp options at 2, 6 or 10: TSval at an even TCP offset.
             let tsval_at = TCP + at + TSVAL;
             let tsval = read_u32(packet, l4 + tsval_at);

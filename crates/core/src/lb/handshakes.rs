@@ -27,10 +27,18 @@
 //! a lost entry only means the estimate is as before (one count too many until a report).
 //! At [`DEFAULT_SLOTS`] slots an entry survives about `slots / SYN rate` seconds: 2.6 s at
 //! 100 000 new connections a second, longer than the first SYN retransmission (1 s).
+//!
+//! Only a SYN-ACK that follows a retransmitted SYN can move a count: after a single SYN,
+//! the only server that can answer is the one holding the count. So a retransmission also
+//! marks its connection in a small filter of recent retries (8 KiB, in cache), and a
+//! SYN-ACK reads the big table only when its connection was marked in the last
+//! [`RETRY_MEMORY_UNITS`]: the table is 2 MiB of random accesses, a cache miss per SYN-ACK
+//! that the common case (no retry) does not pay. A mark shared by two connections only
+//! makes the other's SYN-ACK read the table, which then decides as before.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
 
-use crate::types::ServerId;
+use crate::types::{Nanos, ServerId};
 
 /// 2 MiB of slots per LB process.
 pub const DEFAULT_SLOTS: usize = 1 << 18;
@@ -41,10 +49,23 @@ const ANSWERED: u64 = 1 << 62;
 const HOLDER_SHIFT: u32 = 32;
 const HOLDER_MASK: u64 = 0x7fff;
 
+/// Slots of the recent-retry filter (two bytes each).
+const RETRY_SLOTS: usize = 1 << 12;
+/// The filter's clock: `now >> RETRY_UNIT_SHIFT`, units of 1.07 s.
+const RETRY_UNIT_SHIFT: u32 = 30;
+/// How long a retry mark lasts: 68.7 s, more than Linux waits for an answer after its
+/// last SYN retransmission (32 s at the default `tcp_syn_retries` of 6, 64 s at 7).
+pub const RETRY_MEMORY_UNITS: u16 = 64;
+/// A filter slot holds `MARKED | (time unit & UNIT_MASK)`; 0 is "never marked".
+const MARKED: u16 = 0x8000;
+const UNIT_MASK: u16 = 0x7fff;
+
 /// Recent SYNs and the server holding each one's load count, shared by all workers.
 pub struct HandshakeTable {
     slots: Box<[AtomicU64]>,
     mask: usize,
+    /// When each (hashed) connection last had a SYN retransmitted.
+    retries: Box<[AtomicU16]>,
 }
 
 impl Default for HandshakeTable {
@@ -60,6 +81,7 @@ impl HandshakeTable {
         HandshakeTable {
             slots: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             mask: slots - 1,
+            retries: (0..RETRY_SLOTS).map(|_| AtomicU16::new(0)).collect(),
         }
     }
 
@@ -68,6 +90,30 @@ impl HandshakeTable {
         for slot in self.slots.iter() {
             slot.store(0, Relaxed);
         }
+        for mark in self.retries.iter() {
+            mark.store(0, Relaxed);
+        }
+    }
+
+    #[inline]
+    fn retry_mark(&self, flow_hash: u64) -> &AtomicU16 {
+        // Bits the slot index and the fingerprint use least.
+        &self.retries[(flow_hash >> 20) as usize % RETRY_SLOTS]
+    }
+
+    #[inline]
+    fn unit(now: Nanos) -> u16 {
+        (now >> RETRY_UNIT_SHIFT) as u16 & UNIT_MASK
+    }
+
+    /// Whether a SYN of this connection was retransmitted recently, so that its SYN-ACK
+    /// may have to move a count ([`on_syn_ack`](Self::on_syn_ack) asks this first; the
+    /// straight line asks it to leave such SYN-ACKs to the general path).
+    #[inline]
+    pub fn retried_recently(&self, flow_hash: u64, now: Nanos) -> bool {
+        let mark = self.retry_mark(flow_hash).load(Relaxed);
+        mark & MARKED != 0
+            && Self::unit(now).wrapping_sub(mark & UNIT_MASK) & UNIT_MASK < RETRY_MEMORY_UNITS
     }
 
     #[inline]
@@ -97,11 +143,22 @@ impl HandshakeTable {
     /// same SYN was seen before, returns the server it was given then, whose count the
     /// caller must lower: the client has stopped waiting for that server's answer.
     #[inline]
-    pub fn on_syn(&self, flow_hash: u64, client_isn: u32, server: ServerId) -> Option<ServerId> {
+    pub fn on_syn(
+        &self,
+        flow_hash: u64,
+        client_isn: u32,
+        server: ServerId,
+        now: Nanos,
+    ) -> Option<ServerId> {
         let fingerprint = Self::fingerprint(flow_hash, client_isn);
         let entry = VALID | ((server.0 as u64 & HOLDER_MASK) << HOLDER_SHIFT) | fingerprint;
         let previous = self.slot(flow_hash).swap(entry, Relaxed);
-        Self::matches(previous, fingerprint).then(|| Self::holder(previous))
+        if !Self::matches(previous, fingerprint) {
+            return None;
+        }
+        self.retry_mark(flow_hash)
+            .store(MARKED | Self::unit(now), Relaxed);
+        Some(Self::holder(previous))
     }
 
     /// `server` answered the SYN with `client_isn` (its SYN-ACK acknowledges
@@ -114,7 +171,11 @@ impl HandshakeTable {
         flow_hash: u64,
         client_isn: u32,
         server: ServerId,
+        now: Nanos,
     ) -> Option<ServerId> {
+        if !self.retried_recently(flow_hash, now) {
+            return None;
+        }
         let fingerprint = Self::fingerprint(flow_hash, client_isn);
         let mut moved_from = None;
         let _ = self
@@ -146,76 +207,97 @@ mod tests {
     const B: ServerId = ServerId(2);
     const HASH: u64 = 0x1234_5678_9abc_def0;
     const ISN: u32 = 3_409_297_211;
+    const NOW: Nanos = 1_000_000_000_000;
 
     #[test]
     fn a_first_syn_releases_nothing() {
         let table = HandshakeTable::with_slots(64);
-        assert_eq!(table.on_syn(HASH, ISN, A), None);
+        assert_eq!(table.on_syn(HASH, ISN, A, NOW), None);
     }
 
     #[test]
     fn a_retransmitted_syn_releases_the_previous_pick_whichever_it_was() {
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A);
-        assert_eq!(table.on_syn(HASH, ISN, B), Some(A));
+        table.on_syn(HASH, ISN, A, NOW);
+        assert_eq!(table.on_syn(HASH, ISN, B, NOW), Some(A));
         // Given to the same server again: that server's second count is the one to drop.
-        assert_eq!(table.on_syn(HASH, ISN, B), Some(B));
+        assert_eq!(table.on_syn(HASH, ISN, B, NOW), Some(B));
     }
 
     #[test]
     fn a_new_connection_on_the_same_ports_is_not_a_retransmission() {
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A);
-        assert_eq!(table.on_syn(HASH, ISN.wrapping_add(1_000_000), B), None);
+        table.on_syn(HASH, ISN, A, NOW);
+        assert_eq!(
+            table.on_syn(HASH, ISN.wrapping_add(1_000_000), B, NOW),
+            None
+        );
     }
 
     #[test]
     fn the_first_syn_ack_to_pass_takes_the_count_and_later_ones_do_not() {
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A);
-        table.on_syn(HASH, ISN, B);
+        table.on_syn(HASH, ISN, A, NOW);
+        table.on_syn(HASH, ISN, B, NOW);
         // The first server's SYN-ACK retransmission wins the race to the client.
-        assert_eq!(table.on_syn_ack(HASH, ISN, A), Some(B));
+        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW), Some(B));
         // The second server's answer comes later: the client challenges it, nothing moves.
-        assert_eq!(table.on_syn_ack(HASH, ISN, B), None);
-        assert_eq!(table.on_syn_ack(HASH, ISN, A), None);
+        assert_eq!(table.on_syn_ack(HASH, ISN, B, NOW), None);
+        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW), None);
     }
 
     #[test]
     fn the_holders_own_answer_moves_nothing() {
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A);
-        table.on_syn(HASH, ISN, B);
-        assert_eq!(table.on_syn_ack(HASH, ISN, B), None);
+        table.on_syn(HASH, ISN, A, NOW);
+        table.on_syn(HASH, ISN, B, NOW);
+        assert_eq!(table.on_syn_ack(HASH, ISN, B, NOW), None);
         // The first server's late SYN-ACK retransmissions leave the count with the second.
-        assert_eq!(table.on_syn_ack(HASH, ISN, A), None);
+        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW), None);
     }
 
     #[test]
     fn a_syn_ack_for_an_unknown_syn_moves_nothing() {
         let table = HandshakeTable::with_slots(64);
-        assert_eq!(table.on_syn_ack(HASH, ISN, A), None);
-        table.on_syn(HASH, ISN, A);
-        assert_eq!(table.on_syn_ack(HASH, ISN.wrapping_add(1), B), None);
+        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW), None);
+        table.on_syn(HASH, ISN, A, NOW);
+        table.on_syn(HASH, ISN, A, NOW);
+        assert!(table.retried_recently(HASH, NOW));
+        assert_eq!(table.on_syn_ack(HASH, ISN.wrapping_add(1), B, NOW), None);
     }
 
     #[test]
     fn a_syn_retried_after_an_answer_is_still_a_retransmission() {
         // The SYN-ACK passed the LB but was lost on the way to the client.
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A);
-        table.on_syn_ack(HASH, ISN, A);
-        assert_eq!(table.on_syn(HASH, ISN, B), Some(A));
-        assert_eq!(table.on_syn_ack(HASH, ISN, B), None);
+        table.on_syn(HASH, ISN, A, NOW);
+        table.on_syn_ack(HASH, ISN, A, NOW);
+        assert_eq!(table.on_syn(HASH, ISN, B, NOW), Some(A));
+        assert_eq!(table.on_syn_ack(HASH, ISN, B, NOW), None);
     }
 
     #[test]
     fn an_overwritten_slot_forgets_without_misattributing() {
         let table = HandshakeTable::with_slots(1);
-        table.on_syn(HASH, ISN, A);
-        table.on_syn(!HASH, 7, B);
-        assert_eq!(table.on_syn(HASH, ISN, B), None);
+        table.on_syn(HASH, ISN, A, NOW);
+        table.on_syn(!HASH, 7, B, NOW);
+        assert_eq!(table.on_syn(HASH, ISN, B, NOW), None);
         table.clear();
-        assert_eq!(table.on_syn(!HASH, 7, A), None);
+        assert_eq!(table.on_syn(!HASH, 7, A, NOW), None);
+    }
+
+    #[test]
+    fn only_a_recent_retry_sends_a_syn_ack_to_the_table() {
+        let table = HandshakeTable::with_slots(64);
+        table.on_syn(HASH, ISN, A, NOW);
+        assert!(!table.retried_recently(HASH, NOW));
+        table.on_syn(HASH, ISN, B, NOW);
+        assert!(table.retried_recently(HASH, NOW));
+        let second = 1_000_000_000;
+        assert!(table.retried_recently(HASH, NOW + 60 * second));
+        // Long after the client stopped waiting, the mark has expired.
+        assert!(!table.retried_recently(HASH, NOW + 70 * second));
+        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW + 70 * second), None);
+        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW + 60 * second), Some(B));
     }
 }

@@ -53,7 +53,7 @@ impl WorkerState {
                 // The first answer to a (possibly retransmitted) SYN takes its load count.
                 let client_isn = segment.ack().wrapping_sub(1);
                 let hash = shared.hasher.hash(&key);
-                if let Some(from) = shared.handshakes.on_syn_ack(hash, client_isn, server) {
+                if let Some(from) = shared.handshakes.on_syn_ack(hash, client_isn, server, now) {
                     self.loads.on_connection_moved(from, server);
                     self.counters.inc(Counter::HandshakeCountMoved);
                 }
