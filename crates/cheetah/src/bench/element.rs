@@ -85,7 +85,12 @@ impl Element {
     /// Extracts the element's inputs from the cheetah trace's established client packets
     /// and checks, packet by packet, that the element routes them where the connection is
     /// and leaves MAC and TSecr exactly as the whole pipeline does.
-    pub fn prepare(lab: &Lab, trace: &Trace, full_restore: bool) -> anyhow::Result<Self> {
+    pub fn prepare(
+        lab: &Lab,
+        trace: &Trace,
+        full_restore: bool,
+        ring_frames: usize,
+    ) -> anyhow::Result<Self> {
         let shared = lab.plane.shared().clone();
         let selected: Vec<&TracePacket> = trace
             .packets
@@ -106,11 +111,15 @@ impl Element {
             });
         }
         let servers = lab.plane.shared().snapshot.load().servers.clone();
-        let mut set = PacketSet::new(selected.iter().map(|p| &p.frame[..]), full_restore);
+        let mut set = PacketSet::new(
+            selected.iter().map(|p| &p.frame[..]),
+            full_restore,
+            ring_frames,
+        );
         let mut worker = lab.worker();
         pipeline::warm(&mut worker, trace)?;
         for (i, p) in selected.iter().enumerate() {
-            let routed = element_packet(&servers, &shared.msb, &parsed[i], set.restored(i));
+            let routed = element_packet(&servers, &shared.msb, &parsed[i], set.restored_whole(i));
             ensure!(
                 routed == Ok(p.server),
                 "element sent packet {i} to {routed:?}, not {:?}",

@@ -84,6 +84,11 @@ pub struct Args {
     /// Restore whole frames instead of headers before each use.
     #[arg(long)]
     full_restore: bool,
+    /// Frames in the receive ring the packets are written into, reused pass after pass as
+    /// a NIC ring or AF_XDP UMEM is; 0 gives every packet of the path a buffer of its own
+    /// (the working set is then the whole trace).
+    #[arg(long, default_value_t = packets::DEFAULT_RING_FRAMES)]
+    ring_frames: usize,
     /// Call `Worker::process` once per packet, as the receive loop did before it took
     /// `Worker::process_batch` (the default: one call per burst of 32).
     #[arg(long)]
@@ -121,6 +126,7 @@ impl Args {
             format!("--seed={}", self.seed),
             format!("--no-ts-share={}", self.no_ts_share),
             format!("--trace-policy={}", self.trace_policy.name()),
+            format!("--ring-frames={}", self.ring_frames),
         ];
         if self.full_restore {
             args.push("--full-restore".into());
@@ -275,10 +281,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("{machine}");
     println!("{}", trace_summary(first_trace));
     println!(
-        "runs: {} per row, >= {} packets per run; restore: {}; calls: {}; TSC rate drift over the run {drift:+.3}%",
+        "runs: {} per row, >= {} packets per run; restore: {} into {}; calls: {}; TSC rate drift over the run {drift:+.3}%",
         args.runs,
         args.packets_per_run,
         if args.full_restore { "whole frames" } else { "headers" },
+        match args.ring_frames {
+            0 => "a buffer per packet".to_string(),
+            n => format!("a ring of {n} frames"),
+        },
         if args.per_packet {
             "Worker::process per packet"
         } else {

@@ -1,16 +1,24 @@
-//! The packets of one path: each in its own buffer, restored from a pristine copy before
-//! every use.
+//! The packets of one path, written into a receive ring of recycled frames before every
+//! use.
 //!
-//! The pipeline rewrites packets in place (MAC, TSval/TSecr, checksum), so a buffer must be
-//! put back as it arrived before it is processed again, or the second pass would measure
+//! The pipeline rewrites packets in place (MAC, TSval/TSecr, checksum), so a frame must be
+//! written as the packet arrived before it is processed, or a second pass would measure
 //! already-rewritten packets (and in cheetah mode route by a restored TSecr, i.e. garbage).
-//! Only the headers are copied back by default: the pipeline never writes past the TCP
-//! header, which [`PacketSet::payload_untouched`] checks for every packet before timing,
-//! and copying 1448-byte payloads would bury the figure under memcpy noise.
+//! Only the headers are written by default: the pipeline never writes past the TCP header,
+//! which the checking pass verifies for every packet on a whole-frame copy, and copying
+//! 1448-byte payloads would bury the figure under memcpy noise.
 //!
-//! Passes go in bursts of [`BURST`] packets, as a DPDK or AF_XDP receive loop does: restore
-//! a burst (the "NIC" writes it), then process it. Restoring one packet and processing it
-//! straight after would let the restore's cache misses stall the processing in the timed
+//! The frames are a ring, as a NIC's receive ring or an AF_XDP UMEM is: packet `i` is
+//! written into frame `i % ring`, so a burst's packets each have a buffer of their own and
+//! the ring's frames are reused pass after pass. With one buffer per packet instead
+//! (`--ring-frames 0`) the path's working set is the whole trace: 57,000 server packets of
+//! 1.5 KB each, twice (pristine and work), 170 MB that no receive path ever has in flight,
+//! and the figure measures the harness's TLB and cache misses. The pristine headers are
+//! kept packed, back to back, for the same reason.
+//!
+//! Passes go in bursts of [`BURST`] packets, as a DPDK or AF_XDP receive loop does: write
+//! a burst (the "NIC" does), then process it. Writing one packet and processing it
+//! straight after would let the writes' cache misses stall the processing in the timed
 //! pass but overlap one another in the restore-only pass, so the subtraction would charge
 //! the harness's memory traffic to the pipeline. In bursts, both passes run the same
 //! restore phase, and the processing finds the burst's headers in L1, as after a real
@@ -21,11 +29,18 @@ use std::hint::black_box;
 /// Packets restored, then processed, at a time (a typical receive burst).
 pub const BURST: usize = 32;
 
+/// Default frames in the receive ring: a common NIC ring and AF_XDP fill ring size.
+pub const DEFAULT_RING_FRAMES: usize = 4096;
+
 pub struct PacketSet {
+    /// Each packet as it arrived, for whole-frame restores and the checks.
     pristine: Vec<Vec<u8>>,
-    work: Vec<Vec<u8>>,
-    /// Bytes to copy back per packet: the headers, or the whole frame.
-    restore: Vec<usize>,
+    /// The bytes each restore writes (headers, or whole frames), packed back to back.
+    packed: Vec<u8>,
+    /// Where packet `i`'s restore bytes start in `packed`; `packed_at[i + 1]` is the end.
+    packed_at: Vec<usize>,
+    /// The receive ring; packet `i` lives in frame `i % frames.len()`.
+    frames: Vec<Box<[u8]>>,
 }
 
 /// End of the TCP header of an untagged IPv4/TCP frame (what the trace holds).
@@ -35,24 +50,42 @@ fn headers_len(frame: &[u8]) -> usize {
 }
 
 impl PacketSet {
-    pub fn new<'a>(frames: impl IntoIterator<Item = &'a [u8]>, full_restore: bool) -> Self {
+    /// `ring_frames` frames in the receive ring (rounded up to whole bursts, at most one
+    /// per packet); 0 gives every packet a frame of its own.
+    pub fn new<'a>(
+        frames: impl IntoIterator<Item = &'a [u8]>,
+        full_restore: bool,
+        ring_frames: usize,
+    ) -> Self {
         let pristine: Vec<Vec<u8>> = frames.into_iter().map(<[u8]>::to_vec).collect();
-        let work = pristine.clone();
-        let restore = pristine
-            .iter()
-            .map(|f| {
-                if full_restore {
-                    f.len()
-                } else {
-                    headers_len(f)
-                }
-            })
-            .collect();
-        PacketSet {
-            pristine,
-            work,
-            restore,
+        let mut packed = Vec::new();
+        let mut packed_at = vec![0];
+        for frame in &pristine {
+            let len = if full_restore {
+                frame.len()
+            } else {
+                headers_len(frame)
+            };
+            packed.extend_from_slice(&frame[..len]);
+            packed_at.push(packed.len());
         }
+        let ring = match ring_frames {
+            0 => pristine.len(),
+            n => n.div_ceil(BURST).saturating_mul(BURST).min(pristine.len()),
+        };
+        let frame_size = pristine.iter().map(Vec::len).max().unwrap_or(0);
+        let mut set = PacketSet {
+            frames: (0..ring)
+                .map(|_| vec![0u8; frame_size].into_boxed_slice())
+                .collect(),
+            pristine,
+            packed,
+            packed_at,
+        };
+        for i in 0..set.len() {
+            set.restored_whole(i);
+        }
+        set
     }
 
     pub fn len(&self) -> usize {
@@ -61,26 +94,48 @@ impl PacketSet {
 
     /// Mean bytes copied back per packet.
     pub fn mean_restore_bytes(&self) -> f64 {
-        self.restore.iter().sum::<usize>() as f64 / self.len().max(1) as f64
+        self.packed.len() as f64 / self.len().max(1) as f64
     }
 
-    /// Puts packet `i` back as it arrived and returns its buffer.
+    #[inline(always)]
+    fn frame(&mut self, i: usize) -> &mut [u8] {
+        let len = self.pristine[i].len();
+        let ring = self.frames.len();
+        &mut self.frames[i % ring][..len]
+    }
+
+    /// Writes packet `i`'s restore bytes into its frame and returns the packet. Past them
+    /// the frame holds whatever an earlier packet left, which the pipeline never reads.
     #[inline(always)]
     pub fn restored(&mut self, i: usize) -> &mut [u8] {
-        let len = self.restore[i];
-        let work = &mut self.work[i];
-        work[..len].copy_from_slice(&self.pristine[i][..len]);
-        work
+        let (start, end) = (self.packed_at[i], self.packed_at[i + 1]);
+        let ring = self.frames.len();
+        let len = self.pristine[i].len();
+        let frame = &mut self.frames[i % ring][..len];
+        frame[..end - start].copy_from_slice(&self.packed[start..end]);
+        frame
     }
 
-    /// Whether everything past the restored bytes of packet `i` is still as it arrived.
-    pub fn payload_untouched(&self, i: usize) -> bool {
-        let len = self.restore[i];
-        self.work[i][len..] == self.pristine[i][len..]
+    /// Writes the whole of packet `i` into its frame (for the checking pass).
+    pub fn restored_whole(&mut self, i: usize) -> &mut [u8] {
+        let ring = self.frames.len();
+        let frame = &mut self.frames[i % ring][..self.pristine[i].len()];
+        frame.copy_from_slice(&self.pristine[i]);
+        frame
     }
 
-    pub fn work(&self, i: usize) -> &[u8] {
-        &self.work[i]
+    /// Whether everything past the restore bytes of packet `i` is still as it arrived
+    /// (meaningful after [`restored_whole`](Self::restored_whole) and one processing).
+    pub fn payload_untouched(&mut self, i: usize) -> bool {
+        let len = self.packed_at[i + 1] - self.packed_at[i];
+        let pristine = &self.pristine[i][len..];
+        let ring = self.frames.len();
+        &self.frames[i % ring][len..self.pristine[i].len()] == pristine
+    }
+
+    /// Packet `i` as its frame holds it now.
+    pub fn work(&mut self, i: usize) -> &[u8] {
+        self.frame(i)
     }
 
     /// One pass, burst by burst: restore the burst, then hand each packet to `f` (which
@@ -91,7 +146,7 @@ impl PacketSet {
             let end = (start + BURST).min(self.len());
             self.restore_burst(start, end);
             for i in start..end {
-                f(i, &mut self.work[i]);
+                f(i, self.frame(i));
             }
         }
     }
@@ -99,18 +154,29 @@ impl PacketSet {
     /// One pass, burst by burst: restore the burst, then hand the whole burst to `f` (for
     /// `Worker::process_batch`, as the receive loop calls it).
     #[inline(never)]
-    pub fn pass_bursts(&mut self, mut f: impl FnMut(&mut [Vec<u8>])) {
+    pub fn pass_bursts(&mut self, mut f: impl FnMut(&mut dyn Iterator<Item = &mut [u8]>)) {
         for start in (0..self.len()).step_by(BURST) {
             let end = (start + BURST).min(self.len());
-            self.restore_burst(start, end);
-            f(&mut self.work[start..end]);
+            f(&mut self.restored_burst(start, end));
         }
     }
 
-    /// Restores packets `start..end` and returns their buffers.
-    pub fn restored_burst(&mut self, start: usize, end: usize) -> &mut [Vec<u8>] {
+    /// Restores packets `start..end` (within one burst) and returns them in order.
+    #[inline(always)]
+    pub fn restored_burst(
+        &mut self,
+        start: usize,
+        end: usize,
+    ) -> impl Iterator<Item = &mut [u8]> + '_ {
         self.restore_burst(start, end);
-        &mut self.work[start..end]
+        // The ring is whole bursts and every burst starts on a multiple of BURST, so a
+        // burst's frames are contiguous in the ring.
+        let ring = self.frames.len();
+        let first = start % ring;
+        self.frames[first..first + (end - start)]
+            .iter_mut()
+            .zip(&self.pristine[start..end])
+            .map(|(frame, pristine)| &mut frame[..pristine.len()])
     }
 
     /// A pass that only restores: the baseline subtracted from every packet figure.
@@ -120,7 +186,7 @@ impl PacketSet {
             let end = (start + BURST).min(self.len());
             self.restore_burst(start, end);
             for i in start..end {
-                black_box(&mut self.work[i]);
+                black_box(self.frame(i));
             }
         }
     }
@@ -129,6 +195,51 @@ impl PacketSet {
     fn restore_burst(&mut self, start: usize, end: usize) {
         for i in start..end {
             black_box(self.restored(i));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An untagged IPv4/TCP frame whose payload bytes are all `fill`.
+    fn frame(fill: u8, payload: usize) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 20 + payload];
+        f[14] = 0x45;
+        f[14 + 20 + 12] = 5 << 4;
+        f[14 + 40..].fill(fill);
+        f[0] = fill;
+        f
+    }
+
+    #[test]
+    fn a_ring_smaller_than_the_set_recycles_frames_and_restores_headers() {
+        let frames: Vec<Vec<u8>> = (0..100).map(|i| frame(i as u8, 10 + i)).collect();
+        let mut set = PacketSet::new(frames.iter().map(|f| &f[..]), false, 40);
+        assert_eq!(set.frames.len(), 64);
+        for (i, frame) in frames.iter().enumerate() {
+            let packet = set.restored(i);
+            assert_eq!(packet.len(), frame.len());
+            assert_eq!(packet[..54], frame[..54]);
+        }
+        set.restored_whole(70);
+        assert!(set.payload_untouched(70));
+        assert_eq!(set.work(70), &frames[70][..]);
+    }
+
+    #[test]
+    fn bursts_hand_out_each_packet_once_in_order() {
+        let frames: Vec<Vec<u8>> = (0..70).map(|i| frame(i as u8, 3)).collect();
+        for ring in [0, 32, 4096] {
+            let mut set = PacketSet::new(frames.iter().map(|f| &f[..]), false, ring);
+            let mut seen = Vec::new();
+            set.pass_bursts(|burst| seen.extend(burst.map(|p| p[0])));
+            assert_eq!(
+                seen,
+                (0..70).map(|i| i as u8).collect::<Vec<_>>(),
+                "ring {ring}"
+            );
         }
     }
 }

@@ -36,7 +36,12 @@ pub struct Prepared {
 
 /// Replays the whole trace through `worker`, as the trace's time went, so it holds what a
 /// worker that saw this traffic holds (load counts, fallback entries); fails on any drop.
+///
+/// The LB's recent SYNs are forgotten first: the trace was played through this LB before
+/// (to generate it, or to warm another row's worker), and a SYN seen again would count as
+/// a retransmission, sending every SYN-ACK after it down the retried-SYN path.
 pub fn warm(worker: &mut Worker, trace: &Trace) -> anyhow::Result<()> {
+    worker.shared().handshakes.clear();
     let mut drops: Vec<DropReason> = Vec::new();
     for packet in &trace.packets {
         let mut frame = packet.frame.clone();
@@ -60,6 +65,7 @@ pub fn prepare(
     path: Path,
     full_restore: bool,
     per_packet: bool,
+    ring_frames: usize,
 ) -> anyhow::Result<Prepared> {
     let mut worker = lab.worker();
     warm(&mut worker, trace)?;
@@ -69,7 +75,11 @@ pub fn prepare(
         "the trace has no {} packets",
         path.name()
     );
-    let mut set = PacketSet::new(selected.iter().map(|p| &p.frame[..]), full_restore);
+    let mut set = PacketSet::new(
+        selected.iter().map(|p| &p.frame[..]),
+        full_restore,
+        ring_frames,
+    );
     let now = trace.end;
     let counters = worker.counters().clone();
     let (fast0, slow0) = (
@@ -82,7 +92,7 @@ pub fn prepare(
     let mut drops: Vec<(DropReason, usize)> = Vec::new();
     let mut misrouted = 0usize;
     for (i, packet) in selected.iter().enumerate() {
-        let verdict = worker.process(set.restored(i), now);
+        let verdict = worker.process(set.restored_whole(i), now);
         let ok = match verdict {
             Verdict::ToServer(server) if packet.role.is_client() => {
                 !fixed_server || server == packet.server
@@ -126,8 +136,6 @@ pub fn prepare(
 }
 
 impl Prepared {
-    /// Processes `packets` packets (cycling over the path) with no timing, each through
-    /// [`measured_packet`], for `valgrind --toggle-collect`.
     /// Processes `packets` packets (cycling over the path) with no timing, in bursts
     /// through [`measured_packet_burst`] (or one by one through [`measured_packet`] with
     /// `--per-packet`), for `valgrind --toggle-collect`.
@@ -169,7 +177,7 @@ impl Timed for Prepared {
                     });
                 } else {
                     self.set.pass_bursts(|burst| {
-                        worker.process_batch(burst.iter_mut().map(|b| &mut b[..]), now, |v| {
+                        worker.process_batch(burst, now, |v| {
                             black_box(v);
                         });
                     });
@@ -188,8 +196,12 @@ pub fn measured_packet(worker: &mut Worker, packet: &mut [u8], now: Nanos) -> Ve
 /// One burst through the pipeline as the receive loop runs it, never inlined so callgrind
 /// can count exactly it (its name matches the same `--toggle-collect` pattern).
 #[inline(never)]
-pub fn measured_packet_burst(worker: &mut Worker, burst: &mut [Vec<u8>], now: Nanos) {
-    worker.process_batch(burst.iter_mut().map(|b| &mut b[..]), now, |v| {
+pub fn measured_packet_burst<'p>(
+    worker: &mut Worker,
+    burst: impl Iterator<Item = &'p mut [u8]>,
+    now: Nanos,
+) {
+    worker.process_batch(burst, now, |v| {
         black_box(v);
     });
 }

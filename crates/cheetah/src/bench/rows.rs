@@ -88,6 +88,7 @@ impl Subject {
                 &modal.lab,
                 &modal.trace,
                 args.full_restore,
+                args.ring_frames,
             )?),
             _ => {
                 // Each policy's SYN row gets an LB of its own with that VIP policy.
@@ -103,6 +104,7 @@ impl Subject {
                         item.path,
                         args.full_restore,
                         args.per_packet,
+                        args.ring_frames,
                     )
                     .with_context(|| item.label())?,
                 ))
