@@ -49,6 +49,16 @@ const TS_AFTER_NOP_NOP: usize = 2;
 /// TSecr offset from the start of the TCP options (NOP NOP kind len TSval).
 const TSECR_IN_OPTIONS: usize = 2 + 6;
 
+/// What the straight line reads of every segment before it knows the direction.
+#[derive(Clone, Copy)]
+struct PlainSegment {
+    layout: Ipv4Layout,
+    /// The TCP data offset and flags word.
+    doff_flags: u16,
+    src_port: u16,
+    dst_port: u16,
+}
+
 /// An untagged IPv4 frame without IP options or fragmentation carrying a TCP segment whose
 /// header has room for NOP NOP TS, all within the frame: its layout and the TCP data offset
 /// and flags word.
@@ -167,31 +177,36 @@ impl WorkerState {
         debug_assert_eq!(NAT, snapshot.forwarding == Forwarding::Nat);
         let (layout, doff_flags) = plain_ipv4_tcp(packet)?;
         let ports = read_u32(packet, layout.l4);
-        let (src_port, dst_port) = ((ports >> 16) as u16, ports as u16);
-        match snapshot.vip_index(layout.dst, dst_port) {
-            Some(vip_index) => self.client_fast::<CHEETAH, NAT>(
-                snapshot, shared, packet, layout, doff_flags, src_port, dst_port, vip_index,
-            ),
-            None => self.reply_fast::<CHEETAH, NAT>(
-                snapshot, shared, packet, layout, doff_flags, src_port, dst_port, now,
-            ),
+        let segment = PlainSegment {
+            layout,
+            doff_flags,
+            src_port: (ports >> 16) as u16,
+            dst_port: ports as u16,
+        };
+        match snapshot.vip_index(layout.dst, segment.dst_port) {
+            Some(vip_index) => {
+                self.client_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, vip_index)
+            }
+            None => self.reply_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, now),
         }
     }
 
     /// A client segment to the VIP at `vip_index`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn client_fast<const CHEETAH: bool, const NAT: bool>(
         &mut self,
         snapshot: &Snapshot,
         shared: &LbShared,
         packet: &mut [u8],
-        layout: Ipv4Layout,
-        doff_flags: u16,
-        client_port: u16,
-        vip_port: u16,
+        segment: PlainSegment,
         vip_index: u16,
     ) -> Option<Verdict> {
+        let PlainSegment {
+            layout,
+            doff_flags,
+            src_port: client_port,
+            dst_port: vip_port,
+        } = segment;
         let l4 = layout.l4;
         if CHEETAH && (doff_flags & SYN as u16 != 0 || read_u32(packet, l4 + TCP) != NOP_NOP_TS) {
             return None;
@@ -249,18 +264,20 @@ impl WorkerState {
     /// A segment not to a VIP port: a server's reply if its source says so (found exactly
     /// as the general classifier finds it), else `None`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn reply_fast<const CHEETAH: bool, const NAT: bool>(
         &mut self,
         snapshot: &Snapshot,
         shared: &LbShared,
         packet: &mut [u8],
-        layout: Ipv4Layout,
-        doff_flags: u16,
-        src_port: u16,
-        client_port: u16,
+        segment: PlainSegment,
         now: Nanos,
     ) -> Option<Verdict> {
+        let PlainSegment {
+            layout,
+            doff_flags,
+            src_port,
+            dst_port: client_port,
+        } = segment;
         let l4 = layout.l4;
         let sender = if NAT {
             let (server, vip) = snapshot.nat_backend(layout.src, src_port)?;
