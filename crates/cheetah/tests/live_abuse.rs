@@ -16,8 +16,8 @@ mod support;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use cheetah::crafted::forged_acks;
 use cheetah_core::cookie::tcp_ts;
@@ -645,28 +645,11 @@ fn second_runs_fail_and_change_nothing(testbed: &Testbed, lb: &Lb) {
 /// is killed and the test fails: it would have been running beside the LB). Its exit code
 /// and stderr.
 fn run_expecting_failure(namespace: &str, config: &Path) -> (Option<i32>, String) {
-    let mut child = Command::new("ip")
+    let mut command = Command::new("ip");
+    command
         .args(["netns", "exec", namespace, cheetah_bin(), "run", "--config"])
-        .arg(config)
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`cheetah run --config {}` kept running", config.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+        .arg(config);
+    exit_within(command, Duration::from_secs(20))
 }
 
 /// The XDP program id on each of the LB's interfaces (`prog/xdp id N` in `ip link`).

@@ -5,10 +5,14 @@
 //!
 //! The live counterpart, beside a running LB, is in `live_abuse.rs`.
 
+mod support;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+use support::exit_within;
 
 /// A config whose every part is valid; each test breaks one thing. Line numbers matter:
 /// the tests check that messages name the user's lines.
@@ -68,26 +72,10 @@ impl Setup {
 }
 
 fn run_fails(config: &Path) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cheetah"))
-        .args(["run", "--config"])
-        .arg(config)
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`cheetah run --config {}` kept running", config.display());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "the config was accepted:\n{stderr}");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cheetah"));
+    command.args(["run", "--config"]).arg(config);
+    let (code, stderr) = exit_within(command, Duration::from_secs(20));
+    assert_ne!(code, Some(0), "the config was accepted:\n{stderr}");
     stderr
 }
 
