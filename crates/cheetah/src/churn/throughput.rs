@@ -50,6 +50,9 @@ struct Row {
     lb_cpu_ns_per_packet: Option<f64>,
     /// The LB's packets per request (both directions).
     packets_per_request: Option<f64>,
+    /// Frames the LB dropped during the run: its drop reasons plus frames lost to a full TX
+    /// ring (a healthy run has none; each is a retransmission for some client).
+    lb_drops: Option<f64>,
     /// CPU time of the whole machine (all processes, softirqs) per request, in µs.
     host_cpu_us_per_request: f64,
 }
@@ -178,6 +181,7 @@ fn measure(
         let cpu_s = (after.cpu_ticks - before.cpu_ticks) as f64 / ticks_per_sec;
         row.lb_cpu_ns_per_packet = Some(cpu_s * 1e9 / packets);
         row.packets_per_request = Some(packets / requests.max(1.0));
+        row.lb_drops = Some(after.drops - before.drops);
     }
     Ok(row)
 }
@@ -243,6 +247,19 @@ fn millis(text: &str) -> Option<f64> {
 struct LbSample {
     cpu_ticks: u64,
     packets: f64,
+    drops: f64,
+}
+
+/// The sum of a metric's samples over all its label sets.
+fn metric_total(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 fn lb_sample(lb: &Lb) -> anyhow::Result<LbSample> {
@@ -254,12 +271,12 @@ fn lb_sample(lb: &Lb) -> anyhow::Result<LbSample> {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let cpu_ticks = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
     let metrics = lb.metrics()?;
-    let packets = metrics
-        .lines()
-        .filter(|l| l.starts_with("cheetah_io_rx_packets_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    Ok(LbSample { cpu_ticks, packets })
+    Ok(LbSample {
+        cpu_ticks,
+        packets: metric_total(&metrics, "cheetah_io_rx_packets_total"),
+        drops: metric_total(&metrics, "cheetah_drops_total")
+            + metric_total(&metrics, "cheetah_io_tx_ring_full_total"),
+    })
 }
 
 /// Busy time of the whole machine, in clock ticks (all CPUs, user + system + softirq...).
@@ -300,8 +317,8 @@ fn sh(args: &[&str]) -> anyhow::Result<()> {
 fn table(args: &ThroughputArgs, rows: &[Row]) -> String {
     let mut text = format!(
         "wrk -t{} -c{} -d{}s --latency, GET {} (keep-alive), from {}-c1 behind the router\n\n\
-         | configuration | requests/s | p50 ms | p99 ms | LB process CPU ns/packet | LB packets/request | host CPU µs/request |\n\
-         |---|---:|---:|---:|---:|---:|---:|\n",
+         | configuration | requests/s | p50 ms | p99 ms | LB process CPU ns/packet | LB packets/request | LB frames dropped | host CPU µs/request |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
         args.threads,
         args.connections,
         args.duration.as_secs(),
@@ -312,13 +329,14 @@ fn table(args: &ThroughputArgs, rows: &[Row]) -> String {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
         text.push_str(&format!(
-            "| {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.1} |\n",
+            "| {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {:.1} |\n",
             row.name,
             row.requests_per_sec,
             row.p50_ms,
             row.p99_ms,
             opt(row.lb_cpu_ns_per_packet, 0),
             opt(row.packets_per_request, 1),
+            opt(row.lb_drops, 0),
             row.host_cpu_us_per_request
         ));
     }
@@ -356,5 +374,17 @@ Transfer/sec:     10.00MB
     fn a_run_with_errors_is_not_a_result() {
         let failed = format!("{WRK}  Socket errors: connect 0, read 3, write 0, timeout 0\n");
         assert!(parse_wrk(&failed).is_none());
+    }
+
+    #[test]
+    fn a_metric_total_sums_its_label_sets_and_nothing_else() {
+        let metrics = "# TYPE cheetah_drops counter\n\
+            cheetah_drops_total{worker=\"0\",reason=\"bad_ihl\"} 3\n\
+            cheetah_drops_total{worker=\"1\",reason=\"bad_ihl\"} 4\n\
+            cheetah_drops_totally{worker=\"0\"} 100\n\
+            cheetah_io_tx_ring_full_total{worker=\"0\"} 2\n";
+        assert_eq!(metric_total(metrics, "cheetah_drops_total"), 7.0);
+        assert_eq!(metric_total(metrics, "cheetah_io_tx_ring_full_total"), 2.0);
+        assert_eq!(metric_total(metrics, "cheetah_missing_total"), 0.0);
     }
 }
