@@ -2,6 +2,7 @@
 
 use super::cookie_stage::route_by_cookie;
 use super::counters::Counter;
+use super::handshakes::Handshake;
 use super::shared::LbShared;
 use super::worker::{baseline_pick, Ipv4Layout, WorkerState};
 use crate::config::{Forwarding, Mode};
@@ -136,7 +137,11 @@ impl WorkerState {
         server: ServerId,
         now: Nanos,
     ) {
-        if let Some(previous) = shared.handshakes.on_syn(hash, client_isn, server, now) {
+        if let Some(previous) =
+            shared
+                .handshakes
+                .on_syn(Handshake::new(hash, client_isn), server, now)
+        {
             self.loads.on_syn_retransmitted(previous);
             self.counters.inc(Counter::SynRetransmissions);
         }

@@ -60,6 +60,33 @@ pub const RETRY_MEMORY_UNITS: u16 = 64;
 const MARKED: u16 = 0x8000;
 const UNIT_MASK: u16 = 0x7fff;
 
+/// One opening of a connection: the connection (its flow hash) and the client's initial
+/// sequence number, which a retransmitted SYN repeats and a new connection on the same
+/// addresses and ports does not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handshake {
+    pub flow_hash: u64,
+    pub client_isn: u32,
+}
+
+impl Handshake {
+    #[inline]
+    pub fn new(flow_hash: u64, client_isn: u32) -> Self {
+        Handshake {
+            flow_hash,
+            client_isn,
+        }
+    }
+
+    /// Identifies the handshake within a slot. The slot index takes the low bits of the
+    /// hash, the fingerprint its high half, so two SYNs sharing a slot are told apart with
+    /// 32 independent bits.
+    #[inline]
+    fn fingerprint(self) -> u64 {
+        ((self.flow_hash >> 32) as u32 ^ self.client_isn) as u64
+    }
+}
+
 /// Recent SYNs and the server holding each one's load count, shared by all workers.
 pub struct HandshakeTable {
     slots: Box<[AtomicU64]>,
@@ -121,14 +148,6 @@ impl HandshakeTable {
         &self.slots[flow_hash as usize & self.mask]
     }
 
-    /// Identifies (connection, client ISN) within a slot. The slot index takes the low
-    /// bits of the hash, the fingerprint its high half, so two SYNs sharing a slot are told
-    /// apart with 32 independent bits.
-    #[inline]
-    fn fingerprint(flow_hash: u64, client_isn: u32) -> u64 {
-        ((flow_hash >> 32) as u32 ^ client_isn) as u64
-    }
-
     #[inline]
     fn holder(entry: u64) -> ServerId {
         ServerId(((entry >> HOLDER_SHIFT) & HOLDER_MASK) as u16)
@@ -139,47 +158,34 @@ impl HandshakeTable {
         entry & VALID != 0 && entry & 0xffff_ffff == fingerprint
     }
 
-    /// A SYN with `client_isn` was given to `server`, whose count the caller raised. If the
-    /// same SYN was seen before, returns the server it was given then, whose count the
-    /// caller must lower: the client has stopped waiting for that server's answer.
+    /// The SYN of `syn` was given to `server`, whose count the caller raised. If the same
+    /// SYN was seen before, returns the server it was given then, whose count the caller
+    /// must lower: the client has stopped waiting for that server's answer.
     #[inline]
-    pub fn on_syn(
-        &self,
-        flow_hash: u64,
-        client_isn: u32,
-        server: ServerId,
-        now: Nanos,
-    ) -> Option<ServerId> {
-        let fingerprint = Self::fingerprint(flow_hash, client_isn);
+    pub fn on_syn(&self, syn: Handshake, server: ServerId, now: Nanos) -> Option<ServerId> {
+        let fingerprint = syn.fingerprint();
         let entry = VALID | ((server.0 as u64 & HOLDER_MASK) << HOLDER_SHIFT) | fingerprint;
-        let previous = self.slot(flow_hash).swap(entry, Relaxed);
+        let previous = self.slot(syn.flow_hash).swap(entry, Relaxed);
         if !Self::matches(previous, fingerprint) {
             return None;
         }
-        self.retry_mark(flow_hash)
+        self.retry_mark(syn.flow_hash)
             .store(MARKED | Self::unit(now), Relaxed);
         Some(Self::holder(previous))
     }
 
-    /// `server` answered the SYN with `client_isn` (its SYN-ACK acknowledges
-    /// `client_isn + 1`). If this is the first answer to pass the LB and another server
-    /// holds the count, returns that server: the caller moves the count from it to
-    /// `server`.
+    /// `server` answered the SYN of `syn` (its SYN-ACK acknowledges `client_isn + 1`). If
+    /// this is the first answer to pass the LB and another server holds the count, returns
+    /// that server: the caller moves the count from it to `server`.
     #[inline]
-    pub fn on_syn_ack(
-        &self,
-        flow_hash: u64,
-        client_isn: u32,
-        server: ServerId,
-        now: Nanos,
-    ) -> Option<ServerId> {
-        if !self.retried_recently(flow_hash, now) {
+    pub fn on_syn_ack(&self, syn: Handshake, server: ServerId, now: Nanos) -> Option<ServerId> {
+        if !self.retried_recently(syn.flow_hash, now) {
             return None;
         }
-        let fingerprint = Self::fingerprint(flow_hash, client_isn);
+        let fingerprint = syn.fingerprint();
         let mut moved_from = None;
         let _ = self
-            .slot(flow_hash)
+            .slot(syn.flow_hash)
             .fetch_update(Relaxed, Relaxed, |entry| {
                 moved_from = None;
                 if !Self::matches(entry, fingerprint) || entry & ANSWERED != 0 {
@@ -208,28 +214,32 @@ mod tests {
     const HASH: u64 = 0x1234_5678_9abc_def0;
     const ISN: u32 = 3_409_297_211;
     const NOW: Nanos = 1_000_000_000_000;
+    const KEY: Handshake = Handshake {
+        flow_hash: HASH,
+        client_isn: ISN,
+    };
 
     #[test]
     fn a_first_syn_releases_nothing() {
         let table = HandshakeTable::with_slots(64);
-        assert_eq!(table.on_syn(HASH, ISN, A, NOW), None);
+        assert_eq!(table.on_syn(KEY, A, NOW), None);
     }
 
     #[test]
     fn a_retransmitted_syn_releases_the_previous_pick_whichever_it_was() {
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A, NOW);
-        assert_eq!(table.on_syn(HASH, ISN, B, NOW), Some(A));
+        table.on_syn(KEY, A, NOW);
+        assert_eq!(table.on_syn(KEY, B, NOW), Some(A));
         // Given to the same server again: that server's second count is the one to drop.
-        assert_eq!(table.on_syn(HASH, ISN, B, NOW), Some(B));
+        assert_eq!(table.on_syn(KEY, B, NOW), Some(B));
     }
 
     #[test]
     fn a_new_connection_on_the_same_ports_is_not_a_retransmission() {
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A, NOW);
+        table.on_syn(KEY, A, NOW);
         assert_eq!(
-            table.on_syn(HASH, ISN.wrapping_add(1_000_000), B, NOW),
+            table.on_syn(Handshake::new(HASH, ISN.wrapping_add(1_000_000)), B, NOW),
             None
         );
     }
@@ -237,67 +247,70 @@ mod tests {
     #[test]
     fn the_first_syn_ack_to_pass_takes_the_count_and_later_ones_do_not() {
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A, NOW);
-        table.on_syn(HASH, ISN, B, NOW);
+        table.on_syn(KEY, A, NOW);
+        table.on_syn(KEY, B, NOW);
         // The first server's SYN-ACK retransmission wins the race to the client.
-        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW), Some(B));
+        assert_eq!(table.on_syn_ack(KEY, A, NOW), Some(B));
         // The second server's answer comes later: the client challenges it, nothing moves.
-        assert_eq!(table.on_syn_ack(HASH, ISN, B, NOW), None);
-        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW), None);
+        assert_eq!(table.on_syn_ack(KEY, B, NOW), None);
+        assert_eq!(table.on_syn_ack(KEY, A, NOW), None);
     }
 
     #[test]
     fn the_holders_own_answer_moves_nothing() {
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A, NOW);
-        table.on_syn(HASH, ISN, B, NOW);
-        assert_eq!(table.on_syn_ack(HASH, ISN, B, NOW), None);
+        table.on_syn(KEY, A, NOW);
+        table.on_syn(KEY, B, NOW);
+        assert_eq!(table.on_syn_ack(KEY, B, NOW), None);
         // The first server's late SYN-ACK retransmissions leave the count with the second.
-        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW), None);
+        assert_eq!(table.on_syn_ack(KEY, A, NOW), None);
     }
 
     #[test]
     fn a_syn_ack_for_an_unknown_syn_moves_nothing() {
         let table = HandshakeTable::with_slots(64);
-        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW), None);
-        table.on_syn(HASH, ISN, A, NOW);
-        table.on_syn(HASH, ISN, A, NOW);
+        assert_eq!(table.on_syn_ack(KEY, A, NOW), None);
+        table.on_syn(KEY, A, NOW);
+        table.on_syn(KEY, A, NOW);
         assert!(table.retried_recently(HASH, NOW));
-        assert_eq!(table.on_syn_ack(HASH, ISN.wrapping_add(1), B, NOW), None);
+        assert_eq!(
+            table.on_syn_ack(Handshake::new(HASH, ISN.wrapping_add(1)), B, NOW),
+            None
+        );
     }
 
     #[test]
     fn a_syn_retried_after_an_answer_is_still_a_retransmission() {
         // The SYN-ACK passed the LB but was lost on the way to the client.
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A, NOW);
-        table.on_syn_ack(HASH, ISN, A, NOW);
-        assert_eq!(table.on_syn(HASH, ISN, B, NOW), Some(A));
-        assert_eq!(table.on_syn_ack(HASH, ISN, B, NOW), None);
+        table.on_syn(KEY, A, NOW);
+        table.on_syn_ack(KEY, A, NOW);
+        assert_eq!(table.on_syn(KEY, B, NOW), Some(A));
+        assert_eq!(table.on_syn_ack(KEY, B, NOW), None);
     }
 
     #[test]
     fn an_overwritten_slot_forgets_without_misattributing() {
         let table = HandshakeTable::with_slots(1);
-        table.on_syn(HASH, ISN, A, NOW);
-        table.on_syn(!HASH, 7, B, NOW);
-        assert_eq!(table.on_syn(HASH, ISN, B, NOW), None);
+        table.on_syn(KEY, A, NOW);
+        table.on_syn(Handshake::new(!HASH, 7), B, NOW);
+        assert_eq!(table.on_syn(KEY, B, NOW), None);
         table.clear();
-        assert_eq!(table.on_syn(!HASH, 7, A, NOW), None);
+        assert_eq!(table.on_syn(Handshake::new(!HASH, 7), A, NOW), None);
     }
 
     #[test]
     fn only_a_recent_retry_sends_a_syn_ack_to_the_table() {
         let table = HandshakeTable::with_slots(64);
-        table.on_syn(HASH, ISN, A, NOW);
+        table.on_syn(KEY, A, NOW);
         assert!(!table.retried_recently(HASH, NOW));
-        table.on_syn(HASH, ISN, B, NOW);
+        table.on_syn(KEY, B, NOW);
         assert!(table.retried_recently(HASH, NOW));
         let second = 1_000_000_000;
         assert!(table.retried_recently(HASH, NOW + 60 * second));
         // Long after the client stopped waiting, the mark has expired.
         assert!(!table.retried_recently(HASH, NOW + 70 * second));
-        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW + 70 * second), None);
-        assert_eq!(table.on_syn_ack(HASH, ISN, A, NOW + 60 * second), Some(B));
+        assert_eq!(table.on_syn_ack(KEY, A, NOW + 70 * second), None);
+        assert_eq!(table.on_syn_ack(KEY, A, NOW + 60 * second), Some(B));
     }
 }

@@ -1,6 +1,7 @@
 //! Server -> client TCP: the cookie goes into TSval, M is learnt, NAT is undone.
 
 use super::counters::Counter;
+use super::handshakes::Handshake;
 use super::shared::LbShared;
 use super::worker::{Ipv4Layout, Sender, WorkerState};
 use crate::config::Mode;
@@ -53,7 +54,11 @@ impl WorkerState {
                 // The first answer to a (possibly retransmitted) SYN takes its load count.
                 let client_isn = segment.ack().wrapping_sub(1);
                 let hash = shared.hasher.hash(&key);
-                if let Some(from) = shared.handshakes.on_syn_ack(hash, client_isn, server, now) {
+                if let Some(from) =
+                    shared
+                        .handshakes
+                        .on_syn_ack(Handshake::new(hash, client_isn), server, now)
+                {
                     self.loads.on_connection_moved(from, server);
                     self.counters.inc(Counter::HandshakeCountMoved);
                 }
