@@ -36,6 +36,19 @@ const SIGNIFICANCE: f64 = 1e-4;
 /// a request a second each, and 10 short connections a second.
 const LOAD: &[&str] = &["--keepalive", "32", "--short-rate", "10/s"];
 
+/// A server outside every pool, added and removed so that adding it again is refused
+/// (its id is quarantined).
+const ADD_SERVER_99: [&str; 8] = [
+    "servers",
+    "add",
+    "--id",
+    "99",
+    "--dip",
+    "10.20.0.99",
+    "--mac",
+    "02:ce:00:00:02:63",
+];
+
 /// (c) Forged cookies, 10^5 of them, while a keep-alive load runs.
 ///
 /// Every forged ACK comes from a random client port with a random TSecr. The LB decodes
@@ -364,16 +377,7 @@ fn bad_api_calls_and_configs_are_refused_and_change_nothing() {
 
     // A removed id, to try reusing it: a server outside every pool, so no connection
     // depends on it.
-    lb.ctl_ok(&[
-        "servers",
-        "add",
-        "--id",
-        "99",
-        "--dip",
-        "10.20.0.99",
-        "--mac",
-        "02:ce:00:00:02:63",
-    ]);
+    lb.ctl_ok(&ADD_SERVER_99);
     lb.ctl_ok(&["servers", "remove", "99"]);
     let xdp_before = xdp_programs(&testbed);
     assert_eq!(xdp_before.len(), 3, "the LB's XDP programs: {xdp_before:?}");
@@ -428,16 +432,7 @@ fn refused_calls_change_nothing(testbed: &Testbed, lb: &Lb) {
             "vip: `10.99.0.1` is not address:port",
         ),
         (
-            vec![
-                "servers",
-                "add",
-                "--id",
-                "99",
-                "--dip",
-                "10.20.0.99",
-                "--mac",
-                "02:ce:00:00:02:63",
-            ],
+            ADD_SERVER_99.to_vec(),
             "server id 99 was removed and is quarantined",
         ),
         (vec!["servers", "activate", "99"], "server 99 is removed"),

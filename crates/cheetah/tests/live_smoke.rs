@@ -12,12 +12,11 @@
 
 mod support;
 
-use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::Duration;
 
 use cheetah_core::cookie::tcp_ts;
-use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
+use cheetah_core::hash::{FlowHasher, FlowKey};
 use support::*;
 
 #[test]
@@ -100,15 +99,9 @@ fn requests_succeed_from_every_client(testbed: &Testbed) {
 }
 
 fn cookies_name_the_answering_server(testbed: &Testbed) {
-    let secret_text = std::fs::read_to_string(testbed.secret_path()).unwrap();
-    let secret = Secret::from_hex(&secret_text).expect("testbed secret");
-    let hasher = FlowHasher::new(&secret);
-    let vip: Ipv4Addr = testbed.summary["vip"].as_str().unwrap().parse().unwrap();
-    let client: Ipv4Addr = testbed.summary["clients"][1]["address"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let hasher = FlowHasher::new(&testbed.secret());
+    let vip = *testbed.vip_addr().ip();
+    let client = testbed.client_address(1);
 
     let pcap = testbed.dir.join("c1-cookies.pcap");
     let capture = Capture::start(&testbed.ns("c1"), "eth0", "tcp port 80", &pcap);

@@ -15,11 +15,10 @@
 
 mod support;
 
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use cheetah_core::cookie::tcp_ts;
-use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
+use cheetah_core::hash::{FlowHasher, FlowKey};
 use support::*;
 
 /// Outside Linux's ephemeral range (32768-60999), so no other connection uses it.
@@ -252,15 +251,9 @@ fn count_of(active: &[(u16, u64)], server: u16) -> u64 {
 /// established, and every ACK of the client, the answers to them included, echoes the
 /// second server's cookie. No RST was seen while the connection lived.
 fn what_the_client_saw(testbed: &Testbed, segments: &[TcpView], first: u16, second: u16) {
-    let secret = Secret::from_hex(&std::fs::read_to_string(testbed.secret_path()).unwrap())
-        .expect("testbed secret");
-    let vip: Ipv4Addr = testbed.summary["vip"].as_str().unwrap().parse().unwrap();
-    let client: Ipv4Addr = testbed.summary["clients"][1]["address"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let hash = FlowHasher::new(&secret).hash(&FlowKey::tcp(
+    let vip = *testbed.vip_addr().ip();
+    let client = testbed.client_address(1);
+    let hash = FlowHasher::new(&testbed.secret()).hash(&FlowKey::tcp(
         u32::from(client),
         CLIENT_PORT,
         u32::from(vip),

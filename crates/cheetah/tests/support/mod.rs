@@ -421,15 +421,6 @@ pub fn finish_loadgen(testbed: &Testbed, name: &str, mut child: std::process::Ch
     report
 }
 
-pub fn assert_nothing_broken(report: &Value, what: &str) {
-    assert_eq!(
-        report["connections_broken"].as_u64(),
-        Some(0),
-        "{what}: broken connections: {}",
-        serde_json::to_string_pretty(&report["broken"]).unwrap()
-    );
-}
-
 /// Sum of the samples of `metric` whose labels contain every `label="value"` given.
 pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
     text.lines()
