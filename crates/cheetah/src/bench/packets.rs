@@ -97,11 +97,17 @@ impl PacketSet {
         self.packed.len() as f64 / self.len().max(1) as f64
     }
 
+    /// Packet `i`'s frame in the ring `frames`, cut to the packet's `len` (a free function
+    /// of the field, so that callers can read the other fields while holding it).
+    #[inline(always)]
+    fn frame_in(frames: &mut [Box<[u8]>], i: usize, len: usize) -> &mut [u8] {
+        let ring = frames.len();
+        &mut frames[i % ring][..len]
+    }
+
     #[inline(always)]
     fn frame(&mut self, i: usize) -> &mut [u8] {
-        let len = self.pristine[i].len();
-        let ring = self.frames.len();
-        &mut self.frames[i % ring][..len]
+        Self::frame_in(&mut self.frames, i, self.pristine[i].len())
     }
 
     /// Writes packet `i`'s restore bytes into its frame and returns the packet. Past them
@@ -109,17 +115,14 @@ impl PacketSet {
     #[inline(always)]
     pub fn restored(&mut self, i: usize) -> &mut [u8] {
         let (start, end) = (self.packed_at[i], self.packed_at[i + 1]);
-        let ring = self.frames.len();
-        let len = self.pristine[i].len();
-        let frame = &mut self.frames[i % ring][..len];
+        let frame = Self::frame_in(&mut self.frames, i, self.pristine[i].len());
         frame[..end - start].copy_from_slice(&self.packed[start..end]);
         frame
     }
 
     /// Writes the whole of packet `i` into its frame (for the checking pass).
     pub fn restored_whole(&mut self, i: usize) -> &mut [u8] {
-        let ring = self.frames.len();
-        let frame = &mut self.frames[i % ring][..self.pristine[i].len()];
+        let frame = Self::frame_in(&mut self.frames, i, self.pristine[i].len());
         frame.copy_from_slice(&self.pristine[i]);
         frame
     }
@@ -127,10 +130,9 @@ impl PacketSet {
     /// Whether everything past the restore bytes of packet `i` is still as it arrived
     /// (meaningful after [`restored_whole`](Self::restored_whole) and one processing).
     pub fn payload_untouched(&mut self, i: usize) -> bool {
-        let len = self.packed_at[i + 1] - self.packed_at[i];
-        let pristine = &self.pristine[i][len..];
-        let ring = self.frames.len();
-        &self.frames[i % ring][len..self.pristine[i].len()] == pristine
+        let restored = self.packed_at[i + 1] - self.packed_at[i];
+        let pristine = &self.pristine[i];
+        Self::frame_in(&mut self.frames, i, pristine.len())[restored..] == pristine[restored..]
     }
 
     /// Packet `i` as its frame holds it now.
