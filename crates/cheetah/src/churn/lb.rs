@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::Value;
 
-/// How long a start may take before the API answers (XDP attach, socket setup).
+use cheetah::daemon::api::StatusView;
+
+/// How long a start may take before the data path runs (XDP attach, socket setup).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a SIGTERM'd LB gets to save its state and exit before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,7 +47,7 @@ pub struct Lb {
     log_dir: PathBuf,
     child: Option<Child>,
     starts: u32,
-    /// When the running process's API first answered.
+    /// When the running process's data path came up.
     pub up_since: Instant,
 }
 
@@ -67,7 +69,9 @@ impl Lb {
         self.log_dir.join(format!("lb-{}.log", self.starts))
     }
 
-    /// Starts `cheetah run` and waits until its API answers.
+    /// Starts `cheetah run` and waits until its data path runs, not only its API: the load
+    /// starts right after, and a SYN in between would be answered "network unreachable"
+    /// (`StatusView::data_path_up`).
     pub fn start(&mut self) -> anyhow::Result<()> {
         self.starts += 1;
         let log = self.log();
@@ -79,7 +83,11 @@ impl Lb {
         self.child = Some(spawn_in_netns(&self.namespace, &self.exe, &args, &log)?);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if self.ctl(&["status"]).is_ok() {
+            let status = self
+                .ctl(&["status"])
+                .ok()
+                .and_then(|json| serde_json::from_value::<StatusView>(json).ok());
+            if status.is_some_and(|s| s.data_path_up()) {
                 self.up_since = Instant::now();
                 return Ok(());
             }
@@ -93,7 +101,7 @@ impl Lb {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "cheetah run's API did not answer within {START_TIMEOUT:?}:\n{}",
+                    "cheetah run's data path did not come up within {START_TIMEOUT:?}:\n{}",
                     tail(&log)
                 );
             }

@@ -440,7 +440,7 @@ impl Runner<'_> {
                     "restart",
                     action.label(),
                     format!(
-                        "API answering again after {:.1} s (state file: tables, MSBs)",
+                        "forwarding again after {:.1} s (state file: tables, MSBs)",
                         began.elapsed().as_secs_f64()
                     ),
                 );

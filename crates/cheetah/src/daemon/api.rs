@@ -285,6 +285,17 @@ pub struct StatusView {
     pub vips: usize,
 }
 
+impl StatusView {
+    /// Whether the data path runs: the XDP program is attached and the workers' sockets are
+    /// bound. The API answers before that (it binds first, so that a busy address stops a
+    /// start with nothing changed); a client whose first SYN comes in that window reaches
+    /// the LB host's kernel instead, which has no route to the VIP and answers "network
+    /// unreachable". Whatever starts traffic after starting the LB waits for this.
+    pub fn data_path_up(&self) -> bool {
+        !self.interfaces.is_empty() && !self.workers.is_empty()
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct InterfaceView {
     pub name: String,

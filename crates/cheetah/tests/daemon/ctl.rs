@@ -1,5 +1,6 @@
 use std::process::{Command, Output};
 
+use cheetah::daemon::api::StatusView;
 use serde_json::Value;
 
 use crate::common::start;
@@ -35,6 +36,11 @@ fn ctl_drives_a_running_daemon() {
     let out = ctl(&addr, &["status", "--json"]);
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["forwarding"], "l2");
+    // This daemon has its API but no data path (no interfaces, no workers): the window in
+    // which a real start answers `status` before the XDP program is attached. Status must
+    // say so, since testbeds and operators wait on it before sending traffic.
+    let status: StatusView = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!status.data_path_up(), "{status:?}");
 
     let out = ctl(
         &addr,

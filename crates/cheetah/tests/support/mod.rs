@@ -16,6 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use cheetah::daemon::api::StatusView;
 use serde_json::Value;
 
 pub fn cheetah_bin() -> &'static str {
@@ -273,13 +274,8 @@ impl Lb {
         lb
     }
 
-    /// Starts the LB again (after `kill9` or `stop`), and waits until its data path runs.
-    ///
-    /// The API answers before the XDP program is attached (the daemon binds it first, so a
-    /// busy address stops it with nothing changed). A client starting in that window on a
-    /// first start reaches the LB namespace's kernel, which has no route to the VIP and
-    /// answers "network unreachable", so the wait is for `status` to list the interfaces,
-    /// which it does once the program is attached and the sockets bound.
+    /// Starts the LB again (after `kill9` or `stop`), and waits until its data path runs
+    /// (`StatusView::data_path_up`), not only its API.
     pub fn restart(&mut self) {
         self.starts += 1;
         let log = self.log.with_extension(format!("{}.log", self.starts));
@@ -291,10 +287,8 @@ impl Lb {
         loop {
             let status = self.ctl(&["--json", "status"]);
             if status.status.success() {
-                let status: Value = serde_json::from_slice(&status.stdout).unwrap();
-                let attached =
-                    |field: &str| status[field].as_array().is_some_and(|a| !a.is_empty());
-                if attached("interfaces") && attached("workers") {
+                let status: StatusView = serde_json::from_slice(&status.stdout).unwrap();
+                if status.data_path_up() {
                     return;
                 }
             }
