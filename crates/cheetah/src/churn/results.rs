@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use cheetah::daemon::scrape;
 use serde::{Deserialize, Serialize};
 
 /// Counts by class or by kind.
@@ -237,26 +238,14 @@ pub fn active_spread(servers: &serde_json::Value) -> Option<f64> {
 /// decode failures, and frames the I/O layer dropped (TX ring full, no route).
 pub fn metric_highlights(text: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(value) = value.parse::<f64>() else {
-            continue;
-        };
-        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
-        let label = |key: &str| {
-            let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
-            let end = labels[start..].find('"')? + start;
-            Some(labels[start..end].to_string())
-        };
-        let key = match name {
-            "cheetah_events_total" => label("event").map(|e| format!("event.{e}")),
-            "cheetah_drops_total" => label("reason").map(|r| format!("drop.{r}")),
+    for sample in scrape::samples(text) {
+        let key = match sample.name {
+            "cheetah_events_total" => sample.label("event").map(|e| format!("event.{e}")),
+            "cheetah_drops_total" => sample.label("reason").map(|r| format!("drop.{r}")),
             "cheetah_cookie_decode_failures_total" => Some("cookie_decode_failures".into()),
-            "cheetah_server_new_connections_total" => {
-                label("server").map(|s| format!("new_connections.s{s}"))
-            }
+            "cheetah_server_new_connections_total" => sample
+                .label("server")
+                .map(|s| format!("new_connections.s{s}")),
             // Frames the data path lost: TCP recovers, but a lost SYN-ACK makes the client
             // retransmit its SYN, which the policy may place on another server.
             "cheetah_io_tx_ring_full_total" => Some("io.tx_ring_full".into()),
@@ -264,8 +253,8 @@ pub fn metric_highlights(text: &str) -> BTreeMap<String, f64> {
             _ => None,
         };
         if let Some(key) = key {
-            if value != 0.0 {
-                *out.entry(key).or_insert(0.0) += value;
+            if sample.value != 0.0 {
+                *out.entry(key).or_insert(0.0) += sample.value;
             }
         }
     }

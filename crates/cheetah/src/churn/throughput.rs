@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use cheetah::daemon::scrape;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
 
@@ -250,18 +251,6 @@ struct LbSample {
     drops: f64,
 }
 
-/// The sum of a metric's samples over all its label sets.
-fn metric_total(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 fn lb_sample(lb: &Lb) -> anyhow::Result<LbSample> {
     let pid = lb.pid().context("the LB is not running")?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
@@ -273,9 +262,9 @@ fn lb_sample(lb: &Lb) -> anyhow::Result<LbSample> {
     let metrics = lb.metrics()?;
     Ok(LbSample {
         cpu_ticks,
-        packets: metric_total(&metrics, "cheetah_io_rx_packets_total"),
-        drops: metric_total(&metrics, "cheetah_drops_total")
-            + metric_total(&metrics, "cheetah_io_tx_ring_full_total"),
+        packets: scrape::total(&metrics, "cheetah_io_rx_packets_total"),
+        drops: scrape::total(&metrics, "cheetah_drops_total")
+            + scrape::total(&metrics, "cheetah_io_tx_ring_full_total"),
     })
 }
 
@@ -374,17 +363,5 @@ Transfer/sec:     10.00MB
     fn a_run_with_errors_is_not_a_result() {
         let failed = format!("{WRK}  Socket errors: connect 0, read 3, write 0, timeout 0\n");
         assert!(parse_wrk(&failed).is_none());
-    }
-
-    #[test]
-    fn a_metric_total_sums_its_label_sets_and_nothing_else() {
-        let metrics = "# TYPE cheetah_drops counter\n\
-            cheetah_drops_total{worker=\"0\",reason=\"bad_ihl\"} 3\n\
-            cheetah_drops_total{worker=\"1\",reason=\"bad_ihl\"} 4\n\
-            cheetah_drops_totally{worker=\"0\"} 100\n\
-            cheetah_io_tx_ring_full_total{worker=\"0\"} 2\n";
-        assert_eq!(metric_total(metrics, "cheetah_drops_total"), 7.0);
-        assert_eq!(metric_total(metrics, "cheetah_io_tx_ring_full_total"), 2.0);
-        assert_eq!(metric_total(metrics, "cheetah_missing_total"), 0.0);
     }
 }

@@ -22,6 +22,7 @@ pub mod api;
 pub mod io_counters;
 pub mod metrics;
 pub mod persist;
+pub mod scrape;
 mod service;
 pub mod state;
 

@@ -17,6 +17,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cheetah::daemon::api::StatusView;
+use cheetah::daemon::scrape;
 use serde_json::Value;
 
 pub fn cheetah_bin() -> &'static str {
@@ -417,14 +418,9 @@ pub fn finish_loadgen(testbed: &Testbed, name: &str, mut child: std::process::Ch
 
 /// Sum of the samples of `metric` whose labels contain every `label="value"` given.
 pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter(|line| {
-            line.strip_prefix(metric)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter(|line| labels.iter().all(|l| line.contains(l)))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+    scrape::samples(text)
+        .filter(|s| s.name == metric && labels.iter().all(|l| s.labels.contains(l)))
+        .map(|s| s.value)
         .sum()
 }
 
@@ -436,27 +432,10 @@ pub fn metric_by_label(
     label: &str,
 ) -> std::collections::BTreeMap<String, f64> {
     let mut sums = std::collections::BTreeMap::new();
-    let prefix = format!("{label}=\"");
-    for line in text.lines().filter(|line| !line.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(metric) else {
-            continue;
-        };
-        if !rest.starts_with('{') {
-            continue;
+    for sample in scrape::samples(text).filter(|s| s.name == metric) {
+        if let Some(value) = sample.label(label) {
+            *sums.entry(value.to_string()).or_insert(0.0) += sample.value;
         }
-        let Some(at) = rest.find(&prefix) else {
-            continue;
-        };
-        let value_start = at + prefix.len();
-        let Some(len) = rest[value_start..].find('"') else {
-            continue;
-        };
-        let Some(sample) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
-            continue;
-        };
-        *sums
-            .entry(rest[value_start..value_start + len].to_string())
-            .or_insert(0.0) += sample;
     }
     sums
 }
