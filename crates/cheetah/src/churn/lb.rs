@@ -83,13 +83,15 @@ impl Lb {
         self.child = Some(spawn_in_netns(&self.namespace, &self.exe, &args, &log)?);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            let status = self
-                .ctl(&["status"])
-                .ok()
-                .and_then(|json| serde_json::from_value::<StatusView>(json).ok());
-            if status.is_some_and(|s| s.data_path_up()) {
-                self.up_since = Instant::now();
-                return Ok(());
+            // Until the API answers, `ctl` fails: keep waiting. An answer that is not a
+            // status is a bug to report, not a reason to wait out the timeout.
+            if let Ok(json) = self.ctl(&["status"]) {
+                let status: StatusView =
+                    serde_json::from_value(json).context("`cheetah ctl status` answered")?;
+                if status.data_path_up() {
+                    self.up_since = Instant::now();
+                    return Ok(());
+                }
             }
             if let Some(status) = self
                 .child
