@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use cheetah_core::config::{ConfiguredState, Forwarding, LbConfig, Mode, VipConfig};
 use cheetah_core::cookie::tcp_ts;
-use cheetah_core::hash::{FlowKey, Secret};
+use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Counter, LbShared, Worker, WorkerConfig};
 use cheetah_core::policy::{LoadMetric, PolicyKind, PoolSnapshot, ReportedLoad};
 use cheetah_core::tables::{
@@ -406,7 +406,7 @@ impl Model {
         }
     }
 
-    fn snapshot(&self, generation: u64, pools: &mut PoolCache) -> Snapshot {
+    fn snapshot(&self, generation: u64, pools: &mut PoolCache, hasher: &FlowHasher) -> Snapshot {
         let len = self
             .servers
             .keys()
@@ -447,6 +447,7 @@ impl Model {
             self.forwarding,
             AllServers::from_slots(slots),
             vips,
+            hasher,
         )
     }
 
@@ -675,7 +676,7 @@ pub fn run_with(data: &[u8], checks: Checks) {
         cache.generation += 1;
         shared
             .snapshot
-            .publish(model.snapshot(cache.generation, &mut cache.pools));
+            .publish(model.snapshot(cache.generation, &mut cache.pools, &shared.hasher));
         let worker_count = if setup.two_workers { 2 } else { 1 };
         let mut workers: Vec<Worker> = (0..worker_count)
             .map(|i| {
@@ -694,9 +695,11 @@ pub fn run_with(data: &[u8], checks: Checks) {
                     let (action, server, now) = actions[index];
                     if model.apply(action, server, now, &shared) {
                         cache.generation += 1;
-                        shared
-                            .snapshot
-                            .publish(model.snapshot(cache.generation, &mut cache.pools));
+                        shared.snapshot.publish(model.snapshot(
+                            cache.generation,
+                            &mut cache.pools,
+                            &shared.hasher,
+                        ));
                     }
                 }
                 Record::Msb(id, msb) => shared.msb.import(&[(id, msb)]),
@@ -1197,7 +1200,7 @@ pub fn model_matches_control_plane(setup: Setup, actions: &[(Action, u16, Nanos)
     let mut pools = PoolCache::default();
     let compare = |plane: &ControlPlane, model: &Model, pools: &mut PoolCache, step: &str| {
         let real = plane.shared().snapshot.load();
-        let mine = model.snapshot(real.generation, pools);
+        let mine = model.snapshot(real.generation, pools, &model_shared.hasher);
         let slots = |s: &Snapshot| {
             s.servers
                 .iter()

@@ -6,4 +6,4 @@
 pub mod siphash;
 pub mod toeplitz;
 
-pub use siphash::{FlowHasher, FlowKey, Secret};
+pub use siphash::{FlowHasher, FlowKey, Secret, VipHashPrefix};

@@ -2,16 +2,20 @@
 //!
 //! Why a keyed PRF: the cookie is `server id XOR hash(conn id)`; if the hash were guessable
 //! a client could mint cookies that pin many connections on one server. SipHash with a
-//! secret key reveals nothing about the key from observed cookies, and SipHash-1-3 over 13
-//! bytes is five SipRounds: cheap enough for the per-packet path here and inside the XDP
-//! program, which must compute bit-identical values (`bpf/` mirrors this function).
+//! secret key reveals nothing about the key from observed cookies, and SipHash-1-3 over 14
+//! bytes is five SipRounds: cheap enough for the per-packet path here and inside an XDP
+//! program, which would have to compute bit-identical values.
 //!
 //! Why hand-written: the `siphasher` crate's streaming `Hasher` buffers bytes one `write`
-//! at a time; this fixed-layout version loads the 13-byte id as two words and is several
-//! times faster. The tests hold it to `siphasher` for random keys and ids.
+//! at a time; this fixed-layout version loads the id as two words and is several times
+//! faster. The tests hold it to `siphasher` for random keys and ids.
 //!
-//! Canonical orientation: (client ip, VIP ip, client port, VIP port, protocol), so the
-//! client->server and server->client packets of a connection hash the same.
+//! Canonical orientation: the VIP's side first (VIP ip, VIP port, protocol, one zero byte),
+//! then the client's (client ip, client port), so the client->server and server->client
+//! packets of a connection hash the same. The VIP's side fills the first 8-byte word
+//! exactly, so the state after it is the same for every connection to that VIP: a
+//! [`VipHashPrefix`] computed once per VIP and snapshot leaves four of the five SipRounds
+//! per packet (`Snapshot::vip_hash_prefix`).
 
 use std::fmt;
 
@@ -79,14 +83,14 @@ impl FlowKey {
         }
     }
 
-    /// The 13 bytes that are hashed, in network order.
-    pub fn to_bytes(&self) -> [u8; 13] {
-        let mut b = [0u8; 13];
-        b[0..4].copy_from_slice(&self.client_ip.to_be_bytes());
-        b[4..8].copy_from_slice(&self.vip_ip.to_be_bytes());
-        b[8..10].copy_from_slice(&self.client_port.to_be_bytes());
-        b[10..12].copy_from_slice(&self.vip_port.to_be_bytes());
-        b[12] = self.protocol;
+    /// The 14 bytes that are hashed: the VIP's word, then the client's, in network order.
+    pub fn to_bytes(&self) -> [u8; 14] {
+        let mut b = [0u8; 14];
+        b[0..4].copy_from_slice(&self.vip_ip.to_be_bytes());
+        b[4..6].copy_from_slice(&self.vip_port.to_be_bytes());
+        b[6] = self.protocol;
+        b[8..12].copy_from_slice(&self.client_ip.to_be_bytes());
+        b[12..14].copy_from_slice(&self.client_port.to_be_bytes());
         b
     }
 }
@@ -138,23 +142,56 @@ impl FlowHasher {
         }
     }
 
-    /// SipHash-1-3 of `key.to_bytes()`, computed without materialising the bytes. Always
-    /// inlined: the per-packet paths build the key from values already in registers.
+    /// The state after the id's first word, which holds only the VIP's side.
+    pub fn vip_prefix(&self, vip_ip: u32, vip_port: u16, protocol: u8) -> VipHashPrefix {
+        // Little-endian word of bytes 0..8: the VIP address and port in network order,
+        // the protocol, a zero byte.
+        let m = (vip_ip.swap_bytes() as u64)
+            | ((vip_port.swap_bytes() as u64) << 32)
+            | ((protocol as u64) << 48);
+        let mut v = self.init;
+        v[3] ^= m;
+        sip_round(&mut v);
+        v[0] ^= m;
+        VipHashPrefix { state: v }
+    }
+
+    /// SipHash-1-3 of `key.to_bytes()`, computed without materialising the bytes: the
+    /// slow paths' way; the fast paths finish their VIP's [`VipHashPrefix`] instead.
     #[inline(always)]
     pub fn hash(&self, key: &FlowKey) -> u64 {
-        // Little-endian words of the byte string: bytes 0..8 are the two addresses in
-        // network order, bytes 8..13 the ports and protocol, then the length in the top byte.
-        let m0 = (key.client_ip.swap_bytes() as u64) | ((key.vip_ip.swap_bytes() as u64) << 32);
-        let m1 = (key.client_port.swap_bytes() as u64)
-            | ((key.vip_port.swap_bytes() as u64) << 16)
-            | ((key.protocol as u64) << 32)
-            | (13u64 << 56);
-        let mut v = self.init;
-        for m in [m0, m1] {
-            v[3] ^= m;
-            sip_round(&mut v);
-            v[0] ^= m;
-        }
+        self.vip_prefix(key.vip_ip, key.vip_port, key.protocol)
+            .finish(key.client_ip, key.client_port)
+    }
+}
+
+/// SipHash's state after the first word of every id of one VIP, port and protocol.
+#[derive(Clone, Copy)]
+pub struct VipHashPrefix {
+    state: [u64; 4],
+}
+
+impl fmt::Debug for VipHashPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // One SipRound away from the key: show nothing of it.
+        f.write_str("VipHashPrefix { .. }")
+    }
+}
+
+impl VipHashPrefix {
+    /// The hash of the id of `client_ip:client_port` with this prefix's VIP. Always
+    /// inlined: the per-packet paths pass values already in registers.
+    #[inline(always)]
+    pub fn finish(&self, client_ip: u32, client_port: u16) -> u64 {
+        // Little-endian word of bytes 8..14 (client address and port in network order)
+        // with the length, 14, in the top byte.
+        let m = (client_ip.swap_bytes() as u64)
+            | ((client_port.swap_bytes() as u64) << 32)
+            | (14u64 << 56);
+        let mut v = self.state;
+        v[3] ^= m;
+        sip_round(&mut v);
+        v[0] ^= m;
         v[2] ^= 0xff;
         sip_round(&mut v);
         sip_round(&mut v);
@@ -184,6 +221,27 @@ mod tests {
             let flow = FlowKey { client_ip: ci, vip_ip: vi, client_port: cp, vip_port: vp, protocol: proto };
             prop_assert_eq!(FlowHasher::new(&secret).hash(&flow), reference(&secret, &flow));
         }
+
+        #[test]
+        fn prefix_finish_equals_the_whole_hash(key in any::<[u8; 16]>(), ci in any::<u32>(), vi in any::<u32>(),
+                                               cp in any::<u16>(), vp in any::<u16>(), proto in any::<u8>()) {
+            let hasher = FlowHasher::new(&Secret(key));
+            let flow = FlowKey { client_ip: ci, vip_ip: vi, client_port: cp, vip_port: vp, protocol: proto };
+            prop_assert_eq!(hasher.vip_prefix(vi, vp, proto).finish(ci, cp), hasher.hash(&flow));
+        }
+    }
+
+    /// The byte layout is a contract between LB instances (they must read each other's
+    /// cookies): pinned here by bytes written out by hand, not by `to_bytes`.
+    #[test]
+    fn layout_is_vip_word_then_client_word() {
+        let secret = Secret(*b"0123456789abcdef");
+        let flow = FlowKey::tcp(0x0a00_0001, 40000, 0x0a63_0001, 80);
+        let bytes = [10, 99, 0, 1, 0, 80, 6, 0, 10, 0, 0, 1, 0x9c, 0x40];
+        assert_eq!(flow.to_bytes(), bytes);
+        let mut h = SipHasher13::new_with_key(&secret.0);
+        h.write(&bytes);
+        assert_eq!(FlowHasher::new(&secret).hash(&flow), h.finish());
     }
 
     #[test]
@@ -202,5 +260,9 @@ mod tests {
         assert_ne!(a.fingerprint(), b.fingerprint());
         assert!(!format!("{a:?}").contains(&a.to_hex()));
         assert_eq!(format!("{:?}", FlowHasher::new(&a)), "FlowHasher { .. }");
+        assert_eq!(
+            format!("{:?}", FlowHasher::new(&a).vip_prefix(1, 2, 6)),
+            "VipHashPrefix { .. }"
+        );
     }
 }

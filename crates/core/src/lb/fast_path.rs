@@ -27,7 +27,6 @@ use super::shared::LbShared;
 use super::worker::{baseline_pick, Ipv4Layout, Sender, WorkerState};
 use crate::config::{Forwarding, Mode};
 use crate::cookie::{tcp_ts, MsbLearn};
-use crate::hash::FlowKey;
 use crate::tables::Snapshot;
 use crate::types::Nanos;
 use crate::verdict::{DropReason, Verdict};
@@ -205,17 +204,18 @@ impl WorkerState {
             layout,
             doff_flags,
             src_port: client_port,
-            dst_port: vip_port,
+            dst_port: _,
         } = segment;
         let l4 = layout.l4;
         if CHEETAH && (doff_flags & SYN as u16 != 0 || read_u32(packet, l4 + TCP) != NOP_NOP_TS) {
             return None;
         }
         let vip = snapshot.vip(vip_index);
-        // The VIP's address and port are the packet's destination: that is how it was found.
-        let hash = shared
-            .hasher
-            .hash(&FlowKey::tcp(layout.src, client_port, layout.dst, vip_port));
+        // The VIP's side of the id is hashed once per snapshot (the packet's destination
+        // is the VIP's address and port: that is how it was found).
+        let hash = snapshot
+            .vip_hash_prefix(vip_index)
+            .finish(layout.src, client_port);
         let counters = &*self.counters;
         if !CHEETAH {
             // The baselines: this same path with `pool[h % n]` or Maglev for the cookie stage.
@@ -314,9 +314,9 @@ impl WorkerState {
             (layout.src, src_port)
         };
         if let Some(at) = timestamp_at {
-            let hash = shared
-                .hasher
-                .hash(&FlowKey::tcp(layout.dst, client_port, vip_ip, vip_port));
+            let hash = snapshot
+                .vip_hash_prefix(sender.vip)
+                .finish(layout.dst, client_port);
             if doff_flags & SYN as u16 != 0 && shared.handshakes.retried_recently(hash, now) {
                 // The answer to a retried SYN may have to move its load count
                 // (lb/handshakes.rs): the general server path does that bookkeeping.

@@ -715,6 +715,7 @@ impl ControlPlane {
             self.forwarding,
             AllServers::from_slots(slots),
             vips,
+            &self.shared.hasher,
         )
     }
 }

@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use super::index::FlatIndex;
 use super::servers::AllServers;
 use crate::config::{Forwarding, Mode};
+use crate::hash::{FlowHasher, VipHashPrefix};
 use crate::policy::{PolicyKind, PoolSnapshot};
 use crate::types::{Mac, ServerId};
 
@@ -48,6 +49,8 @@ pub struct Snapshot {
     pub forwarding: Forwarding,
     pub servers: AllServers,
     pub vips: Vec<VipEntry>,
+    /// Per VIP (same index), the flow hash's state after the VIP's side of the id.
+    vip_hash_prefixes: Vec<VipHashPrefix>,
     vip_by_addr_port: FlatIndex<u16>,
     vip_addrs: FlatIndex<()>,
     vip_addrs_v6: Vec<Ipv6Addr>,
@@ -78,6 +81,7 @@ impl Snapshot {
         forwarding: Forwarding,
         servers: AllServers,
         vips: Vec<VipEntry>,
+        hasher: &FlowHasher,
     ) -> Self {
         let mut by_addr_port = Vec::new();
         let mut addrs = Vec::new();
@@ -101,10 +105,15 @@ impl Snapshot {
             .iter()
             .filter(|(_, slot)| slot.has_mac)
             .map(|(id, slot)| (mac_key(&slot.mac), id));
+        let vip_hash_prefixes = vips
+            .iter()
+            .map(|vip| hasher.vip_prefix(vip.ipv4_or_zero(), vip.port, crate::wire::ip_proto::TCP))
+            .collect();
         Snapshot {
             generation,
             mode,
             forwarding,
+            vip_hash_prefixes,
             vip_by_addr_port: FlatIndex::build(by_addr_port),
             vip_addrs: FlatIndex::build(addrs),
             vip_addrs_v6,
@@ -123,12 +132,15 @@ impl Snapshot {
 
     /// An empty snapshot: no servers, no VIPs (everything passes to the host).
     pub fn empty() -> Self {
+        // No VIP, so no prefix: the key is never used.
+        let unused = FlowHasher::new(&crate::hash::Secret([0; 16]));
         Snapshot::new(
             0,
             Mode::Cheetah,
             Forwarding::L2,
             AllServers::default(),
             Vec::new(),
+            &unused,
         )
     }
 
@@ -168,6 +180,14 @@ impl Snapshot {
 
     pub fn vip(&self, index: u16) -> &VipEntry {
         &self.vips[index as usize]
+    }
+
+    /// The flow hash's state after the TCP VIP at `index`'s side of the id: finishing it
+    /// with the client's address and port gives `FlowHasher::hash` of the connection, as
+    /// long as this snapshot was built with the worker's hasher (`LbShared::hasher`).
+    #[inline]
+    pub fn vip_hash_prefix(&self, index: u16) -> &VipHashPrefix {
+        &self.vip_hash_prefixes[index as usize]
     }
 }
 
