@@ -80,7 +80,7 @@ impl Subject {
             Path::Siphash | Path::Toeplitz => {
                 let hash = |chained| {
                     let hasher = modal.lab.plane.shared().hasher;
-                    HashBench::new(modal.trace.keys.clone(), hasher, item.path, chained)
+                    HashBench::new(modal.trace.keys.clone(), &hasher, item.path, chained)
                 };
                 Subject::Hash(hash(false), hash(true))
             }

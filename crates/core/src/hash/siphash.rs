@@ -142,7 +142,9 @@ impl FlowHasher {
         }
     }
 
-    /// The state after the id's first word, which holds only the VIP's side.
+    /// The state after the id's first word, which holds only the VIP's side. Inlined so
+    /// that [`hash`](Self::hash) keeps the state in registers.
+    #[inline(always)]
     pub fn vip_prefix(&self, vip_ip: u32, vip_port: u16, protocol: u8) -> VipHashPrefix {
         // Little-endian word of bytes 0..8: the VIP address and port in network order,
         // the protocol, a zero byte.
