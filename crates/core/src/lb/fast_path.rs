@@ -305,14 +305,6 @@ impl WorkerState {
             // server path decides.
             return Some(self.reply_general(snapshot, shared, packet, sender, now));
         }
-        let vip = snapshot.vip(sender.vip);
-        // In l2 mode the reply comes from the VIP's own address and port (that is how its
-        // VIP was found); in NAT mode from the server's, and the VIP's are in its entry.
-        let (vip_ip, vip_port) = if NAT {
-            (vip.ipv4_or_zero(), vip.port)
-        } else {
-            (layout.src, src_port)
-        };
         if let Some(at) = timestamp_at {
             let hash = snapshot
                 .vip_hash_prefix(sender.vip)
@@ -340,6 +332,9 @@ impl WorkerState {
             self.loads.on_server_close(server);
         }
         if NAT {
+            // The reply comes from the server's address and port; the VIP's are in its entry.
+            let vip = snapshot.vip(sender.vip);
+            let (vip_ip, vip_port) = (vip.ipv4_or_zero(), vip.port);
             let old = Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_src(vip_ip);
             let mut segment = TcpSegment::new_unchecked(&mut packet[l4..layout.end]);
             segment.update_checksum_for_address(old, vip_ip);
