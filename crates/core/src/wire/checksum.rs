@@ -22,10 +22,11 @@ pub fn sum(data: &[u8]) -> u32 {
 
 /// Folds a 32-bit ones'-complement accumulator into 16 bits.
 #[inline]
-pub fn fold(mut acc: u32) -> u16 {
-    acc = (acc & 0xffff) + (acc >> 16);
-    acc = (acc & 0xffff) + (acc >> 16);
-    acc as u16
+pub fn fold(acc: u32) -> u16 {
+    // One end-around carry: when the halves overflow 16 bits their sum is at most 0xfffe,
+    // so adding the carry back cannot overflow again.
+    let (sum, carry) = (acc as u16).overflowing_add((acc >> 16) as u16);
+    sum + carry as u16
 }
 
 /// The checksum field value for a region whose ones'-complement sum is `acc`.
@@ -128,6 +129,31 @@ mod tests {
         region
     }
 
+    fn fold_until_it_fits(mut acc: u32) -> u16 {
+        while acc > 0xffff {
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        acc as u16
+    }
+
+    #[test]
+    fn fold_edges() {
+        for acc in [
+            0,
+            1,
+            0xffff,
+            0x1_0000,
+            0x1_fffe,
+            0x1_ffff,
+            0xffff_0001,
+            0xffff_ffff,
+        ] {
+            assert_eq!(fold(acc), fold_until_it_fits(acc), "{acc:#x}");
+        }
+        assert_eq!(fold(0x1_fffe), 0xffff);
+        assert_eq!(fold(0xffff_ffff), 0xffff);
+    }
+
     proptest! {
         /// Rewriting any bytes at any offset (odd or even) and updating incrementally gives
         /// the same checksum as recomputing from scratch.
@@ -173,6 +199,12 @@ mod tests {
                 fold((!good_after) as u32 + bad_after as u32),
                 fold((!good_sum) as u32 + bad_sum as u32)
             );
+        }
+
+        /// The one-carry fold is RFC 1071's fold-until-it-fits.
+        #[test]
+        fn fold_equals_folding_until_it_fits(acc in any::<u32>()) {
+            prop_assert_eq!(fold(acc), fold_until_it_fits(acc));
         }
 
         #[test]
