@@ -79,8 +79,9 @@ impl Default for ChangeLog {
 
 /// Per-server M, shared by all workers of an LB process.
 pub struct MsbTable {
-    /// `KNOWN | M` per server id; the only word the per-packet path touches.
-    states: Box<[AtomicU32]>,
+    /// `KNOWN | M` per server id; the only word the per-packet path touches. Sized to the
+    /// whole id space, so an id decoded from a cookie (15 bits) needs no bounds check.
+    states: Box<[AtomicU32; ServerId::SPACE]>,
     changes: Box<[ChangeLog]>,
     /// Bumped on every write of an M, so a persister knows when to save.
     writes: AtomicU64,
@@ -95,7 +96,11 @@ impl Default for MsbTable {
 impl MsbTable {
     pub fn new() -> Self {
         MsbTable {
-            states: (0..ServerId::SPACE).map(|_| AtomicU32::new(0)).collect(),
+            states: (0..ServerId::SPACE)
+                .map(|_| AtomicU32::new(0))
+                .collect::<Box<[_]>>()
+                .try_into()
+                .expect("one state per id"),
             changes: (0..ServerId::SPACE).map(|_| ChangeLog::default()).collect(),
             writes: AtomicU64::new(0),
         }
@@ -191,11 +196,8 @@ impl MsbTable {
             return None;
         }
         let m = current as u16;
-        Some(if m & 1 == version {
-            m
-        } else {
-            m.wrapping_sub(1)
-        })
+        // M itself when its parity is the version's, else M - 1.
+        Some(m.wrapping_sub((m ^ version) & 1))
     }
 
     pub fn get(&self, server: ServerId) -> Option<u16> {
