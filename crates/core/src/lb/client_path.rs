@@ -169,7 +169,7 @@ impl WorkerState {
     pub(crate) fn forward_to_server_via(
         &mut self,
         nat: bool,
-        slot: ServerSlot,
+        slot: &ServerSlot,
         vip: &VipEntry,
         packet: &mut [u8],
         layout: Ipv4Layout,

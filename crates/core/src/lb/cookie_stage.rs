@@ -25,12 +25,12 @@ pub fn route_by_cookie(
 /// [`route_by_cookie`], also giving the server's AllServers slot, so that the caller need
 /// not look it up again to forward the packet.
 #[inline(always)]
-pub(crate) fn route_to_slot(
-    servers: &AllServers,
+pub(crate) fn route_to_slot<'a>(
+    servers: &'a AllServers,
     msb: &MsbTable,
     tsecr: u32,
     flow_hash: u64,
-) -> Result<(ServerId, ServerSlot, u32), DropReason> {
+) -> Result<(ServerId, &'a ServerSlot, u32), DropReason> {
     route(servers, msb, tsecr, flow_hash, |server, slot, restored| {
         (server, slot, restored)
     })
@@ -39,12 +39,12 @@ pub(crate) fn route_to_slot(
 /// The stage itself; `routed` shapes the answer (so that each caller's `Result` is only as
 /// wide as what it uses).
 #[inline(always)]
-fn route<R>(
-    servers: &AllServers,
+fn route<'a, R>(
+    servers: &'a AllServers,
     msb: &MsbTable,
     tsecr: u32,
     flow_hash: u64,
-    routed: impl FnOnce(ServerId, ServerSlot, u32) -> R,
+    routed: impl FnOnce(ServerId, &'a ServerSlot, u32) -> R,
 ) -> Result<R, DropReason> {
     let decoded = tcp_ts::decode(tcp_ts::extract(tsecr), flow_hash);
     let slot = servers.get(decoded.server);

@@ -44,6 +44,14 @@ pub struct ServerSlot {
     pub has_mac: bool,
 }
 
+/// What an id beyond the table is: never allocated.
+static FREE_SLOT: ServerSlot = ServerSlot {
+    dip: 0,
+    mac: [0; 6],
+    state: SlotState::Free,
+    has_mac: false,
+};
+
 /// Dense table indexed by server id, sized to the largest id in use.
 #[derive(Clone, Debug, Default)]
 pub struct AllServers {
@@ -57,10 +65,11 @@ impl AllServers {
         }
     }
 
-    /// The slot for `id`; ids past the table are `Free`.
+    /// The slot for `id`, read in place (a packet path loads only the fields it uses); ids
+    /// past the table are `Free`.
     #[inline]
-    pub fn get(&self, id: ServerId) -> ServerSlot {
-        self.slots.get(id.index()).copied().unwrap_or_default()
+    pub fn get(&self, id: ServerId) -> &ServerSlot {
+        self.slots.get(id.index()).unwrap_or(&FREE_SLOT)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (ServerId, &ServerSlot)> {
