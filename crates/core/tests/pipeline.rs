@@ -854,7 +854,8 @@ fn nat_replies_keep_flowing_after_the_server_leaves_the_pool() {
 }
 
 /// The test-only fault switch: packets are still routed by their cookie, but the server gets
-/// the cookie in TSecr instead of its own TSval, on the fast path and the general one.
+/// the cookie in TSecr instead of its own TSval, whether or not the fast path is asked for
+/// (the fault keeps every packet on the general path, so the straight line never tests it).
 #[test]
 fn with_the_restore_switched_off_the_server_sees_the_cookie_in_tsecr() {
     for fast_path in [true, false] {
@@ -875,5 +876,6 @@ fn with_the_restore_switched_off_the_server_sees_the_cookie_in_tsecr() {
             conn.echo,
             "fast path {fast_path}: TSecr left as the client sent it"
         );
+        assert_eq!(lb.workers[0].counters().get(Counter::FastPath), 0);
     }
 }

@@ -252,11 +252,10 @@ impl WorkerState {
         let tsecr = read_u32(packet, l4 + tsecr_at);
         match route_to_slot(&snapshot.servers, &shared.msb, tsecr, hash) {
             Ok((server, slot, restored)) => {
-                // Only the MSB change: the cookie becomes the server's own MSB (unless a
-                // test switched the restore off to prove its checks can fail).
-                if self.restore_tsecr {
-                    rewrite_high_half(packet, l4, tsecr_at, tcp_ts::extract(restored));
-                }
+                // Only the MSB changes: the cookie becomes the server's own MSB. (A worker
+                // with the restore fault injected never comes here.)
+                debug_assert!(self.restore_tsecr);
+                rewrite_high_half(packet, l4, tsecr_at, tcp_ts::extract(restored));
                 counters.inc_bundle(Bundle::ClientCookie);
                 Some(self.forward_to_server_via(NAT, slot, vip, packet, layout, server))
             }

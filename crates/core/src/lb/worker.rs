@@ -72,9 +72,13 @@ pub(crate) struct WorkerState {
     pub(crate) fallback: FallbackTable,
     pub(crate) icmp_copies: TokenBucket,
     pub(crate) counters: Arc<WorkerCounters>,
-    /// Whether established client packets may take `lb/fast_path.rs` (off only to test it
-    /// against the general pipeline).
+    /// Whether established traffic takes `lb/fast_path.rs`: asked for and not ruled out by
+    /// the restore fault, which only the general path injects (so the straight line does
+    /// not test for it on every packet).
     pub(crate) fast_path: bool,
+    /// What `Worker::set_fast_path` asked for (off only to test the straight line against
+    /// the general pipeline).
+    fast_path_wanted: bool,
     /// Whether the TSecr of client packets is given back the server's MSB (off only to
     /// show that the live tests catch a server seeing cookies in TSecr).
     pub(crate) restore_tsecr: bool,
@@ -162,6 +166,7 @@ impl Worker {
                 icmp_copies: TokenBucket::new(config.icmp_copy_rate, config.icmp_copy_burst),
                 counters: Arc::new(WorkerCounters::default()),
                 fast_path: true,
+                fast_path_wanted: true,
                 restore_tsecr: true,
             },
             shared,
@@ -175,16 +180,19 @@ impl Worker {
     /// Turns the established-client fast path off or on; the verdicts and bytes must be the
     /// same either way (differential tests use this).
     pub fn set_fast_path(&mut self, enabled: bool) {
-        self.state.fast_path = enabled;
+        self.state.fast_path_wanted = enabled;
+        self.state.fast_path = enabled && self.state.restore_tsecr;
     }
 
     /// **Fault injection, for tests only.** With `false` the worker still routes client
     /// packets by their cookie but leaves the cookie in TSecr instead of restoring the
     /// server's MSB, so servers see TSecr values they never sent. The live timestamp test
     /// turns this on (`cheetah run --fault skip-tsecr-restore`) to prove that its check
-    /// fails when the restore is missing. Never turn it off in production.
+    /// fails when the restore is missing. Never turn it off in production. While it is off,
+    /// every packet takes the general pipeline.
     pub fn set_restore_tsecr(&mut self, enabled: bool) {
         self.state.restore_tsecr = enabled;
+        self.state.fast_path = self.state.fast_path_wanted && enabled;
     }
 
     pub fn counters(&self) -> &Arc<WorkerCounters> {
