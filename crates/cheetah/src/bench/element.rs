@@ -14,7 +14,7 @@
 use std::hint::black_box;
 
 use anyhow::ensure;
-use cheetah_core::cookie::MsbTable;
+use cheetah_core::cookie::{tcp_ts, MsbTable};
 use cheetah_core::lb::cookie_stage::route_by_cookie;
 use cheetah_core::tables::AllServers;
 use cheetah_core::wire::checksum;
@@ -55,17 +55,20 @@ pub fn element_packet(
     packet: &mut [u8],
 ) -> Result<ServerId, DropReason> {
     let (server, restored) = route_by_cookie(servers, msb, parsed.tsecr, parsed.flow_hash)?;
-    let at = parsed.tsecr_at as usize;
-    packet[at..at + 4].copy_from_slice(&restored.to_be_bytes());
-    // The same fixed-width incremental update the pipeline uses for TSecr.
-    let c = parsed.checksum_at as usize;
-    let sum = checksum::update_u32_at(
-        u16::from_be_bytes([packet[c], packet[c + 1]]),
-        parsed.odd,
-        parsed.tsecr,
-        restored,
-    );
-    packet[c..c + 2].copy_from_slice(&sum.to_be_bytes());
+    let (at, c) = (parsed.tsecr_at as usize, parsed.checksum_at as usize);
+    if !parsed.odd {
+        // Only the cookie half changes; the pipeline's straight line rewrites it the same way.
+        checksum::replace_high_half(packet, at, c, tcp_ts::extract(restored));
+    } else if restored != parsed.tsecr {
+        packet[at..at + 4].copy_from_slice(&restored.to_be_bytes());
+        let sum = checksum::update_u32_at(
+            u16::from_be_bytes([packet[c], packet[c + 1]]),
+            true,
+            parsed.tsecr,
+            restored,
+        );
+        packet[c..c + 2].copy_from_slice(&sum.to_be_bytes());
+    }
     packet[0..6].copy_from_slice(&servers.get(server).mac);
     Ok(server)
 }
@@ -132,8 +135,11 @@ impl Element {
             let mut whole = p.frame.clone();
             worker.process(&mut whole, trace.end);
             let at = parsed[i].tsecr_at as usize;
+            let c = parsed[i].checksum_at as usize;
             ensure!(
-                whole[..6] == set.work(i)[..6] && whole[at..at + 4] == set.work(i)[at..at + 4],
+                whole[..6] == set.work(i)[..6]
+                    && whole[at..at + 4] == set.work(i)[at..at + 4]
+                    && whole[c..c + 2] == set.work(i)[c..c + 2],
                 "packet {i}: the element and the pipeline disagree"
             );
         }

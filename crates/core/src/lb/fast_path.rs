@@ -92,38 +92,6 @@ fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u16)> {
     Some((layout, doff_flags))
 }
 
-/// Replaces the 16 most significant bits of the 32-bit word at the even TCP offset `at`
-/// with `new` (its other half stays) and updates the checksum. The same bytes as
-/// `TcpSegment::rewrite_option_u32` with the whole word: nothing at all when the value is
-/// unchanged, else RFC 1624's `~(~HC + ~m + m')` over both halves, where the unchanged
-/// half adds `~low + low = 0xffff`. Ones'-complement sums commute with swapping the bytes
-/// of every word (RFC 1071 2.B), so the words are summed as they lie in memory, with no
-/// byte swaps but the one that puts `new` in network order.
-#[inline(always)]
-fn rewrite_high_half(packet: &mut [u8], l4: usize, at: usize, new: u16) {
-    debug_assert_eq!(at % 2, 0);
-    let old = read_u16_in_memory_order(packet, l4 + at);
-    let new = new.to_be();
-    if old == new {
-        return;
-    }
-    write_u16_in_memory_order(packet, l4 + at, new);
-    let sum = read_u16_in_memory_order(packet, l4 + TCP_CHECKSUM);
-    // ~sum + ~old + new + 0xffff, with each ~x of a 16-bit word written 0xffff - x.
-    let acc = 0x2_fffd + new as u32 - sum as u32 - old as u32;
-    write_u16_in_memory_order(packet, l4 + TCP_CHECKSUM, checksum::finish(acc));
-}
-
-#[inline(always)]
-fn read_u16_in_memory_order(packet: &[u8], at: usize) -> u16 {
-    u16::from_ne_bytes(packet[at..at + 2].try_into().unwrap())
-}
-
-#[inline(always)]
-fn write_u16_in_memory_order(packet: &mut [u8], at: usize, value: u16) {
-    packet[at..at + 2].copy_from_slice(&value.to_ne_bytes());
-}
-
 /// Where a server reply's timestamp option starts within its TCP options, if it is where
 /// the general path's option search finds it with one wide compare (the same patterns, so
 /// the same answer); `None` leaves the reply to the general server path.
@@ -255,7 +223,12 @@ impl WorkerState {
                 // Only the MSB changes: the cookie becomes the server's own MSB. (A worker
                 // with the restore fault injected never comes here.)
                 debug_assert!(self.restore_tsecr);
-                rewrite_high_half(packet, l4, tsecr_at, tcp_ts::extract(restored));
+                checksum::replace_high_half(
+                    packet,
+                    l4 + tsecr_at,
+                    l4 + TCP_CHECKSUM,
+                    tcp_ts::extract(restored),
+                );
                 counters.inc_bundle(Bundle::ClientCookie);
                 Some(self.forward_to_server_via(NAT, slot, vip, packet, layout, server))
             }
@@ -331,7 +304,12 @@ impl WorkerState {
             }
             let msb = tcp_ts::extract(tsval);
             // The cookie takes the place of the MSB; the low half stays.
-            rewrite_high_half(packet, l4, tsval_at, tcp_ts::encode(server, hash, msb));
+            checksum::replace_high_half(
+                packet,
+                l4 + tsval_at,
+                l4 + TCP_CHECKSUM,
+                tcp_ts::encode(server, hash, msb),
+            );
             self.counters.inc_bundle(Bundle::ServerCookie);
         } else {
             self.counters.inc_bundle(Bundle::ServerPlain);

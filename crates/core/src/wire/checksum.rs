@@ -1,8 +1,9 @@
 //! Internet checksum arithmetic (RFC 1071) and its incremental update (RFC 1624).
 //!
-//! Every header rewrite in cheetah goes through [`update`]: the L4 checksum is never
-//! recomputed or verified, so a packet that arrived with a bad checksum leaves with a
-//! checksum that is exactly as bad, and the receiver drops it as it would have without us.
+//! Every header rewrite in cheetah goes through this module's incremental updates: the L4
+//! checksum is never recomputed or verified, so a packet that arrived with a bad checksum
+//! leaves with a checksum that is exactly as bad, and the receiver drops it as it would
+//! have without us.
 
 /// Ones'-complement sum of `data` taken as big-endian 16-bit words, not folded.
 ///
@@ -98,6 +99,41 @@ pub fn update_u32_at(checksum: u16, odd_offset: bool, old: u32, new: u32) -> u16
     let delta =
         fold((!(old >> 16) as u16) as u32 + (!(old as u16)) as u32 + (new >> 16) + (new & 0xffff));
     !fold((!checksum) as u32 + delta.swap_bytes() as u32)
+}
+
+/// Replaces the high 16 bits of the big-endian 32-bit word at `word_at` in `buf` with
+/// `new_high` (the low half stays) and updates the checksum at `checksum_at`: the same
+/// bytes as writing the whole word and folding in [`update_u32_at`], which the general
+/// path does, for a word at an even offset from the start of the checksummed region.
+/// Nothing at all is written when the half is unchanged (eqn. 3 would turn a 0xffff
+/// checksum into 0). The straight-line paths rewrite TSval's and TSecr's cookie half this
+/// way.
+///
+/// Ones'-complement sums commute with swapping the bytes of every word (RFC 1071 2.B),
+/// so the words are summed as they lie in memory, with no byte swaps but the one that
+/// puts `new_high` in network order.
+#[inline(always)]
+pub fn replace_high_half(buf: &mut [u8], word_at: usize, checksum_at: usize, new_high: u16) {
+    let old = read_u16_in_memory_order(buf, word_at);
+    let new = new_high.to_be();
+    if old == new {
+        return;
+    }
+    write_u16_in_memory_order(buf, word_at, new);
+    let sum = read_u16_in_memory_order(buf, checksum_at);
+    // ~sum + ~old + new + ~low + low, with each ~x of a 16-bit word written 0xffff - x.
+    let acc = 0x2_fffd + new as u32 - sum as u32 - old as u32;
+    write_u16_in_memory_order(buf, checksum_at, finish(acc));
+}
+
+#[inline(always)]
+fn read_u16_in_memory_order(buf: &[u8], at: usize) -> u16 {
+    u16::from_ne_bytes(buf[at..at + 2].try_into().unwrap())
+}
+
+#[inline(always)]
+fn write_u16_in_memory_order(buf: &mut [u8], at: usize, value: u16) {
+    buf[at..at + 2].copy_from_slice(&value.to_ne_bytes());
 }
 
 #[cfg(test)]
@@ -205,6 +241,38 @@ mod tests {
         #[test]
         fn fold_equals_folding_until_it_fits(acc in any::<u32>()) {
             prop_assert_eq!(fold(acc), fold_until_it_fits(acc));
+        }
+
+        #[test]
+        fn replacing_the_high_half_equals_rewriting_the_word(
+            region in proptest::collection::vec(any::<u8>(), 8..40),
+            word_pair in 0usize..20,
+            checksum_pair in 0usize..20,
+            new_high in any::<u16>(),
+            same in any::<bool>(),
+        ) {
+            let pairs = region.len() / 2;
+            let word_at = (word_pair % (pairs - 1)) * 2;
+            let mut checksum_at = (checksum_pair % pairs) * 2;
+            if checksum_at == word_at || checksum_at == word_at + 2 {
+                checksum_at = if word_at >= 2 { word_at - 2 } else { word_at + 4 };
+            }
+            prop_assume!(checksum_at + 2 <= region.len());
+            let old = u32::from_be_bytes(region[word_at..word_at + 4].try_into().unwrap());
+            let new_high = if same { (old >> 16) as u16 } else { new_high };
+            let new = (new_high as u32) << 16 | (old & 0xffff);
+
+            let mut fast = region.clone();
+            replace_high_half(&mut fast, word_at, checksum_at, new_high);
+
+            let mut general = region.clone();
+            if old != new {
+                general[word_at..word_at + 4].copy_from_slice(&new.to_be_bytes());
+                let checksum = u16::from_be_bytes([region[checksum_at], region[checksum_at + 1]]);
+                let updated = update_u32_at(checksum, false, old, new);
+                general[checksum_at..checksum_at + 2].copy_from_slice(&updated.to_be_bytes());
+            }
+            prop_assert_eq!(fast, general);
         }
 
         #[test]
