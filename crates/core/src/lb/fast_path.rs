@@ -27,7 +27,7 @@ use super::shared::LbShared;
 use super::worker::{baseline_pick, Ipv4Layout, Sender, WorkerState};
 use crate::config::{Forwarding, Mode};
 use crate::cookie::{tcp_ts, MsbLearn};
-use crate::tables::Snapshot;
+use crate::tables::{Snapshot, VipSlot};
 use crate::types::Nanos;
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::tcp::flags::{FIN, RST, SYN};
@@ -165,15 +165,13 @@ impl WorkerState {
             src_port: (ports >> 16) as u16,
             dst_port: ports as u16,
         };
-        match snapshot.vip_index(layout.dst, segment.dst_port) {
-            Some(vip_index) => {
-                self.client_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, vip_index)
-            }
+        match snapshot.vip_slot(layout.dst, segment.dst_port) {
+            Some(vip) => self.client_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, vip),
             None => self.reply_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, now),
         }
     }
 
-    /// A client segment to the VIP at `vip_index`.
+    /// A client segment to the VIP in `vip_slot`.
     #[inline(always)]
     fn client_fast<const CHEETAH: bool, const NAT: bool>(
         &mut self,
@@ -181,7 +179,7 @@ impl WorkerState {
         shared: &LbShared,
         packet: &mut [u8],
         segment: PlainSegment,
-        vip_index: u16,
+        vip_slot: &VipSlot,
     ) -> Option<Verdict> {
         let PlainSegment {
             layout,
@@ -193,12 +191,10 @@ impl WorkerState {
         if CHEETAH && (doff_flags & SYN as u16 != 0 || read_u32(packet, l4 + TCP) != NOP_NOP_TS) {
             return None;
         }
-        let vip = snapshot.vip(vip_index);
+        let vip = snapshot.vip(vip_slot.index);
         // The VIP's side of the id is hashed once per snapshot (the packet's destination
         // is the VIP's address and port: that is how it was found).
-        let hash = snapshot
-            .vip_hash_prefix(vip_index)
-            .finish(layout.src, client_port);
+        let hash = vip_slot.hash_prefix.finish(layout.src, client_port);
         let counters = &*self.counters;
         if !CHEETAH {
             // The baselines: this same path with `pool[h % n]` or Maglev for the cookie stage.
@@ -260,20 +256,22 @@ impl WorkerState {
             dst_port: client_port,
         } = segment;
         let l4 = layout.l4;
-        let sender = if NAT {
+        let (sender, hash_prefix) = if NAT {
             let (server, vip) = snapshot.nat_backend(layout.src, src_port)?;
-            Sender {
+            let sender = Sender {
                 server,
                 vip,
                 nat: true,
-            }
+            };
+            (sender, snapshot.vip_hash_prefix(vip))
         } else {
-            let vip = snapshot.vip_index(layout.src, src_port)?;
-            Sender {
+            let vip = snapshot.vip_slot(layout.src, src_port)?;
+            let sender = Sender {
                 server: snapshot.server_by_mac(&packet[6..12].try_into().unwrap())?,
-                vip,
+                vip: vip.index,
                 nat: false,
-            }
+            };
+            (sender, &vip.hash_prefix)
         };
         let server = sender.server;
         let timestamp_at = if CHEETAH {
@@ -287,9 +285,7 @@ impl WorkerState {
             return Some(self.reply_general(snapshot, shared, packet, sender, now));
         }
         if let Some(at) = timestamp_at {
-            let hash = snapshot
-                .vip_hash_prefix(sender.vip)
-                .finish(layout.dst, client_port);
+            let hash = hash_prefix.finish(layout.dst, client_port);
             if doff_flags & SYN as u16 != 0 && shared.handshakes.retried_recently(hash, now) {
                 // The answer to a retried SYN may have to move its load count
                 // (lb/handshakes.rs): the general server path does that bookkeeping.

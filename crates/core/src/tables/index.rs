@@ -25,11 +25,19 @@ pub struct FlatIndex<V: Copy> {
 impl<V: Copy + Default> FlatIndex<V> {
     /// Builds the index; later duplicates of a key replace earlier ones.
     pub fn build(entries: impl IntoIterator<Item = (u64, V)>) -> Self {
+        Self::build_with_filler(entries, V::default())
+    }
+}
+
+impl<V: Copy> FlatIndex<V> {
+    /// [`build`](FlatIndex::build) for values without a `Default`: `filler` sits in the
+    /// empty slots, where no lookup ever returns it.
+    pub fn build_with_filler(entries: impl IntoIterator<Item = (u64, V)>, filler: V) -> Self {
         let entries: Vec<(u64, V)> = entries.into_iter().collect();
         let capacity = (entries.len() * 4).next_power_of_two().max(MIN_SLOTS);
         let shift = 64 - capacity.trailing_zeros();
         let mut index = FlatIndex {
-            slots: vec![(0, V::default()); capacity].into_boxed_slice(),
+            slots: vec![(0, filler); capacity].into_boxed_slice(),
             shift,
         };
         for (key, value) in entries {
@@ -46,23 +54,31 @@ impl<V: Copy + Default> FlatIndex<V> {
         }
         index
     }
-}
 
-impl<V: Copy> FlatIndex<V> {
     #[inline(always)]
     fn home(&self, key: u64) -> usize {
         (key.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
     }
 
-    /// The home slot inline (a hit, or an empty slot: a miss), the rest of the probe
-    /// sequence out of line, so that the per-packet paths stay straight.
+    /// The value stored for `key`.
     #[inline(always)]
     pub fn get(&self, key: u64) -> Option<V> {
+        self.find(key).copied()
+    }
+
+    /// [`get`](FlatIndex::get) by reference. The value lies in the slot the key was found
+    /// in, so reading it waits for nothing but the slot's address, whereas a value that is
+    /// an index into another table must be loaded before that table can be.
+    ///
+    /// The home slot is inline (a hit, or an empty slot: a miss), the rest of the probe
+    /// sequence out of line, so that the per-packet paths stay straight.
+    #[inline(always)]
+    pub fn find(&self, key: u64) -> Option<&V> {
         let stored = key.wrapping_add(1);
         let at = self.home(key);
         let slot = &self.slots[at];
         if slot.0 == stored {
-            return Some(slot.1);
+            return Some(&slot.1);
         }
         if slot.0 == 0 {
             return None;
@@ -72,13 +88,13 @@ impl<V: Copy> FlatIndex<V> {
 
     /// Linear probing from the slot after `at`.
     #[inline(never)]
-    fn probe(&self, mut at: usize, stored: u64) -> Option<V> {
+    fn probe(&self, mut at: usize, stored: u64) -> Option<&V> {
         let mask = self.slots.len() - 1;
         loop {
             at = (at + 1) & mask;
             let slot = &self.slots[at];
             if slot.0 == stored {
-                return Some(slot.1);
+                return Some(&slot.1);
             }
             if slot.0 == 0 {
                 return None;

@@ -14,4 +14,4 @@ pub use control::{
     SavedServerState, SavedVip, ServerSpec,
 };
 pub use servers::{AllServers, ServerSlot, SlotState};
-pub use snapshot::{Snapshot, SnapshotCell, VipEntry};
+pub use snapshot::{Snapshot, SnapshotCell, VipEntry, VipSlot};

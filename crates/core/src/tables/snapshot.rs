@@ -41,6 +41,17 @@ impl VipEntry {
     }
 }
 
+/// What the VIP index holds for an IPv4 TCP VIP: its index in [`Snapshot::vips`] and its
+/// side of the flow hash. The prefix is kept beside the index, not only in the per-VIP
+/// table, so that a packet's hash can start as soon as the VIP's slot is found, without
+/// first loading the index to find the prefix (the straight line's hash chain is its
+/// longest).
+#[derive(Clone, Copy, Debug)]
+pub struct VipSlot {
+    pub index: u16,
+    pub hash_prefix: VipHashPrefix,
+}
+
 /// Everything the data path consults, built by the control plane, never mutated.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -51,7 +62,8 @@ pub struct Snapshot {
     pub vips: Vec<VipEntry>,
     /// Per VIP (same index), the flow hash's state after the VIP's side of the id.
     vip_hash_prefixes: Vec<VipHashPrefix>,
-    vip_by_addr_port: FlatIndex<u16>,
+    /// IPv4 TCP VIPs by address and port, each with a copy of its hash prefix.
+    vip_by_addr_port: FlatIndex<VipSlot>,
     vip_addrs: FlatIndex<()>,
     vip_addrs_v6: Vec<Ipv6Addr>,
     server_by_mac: FlatIndex<ServerId>,
@@ -65,6 +77,10 @@ pub struct Snapshot {
 #[inline]
 fn addr_port(addr: u32, port: u16) -> u64 {
     ((addr as u64) << 16) | port as u64
+}
+
+fn vip_hash_prefix(hasher: &FlowHasher, vip: &VipEntry) -> VipHashPrefix {
+    hasher.vip_prefix(vip.ipv4_or_zero(), vip.port, crate::wire::ip_proto::TCP)
 }
 
 #[inline]
@@ -91,7 +107,11 @@ impl Snapshot {
             match vip.address {
                 IpAddr::V4(a) => {
                     let a = u32::from(a);
-                    by_addr_port.push((addr_port(a, vip.port), index as u16));
+                    let slot = VipSlot {
+                        index: index as u16,
+                        hash_prefix: vip_hash_prefix(hasher, vip),
+                    };
+                    by_addr_port.push((addr_port(a, vip.port), slot));
                     addrs.push((a as u64, ()));
                     for id in vip.members.iter().map(|m| &m.0).chain(&vip.departed) {
                         let dip = servers.get(*id).dip;
@@ -107,14 +127,19 @@ impl Snapshot {
             .map(|(id, slot)| (mac_key(&slot.mac), id));
         let vip_hash_prefixes = vips
             .iter()
-            .map(|vip| hasher.vip_prefix(vip.ipv4_or_zero(), vip.port, crate::wire::ip_proto::TCP))
+            .map(|vip| vip_hash_prefix(hasher, vip))
             .collect();
+        // Never read: it only fills the index's empty slots.
+        let filler = VipSlot {
+            index: u16::MAX,
+            hash_prefix: hasher.vip_prefix(0, 0, 0),
+        };
         Snapshot {
             generation,
             mode,
             forwarding,
             vip_hash_prefixes,
-            vip_by_addr_port: FlatIndex::build(by_addr_port),
+            vip_by_addr_port: FlatIndex::build_with_filler(by_addr_port, filler),
             vip_addrs: FlatIndex::build(addrs),
             vip_addrs_v6,
             server_by_mac: FlatIndex::build(by_mac),
@@ -147,7 +172,13 @@ impl Snapshot {
     /// Index of the IPv4 TCP VIP at `addr:port`.
     #[inline]
     pub fn vip_index(&self, addr: u32, port: u16) -> Option<u16> {
-        self.vip_by_addr_port.get(addr_port(addr, port))
+        self.vip_slot(addr, port).map(|slot| slot.index)
+    }
+
+    /// The IPv4 TCP VIP at `addr:port`: its index and its side of the flow hash.
+    #[inline]
+    pub fn vip_slot(&self, addr: u32, port: u16) -> Option<&VipSlot> {
+        self.vip_by_addr_port.find(addr_port(addr, port))
     }
 
     /// Whether `addr` is the address of any VIP (on any port).
@@ -225,5 +256,61 @@ impl SnapshotCell {
 
     pub fn load(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Forwarding, Mode, VipConfig};
+    use crate::hash::{FlowKey, Secret};
+    use crate::policy::PolicyKind;
+    use crate::tables::ControlPlane;
+    use crate::testkit;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn vip_slots_carry_their_vips_index_and_hash_prefix() {
+        let mut config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 4);
+        let template = config.vips[0].clone();
+        let vip = |address: IpAddr, port| VipConfig {
+            address,
+            port,
+            ..template.clone()
+        };
+        for port in [443, 8080] {
+            config.vips.push(vip(template.address, port));
+        }
+        config.vips.push(vip(Ipv6Addr::LOCALHOST.into(), 80));
+        for n in 1..40u32 {
+            config
+                .vips
+                .push(vip(Ipv4Addr::from(0x0a00_0100 + n).into(), 80));
+        }
+        let plane = ControlPlane::new(&config, &Secret([9; 16])).unwrap();
+        let shared = plane.shared();
+        let snapshot = shared.snapshot.load();
+        let mut found = 0;
+        for (index, vip) in snapshot.vips.iter().enumerate() {
+            let IpAddr::V4(address) = vip.address else {
+                continue;
+            };
+            let address = u32::from(address);
+            let slot = snapshot
+                .vip_slot(address, vip.port)
+                .expect("an IPv4 VIP is indexed");
+            assert_eq!(slot.index as usize, index);
+            for (client, port) in [(testkit::client_ip(1), 40000), (0xc0a8_0105, 1)] {
+                let key = FlowKey::tcp(client, port, address, vip.port);
+                let whole = shared.hasher.hash(&key);
+                assert_eq!(slot.hash_prefix.finish(client, port), whole);
+                assert_eq!(
+                    snapshot.vip_hash_prefix(slot.index).finish(client, port),
+                    whole
+                );
+            }
+            assert!(snapshot.vip_slot(address, vip.port ^ 1).is_none());
+            found += 1;
+        }
+        assert_eq!(found, 42);
     }
 }
