@@ -99,6 +99,10 @@ impl Snapshot {
         vips: Vec<VipEntry>,
         hasher: &FlowHasher,
     ) -> Self {
+        let vip_hash_prefixes: Vec<VipHashPrefix> = vips
+            .iter()
+            .map(|vip| vip_hash_prefix(hasher, vip))
+            .collect();
         let mut by_addr_port = Vec::new();
         let mut addrs = Vec::new();
         let mut vip_addrs_v6 = Vec::new();
@@ -109,7 +113,7 @@ impl Snapshot {
                     let a = u32::from(a);
                     let slot = VipSlot {
                         index: index as u16,
-                        hash_prefix: vip_hash_prefix(hasher, vip),
+                        hash_prefix: vip_hash_prefixes[index],
                     };
                     by_addr_port.push((addr_port(a, vip.port), slot));
                     addrs.push((a as u64, ()));
@@ -125,10 +129,6 @@ impl Snapshot {
             .iter()
             .filter(|(_, slot)| slot.has_mac)
             .map(|(id, slot)| (mac_key(&slot.mac), id));
-        let vip_hash_prefixes = vips
-            .iter()
-            .map(|vip| vip_hash_prefix(hasher, vip))
-            .collect();
         // Never read: it only fills the index's empty slots.
         let filler = VipSlot {
             index: u16::MAX,
