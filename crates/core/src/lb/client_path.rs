@@ -13,7 +13,7 @@ use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::tcp::MIN_HEADER_LEN as TCP_HEADER;
 use crate::wire::tcp_options::{SegmentKind, TSECR};
-use crate::wire::{read_u32, Ipv4Packet, TcpSegment};
+use crate::wire::{ethernet, read_u32, Ipv4Packet, TcpSegment};
 
 impl WorkerState {
     #[inline]
@@ -176,7 +176,7 @@ impl WorkerState {
         server: ServerId,
     ) -> Verdict {
         if slot.has_mac {
-            packet[0..6].copy_from_slice(&slot.mac);
+            packet[ethernet::field::DST].copy_from_slice(&slot.mac);
         }
         if nat {
             let old =

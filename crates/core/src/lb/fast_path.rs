@@ -32,16 +32,14 @@ use crate::types::Nanos;
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::tcp::flags::{FIN, RST, SYN};
 use crate::wire::tcp_options::{find_timestamp_fast, SegmentKind, TSVAL};
-use crate::wire::{checksum, read_u16, read_u32, Ipv4Packet, TcpSegment};
+use crate::wire::{checksum, ethernet, ipv4, read_u16, read_u32, tcp, Ipv4Packet, TcpSegment};
 
-const ETH: usize = 14;
-const IP: usize = 20;
+const ETH: usize = ethernet::HEADER_LEN;
+const IP: usize = ipv4::MIN_HEADER_LEN;
 /// TCP header without options.
-const TCP: usize = 20;
+const TCP: usize = tcp::MIN_HEADER_LEN;
 /// TCP header with NOP NOP TS: 20 + 12 bytes.
 const TCP_WITH_TS: usize = 32;
-/// TCP checksum offset in the TCP header.
-const TCP_CHECKSUM: usize = 16;
 const NOP_NOP_TS: u32 = 0x0101_080a;
 /// Offset of the timestamp option within the options when they start NOP NOP TS.
 const TS_AFTER_NOP_NOP: usize = 2;
@@ -66,11 +64,11 @@ fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u16)> {
     if packet.len() < ETH + IP + TCP_WITH_TS {
         return None;
     }
-    let ethertype_ver_ihl = read_u32(packet, 12) >> 8;
-    let frag_ttl_proto = read_u32(packet, ETH + 6);
-    let total_len = read_u16(packet, ETH + 2) as usize;
+    let ethertype_ver_ihl = read_u32(packet, ethernet::field::ETHERTYPE) >> 8;
+    let frag_ttl_proto = read_u32(packet, ETH + ipv4::field::FLAGS_FRAG);
+    let total_len = read_u16(packet, ETH + ipv4::field::TOTAL_LEN) as usize;
     let l4 = ETH + IP;
-    let doff_flags = read_u16(packet, l4 + 12);
+    let doff_flags = read_u16(packet, l4 + tcp::field::DATA_OFFSET);
     let header_len = ((doff_flags >> 12) as usize) * 4;
     // IP + TCP_WITH_TS <= IP + header_len <= total_len <= frame: the TCP header with room
     // for NOP NOP TS is within the IP packet, which is within the frame.
@@ -86,8 +84,8 @@ fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u16)> {
         l3: ETH,
         l4,
         end: ETH + total_len,
-        src: read_u32(packet, ETH + 12),
-        dst: read_u32(packet, ETH + 16),
+        src: read_u32(packet, ETH + ipv4::field::SRC),
+        dst: read_u32(packet, ETH + ipv4::field::DST),
     };
     Some((layout, doff_flags))
 }
@@ -222,7 +220,7 @@ impl WorkerState {
                 checksum::replace_high_half(
                     packet,
                     l4 + tsecr_at,
-                    l4 + TCP_CHECKSUM,
+                    l4 + tcp::field::CHECKSUM,
                     tcp_ts::extract(restored),
                 );
                 counters.inc_bundle(Bundle::ClientCookie);
@@ -267,7 +265,8 @@ impl WorkerState {
         } else {
             let vip = snapshot.vip_slot(layout.src, src_port)?;
             let sender = Sender {
-                server: snapshot.server_by_mac(&packet[6..12].try_into().unwrap())?,
+                server: snapshot
+                    .server_by_mac(&packet[ethernet::field::SRC].try_into().unwrap())?,
                 vip: vip.index,
                 nat: false,
             };
@@ -303,7 +302,7 @@ impl WorkerState {
             checksum::replace_high_half(
                 packet,
                 l4 + tsval_at,
-                l4 + TCP_CHECKSUM,
+                l4 + tcp::field::CHECKSUM,
                 tcp_ts::encode(server, hash, msb),
             );
             self.counters.inc_bundle(Bundle::ServerCookie);

@@ -19,7 +19,9 @@ use crate::verdict::{DropReason, Verdict};
 use crate::wire::icmp::HEADER_LEN as ICMP_HEADER;
 use crate::wire::tcp::MIN_HEADER_LEN as TCP_HEADER;
 use crate::wire::tcp_options::{self, TSVAL};
-use crate::wire::{checksum, ip_proto, read_u16, read_u32, Icmpv4Packet, Ipv4Packet};
+use crate::wire::{
+    checksum, ethernet, icmp, ip_proto, ipv4, read_u16, read_u32, tcp, Icmpv4Packet, Ipv4Packet,
+};
 
 /// Where the quoted packet sits inside an ICMP error.
 #[derive(Clone, Copy, Debug)]
@@ -83,7 +85,7 @@ impl Embedded {
         old.copy_from_slice(&packet[at..at + new.len()]);
         packet[at..at + new.len()].copy_from_slice(new);
         let sum = checksum::update(
-            read_u16(packet, self.icmp + 2),
+            read_u16(packet, self.icmp + icmp::field::CHECKSUM),
             (at - self.icmp) % 2 == 1,
             old,
             new,
@@ -123,10 +125,10 @@ impl WorkerState {
             Err(reason) => return Verdict::Drop(reason),
         };
         // The quoted packet went VIP -> client.
-        let quoted_src = read_u32(packet, embedded.ip + 12);
-        let client_ip = read_u32(packet, embedded.ip + 16);
-        let vip_port = read_u16(packet, embedded.tcp);
-        let client_port = read_u16(packet, embedded.tcp + 2);
+        let quoted_src = read_u32(packet, embedded.ip + ipv4::field::SRC);
+        let client_ip = read_u32(packet, embedded.ip + ipv4::field::DST);
+        let vip_port = read_u16(packet, embedded.tcp + tcp::field::SRC_PORT);
+        let client_port = read_u16(packet, embedded.tcp + tcp::field::DST_PORT);
         if quoted_src != vip_ip {
             return Verdict::Drop(DropReason::UnsupportedIcmpType);
         }
@@ -221,7 +223,7 @@ fn rewrite_for_server(
 ) {
     let slot = snapshot.servers.get(server);
     if slot.has_mac {
-        packet[0..6].copy_from_slice(&slot.mac);
+        packet[ethernet::field::DST].copy_from_slice(&slot.mac);
     }
     if snapshot.forwarding != Forwarding::Nat {
         return;
@@ -229,10 +231,22 @@ fn rewrite_for_server(
     let vip = snapshot.vip(vip_index);
     Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_dst(slot.dip);
     // Quoted source address, and the quoted IP header checksum that covers it.
-    let old_src = read_u32(packet, embedded.ip + 12);
-    embedded.write(packet, embedded.ip + 12, &slot.dip.to_be_bytes());
-    let ip_sum = checksum::update_u32(read_u16(packet, embedded.ip + 10), old_src, slot.dip);
-    embedded.write(packet, embedded.ip + 10, &ip_sum.to_be_bytes());
+    let old_src = read_u32(packet, embedded.ip + ipv4::field::SRC);
+    embedded.write(
+        packet,
+        embedded.ip + ipv4::field::SRC,
+        &slot.dip.to_be_bytes(),
+    );
+    let ip_sum = checksum::update_u32(
+        read_u16(packet, embedded.ip + ipv4::field::CHECKSUM),
+        old_src,
+        slot.dip,
+    );
+    embedded.write(
+        packet,
+        embedded.ip + ipv4::field::CHECKSUM,
+        &ip_sum.to_be_bytes(),
+    );
     embedded.update_tcp_checksum(
         packet,
         &old_src.to_be_bytes(),
@@ -240,7 +254,11 @@ fn rewrite_for_server(
         false,
     );
     if vip.backend_port != vip.port {
-        embedded.write(packet, embedded.tcp, &vip.backend_port.to_be_bytes());
+        embedded.write(
+            packet,
+            embedded.tcp + tcp::field::SRC_PORT,
+            &vip.backend_port.to_be_bytes(),
+        );
         embedded.update_tcp_checksum(
             packet,
             &vip.port.to_be_bytes(),

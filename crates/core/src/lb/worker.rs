@@ -28,7 +28,7 @@ use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::ethernet::ethertype;
 use crate::wire::tcp_options::{self, SegmentKind, TimestampLookup};
-use crate::wire::{ip_proto, read_u16, EthernetFrame, Ipv4Packet, Ipv6Packet, TcpSegment};
+use crate::wire::{ip_proto, read_u16, tcp, EthernetFrame, Ipv4Packet, Ipv6Packet, TcpSegment};
 
 /// Per-worker settings.
 #[derive(Clone, Debug)]
@@ -379,7 +379,7 @@ impl Worker {
         // port, or a reply from a server.
         if protocol == ip_proto::TCP && !fragment && layout.l4 + 4 <= layout.end {
             let src_port = read_u16(packet, layout.l4);
-            let dst_port = read_u16(packet, layout.l4 + 2);
+            let dst_port = read_u16(packet, layout.l4 + tcp::field::DST_PORT);
             if let Some(vip) = snapshot.vip_index(dst, dst_port) {
                 return self
                     .state

@@ -12,11 +12,14 @@ pub mod ethertype {
     pub const IPV6: u16 = 0x86dd;
 }
 
-const HEADER_LEN: usize = 14;
+/// An untagged header.
+pub const HEADER_LEN: usize = 14;
 const TAG_LEN: usize = 4;
 const MAX_TAGS: usize = 2;
 
-mod field {
+/// Byte offsets of the header's fields, for code that reads a header it has already
+/// checked without going through a view.
+pub mod field {
     pub const DST: std::ops::Range<usize> = 0..6;
     pub const SRC: std::ops::Range<usize> = 6..12;
     pub const ETHERTYPE: usize = 12;

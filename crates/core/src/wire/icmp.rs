@@ -5,6 +5,14 @@ use crate::verdict::DropReason;
 
 pub const HEADER_LEN: usize = 8;
 
+/// Byte offsets of the header's fields, for code that reads a header it has already
+/// checked without going through a view.
+pub mod field {
+    pub const TYPE: usize = 0;
+    pub const CODE: usize = 1;
+    pub const CHECKSUM: usize = 2;
+}
+
 pub mod message {
     pub const ECHO_REPLY: u8 = 0;
     pub const DESTINATION_UNREACHABLE: u8 = 3;
@@ -27,15 +35,15 @@ impl<T: AsRef<[u8]>> Icmpv4Packet<T> {
     }
 
     pub fn msg_type(&self) -> u8 {
-        self.buffer.as_ref()[0]
+        self.buffer.as_ref()[field::TYPE]
     }
 
     pub fn code(&self) -> u8 {
-        self.buffer.as_ref()[1]
+        self.buffer.as_ref()[field::CODE]
     }
 
     pub fn checksum(&self) -> u16 {
-        read_u16(self.buffer.as_ref(), 2)
+        read_u16(self.buffer.as_ref(), field::CHECKSUM)
     }
 
     /// Errors carry the offending packet's IP header and the start of its payload.
@@ -61,16 +69,16 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Icmpv4Packet<T> {
     /// at `offset` from the start of the ICMP header.
     pub fn update_checksum(&mut self, offset: usize, old: &[u8], new: &[u8]) {
         let buf = self.buffer.as_mut();
-        let sum = checksum::update(read_u16(buf, 2), offset % 2 == 1, old, new);
-        write_u16(buf, 2, sum);
+        let sum = checksum::update(read_u16(buf, field::CHECKSUM), offset % 2 == 1, old, new);
+        write_u16(buf, field::CHECKSUM, sum);
     }
 
     /// Recomputes the checksum over the whole message (packet builders only).
     pub fn fill_checksum(&mut self) {
         let buf = self.buffer.as_mut();
-        write_u16(buf, 2, 0);
+        write_u16(buf, field::CHECKSUM, 0);
         let sum = checksum::compute(buf);
-        write_u16(buf, 2, sum);
+        write_u16(buf, field::CHECKSUM, sum);
     }
 }
 

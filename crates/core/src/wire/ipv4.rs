@@ -7,7 +7,9 @@ use crate::verdict::DropReason;
 
 pub const MIN_HEADER_LEN: usize = 20;
 
-mod field {
+/// Byte offsets of the header's fields, for code that reads a header it has already
+/// checked without going through a view.
+pub mod field {
     pub const VER_IHL: usize = 0;
     pub const TOTAL_LEN: usize = 2;
     pub const FLAGS_FRAG: usize = 6;

@@ -5,7 +5,9 @@ use crate::verdict::DropReason;
 
 pub const MIN_HEADER_LEN: usize = 20;
 
-mod field {
+/// Byte offsets of the header's fields, for code that reads a header it has already
+/// checked without going through a view.
+pub mod field {
     pub const SRC_PORT: usize = 0;
     pub const DST_PORT: usize = 2;
     pub const SEQ: usize = 4;
