@@ -13,11 +13,13 @@
 
 use std::hint::black_box;
 
-use anyhow::ensure;
+use anyhow::{ensure, Context};
 use cheetah_core::cookie::{tcp_ts, MsbTable};
+use cheetah_core::hash::FlowKey;
 use cheetah_core::lb::cookie_stage::route_by_cookie;
+use cheetah_core::lb::LbShared;
 use cheetah_core::tables::AllServers;
-use cheetah_core::wire::checksum;
+use cheetah_core::wire::{checksum, ethernet, tcp, TcpSegment};
 use cheetah_core::{testkit, DropReason, ServerId};
 
 use super::items::Path;
@@ -39,11 +41,56 @@ pub struct Parsed {
     pub odd: bool,
 }
 
+impl Parsed {
+    /// The element's inputs for an established client frame carrying timestamps.
+    fn of(frame: &[u8], shared: &LbShared, key: &FlowKey) -> Parsed {
+        let (_, tsecr_at) =
+            testkit::timestamp_offsets(frame).expect("established packets carry TS");
+        let (_, l4, _) = testkit::tcp_view(frame).expect("trace packets are IPv4 TCP");
+        Parsed {
+            tsecr: u32::from_be_bytes(frame[tsecr_at..tsecr_at + 4].try_into().unwrap()),
+            flow_hash: shared.hasher.hash(key),
+            tsecr_at: tsecr_at as u32,
+            checksum_at: (l4 + tcp::field::CHECKSUM) as u32,
+            odd: (tsecr_at - l4) % 2 == 1,
+        }
+    }
+}
+
+/// Errs unless the element sent the packet to `server`, with valid checksums and the same
+/// MAC, TSecr and checksum bytes as the whole pipeline wrote.
+fn same_as_pipeline(
+    parsed: &Parsed,
+    routed: Result<ServerId, DropReason>,
+    server: ServerId,
+    element_out: &[u8],
+    pipeline_out: &[u8],
+) -> anyhow::Result<()> {
+    ensure!(
+        routed == Ok(server),
+        "element sent it to {routed:?}, not {server:?}"
+    );
+    ensure!(
+        testkit::checksums_valid(element_out),
+        "element left a bad checksum"
+    );
+    let at = parsed.tsecr_at as usize;
+    let c = parsed.checksum_at as usize;
+    let mac = ethernet::field::DST;
+    ensure!(
+        pipeline_out[mac.clone()] == element_out[mac]
+            && pipeline_out[at..at + 4] == element_out[at..at + 4]
+            && pipeline_out[c..c + 2] == element_out[c..c + 2],
+        "the element and the pipeline disagree"
+    );
+    Ok(())
+}
+
 pub struct Element {
     pub set: PacketSet,
     parsed: Vec<Parsed>,
     servers: AllServers,
-    lab_shared: std::sync::Arc<cheetah_core::lb::LbShared>,
+    lab_shared: std::sync::Arc<LbShared>,
 }
 
 /// The element's work for one packet.
@@ -55,22 +102,25 @@ pub fn element_packet(
     packet: &mut [u8],
 ) -> Result<ServerId, DropReason> {
     let (server, restored) = route_by_cookie(servers, msb, parsed.tsecr, parsed.flow_hash)?;
-    let (at, c) = (parsed.tsecr_at as usize, parsed.checksum_at as usize);
+    packet[ethernet::field::DST].copy_from_slice(&servers.get(server).mac);
+    let (at, checksum_at) = (parsed.tsecr_at as usize, parsed.checksum_at as usize);
     if !parsed.odd {
         // Only the cookie half changes; the pipeline's straight line rewrites it the same way.
-        checksum::replace_high_half(packet, at, c, tcp_ts::extract(restored));
-    } else if restored != parsed.tsecr {
-        packet[at..at + 4].copy_from_slice(&restored.to_be_bytes());
-        let sum = checksum::update_u32_at(
-            u16::from_be_bytes([packet[c], packet[c + 1]]),
-            true,
-            parsed.tsecr,
-            restored,
-        );
-        packet[c..c + 2].copy_from_slice(&sum.to_be_bytes());
+        checksum::replace_high_half(packet, at, checksum_at, tcp_ts::extract(restored));
+    } else {
+        rewrite_odd_tsecr(packet, parsed, restored);
     }
-    packet[0..6].copy_from_slice(&servers.get(server).mac);
     Ok(server)
+}
+
+/// A TSecr at an odd offset straddles checksum words, so the whole word is rewritten; rare,
+/// and out of line so that it costs the common case nothing.
+#[cold]
+#[inline(never)]
+fn rewrite_odd_tsecr(packet: &mut [u8], parsed: &Parsed, restored: u32) {
+    let l4 = parsed.checksum_at as usize - tcp::field::CHECKSUM;
+    let option_offset = parsed.tsecr_at as usize - l4 - tcp::MIN_HEADER_LEN;
+    TcpSegment::new_unchecked(&mut packet[l4..]).rewrite_option_u32(option_offset, restored);
 }
 
 /// [`element_packet`], never inlined, for callgrind.
@@ -100,19 +150,10 @@ impl Element {
             .iter()
             .filter(|p| Path::Element.selects(p))
             .collect();
-        let mut parsed = Vec::with_capacity(selected.len());
-        for p in &selected {
-            let (_, tsecr_at) =
-                testkit::timestamp_offsets(&p.frame).expect("established packets carry TS");
-            let l4 = 14 + (p.frame[14] & 0x0f) as usize * 4;
-            parsed.push(Parsed {
-                tsecr: u32::from_be_bytes(p.frame[tsecr_at..tsecr_at + 4].try_into().unwrap()),
-                flow_hash: shared.hasher.hash(&trace.keys[p.flow as usize]),
-                tsecr_at: tsecr_at as u32,
-                checksum_at: (l4 + 16) as u32,
-                odd: (tsecr_at - l4) % 2 == 1,
-            });
-        }
+        let parsed: Vec<Parsed> = selected
+            .iter()
+            .map(|p| Parsed::of(&p.frame, &shared, &trace.keys[p.flow as usize]))
+            .collect();
         let servers = lab.plane.shared().snapshot.load().servers.clone();
         let mut set = PacketSet::new(
             selected.iter().map(|p| &p.frame[..]),
@@ -123,25 +164,10 @@ impl Element {
         pipeline::warm(&mut worker, trace)?;
         for (i, p) in selected.iter().enumerate() {
             let routed = element_packet(&servers, &shared.msb, &parsed[i], set.restored_whole(i));
-            ensure!(
-                routed == Ok(p.server),
-                "element sent packet {i} to {routed:?}, not {:?}",
-                p.server
-            );
-            ensure!(
-                testkit::checksums_valid(set.work(i)),
-                "packet {i}: checksum"
-            );
             let mut whole = p.frame.clone();
             worker.process(&mut whole, trace.end);
-            let at = parsed[i].tsecr_at as usize;
-            let c = parsed[i].checksum_at as usize;
-            ensure!(
-                whole[..6] == set.work(i)[..6]
-                    && whole[at..at + 4] == set.work(i)[at..at + 4]
-                    && whole[c..c + 2] == set.work(i)[c..c + 2],
-                "packet {i}: the element and the pipeline disagree"
-            );
+            same_as_pipeline(&parsed[i], routed, p.server, set.work(i), &whole)
+                .with_context(|| format!("trace packet {i}"))?;
         }
         Ok(Element {
             set,
@@ -180,5 +206,71 @@ impl Timed for Element {
                 let _ = black_box(element_packet(servers, msb, &parsed[i], packet));
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::packets::DEFAULT_RING_FRAMES;
+    use crate::bench::trace::{generate, TraceConfig};
+    use cheetah_core::config::Mode;
+    use cheetah_core::policy::PolicyKind;
+    use cheetah_core::testkit::{options, TcpFrame};
+
+    fn lab_and_trace() -> (Lab, Trace) {
+        let config = TraceConfig {
+            flows: 2_000,
+            concurrency: 200,
+            ..TraceConfig::default()
+        };
+        let lab = Lab::new(Mode::Cheetah, PolicyKind::RoundRobin, 64).unwrap();
+        let trace = generate(&config, &mut lab.worker()).unwrap();
+        (lab, trace)
+    }
+
+    /// `prepare` itself refuses an element whose bytes differ from the pipeline's.
+    #[test]
+    fn the_element_rewrites_the_trace_as_the_pipeline_does() {
+        let (lab, trace) = lab_and_trace();
+        let element = Element::prepare(&lab, &trace, false, DEFAULT_RING_FRAMES).unwrap();
+        assert!(element.parsed.iter().all(|p| !p.odd));
+    }
+
+    /// The trace's established segments carry TSecr at even offsets only, so the odd branch
+    /// gets the same segments with their timestamp moved: NOP TS NOP.
+    #[test]
+    fn the_element_rewrites_an_odd_offset_tsecr_as_the_pipeline_does() {
+        let (lab, trace) = lab_and_trace();
+        let shared = lab.plane.shared().clone();
+        let servers = shared.snapshot.load().servers.clone();
+        let mut worker = lab.worker();
+        pipeline::warm(&mut worker, &trace).unwrap();
+        let established = trace.packets.iter().filter(|p| Path::Element.selects(p));
+        let mut checked = 0;
+        for p in established.take(500) {
+            let (tsval, tsecr) = testkit::timestamps(&p.frame).unwrap();
+            let (client, _, client_port, _) = testkit::addresses(&p.frame).unwrap();
+            let (_, l4, end) = testkit::tcp_view(&p.frame).unwrap();
+            let segment = TcpSegment::new_checked(&p.frame[l4..end]).unwrap();
+            let mut odd = TcpFrame::from_client(
+                client,
+                client_port,
+                segment.flags(),
+                options::nop_ts_nop(tsval, tsecr),
+            );
+            (odd.seq, odd.ack) = (segment.seq(), segment.ack());
+            odd.payload = p.frame[l4 + segment.header_len()..end].to_vec();
+            let frame = odd.build();
+            let parsed = Parsed::of(&frame, &shared, &trace.keys[p.flow as usize]);
+            assert!(parsed.odd);
+            let mut element_out = frame.clone();
+            let routed = element_packet(&servers, &shared.msb, &parsed, &mut element_out);
+            let mut pipeline_out = frame;
+            worker.process(&mut pipeline_out, trace.end);
+            same_as_pipeline(&parsed, routed, p.server, &element_out, &pipeline_out).unwrap();
+            checked += 1;
+        }
+        assert_eq!(checked, 500);
     }
 }

@@ -154,6 +154,11 @@ pub mod options {
         [&[kind::NOP, kind::NOP][..], &ts(tsval, tsecr)].concat()
     }
 
+    /// Established, slow path with TSecr at an odd offset: NOP TS NOP.
+    pub fn nop_ts_nop(tsval: u32, tsecr: u32) -> Vec<u8> {
+        [&[kind::NOP][..], &ts(tsval, tsecr), &[kind::NOP]].concat()
+    }
+
     /// Established with SACK: NOP NOP TS NOP NOP SACK(1 block).
     pub fn nop_nop_ts_sack(tsval: u32, tsecr: u32) -> Vec<u8> {
         [
@@ -285,8 +290,9 @@ impl TcpFrame {
     }
 }
 
-/// Offsets of an IPv4/TCP frame's headers (untagged or tagged).
-fn tcp_view(frame: &[u8]) -> Option<(usize, usize, usize)> {
+/// Frame offsets of an IPv4/TCP frame's IP header, TCP header and IP payload end
+/// (untagged or tagged).
+pub fn tcp_view(frame: &[u8]) -> Option<(usize, usize, usize)> {
     let eth = ethernet::EthernetFrame::new_checked(frame).ok()?;
     let l3 = eth.payload_offset();
     let ip = Ipv4Packet::new_checked(&frame[l3..]).ok()?;
