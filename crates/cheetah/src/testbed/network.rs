@@ -42,6 +42,13 @@ fn set_sysctls(topo: &Topology) -> anyhow::Result<()> {
         common.push(("net.ipv6.conf.all.disable_ipv6", "1"));
         common.push(("net.ipv6.conf.default.disable_ipv6", "1"));
     }
+    // A veth hands a packet to the receive queue its sender's socket hash names, and by
+    // default Linux draws a new hash at every retransmission timeout, so a flow would hop
+    // to another LB worker with its original still queued on the first (late copies,
+    // docs/timestamps.md). A NIC's RSS hashes the 5-tuple and keeps a flow on one queue.
+    if Path::new("/proc/sys/net/core/txrehash").exists() {
+        common.push(("net.core.txrehash", "0"));
+    }
     let with = |extra: &[(&'static str, &'static str)]| {
         let mut all = common.clone();
         all.extend_from_slice(extra);
