@@ -309,9 +309,6 @@ impl WorkerState {
         } else {
             self.counters.inc_bundle(Bundle::ServerPlain);
         }
-        if doff_flags & (FIN | RST) as u16 != 0 {
-            self.loads.on_server_close(server);
-        }
         if NAT {
             // The reply comes from the server's address and port; the VIP's are in its entry.
             let vip = snapshot.vip(sender.vip);
@@ -323,7 +320,9 @@ impl WorkerState {
                 segment.set_src_port(vip_port);
             }
         }
-        self.loads.on_packet(server, layout.end - layout.l3);
+        let closes = doff_flags & (FIN | RST) as u16 != 0;
+        self.loads
+            .on_server_packet(server, layout.end - layout.l3, closes);
         Some(Verdict::ToClient)
     }
 }

@@ -88,9 +88,6 @@ impl WorkerState {
                 None => {}
             }
         }
-        if tcp_flags & (flags::FIN | flags::RST) != 0 {
-            self.loads.on_server_close(server);
-        }
         if nat {
             let old = Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_src(vip_ip);
             let mut segment = TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end]);
@@ -99,7 +96,9 @@ impl WorkerState {
                 segment.set_src_port(vip.port);
             }
         }
-        self.loads.on_packet(server, layout.end - layout.l3);
+        let closes = tcp_flags & (flags::FIN | flags::RST) != 0;
+        self.loads
+            .on_server_packet(server, layout.end - layout.l3, closes);
         Verdict::ToClient
     }
 }
