@@ -384,18 +384,11 @@ impl WorkerLoads {
         self.view.servers[id.index()].active += 1;
     }
 
-    /// The server `id` closed a connection (its FIN or RST).
+    /// A packet of `bytes` bytes came from server `id`; `closes` if it carries FIN or RST,
+    /// i.e. the server closed a connection.
     ///
-    /// Call it only for closes coming from the server: a client could otherwise steer the
-    /// load-aware policies toward a server by sending RSTs for connections it never opened.
-    #[inline(always)]
-    pub fn on_server_close(&mut self, id: ServerId) {
-        self.pending_mut(id).active -= 1;
-        self.view.servers[id.index()].active -= 1;
-    }
-
-    /// A packet of `bytes` bytes came from server `id`; `closes` if it carries FIN or RST
-    /// (see [`on_server_close`](Self::on_server_close)).
+    /// Closes count only from the server: a client could otherwise steer the load-aware
+    /// policies toward a server by sending RSTs for connections it never opened.
     ///
     /// Both counts in one call with no branch on `closes`: a server's FINs come in no order
     /// a branch predictor can learn, and a mispredicted test on every fifth reply or so
@@ -597,8 +590,8 @@ mod tests {
     fn extra_closes_clamp_at_zero() {
         let (shared, mut first, mut second) = two_workers();
         first.on_new_connection(A);
-        first.on_server_close(A);
-        first.on_server_close(A);
+        first.on_server_packet(A, 60, true);
+        first.on_server_packet(A, 60, true);
         assert_eq!(first.view().active_connections(A), 0);
         first.merge(MERGE_INTERVAL);
         assert_eq!(shared.server(A).active_connections, 0);
@@ -698,9 +691,9 @@ mod tests {
         first.on_new_connection(A);
         first.on_new_connection(B);
         first.merge(MERGE_INTERVAL);
-        second.on_server_close(A);
+        second.on_server_packet(A, 60, true);
         second.merge(MERGE_INTERVAL);
-        first.on_server_close(B);
+        first.on_server_packet(B, 60, true);
         first.merge(2 * MERGE_INTERVAL);
         second.merge(2 * MERGE_INTERVAL);
         for id in [A, B] {
@@ -761,7 +754,7 @@ mod tests {
             a.on_new_connection(id);
         }
         b.on_new_connection(id);
-        b.on_server_close(id);
+        b.on_server_packet(id, 60, true);
         a.merge(NANOS_PER_SEC);
         b.merge(NANOS_PER_SEC);
         let load = shared.server(id);
