@@ -29,6 +29,18 @@ impl ServerId {
     }
 }
 
+/// One entry per server id (or `N` entries), on the heap from the start: a table over
+/// the id space is too large to be built on a thread's stack. Tables the packet paths
+/// index by id have this type, not a slice, so that an id already known to be below
+/// [`ServerId::SPACE`] (a cookie's 15 bits, or an earlier lookup) is not checked again.
+pub fn boxed_array<T, const N: usize>(make: impl FnMut() -> T) -> Box<[T; N]> {
+    std::iter::repeat_with(make)
+        .take(N)
+        .collect::<Box<[T]>>()
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("N entries were made"))
+}
+
 impl fmt::Debug for ServerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "server#{}", self.0)

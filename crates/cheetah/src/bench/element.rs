@@ -16,7 +16,7 @@ use std::hint::black_box;
 use anyhow::{ensure, Context};
 use cheetah_core::cookie::{tcp_ts, MsbTable};
 use cheetah_core::hash::FlowKey;
-use cheetah_core::lb::cookie_stage::route_by_cookie;
+use cheetah_core::lb::cookie_stage::route_to_slot;
 use cheetah_core::lb::LbShared;
 use cheetah_core::tables::AllServers;
 use cheetah_core::wire::{checksum, ethernet, tcp, TcpSegment};
@@ -101,14 +101,21 @@ pub fn element_packet(
     parsed: &Parsed,
     packet: &mut [u8],
 ) -> Result<ServerId, DropReason> {
-    let (server, restored) = route_by_cookie(servers, msb, parsed.tsecr, parsed.flow_hash)?;
-    packet[ethernet::field::DST].copy_from_slice(&servers.get(server).mac);
+    let (server, slot, restored) = route_to_slot(
+        servers,
+        msb,
+        tcp_ts::extract(parsed.tsecr),
+        parsed.flow_hash,
+    )?;
+    packet[ethernet::field::DST].copy_from_slice(&slot.mac);
     let (at, checksum_at) = (parsed.tsecr_at as usize, parsed.checksum_at as usize);
     if !parsed.odd {
-        // Only the cookie half changes; the pipeline's straight line rewrites it the same way.
-        checksum::replace_high_half(packet, at, checksum_at, tcp_ts::extract(restored));
+        // Only the cookie half changes (the restored MSB is in network byte order); the
+        // pipeline's straight line rewrites it the same way.
+        checksum::replace_high_half_in_network_order(packet, at, checksum_at, restored);
     } else {
-        rewrite_odd_tsecr(packet, parsed, restored);
+        let tsecr = ((u16::from_be(restored) as u32) << 16) | (parsed.tsecr & 0xffff);
+        rewrite_odd_tsecr(packet, parsed, tsecr);
     }
     Ok(server)
 }

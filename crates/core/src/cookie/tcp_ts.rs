@@ -36,10 +36,41 @@ pub struct Decoded {
 
 #[inline]
 pub fn decode(cookie: u16, flow_hash: u64) -> Decoded {
+    let unmasked = unmask(cookie, flow_hash);
     Decoded {
-        server: ServerId((cookie ^ mask(flow_hash)) & ID_BITS),
-        version: (cookie & VERSION_BIT) >> 15,
+        server: unmasked.server(),
+        version: unmasked.version(),
     }
+}
+
+/// A cookie with its connection's mask taken off: `version << 15 | server id`, both
+/// halves of [`Decoded`] in one word. The MSB table is indexed by it, so that restoring an
+/// echo needs no arithmetic on the version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unmasked(pub u16);
+
+impl Unmasked {
+    #[inline]
+    pub fn new(server: ServerId, version: u16) -> Self {
+        Unmasked(((version & 1) << 15) | (server.0 & ID_BITS))
+    }
+
+    #[inline]
+    pub fn server(self) -> ServerId {
+        ServerId(self.0 & ID_BITS)
+    }
+
+    /// Parity of the server MSB the cookie replaced.
+    #[inline]
+    pub fn version(self) -> u16 {
+        (self.0 & VERSION_BIT) >> 15
+    }
+}
+
+/// The cookie echoed by a client, unmasked with its connection's hash.
+#[inline]
+pub fn unmask(cookie: u16, flow_hash: u64) -> Unmasked {
+    Unmasked(cookie ^ mask(flow_hash))
 }
 
 /// TSval with its 16 MSB replaced by the cookie.
@@ -67,6 +98,14 @@ mod tests {
             prop_assert_eq!(tsval & 0xffff, low as u32);
             let decoded = decode(extract(tsval), hash);
             prop_assert_eq!(decoded, Decoded { server: ServerId(id), version: msb & 1 });
+        }
+
+        #[test]
+        fn unmasked_carries_the_server_and_the_version(id in 0u16..=ServerId::MAX, hash in any::<u64>(), msb in any::<u16>()) {
+            let unmasked = unmask(encode(ServerId(id), hash, msb), hash);
+            prop_assert_eq!(unmasked, Unmasked::new(ServerId(id), msb));
+            prop_assert_eq!(unmasked.server(), ServerId(id));
+            prop_assert_eq!(unmasked.version(), msb & 1);
         }
 
         /// Different connections to the same server carry unrelated-looking cookies.

@@ -2,14 +2,15 @@
 //! TSecr and the connection hash to the server and the TSecr the server must see.
 //!
 //! Kept apart from the packet plumbing so that it can be measured on its own (the
-//! "element-equivalent" benchmark) and mirrored line by line in the XDP program.
+//! "element-equivalent" benchmark).
 
 use crate::cookie::{tcp_ts, MsbTable};
 use crate::tables::{AllServers, ServerSlot, SlotState};
 use crate::types::ServerId;
 use crate::verdict::DropReason;
 
-/// Decodes the cookie in `tsecr`, checks AllServers, and restores the server's MSB.
+/// Decodes the cookie in `tsecr`, checks AllServers, and restores the server's MSB: the
+/// server and the TSecr it must see.
 #[inline(always)]
 pub fn route_by_cookie(
     servers: &AllServers,
@@ -17,48 +18,63 @@ pub fn route_by_cookie(
     tsecr: u32,
     flow_hash: u64,
 ) -> Result<(ServerId, u32), DropReason> {
-    route(servers, msb, tsecr, flow_hash, |server, _, restored| {
-        (server, restored)
-    })
+    route(
+        servers,
+        msb,
+        tcp_ts::extract(tsecr),
+        flow_hash,
+        |server, _, restored| {
+            (
+                server,
+                ((u16::from_be(restored) as u32) << 16) | (tsecr & 0xffff),
+            )
+        },
+    )
 }
 
-/// [`route_by_cookie`], also giving the server's AllServers slot, so that the caller need
-/// not look it up again to forward the packet.
+/// The stage as the straight line uses it: from the echoed cookie (TSecr's 16 MSB) to the
+/// server, its AllServers slot (so that the caller need not look it up again to forward
+/// the packet), and the restored MSB in network byte order, ready to be written over the
+/// cookie.
 #[inline(always)]
-pub(crate) fn route_to_slot<'a>(
+pub fn route_to_slot<'a>(
     servers: &'a AllServers,
     msb: &MsbTable,
-    tsecr: u32,
+    echoed: u16,
     flow_hash: u64,
-) -> Result<(ServerId, &'a ServerSlot, u32), DropReason> {
-    route(servers, msb, tsecr, flow_hash, |server, slot, restored| {
+) -> Result<(ServerId, &'a ServerSlot, u16), DropReason> {
+    route(servers, msb, echoed, flow_hash, |server, slot, restored| {
         (server, slot, restored)
     })
 }
 
 /// The stage itself; `routed` shapes the answer (so that each caller's `Result` is only as
-/// wide as what it uses).
+/// wide as what it uses). The restored MSB is in network byte order.
 #[inline(always)]
 fn route<'a, R>(
     servers: &'a AllServers,
     msb: &MsbTable,
-    tsecr: u32,
+    echoed: u16,
     flow_hash: u64,
-    routed: impl FnOnce(ServerId, &'a ServerSlot, u32) -> R,
+    routed: impl FnOnce(ServerId, &'a ServerSlot, u16) -> R,
 ) -> Result<R, DropReason> {
-    let decoded = tcp_ts::decode(tcp_ts::extract(tsecr), flow_hash);
-    let slot = servers.get(decoded.server);
-    match slot.state {
-        SlotState::Active | SlotState::Draining => {}
-        SlotState::Free => return Err(DropReason::CookieUnknownServer),
-        SlotState::Removed => return Err(DropReason::CookieServerRemoved),
+    let unmasked = tcp_ts::unmask(echoed, flow_hash);
+    let server = unmasked.server();
+    let slot = servers.get(server);
+    if !slot.state.forwards() {
+        return Err(not_forwarding(slot.state));
     }
-    let original_msb = msb
-        .restore(decoded.server, decoded.version)
+    let restored = msb
+        .restore_unmasked(unmasked)
         .ok_or(DropReason::TsMsbUnknown)?;
-    Ok(routed(
-        decoded.server,
-        slot,
-        ((original_msb as u32) << 16) | (tsecr & 0xffff),
-    ))
+    Ok(routed(server, slot, restored))
+}
+
+/// Why a cookie naming a server in `state`, which does not forward, is dropped.
+#[cold]
+fn not_forwarding(state: SlotState) -> DropReason {
+    match state {
+        SlotState::Removed => DropReason::CookieServerRemoved,
+        _ => DropReason::CookieUnknownServer,
+    }
 }

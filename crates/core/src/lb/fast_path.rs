@@ -211,17 +211,19 @@ impl WorkerState {
             });
         }
         let tsecr_at = TCP + TSECR_IN_OPTIONS;
-        let tsecr = read_u32(packet, l4 + tsecr_at);
-        match route_to_slot(&snapshot.servers, &shared.msb, tsecr, hash) {
+        // The cookie is TSecr's high half.
+        let echoed = read_u16(packet, l4 + tsecr_at);
+        match route_to_slot(&snapshot.servers, &shared.msb, echoed, hash) {
             Ok((server, slot, restored)) => {
-                // Only the MSB changes: the cookie becomes the server's own MSB. (A worker
-                // with the restore fault injected never comes here.)
+                // Only the MSB changes: the cookie becomes the server's own MSB, which the
+                // table keeps in network byte order. (A worker with the restore fault
+                // injected never comes here.)
                 debug_assert!(self.restore_tsecr);
-                checksum::replace_high_half(
+                checksum::replace_high_half_in_network_order(
                     packet,
                     l4 + tsecr_at,
                     l4 + tcp::field::CHECKSUM,
-                    tcp_ts::extract(restored),
+                    restored,
                 );
                 counters.inc_bundle(Bundle::ClientCookie);
                 Some(self.forward_to_server_via(NAT, slot, vip, packet, layout, server))

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{Nanos, ServerId, NANOS_PER_MS, NANOS_PER_SEC};
+use crate::types::{boxed_array, Nanos, ServerId, NANOS_PER_MS, NANOS_PER_SEC};
 
 /// How often a worker must fold its deltas into [`SharedLoads`] and refresh its view.
 pub const MERGE_INTERVAL: Nanos = 10 * NANOS_PER_MS;
@@ -201,7 +201,7 @@ impl Default for SharedLoads {
 /// with [`LoadView::new`] and set the loads directly with [`LoadView::set_load`].
 #[derive(Clone)]
 pub struct LoadView {
-    servers: Box<[ViewedServer]>,
+    servers: Box<[ViewedServer; ServerId::SPACE]>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -219,7 +219,7 @@ impl LoadView {
     /// A view in which every server is idle.
     pub fn new() -> Self {
         LoadView {
-            servers: vec![ViewedServer::default(); ServerId::SPACE].into_boxed_slice(),
+            servers: boxed_array(ViewedServer::default),
         }
     }
 
@@ -297,7 +297,7 @@ pub struct WorkerLoads {
     shared: Arc<SharedLoads>,
     view: LoadView,
     /// Unmerged deltas, indexed by server id.
-    pending: Box<[PendingDelta]>,
+    pending: Box<[PendingDelta; ServerId::SPACE]>,
     /// Ids with a pending delta, each once. Allocated for the whole id space, so pushing
     /// never reallocates on the per-packet path.
     dirty: Vec<ServerId>,
@@ -331,7 +331,7 @@ impl WorkerLoads {
         WorkerLoads {
             shared,
             view: LoadView::new(),
-            pending: vec![PendingDelta::default(); ServerId::SPACE].into_boxed_slice(),
+            pending: boxed_array(PendingDelta::default),
             dirty: Vec::with_capacity(ServerId::SPACE),
             watched: Vec::new(),
             last_merge: None,

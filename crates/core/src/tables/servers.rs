@@ -3,18 +3,21 @@
 use crate::types::{Mac, ServerId};
 
 /// Lifecycle of an id in AllServers.
+///
+/// The two states that forward come last, so that [`SlotState::forwards`], which every
+/// client packet asks, is one compare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[repr(u8)]
 pub enum SlotState {
     /// Never allocated, or quarantine over: cookies naming it are forged or ancient.
     #[default]
-    Free,
-    /// Takes new connections (when in a pool) and serves its existing ones.
-    Active,
-    /// No new connections; existing ones keep going.
-    Draining,
+    Free = 0,
     /// Retired: its connections are gone; the id is quarantined before reuse.
-    Removed,
+    Removed = 1,
+    /// Takes new connections (when in a pool) and serves its existing ones.
+    Active = 2,
+    /// No new connections; existing ones keep going.
+    Draining = 3,
 }
 
 impl SlotState {
@@ -28,9 +31,9 @@ impl SlotState {
     }
 
     /// Whether packets of existing connections are forwarded to it.
-    #[inline]
+    #[inline(always)]
     pub fn forwards(self) -> bool {
-        matches!(self, SlotState::Active | SlotState::Draining)
+        self as u8 >= SlotState::Active as u8
     }
 }
 
@@ -44,7 +47,7 @@ pub struct ServerSlot {
     pub has_mac: bool,
 }
 
-/// What an id beyond the table is: never allocated.
+/// What an id beyond the id space is: never allocated.
 static FREE_SLOT: ServerSlot = ServerSlot {
     dip: 0,
     mac: [0; 6],
@@ -52,22 +55,39 @@ static FREE_SLOT: ServerSlot = ServerSlot {
     has_mac: false,
 };
 
-/// Dense table indexed by server id, sized to the largest id in use.
-#[derive(Clone, Debug, Default)]
+/// Dense table indexed by server id, with a slot for every id a cookie can name (384 KiB;
+/// a packet touches only its server's), so that an id decoded from a cookie, which has 15
+/// bits, is looked up without a bounds check.
+#[derive(Clone, Debug)]
 pub struct AllServers {
-    slots: Box<[ServerSlot]>,
+    slots: Box<[ServerSlot; ServerId::SPACE]>,
+}
+
+impl Default for AllServers {
+    fn default() -> Self {
+        AllServers::from_slots(Vec::new())
+    }
 }
 
 impl AllServers {
-    pub fn from_slots(slots: Vec<ServerSlot>) -> Self {
+    /// `slots[i]` is id `i`'s slot; the ids after them are `Free`.
+    ///
+    /// # Panics
+    /// With more slots than ids (the control plane allocates ids in `0..=ServerId::MAX`).
+    pub fn from_slots(mut slots: Vec<ServerSlot>) -> Self {
+        assert!(slots.len() <= ServerId::SPACE, "more slots than server ids");
+        slots.resize(ServerId::SPACE, ServerSlot::default());
         AllServers {
-            slots: slots.into_boxed_slice(),
+            slots: slots
+                .into_boxed_slice()
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("resized to the id space")),
         }
     }
 
-    /// The slot for `id`, read in place (a packet path loads only the fields it uses); ids
-    /// past the table are `Free`.
-    #[inline]
+    /// The slot for `id`, read in place (a packet path loads only the fields it uses). The
+    /// check is for ids built by hand: the compiler drops it for an id masked to 15 bits.
+    #[inline(always)]
     pub fn get(&self, id: ServerId) -> &ServerSlot {
         self.slots.get(id.index()).unwrap_or(&FREE_SLOT)
     }
@@ -94,7 +114,22 @@ mod tests {
         assert_eq!(t.get(ServerId(0)).state, SlotState::Active);
         assert_eq!(t.get(ServerId(1)).state, SlotState::Free);
         assert_eq!(t.get(ServerId(ServerId::MAX)).state, SlotState::Free);
+        assert_eq!(t.get(ServerId(u16::MAX)).state, SlotState::Free);
         assert_eq!(t.iter().count(), 1);
         assert!(std::mem::size_of::<ServerSlot>() <= 12);
+    }
+
+    #[test]
+    fn only_active_and_draining_forward() {
+        let forwarding: Vec<SlotState> = [
+            SlotState::Free,
+            SlotState::Removed,
+            SlotState::Active,
+            SlotState::Draining,
+        ]
+        .into_iter()
+        .filter(|s| s.forwards())
+        .collect();
+        assert_eq!(forwarding, [SlotState::Active, SlotState::Draining]);
     }
 }

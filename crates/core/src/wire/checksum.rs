@@ -114,8 +114,19 @@ pub fn update_u32_at(checksum: u16, odd_offset: bool, old: u32, new: u32) -> u16
 /// puts `new_high` in network order.
 #[inline(always)]
 pub fn replace_high_half(buf: &mut [u8], word_at: usize, checksum_at: usize, new_high: u16) {
+    replace_high_half_in_network_order(buf, word_at, checksum_at, new_high.to_be());
+}
+
+/// [`replace_high_half`] with the new half already in network byte order (`new_high.to_be()`),
+/// as the MSB table keeps restored MSBs, so that the client path swaps no bytes at all.
+#[inline(always)]
+pub fn replace_high_half_in_network_order(
+    buf: &mut [u8],
+    word_at: usize,
+    checksum_at: usize,
+    new: u16,
+) {
     let old = read_u16_in_memory_order(buf, word_at);
-    let new = new_high.to_be();
     if old == new {
         return;
     }
