@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 
-use cheetah_core::config::{Forwarding, Mode};
+use cheetah_core::config::{Forwarding, Mode, VipConfig};
 use cheetah_core::cookie::tcp_ts;
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Bundle, Counter, Worker, WorkerConfig};
@@ -21,6 +21,10 @@ use proptest::test_runner::{Config, TestRunner};
 const SECRET: Secret = Secret([9; 16]);
 /// Servers 1..=4 active with M known, 5 draining with M unknown, 6 removed, 7 unknown.
 const SERVERS: u16 = 6;
+/// Besides VIP:VIP_PORT (every server), VIPs that some servers also serve, so that replies
+/// come from servers with one VIP and with several, and from each VIP: (address, port,
+/// servers). The ports differ, as NAT mode wants one VIP per backend address and port.
+const OTHER_VIPS: [(u32, u16, &[u16]); 2] = [(VIP, 443, &[1, 2]), (VIP + 1, 8080, &[3])];
 
 /// The M that server `id` starts with (ids 1..=4).
 fn initial_msb(id: u16) -> u16 {
@@ -28,7 +32,16 @@ fn initial_msb(id: u16) -> u16 {
 }
 
 fn worker(mode: Mode, forwarding: Forwarding, fast: bool) -> (ControlPlane, Worker) {
-    let config = testkit::config(mode, forwarding, PolicyKind::RoundRobin, SERVERS);
+    let mut config = testkit::config(mode, forwarding, PolicyKind::RoundRobin, SERVERS);
+    let template = config.vips[0].clone();
+    for (address, port, servers) in OTHER_VIPS {
+        config.vips.push(VipConfig {
+            address: std::net::Ipv4Addr::from(address).into(),
+            port,
+            servers: servers.to_vec(),
+            ..template.clone()
+        });
+    }
     let mut plane = ControlPlane::new(&config, &SECRET).unwrap();
     for id in 1..=4 {
         plane
@@ -155,7 +168,8 @@ fn reply_options(layout: u8, tsval: u32) -> Vec<u8> {
 }
 
 /// A reply from server `server` (7: no such server) to client `c`, as an l2 or NAT server
-/// sends it, with a TSval whose MSB is near the server's M (or anywhere).
+/// sends it, with a TSval whose MSB is near the server's M (or anywhere), mostly from
+/// VIP:VIP_PORT and sometimes from one of `OTHER_VIPS`, whether the server serves it or not.
 fn reply_frames(forwarding: Forwarding) -> impl Strategy<Value = Vec<u8>> {
     (
         (
@@ -187,10 +201,14 @@ fn reply_frames(forwarding: Forwarding) -> impl Strategy<Value = Vec<u8>> {
             prop_oneof![0i32..4, Just(-1), Just(-3), Just(0x4000)],
             any::<u16>(),
         ),
-        (0usize..40, 0u8..8),
+        (
+            0usize..40,
+            0u8..8,
+            prop_oneof![6 => Just(None), 1 => (0..OTHER_VIPS.len()).prop_map(Some)],
+        ),
     )
         .prop_map(
-            move |((c, server, layout), flags, (step, low), (payload, style))| {
+            move |((c, server, layout), flags, (step, low), (payload, style, other_vip))| {
                 let msb = (initial_msb(server) as i32 + step) as u16;
                 let tsval = ((msb as u32) << 16) | low as u32;
                 let client = testkit::client_ip(c);
@@ -198,11 +216,18 @@ fn reply_frames(forwarding: Forwarding) -> impl Strategy<Value = Vec<u8>> {
                 let opts = reply_options(layout, tsval);
                 // Mostly the mode's own kind of reply, sometimes the other.
                 let nat = (forwarding == Forwarding::Nat) != (style == 0);
-                let reply = if nat {
+                let mut reply = if nat {
                     TcpFrame::from_server_nat(server, client, port, flags, opts)
                 } else {
                     TcpFrame::from_server_l2(server, client, port, flags, opts)
                 };
+                if let Some(other) = other_vip {
+                    let (address, vip_port, _) = OTHER_VIPS[other];
+                    reply.src_port = vip_port;
+                    if !nat {
+                        reply.src_ip = address;
+                    }
+                }
                 reply.with_payload(&vec![0x62; payload]).build()
             },
         )

@@ -265,10 +265,14 @@ impl WorkerState {
             };
             (sender, snapshot.vip_hash_prefix(vip))
         } else {
-            let vip = snapshot.vip_slot(layout.src, src_port)?;
+            let entry = snapshot.mac_entry(&packet[ethernet::field::SRC].try_into().unwrap())?;
+            // Most servers serve one VIP, kept in their MAC entry: one lookup, not two.
+            let vip = match entry.first_vip_at(layout.src, src_port) {
+                Some(vip) => vip,
+                None => snapshot.vip_slot(layout.src, src_port)?,
+            };
             let sender = Sender {
-                server: snapshot
-                    .server_by_mac(&packet[ethernet::field::SRC].try_into().unwrap())?,
+                server: entry.server,
                 vip: vip.index,
                 nat: false,
             };

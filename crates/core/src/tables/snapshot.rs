@@ -1,5 +1,6 @@
 //! One immutable view of AllServers and VIPToServers, as the data path reads it.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,6 +53,26 @@ pub struct VipSlot {
     pub hash_prefix: VipHashPrefix,
 }
 
+/// What the MAC index holds for a server: its id and the key and slot of the first IPv4
+/// TCP VIP it serves (most servers serve one), so that an l2 reply from that VIP finds both
+/// its sender and its VIP with one lookup instead of two.
+#[derive(Clone, Copy, Debug)]
+pub struct MacEntry {
+    pub server: ServerId,
+    /// `addr_port` of the server's first VIP; `u64::MAX` (never a VIP's key) if it has none.
+    first_vip_key: u64,
+    first_vip: VipSlot,
+}
+
+impl MacEntry {
+    /// The VIP at `addr:port` if it is the server's first; `None` says nothing about the
+    /// server's other VIPs (look them up in the VIP index).
+    #[inline(always)]
+    pub fn first_vip_at(&self, addr: u32, port: u16) -> Option<&VipSlot> {
+        (self.first_vip_key == addr_port(addr, port)).then_some(&self.first_vip)
+    }
+}
+
 /// Everything the data path consults, built by the control plane, never mutated.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -66,7 +87,7 @@ pub struct Snapshot {
     vip_by_addr_port: FlatIndex<VipSlot>,
     vip_addrs: FlatIndex<()>,
     vip_addrs_v6: Vec<Ipv6Addr>,
-    server_by_mac: FlatIndex<ServerId>,
+    server_by_mac: FlatIndex<MacEntry>,
     /// `(DIP << 16 | backend port)` -> (server, VIP index), for NAT replies.
     nat_backends: FlatIndex<(ServerId, u16)>,
     /// DIPs of removed servers, so their late NAT replies are dropped and counted rather
@@ -125,14 +146,41 @@ impl Snapshot {
                 IpAddr::V6(a) => vip_addrs_v6.push(a),
             }
         }
-        let by_mac = servers
-            .iter()
-            .filter(|(_, slot)| slot.has_mac)
-            .map(|(id, slot)| (mac_key(&slot.mac), id));
-        // Never read: it only fills the index's empty slots.
+        // Never read: it only fills the indexes' empty slots.
         let filler = VipSlot {
             index: u16::MAX,
             hash_prefix: hasher.vip_prefix(0, 0, 0),
+        };
+        let no_vip = (u64::MAX, filler);
+        // Per server, the first IPv4 VIP it serves (as a member or as departed).
+        let mut first_vips: HashMap<ServerId, (u64, VipSlot)> = HashMap::new();
+        for &(key, slot) in &by_addr_port {
+            let vip = &vips[slot.index as usize];
+            for id in vip
+                .members
+                .iter()
+                .map(|m| m.0)
+                .chain(vip.departed.iter().copied())
+            {
+                first_vips.entry(id).or_insert((key, slot));
+            }
+        }
+        let by_mac = servers
+            .iter()
+            .filter(|(_, slot)| slot.has_mac)
+            .map(|(id, slot)| {
+                let (first_vip_key, first_vip) = first_vips.get(&id).copied().unwrap_or(no_vip);
+                let entry = MacEntry {
+                    server: id,
+                    first_vip_key,
+                    first_vip,
+                };
+                (mac_key(&slot.mac), entry)
+            });
+        let mac_filler = MacEntry {
+            server: ServerId(0),
+            first_vip_key: no_vip.0,
+            first_vip: no_vip.1,
         };
         Snapshot {
             generation,
@@ -142,7 +190,7 @@ impl Snapshot {
             vip_by_addr_port: FlatIndex::build_with_filler(by_addr_port, filler),
             vip_addrs: FlatIndex::build(addrs),
             vip_addrs_v6,
-            server_by_mac: FlatIndex::build(by_mac),
+            server_by_mac: FlatIndex::build_with_filler(by_mac, mac_filler),
             nat_backends: FlatIndex::build(nat_backends),
             removed_dips: FlatIndex::build(
                 servers
@@ -194,7 +242,13 @@ impl Snapshot {
     /// The server whose NIC has this MAC (l2 replies).
     #[inline]
     pub fn server_by_mac(&self, mac: &Mac) -> Option<ServerId> {
-        self.server_by_mac.get(mac_key(mac))
+        self.mac_entry(mac).map(|entry| entry.server)
+    }
+
+    /// [`server_by_mac`](Snapshot::server_by_mac) with the server's first VIP.
+    #[inline(always)]
+    pub fn mac_entry(&self, mac: &Mac) -> Option<&MacEntry> {
+        self.server_by_mac.find(mac_key(mac))
     }
 
     /// The server and VIP a NAT reply from `dip:port` belongs to.
