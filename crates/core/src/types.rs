@@ -33,10 +33,9 @@ impl ServerId {
 /// the id space is too large to be built on a thread's stack. Tables the packet paths
 /// index by id have this type, not a slice, so that an id already known to be below
 /// [`ServerId::SPACE`] (a cookie's 15 bits, or an earlier lookup) is not checked again.
-pub fn boxed_array<T, const N: usize>(make: impl FnMut() -> T) -> Box<[T; N]> {
-    std::iter::repeat_with(make)
-        .take(N)
-        .collect::<Box<[T]>>()
+pub fn boxed_array<T: Clone, const N: usize>(value: T) -> Box<[T; N]> {
+    vec![value; N]
+        .into_boxed_slice()
         .try_into()
         .unwrap_or_else(|_| unreachable!("N entries were made"))
 }

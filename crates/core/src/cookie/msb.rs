@@ -27,7 +27,7 @@ use std::sync::atomic::{
 };
 
 use super::tcp_ts::Unmasked;
-use crate::types::{boxed_array, Nanos, ServerId, NANOS_PER_MS, NANOS_PER_SEC};
+use crate::types::{Nanos, ServerId, NANOS_PER_MS, NANOS_PER_SEC};
 
 /// Set in a state once M is known; also in a restore entry once the MSB it holds is known.
 const KNOWN: u32 = 1 << 16;
@@ -112,8 +112,8 @@ impl Default for MsbTable {
 impl MsbTable {
     pub fn new() -> Self {
         MsbTable {
-            states: boxed_array(|| AtomicU32::new(0)),
-            restores: boxed_array(|| AtomicU32::new(0)),
+            states: zeroed_words(),
+            restores: zeroed_words(),
             changes: (0..ServerId::SPACE).map(|_| ChangeLog::default()).collect(),
             writes: AtomicU64::new(0),
         }
@@ -291,6 +291,15 @@ fn restore_entry(state: u32, version: u16) -> u32 {
     }
     let m = state as u16;
     KNOWN | m.wrapping_sub((m ^ version) & 1).to_be() as u32
+}
+
+/// `N` atomic words, 0, on the heap (atomics are not `Clone`, so not `boxed_array`).
+fn zeroed_words<const N: usize>() -> Box<[AtomicU32; N]> {
+    (0..N)
+        .map(|_| AtomicU32::new(0))
+        .collect::<Box<[_]>>()
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("N words were made"))
 }
 
 /// How old a persisted M may be and still be trusted: an echo may lag a TSval by up to a

@@ -219,7 +219,7 @@ impl LoadView {
     /// A view in which every server is idle.
     pub fn new() -> Self {
         LoadView {
-            servers: boxed_array(ViewedServer::default),
+            servers: boxed_array(ViewedServer::default()),
         }
     }
 
@@ -331,7 +331,7 @@ impl WorkerLoads {
         WorkerLoads {
             shared,
             view: LoadView::new(),
-            pending: boxed_array(PendingDelta::default),
+            pending: boxed_array(PendingDelta::default()),
             dirty: Vec::with_capacity(ServerId::SPACE),
             watched: Vec::new(),
             last_merge: None,

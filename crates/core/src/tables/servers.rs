@@ -1,6 +1,6 @@
 //! AllServers: server id -> where to send, and whether the id may be used.
 
-use crate::types::{Mac, ServerId};
+use crate::types::{boxed_array, Mac, ServerId};
 
 /// Lifecycle of an id in AllServers.
 ///
@@ -61,6 +61,9 @@ static FREE_SLOT: ServerSlot = ServerSlot {
 #[derive(Clone, Debug)]
 pub struct AllServers {
     slots: Box<[ServerSlot; ServerId::SPACE]>,
+    /// Slots from here on are `Free`: what [`AllServers::iter`] scans, so that building a
+    /// snapshot costs the ids in use, not the id space.
+    in_use: usize,
 }
 
 impl Default for AllServers {
@@ -74,14 +77,13 @@ impl AllServers {
     ///
     /// # Panics
     /// With more slots than ids (the control plane allocates ids in `0..=ServerId::MAX`).
-    pub fn from_slots(mut slots: Vec<ServerSlot>) -> Self {
+    pub fn from_slots(slots: Vec<ServerSlot>) -> Self {
         assert!(slots.len() <= ServerId::SPACE, "more slots than server ids");
-        slots.resize(ServerId::SPACE, ServerSlot::default());
+        let mut all: Box<[ServerSlot; ServerId::SPACE]> = boxed_array(ServerSlot::default());
+        all[..slots.len()].copy_from_slice(&slots);
         AllServers {
-            slots: slots
-                .into_boxed_slice()
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("resized to the id space")),
+            slots: all,
+            in_use: slots.len(),
         }
     }
 
@@ -93,7 +95,7 @@ impl AllServers {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (ServerId, &ServerSlot)> {
-        self.slots
+        self.slots[..self.in_use]
             .iter()
             .enumerate()
             .filter(|(_, s)| s.state != SlotState::Free)
