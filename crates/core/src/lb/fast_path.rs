@@ -256,14 +256,15 @@ impl WorkerState {
             dst_port: client_port,
         } = segment;
         let l4 = layout.l4;
-        let (sender, hash_prefix) = if NAT {
+        let (sender, hash_prefix, forwards) = if NAT {
             let (server, vip) = snapshot.nat_backend(layout.src, src_port)?;
             let sender = Sender {
                 server,
                 vip,
                 nat: true,
             };
-            (sender, snapshot.vip_hash_prefix(vip))
+            let forwards = snapshot.servers.get(server).state.forwards();
+            (sender, snapshot.vip_hash_prefix(vip), forwards)
         } else {
             let entry = snapshot.mac_entry(&packet[ethernet::field::SRC].try_into().unwrap())?;
             // Most servers serve one VIP, kept in their MAC entry: one lookup, not two.
@@ -276,7 +277,7 @@ impl WorkerState {
                 vip: vip.index,
                 nat: false,
             };
-            (sender, &vip.hash_prefix)
+            (sender, &vip.hash_prefix, entry.forwards)
         };
         let server = sender.server;
         let timestamp_at = if CHEETAH {
@@ -284,7 +285,7 @@ impl WorkerState {
         } else {
             None
         };
-        if !snapshot.servers.get(server).state.forwards() || (CHEETAH && timestamp_at.is_none()) {
+        if !forwards || (CHEETAH && timestamp_at.is_none()) {
             // A removed server, or options the wide compares do not place: the general
             // server path decides.
             return Some(self.reply_general(snapshot, shared, packet, sender, now));

@@ -53,12 +53,16 @@ pub struct VipSlot {
     pub hash_prefix: VipHashPrefix,
 }
 
-/// What the MAC index holds for a server: its id and the key and slot of the first IPv4
-/// TCP VIP it serves (most servers serve one), so that an l2 reply from that VIP finds both
-/// its sender and its VIP with one lookup instead of two.
+/// What the MAC index holds for a server: its id, whether it forwards, and the key and slot
+/// of the first IPv4 TCP VIP it serves (most servers serve one), so that an l2 reply from
+/// that VIP finds its sender, the sender's state and its VIP with one lookup instead of
+/// three.
 #[derive(Clone, Copy, Debug)]
 pub struct MacEntry {
     pub server: ServerId,
+    /// The server's state forwards packets of existing connections (copied from
+    /// AllServers, which this same snapshot holds), so an l2 reply needs no AllServers load.
+    pub forwards: bool,
     /// `addr_port` of the server's first VIP; `u64::MAX` (never a VIP's key) if it has none.
     first_vip_key: u64,
     first_vip: VipSlot,
@@ -172,6 +176,7 @@ impl Snapshot {
                 let (first_vip_key, first_vip) = first_vips.get(&id).copied().unwrap_or(no_vip);
                 let entry = MacEntry {
                     server: id,
+                    forwards: slot.state.forwards(),
                     first_vip_key,
                     first_vip,
                 };
@@ -179,6 +184,7 @@ impl Snapshot {
             });
         let mac_filler = MacEntry {
             server: ServerId(0),
+            forwards: false,
             first_vip_key: no_vip.0,
             first_vip: no_vip.1,
         };
@@ -366,5 +372,34 @@ mod tests {
             found += 1;
         }
         assert_eq!(found, 42);
+    }
+
+    /// The straight line trusts the MAC entry's copy of the server's state; every snapshot
+    /// the lifecycle publishes must keep the copy equal to AllServers.
+    #[test]
+    fn mac_entries_carry_the_servers_forwarding_state() {
+        let config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 4);
+        let mut plane = ControlPlane::new(&config, &Secret([9; 16])).unwrap();
+        let check = |plane: &ControlPlane, expected: [bool; 4]| {
+            let snapshot = plane.shared().snapshot.load();
+            let mut seen = 0;
+            for (id, slot) in snapshot.servers.iter().filter(|(_, slot)| slot.has_mac) {
+                let entry = snapshot
+                    .mac_entry(&slot.mac)
+                    .expect("a server's MAC is indexed");
+                assert_eq!(entry.server, id);
+                assert_eq!(entry.forwards, slot.state.forwards(), "server {}", id.0);
+                assert_eq!(entry.forwards, expected[id.index() - 1], "server {}", id.0);
+                seen += 1;
+            }
+            assert_eq!(seen, 4, "every server keeps its MAC entry");
+        };
+        check(&plane, [true; 4]);
+        plane.drain_server(2).unwrap();
+        check(&plane, [true, true, true, true]);
+        plane.remove_server(3, 1).unwrap();
+        check(&plane, [true, true, false, true]);
+        plane.activate_server(2).unwrap();
+        check(&plane, [true, true, false, true]);
     }
 }
