@@ -34,7 +34,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use cheetah_core::config::{ConfiguredState, Forwarding, LbConfig, Mode, VipConfig};
-use cheetah_core::cookie::tcp_ts;
+use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Counter, LbShared, Worker, WorkerConfig};
 use cheetah_core::policy::{LoadMetric, PolicyKind, PoolSnapshot, ReportedLoad};
@@ -605,7 +605,7 @@ struct Cache {
 thread_local! {
     static CACHE: RefCell<Cache> = RefCell::new(Cache {
         // A small handshake table, cleared per input in a few stores.
-        shared: Arc::new(LbShared::with_handshake_slots(&SECRET, Snapshot::empty(), 64)),
+        shared: Arc::new(LbShared::with_handshake_slots(&SECRET, CookieLayout::DEFAULT, Snapshot::empty(), 64)),
         generation: 0,
         setups: HashMap::new(),
         pools: PoolCache::default(),
@@ -702,7 +702,7 @@ pub fn run_with(data: &[u8], checks: Checks) {
                         ));
                     }
                 }
-                Record::Msb(id, msb) => shared.msb.import(&[(id, msb)]),
+                Record::Msb(id, msb) => shared.msb.import(&[(id, u32::from(msb) << 16)], 0),
                 Record::Load(id, report) => {
                     shared
                         .loads
@@ -1140,14 +1140,17 @@ fn check_cookie(
             // and only the 16 MSB of TSecr may change (restored to the server's MSB).
             let hash = flow_hash(worker, src, sport, dst, dport);
             let tsecr = read_u32(input, tsecr_at);
-            let decoded = tcp_ts::decode(tcp_ts::extract(tsecr), hash);
+            let decoded = worker
+                .shared()
+                .layout()
+                .decode(tcp_ts::extract(tsecr), hash);
             assert_eq!(decoded.server, server, "cookie-routed {verdict:?}");
             let restored = read_u32(output, tsecr_at);
             assert_eq!(restored & 0xffff, tsecr & 0xffff, "TSecr low bits");
             let m = worker
                 .shared()
                 .msb
-                .restore(server, decoded.version)
+                .restore(server, decoded.epoch)
                 .expect("a packet routed by cookie had a known M");
             assert_eq!(restored >> 16, u32::from(m), "restored TSecr MSB");
         }
@@ -1169,15 +1172,16 @@ fn check_cookie(
             let tsval = read_u32(input, tsval_at);
             let cookie_tsval = read_u32(output, tsval_at);
             assert_eq!(cookie_tsval & 0xffff, tsval & 0xffff, "TSval low bits");
-            let decoded = tcp_ts::decode(tcp_ts::extract(cookie_tsval), hash);
+            let layout = worker.shared().layout();
+            let decoded = layout.decode(tcp_ts::extract(cookie_tsval), hash);
             assert_eq!(
                 decoded.server, server,
                 "the cookie names the sending server"
             );
             assert_eq!(
-                u32::from(decoded.version),
-                (tsval >> 16) & 1,
-                "the cookie's version bit is the parity of the displaced MSB"
+                u32::from(decoded.epoch),
+                (tsval >> 16) & u32::from(layout.epochs() - 1),
+                "the cookie's epoch is the displaced MSB modulo 2^k"
             );
             assert_eq!(
                 input[tsecr_at..tsecr_at + 4],
@@ -1196,7 +1200,7 @@ pub fn model_matches_control_plane(setup: Setup, actions: &[(Action, u16, Nanos)
     let config = setup.config();
     let mut plane = ControlPlane::new(&config, &SECRET).expect("harness configs are valid");
     let mut model = Model::from_config(&config);
-    let model_shared = LbShared::new(&SECRET, Snapshot::empty());
+    let model_shared = LbShared::new(&SECRET, CookieLayout::DEFAULT, Snapshot::empty());
     let mut pools = PoolCache::default();
     let compare = |plane: &ControlPlane, model: &Model, pools: &mut PoolCache, step: &str| {
         let real = plane.shared().snapshot.load();
@@ -1254,9 +1258,9 @@ pub fn model_matches_control_plane(setup: Setup, actions: &[(Action, u16, Nanos)
         // Give every reachable id an M and a load, so that forgetting and resets show.
         for id in 0..REACHABLE_IDS {
             let id = ServerId(id);
-            let m = [(id, 7 + id.0)];
-            plane.shared().msb.import(&m);
-            model_shared.msb.import(&m);
+            let m = [(id, u32::from(7 + id.0) << 16)];
+            plane.shared().msb.import(&m, now);
+            model_shared.msb.import(&m, now);
             let report = cheetah_core::policy::ReportedLoad {
                 load: Some(f64::from(id.0)),
                 active_connections: Some(u64::from(id.0)),

@@ -7,7 +7,7 @@
 //! test `write_fuzz_seeds` in `crates/core/tests/fuzz_corpus.rs` (see docs/fuzzing.md).
 
 use cheetah_core::config::{Forwarding, Mode};
-use cheetah_core::cookie::tcp_ts;
+use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::testkit::{self, options, TcpFrame};
@@ -37,7 +37,7 @@ fn echoed_cookie(server: u16, tsval: u32, vip_port: u16) -> u32 {
     });
     tcp_ts::insert(
         tsval,
-        tcp_ts::encode(ServerId(server), hash, tcp_ts::extract(tsval)),
+        CookieLayout::DEFAULT.encode(ServerId(server), hash, tcp_ts::extract(tsval)),
     )
 }
 

@@ -168,16 +168,79 @@ fn lb_sections_in_place(text: &str, lb_table: &toml::Table) -> Option<String> {
     (blanked == *lb_table).then_some(out)
 }
 
-/// Reads a secret file: 32 hex digits (128 bits), surrounding whitespace ignored.
-pub fn read_secret(path: &Path) -> anyhow::Result<Secret> {
+/// A secret file: the 128-bit key as 32 hex digits on its first line, and the cookie
+/// layout it was made for (`cookie_epoch_bits = N`) on the second. Instances that share
+/// the key must share the layout; recording it with the key makes an instance configured
+/// otherwise refuse to start. Files made before layouts have the key alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyFile {
+    pub secret: Secret,
+    pub cookie_epoch_bits: Option<u8>,
+}
+
+impl KeyFile {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+        let secret = lines
+            .next()
+            .and_then(Secret::from_hex)
+            .ok_or("expected 32 hex digits (128 bits) on the first line")?;
+        let cookie_epoch_bits = match lines.next() {
+            None => None,
+            Some(line) => {
+                let value = line
+                    .strip_prefix("cookie_epoch_bits")
+                    .and_then(|rest| rest.trim_start().strip_prefix('='))
+                    .and_then(|v| v.trim().parse::<u8>().ok())
+                    .ok_or_else(|| {
+                        format!("second line `{line}`: expected `cookie_epoch_bits = N`")
+                    })?;
+                Some(value)
+            }
+        };
+        if let Some(extra) = lines.next() {
+            return Err(format!("unexpected third line `{extra}`"));
+        }
+        Ok(KeyFile {
+            secret,
+            cookie_epoch_bits,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let mut text = format!("{}\n", self.secret.to_hex());
+        if let Some(bits) = self.cookie_epoch_bits {
+            text.push_str(&format!("cookie_epoch_bits = {bits}\n"));
+        }
+        text
+    }
+
+    /// Refuses a config whose layout differs from the one this key was made for.
+    pub fn check_layout(&self, path: &Path, configured: u8) -> anyhow::Result<()> {
+        match self.cookie_epoch_bits {
+            Some(made_for) if made_for != configured => anyhow::bail!(
+                "cookie_epoch_bits = {configured}, but the secret file {} was made for cookie_epoch_bits = {made_for}: \
+                 LB instances sharing a key must share the cookie layout, or each reads the other's cookies as other servers. \
+                 Set cookie_epoch_bits = {made_for}; or, to change the layout (every open connection breaks), make a new key \
+                 for every instance",
+                path.display()
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Reads a secret file ([`KeyFile`]).
+pub fn read_key_file(path: &Path) -> anyhow::Result<KeyFile> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read secret file {}", path.display()))?;
-    Secret::from_hex(&text).with_context(|| {
-        format!(
-            "secret file {}: expected 32 hex digits (128 bits)",
-            path.display()
-        )
-    })
+    KeyFile::parse(&text)
+        .map_err(|problem| anyhow::anyhow!("secret file {}: {problem}", path.display()))
+}
+
+/// The key of a secret file ([`KeyFile`]).
+pub fn read_secret(path: &Path) -> anyhow::Result<Secret> {
+    Ok(read_key_file(path)?.secret)
 }
 
 #[cfg(test)]
@@ -185,6 +248,44 @@ mod tests {
     use super::*;
 
     const BASE: &str = "/etc/cheetah";
+
+    #[test]
+    fn key_files_carry_the_layout_they_were_made_for() {
+        let key = "000102030405060708090a0b0c0d0e0f";
+        let old = KeyFile::parse(&format!("{key}\n")).unwrap();
+        assert_eq!(old.cookie_epoch_bits, None);
+        assert!(old.check_layout(Path::new("k"), 3).is_ok());
+        let new = KeyFile::parse(&format!("{key}\ncookie_epoch_bits = 4\n")).unwrap();
+        assert_eq!(new.cookie_epoch_bits, Some(4));
+        assert_eq!(KeyFile::parse(&new.text()).unwrap(), new);
+        assert!(new.check_layout(Path::new("k"), 4).is_ok());
+        let refused = new
+            .check_layout(Path::new("/etc/cheetah/k"), 5)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.starts_with("cookie_epoch_bits = 5, but the secret file /etc/cheetah/k was made for cookie_epoch_bits = 4"),
+            "{refused}"
+        );
+        for (text, problem) in [
+            ("zz", "expected 32 hex digits"),
+            (
+                &format!("{key}\nepoch = 4"),
+                "expected `cookie_epoch_bits = N`",
+            ),
+            (
+                &format!("{key}\ncookie_epoch_bits = four"),
+                "expected `cookie_epoch_bits = N`",
+            ),
+            (
+                &format!("{key}\ncookie_epoch_bits = 4\nmore"),
+                "unexpected third line",
+            ),
+        ] {
+            let error = KeyFile::parse(text).unwrap_err();
+            assert!(error.contains(problem), "{text:?}: {error}");
+        }
+    }
 
     #[test]
     fn the_example_config_is_valid() {

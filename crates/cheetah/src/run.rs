@@ -14,7 +14,7 @@ use cheetah_core::hash::Secret;
 use cheetah_core::lb::{LbShared, Worker, WorkerConfig};
 use cheetah_core::tables::SlotState;
 
-use crate::config::{read_secret, DaemonConfig, FileConfig};
+use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
 use crate::daemon::persist::{self, Persister};
 use crate::daemon::{api, Clock, DaemonState, InterfaceStatus};
 use crate::dataplane::worker_loop::DataPath;
@@ -67,7 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let secret_path = file.secret_file.clone().context(
         "secret_file: required (a file with 32 hex digits; create it with --init-secret)",
     )?;
-    let secret = load_or_create_secret(&secret_path, args.init_secret)?;
+    let secret = load_or_create_secret(&secret_path, args.init_secret, file.lb.cookie_epoch_bits)?;
     let clock = Clock::start();
     let persister = Persister::new(&daemon.state_dir, &file.lb)?;
     let plane = persister.restore(&file.lb, &secret, &clock)?;
@@ -84,7 +84,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let data_plane = DataPlane::start(&file, &daemon, &state, &args.faults)?;
     let saver = persist::spawn(Arc::clone(&state), Duration::from_secs(1))?;
     tracing::info!(
-        fingerprint = %secret.fingerprint(),
+        fingerprint = %state.shared.secret_fingerprint(),
+        cookie_epoch_bits = state.shared.layout().epoch_bits(),
         mode = file.lb.mode.name(),
         workers = data_plane.workers.len(),
         api = %api.local_addr(),
@@ -96,9 +97,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn load_or_create_secret(path: &Path, create: bool) -> anyhow::Result<Secret> {
+/// The secret file's key, checked against the config's cookie layout; `create` makes the
+/// file (key and layout) if there is none.
+fn load_or_create_secret(path: &Path, create: bool, epoch_bits: u8) -> anyhow::Result<Secret> {
     if path.exists() {
-        return read_secret(path);
+        let key = read_key_file(path)?;
+        key.check_layout(path, epoch_bits)?;
+        if key.cookie_epoch_bits.is_none() {
+            tracing::warn!(
+                path = %path.display(),
+                "the secret file records no cookie layout, so an instance configured with another \
+                 one would not be stopped: add the line `cookie_epoch_bits = {epoch_bits}` to it on every instance"
+            );
+        }
+        return Ok(key.secret);
     }
     if !create {
         bail!(
@@ -110,7 +122,10 @@ fn load_or_create_secret(path: &Path, create: bool) -> anyhow::Result<Secret> {
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut key))
         .context("cannot read /dev/urandom")?;
-    let secret = Secret(key);
+    let file = KeyFile {
+        secret: Secret(key),
+        cookie_epoch_bits: Some(epoch_bits),
+    };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -120,9 +135,9 @@ fn load_or_create_secret(path: &Path, create: bool) -> anyhow::Result<Secret> {
         .mode(0o600)
         .open(path)
         .with_context(|| format!("cannot create secret file {}", path.display()))?;
-    writeln!(out, "{}", secret.to_hex())?;
-    tracing::info!(path = %path.display(), fingerprint = %secret.fingerprint(), "created a new secret");
-    Ok(secret)
+    out.write_all(file.text().as_bytes())?;
+    tracing::info!(path = %path.display(), cookie_epoch_bits = epoch_bits, "created a new secret");
+    Ok(file.secret)
 }
 
 /// The running data path: the XDP program and one worker thread per queue.

@@ -20,14 +20,14 @@ use std::process::Command;
 use std::time::Duration;
 
 use cheetah::crafted::forged_acks;
-use cheetah_core::cookie::tcp_ts;
+use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
 use serde_json::Value;
 use support::stats::{chi_squared, chi_squared_sf, ln_gamma, monte_carlo_p_value};
 use support::*;
 
-/// Server ids a cookie can name: 15 bits.
-const ID_SPACE: u64 = 1 << 15;
+/// Server ids a cookie can name in the testbed's (default) layout: 12 bits.
+const ID_SPACE: u64 = CookieLayout::DEFAULT.server_ids() as u64;
 /// Below this p-value a goodness-of-fit test fails. The secret is new in every testbed, so
 /// each run is a fresh experiment: a correct LB fails one run in 10^4 per test.
 const SIGNIFICANCE: f64 = 1e-4;
@@ -52,29 +52,28 @@ const ADD_SERVER_99: [&str; 8] = [
 /// (c) Forged cookies, 10^5 of them, while a keep-alive load runs.
 ///
 /// Every forged ACK comes from a random client port with a random TSecr. The LB decodes
-/// the cookie as `(TSecr >> 16 XOR h(connection)) & 0x7fff`: with a keyed hash the client
-/// cannot predict, the id is uniform over the 32768 ids, so S allocated ids catch S/32768
-/// of the forged packets and the rest are dropped as `cookie_unknown_server`.
+/// the cookie as `(TSecr >> 16 XOR h(connection)) & 0xfff` (the default layout's 12 id
+/// bits): with a keyed hash the client cannot predict, the id is uniform over the 4096 ids,
+/// so S allocated ids catch S/4096 of the forged packets and the rest are dropped as
+/// `cookie_unknown_server`.
 ///
-/// Statistical design. With S = 4 servers, 10^5 cookies send N/32768 ≈ 3 packets to each
-/// server: too few for a per-server chi-squared test, whose approximation wants about 5
-/// per cell. Allocating more ids does not help unless each is a real server that has sent
-/// packets (an id whose timestamp MSB the LB has never seen drops as `ts_msb_unknown`), and
-/// raising N to 10^6 costs a minute of injection on two shared cores. Instead the claim is
-/// split in three, each tested soundly:
+/// Statistical design. With S = 4 servers, 10^5 cookies send N/4096 ≈ 24 packets to each
+/// server. Allocating more ids does not help unless each is a real server that has sent
+/// packets (an id whose timestamp clock the LB has never seen drops as `ts_msb_unknown`).
+/// The claim is split in three, each tested soundly:
 ///
 /// 1. Exactness, no statistics: the test knows the secret and the seed, so it decodes every
-///    forged cookie itself (`tcp_ts::decode` with `FlowHasher`). The LB's
+///    forged cookie itself (`CookieLayout::decode` with `FlowHasher`). The LB's
 ///    `cookie_unknown_server` count must equal the number decoding to unallocated ids, and
 ///    the packets captured at each server must be exactly those decoding to its id
 ///    (matched by port and sequence number), with the low 16 bits of TSecr untouched.
 /// 2. Uniformity of the decoded ids over the whole id space, on all 10^5 cookies: a
-///    chi-squared test over 64 bins of 512 ids (1562.5 expected per bin, 63 degrees of
-///    freedom), so whichever S ids are allocated, each receives 1/32768 of the forged
-///    traffic in expectation, and the unknown fraction is (32768 - S)/32768.
+///    chi-squared test over 64 bins of 64 ids (1562.5 expected per bin, 63 degrees of
+///    freedom), so whichever S ids are allocated, each receives 1/4096 of the forged
+///    traffic in expectation, and the unknown fraction is (4096 - S)/4096.
 /// 3. The LB's own counts, cells {dropped, s1..s4} against the multinomial with those
 ///    probabilities: Pearson's statistic with a Monte Carlo p-value (10^5 simulated draws),
-///    valid at 3 expected per cell where the chi-squared distribution is not. Its power is
+///    which does not lean on the chi-squared approximation for small cells. Its power is
 ///    against what matters: forged traffic piling onto one server.
 ///
 /// Each server must have sent since the LB started (its MSB known) before the injection;
@@ -248,7 +247,8 @@ fn decode_forged(
             u32::from(*vip.ip()),
             vip.port(),
         );
-        let id = tcp_ts::decode(tcp_ts::extract(forged.tsecr), hasher.hash(&key))
+        let id = CookieLayout::DEFAULT
+            .decode(tcp_ts::extract(forged.tsecr), hasher.hash(&key))
             .server
             .0;
         expectation.ids.push(id);
@@ -458,7 +458,7 @@ fn refused_calls_change_nothing(testbed: &Testbed, lb: &Lb) {
                 "--mac",
                 "02:ce:00:00:02:62",
             ],
-            "id: 40000 is above the cookie's limit of 32767",
+            "id: 40000 is above 4095, the largest server id the cookie carries with cookie_epoch_bits = 4",
         ),
         (
             vec!["servers", "add", "--dip", "10.20.0.98"],
@@ -736,9 +736,9 @@ fn monte_carlo_p_values_agree_with_the_chi_squared_tail_for_large_cells() {
 fn monte_carlo_p_value_flags_forged_traffic_piled_on_one_server() {
     let per_id = 1.0 / ID_SPACE as f64;
     let probabilities = [1.0 - 4.0 * per_id, per_id, per_id, per_id, per_id];
-    // 10^5 cookies, the 12 that reach servers all on one.
-    let piled = [99_988, 12, 0, 0, 0];
+    // 10^5 cookies, the 98 that reach servers (24.4 expected each) all on one.
+    let piled = [99_902, 98, 0, 0, 0];
     assert!(monte_carlo_p_value(&piled, &probabilities, 100_000, 5) < SIGNIFICANCE);
-    let even = [99_988, 3, 4, 2, 3];
+    let even = [99_902, 25, 23, 26, 24];
     assert!(monte_carlo_p_value(&even, &probabilities, 100_000, 5) > 0.1);
 }

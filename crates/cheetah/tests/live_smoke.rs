@@ -15,7 +15,7 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use cheetah_core::cookie::tcp_ts;
+use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
 use support::*;
 
@@ -133,7 +133,7 @@ fn cookies_name_the_answering_server(testbed: &Testbed) {
             frames.iter().filter(|f| parse_tcp(f).is_some()).count()
         );
         for tsval in replies {
-            let decoded = tcp_ts::decode(tcp_ts::extract(tsval), hash);
+            let decoded = CookieLayout::DEFAULT.decode(tcp_ts::extract(tsval), hash);
             assert_eq!(
                 decoded.server.0, expected,
                 "TSval {tsval:#010x} on port {port} decodes to server {} but {server} answered",

@@ -17,7 +17,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use cheetah_core::cookie::tcp_ts;
+use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
 use support::*;
 
@@ -259,7 +259,12 @@ fn what_the_client_saw(testbed: &Testbed, segments: &[TcpView], first: u16, seco
         u32::from(vip),
         80,
     ));
-    let names = |timestamp: u32| tcp_ts::decode(tcp_ts::extract(timestamp), hash).server.0;
+    let names = |timestamp: u32| {
+        CookieLayout::DEFAULT
+            .decode(tcp_ts::extract(timestamp), hash)
+            .server
+            .0
+    };
 
     let from_server = |t: &&TcpView| t.src == vip.octets();
     let syn_acks: Vec<u16> = segments

@@ -466,7 +466,9 @@ fn check_conversation(frames: &[Vec<u8>], run: &Run, s: u16) {
     assert!(run.stdout.contains("packets in       13"), "{}", run.stdout);
     assert!(run.stdout.contains("packets out      13"), "{}", run.stdout);
     assert!(run.stdout.contains("truncated_ipv4"), "{}", run.stdout);
-    let fingerprint = Secret::from_hex(KEY).unwrap().fingerprint();
+    let fingerprint = Secret::from_hex(KEY)
+        .unwrap()
+        .fingerprint(cheetah_core::cookie::CookieLayout::DEFAULT);
     assert!(run.stdout.contains(&fingerprint), "{}", run.stdout);
 }
 

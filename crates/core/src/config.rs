@@ -12,6 +12,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cookie::CookieLayout;
 use crate::lb::fallback;
 use crate::policy::{LoadMetric, PolicyKind};
 use crate::types::{parse_mac, Mac, ServerId};
@@ -61,7 +62,8 @@ pub enum ConfiguredState {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Id carried in cookies: 0..=32767, never reused while connections may carry it.
+    /// Id carried in cookies: below the layout's limit (0..=4095 by default), never reused
+    /// while connections may carry it.
     pub id: u16,
     /// The server's own address (where NAT sends, and how NAT recognises its replies).
     pub dip: IpAddr,
@@ -104,6 +106,11 @@ pub struct LbConfig {
     pub mode: Mode,
     #[serde(default)]
     pub forwarding: Forwarding,
+    /// How many of the cookie's 16 bits carry the server's clock (the rest name the
+    /// server): the longest idle gap a connection survives against the number of server
+    /// ids ([`CookieLayout`]). Fixed at an LB's first start.
+    #[serde(default = "default_epoch_bits")]
+    pub cookie_epoch_bits: u8,
     /// Seconds a removed server's id stays retired before it may be given to a new server.
     #[serde(default = "default_quarantine")]
     pub quarantine_secs: u64,
@@ -121,6 +128,9 @@ pub struct LbConfig {
     pub vips: Vec<VipConfig>,
 }
 
+fn default_epoch_bits() -> u8 {
+    CookieLayout::DEFAULT_EPOCH_BITS
+}
 fn default_quarantine() -> u64 {
     600
 }
@@ -206,9 +216,16 @@ impl LbConfig {
         })
     }
 
+    /// The cookie layout the config asks for.
+    pub fn cookie_layout(&self) -> Result<CookieLayout, ConfigError> {
+        CookieLayout::new(self.cookie_epoch_bits)
+            .map_err(|e| ConfigError::new("cookie_epoch_bits", e.to_string()))
+    }
+
     /// Checks everything that can be checked without the running system, returning the
     /// servers and VIPs in the form the control plane uses.
     pub fn validate(&self) -> Result<(Vec<ValidServer>, Vec<ValidVip>), ConfigError> {
+        let layout = self.cookie_layout()?;
         if self.fallback_table_capacity == 0
             || self.fallback_table_capacity > fallback::MAX_CAPACITY
         {
@@ -224,6 +241,7 @@ impl LbConfig {
                 s,
                 &format!("servers[{i}]"),
                 self.forwarding,
+                layout,
             )?);
             if !ids.insert(s.id) {
                 return Err(ConfigError::new(
@@ -271,13 +289,10 @@ pub(crate) fn validate_server(
     s: &ServerConfig,
     field: &str,
     forwarding: Forwarding,
+    layout: CookieLayout,
 ) -> Result<ValidServer, ConfigError> {
-    let id = ServerId::new(s.id).ok_or_else(|| {
-        ConfigError::new(
-            format!("{field}.id"),
-            format!("{} is above the cookie's limit of {}", s.id, ServerId::MAX),
-        )
-    })?;
+    let id = server_id(s.id, layout)
+        .map_err(|problem| ConfigError::new(format!("{field}.id"), problem))?;
     let dip = match s.dip {
         IpAddr::V4(a) => u32::from(a),
         IpAddr::V6(_) => {
@@ -307,6 +322,19 @@ pub(crate) fn validate_server(
         dip,
         mac,
         state: s.state,
+    })
+}
+
+/// `id` as a server id, if the cookie `layout` can carry it; else the problem, in words.
+pub fn server_id(id: u16, layout: CookieLayout) -> Result<ServerId, String> {
+    ServerId::new(id).filter(|_| layout.holds(id)).ok_or_else(|| {
+        format!(
+            "{id} is above {}, the largest server id the cookie carries with cookie_epoch_bits = {} ({} ids for idle gaps up to {} s; fewer epoch bits carry more ids)",
+            layout.max_server_id(),
+            layout.epoch_bits(),
+            layout.server_ids(),
+            layout.max_idle_ms() / 1000
+        )
     })
 }
 
@@ -433,7 +461,22 @@ mod tests {
         let e = error_for(|c| c.servers[1].id = 1);
         assert_eq!(e.field, "servers[1].id");
         let e = error_for(|c| c.servers[0].id = 40000);
-        assert!(e.to_string().contains("above the cookie's limit"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "servers[0].id: 40000 is above 4095, the largest server id the cookie carries with cookie_epoch_bits = 4 (4096 ids for idle gaps up to 524 s; fewer epoch bits carry more ids)"
+        );
+        // Fewer epoch bits, more ids: the same id fits with k = 2, and a width outside
+        // the table is refused by name.
+        let mut wide = LbConfig::from_toml(GOOD).unwrap();
+        wide.cookie_epoch_bits = 2;
+        wide.servers[0].id = 16_000;
+        wide.vips[0].servers[0] = 16_000;
+        assert!(wide.validate().is_ok(), "{:?}", wide.validate());
+        let e = error_for(|c| c.servers[0].id = 4096);
+        assert!(e.problem.starts_with("4096 is above 4095"), "{e}");
+        let e = error_for(|c| c.cookie_epoch_bits = 1);
+        assert_eq!(e.field, "cookie_epoch_bits");
+        assert!(e.problem.contains("epoch bits go from 2"), "{e}");
         let e = error_for(|c| c.servers[0].mac = Some("nope".into()));
         assert_eq!(e.field, "servers[0].mac");
         let e = error_for(|c| c.servers[0].mac = None);

@@ -10,12 +10,14 @@ pub const NANOS_PER_SEC: Nanos = 1_000_000_000;
 
 /// Identifier of a server in the AllServers table.
 ///
-/// The stateless cookie has 15 bits for it, so ids live in `0..=ServerId::MAX`.
+/// The stateless cookie has at most 14 bits for it (16 - k, k >= 2 epoch bits), so ids
+/// live in `0..=ServerId::MAX`; the configured [`CookieLayout`](crate::cookie::CookieLayout)
+/// may allow fewer.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct ServerId(pub u16);
 
 impl ServerId {
-    pub const MAX: u16 = 0x7fff;
+    pub const MAX: u16 = 0x3fff;
     /// Number of distinct ids a cookie can name.
     pub const SPACE: usize = Self::MAX as usize + 1;
 
@@ -32,7 +34,7 @@ impl ServerId {
 /// One entry per server id (or `N` entries), on the heap from the start: a table over
 /// the id space is too large to be built on a thread's stack. Tables the packet paths
 /// index by id have this type, not a slice, so that an id already known to be below
-/// [`ServerId::SPACE`] (a cookie's 15 bits, or an earlier lookup) is not checked again.
+/// [`ServerId::SPACE`] (a cookie's id bits, or an earlier lookup) is not checked again.
 pub fn boxed_array<T: Clone, const N: usize>(value: T) -> Box<[T; N]> {
     vec![value; N]
         .into_boxed_slice()
@@ -101,7 +103,7 @@ mod tests {
 
     #[test]
     fn server_ids_fit_fifteen_bits() {
-        assert!(ServerId::new(0x7fff).is_some());
-        assert!(ServerId::new(0x8000).is_none());
+        assert!(ServerId::new(0x3fff).is_some());
+        assert!(ServerId::new(0x4000).is_none());
     }
 }

@@ -2,7 +2,7 @@
 //! by packets from clients and servers, as the LB would see them.
 
 use cheetah_core::config::{Forwarding, LbConfig, Mode};
-use cheetah_core::cookie::tcp_ts;
+use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Counter, Worker, WorkerConfig};
 use cheetah_core::policy::{PolicyKind, ReportedLoad};
@@ -160,12 +160,16 @@ fn cookie_names_the_server_and_the_server_gets_its_own_tsval_back() {
     assert!(testkit::checksums_valid(&synack));
     let (tsval, _) = testkit::timestamps(&synack).unwrap();
     assert_eq!(tsval & 0xffff, server_tsval & 0xffff, "low bits untouched");
-    let decoded = tcp_ts::decode(tcp_ts::extract(tsval), hash_of(conn.client, conn.port));
+    let decoded =
+        CookieLayout::DEFAULT.decode(tcp_ts::extract(tsval), hash_of(conn.client, conn.port));
     assert_eq!(
         decoded.server, server,
         "the cookie decodes (with the secret) to the server"
     );
-    assert_eq!(decoded.version, (server_tsval >> 16) as u16 & 1);
+    assert_eq!(
+        decoded.epoch,
+        (server_tsval >> 16) as u16 & (CookieLayout::DEFAULT.epochs() - 1)
+    );
 
     let (v, ack) = conn.client_sends(&mut lb, 0, ACK | PSH, NANOS_PER_SEC + NANOS_PER_MS);
     assert_eq!(v, Verdict::ToServer(server));
@@ -317,7 +321,7 @@ fn forged_removed_and_unlearnt_cookies_are_dropped_by_reason() {
     let client = testkit::client_ip(1);
     let hash = hash_of(client, 40_000);
     let send = |lb: &mut Lb, server: u16, version: u16| {
-        let cookie = tcp_ts::encode(ServerId(server), hash, version);
+        let cookie = CookieLayout::DEFAULT.encode(ServerId(server), hash, version);
         let mut f = TcpFrame::from_client(
             client,
             40_000,

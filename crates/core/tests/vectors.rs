@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cheetah_core::config::{Forwarding, LbConfig, Mode, VipConfig};
-use cheetah_core::cookie::tcp_ts;
+use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Worker, WorkerConfig};
 use cheetah_core::policy::PolicyKind;
@@ -147,7 +147,8 @@ fn flow_hash(vip_port: u16) -> u64 {
 /// The timestamp a client echoes: `server`'s cookie with version bit `version` and the
 /// given low 16 bits.
 fn cookie_ts(server: u16, version: u16, low: u16) -> u32 {
-    let cookie = tcp_ts::encode(ServerId(server), flow_hash(testkit::VIP_PORT), version);
+    let cookie =
+        CookieLayout::DEFAULT.encode(ServerId(server), flow_hash(testkit::VIP_PORT), version);
     tcp_ts::insert(u32::from(low), cookie)
 }
 
@@ -663,9 +664,9 @@ fn run(config: &LbConfig, secret: &Secret, removed: &[u16], input: &Vector) -> V
     let msb: Vec<_> = input
         .msb_state
         .iter()
-        .map(|e| (ServerId(e.server), e.msb))
+        .map(|e| (ServerId(e.server), u32::from(e.msb) << 16))
         .collect();
-    plane.shared().msb.import(&msb);
+    plane.shared().msb.import(&msb, 0);
     let mut worker = Worker::new(Arc::clone(plane.shared()), WorkerConfig::new(0, 1, config));
     let prelude = input
         .prelude

@@ -5,8 +5,9 @@
 //! * the control tables ([`ControlState`]): every server with its state (active,
 //!   draining, or removed and still quarantined, with the seconds of quarantine left),
 //!   servers added at run time, pool membership, policies, metrics and weights;
-//! * each server's timestamp MSB ([`PersistedMsb`]), so a restarted LB can restore the
-//!   TSecr of connections that were open before the restart;
+//! * each server's estimated timestamp clock ([`PersistedMsb`]), so a restarted LB can
+//!   restore the TSecr of connections that were open before the restart;
+//! * the cookie layout (`cookie_epoch_bits`) the LB ran with;
 //! * a fingerprint of the config's LB sections and the wall-clock time of the save.
 //!
 //! It is written atomically (temporary file, fsync, rename, fsync of the directory) every
@@ -25,11 +26,17 @@
 //! * In every case the quarantine clock kept running while the daemon was down: the
 //!   wall-clock time since the save is taken off, and no quarantine is longer than the
 //!   config's `quarantine_secs`.
-//! * **MSBs** are restored in both cases if the file was saved at most 30 s ago
+//! * **Clock estimates** are restored in both cases, carried forward by the wall-clock time
+//!   since the save, if the file was saved at most 10 minutes ago
 //!   ([`MAX_PERSISTED_AGE_MS`](cheetah_core::cookie::msb::MAX_PERSISTED_AGE_MS)); an older
-//!   file's MSBs may be a step behind, so they are refused and re-learnt from each server's
-//!   next packet. An id whose address differs between the file and the restored tables
-//!   is a different server: its MSB is not restored.
+//!   file's are refused and re-learnt from each server's next packet. An id whose address
+//!   differs between the file and the restored tables is a different server: its clock is
+//!   not restored.
+//! * **Cookie layout**: a file written with another `cookie_epoch_bits` than the config's
+//!   stops the start ([`Persister::restore`]): the connections that LB opened carry cookies
+//!   of its layout, which this one would read as other servers. A file of format 1 (before
+//!   layouts, the paper's one version bit) is read for its tables only; the connections
+//!   open across that upgrade break at their next packet (README, "Upgrading").
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -52,7 +59,9 @@ use super::service::ServiceThread;
 use super::state::{unix_ms, Clock, DaemonState};
 
 pub const STATE_FILE: &str = "state.json";
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
+/// Before cookie layouts: 1 version bit, 15 id bits, MSBs (not TSvals) persisted.
+const FORMAT_ONE_VERSION_BIT: u32 = 1;
 
 /// The state file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -63,6 +72,9 @@ pub struct StateFile {
     pub saved_at_unix_ms: u64,
     /// [`config_fingerprint`] of the config the daemon ran with.
     pub config_fingerprint: String,
+    /// The cookie layout the daemon ran with (absent in format 1).
+    #[serde(default)]
+    pub cookie_epoch_bits: Option<u8>,
     pub tables: ControlState,
     pub msb: PersistedMsb,
 }
@@ -194,11 +206,15 @@ pub fn restore(
             })
             .collect(),
     };
-    report.msb = plane
-        .shared()
-        .msb
-        .load_persisted(&msb, now_unix_ms)
-        .map_err(|e| e.to_string());
+    report.msb = if saved.cookie_epoch_bits == Some(config.cookie_epoch_bits) {
+        plane
+            .shared()
+            .msb
+            .load_persisted(&msb, now, now_unix_ms)
+            .map_err(|e| e.to_string())
+    } else {
+        Err("saved under another cookie layout".into())
+    };
     Ok((plane, report))
 }
 
@@ -235,14 +251,20 @@ impl Persister {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
         };
-        let file: StateFile = serde_json::from_slice(&text)
+        let mut file: StateFile = serde_json::from_slice(&text)
             .with_context(|| format!("{} is not a cheetah state file", path.display()))?;
-        if file.format != FORMAT {
-            bail!(
-                "{}: format {} is not {FORMAT}, the one this build reads",
+        match file.format {
+            FORMAT if file.cookie_epoch_bits.is_some() => {}
+            FORMAT_ONE_VERSION_BIT if file.cookie_epoch_bits.is_none() => {
+                // Its MSBs are not TSvals and its cookies are not of any layout: only the
+                // tables are of use.
+                file.msb.servers.clear();
+            }
+            _ => bail!(
+                "{}: format {} is not one this build reads ({FORMAT_ONE_VERSION_BIT} or {FORMAT})",
                 path.display(),
                 file.format
-            );
+            ),
         }
         Ok(Some(file))
     }
@@ -260,6 +282,13 @@ impl Persister {
             tracing::warn!(error = %format!("{e:#}"), "ignoring the state file: starting from the config");
             None
         });
+        if let Some(saved) = &saved {
+            check_layout(
+                &self.path(),
+                saved.cookie_epoch_bits,
+                config.cookie_epoch_bits,
+            )?;
+        }
         let (plane, report) = restore(config, secret, saved.as_ref(), clock.now(), unix_ms())
             .map_err(anyhow::Error::msg)?;
         log_report(&self.path(), &report);
@@ -274,8 +303,9 @@ impl Persister {
             format: FORMAT,
             saved_at_unix_ms: now_unix_ms,
             config_fingerprint: self.config_fingerprint.clone(),
+            cookie_epoch_bits: Some(daemon.shared.layout().epoch_bits()),
             tables,
-            msb: daemon.shared.msb.persist(now_unix_ms),
+            msb: daemon.shared.msb.persist(daemon.now(), now_unix_ms),
         }
     }
 
@@ -300,6 +330,30 @@ impl Persister {
             File::open(&self.dir)?.sync_all()
         })();
         result.with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+/// Stops a start whose config asks for another cookie layout than the one the state file
+/// was written with: that LB's connections carry cookies this one would misread.
+pub fn check_layout(path: &Path, saved: Option<u8>, configured: u8) -> anyhow::Result<()> {
+    match saved {
+        Some(saved) if saved != configured => bail!(
+            "cookie_epoch_bits = {configured}, but {} was written by this LB running cookie_epoch_bits = {saved}: \
+             the connections it opened carry cookies of that layout, and this one would send them to other servers. \
+             Keep cookie_epoch_bits = {saved}; or, to change the layout (every open connection through this VIP breaks), \
+             stop every instance sharing the key, remove their state files, and start them all with the new value",
+            path.display()
+        ),
+        Some(_) => Ok(()),
+        None => {
+            tracing::warn!(
+                path = %path.display(),
+                cookie_epoch_bits = configured,
+                "state file from before cookie layouts (one version bit): its tables are kept, its \
+                 timestamp MSBs are not, and connections opened before the upgrade break at their next packet"
+            );
+            Ok(())
+        }
     }
 }
 
@@ -330,8 +384,8 @@ fn log_report(path: &Path, report: &RestoreReport) {
         );
     }
     match &report.msb {
-        Ok(n) => tracing::info!(servers = n, "timestamp MSBs restored"),
-        Err(why) => tracing::info!(reason = %why, "timestamp MSBs not restored"),
+        Ok(n) => tracing::info!(servers = n, "server timestamp clocks restored"),
+        Err(why) => tracing::info!(reason = %why, "server timestamp clocks not restored"),
     }
 }
 

@@ -215,9 +215,11 @@ impl DaemonState {
         }
     }
 
-    /// Once a second (the API thread): ends quarantines that are over and samples the
-    /// packet rates.
+    /// Once a second (the API thread): carries every server's clock estimate forward (a
+    /// server whose connections idle must not leave its estimate behind), ends
+    /// quarantines that are over and samples the packet rates.
     pub fn tick(&self) {
+        self.shared.msb.refresh(self.now());
         let expired = self.control().expire(self.now());
         if expired > 0 {
             tracing::info!(expired, "quarantine over: server ids free for reuse");

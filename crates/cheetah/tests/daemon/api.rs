@@ -55,7 +55,10 @@ fn status_reports_the_lb_its_interfaces_workers_and_servers() {
     assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(status["mode"], "cheetah");
     assert_eq!(status["forwarding"], "l2");
-    assert_eq!(status["secret_fingerprint"], common::SECRET.fingerprint());
+    assert_eq!(
+        status["secret_fingerprint"],
+        common::SECRET.fingerprint(cheetah_core::cookie::CookieLayout::DEFAULT)
+    );
     assert_eq!(status["snapshot_generation"], 1);
     assert_eq!(
         status["servers"],

@@ -263,7 +263,7 @@ fn metrics_are_valid_exposition_with_every_reason_and_event() {
     assert_eq!(info.1["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(
         info.1["secret_fingerprint"],
-        crate::common::SECRET.fingerprint()
+        crate::common::SECRET.fingerprint(cheetah_core::cookie::CookieLayout::DEFAULT)
     );
     assert_eq!(types["cheetah_drops"], "counter");
     assert_eq!(types["cheetah_worker_packets_per_second"], "gauge");

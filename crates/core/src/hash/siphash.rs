@@ -41,13 +41,14 @@ impl Secret {
     }
 
     /// A short public fingerprint, so operators can check that LB instances share a key
-    /// without revealing it: the hash of a fixed id under the key.
-    pub fn fingerprint(&self) -> String {
+    /// and a cookie layout (both must agree for instances to read each other's cookies)
+    /// without revealing the key: the hash of a fixed id, naming the layout, under the key.
+    pub fn fingerprint(&self, layout: crate::cookie::CookieLayout) -> String {
         let probe = FlowKey {
             client_ip: 0,
             vip_ip: 0,
             client_port: 0,
-            vip_port: 0,
+            vip_port: layout.epoch_bits() as u16,
             protocol: 0,
         };
         format!("{:016x}", FlowHasher::new(self).hash(&probe))
@@ -56,7 +57,11 @@ impl Secret {
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secret(fingerprint {})", self.fingerprint())
+        write!(
+            f,
+            "Secret(fingerprint {})",
+            self.fingerprint(crate::cookie::CookieLayout::DEFAULT)
+        )
     }
 }
 
@@ -256,10 +261,20 @@ mod tests {
     }
 
     #[test]
-    fn fingerprint_depends_on_the_key_and_not_shows_it() {
+    fn fingerprint_depends_on_the_key_and_the_layout_and_not_shows_it() {
+        use crate::cookie::CookieLayout;
         let a = Secret([1; 16]);
         let b = Secret([2; 16]);
-        assert_ne!(a.fingerprint(), b.fingerprint());
+        let k4 = CookieLayout::DEFAULT;
+        assert_ne!(a.fingerprint(k4), b.fingerprint(k4));
+        assert_ne!(
+            a.fingerprint(k4),
+            a.fingerprint(CookieLayout::new(3).unwrap())
+        );
+        assert_eq!(
+            a.fingerprint(k4),
+            a.fingerprint(CookieLayout::new(4).unwrap())
+        );
         assert!(!format!("{a:?}").contains(&a.to_hex()));
         assert_eq!(format!("{:?}", FlowHasher::new(&a)), "FlowHasher { .. }");
         assert_eq!(

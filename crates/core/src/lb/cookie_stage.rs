@@ -58,8 +58,9 @@ fn route<'a, R>(
     flow_hash: u64,
     routed: impl FnOnce(ServerId, &'a ServerSlot, u16) -> R,
 ) -> Result<R, DropReason> {
-    let unmasked = tcp_ts::unmask(echoed, flow_hash);
-    let server = unmasked.server();
+    let layout = msb.layout();
+    let unmasked = layout.unmask(echoed, flow_hash);
+    let server = layout.server(unmasked);
     let slot = servers.get(server);
     if !slot.state.forwards() {
         return Err(not_forwarding(slot.state));

@@ -310,7 +310,7 @@ impl WorkerState {
                 packet,
                 l4 + tsval_at,
                 l4 + tcp::field::CHECKSUM,
-                tcp_ts::encode(server, hash, msb),
+                shared.layout().encode(server, hash, msb),
             );
             self.counters.inc_bundle(Bundle::ServerCookie);
         } else {

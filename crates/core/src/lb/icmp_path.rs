@@ -143,7 +143,7 @@ impl WorkerState {
             Mode::Cheetah => match embedded.tsval_at(packet) {
                 Some(tsval_at) => {
                     let tsval = read_u32(packet, tsval_at);
-                    let decoded = tcp_ts::decode(tcp_ts::extract(tsval), hash);
+                    let decoded = shared.layout().decode(tcp_ts::extract(tsval), hash);
                     match snapshot.servers.get(decoded.server).state {
                         SlotState::Free => return Verdict::Drop(DropReason::CookieUnknownServer),
                         SlotState::Removed => {
@@ -151,7 +151,7 @@ impl WorkerState {
                         }
                         SlotState::Active | SlotState::Draining => {}
                     }
-                    if let Some(msb) = shared.msb.restore(decoded.server, decoded.version) {
+                    if let Some(msb) = shared.msb.restore(decoded.server, decoded.epoch) {
                         let restored = ((msb as u32) << 16) | (tsval & 0xffff);
                         let old = tsval.to_be_bytes();
                         embedded.write(packet, tsval_at, &restored.to_be_bytes());

@@ -73,7 +73,7 @@ impl WorkerState {
                         MsbLearn::Advanced => self.counters.inc(Counter::MsbAdvanced),
                         MsbLearn::Unstable(_) => self.counters.inc(Counter::ServerTsClockUnstable),
                     }
-                    let cookie = tcp_ts::encode(server, hash, tcp_ts::extract(tsval));
+                    let cookie = shared.layout().encode(server, hash, tcp_ts::extract(tsval));
                     TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end])
                         .rewrite_option_u32(at + TSVAL, tcp_ts::insert(tsval, cookie));
                     self.counters.inc(Counter::CookiesInserted);

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::handshakes::{self, HandshakeTable};
-use crate::cookie::MsbTable;
+use crate::cookie::{CookieLayout, MsbTable};
 use crate::hash::{FlowHasher, Secret};
 use crate::policy::SharedLoads;
 use crate::tables::{Snapshot, SnapshotCell};
@@ -21,24 +21,36 @@ pub struct LbShared {
 }
 
 impl LbShared {
-    pub fn new(secret: &Secret, snapshot: Snapshot) -> Self {
-        Self::with_handshake_slots(secret, snapshot, handshakes::DEFAULT_SLOTS)
+    pub fn new(secret: &Secret, layout: CookieLayout, snapshot: Snapshot) -> Self {
+        Self::with_handshake_slots(secret, layout, snapshot, handshakes::DEFAULT_SLOTS)
     }
 
     /// With a handshake table of `slots` slots: a small one lets a harness that reuses the
     /// shared state clear it cheaply between runs.
-    pub fn with_handshake_slots(secret: &Secret, snapshot: Snapshot, slots: usize) -> Self {
+    pub fn with_handshake_slots(
+        secret: &Secret,
+        layout: CookieLayout,
+        snapshot: Snapshot,
+        slots: usize,
+    ) -> Self {
         LbShared {
             snapshot: SnapshotCell::new(snapshot),
             loads: Arc::new(SharedLoads::new()),
-            msb: MsbTable::new(),
+            msb: MsbTable::new(layout),
             handshakes: HandshakeTable::with_slots(slots),
             hasher: FlowHasher::new(secret),
-            secret_fingerprint: secret.fingerprint(),
+            secret_fingerprint: secret.fingerprint(layout),
         }
     }
 
-    /// Public fingerprint of the secret, to check that LB instances share one key.
+    /// The cookie layout (also in `msb`, which restores by it).
+    #[inline(always)]
+    pub fn layout(&self) -> CookieLayout {
+        self.msb.layout()
+    }
+
+    /// Public fingerprint of the secret and the cookie layout, to check that LB instances
+    /// read each other's cookies.
     pub fn secret_fingerprint(&self) -> &str {
         &self.secret_fingerprint
     }

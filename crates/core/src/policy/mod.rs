@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn every_policy_picks_a_pool_member() {
-        let servers = vec![ServerId(3), ServerId(900), ServerId(32_767)];
+        let servers = vec![ServerId(3), ServerId(900), ServerId(ServerId::MAX)];
         let pool = PoolSnapshot::new(
             servers.clone(),
             vec![1, 2, 3],

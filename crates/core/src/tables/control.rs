@@ -15,6 +15,7 @@ use super::snapshot::{Snapshot, VipEntry};
 use crate::config::{
     self, ConfigError, ConfiguredState, Forwarding, LbConfig, Mode, ServerConfig, ValidVip,
 };
+use crate::cookie::CookieLayout;
 use crate::hash::Secret;
 use crate::lb::shared::LbShared;
 use crate::policy::{LoadMetric, PolicyKind, PoolSnapshot, ReportedLoad};
@@ -194,7 +195,11 @@ impl ControlPlane {
             servers,
             vips,
             generation: 0,
-            shared: Arc::new(LbShared::new(secret, Snapshot::empty())),
+            shared: Arc::new(LbShared::new(
+                secret,
+                config.cookie_layout().expect("validated"),
+                Snapshot::empty(),
+            )),
             config: config.clone(),
         };
         let first = plane.build(1);
@@ -261,6 +266,7 @@ impl ControlPlane {
     ) -> Result<Self, ControlError> {
         // The config's own sections must still be valid (the daemon checks it anyway).
         config.validate()?;
+        let layout = config.cookie_layout()?;
         let quarantine = config.quarantine_secs.saturating_mul(NANOS_PER_SEC);
         let mut servers = BTreeMap::new();
         for (i, s) in saved.servers.iter().enumerate() {
@@ -273,7 +279,7 @@ impl ControlPlane {
                             "a removed server needs its quarantine time",
                         )
                     })?;
-                    let (id, record) = quarantined_record(s, &field)?;
+                    let (id, record) = quarantined_record(s, &field, layout)?;
                     if left == 0 {
                         continue;
                     }
@@ -295,6 +301,7 @@ impl ControlPlane {
                         },
                         &field,
                         config.forwarding,
+                        layout,
                     )?;
                     let record = ServerRecord {
                         dip: valid.dip,
@@ -360,7 +367,7 @@ impl ControlPlane {
                 }
                 _ => continue,
             };
-            let (id, record) = quarantined_record(s, &format!("servers[{i}]"))?;
+            let (id, record) = quarantined_record(s, &format!("servers[{i}]"), self.layout())?;
             if next.servers.contains_key(&id) {
                 report.overridden.push(id.0);
                 continue;
@@ -387,6 +394,11 @@ impl ControlPlane {
     /// The settings this LB started with (mode, forwarding, table sizes).
     pub fn config(&self) -> &LbConfig {
         &self.config
+    }
+
+    /// The cookie layout every snapshot of this plane encodes with.
+    pub fn layout(&self) -> CookieLayout {
+        self.shared.msb.layout()
     }
 
     pub fn mode(&self) -> Mode {
@@ -421,12 +433,8 @@ impl ControlPlane {
         self.expire(now);
         let id = match spec.id {
             Some(id) => {
-                let sid = ServerId::new(id).ok_or_else(|| {
-                    ConfigError::new(
-                        "id",
-                        format!("{id} is above the cookie's limit of {}", ServerId::MAX),
-                    )
-                })?;
+                let sid = config::server_id(id, self.layout())
+                    .map_err(|problem| ConfigError::new("id", problem))?;
                 if let Some(record) = self.servers.get(&sid) {
                     return Err(ControlError::Conflict(match record.quarantine_until {
                         Some(until) => format!(
@@ -438,11 +446,14 @@ impl ControlPlane {
                 }
                 sid
             }
-            None => (0..=ServerId::MAX)
+            None => (0..=self.layout().max_server_id())
                 .map(ServerId)
                 .find(|id| !self.servers.contains_key(id))
                 .ok_or_else(|| {
-                    ControlError::Conflict("all 32768 server ids are in use or quarantined".into())
+                    ControlError::Conflict(format!(
+                        "all {} server ids of the cookie layout are in use or quarantined",
+                        self.layout().server_ids()
+                    ))
                 })?,
         };
         let valid = config::validate_server(
@@ -454,6 +465,7 @@ impl ControlPlane {
             },
             "server",
             self.forwarding,
+            self.layout(),
         )?;
         let mut next = self.clone_state();
         next.servers.insert(
@@ -777,6 +789,7 @@ impl Draft {
 fn quarantined_record(
     s: &SavedServer,
     field: &str,
+    layout: CookieLayout,
 ) -> Result<(ServerId, ServerRecord), ConfigError> {
     let valid = config::validate_server(
         &ServerConfig {
@@ -787,6 +800,7 @@ fn quarantined_record(
         },
         field,
         Forwarding::Nat,
+        layout,
     )?;
     Ok((
         valid.id,

@@ -38,6 +38,7 @@ pub fn config(mode: Mode, forwarding: Forwarding, policy: PolicyKind, servers: u
     LbConfig {
         mode,
         forwarding,
+        cookie_epoch_bits: crate::cookie::CookieLayout::DEFAULT_EPOCH_BITS,
         quarantine_secs: 600,
         fallback_table_capacity: 4096,
         icmp_copy_rate: 10,

@@ -1,0 +1,391 @@
+use super::*;
+use crate::cookie::tcp_ts::{self, MSB_PERIOD_MS};
+use proptest::prelude::*;
+
+const A: ServerId = ServerId(3);
+const K4: CookieLayout = CookieLayout::DEFAULT;
+const SEC: Nanos = NANOS_PER_SEC;
+
+fn ms(t: u64) -> Nanos {
+    t * NANOS_PER_MS
+}
+
+#[test]
+fn unknown_until_learnt_then_every_epoch_restores_within_the_window() {
+    let t = MsbTable::new(K4);
+    assert_eq!(t.restore(A, 0), None);
+    assert_eq!(t.learn(A, 0x1235_0000, 1), MsbLearn::Learned);
+    // M^ = 0x1235: epoch 0x5 is M^ itself, 0x6 is M^ + 1 (the server may be a step
+    // ahead of the estimate), every other epoch is in the 14 periods before.
+    assert_eq!(t.restore(A, 0x5), Some(0x1235));
+    assert_eq!(t.restore(A, 0x6), Some(0x1236));
+    assert_eq!(t.restore(A, 0x7), Some(0x1227));
+    assert_eq!(t.restore(A, 0x4), Some(0x1234));
+    assert_eq!(t.restore(A, 0x0), Some(0x1230));
+}
+
+/// Every restore entry of `server` as `restore_entry` derives them from its estimate.
+fn assert_entries_follow_the_estimate(t: &MsbTable, server: ServerId) {
+    let estimate = t.estimates[server.index()].load(Relaxed);
+    for epoch in 0..t.layout.epochs() {
+        let unmasked = t.layout.unmasked(server, epoch);
+        assert_eq!(
+            t.restores[unmasked.0 as usize].load(Relaxed),
+            restore_entry(t.layout, estimate, epoch),
+            "server {server}, epoch {epoch}, estimate {estimate:#x}"
+        );
+    }
+}
+
+#[test]
+fn restore_entries_follow_every_write_of_the_estimate() {
+    for k in CookieLayout::MIN_EPOCH_BITS..=CookieLayout::MAX_EPOCH_BITS {
+        let layout = CookieLayout::new(k).unwrap();
+        let t = MsbTable::new(layout);
+        let b = ServerId(layout.max_server_id());
+        assert_eq!(t.restore_unmasked(layout.unmasked(A, 1)), None);
+        t.learn(A, 0xfffe_0000, 1);
+        t.learn(b, 0x0041_0000, 1);
+        assert_entries_follow_the_estimate(&t, A);
+        assert_entries_follow_the_estimate(&t, b);
+        assert_eq!(
+            t.restore_unmasked(layout.unmasked(A, 0xfffe & (layout.epochs() - 1))),
+            Some(0xfffe_u16.to_be())
+        );
+        // Across the wrap of the MSB itself.
+        t.learn(A, 0xffff_0000, 66 * SEC);
+        t.learn(A, 0x0000_0001, 132 * SEC);
+        assert_entries_follow_the_estimate(&t, A);
+        assert_eq!(t.restore(A, 0), Some(0x0000));
+        assert_eq!(t.restore(A, 1), Some(0x0001));
+        assert_eq!(t.restore(A, layout.epochs() - 1), Some(0xffff));
+        t.forget(A);
+        assert_entries_follow_the_estimate(&t, A);
+        assert!((0..layout.epochs()).all(|e| t.restore(A, e).is_none()));
+        // Forgetting one server leaves the others alone.
+        assert_eq!(t.restore(b, 0x41 & (layout.epochs() - 1)), Some(0x41));
+        t.import(&[(A, 0x0200_0000)], 200 * SEC);
+        assert_entries_follow_the_estimate(&t, A);
+        assert_eq!(t.restore(A, 0x1ff & (layout.epochs() - 1)), Some(0x01ff));
+    }
+}
+
+/// Workers that see successive MSBs at the same moment race to publish, with the refresh
+/// racing them; whoever stores last, the entries end as the final estimate says.
+#[test]
+fn racing_writers_leave_the_entries_of_the_last_estimate() {
+    // A lost race shows only now and then: a publish without its second look at the
+    // state failed 3 runs of 5 with one round, 5 of 6 with ten; so thirty rounds.
+    for _ in 0..30 {
+        let t = MsbTable::new(K4);
+        let servers: Vec<ServerId> = (0..4).map(|i| ServerId(i * 1000 + 1)).collect();
+        std::thread::scope(|scope| {
+            for worker in 0..4u32 {
+                let (t, servers) = (&t, &servers);
+                scope.spawn(move || {
+                    for step in 0..20_000u32 {
+                        for (i, &server) in servers.iter().enumerate() {
+                            // Each worker sees the clock a little behind or ahead of the
+                            // others.
+                            let msb = (step + (worker + i as u32) % 3) & 0xffff;
+                            t.learn(server, msb << 16, step as u64 * NANOS_PER_MS);
+                        }
+                        if worker == 0 && step % 1000 == 0 {
+                            t.refresh(step as u64 * 70 * NANOS_PER_MS);
+                        }
+                    }
+                });
+            }
+        });
+        for &server in &servers {
+            assert_entries_follow_the_estimate(&t, server);
+            assert!(t.get(server).is_some());
+        }
+    }
+}
+
+#[test]
+fn reordered_packet_one_step_behind_changes_nothing() {
+    let t = MsbTable::new(K4);
+    t.learn(A, 10 << 16, 1);
+    assert_eq!(t.learn(A, 9 << 16 | 0xfff0, 2), MsbLearn::Unchanged);
+    assert_eq!(t.get(A), Some(10));
+}
+
+#[test]
+fn backwards_clock_is_flagged_and_never_moves_the_estimate_back() {
+    let t = MsbTable::new(K4);
+    t.learn(A, 100 << 16, 1);
+    assert_eq!(
+        t.learn(A, 50 << 16, 2),
+        MsbLearn::Unstable(ClockProblem::Backwards)
+    );
+    assert_eq!(t.get(A), Some(100));
+}
+
+#[test]
+fn microsecond_clock_is_flagged_and_millisecond_clock_is_not() {
+    // Microseconds: the MSB moves every 65.5 ms.
+    let us = MsbTable::new(K4);
+    let mut flagged = false;
+    for step in 0..5u64 {
+        let now = step * 66 * NANOS_PER_MS;
+        flagged |=
+            us.learn(A, (now / 1_000) as u32, now) == MsbLearn::Unstable(ClockProblem::TooFrequent);
+    }
+    assert!(flagged);
+    // Milliseconds seen sparsely, minutes apart: never mistaken for a fast clock.
+    let ms = MsbTable::new(K4);
+    for step in 0..40u64 {
+        let now = step * 170 * SEC + (step % 3) * 7 * SEC;
+        let learnt = ms.learn(A, (now / NANOS_PER_MS) as u32 + 12_345, now);
+        assert!(
+            !matches!(learnt, MsbLearn::Unstable(_)),
+            "{learnt:?} at step {step}"
+        );
+    }
+}
+
+/// A server that sends nothing (its connections idle, or its replies crossing another
+/// instance) still has a current estimate: the refresh carries it forward with the LB's
+/// clock, a little slower, never ahead.
+#[test]
+fn refresh_carries_a_quiet_servers_clock_forward() {
+    let t = MsbTable::new(K4);
+    let start = 0x0007_fff0;
+    t.learn(A, start, 1_000 * SEC);
+    assert_eq!(t.get(A), Some(7));
+    // 10 minutes of silence: the server's clock moved 600,000 ticks, 9.2 periods.
+    let later = 1_600 * SEC;
+    assert_eq!(t.refresh(later), 1);
+    let truth = start + 600_000;
+    let m = t.get(A).unwrap();
+    assert!(
+        m == (truth >> 16) as u16 || m == (truth >> 16) as u16 - 1,
+        "{m:#x} vs {:#x}",
+        truth >> 16
+    );
+    assert_eq!(t.refresh(later), 0, "nothing moved since");
+    // A TSval the server sent just now, through another LB instance, comes back.
+    let fresh = truth - 50;
+    let cookie = t.layout.unmasked(A, (fresh >> 16) as u16 & 15);
+    assert_eq!(
+        t.restore_unmasked(cookie).map(u16::from_be),
+        Some((fresh >> 16) as u16)
+    );
+    // Without the refresh, the same echo would be restored a whole cycle off.
+    let stale = MsbTable::new(K4);
+    stale.learn(A, start, 1_000 * SEC);
+    assert_ne!(
+        stale.restore_unmasked(cookie).map(u16::from_be),
+        Some((fresh >> 16) as u16)
+    );
+}
+
+#[test]
+fn echoes_older_than_the_idle_limit_are_restored_and_counted() {
+    let t = MsbTable::new(K4);
+    t.learn(A, 100 << 16, 1);
+    assert_eq!(t.restore(A, 100 & 15), Some(100));
+    // 8 periods behind: within 2^(k-1), PAWS may still pass.
+    assert_eq!(t.restore(A, 92 & 15), Some(92));
+    assert_eq!(t.echoes_beyond_idle_limit(), 0);
+    // 9 periods behind: the connection was idle longer than 8 x 65.5 s.
+    assert_eq!(t.restore(A, 91 & 15), Some(91));
+    assert_eq!(t.restore(A, 87 & 15), Some(87));
+    assert_eq!(t.echoes_beyond_idle_limit(), 2);
+}
+
+#[test]
+fn export_import_survives_a_restart() {
+    let t = MsbTable::new(K4);
+    t.learn(A, 77 << 16, 10 * SEC);
+    t.learn(ServerId(9), 5 << 16, 10 * SEC);
+    let saved = t.export(10 * SEC);
+    let restarted = MsbTable::new(K4);
+    restarted.import(&saved, 3 * SEC);
+    assert_eq!(restarted.restore(A, 76 & 15), Some(76));
+    assert_eq!(restarted.get(ServerId(9)), Some(5));
+    assert!(restarted.write_count() > 0);
+    assert_eq!(restarted.learn(A, 78 << 16, 70 * SEC), MsbLearn::Advanced);
+}
+
+#[test]
+fn persisted_values_load_while_fresh_carried_forward_by_the_downtime() {
+    let t = MsbTable::new(K4);
+    t.learn(A, 0x0102_0000, 5 * SEC);
+    let saved = t.persist(5 * SEC, 1_000_000);
+    let text = toml::to_string(&saved).unwrap();
+    let back: PersistedMsb = toml::from_str(&text).unwrap();
+    let fresh = MsbTable::new(K4);
+    assert_eq!(fresh.load_persisted(&back, SEC, 1_000_000 + 200_000), Ok(1));
+    // 200 s later the server's clock is three periods on (0x0102_0000 + 199,903 ticks).
+    assert_eq!(fresh.get(A), Some(0x0105));
+    assert_eq!(fresh.restore(A, 0x0106 & 15), Some(0x0106));
+    assert_eq!(fresh.restore(A, 0x0102 & 15), Some(0x0102));
+    let late = MsbTable::new(K4);
+    assert_eq!(
+        late.load_persisted(&back, SEC, 1_000_000 + MAX_PERSISTED_AGE_MS + 1),
+        Err(PersistedMsbError::Stale {
+            age_ms: MAX_PERSISTED_AGE_MS as i64 + 1
+        })
+    );
+    assert_eq!(late.get(A), None);
+    let bad = PersistedMsb {
+        saved_at_unix_ms: 5,
+        servers: vec![(4096, 1)],
+    };
+    assert_eq!(
+        late.load_persisted(&bad, SEC, 5),
+        Err(PersistedMsbError::BadServerId(4096))
+    );
+}
+
+/// One server clock in milliseconds with its own offset and drift.
+#[derive(Debug, Clone)]
+struct ServerClock {
+    id: ServerId,
+    offset: u32,
+    /// Parts per million faster (+) or slower (-) than the LBs' clock.
+    drift_ppm: i64,
+}
+
+impl ServerClock {
+    fn tsval(&self, at_ms: u64) -> u32 {
+        let drift = at_ms as i64 * self.drift_ppm / 1_000_000;
+        self.offset.wrapping_add((at_ms as i64 + drift) as u32)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Send {
+    server: usize,
+    /// Which LB instance carries the reply (and so learns from it).
+    via: usize,
+    echo_after_ms: u64,
+    /// Which instance receives the client's echo.
+    echo_via: usize,
+}
+
+fn scenario(layout: CookieLayout) -> impl Strategy<Value = (Vec<ServerClock>, Vec<(u64, Send)>)> {
+    // Echoes as old as the restore is meant to hold: 2^k - 3 full periods.
+    let max_echo = (layout.restore_window_periods() as u64 - 1) * MSB_PERIOD_MS;
+    let clocks = (any::<u32>(), any::<u32>(), -200i64..200, -200i64..200).prop_map(
+        move |(base, other, d1, d2)| {
+            vec![
+                ServerClock {
+                    id: ServerId(7),
+                    offset: base,
+                    drift_ppm: 0,
+                },
+                // A period and a half apart, so their MSBs change at other moments.
+                ServerClock {
+                    id: ServerId(1007),
+                    offset: base.wrapping_add(98_304),
+                    drift_ppm: d1,
+                },
+                ServerClock {
+                    id: ServerId(2007 % layout.server_ids() as u16),
+                    offset: other,
+                    drift_ppm: d2,
+                },
+            ]
+        },
+    );
+    // Gaps between one server's sends of up to 5 minutes: servers go quiet.
+    let sends = proptest::collection::vec(
+        (
+            0usize..3,
+            1u64..300_000,
+            0usize..2,
+            0u64..=max_echo,
+            0usize..2,
+        ),
+        30..80,
+    );
+    (clocks, sends).prop_map(|(clocks, sends)| {
+        let mut next = [0u64; 3];
+        let events = sends
+            .into_iter()
+            .map(|(server, gap, via, echo_after_ms, echo_via)| {
+                next[server] += gap;
+                (
+                    next[server],
+                    Send {
+                        server,
+                        via,
+                        echo_after_ms,
+                        echo_via,
+                    },
+                )
+            })
+            .collect::<Vec<_>>();
+        let mut events = events;
+        events.sort_by_key(|e| e.0);
+        (clocks, events)
+    })
+}
+
+/// How often the model's instances refresh: rarer than the daemon, to test the lag, and
+/// cheap enough for a test (a refresh reads every id's anchor).
+const REFRESH_MS: u64 = 5_000;
+
+fn layouts() -> impl Strategy<Value = CookieLayout> {
+    (CookieLayout::MIN_EPOCH_BITS..=6).prop_map(|k| CookieLayout::new(k).unwrap())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Every restored TSecr equals the TSval the server sent: three servers with their own
+    /// clocks (offsets, drift), quiet for up to 5 minutes, replies and echoes crossing two
+    /// LB instances that refresh their estimates every few seconds (the daemon: every
+    /// second), echoes up to 2^k - 3 periods old.
+    #[test]
+    fn every_restored_tsecr_is_what_the_server_sent(
+        (layout, (clocks, events)) in layouts().prop_flat_map(|l| (Just(l), scenario(l))),
+        hash in any::<u64>(),
+    ) {
+        let instances = [MsbTable::new(layout), MsbTable::new(layout)];
+        let mut refreshed = [0u64; 2];
+        // Pending echoes: (arrival ms, instance, server index, TSecr with cookie, TSval sent).
+        let mut echoes: Vec<(u64, usize, usize, u32, u32)> = Vec::new();
+        let mut restored = 0;
+        let last = events.iter().map(|e| e.0 + e.1.echo_after_ms).max().unwrap_or(0) + REFRESH_MS;
+        let ticks = events.iter().map(|e| e.0).chain((0..=last / REFRESH_MS).map(|s| s * REFRESH_MS));
+        let mut ticks: Vec<u64> = ticks.collect();
+        ticks.sort();
+        ticks.dedup();
+        let mut pending = events.iter().peekable();
+        for at_ms in ticks {
+            for (i, lb) in instances.iter().enumerate() {
+                if at_ms >= refreshed[i] + REFRESH_MS {
+                    lb.refresh(ms(at_ms));
+                    refreshed[i] = at_ms;
+                }
+            }
+            echoes.sort_by_key(|e| e.0);
+            while echoes.first().is_some_and(|e| e.0 <= at_ms) {
+                let (_, via, s, tsecr, original) = echoes.remove(0);
+                let decoded = layout.decode(tcp_ts::extract(tsecr), hash);
+                prop_assert_eq!(decoded.server, clocks[s].id);
+                if let Some(msb) = instances[via].restore(decoded.server, decoded.epoch) {
+                    prop_assert_eq!(((msb as u32) << 16) | (tsecr & 0xffff), original,
+                        "server {} at {} ms via instance {}", s, at_ms, via);
+                    restored += 1;
+                }
+            }
+            while let Some((_, send)) = pending.next_if(|e| e.0 == at_ms) {
+                let clock = &clocks[send.server];
+                let tsval = clock.tsval(at_ms);
+                let learnt = instances[send.via].learn(clock.id, tsval, ms(at_ms));
+                prop_assert!(!matches!(learnt, MsbLearn::Unstable(_)), "{:?}", learnt);
+                let cookie = layout.encode(clock.id, hash, (tsval >> 16) as u16);
+                echoes.push((at_ms + send.echo_after_ms, send.echo_via, send.server, tcp_ts::insert(tsval, cookie), tsval));
+            }
+        }
+        prop_assert!(echoes.is_empty());
+        // An echo through an instance that has not learnt its server yet is not restored.
+        prop_assert!(restored * 4 >= events.len(), "only {} of {} echoes restored", restored, events.len());
+    }
+}
