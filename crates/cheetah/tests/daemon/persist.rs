@@ -144,28 +144,80 @@ fn changed_config_wins_but_quarantine_and_msb_survive() {
 }
 
 #[test]
-fn an_old_file_keeps_tables_and_aged_quarantine_but_not_msb() {
+fn downtime_ages_quarantines_and_carries_clocks_forward_until_they_are_too_old() {
     let dir = tempfile::tempdir().unwrap();
     let mut file = saved_state(dir.path());
-    file.saved_at_unix_ms -= 31_000;
-    file.msb.saved_at_unix_ms -= 31_000;
+    file.saved_at_unix_ms -= 100_000;
+    file.msb.saved_at_unix_ms -= 100_000;
     let (plane, report) =
         persist::restore(&common::config(), &SECRET, Some(&file), 0, unix_ms()).unwrap();
     assert_eq!(report.tables, TablesFrom::SavedState);
-    let refused = report.msb.unwrap_err();
-    assert!(refused.contains("more than 30000 ms"), "{refused}");
-    assert_eq!(plane.shared().msb.get(ServerId(1)), None);
+    assert_eq!(report.msb, Ok(2));
+    // 100 s on, server 1's clock has crossed one MSB boundary.
+    assert_eq!(plane.shared().msb.get(ServerId(1)), Some(0x1235));
     let left = state_of(&plane, 2).unwrap().1.unwrap();
     assert!(
-        (568..=569).contains(&left),
-        "31 s of downtime counted: {left}"
+        (499..=500).contains(&left),
+        "100 s of downtime counted: {left}"
     );
 
-    // Down for longer than the quarantine: the id is free.
-    file.saved_at_unix_ms -= 600_000;
-    let (plane, _) =
+    // Down for longer than the quarantine and the clocks' shelf life.
+    file.saved_at_unix_ms -= 501_000;
+    file.msb.saved_at_unix_ms -= 501_000;
+    let (plane, report) =
         persist::restore(&common::config(), &SECRET, Some(&file), 0, unix_ms()).unwrap();
-    assert_eq!(state_of(&plane, 2), None);
+    assert_eq!(state_of(&plane, 2), None, "the id is free");
+    let refused = report.msb.unwrap_err();
+    assert!(refused.contains("more than 600000 ms"), "{refused}");
+    assert_eq!(plane.shared().msb.get(ServerId(1)), None);
+}
+
+#[test]
+fn a_state_file_of_another_cookie_layout_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    saved_state(dir.path());
+    let mut other = common::config();
+    other.cookie_epoch_bits = 5;
+    let persister = Persister::new(dir.path(), &other).unwrap();
+    let clock = cheetah::daemon::Clock::start();
+    let refused = persister
+        .restore(&other, &SECRET, &clock)
+        .err()
+        .expect("another layout is refused")
+        .to_string();
+    assert!(
+        refused.starts_with("cookie_epoch_bits = 5, but ")
+            && refused.contains("running cookie_epoch_bits = 4"),
+        "{refused}"
+    );
+    // The file is left as it was: the operator decides.
+    assert_eq!(
+        persister.load().unwrap().unwrap().cookie_epoch_bits,
+        Some(4)
+    );
+}
+
+/// The upgrade from the one-version-bit layout: the tables (and quarantines) of a format 1
+/// file survive; its MSBs, which no layout can use, do not.
+#[test]
+fn a_file_from_before_layouts_keeps_its_tables_but_not_its_msbs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = saved_state(dir.path());
+    let mut json: serde_json::Value = serde_json::to_value(&file).unwrap();
+    json["format"] = 1.into();
+    json.as_object_mut().unwrap().remove("cookie_epoch_bits");
+    json["msb"]["servers"] = serde_json::json!([[1, 0x1234], [5, 0x5555]]);
+    std::fs::write(dir.path().join("state.json"), json.to_string()).unwrap();
+    let persister = Persister::new(dir.path(), &common::config()).unwrap();
+    let old = persister.load().unwrap().unwrap();
+    assert_eq!(old.cookie_epoch_bits, None);
+    assert!(old.msb.servers.is_empty());
+    let clock = cheetah::daemon::Clock::start();
+    let plane = persister
+        .restore(&common::config(), &SECRET, &clock)
+        .unwrap();
+    assert_eq!(pool(&plane), vec![(1, 1), (5, 4)]);
+    assert_eq!(plane.shared().msb.get(ServerId(1)), None);
 }
 
 #[test]
@@ -198,7 +250,14 @@ fn the_saver_thread_saves_periodically_and_on_shutdown() {
     state.shared.msb.learn(ServerId(1), 0x4321_0000, 0);
     saver.shutdown();
     let file = persister.load().unwrap().unwrap();
-    assert_eq!(file.msb.servers, vec![(1, 0x4321)], "saved on shutdown");
+    let saved: Vec<(u16, u16)> = file
+        .msb
+        .servers
+        .iter()
+        .map(|&(id, tsval)| (id, (tsval >> 16) as u16))
+        .collect();
+    assert_eq!(saved, vec![(1, 0x4321)], "saved on shutdown");
+    assert_eq!(file.cookie_epoch_bits, Some(4));
     assert!(unix_ms() - file.saved_at_unix_ms < 10_000);
 }
 
