@@ -20,7 +20,7 @@ use super::progress::{Progress, Status};
 use super::results::{self, ChurnResults, Event, LbMetrics, LoadSpread, LoadgenReport};
 use super::schedule::{Action, Schedule, Step};
 use super::{lbconfig, tsclock};
-use crate::testbed::{self, forwarding_name, Options, Topology};
+use crate::testbed::{self, forwarding_name, Options, ServerClocks, Topology};
 
 /// Clients behind the router; with c0 on the LB's own segment, four loadgens.
 const CLIENTS: u16 = 3;
@@ -143,6 +143,7 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         mode: config.mode,
         policy: PolicyKind::RoundRobin,
         dir: None,
+        server_clocks: ServerClocks::Distinct,
     })?;
     let api_address = topo
         .lb
