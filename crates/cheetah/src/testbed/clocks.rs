@@ -77,7 +77,7 @@ fn wrap_offset(now_ms: u64) -> u32 {
     let earliest = now_ms + WRAP_AFTER_MIN_MS;
     // Quarter-period points that are not multiples of a half period: 1/4 and 3/4.
     let mut wrap_at = earliest.next_multiple_of(quarter);
-    if (wrap_at / quarter) % 2 == 0 {
+    if (wrap_at / quarter).is_multiple_of(2) {
         wrap_at += quarter;
     }
     // TSval = (host ms + offset) mod 2^32 reaches 0 when host ms = wrap_at.

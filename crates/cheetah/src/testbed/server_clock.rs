@@ -116,7 +116,7 @@ mod tests {
     /// few payload bytes, with a valid TCP checksum.
     fn frame(flags: u8, options: &[u8]) -> Vec<u8> {
         let mut options = options.to_vec();
-        while options.len() % 4 != 0 {
+        while !options.len().is_multiple_of(4) {
             options.push(0);
         }
         let payload = b"hello";
@@ -176,12 +176,14 @@ mod tests {
 
     /// Runs `program` with `offset` on `input`; the frame it leaves.
     fn run(program: &str, offset: u32, input: &[u8]) -> Vec<u8> {
-        let mut object = load(offset).unwrap();
+        let object = load(offset).unwrap();
         let prog = object.progs_mut().find(|p| p.name() == program).unwrap();
         let mut out = vec![0u8; input.len() + 256];
-        let mut run = ProgramInput::default();
-        run.data_in = Some(input);
-        run.data_out = Some(&mut out);
+        let run = ProgramInput {
+            data_in: Some(input),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
         let result = prog.test_run(run).unwrap();
         assert_eq!(result.return_value, 0, "TC_ACT_OK, never a drop");
         let len = result.data.as_ref().unwrap().len();
