@@ -1,5 +1,5 @@
 //! Live: servers get back exactly the timestamps they sent, on real TCP stacks, across a
-//! change of their timestamp MSB (LB-side timestamp correction, paper appendix C.1).
+//! change of each one's timestamp MSB (LB-side timestamp correction, paper appendix C.1).
 //!
 //! Captures on the servers' own interfaces (after the LB, before their TCP) must show that
 //! every TSecr a server receives equals a TSval that server sent on that connection, for
@@ -8,8 +8,13 @@
 //! PAWS drop on any client or server but of late copies a retransmission overtook (see
 //! [`ArrivalOrder`] and docs/timestamps.md). The testbed's
 //! servers run `tcp_timestamps=2`: TSval is the kernel's `CLOCK_MONOTONIC` in
-//! milliseconds, one clock for every namespace, whose MSB changes every 65.536 s; the run is
-//! timed from a server's TSval to cover one change with load on both sides.
+//! milliseconds, one clock for every namespace, and each server's tc program adds its own
+//! offset on the wire (`testbed.json`), so each server's MSB changes every 65.536 s at its
+//! own moments: s1 on the host's, s2 halfway between, s3 at the 32-bit wrap of its TSval
+//! (0xffffffff -> 0) a minute or so after `up`. The run is timed from the servers' TSvals
+//! to cover each server's next change with load on both sides. The captures on the
+//! servers' interfaces see wire values (tc runs after the capture point on ingress and
+//! before it on egress), so the check compares the LB's restore with what it saw sent.
 //!
 //! The second test runs the LB with the restore switched off (`--fault
 //! skip-tsecr-restore`) and shows that the same check fails.
@@ -30,6 +35,8 @@ const MSB_PERIOD_MS: u64 = 1 << 16;
 const LOAD_AROUND_CHANGE_MS: u64 = 20_000;
 /// From planning the run to the load running (loadgen's start and its sessions' spread).
 const LOAD_START_MS: u64 = 3_000;
+/// The servers of both tests: s3's clock wraps a minute or so after `up`.
+const SERVERS: [&str; 3] = ["s1", "s2", "s3"];
 /// Header-only captures: Ethernet, IPv4 and TCP with the longest options fit.
 const SNAPLEN: u32 = 128;
 
@@ -49,17 +56,20 @@ fn without_the_tsecr_restore_the_timestamp_check_fails() {
 
 fn restore_is_exact_across_an_msb_change() {
     let _one_at_a_time = exclusive();
-    let testbed = Testbed::up("ts", &["--servers", "2", "--clients", "1"]);
+    let testbed = Testbed::up("ts", &["--servers", "3", "--clients", "1"]);
     let lb = Lb::start(&testbed, &testbed.config_path());
 
-    let now_ms = server_clock_ms(&testbed);
-    let plan = RunPlan::covering_the_next_msb_change(now_ms);
-    eprintln!(
-        "server clock {now_ms} ms (MSB {}): next MSB change in {} s, running the load {} s",
-        now_ms >> 16,
-        plan.change_in_ms / 1000,
-        plan.duration_ms / 1000
-    );
+    let offsets: Vec<u32> = SERVERS.iter().map(|s| testbed.clock_offset(s)).collect();
+    let now_ms = host_clock_ms(&testbed, &offsets);
+    let plan = RunPlan::covering_the_next_msb_changes(now_ms, &offsets);
+    for (s, (offset, change_in_ms)) in SERVERS.iter().zip(offsets.iter().zip(&plan.changes_in_ms)) {
+        let tsval = (now_ms as u32).wrapping_add(*offset);
+        eprintln!(
+            "{s}: TSval {tsval:#010x} (offset {offset:#x}), its MSB changes in {} s",
+            change_in_ms / 1000
+        );
+    }
+    eprintln!("running the load {} s", plan.duration_ms / 1000);
 
     let paws = PawsCounters::read(&testbed);
     let captures = Captures::start(&testbed, "restore", &["c0", "c1"]);
@@ -161,7 +171,7 @@ fn restore_is_exact_across_an_msb_change() {
 
 fn check_fails_without_the_restore() {
     let _one_at_a_time = exclusive();
-    let testbed = Testbed::up("tsf", &["--servers", "2", "--clients", "1"]);
+    let testbed = Testbed::up("tsf", &["--servers", "3", "--clients", "1"]);
     let _lb = Lb::start_with_args(
         &testbed,
         &testbed.config_path(),
@@ -204,11 +214,11 @@ fn check_fails_without_the_restore() {
     );
 }
 
-/// The servers' timestamp clock now, in ms, read from a TSval a server sent, and checked
-/// against `CLOCK_MONOTONIC`: with `tcp_timestamps=2` Linux sends the monotonic clock in
-/// milliseconds with no per-connection offset.
-fn server_clock_ms(testbed: &Testbed) -> u64 {
-    let captures: Vec<Capture> = ["s1", "s2"]
+/// The host's TCP clock now, in ms, after checking it against a TSval each server sent:
+/// with `tcp_timestamps=2` Linux sends `CLOCK_MONOTONIC` in milliseconds with no
+/// per-connection offset, and the server's tc program adds its offset on the wire.
+fn host_clock_ms(testbed: &Testbed, offsets: &[u32]) -> u64 {
+    let captures: Vec<Capture> = SERVERS
         .iter()
         .map(|s| {
             let path = testbed.dir.join(format!("{s}-clock.pcap"));
@@ -217,79 +227,89 @@ fn server_clock_ms(testbed: &Testbed) -> u64 {
         .collect();
     let before = monotonic_ms();
     let url = format!("http://{}/", testbed.vip());
-    in_netns_ok(&testbed.ns("c1"), "curl", &["-s", "-m", "10", &url]);
+    // rr: one connection per server.
+    for _ in SERVERS {
+        in_netns_ok(&testbed.ns("c1"), "curl", &["-s", "-m", "10", &url]);
+    }
     let after = monotonic_ms();
-    let tsval = captures
-        .into_iter()
-        .flat_map(|c| c.finish())
-        .filter_map(|f| parse_tcp(&f)?.timestamps)
-        .map(|(tsval, _)| tsval)
-        .next()
-        .expect("no TSval captured at a server");
-    assert!(
-        (before as u32..=after as u32 + 1).contains(&tsval),
-        "TSval {tsval} is not CLOCK_MONOTONIC in ms ({before}..{after}): are the servers \
-         running tcp_timestamps=2?"
-    );
+    for ((s, capture), offset) in SERVERS.iter().zip(captures).zip(offsets) {
+        let tsval = capture
+            .finish()
+            .iter()
+            .filter_map(|f| parse_tcp(f)?.timestamps)
+            .map(|(tsval, _)| tsval)
+            .next()
+            .unwrap_or_else(|| panic!("no TSval captured at {s}"));
+        let host = tsval.wrapping_sub(*offset);
+        assert!(
+            (before as u32..=after as u32 + 1).contains(&host),
+            "{s}'s TSval {tsval:#x} minus its offset {offset:#x} is {host}, not \
+             CLOCK_MONOTONIC in ms ({before}..{after}): are the servers running \
+             tcp_timestamps=2 and their clock programs?"
+        );
+    }
     // Time has moved on since: the monotonic clock is the same clock, read now.
     monotonic_ms()
 }
 
-fn monotonic_ms() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec to write into.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) },
-        0
-    );
-    now.tv_sec as u64 * 1000 + now.tv_nsec as u64 / 1_000_000
-}
-
-/// When the servers' MSB next changes and how long to run the load so that it runs
-/// [`LOAD_AROUND_CHANGE_MS`] on both sides of one change.
+/// When each server's MSB next changes and how long to run the load so that it runs
+/// [`LOAD_AROUND_CHANGE_MS`] on both sides of each server's change.
 #[derive(Debug, PartialEq)]
 struct RunPlan {
-    change_in_ms: u64,
+    /// Per server, in the order of the offsets given.
+    changes_in_ms: Vec<u64>,
     duration_ms: u64,
 }
 
 impl RunPlan {
-    fn covering_the_next_msb_change(now_ms: u64) -> Self {
-        let mut change_in_ms = MSB_PERIOD_MS - now_ms % MSB_PERIOD_MS;
-        if change_in_ms < LOAD_START_MS + LOAD_AROUND_CHANGE_MS {
-            // Too close to load both sides: take the one after.
-            change_in_ms += MSB_PERIOD_MS;
-        }
+    fn covering_the_next_msb_changes(now_ms: u64, offsets: &[u32]) -> Self {
+        let changes_in_ms: Vec<u64> = offsets
+            .iter()
+            .map(|offset| {
+                let clock = u64::from((now_ms as u32).wrapping_add(*offset));
+                let mut change_in_ms = MSB_PERIOD_MS - clock % MSB_PERIOD_MS;
+                if change_in_ms < LOAD_START_MS + LOAD_AROUND_CHANGE_MS {
+                    // Too close to load both sides: take the one after.
+                    change_in_ms += MSB_PERIOD_MS;
+                }
+                change_in_ms
+            })
+            .collect();
+        let last = changes_in_ms.iter().copied().max().unwrap_or(0);
         RunPlan {
-            change_in_ms,
-            duration_ms: change_in_ms + LOAD_AROUND_CHANGE_MS,
+            changes_in_ms,
+            duration_ms: last + LOAD_AROUND_CHANGE_MS,
         }
     }
 }
 
 #[test]
-fn a_run_covers_one_msb_change_with_load_on_both_sides() {
-    // 40 s before a change: run until 20 s after it.
-    let plan = RunPlan::covering_the_next_msb_change(5 * MSB_PERIOD_MS - 40_000);
+fn a_run_covers_each_servers_msb_change_with_load_on_both_sides() {
+    // 40 s before s1's change, s2 half a period off: run until 20 s after the later one.
+    let plan = RunPlan::covering_the_next_msb_changes(5 * MSB_PERIOD_MS - 40_000, &[0, 98_304]);
     assert_eq!(
         plan,
         RunPlan {
-            change_in_ms: 40_000,
-            duration_ms: 60_000
+            changes_in_ms: vec![40_000, 72_768],
+            duration_ms: 92_768
         }
     );
     // 10 s before a change: too close, the next one is 75.5 s away.
-    let plan = RunPlan::covering_the_next_msb_change(5 * MSB_PERIOD_MS - 10_000);
-    assert_eq!(plan.change_in_ms, 10_000 + MSB_PERIOD_MS);
-    // Never longer than two periods and a margin, never shorter than two margins.
+    let plan = RunPlan::covering_the_next_msb_changes(5 * MSB_PERIOD_MS - 10_000, &[0]);
+    assert_eq!(plan.changes_in_ms, [10_000 + MSB_PERIOD_MS]);
+    // A clock about to wrap: the wrap is its change.
+    let plan = RunPlan::covering_the_next_msb_changes(1_000_000, &[u32::MAX - 1_000_000 - 59_999]);
+    assert_eq!(plan.changes_in_ms, [60_000]);
+    // Never longer than a period and two margins, never shorter than two margins.
     for now in (0..3 * MSB_PERIOD_MS).step_by(997) {
-        let plan = RunPlan::covering_the_next_msb_change(now);
-        assert!(plan.change_in_ms >= LOAD_START_MS + LOAD_AROUND_CHANGE_MS);
+        let offsets = [0, 98_304, 0xfff0_1234, 1 << 31];
+        let plan = RunPlan::covering_the_next_msb_changes(now, &offsets);
         assert!(plan.duration_ms <= MSB_PERIOD_MS + LOAD_START_MS + 2 * LOAD_AROUND_CHANGE_MS);
-        assert_eq!((now + plan.change_in_ms) % MSB_PERIOD_MS, 0);
+        for (offset, change_in_ms) in offsets.iter().zip(&plan.changes_in_ms) {
+            assert!(*change_in_ms >= LOAD_START_MS + LOAD_AROUND_CHANGE_MS);
+            let at = u64::from((now as u32).wrapping_add(*offset)) + change_in_ms;
+            assert_eq!(at % MSB_PERIOD_MS, 0);
+        }
     }
 }
 
@@ -314,7 +334,7 @@ impl Captures {
             (testbed.ns(role), capture)
         };
         Captures {
-            servers: ["s1", "s2"].iter().map(|s| start(s)).collect(),
+            servers: SERVERS.iter().map(|s| start(s)).collect(),
             clients: clients.iter().map(|c| start(c)).collect(),
         }
     }
@@ -524,8 +544,9 @@ struct PawsDeltas {
 
 impl PawsCounters {
     fn read(testbed: &Testbed) -> Self {
-        let namespaces: Vec<String> = ["c0", "c1", "s1", "s2"]
+        let namespaces: Vec<String> = ["c0", "c1"]
             .iter()
+            .chain(&SERVERS)
             .map(|r| testbed.ns(r))
             .collect();
         let before = namespaces.iter().map(|ns| Self::now(ns)).collect();

@@ -20,7 +20,7 @@ use super::progress::{Progress, Status};
 use super::results::{self, ChurnResults, Event, LbMetrics, LoadSpread, LoadgenReport};
 use super::schedule::{Action, Schedule, Step};
 use super::{lbconfig, tsclock};
-use crate::testbed::{self, forwarding_name, Options, Topology};
+use crate::testbed::{self, forwarding_name, Options, ServerClocks, Topology};
 
 /// Clients behind the router; with c0 on the LB's own segment, four loadgens.
 const CLIENTS: u16 = 3;
@@ -143,6 +143,7 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         mode: config.mode,
         policy: PolicyKind::RoundRobin,
         dir: None,
+        server_clocks: ServerClocks::Distinct,
     })?;
     let api_address = topo
         .lb
@@ -234,13 +235,19 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
             exited: false,
         });
     }
-    for t in tsclock::msb_changes(msb_clock_at_start, config.duration) {
-        let msb = tsclock::msb_at(msb_clock_at_start + (t * 1000.0) as u64);
+    // Every server's clock has an offset of its own (docs/testbed.md, "Server clocks"), so
+    // each changes its MSB at its own moments; s1's are marked, one every period.
+    let s1_clock_at_start =
+        u64::from((msb_clock_at_start as u32).wrapping_add(topo.servers[0].clock_offset));
+    for t in tsclock::msb_changes(s1_clock_at_start, config.duration) {
+        let msb = tsclock::msb_at(s1_clock_at_start + (t * 1000.0) as u64);
         runner.events.push(Event {
             t,
             kind: "ts_msb_change".into(),
-            label: "server TS MSB changes".into(),
-            detail: format!("the servers' TSval high 16 bits become {msb:#06x}"),
+            label: "s1's TS MSB changes".into(),
+            detail: format!(
+                "s1's TSval high 16 bits become {msb:#06x}; the other servers' change as often, at their own moments"
+            ),
         });
     }
 

@@ -2,10 +2,11 @@
 //!
 //! With `net.ipv4.tcp_timestamps=2` (the testbed sets it in every server namespace) Linux
 //! sends TSval = CLOCK_MONOTONIC in milliseconds, truncated to 32 bits, with no offset per
-//! connection. All server namespaces share the host's clock, so all servers' 16 high bits
-//! (the bits the cookie displaces and the LB must restore) change at the same moments:
-//! whenever the millisecond clock crosses a multiple of 65,536, every 65.5 s. The runner
-//! marks those moments on the scenario's clock, to show that connections crossed them.
+//! connection. All server namespaces share the host's clock, and the testbed gives each
+//! server an offset of its own on the wire, so a server's 16 high bits (the bits the cookie
+//! displaces and the LB must restore) change whenever its shifted millisecond clock crosses
+//! a multiple of 65,536, every 65.5 s. The runner marks s1's changes on the scenario's
+//! clock, to show that connections crossed them.
 
 use std::time::Duration;
 

@@ -119,6 +119,7 @@ mod tests {
             mode: Mode::Maglev,
             policy: PolicyKind::PowerOfTwo,
             dir: Some("/nonexistent/t1".into()),
+            ..Options::default()
         })
         .unwrap()
     }

@@ -9,9 +9,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
+use super::clocks::{self, ServerClocks};
 use super::plan::{Topology, RUN_DIR};
 use super::shell::require_tools;
-use super::{lbconf, netns, network, nginx, plan, Options};
+use super::{lbconf, netns, network, nginx, plan, server_clock, Options};
 
 /// Marks a state dir as the testbed's own, so that `down` may delete it and `up` may reuse it.
 const MARKER: &str = ".cheetah-testbed";
@@ -29,8 +30,12 @@ const TOOLS: [(&str, &str); 6] = [
 impl Topology {
     /// Builds the testbed `options` describe, replacing any testbed with the same prefix.
     pub fn up(options: &Options) -> anyhow::Result<Topology> {
-        let topo = Topology::plan(options)?;
+        let mut topo = Topology::plan(options)?;
         check_host()?;
+        let offsets = clocks::offsets(topo.server_clocks, options.servers, clocks::monotonic_ms());
+        for (server, offset) in topo.servers.iter_mut().zip(offsets) {
+            server.clock_offset = offset;
+        }
         check_dir_is_usable(&topo.files.dir, &topo.prefix)?;
         teardown(&topo.prefix, false)
             .with_context(|| format!("cannot remove the earlier testbed `{}`", topo.prefix))?;
@@ -54,6 +59,17 @@ impl Topology {
     fn build(&self) -> anyhow::Result<()> {
         prepare_dir(&self.files.dir, &self.prefix)?;
         network::build(self).context("cannot build the network")?;
+        // Before nginx starts, so that every connection a server has sees one clock.
+        if self.server_clocks == ServerClocks::Distinct {
+            for server in &self.servers {
+                server_clock::attach(
+                    &server.namespace,
+                    &server.link.interface,
+                    server.clock_offset,
+                )
+                .with_context(|| format!("cannot give {} its own clock", server.name))?;
+            }
+        }
         lbconf::write(self)?;
         nginx::write_content(&self.files.www)?;
         for server in &self.servers {

@@ -7,6 +7,7 @@
 //! [`Topology::up`] and [`Topology::down`] are the same operations as a library; the
 //! names and addresses of a testbed are in its [`Topology`] and in `<dir>/testbed.json`.
 
+mod clocks;
 mod inject;
 mod lbconf;
 mod lifecycle;
@@ -14,6 +15,7 @@ mod netns;
 mod network;
 mod nginx;
 mod plan;
+mod server_clock;
 mod shell;
 mod status;
 
@@ -23,6 +25,7 @@ use anyhow::bail;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
 
+pub use clocks::ServerClocks;
 pub use lifecycle::teardown;
 pub use plan::{forwarding_name, Topology};
 
@@ -39,6 +42,7 @@ pub struct Options {
     pub policy: PolicyKind,
     /// State dir; `/run/cheetah-testbed/<prefix>` if `None`.
     pub dir: Option<PathBuf>,
+    pub server_clocks: ServerClocks,
 }
 
 impl Default for Options {
@@ -51,6 +55,7 @@ impl Default for Options {
             mode: Mode::Cheetah,
             policy: PolicyKind::RoundRobin,
             dir: None,
+            server_clocks: ServerClocks::Distinct,
         }
     }
 }
@@ -116,6 +121,10 @@ struct UpArgs {
     /// State dir for the configs, logs and content [default: /run/cheetah-testbed/<prefix>].
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// distinct: each server's TCP timestamps get an offset of their own (a tc program on
+    /// its interface); shared: every server sends the host's one TCP clock.
+    #[arg(long, default_value = "distinct", value_parser = parse_server_clocks)]
+    server_clocks: ServerClocks,
 }
 
 #[derive(clap::Args)]
@@ -132,6 +141,14 @@ fn parse_forwarding(text: &str) -> anyhow::Result<Forwarding> {
         "l2" => Ok(Forwarding::L2),
         "nat" => Ok(Forwarding::Nat),
         _ => bail!("use l2 or nat"),
+    }
+}
+
+fn parse_server_clocks(text: &str) -> anyhow::Result<ServerClocks> {
+    match text {
+        "distinct" => Ok(ServerClocks::Distinct),
+        "shared" => Ok(ServerClocks::Shared),
+        _ => bail!("use distinct or shared"),
     }
 }
 
@@ -170,6 +187,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 mode: up.mode,
                 policy: up.policy,
                 dir: up.dir,
+                server_clocks: up.server_clocks,
             };
             let topo = Topology::up(&options)?;
             print_summary(&topo);

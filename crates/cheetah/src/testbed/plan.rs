@@ -12,6 +12,7 @@ use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
 use serde::{Deserialize, Serialize};
 
+use super::clocks::ServerClocks;
 use super::Options;
 
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
@@ -145,6 +146,10 @@ pub struct Server {
     pub nginx_conf: PathBuf,
     pub nginx_pid_file: PathBuf,
     pub error_log: PathBuf,
+    /// What the server's tc program adds to the host's TCP clock, in ms: its TSval on the
+    /// wire is (host CLOCK_MONOTONIC ms + this) mod 2^32. Set by `up` (`clocks.rs`).
+    #[serde(default)]
+    pub clock_offset: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,6 +179,13 @@ pub struct Topology {
     pub servers: Vec<Server>,
     /// c0 first, then c1..=n.
     pub clients: Vec<Client>,
+    /// Summaries from before this field describe testbeds whose servers all had the host's clock.
+    #[serde(default = "shared_clocks")]
+    pub server_clocks: ServerClocks,
+}
+
+fn shared_clocks() -> ServerClocks {
+    ServerClocks::Shared
 }
 
 pub fn check_prefix(prefix: &str) -> anyhow::Result<()> {
@@ -333,6 +345,7 @@ impl Topology {
                 dir: server_dir,
                 namespace: ns,
                 name,
+                clock_offset: 0,
             });
         }
         let switch = Switch {
@@ -355,6 +368,7 @@ impl Topology {
             switch,
             servers,
             clients,
+            server_clocks: options.server_clocks,
         })
     }
 

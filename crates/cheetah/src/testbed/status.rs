@@ -4,10 +4,11 @@
 use anyhow::bail;
 use serde::Deserialize;
 
+use super::clocks::{self, ServerClocks};
 use super::lifecycle::state_dir;
-use super::plan::{check_prefix, forwarding_name, role_of, Role, Topology};
+use super::plan::{check_prefix, forwarding_name, role_of, Role, Server, Topology};
 use super::shell::Cmd;
-use super::{netns, nginx};
+use super::{netns, nginx, server_clock};
 
 /// The parts of `ip -j addr show` that status prints.
 #[derive(Deserialize)]
@@ -36,7 +37,8 @@ pub fn print(prefix: &str) -> anyhow::Result<()> {
     }
     let dir = state_dir(prefix);
     let summary = dir.join("testbed.json");
-    match Topology::load(&summary) {
+    let topo = Topology::load(&summary);
+    match &topo {
         Ok(topo) => {
             println!(
                 "testbed {prefix}: {} servers, c0 + {} clients, mode {}, {} forwarding, policy {}, VIP {}:{}",
@@ -52,6 +54,7 @@ pub fn print(prefix: &str) -> anyhow::Result<()> {
             println!("  secret   {}", topo.files.secret.display());
             println!("  summary  {}", topo.files.summary.display());
             println!("  LB state {}", topo.files.lb_state.display());
+            println!("  server clocks {}", topo.server_clocks.name());
         }
         Err(_) => println!(
             "testbed {prefix}: incomplete, no summary at {} (run `cheetah testbed down --prefix {prefix}`)",
@@ -83,6 +86,15 @@ pub fn print(prefix: &str) -> anyhow::Result<()> {
                 let pids: Vec<String> = pids.iter().map(i32::to_string).collect();
                 println!("  nginx: running (pids {})", pids.join(" "));
             }
+            let server = topo.as_ref().ok().and_then(|t| {
+                Some((
+                    t.server_clocks,
+                    t.servers.iter().find(|s| &s.namespace == namespace)?,
+                ))
+            });
+            if let Some((kind, server)) = server {
+                print_clock(kind, server)?;
+            }
         } else {
             let processes: Vec<String> = netns::pids(namespace)?
                 .into_iter()
@@ -93,6 +105,50 @@ pub fn print(prefix: &str) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// The server's clock as the summary records it, and whether its tc programs are there.
+fn print_clock(kind: ServerClocks, server: &Server) -> anyhow::Result<()> {
+    let tsval = clocks::tsval_at(clocks::monotonic_ms(), server.clock_offset);
+    let programs = match kind {
+        ServerClocks::Shared => String::new(),
+        ServerClocks::Distinct => {
+            let attached: Vec<&str> = [
+                ("egress", server_clock::EGRESS_PROGRAM),
+                ("ingress", server_clock::INGRESS_PROGRAM),
+            ]
+            .into_iter()
+            .filter_map(|(direction, program)| {
+                let filters = Cmd::new("tc")
+                    .args(["-n", &server.namespace, "filter", "show", "dev"])
+                    .args([server.link.interface.as_str(), direction])
+                    .run()
+                    .unwrap_or_default();
+                // The kernel keeps the first 15 characters of a program's name.
+                filters
+                    .contains(&program[..program.len().min(15)])
+                    .then_some(direction)
+            })
+            .collect();
+            match attached.len() {
+                2 => ", tc programs on egress and ingress".into(),
+                _ => format!(
+                    ", tc programs NOT all attached (only: {})",
+                    if attached.is_empty() {
+                        "none".into()
+                    } else {
+                        attached.join(" ")
+                    }
+                ),
+            }
+        }
+    };
+    println!(
+        "  clock: host + {} ms, TSval now {tsval:#010x} (MSB {:#06x}){programs}",
+        server.clock_offset,
+        tsval >> 16
+    );
     Ok(())
 }
 

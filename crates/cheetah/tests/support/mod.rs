@@ -232,6 +232,36 @@ impl Testbed {
     }
 }
 
+impl Testbed {
+    /// What server `name` (`s<j>`) adds to the host's TCP clock: its TSval on the wire is
+    /// (CLOCK_MONOTONIC ms + this) mod 2^32. 0 for every server with `--server-clocks shared`.
+    pub fn clock_offset(&self, name: &str) -> u32 {
+        let server = self.summary["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("testbed has no server {name}"));
+        server["clock_offset"]
+            .as_u64()
+            .expect("testbed.json records each server's clock_offset") as u32
+    }
+}
+
+/// CLOCK_MONOTONIC in ms: the host's TCP timestamp clock under `tcp_timestamps=2`.
+pub fn monotonic_ms() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write into.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) },
+        0
+    );
+    now.tv_sec as u64 * 1000 + now.tv_nsec as u64 / 1_000_000
+}
+
 impl Drop for Testbed {
     fn drop(&mut self) {
         let out = cheetah(&["testbed", "down", "--prefix", &self.prefix]);

@@ -1,0 +1,221 @@
+//! Live: each testbed server has its own TCP timestamp clock (a tc program on its
+//! interface shifts TSval out and TSecr back in; docs/testbed.md, "Server clocks").
+//!
+//! Through the LB, every server answers; every TSval a server puts on the wire is the
+//! host's CLOCK_MONOTONIC in ms plus that server's offset from `testbed.json`, read while
+//! its request ran; two servers' TSvals differ by their offsets' difference; and every
+//! TSecr reaching a server (before its tc program) is a wire TSval it sent, while its TCP
+//! (after the program) rejects none. With `--server-clocks shared` the servers send the
+//! host's clock as before.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+
+use support::*;
+
+/// Slack after a request's end for the server's last segments (its FIN, the final ACK).
+const AFTER_REQUEST_MS: u64 = 200;
+
+#[test]
+fn every_server_sends_its_own_clock_and_gets_it_back() {
+    if require_root("every_server_sends_its_own_clock_and_gets_it_back") {
+        own_clocks_through_the_lb();
+    }
+}
+
+#[test]
+fn shared_clocks_are_the_hosts_clock() {
+    if require_root("shared_clocks_are_the_hosts_clock") {
+        shared_clocks();
+    }
+}
+
+const SERVERS: [&str; 4] = ["s1", "s2", "s3", "s4"];
+
+fn own_clocks_through_the_lb() {
+    let _one_at_a_time = exclusive();
+    let testbed = Testbed::up("clk", &["--servers", "4", "--clients", "1"]);
+    let offsets: BTreeMap<&str, u32> = SERVERS
+        .iter()
+        .map(|s| (*s, testbed.clock_offset(s)))
+        .collect();
+    eprintln!("offsets: {offsets:?}");
+    // What the rule promises (the unit tests in testbed/clocks.rs check the rest).
+    assert_eq!(offsets["s1"], 0);
+    assert_eq!(offsets["s4"], 1 << 31);
+    let distinct: std::collections::BTreeSet<u32> = offsets.values().copied().collect();
+    assert_eq!(distinct.len(), 4, "four servers, four clocks: {offsets:?}");
+
+    let _lb = Lb::start(&testbed, &testbed.config_path());
+    let rejected_before: Vec<Option<u64>> = SERVERS
+        .iter()
+        .map(|s| netstat_counter(&testbed.ns(s), "TcpExt", "TSEcrRejected"))
+        .collect();
+    let captures: Vec<Capture> = SERVERS
+        .iter()
+        .map(|s| {
+            let path = testbed.dir.join(format!("{s}-clock.pcap"));
+            Capture::start(&testbed.ns(s), "eth0", "tcp port 80", &path)
+        })
+        .collect();
+
+    // rr: consecutive connections go to consecutive servers. Each request's host-clock
+    // window, by the server that answered (X-Server).
+    let mut windows: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
+    let url = format!("http://{}/", testbed.vip());
+    for _ in 0..12 {
+        let before = monotonic_ms();
+        let headers = in_netns_ok(
+            &testbed.ns("c1"),
+            "curl",
+            &["-s", "-m", "5", "-D", "-", "-o", "/dev/null", &url],
+        );
+        let after = monotonic_ms();
+        let server = headers
+            .lines()
+            .find_map(|l| l.strip_prefix("X-Server: "))
+            .unwrap_or_else(|| panic!("no X-Server header in {headers}"))
+            .trim()
+            .to_string();
+        windows.entry(server).or_default().push((before, after));
+    }
+    for s in SERVERS {
+        assert!(
+            windows.contains_key(s),
+            "no request through the LB reached {s}: {windows:?}"
+        );
+    }
+
+    // Per server: its first wire TSval and the host time it was read at (the middle of
+    // the window it falls in).
+    let mut first_reading: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+    for (s, capture) in SERVERS.iter().zip(captures) {
+        let segments: Vec<TcpView> = capture
+            .finish()
+            .iter()
+            .filter_map(|f| parse_tcp(f))
+            .collect();
+        let offset = offsets[s];
+        let mut sent: HashMap<u16, Vec<u32>> = HashMap::new();
+        let mut echoes = 0;
+        for segment in &segments {
+            let Some((tsval, tsecr)) = segment.timestamps else {
+                continue;
+            };
+            if segment.sport == 80 {
+                let host = u64::from(tsval.wrapping_sub(offset));
+                let window = windows[*s].iter().find(|(before, after)| {
+                    (*before as u32..=(*after + AFTER_REQUEST_MS) as u32).contains(&(host as u32))
+                });
+                let Some(&(before, after)) = window else {
+                    panic!(
+                        "{s} sent TSval {tsval:#010x}: minus its offset {offset:#x} that is \
+                         {host} ms, in none of its requests' windows {:?}",
+                        windows[*s]
+                    );
+                };
+                first_reading
+                    .entry(s)
+                    .or_insert((tsval, (before + after) / 2));
+                sent.entry(segment.dport).or_default().push(tsval);
+            } else if segment.dport == 80 && segment.is_ack() {
+                let server_tsvals = sent.get(&segment.sport).map_or(&[][..], Vec::as_slice);
+                assert!(
+                    server_tsvals.contains(&tsecr),
+                    "{s} received TSecr {tsecr:#010x} on port {}, not a TSval it sent there \
+                     ({server_tsvals:x?})",
+                    segment.sport
+                );
+                echoes += 1;
+            }
+        }
+        assert!(echoes > 0, "{s}: no echo captured");
+        eprintln!("{s}: {} segments, {echoes} echoes checked", segments.len());
+    }
+
+    // Two servers' clocks differ by their offsets' difference, give or take the time
+    // between the readings and the windows' width.
+    for (a, &(tsval_a, host_a)) in &first_reading {
+        for (b, &(tsval_b, host_b)) in &first_reading {
+            let wire = tsval_a.wrapping_sub(tsval_b);
+            let expected = offsets[a]
+                .wrapping_sub(offsets[b])
+                .wrapping_add(host_a.wrapping_sub(host_b) as u32);
+            let error = wire.wrapping_sub(expected) as i32;
+            assert!(
+                error.abs() < 1_000,
+                "{a} - {b}: wire TSvals differ by {wire:#x}, offsets and host times say \
+                 {expected:#x}"
+            );
+        }
+    }
+
+    // The servers' TCP saw their own clock echoed: on kernels that check the handshake's
+    // TSecr (6.15 and later), a wrong one would count here and fail the connection.
+    for (s, before) in SERVERS.iter().zip(rejected_before) {
+        if let Some(before) = before {
+            let now = netstat_counter(&testbed.ns(s), "TcpExt", "TSEcrRejected").unwrap();
+            assert_eq!(now - before, 0, "{s} rejected TSecr values");
+        }
+    }
+}
+
+fn shared_clocks() {
+    let _one_at_a_time = exclusive();
+    let testbed = Testbed::up(
+        "clks",
+        &[
+            "--servers",
+            "2",
+            "--clients",
+            "0",
+            "--server-clocks",
+            "shared",
+        ],
+    );
+    for s in ["s1", "s2"] {
+        assert_eq!(testbed.clock_offset(s), 0, "{s}");
+        let filters = in_netns_ok(
+            &testbed.ns(s),
+            "tc",
+            &["filter", "show", "dev", "eth0", "egress"],
+        );
+        assert!(filters.trim().is_empty(), "{s} has tc filters: {filters}");
+    }
+    // No LB needed: c0's gateway is the LB's namespace, which forwards to the servers' own
+    // addresses.
+    for id in testbed.server_ids() {
+        let s = format!("s{id}");
+        let (dip, _) = testbed.server(id);
+        let path = testbed.dir.join(format!("{s}-shared.pcap"));
+        let capture = Capture::start(&testbed.ns(&s), "eth0", "tcp src port 80", &path);
+        let before = monotonic_ms();
+        in_netns_ok(
+            &testbed.ns("c0"),
+            "curl",
+            &[
+                "-s",
+                "-m",
+                "5",
+                "-o",
+                "/dev/null",
+                &format!("http://{dip}/"),
+            ],
+        );
+        let after = monotonic_ms();
+        let tsvals: Vec<u32> = capture
+            .finish()
+            .iter()
+            .filter_map(|f| parse_tcp(f)?.timestamps)
+            .map(|(tsval, _)| tsval)
+            .collect();
+        assert!(!tsvals.is_empty(), "{s}: no TSval captured");
+        for tsval in tsvals {
+            assert!(
+                (before as u32..=(after + AFTER_REQUEST_MS) as u32).contains(&tsval),
+                "{s}: TSval {tsval} is not the host's clock ({before}..{after})"
+            );
+        }
+    }
+}
