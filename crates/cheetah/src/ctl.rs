@@ -433,6 +433,12 @@ fn show_status(v: &Value) -> String {
     let _ = writeln!(out, "forwarding          {}", cell(&v["forwarding"]));
     let _ = writeln!(
         out,
+        "cookie layout       {} epoch bits, idle connections survive {} s",
+        cell(&v["cookie_epoch_bits"]),
+        cell(&v["idle_limit_secs"])
+    );
+    let _ = writeln!(
+        out,
         "secret fingerprint  {}",
         cell(&v["secret_fingerprint"])
     );

@@ -232,3 +232,34 @@ fn a_missing_interface_is_named() {
         "interface no-such-if0 does not exist in this network namespace",
     );
 }
+
+#[test]
+fn a_layout_or_id_the_cookie_cannot_carry_is_refused() {
+    refused_as_config(
+        &GOOD.replace("mode = \"cheetah\"\n", "mode = \"cheetah\"\ncookie_epoch_bits = 1\n"),
+        "cookie_epoch_bits: 1 is not a cookie layout: epoch bits go from 2 (131 s idle, 16384 server ids) to 8 (8388 s idle, 256 server ids)",
+    );
+    refused_as_config(
+        &GOOD.replace("id = 2", "id = 5000").replace("servers = [1, 2]", "servers = [1, 5000]"),
+        "servers[1].id: 5000 is above 4095, the largest server id the cookie carries with cookie_epoch_bits = 4",
+    );
+}
+
+/// A second instance sharing the key file, or a restart, configured with another cookie
+/// layout than the key was made for: it would read the other's cookies as other servers.
+#[test]
+fn a_key_made_for_another_layout_stops_the_start() {
+    let setup = Setup::new(&GOOD.replace("mode = \"cheetah\"\n", "mode = \"cheetah\"\ncookie_epoch_bits = 5\n"));
+    std::fs::write(
+        setup.dir.path().join("secret"),
+        format!("{SECRET}cookie_epoch_bits = 4\n"),
+    )
+    .unwrap();
+    let stderr = setup.run_fails();
+    assert_says(
+        &stderr,
+        "cookie_epoch_bits = 5, but the secret file",
+    );
+    assert_says(&stderr, "was made for cookie_epoch_bits = 4");
+    assert!(!setup.state_dir_exists(), "a refused start made the state directory");
+}

@@ -275,6 +275,10 @@ pub struct StatusView {
     pub version: String,
     pub mode: String,
     pub forwarding: String,
+    /// The cookie layout: k epoch bits, 16 - k id bits (README, `cookie_epoch_bits`).
+    pub cookie_epoch_bits: u8,
+    /// Longest idle gap the layout lets a connection survive, in seconds.
+    pub idle_limit_secs: f64,
     pub secret_fingerprint: String,
     pub uptime_secs: u64,
     pub started_at_unix_ms: u64,
@@ -494,6 +498,8 @@ async fn status(State(state): Daemon) -> Json<StatusView> {
         version: env!("CARGO_PKG_VERSION").to_string(),
         mode: state.mode.name().to_string(),
         forwarding: forwarding_name(state.forwarding).to_string(),
+        cookie_epoch_bits: state.shared.layout().epoch_bits(),
+        idle_limit_secs: state.shared.layout().max_idle_ms() as f64 / 1000.0,
         secret_fingerprint: state.secret_fingerprint.clone(),
         uptime_secs: state.uptime().as_secs(),
         started_at_unix_ms: state.started_unix_ms(),

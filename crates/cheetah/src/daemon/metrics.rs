@@ -23,7 +23,8 @@
 //! | `cheetah_servers` (gauge) | `state` |
 //! | `cheetah_xdp_packets` (counter) | `outcome` |
 //! | `cheetah_snapshot_generation` (gauge) | |
-//! | `cheetah` (info) | `version`, `mode`, `forwarding`, `secret_fingerprint` |
+//! | `cheetah_echoes_beyond_idle_limit` (counter) | |
+//! | `cheetah` (info) | `version`, `mode`, `forwarding`, `cookie_epoch_bits`, `secret_fingerprint` |
 
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
@@ -319,9 +320,20 @@ impl Collector for DaemonCollector {
             MetricType::Gauge,
             [(Labels::new(), Whole(generation))],
         )?;
+        family(
+            e,
+            "cheetah_echoes_beyond_idle_limit",
+            "Client echoes restored from further back than the cookie layout's idle limit (2^(k-1) x 65.5 s): those connections idled too long, and their client's PAWS check will drop the server's next segment.",
+            MetricType::Counter,
+            [(Labels::new(), Count(state.shared.msb.echoes_beyond_idle_limit()))],
+        )?;
         let info = Info::new(vec![
             ("version", env!("CARGO_PKG_VERSION").to_string()),
             ("mode", state.mode.name().to_string()),
+            (
+                "cookie_epoch_bits",
+                state.shared.layout().epoch_bits().to_string(),
+            ),
             (
                 "forwarding",
                 super::api::forwarding_name(state.forwarding).to_string(),

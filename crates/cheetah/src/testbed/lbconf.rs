@@ -83,14 +83,18 @@ fn quoted(text: &str) -> String {
     toml::Value::String(text.to_string()).to_string()
 }
 
-/// 128 random bits as 32 hex digits, readable only by root: whoever knows it can forge
-/// cookies and steer connections to any server.
+/// 128 random bits as 32 hex digits, and the (default) cookie layout the LB runs with,
+/// readable only by root: whoever knows the key can forge cookies and steer connections to
+/// any server.
 fn write_secret(path: &Path) -> anyhow::Result<()> {
     let mut bytes = [0u8; 16];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut random| random.read_exact(&mut bytes))
         .context("cannot read /dev/urandom for the secret")?;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let key = cheetah::config::KeyFile {
+        secret: cheetah_core::hash::Secret(bytes),
+        cookie_epoch_bits: Some(cheetah_core::cookie::CookieLayout::DEFAULT_EPOCH_BITS),
+    };
     // A previous run's file would keep its mode through `create`; start from nothing.
     let _ = std::fs::remove_file(path);
     std::fs::OpenOptions::new()
@@ -98,7 +102,7 @@ fn write_secret(path: &Path) -> anyhow::Result<()> {
         .create_new(true)
         .mode(0o600)
         .open(path)
-        .and_then(|mut file| file.write_all(format!("{hex}\n").as_bytes()))
+        .and_then(|mut file| file.write_all(key.text().as_bytes()))
         .with_context(|| format!("cannot write secret {}", path.display()))
 }
 
@@ -190,7 +194,8 @@ mod tests {
         std::fs::write(&path, "old").unwrap();
         write_secret(&path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(cheetah_core::hash::Secret::from_hex(text.trim()).is_some());
+        let key = cheetah::config::KeyFile::parse(&text).unwrap();
+        assert_eq!(key.cookie_epoch_bits, Some(4));
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
     }

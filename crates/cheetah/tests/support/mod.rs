@@ -203,8 +203,7 @@ impl Testbed {
 
     /// The LB's key, to decode cookies as the LB does.
     pub fn secret(&self) -> cheetah_core::hash::Secret {
-        let text = std::fs::read_to_string(self.secret_path()).expect("the testbed's secret");
-        cheetah_core::hash::Secret::from_hex(&text).expect("the secret is 32 hex digits")
+        cheetah::config::read_secret(&self.secret_path()).expect("the testbed's secret")
     }
 
     /// Ids of the servers the testbed made.
