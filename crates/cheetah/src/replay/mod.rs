@@ -140,6 +140,9 @@ pub fn run(args: Args) -> Result<()> {
     let spreader = Spreader::new(worker_count);
     let mut clock = ReplayClock::default();
     let mut tally = Tally::default();
+    // The daemon carries every server's clock estimate forward once a second; so does the
+    // replay, on the capture's clock, so that a quiet server is restored as live.
+    let mut refreshed: Nanos = 0;
 
     let read_error = loop {
         let meta = match input.next_into(&mut original) {
@@ -148,6 +151,10 @@ pub fn run(args: Args) -> Result<()> {
             Err(e) => break Some(e),
         };
         let now = clock.now(meta.ts_ns);
+        if now >= refreshed + NANOS_PER_SEC {
+            shared.msb.refresh(now);
+            refreshed = now;
+        }
         let index = spreader.worker_for(&original);
         let worker = &mut workers[index];
         work.clear();
