@@ -5,7 +5,7 @@
 //!   Timestamp (99.95% of non-SYN packets in the paper's Table 1): cookie decoded from
 //!   TSecr, TSecr restored, toward the server;
 //! * a server's reply whose timestamp sits where the common layouts put it (NOP NOP TS for
-//!   non-SYN segments, the four SYN-ACK rows of Table 1): M learnt, cookie put into TSval,
+//!   non-SYN segments, the four SYN-ACK rows of Table 1): the server's clock learnt, cookie put into TSval,
 //!   toward the client. A SYN-ACK answering a recently retried SYN goes to the general
 //!   server path, which settles whose load count the connection is.
 //!

@@ -1,4 +1,4 @@
-//! Server -> client TCP: the cookie goes into TSval, M is learnt, NAT is undone.
+//! Server -> client TCP: the cookie goes into TSval, the server's clock is learnt, NAT is undone.
 
 use super::counters::Counter;
 use super::handshakes::Handshake;

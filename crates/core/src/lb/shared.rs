@@ -8,7 +8,7 @@ use crate::hash::{FlowHasher, Secret};
 use crate::policy::SharedLoads;
 use crate::tables::{Snapshot, SnapshotCell};
 
-/// What all workers read (and, for loads, M and handshakes, write rarely): the published
+/// What all workers read (and, for loads, server clocks and handshakes, write rarely): the published
 /// tables, the merged load counters, the per-server timestamp MSB memory, the recent SYNs
 /// whose load count may have to move, and the keyed hasher.
 pub struct LbShared {

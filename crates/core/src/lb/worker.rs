@@ -4,7 +4,7 @@
 //!  parse ─► classify ─┬─ client → VIP ─► SYN: policy pick      ─┐
 //!                     │                  other: cookie decode, ├─► rewrite toward server
 //!                     │                  restore TSecr         ─┘   (dst MAC, or NAT)
-//!                     ├─ server → client ─► learn M, cookie into TSval ─► (NAT) ─► client
+//!                     ├─ server → client ─► learn clock, cookie into TSval ─► (NAT) ─► client
 //!                     ├─ ICMP error → VIP ─► cookie of the embedded packet ─► server
 //!                     └─ anything else ─► Pass (host kernel)
 //! ```
