@@ -6,7 +6,8 @@
 #     cheetah, plain-hash and Maglev modes;
 #  2. the main show, about 6 minutes: `cheetah testbed churn` builds a testbed with 8 nginx
 #     servers in network namespaces, runs `cheetah run` (AF_XDP) in front of them and drives
-#     hundreds of real Linux TCP connections through it while servers are added, drained
+#     hundreds of real Linux TCP connections through it (some idle 40 s between requests,
+#     some 100 s, longer than a period of the servers' timestamp MSB) while servers are added, drained
 #     and removed, the policy goes rr -> pow2 -> awrr and the LB is restarted twice
 #     (SIGTERM, kill -9). Once in cheetah mode, once in hash mode, same schedule;
 #  3. a side-by-side table (printed, and churn-table.md) and a plot of broken connections
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
     --duration) duration=$2; shift 2 ;;
     --servers) servers=$2; shift 2 ;;
     --forwarding) forwarding=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "demo: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done

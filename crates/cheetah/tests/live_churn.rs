@@ -5,6 +5,9 @@
 //! (two changes of the servers' timestamp MSB, servers added, drained and removed, the
 //! policy changed twice, a graceful restart and a kill -9 of the LB) and none breaks: no
 //! loadgen sees a RST, a timeout or another server, and no RST reaches a client's wire.
+//! Among them are idle sessions with a 100 s gap, longer than one MSB period: with the
+//! cookie layout before issue 18 (one version bit) the client's PAWS check drops the
+//! server's answer after such a gap, and the test fails.
 //! In hash mode the same schedule breaks connections, which shows that the test can fail.
 
 mod support;
@@ -67,17 +70,34 @@ fn cheetah_breaks_no_connection_through_the_whole_churn_scenario() {
         serde_json::to_string_pretty(&results["broken"]).unwrap()
     );
     let settings = &results["workload"];
+    let long_idle = count(&settings["long_idle_sessions"]);
     let long_lived = count(&settings["keepalive"])
         + count(&settings["idle_sessions"])
+        + long_idle
         + count(&settings["downloads"]);
     assert!(long_lived >= 200, "only {long_lived} long-lived sessions");
     // Every long-lived session kept its one connection from start to end: none was
     // reopened, and all are still open when the load stops.
     let opened = &results["connections_opened"];
     assert_eq!(
-        count(&opened["keepalive"]) + count(&opened["idle"]) + count(&opened["download"]),
+        count(&opened["keepalive"])
+            + count(&opened["idle"])
+            + count(&opened["idle_long"])
+            + count(&opened["download"]),
         long_lived,
         "long-lived sessions opened more connections than they have sessions: {opened}"
+    );
+    // Idle longer than one MSB period (issue 18): each long idle session was answered after
+    // its gap, on its first connection.
+    assert!(long_idle > 0, "the scenario ran no long idle sessions");
+    assert!(
+        settings["long_idle_gap_s"].as_f64().unwrap() > 65.536,
+        "the long idle gap is within one MSB period: {settings}"
+    );
+    assert!(
+        count(&results["requests"]["idle_long"]) >= 2 * long_idle,
+        "long idle sessions did not all get a request answered after their gap: {}",
+        results["requests"]
     );
     assert_eq!(count(&results["long_lived_at_end"]), long_lived);
     assert!(results["elapsed_s"].as_f64().unwrap() >= 140.0);

@@ -75,8 +75,9 @@ fn restore_is_exact_across_an_msb_change() {
     let captures = Captures::start(&testbed, "restore", &["c0", "c1"]);
     let duration = format!("{}ms", plan.duration_ms);
     // Keep-alive sessions give a steady stream of echoes on both sides of the change; idle
-    // sessions (30 s gaps, so the servers' 25 s keepalive probes run) echo TSvals up to a
-    // keepalive old; short connections add handshakes and closes.
+    // sessions (30 s gaps with nothing on the wire: the servers send no keepalive probes)
+    // echo TSvals up to 30 s old; short connections add handshakes and closes.
+    // (live_idle waits longer.)
     let keepalive = start_loadgen(
         &testbed,
         "c1",

@@ -3,12 +3,21 @@
 //!
 //! Each kind of session is there to catch a different way of breaking connections:
 //! keep-alive sessions (a request a second) see a remap within a second; idle sessions
-//! (40 s between requests) sit through pool changes and timestamp MSB changes with only the
-//! servers' keepalive probes on the wire; downloads keep data in flight during restarts;
-//! short connections exercise the policies on every new connection.
+//! (40 s between requests) sit through pool changes and timestamp MSB changes with nothing
+//! on the wire (the servers send no TCP keepalive probes); long idle sessions (100 s between
+//! requests) do the same across more than one MSB period, where a client's PAWS check
+//! judges a TSval the server sent 100 s before; downloads keep data in flight during
+//! restarts; short connections exercise the policies on every new connection.
+//!
+//! loadgen has one idle class, so the long idle sessions run in a second loadgen per
+//! client, whose report the runner files under its own class ([`LONG_IDLE_CLASS`]).
 
 use std::path::Path;
 use std::time::Duration;
+
+/// The class the long idle sessions' requests and breaks are counted under in the results
+/// (loadgen itself calls them `idle`).
+pub const LONG_IDLE_CLASS: &str = "idle_long";
 
 /// The whole scenario's load, before it is split between clients.
 #[derive(Clone, Debug, PartialEq)]
@@ -16,6 +25,9 @@ pub struct Workload {
     pub keepalive: usize,
     pub idle_sessions: usize,
     pub idle_gap: Duration,
+    /// Idle sessions whose gap is longer than one period of the servers' timestamp MSB.
+    pub long_idle_sessions: usize,
+    pub long_idle_gap: Duration,
     pub downloads: usize,
     /// Short connections per second, all clients together.
     pub short_rate: f64,
@@ -29,6 +41,7 @@ pub struct ClientLoad {
     pub namespace: String,
     pub keepalive: usize,
     pub idle_sessions: usize,
+    pub long_idle_sessions: usize,
     pub downloads: usize,
     pub short_rate: f64,
 }
@@ -47,6 +60,7 @@ pub fn split(workload: &Workload, clients: &[(String, String)]) -> Vec<ClientLoa
             namespace: namespace.clone(),
             keepalive: share(workload.keepalive, i),
             idle_sessions: share(workload.idle_sessions, i),
+            long_idle_sessions: share(workload.long_idle_sessions, i),
             downloads: share(workload.downloads, i),
             short_rate: workload.short_rate / n as f64,
         })
@@ -91,6 +105,34 @@ impl ClientLoad {
             "--progress".into(),
         ]
     }
+
+    /// The arguments of this client's second loadgen, which runs only its long idle
+    /// sessions; `None` if it has none.
+    pub fn long_idle_loadgen_args(
+        &self,
+        workload: &Workload,
+        target: &str,
+        duration: Duration,
+        report: &Path,
+        stop_file: &Path,
+    ) -> Option<Vec<String>> {
+        if self.long_idle_sessions == 0 {
+            return None;
+        }
+        let only_long_idle = ClientLoad {
+            keepalive: 0,
+            idle_sessions: self.long_idle_sessions,
+            long_idle_sessions: 0,
+            downloads: 0,
+            short_rate: 0.0,
+            ..self.clone()
+        };
+        let gap = Workload {
+            idle_gap: workload.long_idle_gap,
+            ..workload.clone()
+        };
+        Some(only_long_idle.loadgen_args(&gap, target, duration, report, stop_file))
+    }
 }
 
 /// What a loadgen's `--progress` line says: (live long-lived connections, broken so far).
@@ -132,6 +174,8 @@ mod tests {
             keepalive: 242,
             idle_sessions: 24,
             idle_gap: Duration::from_secs(40),
+            long_idle_sessions: 16,
+            long_idle_gap: Duration::from_secs(100),
             downloads: 2,
             short_rate: 40.0,
         }
@@ -151,6 +195,50 @@ mod tests {
             [61, 61, 60, 60]
         );
         assert_eq!((loads[0].idle_sessions, loads[0].downloads), (6, 1));
+        assert_eq!(
+            loads.iter().map(|l| l.long_idle_sessions).sum::<usize>(),
+            16
+        );
+    }
+
+    #[test]
+    fn long_idle_sessions_get_a_loadgen_of_their_own() {
+        let loads = split(&workload(), &clients(4));
+        let args = loads[3]
+            .long_idle_loadgen_args(
+                &workload(),
+                "10.99.0.1:80",
+                Duration::from_secs(150),
+                Path::new("/tmp/r.json"),
+                Path::new("/tmp/stop"),
+            )
+            .unwrap();
+        let text = args.join(" ");
+        for expected in [
+            "--keepalive 0 ",
+            "--idle-sessions 4 ",
+            "--idle-gap 100000ms",
+            "--downloads 0 ",
+            "--short-rate 0.000/s",
+            "--duration 150000ms",
+            "--stop-file /tmp/stop",
+        ] {
+            assert!(text.contains(expected), "{expected} missing in {text}");
+        }
+        let none = Workload {
+            long_idle_sessions: 0,
+            ..workload()
+        };
+        let loads = split(&none, &clients(4));
+        assert!(loads[0]
+            .long_idle_loadgen_args(
+                &none,
+                "10.99.0.1:80",
+                Duration::from_secs(150),
+                Path::new("/tmp/r.json"),
+                Path::new("/tmp/stop"),
+            )
+            .is_none());
     }
 
     #[test]

@@ -36,6 +36,9 @@ use crate::loadgen::{parse_duration, parse_rate};
 
 /// Connections must cross two changes of the servers' timestamp MSB (every 65.5 s).
 const MIN_FULL_DURATION: Duration = Duration::from_secs(140);
+/// A long idle session's second request must come before the load stops: sessions start
+/// within a second, and the request needs a moment.
+const LONG_IDLE_MARGIN: Duration = Duration::from_secs(5);
 
 #[derive(clap::Args, Debug)]
 pub struct ChurnArgs {
@@ -65,10 +68,21 @@ pub struct ChurnArgs {
     /// Idle sessions in all: a request every --idle-gap on one connection.
     #[arg(long, default_value_t = 24)]
     idle_sessions: usize,
-    /// Time between two requests of an idle session: longer than the servers' TCP
-    /// keepalive (25 s), so only keepalive probes cross some pool changes and MSB changes.
+    /// Time between two requests of an idle session: nothing is on the wire in between
+    /// (the servers send no TCP keepalive probes) while pool changes, restarts and MSB
+    /// changes happen.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     idle_gap: Duration,
+    /// Long idle sessions in all: a request every --long-idle-gap on one connection, run by
+    /// a second loadgen per client and counted as their own class (`idle_long`).
+    #[arg(long, default_value_t = 16)]
+    long_idle_sessions: usize,
+    /// Time between two requests of a long idle session: longer than one period of the
+    /// servers' timestamp MSB (65.5 s), so the client's PAWS check and the LB's restore
+    /// meet a timestamp that old. Shorter than --duration, or no session crosses a gap
+    /// (shorter runs warn). 100 s puts the second request just after the kill -9 restart.
+    #[arg(long, default_value = "100s", value_parser = parse_duration)]
+    long_idle_gap: Duration,
     /// Connections downloading /large (32 MiB) back to back, in all.
     #[arg(long, default_value_t = 2)]
     downloads: usize,
@@ -107,6 +121,12 @@ pub fn run(args: ChurnArgs) -> anyhow::Result<()> {
             args.duration, MIN_FULL_DURATION
         );
     }
+    if args.long_idle_sessions > 0 && args.duration <= args.long_idle_gap + LONG_IDLE_MARGIN {
+        eprintln!(
+            "churn: --duration {:?} leaves no room for a --long-idle-gap of {:?}: the long idle sessions make one request each and cross no gap",
+            args.duration, args.long_idle_gap
+        );
+    }
     let config = scenario::Config {
         mode: args.mode,
         servers: args.servers,
@@ -118,6 +138,8 @@ pub fn run(args: ChurnArgs) -> anyhow::Result<()> {
             keepalive: args.keepalive,
             idle_sessions: args.idle_sessions,
             idle_gap: args.idle_gap,
+            long_idle_sessions: args.long_idle_sessions,
+            long_idle_gap: args.long_idle_gap,
             downloads: args.downloads,
             short_rate: args.short_rate,
         },

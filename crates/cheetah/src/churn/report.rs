@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use super::load::LONG_IDLE_CLASS;
 use super::plot;
 use super::results::ChurnResults;
 
@@ -79,8 +80,29 @@ fn ratio(value: Option<f64>) -> String {
     value.map_or("-".into(), |v| format!("{v:.2}"))
 }
 
+/// The classes of idle sessions the runs had, with the table's name for each: idle
+/// sessions are told apart by their gap, which decides what they test.
+fn idle_classes(runs: &[&ChurnResults]) -> Vec<(&'static str, f64)> {
+    let Some(first) = runs.first() else {
+        return Vec::new();
+    };
+    let mut classes = vec![("idle", first.workload.idle_gap_s)];
+    if runs.iter().any(|r| r.workload.long_idle_sessions > 0) {
+        classes.push((LONG_IDLE_CLASS, first.workload.long_idle_gap_s));
+    }
+    classes
+}
+
 /// The side-by-side table, Markdown (readable as plain text too).
 pub fn table(runs: &[&ChurnResults]) -> String {
+    let idle = idle_classes(runs);
+    let label = |class: &str| -> String {
+        idle.iter()
+            .find(|(c, _)| *c == class)
+            .map_or(class.to_string(), |(_, gap)| {
+                format!("idle, gap {gap:.0} s")
+            })
+    };
     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
     let mut row = |name: &str, value: &dyn Fn(&ChurnResults) -> String| {
         rows.push((name.to_string(), runs.iter().map(|r| value(r)).collect()));
@@ -88,8 +110,13 @@ pub fn table(runs: &[&ChurnResults]) -> String {
     let count = |r: &ChurnResults, key: &str| r.requests.get(key).copied().unwrap_or(0);
     row("load ran (s)", &|r| format!("{:.0}", r.elapsed_s));
     row("requests completed", &|r| count(r, "total").to_string());
-    for class in ["keepalive", "idle", "short", "download"] {
-        row(&format!("  {class}"), &|r| count(r, class).to_string());
+    let mut classes = vec!["keepalive"];
+    classes.extend(idle.iter().map(|(class, _)| *class));
+    classes.extend(["short", "download"]);
+    for class in classes {
+        row(&format!("  {}", label(class)), &|r| {
+            count(r, class).to_string()
+        });
     }
     row("long-lived connections open at the end", &|r| {
         r.long_lived_at_end.to_string()
@@ -104,14 +131,22 @@ pub fn table(runs: &[&ChurnResults]) -> String {
         });
     }
     let classes: BTreeSet<&String> = runs.iter().flat_map(|r| r.broken_by_class.keys()).collect();
+    let broken_in = |r: &ChurnResults, class: &str| -> u64 {
+        r.broken_by_class
+            .get(class)
+            .map(|kinds| kinds.values().sum::<u64>())
+            .unwrap_or(0)
+    };
     for class in classes {
-        row(&format!("  of them {class}"), &|r| {
-            r.broken_by_class
-                .get(class)
-                .map(|kinds| kinds.values().sum::<u64>())
-                .unwrap_or(0)
-                .to_string()
+        row(&format!("  of them {}", label(class)), &|r| {
+            broken_in(r, class).to_string()
         });
+    }
+    for (class, gap) in &idle {
+        row(
+            &format!("**idle sessions, gap {gap:.0} s: requests / broken**"),
+            &|r| format!("{} / **{}**", count(r, class), broken_in(r, class)),
+        );
     }
     row("most broken in one second", &|r| {
         r.broken_per_second
@@ -152,13 +187,15 @@ pub fn table(runs: &[&ChurnResults]) -> String {
     if let Some(first) = runs.first() {
         let _ = writeln!(
             text,
-            "\n{} servers, {} forwarding, LB started with {} of them; load: {} keep-alive, {} idle ({:.0} s gaps), {} download sessions and {}/s short connections from {} clients.",
+            "\n{} servers, {} forwarding, LB started with {} of them; load: {} keep-alive, {} idle ({:.0} s gaps), {} long idle ({:.0} s gaps), {} download sessions and {}/s short connections from {} clients.",
             first.servers,
             first.forwarding,
             first.initial_pool.len(),
             first.workload.keepalive,
             first.workload.idle_sessions,
             first.workload.idle_gap_s,
+            first.workload.long_idle_sessions,
+            first.workload.long_idle_gap_s,
             first.workload.downloads,
             first.workload.short_rate,
             first.workload.clients.len()
@@ -239,4 +276,56 @@ pub fn table(runs: &[&ChurnResults]) -> String {
 
 fn total(results: &ChurnResults, key: &str) -> f64 {
     results.lb_metrics.totals.get(key).copied().unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run recorded before the long idle sessions existed (docs/churn.md).
+    fn recorded() -> ChurnResults {
+        serde_json::from_str(include_str!("../../../../docs/churn/cheetah.json")).unwrap()
+    }
+
+    #[test]
+    fn each_idle_class_has_its_own_rows_named_by_its_gap() {
+        let mut cheetah = recorded();
+        cheetah.workload.long_idle_sessions = 16;
+        cheetah.workload.long_idle_gap_s = 100.0;
+        cheetah.requests.insert(LONG_IDLE_CLASS.into(), 32);
+        let mut hash = cheetah.clone();
+        hash.mode = "hash".into();
+        hash.requests.insert(LONG_IDLE_CLASS.into(), 16);
+        hash.broken_by_class
+            .entry(LONG_IDLE_CLASS.into())
+            .or_default()
+            .insert("reset".into(), 12);
+        let text = table(&[&cheetah, &hash]);
+        assert!(text.contains("|   idle, gap 40 s | 96 | 96 |"), "{text}");
+        assert!(text.contains("|   idle, gap 100 s | 32 | 16 |"), "{text}");
+        assert!(
+            text.contains("|   of them idle, gap 100 s | 0 | 12 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "| **idle sessions, gap 100 s: requests / broken** | 32 / **0** | 16 / **12** |"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("16 long idle (100 s gaps)"), "{text}");
+    }
+
+    #[test]
+    fn runs_without_long_idle_sessions_show_no_row_for_them() {
+        let old = recorded();
+        let text = table(&[&old, &old]);
+        assert!(
+            text.contains(
+                "| **idle sessions, gap 40 s: requests / broken** | 96 / **0** | 96 / **0** |"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("gap 0 s"), "{text}");
+    }
 }

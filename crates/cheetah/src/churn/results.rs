@@ -27,6 +27,26 @@ pub struct LoadgenReport {
     pub unfinished_at_stop: u64,
 }
 
+impl LoadgenReport {
+    /// The report with class `from` counted as `to`: requests, connections and breaks.
+    pub fn with_class_renamed(mut self, from: &str, to: &str) -> Self {
+        let rename = |counts: &mut Counts| {
+            if let Some(n) = counts.remove(from) {
+                *counts.entry(to.to_string()).or_default() += n;
+            }
+        };
+        rename(&mut self.requests);
+        rename(&mut self.connections_opened);
+        if let Some(kinds) = self.broken_by_class.remove(from) {
+            self.broken_by_class.insert(to.to_string(), kinds);
+        }
+        for entry in self.broken.iter_mut().filter(|b| b.class == from) {
+            entry.class = to.to_string();
+        }
+        self
+    }
+}
+
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct LiveAtEnd {
     pub total: u64,
@@ -88,6 +108,11 @@ pub struct Workload {
     pub keepalive: usize,
     pub idle_sessions: usize,
     pub idle_gap_s: f64,
+    /// Results written before the long idle sessions existed have none.
+    #[serde(default)]
+    pub long_idle_sessions: usize,
+    #[serde(default)]
+    pub long_idle_gap_s: f64,
     pub downloads: usize,
     pub short_rate: f64,
 }
@@ -314,6 +339,30 @@ mod tests {
         assert_eq!(series[2].1["server_changed"], 1);
         assert_eq!(series[4].1["reset"], 1);
         assert!(series[5].1.is_empty());
+    }
+
+    #[test]
+    fn a_renamed_class_keeps_its_counts_under_the_new_name() {
+        let json = r#"{
+            "requests": {"idle": 4, "total": 4},
+            "connections_opened": {"idle": 2, "total": 2}, "connections_broken": 1,
+            "broken_by_kind": {"timeout": 1}, "broken_by_class": {"idle": {"timeout": 1}},
+            "requests_by_server": {"s1": 4},
+            "live_sessions_at_end": {"total": 1, "by_server": {"s1": 1}},
+            "broken": [{"class": "idle", "kind": "timeout", "t": 101.0}],
+            "unfinished_at_stop": 0
+        }"#;
+        let renamed = report(json).with_class_renamed("idle", "idle_long");
+        assert_eq!(renamed.requests["idle_long"], 4);
+        assert_eq!(renamed.requests["total"], 4);
+        assert!(!renamed.requests.contains_key("idle"));
+        assert_eq!(renamed.connections_opened["idle_long"], 2);
+        assert_eq!(renamed.broken_by_class["idle_long"]["timeout"], 1);
+        assert!(!renamed.broken_by_class.contains_key("idle"));
+        assert_eq!(renamed.broken[0].class, "idle_long");
+        let (merged, _) = merge(&[(0.0, report(C1)), (0.0, renamed)]);
+        assert_eq!(merged.requests["idle_long"], 4);
+        assert_eq!(merged.requests["total"], 104);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
 
 use super::lb::{spawn_in_netns, tail, Lb};
-use super::load::{self, ClientLoad, Workload};
+use super::load::{self, ClientLoad, Workload, LONG_IDLE_CLASS};
 use super::progress::{Progress, Status};
 use super::results::{self, ChurnResults, Event, LbMetrics, LoadSpread, LoadgenReport};
 use super::schedule::{Action, Schedule, Step};
@@ -86,6 +86,8 @@ struct Loadgen {
     spawned_at: f64,
     log: PathBuf,
     report: PathBuf,
+    /// It runs only the client's long idle sessions, which its report calls `idle`.
+    long_idle: bool,
     exited: bool,
 }
 
@@ -224,16 +226,39 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
             &report,
             &stop_file,
         );
+        let long_idle = load.long_idle_loadgen_args(
+            &config.workload,
+            &target,
+            config.duration,
+            &logs.join(format!("loadgen-{}-long-idle.json", load.client)),
+            &stop_file,
+        );
         let spawned_at = runner.now();
         let child = spawn_in_netns(&load.namespace, &exe, &args, &log)?;
         loadgens.push(Loadgen {
-            load,
+            load: load.clone(),
             child,
             spawned_at,
             log,
             report,
+            long_idle: false,
             exited: false,
         });
+        if let Some(args) = long_idle {
+            let log = logs.join(format!("loadgen-{}-long-idle.log", load.client));
+            let report = logs.join(format!("loadgen-{}-long-idle.json", load.client));
+            let spawned_at = runner.now();
+            let child = spawn_in_netns(&load.namespace, &exe, &args, &log)?;
+            loadgens.push(Loadgen {
+                load,
+                child,
+                spawned_at,
+                log,
+                report,
+                long_idle: true,
+                exited: false,
+            });
+        }
     }
     // Every server's clock has an offset of its own (docs/testbed.md, "Server clocks"), so
     // each changes its MSB at its own moments; s1's are marked, one every period.
@@ -568,8 +593,11 @@ impl Runner<'_> {
                     tail(&loadgen.log)
                 )
             })?;
-            let report: LoadgenReport = serde_json::from_str(&text)
+            let mut report: LoadgenReport = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not a loadgen report", loadgen.report.display()))?;
+            if loadgen.long_idle {
+                report = report.with_class_renamed("idle", LONG_IDLE_CLASS);
+            }
             // Breaks are timed from the loadgen's own start, which follows its spawn by the
             // time it takes to start and check the target: put them on the scenario's clock.
             let offset = if report.started_at_unix_ms > 0 {
@@ -609,10 +637,16 @@ impl Runner<'_> {
             elapsed_s: interrupted_at.unwrap_or(load_end),
             interrupted: interrupted_at.is_some(),
             workload: results::Workload {
-                clients: loadgens.iter().map(|l| l.load.client.clone()).collect(),
+                clients: loadgens
+                    .iter()
+                    .filter(|l| !l.long_idle)
+                    .map(|l| l.load.client.clone())
+                    .collect(),
                 keepalive: workload.keepalive,
                 idle_sessions: workload.idle_sessions,
                 idle_gap_s: workload.idle_gap.as_secs_f64(),
+                long_idle_sessions: workload.long_idle_sessions,
+                long_idle_gap_s: workload.long_idle_gap.as_secs_f64(),
                 downloads: workload.downloads,
                 short_rate: workload.short_rate,
             },

@@ -78,7 +78,6 @@ fn set_sysctls(topo: &Topology) -> anyhow::Result<()> {
         // One clock per server rather than per connection: the LB corrects the timestamps
         // it rewrites by a per-server offset.
         ("net.ipv4.tcp_timestamps", "2"),
-        ("net.ipv4.tcp_keepalive_time", "25"),
     ];
     if topo.forwarding == Forwarding::L2 {
         // Servers hold the VIP on lo and must not answer ARP for it.

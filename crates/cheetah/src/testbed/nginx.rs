@@ -18,6 +18,15 @@ pub const SMALL_BYTES: usize = 1024;
 pub const LARGE_BYTES: usize = 32 << 20;
 /// What `/slow` waits without `?ms=`.
 pub const SLOW_DEFAULT_SECS: u32 = 2;
+/// How long nginx keeps an idle keep-alive connection: longer than the longest idle gap a
+/// live test waits between two requests (520 s, just under the cookie layout's limit), so
+/// that nginx's own timeout never ends a connection the tests watch.
+pub const KEEPALIVE_TIMEOUT_SECS: u32 = 600;
+/// The path served with nginx's default `keepalive_timeout` (75 s), where nginx closes an
+/// idle connection itself: a test checks that the client sees that FIN.
+pub const DEFAULT_KEEPALIVE_PATH: &str = "/keepalive-75s";
+/// nginx's own default `keepalive_timeout`.
+pub const DEFAULT_KEEPALIVE_TIMEOUT_SECS: u32 = 75;
 
 pub fn require_echo_module() -> anyhow::Result<()> {
     if !Path::new(ECHO_MODULE).exists() {
@@ -94,7 +103,7 @@ pub fn config_text(server: &Server, www: &Path, file_limit: u64) -> String {
     let _ = writeln!(text, "    access_log off;");
     let _ = writeln!(text, "    default_type application/octet-stream;");
     let _ = writeln!(text, "    sendfile on;");
-    let _ = writeln!(text, "    keepalive_timeout 300s;");
+    let _ = writeln!(text, "    keepalive_timeout {KEEPALIVE_TIMEOUT_SECS}s;");
     let _ = writeln!(text, "    keepalive_requests 1000000;");
     let _ = writeln!(
         text,
@@ -116,8 +125,10 @@ pub fn config_text(server: &Server, www: &Path, file_limit: u64) -> String {
     let _ = writeln!(text, r"        ~^(?<milli>\d)$ 0.00$milli;");
     let _ = writeln!(text, "    }}");
     let _ = writeln!(text, "    server {{");
-    // Every address: the VIP is on lo in l2 forwarding, NAT sends to the DIP.
-    let _ = writeln!(text, "        listen 80 reuseport so_keepalive=25s:5:3;");
+    // Every address: the VIP is on lo in l2 forwarding, NAT sends to the DIP. No
+    // `so_keepalive`: like nginx's default, the servers send no TCP keepalive probes, so
+    // an idle connection carries no packet at all (what the idle tests need).
+    let _ = writeln!(text, "        listen 80 reuseport;");
     let _ = writeln!(text, "        root {};", quoted(www));
     let _ = writeln!(
         text,
@@ -133,6 +144,10 @@ pub fn config_text(server: &Server, www: &Path, file_limit: u64) -> String {
     let _ = writeln!(
         text,
         "        location = /slow {{ default_type text/plain; echo_sleep $slow_seconds; echo \"{name} waited $slow_seconds s\"; }}"
+    );
+    let _ = writeln!(
+        text,
+        "        location = {DEFAULT_KEEPALIVE_PATH} {{ keepalive_timeout {DEFAULT_KEEPALIVE_TIMEOUT_SECS}s; default_type text/plain; return 200 \"{name}\\n\"; }}"
     );
     let _ = writeln!(text, "    }}");
     let _ = writeln!(text, "}}");
@@ -200,8 +215,12 @@ mod tests {
         let s2 = topo.server(2).unwrap();
         let text = config_text(s2, &topo.files.www, 20_000);
         assert!(text.contains("add_header X-Server s2 always;"));
-        assert!(text.contains("listen 80 reuseport so_keepalive=25s:5:3;"));
-        assert!(text.contains("keepalive_timeout 300s;"));
+        assert!(text.contains("listen 80 reuseport;"));
+        assert!(!text.contains("so_keepalive"));
+        assert!(text.contains("    keepalive_timeout 600s;"));
+        assert!(text.contains(
+            "location = /keepalive-75s { keepalive_timeout 75s; default_type text/plain; return 200 \"s2\\n\"; }"
+        ));
         assert!(text.contains("worker_rlimit_nofile 20000;"));
         assert!(text.contains("worker_connections 10000;"));
         assert!(text.contains("keepalive_requests 1000000;"));

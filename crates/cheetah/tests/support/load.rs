@@ -56,6 +56,25 @@ impl Loadgen {
         load
     }
 
+    /// Like `finish` for a run with a duration, but a loadgen still running at `deadline`
+    /// is killed and the test fails: a long test must end by itself.
+    pub fn finish_by(mut self, deadline: std::time::Instant) -> Value {
+        let child = self.child.as_mut().unwrap();
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "loadgen {} was still running at its deadline:\n{}",
+                    self.name,
+                    self.log()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        self.finish()
+    }
+
     /// What loadgen printed so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join(format!("{}.log", self.name))).unwrap_or_default()

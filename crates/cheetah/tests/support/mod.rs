@@ -4,6 +4,7 @@
 //! Each test binary uses a subset, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod echoes;
 mod load;
 pub mod stats;
 
