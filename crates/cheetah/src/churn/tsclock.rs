@@ -10,19 +10,7 @@
 
 use std::time::Duration;
 
-/// One MSB period in milliseconds.
-pub const MSB_PERIOD_MS: u64 = 1 << 16;
-
-/// CLOCK_MONOTONIC now, in milliseconds (the servers' TSval clock).
-pub fn monotonic_ms() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime only writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1000 + now.tv_nsec as u64 / 1_000_000
-}
+pub use crate::testbed::clocks::{monotonic_ms, MSB_PERIOD_MS};
 
 /// Seconds after `start_ms` (a monotonic time in ms) at which the MSB changes, within
 /// `within`.

@@ -18,8 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One MSB period of a 1 ms clock.
-pub const MSB_PERIOD_MS: u64 = 1 << 16;
+pub use cheetah_core::cookie::tcp_ts::MSB_PERIOD_MS;
 /// s3's wrap comes no sooner than this after `up`, and at most half a period later.
 pub const WRAP_AFTER_MIN_MS: u64 = 58_000;
 /// 2^32 / golden ratio, rounded to odd.

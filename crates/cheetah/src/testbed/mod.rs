@@ -7,7 +7,7 @@
 //! [`Topology::up`] and [`Topology::down`] are the same operations as a library; the
 //! names and addresses of a testbed are in its [`Topology`] and in `<dir>/testbed.json`.
 
-mod clocks;
+pub(crate) mod clocks;
 mod inject;
 mod lbconf;
 mod lifecycle;
