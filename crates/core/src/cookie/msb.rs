@@ -279,20 +279,17 @@ impl MsbTable {
     #[inline(always)]
     pub fn restore_unmasked(&self, cookie: Unmasked) -> Option<u16> {
         let entry = self.restores[cookie.0 as usize].load(Relaxed);
-        if entry & (KNOWN | BEYOND_IDLE_LIMIT) == KNOWN {
-            return Some(entry as u16);
+        if entry & BEYOND_IDLE_LIMIT != 0 {
+            // Apart from the answer, so that the common case tests one bit and returns.
+            self.count_echo_beyond_idle_limit();
         }
-        self.restore_unusual(entry)
+        (entry & KNOWN != 0).then_some(entry as u16)
     }
 
     #[cold]
     #[inline(never)]
-    fn restore_unusual(&self, entry: u32) -> Option<u16> {
-        if entry & KNOWN == 0 {
-            return None;
-        }
+    fn count_echo_beyond_idle_limit(&self) {
         self.echoes_beyond_idle_limit.fetch_add(1, Relaxed);
-        Some(entry as u16)
     }
 
     /// Echoes restored that were certainly older than the layout's idle limit (more than

@@ -161,7 +161,9 @@ impl CookieLayout {
 
     #[inline(always)]
     pub fn server(self, unmasked: Unmasked) -> ServerId {
-        ServerId(unmasked.0 & self.id_mask)
+        // The constant bound is already implied by the mask; spelt out, it lets the
+        // compiler drop the id-space bounds check of the tables the id then indexes.
+        ServerId(unmasked.0 & self.id_mask & ServerId::MAX)
     }
 
     #[inline(always)]
