@@ -576,8 +576,8 @@ fn epoch_inputs(layout: CookieLayout) -> Vec<Input> {
         .msb(2, 0xffff),
         input(
             "echo-wrap-behind",
-            "M^ = 0x0001: the echo of MSB 0xfffe, 3 periods back across the wrap, is restored to 0xfffe.",
-            echo(0xfffe),
+            "M^ = 0x0001: the echo of MSB 0xffff, 2 periods back across the wrap (the oldest the window holds at k = 2), is restored to 0xffff.",
+            echo(0xffff),
         )
         .msb(2, 0x0001),
         input(
