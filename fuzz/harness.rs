@@ -20,7 +20,7 @@
 //!   tag 0x80..=0xbf  control action (ACTIONS[tag & 7]) on server id (tag >> 3) & 7
 //!   tag 0xc0..=0xff  server id tag & 7, then a 2-byte big-endian value v; bits 3-5 say
 //!                    what it is: 1 reported load v/100, 2 reported connections v, 3 both,
-//!                    anything else an MSB import (M = v)
+//!                    anything else a clock import (TSval v << 16 at the current time)
 //! ```
 //! Every packet is processed with a strictly increasing `now`, and every verdict is checked
 //! against the invariants in [`check`]. A violation panics, which is what the fuzzer and
@@ -34,7 +34,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use cheetah_core::config::{ConfiguredState, Forwarding, LbConfig, Mode, VipConfig};
-use cheetah_core::cookie::{tcp_ts, CookieLayout};
+use cheetah_core::cookie::CookieLayout;
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Counter, LbShared, Worker, WorkerConfig};
 use cheetah_core::policy::{LoadMetric, PolicyKind, PoolSnapshot, ReportedLoad};
@@ -251,7 +251,8 @@ enum Record<'a> {
     },
     /// Index into the plan's snapshots (the control plane state after that action).
     Control(usize),
-    Msb(ServerId, u16),
+    /// An imported clock: the server's TSval is `v << 16` at `now` (the last packet's time).
+    Msb(ServerId, u16, Nanos),
     /// A load report, as an agent or the operator sends it (`SharedLoads::report`).
     Load(ServerId, ReportedLoad),
 }
@@ -320,7 +321,7 @@ fn parse(records: &[u8]) -> (Vec<Record<'_>>, Vec<(Action, u16, Nanos)>) {
                             active_connections: connections,
                         },
                     ),
-                    _ => Record::Msb(id, value),
+                    _ => Record::Msb(id, value, now),
                 });
             }
         }
@@ -364,6 +365,9 @@ struct Model {
     quarantine: Nanos,
     servers: BTreeMap<ServerId, (ServerSlot, Option<Nanos>)>,
     vips: Vec<VipModel>,
+    /// Servers whose clock the last action made the LB forget (an id added or expired):
+    /// the harness's [`Clocks`] forget them too.
+    forgotten: Vec<ServerId>,
 }
 
 impl Model {
@@ -403,6 +407,7 @@ impl Model {
                     departed: v.departed,
                 })
                 .collect(),
+            forgotten: Vec::new(),
         }
     }
 
@@ -503,6 +508,7 @@ impl Model {
                 self.vips[0].members.push((id, 1));
                 shared.loads.reset(id);
                 shared.msb.forget(id);
+                self.forgotten.push(id);
                 true
             }
             Action::SetPolicy => {
@@ -545,6 +551,7 @@ impl Model {
         for id in &expired {
             self.servers.remove(id);
             shared.msb.forget(*id);
+            self.forgotten.push(*id);
         }
         !expired.is_empty()
     }
@@ -678,6 +685,8 @@ pub fn run_with(data: &[u8], checks: Checks) {
             .snapshot
             .publish(model.snapshot(cache.generation, &mut cache.pools, &shared.hasher));
         let worker_count = if setup.two_workers { 2 } else { 1 };
+        let mut clocks = Clocks::new(shared.layout());
+        let mut refreshed: Nanos = 0;
         let mut workers: Vec<Worker> = (0..worker_count)
             .map(|i| {
                 Worker::new(
@@ -689,11 +698,27 @@ pub fn run_with(data: &[u8], checks: Checks) {
         for record in records {
             match record {
                 Record::Packet { worker, now, bytes } => {
-                    process_and_check(&mut workers[worker % worker_count], bytes, now, checks);
+                    // As the daemon does every second: carry every M^ forward with LB time.
+                    if now - refreshed >= NANOS_PER_SEC {
+                        shared.msb.refresh(now);
+                        clocks.refresh(now);
+                        refreshed = now;
+                    }
+                    process_and_check(
+                        &mut workers[worker % worker_count],
+                        bytes,
+                        now,
+                        checks,
+                        &mut clocks,
+                    );
                 }
                 Record::Control(index) => {
                     let (action, server, now) = actions[index];
-                    if model.apply(action, server, now, &shared) {
+                    let changed = model.apply(action, server, now, &shared);
+                    for id in model.forgotten.drain(..) {
+                        clocks.forget(id);
+                    }
+                    if changed {
                         cache.generation += 1;
                         shared.snapshot.publish(model.snapshot(
                             cache.generation,
@@ -702,7 +727,11 @@ pub fn run_with(data: &[u8], checks: Checks) {
                         ));
                     }
                 }
-                Record::Msb(id, msb) => shared.msb.import(&[(id, u32::from(msb) << 16)], 0),
+                Record::Msb(id, msb, now) => {
+                    let tsval = u32::from(msb) << 16;
+                    shared.msb.import(&[(id, tsval)], now);
+                    clocks.import(id, tsval, now);
+                }
                 Record::Load(id, report) => {
                     shared
                         .loads
@@ -722,10 +751,11 @@ pub fn process_and_check(
     packet: &[u8],
     now: Nanos,
     checks: Checks,
+    clocks: &mut Clocks,
 ) -> Verdict {
-    let (verdict, output) = process_checked(worker, packet, now, checks);
+    let (verdict, output) = process_checked(worker, packet, now, checks, clocks);
     if verdict == Verdict::ToClient {
-        echo_cookie(worker, packet, &output, now, checks);
+        echo_cookie(worker, packet, &output, now, checks, clocks);
     }
     verdict
 }
@@ -736,15 +766,22 @@ fn process_checked(
     packet: &[u8],
     now: Nanos,
     checks: Checks,
+    clocks: &mut Clocks,
 ) -> (Verdict, Vec<u8>) {
     let fallback_routed = |worker: &Worker| {
         let counters = worker.counters();
         counters.get(Counter::FallbackHits) + counters.get(Counter::IcmpRoutedByFallback)
     };
     let fallback_before = fallback_routed(worker);
+    let beyond_before = worker.shared().msb.echoes_beyond_idle_limit();
     let mut buffer = packet.to_vec();
     let verdict = worker.process(&mut buffer, now);
     let by_fallback = fallback_routed(worker) != fallback_before;
+    let echo = Echo {
+        clocks,
+        now,
+        counted_beyond: worker.shared().msb.echoes_beyond_idle_limit() - beyond_before,
+    };
     let snapshot = Arc::clone(worker.snapshot());
     let tolerate_removed = checks.tolerate_fallback_to_removed && by_fallback;
     check(
@@ -754,6 +791,7 @@ fn process_checked(
         &buffer,
         verdict,
         tolerate_removed,
+        Some(echo),
     );
     if let Verdict::ToAllServers { vip } = verdict {
         let targets = worker.copy_targets(vip).to_vec();
@@ -771,6 +809,7 @@ fn process_checked(
                 &copy,
                 Verdict::ToServer(server),
                 false,
+                None,
             );
         }
     }
@@ -778,11 +817,18 @@ fn process_checked(
 }
 
 /// The round trip that is the point of the cookie: a client echoing, in TSecr, the TSval a
-/// server's packet left the LB with must be routed to that server, with TSecr restored to
-/// exactly the TSval the server sent. Checked whenever the server's MSB is M or M - 1 (the
-/// window the MSB table promises to restore; a clock that went further back is flagged as
-/// unstable and cannot be corrected).
-fn echo_cookie(worker: &mut Worker, input: &[u8], output: &[u8], now: Nanos, checks: Checks) {
+/// server's packet left the LB with must be routed to that server (whatever its clock:
+/// the LB knows it, having just learnt from it), and [`check_cookie`] holds the restored
+/// TSecr to the harness's [`Clocks`]: exactly the TSval sent whenever the model says that
+/// MSB is in the layout's window.
+fn echo_cookie(
+    worker: &mut Worker,
+    input: &[u8],
+    output: &[u8],
+    now: Nanos,
+    checks: Checks,
+    clocks: &mut Clocks,
+) {
     let snapshot = Arc::clone(worker.snapshot());
     if snapshot.mode != Mode::Cheetah {
         return;
@@ -807,11 +853,7 @@ fn echo_cookie(worker: &mut Worker, input: &[u8], output: &[u8], now: Nanos, che
     };
     let vip = snapshot.vip(vip);
     let (original, cookie) = (read_u32(input, tsval_at), read_u32(output, tsval_at));
-    let msb = (original >> 16) as u16;
-    match worker.shared().msb.get(server) {
-        Some(m) if m == msb || m == msb.wrapping_add(1) => {}
-        _ => return,
-    }
+    let exact = clocks.certainly_restores(server, (original >> 16) as u16);
     let echo = testkit::TcpFrame {
         src_mac: testkit::CLIENT_MAC,
         dst_mac: testkit::LB_MAC,
@@ -826,18 +868,223 @@ fn echo_cookie(worker: &mut Worker, input: &[u8], output: &[u8], now: Nanos, che
         payload: Vec::new(),
     }
     .build();
-    let (verdict, restored) = process_checked(worker, &echo, now, checks);
+    let (verdict, restored) = process_checked(worker, &echo, now, checks, clocks);
     assert_eq!(
         verdict,
         Verdict::ToServer(server),
         "the client's echo of {server:?}'s cookie {cookie:#010x} must reach {server:?}"
     );
-    let (_, tsecr_at) = testkit::timestamp_offsets(&restored).expect("echo has a timestamp");
-    assert_eq!(
-        read_u32(&restored, tsecr_at),
-        original,
-        "the echo's TSecr must be restored to the TSval {server:?} sent"
-    );
+    if exact {
+        let (_, tsecr_at) = testkit::timestamp_offsets(&restored).expect("echo has a timestamp");
+        assert_eq!(
+            read_u32(&restored, tsecr_at),
+            original,
+            "the echo's TSecr must be restored to the TSval {server:?} sent"
+        );
+    }
+}
+
+/// What [`check_cookie`] needs to hold a restored echo to the harness's model.
+pub struct Echo<'a> {
+    clocks: &'a mut Clocks,
+    now: Nanos,
+    /// How much the core's `echoes_beyond_idle_limit` moved while processing the packet.
+    counted_beyond: u64,
+}
+
+/// A cookie's server id and epoch, from the layout's definition:
+/// `| epoch : k | (id XOR (hash >> 32)) : 16 - k |` in the timestamp's 16 MSB.
+fn decode(layout: CookieLayout, timestamp: u32, hash: u64) -> (ServerId, u16) {
+    let id_bits = 16 - layout.epoch_bits();
+    let id_mask = (1u32 << id_bits) - 1;
+    let cookie = timestamp >> 16;
+    let id = (cookie ^ (hash >> 32) as u32) & id_mask;
+    (ServerId(id as u16), (cookie >> id_bits) as u16)
+}
+
+/// `a` is later than `b` in 16-bit serial arithmetic.
+fn later(a: u16, b: u16) -> bool {
+    (a.wrapping_sub(b) as i16) > 0
+}
+
+/// The harness's own account of each server's timestamp clock, from what the servers sent
+/// through the LB and what the input imported, kept without asking the core's `MsbTable`.
+///
+/// The layout promises (docs/timestamps.md): an echo of epoch e is restored to the newest
+/// MSB `<= M^ + 1` that is e mod 2^k, where M^ is the LB's estimate of the server's MSB now.
+/// The model cannot know M^ exactly (the LB reads its clock in whole ms, and carries the
+/// estimate forward up to 1/2048 slower than real time), so it keeps bounds `low..=high`
+/// on it, from the same three events the LB learns from:
+/// * a reply whose MSB is later than every MSB seen from that server moves M^ to at least
+///   that MSB and becomes the anchor (the same MSB, one earlier, or a clock that went
+///   further back teach nothing);
+/// * a refresh at `now` carries M^ to the anchor's TSval plus the LB time since, less at
+///   most 1/2048 of it;
+/// * an import sets the clock (and M^) to the imported TSval.
+///
+/// Every window of M^ in `low..=high` holds the same MSB for an epoch when that MSB is in
+/// all of them; for such an echo of an MSB the server actually sent, the restore must give
+/// exactly that MSB. For any other echo (forged, or too old) it must still be in the window.
+pub struct Clocks {
+    epochs: u16,
+    servers: [Option<Clock>; REACHABLE_IDS as usize],
+}
+
+struct Clock {
+    /// Every MSB the server sent (or was imported), with the LB time it was seen at.
+    sent: Vec<(u16, Nanos)>,
+    /// The latest MSB seen: what a reply must be later than to teach the clock.
+    seen: u16,
+    /// The TSval that last moved `seen`, or was imported, and when.
+    anchor: (u32, Nanos),
+    low: u16,
+    high: u16,
+}
+
+thread_local! {
+    /// (exact, beyond) over the thread's runs, so the corpus test can show the model checked
+    /// something.
+    static ECHO_STATS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Over this thread's runs: (echoes held to an MSB their server sent, echoes found beyond
+/// the idle limit and counted by the core).
+pub fn echo_stats() -> (u64, u64) {
+    ECHO_STATS.with(|s| s.get())
+}
+
+impl Clocks {
+    pub fn new(layout: CookieLayout) -> Self {
+        Clocks {
+            epochs: 1 << layout.epoch_bits(),
+            servers: Default::default(),
+        }
+    }
+
+    fn clock(&mut self, server: ServerId) -> Option<&mut Clock> {
+        self.servers.get_mut(server.index())?.as_mut()
+    }
+
+    pub fn forget(&mut self, server: ServerId) {
+        if let Some(slot) = self.servers.get_mut(server.index()) {
+            *slot = None;
+        }
+    }
+
+    pub fn import(&mut self, server: ServerId, tsval: u32, now: Nanos) {
+        let msb = (tsval >> 16) as u16;
+        if let Some(slot) = self.servers.get_mut(server.index()) {
+            let mut sent = slot.take().map(|c| c.sent).unwrap_or_default();
+            sent.push((msb, now));
+            *slot = Some(Clock {
+                sent,
+                seen: msb,
+                anchor: (tsval, now),
+                low: msb,
+                high: msb,
+            });
+        }
+    }
+
+    /// `server` sent `tsval` through the LB at `now`.
+    pub fn sent(&mut self, server: ServerId, tsval: u32, now: Nanos) {
+        let msb = (tsval >> 16) as u16;
+        let Some(clock) = self.clock(server) else {
+            return self.import(server, tsval, now);
+        };
+        clock.sent.push((msb, now));
+        if later(msb, clock.seen) {
+            clock.seen = msb;
+            clock.anchor = (tsval, now);
+            if later(msb, clock.low) {
+                clock.low = msb;
+            }
+            if later(msb, clock.high) {
+                clock.high = msb;
+            }
+        }
+    }
+
+    pub fn refresh(&mut self, now: Nanos) {
+        for clock in self.servers.iter_mut().flatten() {
+            let (tsval, at) = clock.anchor;
+            // The LB reads whole ms, so it may see up to 1 ms more than elapsed.
+            let elapsed = (now - at) / NANOS_PER_MS;
+            let slowest = tsval.wrapping_add((elapsed - elapsed.div_ceil(2048)) as u32);
+            let fastest = tsval.wrapping_add((elapsed + 1) as u32);
+            let (slowest, fastest) = ((slowest >> 16) as u16, (fastest >> 16) as u16);
+            if later(slowest, clock.low) {
+                clock.low = slowest;
+            }
+            if later(fastest, clock.high) {
+                clock.high = fastest;
+            }
+        }
+    }
+
+    /// Whether an echo of `msb` is restored to `msb` whatever M^ is within the bounds.
+    pub fn certainly_restores(&self, server: ServerId, msb: u16) -> bool {
+        let Some(Some(clock)) = self.servers.get(server.index()) else {
+            return false;
+        };
+        let span = clock.high.wrapping_sub(clock.low);
+        let back = clock.low.wrapping_add(1).wrapping_sub(msb);
+        span < self.epochs && back < self.epochs - span
+    }
+
+    /// The rule: the newest MSB `<= m + 1` that is `epoch` mod 2^k.
+    fn rule(&self, m: u16, epoch: u16) -> u16 {
+        let newest = m.wrapping_add(1);
+        newest.wrapping_sub(newest.wrapping_sub(epoch) % self.epochs)
+    }
+
+    /// A client's echo of `epoch` routed by cookie to `server` left with MSB `restored`;
+    /// the core counted `counted_beyond` echoes beyond the idle limit meanwhile.
+    fn check_restore(&mut self, server: ServerId, epoch: u16, restored: u16, counted_beyond: u64) {
+        let epochs = self.epochs;
+        let Some(Some(clock)) = self.servers.get(server.index()) else {
+            panic!("echo routed by cookie to {server:?}, whose clock the LB never learnt");
+        };
+        let (low, high) = (clock.low, clock.high);
+        assert_eq!(
+            restored % epochs,
+            epoch,
+            "the restored MSB {restored:#06x} has the echo's epoch"
+        );
+        let (oldest, newest) = (self.rule(low, epoch), self.rule(high, epoch));
+        assert!(
+            restored.wrapping_sub(oldest) <= newest.wrapping_sub(oldest),
+            "{server:?}: echo of epoch {epoch} restored to {restored:#06x}, outside the window: \
+             M^ is {low:#06x}..={high:#06x}, so {oldest:#06x}..={newest:#06x}"
+        );
+        let sent = clock
+            .sent
+            .iter()
+            .map(|&(msb, _)| msb)
+            .filter(|&msb| msb % epochs == epoch)
+            .find(|&msb| self.certainly_restores(server, msb));
+        if let Some(msb) = sent {
+            assert_eq!(
+                restored, msb,
+                "{server:?} sent MSB {msb:#06x} (epoch {epoch}) within the window of M^ in \
+                 {low:#06x}..={high:#06x}: its echo must come back as that MSB"
+            );
+            ECHO_STATS.with(|s| s.set((s.get().0 + 1, s.get().1)));
+        }
+        // Past the idle limit: more than 2^(k-1) periods behind M^, for every M^ possible.
+        let age = |m: u16| m.wrapping_sub(restored) as i16;
+        let (young, old) = (age(low), age(high));
+        let limit = (epochs / 2) as i16;
+        if young > limit {
+            assert_eq!(counted_beyond, 1, "{server:?}: an echo {young}..={old} periods behind M^ is counted beyond the idle limit");
+            ECHO_STATS.with(|s| s.set((s.get().0, s.get().1 + 1)));
+        } else if old <= limit {
+            assert_eq!(
+                counted_beyond, 0,
+                "{server:?}: an echo {young}..={old} periods behind M^ is within the idle limit"
+            );
+        }
+    }
 }
 
 /// Where the IPv4 header and its payload sit in a frame (mirrors the pipeline's parse).
@@ -966,6 +1213,7 @@ fn check(
     output: &[u8],
     verdict: Verdict,
     tolerate_removed: bool,
+    echo: Option<Echo>,
 ) {
     assert_eq!(
         input.len(),
@@ -1048,7 +1296,7 @@ fn check(
                 "{verdict:?}: the TCP checksum must stay exactly as right or wrong as it was"
             );
             check_ports(snapshot, input, output, l, verdict);
-            check_cookie(worker, snapshot, input, output, l, verdict);
+            check_cookie(worker, snapshot, input, output, l, verdict, echo);
         }
         ip_proto::ICMP if l.end - l.l4 >= 8 => {
             assert_eq!(
@@ -1117,6 +1365,7 @@ fn check_cookie(
     output: &[u8],
     l: Layout,
     verdict: Verdict,
+    echo: Option<Echo>,
 ) {
     if snapshot.mode != Mode::Cheetah {
         return;
@@ -1137,22 +1386,22 @@ fn check_cookie(
                 return;
             }
             // Routed by the cookie echoed in TSecr: it must decode to the chosen server,
-            // and only the 16 MSB of TSecr may change (restored to the server's MSB).
+            // and only the 16 MSB of TSecr may change, to what the harness's model of the
+            // server's clock says (not what the core's own table says).
             let hash = flow_hash(worker, src, sport, dst, dport);
             let tsecr = read_u32(input, tsecr_at);
-            let decoded = worker
-                .shared()
-                .layout()
-                .decode(tcp_ts::extract(tsecr), hash);
-            assert_eq!(decoded.server, server, "cookie-routed {verdict:?}");
+            let (id, epoch) = decode(worker.shared().layout(), tsecr, hash);
+            assert_eq!(id, server, "cookie-routed {verdict:?}");
             let restored = read_u32(output, tsecr_at);
             assert_eq!(restored & 0xffff, tsecr & 0xffff, "TSecr low bits");
-            let m = worker
-                .shared()
-                .msb
-                .restore(server, decoded.epoch)
-                .expect("a packet routed by cookie had a known M");
-            assert_eq!(restored >> 16, u32::from(m), "restored TSecr MSB");
+            if let Some(echo) = echo {
+                echo.clocks.check_restore(
+                    server,
+                    epoch,
+                    (restored >> 16) as u16,
+                    echo.counted_beyond,
+                );
+            }
         }
         Verdict::ToClient => {
             // From a server: TSval now carries a cookie naming that server.
@@ -1173,16 +1422,16 @@ fn check_cookie(
             let cookie_tsval = read_u32(output, tsval_at);
             assert_eq!(cookie_tsval & 0xffff, tsval & 0xffff, "TSval low bits");
             let layout = worker.shared().layout();
-            let decoded = layout.decode(tcp_ts::extract(cookie_tsval), hash);
+            let (id, epoch) = decode(layout, cookie_tsval, hash);
+            assert_eq!(id, server, "the cookie names the sending server");
             assert_eq!(
-                decoded.server, server,
-                "the cookie names the sending server"
-            );
-            assert_eq!(
-                u32::from(decoded.epoch),
+                u32::from(epoch),
                 (tsval >> 16) & u32::from(layout.epochs() - 1),
                 "the cookie's epoch is the displaced MSB modulo 2^k"
             );
+            if let Some(echo) = echo {
+                echo.clocks.sent(server, tsval, echo.now);
+            }
             assert_eq!(
                 input[tsecr_at..tsecr_at + 4],
                 output[tsecr_at..tsecr_at + 4],

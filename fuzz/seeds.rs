@@ -134,6 +134,33 @@ fn conversation(setup: Setup, syn_options: Vec<u8>, server: u16) -> Vec<u8> {
         .build()
 }
 
+/// A connection that idles `periods` MSB periods (66 s steps, carried by dropped UDP
+/// datagrams, since only packets move time) and then echoes the cookie of the server's
+/// last segment, as a client whose TS.Recent no server keepalive refreshed does: restored
+/// exactly up to 2^k - 2 periods back, and counted when past 2^(k-1).
+fn idle_echo(setup: Setup, server: u16, periods: u8) -> Vec<u8> {
+    let synack = from_server(
+        setup.forwarding,
+        server,
+        flags::SYN | flags::ACK,
+        options::linux_syn(SERVER_TS, CLIENT_TS),
+    )
+    .build();
+    let mut input = InputBuilder::new(setup)
+        .packet(0, 1, &syn(options::linux_syn(CLIENT_TS, 0)))
+        .packet(0, 1, &synack);
+    for _ in 0..periods {
+        input = input.packet(0, 5, &udp_to_vip());
+    }
+    input
+        .packet(
+            0,
+            1,
+            &client_ack(echoed_cookie(server, SERVER_TS, testkit::VIP_PORT)),
+        )
+        .build()
+}
+
 /// A client without timestamps: the fallback table routes it, across control changes.
 fn no_timestamps(setup: Setup, action: Action, server: u16) -> Vec<u8> {
     let ack = TcpFrame::from_client(client(), CLIENT_PORT, flags::ACK, Vec::new()).build();
@@ -266,6 +293,14 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             seeds.push((format!("{tag}-loads-{}", policy.name()), loads(loaded)));
         }
         seeds.push((format!("{tag}-odd-packets-extra-vips"), odd_packets(extra)));
+        if mode == Mode::Cheetah {
+            for periods in [5, 8, 9, 15] {
+                seeds.push((
+                    format!("{tag}-idle-echo-{periods}-periods"),
+                    idle_echo(setup, 1, periods),
+                ));
+            }
+        }
         for (action, name) in [
             (Action::Drain, "drain"),
             (Action::Remove, "remove"),

@@ -52,6 +52,12 @@ fn corpus_replays_without_violating_an_invariant() {
             );
         }
     }
+    let (exact, _) = harness::echo_stats();
+    println!("corpus: {exact} echoes restored to an MSB their server sent");
+    assert!(
+        exact > 0,
+        "no corpus echo was held to the harness's clock model"
+    );
 }
 
 /// The seeds are real conversations; they must pass too (they are also in the corpus, but
@@ -66,6 +72,17 @@ fn seeds_replay_without_violating_an_invariant() {
             )));
         }
     }
+    // The harness's clock model must have held echoes to what their servers sent, some
+    // after idle gaps past the limit: a model that never found an exact echo checks nothing.
+    let (exact, beyond) = harness::echo_stats();
+    println!(
+        "seeds: {exact} echoes restored to an MSB the server sent, {beyond} beyond the idle limit"
+    );
+    assert!(exact >= 20, "only {exact} echoes held to the model");
+    assert!(
+        beyond >= 2,
+        "only {beyond} echoes beyond the idle limit checked"
+    );
 }
 
 /// The harness's fast control model must publish what a real `ControlPlane` would, for

@@ -42,7 +42,8 @@ struct Vector {
     name: String,
     description: String,
     now_ns: u64,
-    /// Per-server timestamp MSB (M) imported into the MSB table before the packet.
+    /// Per server, M^: the LB's estimate of the server's timestamp MSB now, imported into
+    /// the MSB table (as the TSval `msb << 16`) before the packet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     msb_state: Vec<MsbEntry>,
     /// Packets processed first, on the same worker (their verdicts are checked too).
@@ -54,6 +55,15 @@ struct Vector {
     /// For `to_all_servers`: each copy after `prepare_copy`, in `copy_targets` order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     copies: Vec<CopyOut>,
+    /// Echoes restored more than 2^(k-1) periods behind M^ (`echoes_beyond_idle_limit`),
+    /// counted over the prelude and the packet: such a connection's next server segment
+    /// may be dropped by the client's PAWS check, which an operator should be able to see.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    echoes_beyond_idle_limit: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -80,17 +90,17 @@ struct CopyOut {
 
 /// A vector's input as defined in code.
 struct Input {
-    name: &'static str,
-    description: &'static str,
+    name: String,
+    description: String,
     msb: Vec<(u16, u16)>,
     prelude: Vec<Vec<u8>>,
     packet: Vec<u8>,
 }
 
-fn input(name: &'static str, description: &'static str, packet: Vec<u8>) -> Input {
+fn input(name: impl Into<String>, description: impl Into<String>, packet: Vec<u8>) -> Input {
     Input {
-        name,
-        description,
+        name: name.into(),
+        description: description.into(),
         msb: Vec::new(),
         prelude: Vec::new(),
         packet,
@@ -125,7 +135,8 @@ const SECRET: Secret = Secret([
 const CLIENT_PORT: u16 = 40_000;
 const BACKEND_PORT: u16 = 8080;
 const CLIENT_TS: u32 = 0x0102_0304;
-/// The server's clock: M = 0x1234 (even).
+/// The server's clock: MSB 0x1234, epoch 4 at k = 4 (neither 0 nor the top epoch, so an
+/// off-by-one in either direction shows).
 const SERVER_TS: u32 = 0x1234_5678;
 const M: u16 = 0x1234;
 const ROUTER: u32 = 0x0a09_0001;
@@ -144,11 +155,14 @@ fn flow_hash(vip_port: u16) -> u64 {
     })
 }
 
-/// The timestamp a client echoes: `server`'s cookie with version bit `version` and the
-/// given low 16 bits.
-fn cookie_ts(server: u16, version: u16, low: u16) -> u32 {
-    let cookie =
-        CookieLayout::DEFAULT.encode(ServerId(server), flow_hash(testkit::VIP_PORT), version);
+/// The timestamp a client echoes after `server` sent it a TSval with MSB `msb` and the
+/// given low 16 bits, under the default layout.
+fn cookie_ts(server: u16, msb: u16, low: u16) -> u32 {
+    cookie_ts_in(CookieLayout::DEFAULT, server, msb, low)
+}
+
+fn cookie_ts_in(layout: CookieLayout, server: u16, msb: u16, low: u16) -> u32 {
+    let cookie = layout.encode(ServerId(server), flow_hash(testkit::VIP_PORT), msb);
     tcp_ts::insert(u32::from(low), cookie)
 }
 
@@ -183,7 +197,7 @@ fn seen_by_client(server: u16) -> Vec<u8> {
         client(),
         CLIENT_PORT,
         flags::ACK,
-        options::nop_nop_ts(cookie_ts(server, 0, 0x5678), CLIENT_TS + 1),
+        options::nop_nop_ts(cookie_ts(server, M, 0x5678), CLIENT_TS + 1),
     )
     .with_payload(&[0x42; 100])
     .build()
@@ -319,7 +333,7 @@ fn mss_nop_nop_ts(tsval: u32, tsecr: u32) -> Vec<u8> {
 
 /// Cheetah mode: SYN layouts, cookies both ways, ICMP, FIN/RST, and the failure cases.
 fn cheetah_inputs(nat: bool) -> Vec<Input> {
-    let mut bad_sum = client_ack(cookie_ts(2, 0, 0x5678));
+    let mut bad_sum = client_ack(cookie_ts(2, M, 0x5678));
     bad_sum[14 + 20 + 16] ^= 0x5a;
     let mut inputs = vec![
         input(
@@ -359,20 +373,20 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         )
         .after(syn(options::windows_syn())),
         input(
-            "established-cookie-version-0",
-            "Client ACK echoing server 2's cookie, version bit 0, M = 0x1234: TSecr restored to 0x1234xxxx.",
-            client_ack(cookie_ts(2, 0, 0x5678)),
+            "established-cookie-current-period",
+            "Client ACK echoing server 2's cookie of a TSval with MSB 0x1234 (epoch 4), M^ = 0x1234: TSecr restored to 0x12345678.",
+            client_ack(cookie_ts(2, M, 0x5678)),
         )
         .msb(2, M),
         input(
-            "established-cookie-version-1",
-            "Client ACK echoing server 2's cookie, version bit 1, M = 0x1234: TSecr restored to M - 1 = 0x1233xxxx.",
-            client_ack(cookie_ts(2, 1, 0xfff0)),
+            "established-cookie-previous-period",
+            "Client ACK echoing server 2's cookie of a TSval with MSB 0x1233 (epoch 3), M^ = 0x1234: TSecr restored to 0x1233fff0.",
+            client_ack(cookie_ts(2, M - 1, 0xfff0)),
         )
         .msb(2, M),
         input(
             "established-bad-tcp-checksum",
-            "The version-0 client ACK with its TCP checksum corrupted: forwarded, the checksum stays exactly as wrong.",
+            "The current-period client ACK with its TCP checksum corrupted: forwarded, the checksum stays exactly as wrong.",
             bad_sum,
         )
         .msb(2, M),
@@ -381,7 +395,7 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
             "Client FIN-ACK with server 2's cookie: routed by cookie like any packet.",
             from_client(
                 flags::FIN | flags::ACK,
-                options::nop_nop_ts(CLIENT_TS + 2, cookie_ts(2, 0, 0x5678)),
+                options::nop_nop_ts(CLIENT_TS + 2, cookie_ts(2, M, 0x5678)),
             )
             .build(),
         )
@@ -394,17 +408,17 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         input(
             "forged-cookie",
             "TSecr carrying a cookie for server 77, which does not exist.",
-            client_ack(cookie_ts(77, 0, 0x5678)),
+            client_ack(cookie_ts(77, M, 0x5678)),
         )
         .msb(2, M),
         input(
             "msb-unknown",
-            "A valid cookie of server 2, but server 2's M was never learnt nor imported.",
-            client_ack(cookie_ts(2, 0, 0x5678)),
+            "A valid cookie of server 2, but server 2's clock was never learnt nor imported.",
+            client_ack(cookie_ts(2, M, 0x5678)),
         ),
         input(
             "server-syn-ack",
-            "Server 2's Linux SYN-ACK: TSval's 16 MSB replaced by the cookie, M learnt.",
+            "Server 2's Linux SYN-ACK: TSval's 16 MSB replaced by the cookie (epoch 0x1234 mod 16 = 4), its clock learnt.",
             from_server(
                 nat,
                 2,
@@ -497,6 +511,153 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
     inputs
 }
 
+/// What the epoch bits of `layout` promise, at the edges: an echo is restored to the newest
+/// MSB `<= M^ + 1` with its epoch, exactly for echoes up to 2^k - 2 periods behind M^, and
+/// counted when more than 2^(k-1) periods behind (past the idle gap PAWS allows). Server 2,
+/// M^ = 0x1234 unless the name says otherwise.
+fn epoch_inputs(layout: CookieLayout) -> Vec<Input> {
+    let k = layout.epoch_bits();
+    let epochs = layout.epochs();
+    let half = epochs / 2;
+    let echo = |msb: u16| client_ack(cookie_ts_in(layout, 2, msb, 0x5678));
+    let mut inputs = vec![
+        input(
+            "server-data-msb-ffff",
+            format!(
+                "Server 2 sends TSval 0xffff5678, the last MSB before the wrap: the cookie's epoch is 0xffff mod 2^{k} = {}.",
+                epochs - 1
+            ),
+            from_server(
+                false,
+                2,
+                flags::ACK | flags::PSH,
+                options::nop_nop_ts(0xffff_5678, CLIENT_TS + 1),
+            )
+            .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
+            .build(),
+        ),
+        input(
+            "echo-next-period",
+            "Server 2's clock one period ahead of M^ = 0x1234 (its MSB moved before the LB saw it): the echo of MSB 0x1235 is restored to 0x1235, the top of the window.",
+            echo(M + 1),
+        )
+        .msb(2, M),
+    ];
+    let mut back: std::collections::BTreeSet<u16> =
+        [1, half, half + 1, epochs - 2, epochs - 1].into();
+    if half > 4 {
+        back.insert(half - 3);
+    }
+    for n in back {
+        let sent = M - n;
+        let periods = if n == 1 { "period" } else { "periods" };
+        let description = if n == epochs - 1 {
+            format!(
+                "An echo {n} {periods} behind M^ = 0x1234 (MSB {sent:#06x}), past the restore window of 2^{k} - 2 = {} periods: its epoch is that of M^ + 1, so it is restored to 0x1235 (wrong, as the layout says; counted only when more than {half} periods back, which this restore is not).",
+                epochs - 2
+            )
+        } else if n > half {
+            format!(
+                "An echo {n} {periods} behind M^ = 0x1234 (MSB {sent:#06x}): restored exactly, and counted in echoes_beyond_idle_limit (more than 2^({k}-1) = {half} periods back)."
+            )
+        } else {
+            format!(
+                "An echo {n} {periods} behind M^ = 0x1234 (MSB {sent:#06x}): restored exactly, not counted (at most 2^({k}-1) = {half} periods back)."
+            )
+        };
+        inputs.push(input(format!("echo-{n}-periods-old"), description, echo(sent)).msb(2, M));
+    }
+    inputs.extend([
+        input(
+            "echo-wrap-ahead",
+            "M^ = 0xffff and the server already at 0x0000: the echo of MSB 0x0000 is restored to 0x0000, across the wrap.",
+            echo(0x0000),
+        )
+        .msb(2, 0xffff),
+        input(
+            "echo-wrap-behind",
+            "M^ = 0x0001: the echo of MSB 0xffff, 2 periods back across the wrap (the oldest the window holds at k = 2), is restored to 0xffff.",
+            echo(0xffff),
+        )
+        .msb(2, 0x0001),
+        input(
+            "echo-after-reply-advanced",
+            "M^ = 0x1234, then (prelude) server 2 sends TSval 0x12365678, which moves M^ to 0x1236: the echo of that TSval is restored to 0x12365678.",
+            echo(M + 2),
+        )
+        .msb(2, M)
+        .after(
+            from_server(
+                false,
+                2,
+                flags::ACK,
+                options::nop_nop_ts(0x1236_5678, CLIENT_TS + 1),
+            )
+            .build(),
+        ),
+    ]);
+    inputs
+}
+
+/// A cheetah l2 suite with `k` epoch bits and its epoch vectors, plus cookies both ways.
+fn layout_suite(name: &'static str, k: u8, extra_server: Option<u16>) -> Suite {
+    let layout = CookieLayout::new(k).unwrap();
+    let mut config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 3);
+    config.cookie_epoch_bits = k;
+    let mut inputs = vec![input(
+        "server-data",
+        format!(
+            "Server 2's data segment, TSval 0x12345678: cookie with epoch 0x1234 mod 2^{k} = {}.",
+            M & (layout.epochs() - 1)
+        ),
+        from_server(
+            false,
+            2,
+            flags::ACK | flags::PSH,
+            options::nop_nop_ts(SERVER_TS, CLIENT_TS + 1),
+        )
+        .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
+        .build(),
+    )];
+    if let Some(id) = extra_server {
+        let mut server = config.servers[0].clone();
+        server.id = id;
+        server.dip = std::net::Ipv4Addr::from(testkit::server_dip(id)).into();
+        server.mac = Some(cheetah_core::types::format_mac(&testkit::server_mac(id)));
+        config.servers.push(server);
+        config.vips[0].servers.push(id);
+        inputs.push(input(
+            format!("server-data-id-{id}"),
+            format!(
+                "Server {id}'s data segment: an id above 4095 needs the {} id bits of this layout.",
+                layout.id_bits()
+            ),
+            from_server(
+                false,
+                id,
+                flags::ACK | flags::PSH,
+                options::nop_nop_ts(SERVER_TS, CLIENT_TS + 1),
+            )
+            .build(),
+        ));
+        inputs.push(
+            input(
+                format!("echo-id-{id}"),
+                format!("The echo of server {id}'s cookie (MSB 0x1234): routed to server {id}, TSecr restored."),
+                client_ack(cookie_ts_in(layout, id, M, 0x5678)),
+            )
+            .msb(id, M),
+        );
+    }
+    inputs.extend(epoch_inputs(layout));
+    Suite {
+        name,
+        config,
+        removed_servers: Vec::new(),
+        inputs,
+    }
+}
+
 /// Hash and Maglev modes: every packet of a connection goes where the hash says.
 fn baseline_inputs() -> Vec<Input> {
     let mut bad_sum = client_ack(CLIENT_TS);
@@ -563,6 +724,7 @@ fn with_ipv6_vip(mut config: LbConfig) -> LbConfig {
 
 fn suites() -> Vec<Suite> {
     let mut l2 = cheetah_inputs(false);
+    l2.extend(epoch_inputs(CookieLayout::DEFAULT));
     l2.push(input(
         "unsupported-ipv6",
         "An IPv6 SYN to the suite's IPv6 VIP 2001:db8::100.",
@@ -627,7 +789,7 @@ fn suites() -> Vec<Suite> {
                 input(
                     "cookie-server-removed",
                     "A client ACK echoing the cookie of server 3, which was removed.",
-                    client_ack(cookie_ts(3, 0, 0x5678)),
+                    client_ack(cookie_ts(3, M, 0x5678)),
                 )
                 .msb(3, M),
                 input(
@@ -642,6 +804,8 @@ fn suites() -> Vec<Suite> {
                 ),
             ],
         },
+        layout_suite("l2-cheetah-k2", 2, Some(9000)),
+        layout_suite("l2-cheetah-k6", 6, None),
     ]
 }
 
@@ -703,6 +867,7 @@ fn run(config: &LbConfig, secret: &Secret, removed: &[u16], input: &Vector) -> V
         verdict: verdict_name(verdict),
         packet_out: hex::encode(packet),
         copies,
+        echoes_beyond_idle_limit: plane.shared().msb.echoes_beyond_idle_limit(),
         ..input.clone()
     }
 }
@@ -715,8 +880,8 @@ fn defined(suite: &Suite) -> VectorFile {
             .inputs
             .iter()
             .map(|i| Vector {
-                name: i.name.into(),
-                description: i.description.into(),
+                name: i.name.clone(),
+                description: i.description.clone(),
                 now_ns: NOW,
                 msb_state: i
                     .msb
@@ -737,6 +902,7 @@ fn defined(suite: &Suite) -> VectorFile {
                 verdict: String::new(),
                 packet_out: String::new(),
                 copies: Vec::new(),
+                echoes_beyond_idle_limit: 0,
             })
             .collect(),
     }
@@ -761,6 +927,7 @@ fn inputs_only(file: &VectorFile) -> VectorFile {
                 verdict: String::new(),
                 packet_out: String::new(),
                 copies: Vec::new(),
+                echoes_beyond_idle_limit: 0,
                 ..v.clone()
             })
             .collect(),
@@ -894,6 +1061,9 @@ fn vectors_cover_every_promised_verdict() {
         "nat-cheetah: to_all_servers:0",
         "l2-hash: to_client",
         "l2-maglev: to_client",
+        // An id only the 14 id bits of k = 2 carry.
+        "l2-cheetah-k2: to_server:9000",
+        "l2-cheetah-k6: to_server:2",
     ] {
         assert!(seen.contains(expected), "no vector has verdict {expected}");
     }
