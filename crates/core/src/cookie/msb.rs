@@ -280,16 +280,11 @@ impl MsbTable {
     pub fn restore_unmasked(&self, cookie: Unmasked) -> Option<u16> {
         let entry = self.restores[cookie.0 as usize].load(Relaxed);
         if entry & BEYOND_IDLE_LIMIT != 0 {
-            // Apart from the answer, so that the common case tests one bit and returns.
-            self.count_echo_beyond_idle_limit();
+            // Apart from the answer, so that the common case tests one bit and returns;
+            // inline, since a call here would make every caller save registers for it.
+            self.echoes_beyond_idle_limit.fetch_add(1, Relaxed);
         }
         (entry & KNOWN != 0).then_some(entry as u16)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn count_echo_beyond_idle_limit(&self) {
-        self.echoes_beyond_idle_limit.fetch_add(1, Relaxed);
     }
 
     /// Echoes restored that were certainly older than the layout's idle limit (more than
