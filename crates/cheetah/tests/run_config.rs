@@ -249,17 +249,20 @@ fn a_layout_or_id_the_cookie_cannot_carry_is_refused() {
 /// layout than the key was made for: it would read the other's cookies as other servers.
 #[test]
 fn a_key_made_for_another_layout_stops_the_start() {
-    let setup = Setup::new(&GOOD.replace("mode = \"cheetah\"\n", "mode = \"cheetah\"\ncookie_epoch_bits = 5\n"));
+    let setup = Setup::new(&GOOD.replace(
+        "mode = \"cheetah\"\n",
+        "mode = \"cheetah\"\ncookie_epoch_bits = 5\n",
+    ));
     std::fs::write(
         setup.dir.path().join("secret"),
         format!("{SECRET}cookie_epoch_bits = 4\n"),
     )
     .unwrap();
     let stderr = setup.run_fails();
-    assert_says(
-        &stderr,
-        "cookie_epoch_bits = 5, but the secret file",
-    );
+    assert_says(&stderr, "cookie_epoch_bits = 5, but the secret file");
     assert_says(&stderr, "was made for cookie_epoch_bits = 4");
-    assert!(!setup.state_dir_exists(), "a refused start made the state directory");
+    assert!(
+        !setup.state_dir_exists(),
+        "a refused start made the state directory"
+    );
 }

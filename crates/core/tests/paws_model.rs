@@ -26,7 +26,11 @@ fn linux_accepts(ts_recent: u32, rcv_tsval: u32) -> bool {
 /// The TSval a client sees when the server's clock reads `server_tsval`.
 fn client_visible(layout: CookieLayout, server_tsval: u32) -> u32 {
     // The id and mask are constant for a connection; any value shows the same.
-    let cookie = layout.encode(ServerId(1), 0x1234_5678_9abc_def0, tcp_ts::extract(server_tsval));
+    let cookie = layout.encode(
+        ServerId(1),
+        0x1234_5678_9abc_def0,
+        tcp_ts::extract(server_tsval),
+    );
     tcp_ts::insert(server_tsval, cookie)
 }
 
@@ -48,7 +52,15 @@ fn phases(layout: CookieLayout) -> Vec<u32> {
     let mut phases: Vec<u32> = (0..cycle).step_by(4_093).map(|p| p as u32).collect();
     for epoch in 0..layout.epochs() as u64 {
         let start = epoch * MSB_PERIOD_MS;
-        phases.extend([start, start + 1, start + MSB_PERIOD_MS - 2, start + MSB_PERIOD_MS - 1].map(|p| p as u32));
+        phases.extend(
+            [
+                start,
+                start + 1,
+                start + MSB_PERIOD_MS - 2,
+                start + MSB_PERIOD_MS - 1,
+            ]
+            .map(|p| p as u32),
+        );
     }
     // The 32-bit wrap of the server's own clock.
     phases.extend([u32::MAX, u32::MAX - 1, u32::MAX - 70_000]);
@@ -57,7 +69,10 @@ fn phases(layout: CookieLayout) -> Vec<u32> {
 
 fn rejected_share(layout: CookieLayout, gap_ms: u64) -> f64 {
     let phases = phases(layout);
-    let rejected = phases.iter().filter(|&&p| !survives(layout, p, gap_ms)).count();
+    let rejected = phases
+        .iter()
+        .filter(|&&p| !survives(layout, p, gap_ms))
+        .count();
     rejected as f64 / phases.len() as f64
 }
 
@@ -82,7 +97,12 @@ fn documented_rows() -> Vec<Row> {
                 return None;
             }
             let epoch_bits = cells[1].parse().ok()?;
-            let number = |cell: &str| cell.trim_end_matches(" s").replace(',', "").parse::<f64>().ok();
+            let number = |cell: &str| {
+                cell.trim_end_matches(" s")
+                    .replace(',', "")
+                    .parse::<f64>()
+                    .ok()
+            };
             Some(Row {
                 epoch_bits,
                 server_ids: number(cells[2])? as usize,
@@ -109,14 +129,24 @@ fn every_gap_up_to_the_limit_passes_and_beyond_it_every_phase_is_dropped() {
         let layout = CookieLayout::new(row.epoch_bits).unwrap();
         assert_eq!(layout.server_ids(), row.server_ids, "{row:?}");
         assert_eq!(layout.max_idle_ms(), row.limit_ms, "{row:?}");
-        assert_eq!(layout.epochs() as u64 * MSB_PERIOD_MS, row.cycle_ms, "{row:?}");
-        assert_eq!(layout.restore_window_periods(), row.restore_periods, "{row:?}");
+        assert_eq!(
+            layout.epochs() as u64 * MSB_PERIOD_MS,
+            row.cycle_ms,
+            "{row:?}"
+        );
+        assert_eq!(
+            layout.restore_window_periods(),
+            row.restore_periods,
+            "{row:?}"
+        );
         let phases = phases(layout);
         // Every gap near an edge (a period boundary crossed), and a stride between them.
         let mut gaps: Vec<u64> = (1..=row.limit_ms).step_by(977).collect();
         for n in 0..=(row.limit_ms / MSB_PERIOD_MS) {
             let edge = n * MSB_PERIOD_MS;
-            gaps.extend((edge.saturating_sub(2)..=edge + 2).filter(|g| (1..=row.limit_ms).contains(g)));
+            gaps.extend(
+                (edge.saturating_sub(2)..=edge + 2).filter(|g| (1..=row.limit_ms).contains(g)),
+            );
         }
         gaps.push(row.limit_ms);
         for &gap in &gaps {
@@ -129,10 +159,20 @@ fn every_gap_up_to_the_limit_passes_and_beyond_it_every_phase_is_dropped() {
             }
         }
         for beyond in [row.limit_ms + 1, row.limit_ms + 1_000, row.cycle_ms - 1_000] {
-            assert_eq!(rejected_share(layout, beyond), 1.0, "k = {}, gap {beyond} ms", row.epoch_bits);
+            assert_eq!(
+                rejected_share(layout, beyond),
+                1.0,
+                "k = {}, gap {beyond} ms",
+                row.epoch_bits
+            );
         }
         // A whole cycle later the TSval looks new again: chance, not design.
-        assert_eq!(rejected_share(layout, row.cycle_ms + 1_000), 0.0, "k = {}", row.epoch_bits);
+        assert_eq!(
+            rejected_share(layout, row.cycle_ms + 1_000),
+            0.0,
+            "k = {}",
+            row.epoch_bits
+        );
     }
 }
 
