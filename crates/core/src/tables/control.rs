@@ -935,6 +935,42 @@ mod tests {
             .collect()
     }
 
+    /// The API refuses an id the cookie cannot carry, and gives out ids from the layout's
+    /// range only: with k = 8 epoch bits, 256 ids, and the 257th server is refused.
+    #[test]
+    fn ids_stay_within_the_cookie_layout() {
+        let mut p = plane();
+        let e = p
+            .add_server(spec(Some(4096), 9), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("id: 4096 is above 4095, the largest server id the cookie carries"),
+            "{e}"
+        );
+        assert_eq!(p.add_server(spec(Some(4095), 9), 0), Ok(ServerId(4095)));
+
+        let narrow = CONFIG.replace(
+            "quarantine_secs = 60",
+            "quarantine_secs = 60\ncookie_epoch_bits = 8",
+        );
+        let mut p =
+            ControlPlane::new(&LbConfig::from_toml(&narrow).unwrap(), &Secret([7; 16])).unwrap();
+        assert_eq!(p.layout().max_server_id(), 255);
+        for i in 0..254u16 {
+            let mut spec = spec(None, 0);
+            spec.dip = std::net::Ipv4Addr::from(0x0a02_0000 + u32::from(i)).into();
+            spec.mac = Some(format_mac(&[2, 0, 0, 2, (i >> 8) as u8, i as u8]));
+            let id = p.add_server(spec, 0).unwrap();
+            assert!(id.0 <= 255, "{id}");
+        }
+        let e = p.add_server(spec(None, 9), 0).unwrap_err().to_string();
+        assert!(
+            e.contains("all 256 server ids of the cookie layout are in use"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn lifecycle_active_draining_removed_then_quarantined_then_free() {
         let mut p = plane();
