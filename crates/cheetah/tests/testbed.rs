@@ -130,9 +130,13 @@ fn testbed_comes_up_serves_and_goes_down_without_a_trace() {
         let link = in_netns_ok(namespace, "cat", &["/sys/class/net/eth0/address"]);
         assert_eq!(link.trim(), mac);
     }
-    let secret =
-        std::fs::read_to_string(text(&summary["files"]["secret"], "files.secret")).unwrap();
-    assert_eq!(secret.trim().len(), 32);
+    // The key, and the cookie layout the LB's config asks for (the default).
+    let key = cheetah::config::read_key_file(std::path::Path::new(text(
+        &summary["files"]["secret"],
+        "files.secret",
+    )))
+    .unwrap();
+    assert_eq!(key.cookie_epoch_bits, Some(4));
 
     // s1 serves locally, and every answer names it.
     let s1 = &servers[0];
