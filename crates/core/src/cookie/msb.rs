@@ -172,9 +172,9 @@ impl MsbTable {
             }
         }
         let now_ms = millis(now);
-        let anchor = anchor(now_ms, tsval);
-        let previous = self.anchors[server.index()].swap(anchor, Relaxed);
-        self.raise_estimate(server, estimate_msb(anchor, now_ms), false);
+        let previous = self.anchors[server.index()].swap(anchor(now_ms, tsval), Relaxed);
+        // Anchored just now, the estimate is the MSB the server sent.
+        self.raise_estimate(server, msb, false);
         self.writes.fetch_add(1, Relaxed);
         if current & KNOWN == 0 {
             return MsbLearn::Learned;
@@ -382,8 +382,14 @@ fn elapsed_ms(anchor: u64, now_ms: u32) -> u32 {
 /// The TSval the anchored server is estimated to send at `now_ms`, never ahead of it for a
 /// server clock up to [`DRIFT_ALLOWANCE_SHIFT`]'s share slower than the LB's.
 fn estimate_tsval(anchor: u64, now_ms: u32) -> u32 {
-    let elapsed = elapsed_ms(anchor, now_ms);
-    (anchor as u32).wrapping_add(elapsed - (elapsed >> DRIFT_ALLOWANCE_SHIFT))
+    carried_forward(anchor as u32, elapsed_ms(anchor, now_ms))
+}
+
+/// `tsval` as a server clock sends it `elapsed_ms` of LB time later, run
+/// [`DRIFT_ALLOWANCE_SHIFT`]'s share slow: the one rule for the estimate and for a
+/// persisted clock carried over the downtime.
+fn carried_forward(tsval: u32, elapsed_ms: u32) -> u32 {
+    tsval.wrapping_add(elapsed_ms - (elapsed_ms >> DRIFT_ALLOWANCE_SHIFT))
 }
 
 fn estimate_msb(anchor: u64, now_ms: u32) -> u16 {
@@ -496,12 +502,7 @@ impl MsbTable {
             .map(|&(id, tsval)| {
                 ServerId::new(id)
                     .filter(|_| self.layout.holds(id))
-                    .map(|id| {
-                        (
-                            id,
-                            tsval.wrapping_add(down - (down >> DRIFT_ALLOWANCE_SHIFT)),
-                        )
-                    })
+                    .map(|id| (id, carried_forward(tsval, down)))
                     .ok_or(PersistedMsbError::BadServerId(id))
             })
             .collect::<Result<Vec<_>, _>>()?;
