@@ -219,32 +219,35 @@ impl Testbed {
 
     /// (dip, mac) of server `id` as the testbed made it.
     pub fn server(&self, id: u16) -> (String, String) {
-        let server = self.summary["servers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["id"] == id)
-            .unwrap_or_else(|| panic!("testbed has no server {id}"));
+        let server = self.server_entry("id", id);
         (
             server["dip"].as_str().unwrap().to_string(),
             server["mac"].as_str().unwrap().to_string(),
         )
     }
-}
 
-impl Testbed {
     /// What server `name` (`s<j>`) adds to the host's TCP clock: its TSval on the wire is
     /// (CLOCK_MONOTONIC ms + this) mod 2^32. 0 for every server with `--server-clocks shared`.
     pub fn clock_offset(&self, name: &str) -> u32 {
-        let server = self.summary["servers"]
+        self.server_entry("name", name)["clock_offset"]
+            .as_u64()
+            .expect("testbed.json records each server's clock_offset") as u32
+    }
+}
+
+impl Testbed {
+    /// The server whose `field` is `value` in `testbed.json`.
+    fn server_entry<T>(&self, field: &str, value: T) -> &Value
+    where
+        Value: PartialEq<T>,
+        T: std::fmt::Display + Copy,
+    {
+        self.summary["servers"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|s| s["name"] == name)
-            .unwrap_or_else(|| panic!("testbed has no server {name}"));
-        server["clock_offset"]
-            .as_u64()
-            .expect("testbed.json records each server's clock_offset") as u32
+            .find(|s| s[field] == value)
+            .unwrap_or_else(|| panic!("testbed has no server with {field} {value}"))
     }
 }
 
