@@ -207,6 +207,33 @@ impl KeyFile {
         })
     }
 
+    /// A new random key (128 bits from /dev/urandom) for `cookie_epoch_bits`.
+    pub fn generate(cookie_epoch_bits: u8) -> anyhow::Result<Self> {
+        use std::io::Read;
+        let mut key = [0u8; 16];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut random| random.read_exact(&mut key))
+            .context("cannot read /dev/urandom for the secret")?;
+        Ok(KeyFile {
+            secret: Secret(key),
+            cookie_epoch_bits: Some(cookie_epoch_bits),
+        })
+    }
+
+    /// Writes the file at `path`, which must not exist yet, readable only by its owner:
+    /// whoever knows the key can forge cookies and steer connections to any server.
+    pub fn write_new(&self, path: &Path) -> anyhow::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .and_then(|mut file| file.write_all(self.text().as_bytes()))
+            .with_context(|| format!("cannot create secret file {}", path.display()))
+    }
+
     pub fn text(&self) -> String {
         let mut text = format!("{}\n", self.secret.to_hex());
         if let Some(bits) = self.cookie_epoch_bits {

@@ -1,8 +1,7 @@
 //! `cheetah run`: the load balancer daemon on real interfaces.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -118,24 +117,11 @@ fn load_or_create_secret(path: &Path, create: bool, epoch_bits: u8) -> anyhow::R
             path.display()
         );
     }
-    let mut key = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut key))
-        .context("cannot read /dev/urandom")?;
-    let file = KeyFile {
-        secret: Secret(key),
-        cookie_epoch_bits: Some(epoch_bits),
-    };
+    let file = KeyFile::generate(epoch_bits)?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot create secret file {}", path.display()))?;
-    out.write_all(file.text().as_bytes())?;
+    file.write_new(path)?;
     tracing::info!(path = %path.display(), cookie_epoch_bits = epoch_bits, "created a new secret");
     Ok(file.secret)
 }

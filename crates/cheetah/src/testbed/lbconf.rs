@@ -1,8 +1,6 @@
 //! The config `cheetah run` reads inside the LB namespace: `cheetah.toml` and its secret.
 
 use std::fmt::Write as _;
-use std::io::{Read, Write as _};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use super::plan::{forwarding_name, Topology};
@@ -83,27 +81,13 @@ fn quoted(text: &str) -> String {
     toml::Value::String(text.to_string()).to_string()
 }
 
-/// 128 random bits as 32 hex digits, and the (default) cookie layout the LB runs with,
-/// readable only by root: whoever knows the key can forge cookies and steer connections to
-/// any server.
+/// A new key for the (default) cookie layout the LB runs with, as `cheetah run
+/// --init-secret` makes one.
 fn write_secret(path: &Path) -> anyhow::Result<()> {
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut random| random.read_exact(&mut bytes))
-        .context("cannot read /dev/urandom for the secret")?;
-    let key = cheetah::config::KeyFile {
-        secret: cheetah_core::hash::Secret(bytes),
-        cookie_epoch_bits: Some(cheetah_core::cookie::CookieLayout::DEFAULT_EPOCH_BITS),
-    };
     // A previous run's file would keep its mode through `create`; start from nothing.
     let _ = std::fs::remove_file(path);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .and_then(|mut file| file.write_all(key.text().as_bytes()))
-        .with_context(|| format!("cannot write secret {}", path.display()))
+    cheetah::config::KeyFile::generate(cheetah_core::cookie::CookieLayout::DEFAULT_EPOCH_BITS)?
+        .write_new(path)
 }
 
 #[cfg(test)]
