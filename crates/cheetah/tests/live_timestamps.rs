@@ -228,9 +228,21 @@ fn host_clock_ms(testbed: &Testbed, offsets: &[u32]) -> u64 {
         .collect();
     let before = monotonic_ms();
     let url = format!("http://{}/", testbed.vip());
-    // rr: one connection per server.
-    for _ in SERVERS {
-        in_netns_ok(&testbed.ns("c1"), "curl", &["-s", "-m", "10", &url]);
+    // rr keeps a cursor per LB worker, and a connection lands on the worker its hash
+    // picks: requests go on until every server has answered one (X-Server), not one each.
+    let mut answered = std::collections::HashSet::new();
+    for _ in 0..10 * SERVERS.len() {
+        let headers = in_netns_ok(
+            &testbed.ns("c1"),
+            "curl",
+            &["-s", "-m", "10", "-D", "-", "-o", "/dev/null", &url],
+        );
+        if let Some(server) = headers.lines().find_map(|l| l.strip_prefix("X-Server: ")) {
+            answered.insert(server.trim().to_string());
+        }
+        if SERVERS.iter().all(|s| answered.contains(*s)) {
+            break;
+        }
     }
     let after = monotonic_ms();
     for ((s, capture), offset) in SERVERS.iter().zip(captures).zip(offsets) {
