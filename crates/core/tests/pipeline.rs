@@ -857,6 +857,58 @@ fn nat_replies_keep_flowing_after_the_server_leaves_the_pool() {
     );
 }
 
+/// An operator drains and removes a server, then adds the same machine back (same DIP,
+/// same MAC) while its old id is quarantined: the new id, not the quarantined one, owns the
+/// machine's replies, so its first connections open at once.
+#[test]
+fn a_server_added_back_under_a_new_id_owns_its_replies_at_once() {
+    for forwarding in [Forwarding::L2, Forwarding::Nat] {
+        for requested in [None, Some(9)] {
+            let mut lb = Lb::with(Mode::Cheetah, forwarding, PolicyKind::RoundRobin, 3);
+            let vip = format!("{}:{VIP_PORT}", std::net::Ipv4Addr::from(VIP));
+            lb.plane.drain_server(3).unwrap();
+            lb.plane.remove_server(3, NANOS_PER_SEC).unwrap();
+            let back = lb
+                .plane
+                .add_server(
+                    cheetah_core::tables::ServerSpec {
+                        id: requested,
+                        dip: std::net::Ipv4Addr::from(testkit::server_dip(3)).into(),
+                        mac: Some(cheetah_core::types::format_mac(&testkit::server_mac(3))),
+                        vips: vec![(vip.clone(), 1)],
+                    },
+                    2 * NANOS_PER_SEC,
+                )
+                .unwrap();
+            assert_ne!(back.0, 3, "the old id is quarantined");
+            let label = format!("{forwarding:?}, id {requested:?} -> {}", back.0);
+            let mut conn = Conn::new(5);
+            // The replies come from the machine of server 3 (its MAC, or its DIP in nat).
+            conn.server = Some(ServerId(3));
+            let (verdict, reply) =
+                conn.server_sends(&mut lb, 0, 0x0100_0000, SYN | ACK, 3 * NANOS_PER_SEC);
+            assert_eq!(
+                verdict,
+                Verdict::ToClient,
+                "{label}: the SYN-ACK reaches the client"
+            );
+            let cookie = tcp_ts::extract(testkit::timestamps(&reply).unwrap().0);
+            assert_eq!(
+                lb.plane
+                    .shared()
+                    .layout()
+                    .decode(cookie, hash_of(conn.client, conn.port))
+                    .server,
+                back,
+                "{label}: the cookie names the live server"
+            );
+            let (verdict, _) = conn.client_sends(&mut lb, 0, ACK, 4 * NANOS_PER_SEC);
+            assert_eq!(verdict, Verdict::ToServer(back), "{label}");
+            assert_eq!(lb.drops(DropReason::ServerRemoved), 0, "{label}");
+        }
+    }
+}
+
 /// The test-only fault switch: packets are still routed by their cookie, but the server gets
 /// the cookie in TSecr instead of its own TSval, whether or not the fast path is asked for
 /// (the fault keeps every packet on the general path, so the straight line never tests it).

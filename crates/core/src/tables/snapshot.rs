@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use super::index::FlatIndex;
-use super::servers::AllServers;
+use super::servers::{AllServers, SlotState};
 use crate::config::{Forwarding, Mode};
 use crate::hash::{FlowHasher, VipHashPrefix};
 use crate::policy::{PolicyKind, PoolSnapshot};
@@ -169,19 +169,28 @@ impl Snapshot {
                 first_vips.entry(id).or_insert((key, slot));
             }
         }
-        let by_mac = servers
+        // A removed server keeps its MAC entry so its late replies are dropped and counted,
+        // but an operator may add the same machine back under a new id while the old one
+        // is quarantined: the index keeps the last of duplicate keys, so the removed come
+        // first and the server that forwards owns the MAC.
+        let removed_first = servers
             .iter()
-            .filter(|(_, slot)| slot.has_mac)
-            .map(|(id, slot)| {
-                let (first_vip_key, first_vip) = first_vips.get(&id).copied().unwrap_or(no_vip);
-                let entry = MacEntry {
-                    server: id,
-                    forwards: slot.state.forwards(),
-                    first_vip_key,
-                    first_vip,
-                };
-                (mac_key(&slot.mac), entry)
-            });
+            .filter(|(_, slot)| slot.has_mac && slot.state == SlotState::Removed)
+            .chain(
+                servers
+                    .iter()
+                    .filter(|(_, slot)| slot.has_mac && slot.state != SlotState::Removed),
+            );
+        let by_mac = removed_first.map(|(id, slot)| {
+            let (first_vip_key, first_vip) = first_vips.get(&id).copied().unwrap_or(no_vip);
+            let entry = MacEntry {
+                server: id,
+                forwards: slot.state.forwards(),
+                first_vip_key,
+                first_vip,
+            };
+            (mac_key(&slot.mac), entry)
+        });
         let mac_filler = MacEntry {
             server: ServerId(0),
             forwards: false,
@@ -201,7 +210,7 @@ impl Snapshot {
             removed_dips: FlatIndex::build(
                 servers
                     .iter()
-                    .filter(|(_, slot)| slot.state == super::servers::SlotState::Removed)
+                    .filter(|(_, slot)| slot.state == SlotState::Removed)
                     .map(|(id, slot)| (slot.dip as u64, id)),
             ),
             servers,
