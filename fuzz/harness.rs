@@ -579,6 +579,7 @@ impl PoolCache {
             members.iter().map(|m| m.0).collect(),
             members.iter().map(|m| m.1).collect(),
             metric,
+            cheetah_core::policy::maglev::DEFAULT_TABLE_SIZE,
         ));
         self.pools.insert(key, Arc::clone(&pool));
         pool

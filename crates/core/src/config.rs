@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cookie::CookieLayout;
 use crate::lb::fallback;
-use crate::policy::{LoadMetric, PolicyKind};
+use crate::policy::{maglev, LoadMetric, PolicyKind};
 use crate::types::{parse_mac, Mac, ServerId};
 
 /// How the data path picks servers.
@@ -117,6 +117,11 @@ pub struct LbConfig {
     /// Per-worker LRU entries for connections without TCP timestamps.
     #[serde(default = "default_fallback_capacity")]
     pub fallback_table_capacity: usize,
+    /// Slots of each VIP's Maglev table (a prime), which places connections without
+    /// timestamps and every connection of `mode = "maglev"`. Fixed whatever the pool size,
+    /// so that a server leaving moves only its own share of those connections.
+    #[serde(default = "default_maglev_table_size")]
+    pub maglev_table_size: usize,
     /// ICMP errors without a cookie copied to all servers: per-worker rate and burst.
     #[serde(default = "default_icmp_rate")]
     pub icmp_copy_rate: u64,
@@ -136,6 +141,9 @@ fn default_quarantine() -> u64 {
 }
 fn default_fallback_capacity() -> usize {
     fallback::DEFAULT_CAPACITY
+}
+fn default_maglev_table_size() -> usize {
+    maglev::DEFAULT_TABLE_SIZE
 }
 fn default_icmp_rate() -> u64 {
     100
@@ -234,6 +242,8 @@ impl LbConfig {
                 format!("must be between 1 and {}", fallback::MAX_CAPACITY),
             ));
         }
+        maglev::check_table_size(self.maglev_table_size, layout.server_ids())
+            .map_err(|problem| ConfigError::new("maglev_table_size", problem))?;
         let mut servers = Vec::with_capacity(self.servers.len());
         let mut ids = HashSet::new();
         for (i, s) in self.servers.iter().enumerate() {
@@ -490,6 +500,19 @@ mod tests {
             c.vips.push(dup);
         });
         assert!(e.problem.contains("defined twice"), "{e}");
+        let e = error_for(|c| c.maglev_table_size = 65_536);
+        assert_eq!(
+            e.to_string(),
+            "maglev_table_size: must be a prime number, not 65536 (e.g. 65537, 131071, 262139, 1048573)"
+        );
+        let e = error_for(|c| c.maglev_table_size = 1021);
+        assert_eq!(
+            e.to_string(),
+            "maglev_table_size: must be between 4096 (the number of server ids) and 16777213, not 1021"
+        );
+        let mut big = LbConfig::from_toml(GOOD).unwrap();
+        big.maglev_table_size = 1_048_573;
+        assert!(big.validate().is_ok(), "{:?}", big.validate());
     }
 
     #[test]

@@ -62,7 +62,12 @@ fn simulator_and_core_pick_the_same_servers_for_the_same_seed() {
         // The same pool, policy instance, generator and load view, driven by hand.
         let servers: Vec<ServerId> = (0..12).map(ServerId).collect();
         let weights: Vec<u32> = (0..12).map(|i| [1, 2, 3][i % 3]).collect();
-        let pool = PoolSnapshot::new(servers, weights, kind.default_metric());
+        let pool = PoolSnapshot::new(
+            servers,
+            weights,
+            kind.default_metric(),
+            cheetah_core::policy::maglev::DEFAULT_TABLE_SIZE,
+        );
         let mut policy = policy::build(kind, &pool, 0, 1);
         let mut rng = PolicyRng::seed_from_u64(stream_seed(scenario.seed, Stream::Policy));
         let mut loads = LoadView::new();

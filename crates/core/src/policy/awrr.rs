@@ -175,7 +175,12 @@ mod tests {
     #[test]
     fn picks_follow_the_buckets_after_a_merge() {
         let servers = vec![ServerId(4), ServerId(5), ServerId(6)];
-        let pool = PoolSnapshot::new(servers.clone(), vec![1; 3], LoadMetric::Reported);
+        let pool = PoolSnapshot::new(
+            servers.clone(),
+            vec![1; 3],
+            LoadMetric::Reported,
+            crate::policy::maglev::DEFAULT_TABLE_SIZE,
+        );
         let mut loads = LoadView::new();
         for (id, load) in servers.iter().zip([0.0, 1.0, 2.0]) {
             loads.set_load(*id, LoadMetric::Reported, load);

@@ -75,7 +75,12 @@ mod tests {
     #[test]
     fn uses_the_pool_metric() {
         let servers = vec![ServerId(0), ServerId(1)];
-        let pool = crate::policy::PoolSnapshot::new(servers, vec![1, 1], LoadMetric::Reported);
+        let pool = crate::policy::PoolSnapshot::new(
+            servers,
+            vec![1, 1],
+            LoadMetric::Reported,
+            crate::policy::maglev::DEFAULT_TABLE_SIZE,
+        );
         let mut loads = LoadView::new();
         loads.set_load(ServerId(0), LoadMetric::Reported, 0.9);
         loads.set_load(ServerId(1), LoadMetric::Reported, 0.1);

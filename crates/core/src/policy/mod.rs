@@ -108,9 +108,15 @@ pub struct PoolSnapshot {
 }
 
 impl PoolSnapshot {
-    pub fn new(servers: Vec<ServerId>, weights: Vec<u32>, metric: LoadMetric) -> Self {
+    /// A pool whose Maglev table has `maglev_size` slots (the LB's `maglev_table_size`).
+    pub fn new(
+        servers: Vec<ServerId>,
+        weights: Vec<u32>,
+        metric: LoadMetric,
+        maglev_size: usize,
+    ) -> Self {
         assert_eq!(servers.len(), weights.len(), "one weight per server");
-        let maglev = Arc::new(MaglevTable::build(&servers));
+        let maglev = Arc::new(MaglevTable::build(&servers, maglev_size));
         PoolSnapshot {
             servers,
             weights,
@@ -192,7 +198,12 @@ mod tests {
 
     #[test]
     fn every_policy_picks_nothing_from_an_empty_pool() {
-        let empty = PoolSnapshot::new(Vec::new(), Vec::new(), LoadMetric::ActiveConnections);
+        let empty = PoolSnapshot::new(
+            Vec::new(),
+            Vec::new(),
+            LoadMetric::ActiveConnections,
+            maglev::DEFAULT_TABLE_SIZE,
+        );
         for kind in PolicyKind::ALL {
             assert_eq!(pick_once(kind, &empty), None, "{}", kind.name());
         }
@@ -205,6 +216,7 @@ mod tests {
             servers.clone(),
             vec![1, 2, 3],
             LoadMetric::ActiveConnections,
+            maglev::DEFAULT_TABLE_SIZE,
         );
         for kind in PolicyKind::ALL {
             let picked = pick_once(kind, &pool).unwrap();

@@ -13,7 +13,12 @@ pub fn pool(n: u16) -> PoolSnapshot {
 /// Servers `0..weights.len()` with the given weights.
 pub fn weighted_pool(weights: &[u32]) -> PoolSnapshot {
     let servers = (0..weights.len() as u16).map(ServerId).collect();
-    PoolSnapshot::new(servers, weights.to_vec(), LoadMetric::ActiveConnections)
+    PoolSnapshot::new(
+        servers,
+        weights.to_vec(),
+        LoadMetric::ActiveConnections,
+        crate::policy::maglev::DEFAULT_TABLE_SIZE,
+    )
 }
 
 /// `count` picks of `policy` on one context, with flow hashes 0, 1, 2...

@@ -714,6 +714,7 @@ impl ControlPlane {
                         active.iter().map(|m| m.0).collect(),
                         active.iter().map(|m| m.1).collect(),
                         v.metric,
+                        self.config.maglev_table_size,
                     )),
                     members: v.members.clone(),
                     departed: v.departed.clone(),

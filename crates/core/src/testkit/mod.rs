@@ -41,6 +41,7 @@ pub fn config(mode: Mode, forwarding: Forwarding, policy: PolicyKind, servers: u
         cookie_epoch_bits: crate::cookie::CookieLayout::DEFAULT_EPOCH_BITS,
         quarantine_secs: 600,
         fallback_table_capacity: 4096,
+        maglev_table_size: crate::policy::maglev::DEFAULT_TABLE_SIZE,
         icmp_copy_rate: 10,
         icmp_copy_burst: 5,
         servers: (1..=servers)

@@ -33,7 +33,12 @@ pub struct Cheetah {
 
 impl Cheetah {
     pub fn new(kind: PolicyKind) -> Self {
-        let snapshot = PoolSnapshot::new(Vec::new(), Vec::new(), kind.default_metric());
+        let snapshot = PoolSnapshot::new(
+            Vec::new(),
+            Vec::new(),
+            kind.default_metric(),
+            cheetah_core::policy::maglev::DEFAULT_TABLE_SIZE,
+        );
         let policy = policy::build(kind, &snapshot, 0, 1);
         Cheetah {
             kind,
@@ -48,6 +53,7 @@ impl Cheetah {
             world.pool.to_vec(),
             world.weights.to_vec(),
             self.kind.default_metric(),
+            cheetah_core::policy::maglev::DEFAULT_TABLE_SIZE,
         );
         self.policy = policy::build(self.kind, &self.snapshot, 0, 1);
         self.policy.on_loads_merged(&self.snapshot, world.loads);

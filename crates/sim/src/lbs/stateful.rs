@@ -82,7 +82,10 @@ impl StatefulMaglev {
 
 impl LbModel for StatefulMaglev {
     fn start(&mut self, world: &World) {
-        self.table = Some(MaglevTable::build(world.pool));
+        self.table = Some(MaglevTable::build(
+            world.pool,
+            cheetah_core::policy::maglev::DEFAULT_TABLE_SIZE,
+        ));
     }
 
     fn place(&mut self, world: &World, _rng: &mut PolicyRng, conn: &mut Conn) -> ServerId {
@@ -94,7 +97,10 @@ impl LbModel for StatefulMaglev {
 
     fn pool_changed(&mut self, world: &World, _conns: &mut ConnTable, _broken: &mut Vec<u32>) {
         // Every instance still has the state of the connections it sees.
-        self.table = Some(MaglevTable::build(world.pool));
+        self.table = Some(MaglevTable::build(
+            world.pool,
+            cheetah_core::policy::maglev::DEFAULT_TABLE_SIZE,
+        ));
     }
 
     fn lb_instances_changed(

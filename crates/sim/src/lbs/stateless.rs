@@ -31,7 +31,12 @@ impl Stateless {
             matches!(kind, PolicyKind::Hash | PolicyKind::Maglev),
             "not a stateless baseline: {kind:?}"
         );
-        let snapshot = PoolSnapshot::new(Vec::new(), Vec::new(), LoadMetric::ActiveConnections);
+        let snapshot = PoolSnapshot::new(
+            Vec::new(),
+            Vec::new(),
+            LoadMetric::ActiveConnections,
+            cheetah_core::policy::maglev::DEFAULT_TABLE_SIZE,
+        );
         let policy = policy::build(kind, &snapshot, 0, 1);
         Stateless {
             kind,
@@ -55,6 +60,7 @@ impl LbModel for Stateless {
             world.pool.to_vec(),
             world.weights.to_vec(),
             LoadMetric::ActiveConnections,
+            cheetah_core::policy::maglev::DEFAULT_TABLE_SIZE,
         );
     }
 
