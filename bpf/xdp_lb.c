@@ -20,6 +20,8 @@
 #include <bpf/bpf_helpers.h>
 
 #define AF_INET 2
+// lo's ifindex in every network namespace (include/net/flow.h).
+#define LOOPBACK_IFINDEX 1
 #define MAX_QUEUES 64
 #define MAX_INTERFACES 16
 
@@ -120,7 +122,14 @@ static __always_inline __u32 next_hop(struct xdp_md *ctx, struct iphdr *ip,
 	fib.tot_len = bpf_ntohs(ip->tot_len);
 	fib.ipv4_src = ip->saddr;
 	fib.ipv4_dst = ip->daddr;
-	fib.ifindex = ctx->ingress_ifindex;
+	// Looked up as if the reply came in on lo, not on the interface it came in on: the
+	// helper refuses unless forwarding is on for params->ifindex, and the kernel forwards
+	// a received packet when forwarding is on for its ingress device. With forwarding on
+	// for lo only, where nothing but this host's own packets arrive, the LB's interfaces
+	// keep forwarding off and the host routes nothing for clients (docs/dataplane.md).
+	// The answer does not depend on it: egress device, MACs, gateway and MTU come from
+	// the route found; only policy rules that select by incoming interface see lo.
+	fib.ifindex = LOOPBACK_IFINDEX;
 
 	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {

@@ -16,6 +16,7 @@ use cheetah_core::tables::SlotState;
 use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
 use crate::daemon::persist::{self, Persister};
 use crate::daemon::{api, Clock, DaemonState, InterfaceStatus};
+use crate::dataplane::host;
 use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
 use crate::dataplane::xsk::WorkerPorts;
@@ -131,6 +132,9 @@ pub struct DataPlane {
     pub workers: Vec<std::thread::JoinHandle<()>>,
     steering: SteeringProgram,
     stop: Arc<AtomicBool>,
+    /// Turns forwarding on `lo` off again (if the start turned it on) when the data
+    /// plane is dropped, after the workers stopped.
+    _loopback_forwarding: host::LoopbackForwarding,
 }
 
 impl DataPlane {
@@ -146,9 +150,18 @@ impl DataPlane {
             .enumerate()
             .map(|(slot, name)| Interface::discover(name, slot as u32))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        for iface in &interfaces {
-            ensure_forwarding(&iface.name)?;
+        // Before the program is attached, so that the first server reply finds its next hop.
+        let sysctls = host::Ipv4Sysctls::system();
+        let names: Vec<String> = interfaces.iter().map(|i| i.name.clone()).collect();
+        match host::ForwardingReport::read(&sysctls, &names) {
+            Ok(report) => report.log(),
+            Err(e) => tracing::warn!(
+                error = %format!("{e:#}"),
+                "cannot tell whether the host forwards on the LB's interfaces"
+            ),
         }
+        host::check_loopback_ifindex()?;
+        let loopback_forwarding = host::LoopbackForwarding::enable(&sysctls)?;
         let queues = interfaces.iter().map(|i| i.queues).max().unwrap_or(1);
         let workers = daemon
             .workers
@@ -223,6 +236,7 @@ impl DataPlane {
             workers: threads,
             steering,
             stop,
+            _loopback_forwarding: loopback_forwarding,
         })
     }
 
@@ -293,16 +307,4 @@ fn sync_steering(
         }
     }
     steering.set_backends(&backends)
-}
-
-/// Server replies are routed by the kernel's FIB from XDP, which only answers for
-/// interfaces with forwarding on.
-fn ensure_forwarding(interface: &str) -> anyhow::Result<()> {
-    let path = format!("/proc/sys/net/ipv4/conf/{interface}/forwarding");
-    let current = std::fs::read_to_string(&path).unwrap_or_default();
-    if current.trim() != "1" {
-        std::fs::write(&path, "1").with_context(|| format!("cannot enable forwarding: {path}"))?;
-        tracing::warn!(interface, "enabled IPv4 forwarding: the XDP program asks the kernel's FIB for next hops toward clients");
-    }
-    Ok(())
 }

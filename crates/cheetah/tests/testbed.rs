@@ -181,6 +181,13 @@ fn testbed_comes_up_serves_and_goes_down_without_a_trace() {
         queues.sort();
         assert_eq!(queues, ["rx-0", "rx-1", "tx-0", "tx-1"], "{interface}");
     }
+    // The LB host is no router: whatever the host's own ip_forward, which new namespaces
+    // inherit, nothing arriving at the LB for a server's address is forwarded.
+    for conf in ["all", "default", "lb-c", "lb-s", "lb-l"] {
+        let path = format!("/proc/sys/net/ipv4/conf/{conf}/forwarding");
+        let value = in_netns_ok(lb_ns, "cat", &[&path]);
+        assert_eq!(value.trim(), "0", "{path} in the LB's namespace");
+    }
 
     // c1 reaches the LB through the router.
     let c1 = &summary["clients"][1];

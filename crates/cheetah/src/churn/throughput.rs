@@ -93,7 +93,8 @@ pub fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     let _guard = TestbedGuard(args.prefix.clone());
     let ns = |role: &str| format!("{}-{role}", args.prefix);
     // The direct row: the router sends server addresses to the LB host, whose kernel
-    // forwards them (the XDP program passes traffic that is not the LB's).
+    // forwards them. The testbed's LB host is no router, so forwarding is on for this row
+    // only, before any LB runs, and off again before the LB rows.
     sh(&[
         "ip",
         "-n",
@@ -104,6 +105,13 @@ pub fn run(args: ThroughputArgs) -> anyhow::Result<()> {
         "via",
         "10.10.1.2",
     ])?;
+    let lb_forwarding = |on: &str| {
+        let settings = [
+            ("net.ipv4.conf.lb-c.forwarding", on),
+            ("net.ipv4.conf.lb-s.forwarding", on),
+        ];
+        testbed::sysctl(&ns("lb"), &settings)
+    };
     let exe = std::env::current_exe().context("cannot find the cheetah binary")?;
     let dir = topo.files.dir.clone();
     let all: Vec<u16> = (1..=args.servers).collect();
@@ -112,13 +120,16 @@ pub fn run(args: ThroughputArgs) -> anyhow::Result<()> {
 
     let mut rows = Vec::new();
     let direct_url = format!("http://{}{}", topo.servers[0].dip, args.path);
-    rows.push(measure(
+    lb_forwarding("1")?;
+    let direct = measure(
         &args,
         &client,
         &direct_url,
         "direct to s1 (no LB process)",
         None,
-    )?);
+    );
+    lb_forwarding("0")?;
+    rows.push(direct?);
     for (mode, pool, name) in [
         (Mode::Cheetah, &all[..1], "cheetah, pool of 1 (s1)"),
         (Mode::Hash, &all[..1], "hash, pool of 1 (s1)"),

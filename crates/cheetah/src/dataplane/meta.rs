@@ -19,7 +19,8 @@ pub enum NextHop {
     /// The route is known but the neighbour's MAC is not (yet): the kernel must resolve
     /// `gateway` on `ifindex` first.
     NoNeighbour { ifindex: u32, gateway: [u8; 4] },
-    /// No route, or the FIB refused (e.g. forwarding disabled on the interface).
+    /// No route, or the FIB refused (e.g. forwarding off on `lo`, whose name the lookup
+    /// gives as the incoming interface: `dataplane::host`).
     Unroutable,
 }
 

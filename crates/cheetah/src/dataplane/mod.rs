@@ -2,6 +2,7 @@
 //! interface and queue; one worker thread per queue runs them through the core.
 
 pub mod egress;
+pub mod host;
 pub mod meta;
 pub mod neighbour;
 pub mod worker_loop;

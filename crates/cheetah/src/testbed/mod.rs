@@ -27,6 +27,7 @@ use cheetah_core::policy::PolicyKind;
 
 pub use clocks::ServerClocks;
 pub use lifecycle::teardown;
+pub use netns::sysctl;
 pub use plan::{forwarding_name, Topology};
 
 /// What `up` builds.

@@ -55,8 +55,11 @@ fn set_sysctls(topo: &Topology) -> anyhow::Result<()> {
         all
     };
 
-    // The LB's XDP program looks up the kernel FIB, which needs forwarding on.
-    netns::sysctl(&topo.lb.namespace, &with(&[("net.ipv4.ip_forward", "1")]))?;
+    // The LB host is not a router: packets for the servers' own addresses must not get
+    // through it (`cheetah run` turns forwarding on for lo only, which its XDP program's
+    // FIB lookups name). Said explicitly because a new namespace inherits the host's
+    // ip_forward, which is 1 on many machines (Docker, libvirt).
+    netns::sysctl(&topo.lb.namespace, &with(&[("net.ipv4.ip_forward", "0")]))?;
     netns::sysctl(
         &topo.router.namespace,
         &with(&[("net.ipv4.ip_forward", "1")]),
