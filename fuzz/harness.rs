@@ -601,8 +601,9 @@ fn metric_index(metric: LoadMetric) -> u8 {
 ///
 /// Reuse must not make a run depend on earlier inputs, or crashes would not reproduce:
 /// the cached models and pools are pure functions of their keys, and `run` resets every id
-/// the input can reach in the shared MSB and load tables, clears the handshake table, then
-/// publishes a fresh snapshot under a new generation before creating fresh workers.
+/// the input can reach in the shared MSB and load tables, clears the handshake and fallback
+/// tables, then publishes a fresh snapshot under a new generation before creating fresh
+/// workers.
 struct Cache {
     shared: Arc<LbShared>,
     generation: u64,
@@ -612,13 +613,17 @@ struct Cache {
 
 thread_local! {
     static CACHE: RefCell<Cache> = RefCell::new(Cache {
-        // A small handshake table, cleared per input in a few stores.
-        shared: Arc::new(LbShared::with_handshake_slots(&SECRET, CookieLayout::DEFAULT, Snapshot::empty(), 64)),
+        // Small handshake and fallback tables, cleared per input in a few stores.
+        shared: Arc::new(LbShared::with_table_sizes(&SECRET, CookieLayout::DEFAULT, Snapshot::empty(), 64, FALLBACK_CAPACITY)),
         generation: 0,
         setups: HashMap::new(),
         pools: PoolCache::default(),
     });
 }
+
+/// The shared fallback table's size in the harness: a few sets, so that inputs fill them
+/// and evict, and clearing it per input costs little.
+const FALLBACK_CAPACITY: usize = 64;
 
 /// Server ids an input can reach: configured ones, added ones and imported MSBs use 0..=7.
 const REACHABLE_IDS: u16 = 8;
@@ -681,6 +686,7 @@ pub fn run_with(data: &[u8], checks: Checks) {
             shared.loads.reset(ServerId(id));
         }
         shared.handshakes.clear();
+        shared.fallback.clear();
         cache.generation += 1;
         shared
             .snapshot
@@ -1450,7 +1456,7 @@ pub fn model_matches_control_plane(setup: Setup, actions: &[(Action, u16, Nanos)
     let config = setup.config();
     let mut plane = ControlPlane::new(&config, &SECRET).expect("harness configs are valid");
     let mut model = Model::from_config(&config);
-    let model_shared = LbShared::new(&SECRET, CookieLayout::DEFAULT, Snapshot::empty());
+    let model_shared = LbShared::new(&SECRET, CookieLayout::DEFAULT, Snapshot::empty(), 8);
     let mut pools = PoolCache::default();
     let compare = |plane: &ControlPlane, model: &Model, pools: &mut PoolCache, step: &str| {
         let real = plane.shared().snapshot.load();

@@ -114,7 +114,9 @@ pub struct LbConfig {
     /// Seconds a removed server's id stays retired before it may be given to a new server.
     #[serde(default = "default_quarantine")]
     pub quarantine_secs: u64,
-    /// Per-worker LRU entries for connections without TCP timestamps.
+    /// Entries of the fallback table for connections without TCP timestamps: one table
+    /// shared by all workers, `capacity * 8` bytes; rounded up to a power of two, at least
+    /// 8 (`lb/fallback.rs`).
     #[serde(default = "default_fallback_capacity")]
     pub fallback_table_capacity: usize,
     /// Slots of each VIP's Maglev table (a prime), which places connections without

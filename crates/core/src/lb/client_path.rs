@@ -2,6 +2,7 @@
 
 use super::cookie_stage::route_by_cookie;
 use super::counters::Counter;
+use super::fallback::Insert;
 use super::handshakes::Handshake;
 use super::shared::LbShared;
 use super::worker::{baseline_pick, Ipv4Layout, WorkerState};
@@ -55,14 +56,14 @@ impl WorkerState {
                     (SegmentKind::Syn, None) => {
                         let server = vip.pool.maglev.lookup(hash);
                         if let Some(server) = server {
-                            self.fallback.insert(key, hash, server);
+                            self.remember(shared, hash, server, now);
                             self.counters.inc(Counter::FallbackConnections);
                             self.loads.on_new_connection(server);
                             self.count_once_per_handshake(shared, hash, segment.seq(), server, now);
                         }
                         server
                     }
-                    (_, None) => match self.fallback.lookup(&key, hash) {
+                    (_, None) => match shared.fallback.lookup(hash, now) {
                         Some(server) if snapshot.servers.get(server).state.forwards() => {
                             self.counters.inc(Counter::FallbackHits);
                             Some(server)
@@ -70,7 +71,7 @@ impl WorkerState {
                         Some(_) => {
                             // Its server was removed: the connection is gone, as it is for
                             // a cookie naming a removed server.
-                            self.fallback.remove(&key, hash);
+                            shared.fallback.remove(hash);
                             return Verdict::Drop(DropReason::FallbackServerRemoved);
                         }
                         None => {
@@ -124,6 +125,14 @@ impl WorkerState {
         self.loads.on_new_connection(server);
         self.counters.inc(Counter::NewConnections);
         Some(server)
+    }
+
+    /// Remembers `server` for a connection without a cookie in the shared fallback table.
+    #[inline]
+    pub(crate) fn remember(&self, shared: &LbShared, hash: u64, server: ServerId, now: Nanos) {
+        if shared.fallback.insert(hash, server, now) == Insert::Evicted {
+            self.counters.inc(Counter::FallbackEvictions);
+        }
     }
 
     /// A retransmitted SYN was counted again where it was placed now: the count it raised

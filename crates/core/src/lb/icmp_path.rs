@@ -2,8 +2,8 @@
 //! client): they concern a packet the server sent, which carried a cookie in its TSval.
 //!
 //! The error goes to the server the embedded cookie names (with the embedded TSval restored
-//! to what the server sent). For a no-timestamp connection the fallback table knows the
-//! server. With neither (the router quoted only 8 bytes of TCP), the error is copied to
+//! to what the server sent). For a no-timestamp connection the fallback table (shared by
+//! all workers, so whichever worker the error reaches) knows the server. With neither (the router quoted only 8 bytes of TCP), the error is copied to
 //! every active server of the VIP, rate-limited, since one of them needs it for path MTU
 //! discovery. In NAT mode the embedded headers are translated back to the server's address.
 
@@ -166,9 +166,9 @@ impl WorkerState {
                     Some(decoded.server)
                 }
                 None => {
-                    let server = self
+                    let server = shared
                         .fallback
-                        .peek(&key, hash)
+                        .peek(hash)
                         .filter(|s| snapshot.servers.get(*s).state.forwards());
                     if server.is_some() {
                         self.counters.inc(Counter::IcmpRoutedByFallback);

@@ -82,7 +82,7 @@ impl WorkerState {
                     // The client offered no timestamp: its later packets will be routed by
                     // the fallback table, so teach it the server that actually answered.
                     let hash = shared.hasher.hash(&key);
-                    self.fallback.insert(key, hash, server);
+                    self.remember(shared, hash, server, now);
                     self.counters.inc(Counter::FallbackLearnedFromServer);
                 }
                 None => {}

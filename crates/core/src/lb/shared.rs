@@ -2,42 +2,62 @@
 
 use std::sync::Arc;
 
+use super::fallback::FallbackTable;
 use super::handshakes::{self, HandshakeTable};
 use crate::cookie::{CookieLayout, MsbTable};
 use crate::hash::{FlowHasher, Secret};
 use crate::policy::SharedLoads;
 use crate::tables::{Snapshot, SnapshotCell};
 
-/// What all workers read (and, for loads, server clocks and handshakes, write rarely): the published
-/// tables, the merged load counters, the per-server timestamp MSB memory, the recent SYNs
-/// whose load count may have to move, and the keyed hasher.
+/// What all workers read (and, for loads, server clocks, handshakes and the fallback table,
+/// write rarely): the published tables, the merged load counters, the per-server timestamp
+/// MSB memory, the recent SYNs whose load count may have to move, the connections routed
+/// without a cookie, and the keyed hasher.
 pub struct LbShared {
     pub snapshot: SnapshotCell,
     pub loads: Arc<SharedLoads>,
     pub msb: MsbTable,
     pub handshakes: HandshakeTable,
+    /// Flow -> server for connections without a usable cookie (`lb/fallback.rs`): one for
+    /// all workers, since a connection's packets reach several.
+    pub fallback: FallbackTable,
     pub hasher: FlowHasher,
     secret_fingerprint: String,
 }
 
 impl LbShared {
-    pub fn new(secret: &Secret, layout: CookieLayout, snapshot: Snapshot) -> Self {
-        Self::with_handshake_slots(secret, layout, snapshot, handshakes::DEFAULT_SLOTS)
-    }
-
-    /// With a handshake table of `slots` slots: a small one lets a harness that reuses the
-    /// shared state clear it cheaply between runs.
-    pub fn with_handshake_slots(
+    /// With a fallback table for `fallback_capacity` flows (the config's
+    /// `fallback_table_capacity`, rounded as [`FallbackTable::rounded_capacity`] says).
+    pub fn new(
         secret: &Secret,
         layout: CookieLayout,
         snapshot: Snapshot,
-        slots: usize,
+        fallback_capacity: usize,
+    ) -> Self {
+        Self::with_table_sizes(
+            secret,
+            layout,
+            snapshot,
+            handshakes::DEFAULT_SLOTS,
+            fallback_capacity,
+        )
+    }
+
+    /// With a handshake table of `handshake_slots` slots: small tables let a harness that
+    /// reuses the shared state clear them cheaply between runs.
+    pub fn with_table_sizes(
+        secret: &Secret,
+        layout: CookieLayout,
+        snapshot: Snapshot,
+        handshake_slots: usize,
+        fallback_capacity: usize,
     ) -> Self {
         LbShared {
             snapshot: SnapshotCell::new(snapshot),
             loads: Arc::new(SharedLoads::new()),
             msb: MsbTable::new(layout),
-            handshakes: HandshakeTable::with_slots(slots),
+            handshakes: HandshakeTable::with_slots(handshake_slots),
+            fallback: FallbackTable::with_capacity(fallback_capacity),
             hasher: FlowHasher::new(secret),
             secret_fingerprint: secret.fingerprint(layout),
         }

@@ -9,15 +9,15 @@
 //!                     └─ anything else ─► Pass (host kernel)
 //! ```
 //! `process` takes the packet buffer and `now`; randomness comes from the seed given at
-//! construction. The worker owns what only it writes (policy cursors, load deltas, the
-//! no-timestamp LRU, counters) and reads what all workers share through [`LbShared`].
+//! construction. The worker owns what only it writes (policy cursors, load deltas,
+//! counters) and reads what all workers share through [`LbShared`] (which the no-timestamp
+//! fallback table is part of: a connection's packets reach several workers).
 
 use std::sync::Arc;
 
 use rand_core::SeedableRng;
 
 use super::counters::{Counter, WorkerCounters};
-use super::fallback::FallbackTable;
 use super::rate_limit::TokenBucket;
 use super::shared::LbShared;
 use crate::config::{Forwarding, Mode};
@@ -38,7 +38,6 @@ pub struct WorkerConfig {
     pub workers: usize,
     /// Seed of the policy RNG; with the same seed and packets a run replays exactly.
     pub seed: u64,
-    pub fallback_capacity: usize,
     pub icmp_copy_rate: u64,
     pub icmp_copy_burst: u64,
 }
@@ -49,7 +48,6 @@ impl WorkerConfig {
             index,
             workers,
             seed: 0x5eed_0000 + index as u64,
-            fallback_capacity: config.fallback_table_capacity,
             icmp_copy_rate: config.icmp_copy_rate,
             icmp_copy_burst: config.icmp_copy_burst,
         }
@@ -69,7 +67,6 @@ pub(crate) struct WorkerState {
     pub(crate) policies: Vec<VipPolicy>,
     pub(crate) loads: WorkerLoads,
     pub(crate) rng: PolicyRng,
-    pub(crate) fallback: FallbackTable,
     pub(crate) icmp_copies: TokenBucket,
     pub(crate) counters: Arc<WorkerCounters>,
     /// Whether established traffic takes `lb/fast_path.rs`: asked for and not ruled out by
@@ -162,7 +159,6 @@ impl Worker {
                 policies: Vec::new(),
                 loads: WorkerLoads::new(Arc::clone(&shared.loads)),
                 rng: PolicyRng::seed_from_u64(config.seed),
-                fallback: FallbackTable::with_capacity(config.fallback_capacity),
                 icmp_copies: TokenBucket::new(config.icmp_copy_rate, config.icmp_copy_burst),
                 counters: Arc::new(WorkerCounters::default()),
                 fast_path: true,
@@ -205,10 +201,6 @@ impl Worker {
 
     pub fn snapshot(&self) -> &Arc<Snapshot> {
         &self.snapshot
-    }
-
-    pub fn fallback_table(&self) -> &FallbackTable {
-        &self.state.fallback
     }
 
     /// Picks up a new snapshot and merges load counters when due. `process` calls it for

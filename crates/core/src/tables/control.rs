@@ -199,6 +199,7 @@ impl ControlPlane {
                 secret,
                 config.cookie_layout().expect("validated"),
                 Snapshot::empty(),
+                config.fallback_table_capacity,
             )),
             config: config.clone(),
         };
