@@ -1392,6 +1392,16 @@ fn check_cookie(
             if kind == SegmentKind::Syn {
                 return;
             }
+            if input[l.l4 + 13] & tcp::flags::ACK == 0 {
+                // Without ACK, TSecr echoes nothing (RFC 7323): routed like a segment
+                // without timestamps, and TSecr left as it is.
+                assert_eq!(
+                    input[tsecr_at..tsecr_at + 4],
+                    output[tsecr_at..tsecr_at + 4],
+                    "the TSecr of a client segment without ACK is never rewritten"
+                );
+                return;
+            }
             // Routed by the cookie echoed in TSecr: it must decode to the chosen server,
             // and only the 16 MSB of TSecr may change, to what the harness's model of the
             // server's clock says (not what the core's own table says).

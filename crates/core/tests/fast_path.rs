@@ -92,6 +92,11 @@ fn client_frames() -> impl Strategy<Value = Vec<u8>> {
             Just(ACK | PSH),
             Just(ACK | FIN),
             Just(RST),
+            Just(RST | ACK),
+            // Without ACK: TSecr echoes nothing, routed like a segment without timestamps.
+            Just(FIN),
+            Just(PSH),
+            Just(0),
             Just(SYN),
             Just(SYN | ACK)
         ],

@@ -17,8 +17,8 @@ use cheetah_core::policy::PolicyKind;
 use cheetah_core::tables::{ControlPlane, ServerSpec};
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::types::NANOS_PER_SEC;
-use cheetah_core::wire::tcp::flags::{ACK, FIN, PSH, SYN};
-use cheetah_core::{ServerId, Verdict};
+use cheetah_core::wire::tcp::flags::{ACK, FIN, PSH, RST, SYN};
+use cheetah_core::{DropReason, ServerId, Verdict};
 
 const SECRET: Secret = Secret([0x5a; 16]);
 const SERVERS: u16 = 6;
@@ -63,6 +63,10 @@ impl Lb {
 
     fn counter(&self, c: Counter) -> u64 {
         self.workers.iter().map(|w| w.counters().get(c)).sum()
+    }
+
+    fn drops(&self, r: DropReason) -> u64 {
+        self.workers.iter().map(|w| w.counters().drops(r)).sum()
     }
 
     /// Server `server`'s answer to client `n` (l2: from its MAC; NAT: from its address).
@@ -238,5 +242,116 @@ fn a_server_that_declines_timestamps_keeps_its_connections_on_every_worker() {
             }
         }
         assert_eq!(lb.counter(Counter::FallbackMisses), 0, "{forwarding:?}");
+    }
+}
+
+/// A client's segment without ACK other than a SYN (a RST, mostly) carries no echo in
+/// TSecr (RFC 7323: TSecr is valid only with ACK; Linux sends 0). It is routed like a
+/// segment without timestamps, by the fallback table or else by Maglev, with TSecr left as
+/// it is, never dropped as a bad cookie. Both the straight line and the general pipeline.
+#[test]
+fn a_client_segment_without_ack_is_routed_without_its_tsecr() {
+    for forwarding in FORWARDINGS {
+        for fast_path in [true, false] {
+            let mut lb = Lb::new(forwarding, 2);
+            for worker in &mut lb.workers {
+                worker.set_fast_path(fast_path);
+            }
+            let second = NANOS_PER_SEC;
+            let mut checked = 0;
+            for n in 0..CONNECTIONS {
+                // A connection with timestamps, established through the LB.
+                let Verdict::ToServer(server) =
+                    lb.process(0, &from_client(n, SYN, options::linux_syn(7, 0)), second)
+                else {
+                    panic!()
+                };
+                let synack = lb.server_sends(server, n, SYN | ACK, options::linux_syn(99 << 16, 7));
+                let mut out = synack.clone();
+                assert_eq!(
+                    lb.workers[1].process(&mut out, 2 * second),
+                    Verdict::ToClient
+                );
+                let (cookie_tsval, _) = testkit::timestamps(&out).unwrap();
+                // The echo of that cookie with ACK is routed by it, as always.
+                assert_eq!(
+                    lb.process(
+                        0,
+                        &from_client(n, ACK, options::nop_nop_ts(8, cookie_tsval)),
+                        2 * second
+                    ),
+                    Verdict::ToServer(server)
+                );
+                let maglev = lb.maglev(n);
+                // TSecr 0 (what Linux sends without ACK), garbage, and the connection's own
+                // cookie: without ACK none of them is read.
+                let garbage = 0xdead_0000 | n;
+                for tsecr in [0, garbage, cookie_tsval] {
+                    for flags in [RST, FIN, 0] {
+                        let segment = from_client(n, flags, options::nop_nop_ts(9, tsecr));
+                        let mut out = segment.clone();
+                        let verdict = lb.workers[(n % 2) as usize].process(&mut out, 3 * second);
+                        assert_eq!(
+                            verdict,
+                            Verdict::ToServer(maglev),
+                            "{forwarding:?} fast={fast_path}: client {n}, flags {flags:#04x}, TSecr {tsecr:#010x}"
+                        );
+                        assert_eq!(
+                            testkit::timestamps(&out).unwrap().1,
+                            tsecr,
+                            "TSecr without ACK is left as it is"
+                        );
+                        assert!(testkit::checksums_valid(&out));
+                        checked += 1;
+                    }
+                }
+            }
+            assert_eq!(checked, 9 * CONNECTIONS);
+            for reason in cheetah_core::DropReason::ALL {
+                assert_eq!(
+                    lb.drops(*reason),
+                    0,
+                    "{forwarding:?} fast={fast_path}: {}",
+                    reason.name()
+                );
+            }
+        }
+    }
+}
+
+/// A client RST without ACK of a connection the fallback table knows (its server declined
+/// timestamps) goes to that server, whatever TSecr says, even after Maglev moved.
+#[test]
+fn a_client_rst_without_ack_follows_the_fallback_table() {
+    for forwarding in FORWARDINGS {
+        let mut lb = Lb::new(forwarding, 2);
+        let second = NANOS_PER_SEC;
+        let mut placed = Vec::new();
+        for n in 0..CONNECTIONS {
+            let Verdict::ToServer(server) =
+                lb.process(0, &from_client(n, SYN, options::linux_syn(7, 0)), second)
+            else {
+                panic!()
+            };
+            let synack = lb.server_sends(server, n, SYN | ACK, options::windows_syn());
+            assert_eq!(lb.process(1, &synack, 2 * second), Verdict::ToClient);
+            placed.push((n, server));
+        }
+        lb.change_pool(3 * second);
+        for &(n, server) in &placed {
+            for tsecr in [0, 0xbad0_0000 | n] {
+                let rst = from_client(n, RST, options::nop_nop_ts(9, tsecr));
+                assert_eq!(
+                    lb.process((n % 2) as usize, &rst, 4 * second),
+                    Verdict::ToServer(server),
+                    "{forwarding:?}: client {n}, TSecr {tsecr:#010x}"
+                );
+            }
+        }
+        assert_eq!(
+            lb.counter(Counter::FallbackHits),
+            2 * CONNECTIONS as u64,
+            "{forwarding:?}"
+        );
     }
 }

@@ -1,4 +1,6 @@
-//! Client -> VIP TCP: the first packet takes the policy, every later one its cookie.
+//! Client -> VIP TCP: the first packet takes the policy, every later one its cookie; a
+//! connection without timestamps, and a segment without ACK (whose TSecr echoes nothing),
+//! the shared fallback table or else Maglev.
 
 use super::cookie_stage::route_by_cookie;
 use super::counters::Counter;
@@ -12,6 +14,7 @@ use crate::policy::PickContext;
 use crate::tables::{ServerSlot, Snapshot, VipEntry};
 use crate::types::{Nanos, ServerId};
 use crate::verdict::{DropReason, Verdict};
+use crate::wire::tcp::flags::ACK;
 use crate::wire::tcp::MIN_HEADER_LEN as TCP_HEADER;
 use crate::wire::tcp_options::{SegmentKind, TSECR};
 use crate::wire::{ethernet, read_u32, Ipv4Packet, TcpSegment};
@@ -45,7 +48,14 @@ impl WorkerState {
                     Ok(lookup) => lookup,
                     Err(reason) => return Verdict::Drop(reason),
                 };
-                match (kind, timestamp.offset) {
+                // TSecr echoes a TSval only when ACK is set (RFC 7323, 3.2; Linux sends 0
+                // otherwise): a client segment without ACK other than a SYN (a RST, mostly)
+                // carries no cookie, and is routed like one without timestamps.
+                let echo = match kind {
+                    SegmentKind::Other if flags & ACK == 0 => None,
+                    _ => timestamp.offset,
+                };
+                match (kind, echo) {
                     (SegmentKind::Syn, Some(_)) => {
                         let server = self.pick_new(vip_index, vip, hash, now);
                         if let Some(server) = server {

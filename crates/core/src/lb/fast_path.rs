@@ -1,9 +1,10 @@
 //! The straight-line path for the packets a load balancer sees most, in an untagged IPv4
 //! frame without IP options:
 //!
-//! * a client's segment on an established connection whose TCP options start NOP NOP
-//!   Timestamp (99.95% of non-SYN packets in the paper's Table 1): cookie decoded from
-//!   TSecr, TSecr restored, toward the server;
+//! * a client's segment with ACK (not SYN) whose TCP options start NOP NOP Timestamp
+//!   (99.95% of non-SYN packets in the paper's Table 1): cookie decoded from TSecr, TSecr
+//!   restored, toward the server (without ACK, TSecr echoes nothing: such a segment goes to
+//!   the general path, which routes it like one without timestamps);
 //! * a server's reply whose timestamp sits where the common layouts put it (NOP NOP TS for
 //!   non-SYN segments, the four SYN-ACK rows of Table 1): the server's clock learnt, cookie put into TSval,
 //!   toward the client. A SYN-ACK answering a recently retried SYN goes to the general
@@ -30,7 +31,7 @@ use crate::cookie::{tcp_ts, MsbLearn};
 use crate::tables::{Snapshot, VipSlot};
 use crate::types::Nanos;
 use crate::verdict::{DropReason, Verdict};
-use crate::wire::tcp::flags::{FIN, RST, SYN};
+use crate::wire::tcp::flags::{ACK, FIN, RST, SYN};
 use crate::wire::tcp_options::{find_timestamp_fast, SegmentKind, TSVAL};
 use crate::wire::{checksum, ethernet, ipv4, read_u16, read_u32, tcp, Ipv4Packet, TcpSegment};
 
@@ -186,7 +187,12 @@ impl WorkerState {
             dst_port: _,
         } = segment;
         let l4 = layout.l4;
-        if CHEETAH && (doff_flags & SYN as u16 != 0 || read_u32(packet, l4 + TCP) != NOP_NOP_TS) {
+        // A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC 7323),
+        // so the general path routes it like one without timestamps.
+        if CHEETAH
+            && (doff_flags & (SYN | ACK) as u16 != ACK as u16
+                || read_u32(packet, l4 + TCP) != NOP_NOP_TS)
+        {
             return None;
         }
         let vip = snapshot.vip(vip_slot.index);
