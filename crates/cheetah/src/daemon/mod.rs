@@ -19,6 +19,7 @@
 //! ```
 
 pub mod api;
+pub mod fallback_state;
 pub mod io_counters;
 pub mod metrics;
 pub mod persist;

@@ -11,7 +11,8 @@
 //! * a fingerprint of the config's LB sections and the wall-clock time of the save.
 //!
 //! It is written atomically (temporary file, fsync, rename, fsync of the directory) every
-//! second by [`spawn`]'s thread, after every successful control change, and on shutdown.
+//! second by [`spawn`]'s thread, after every successful control change, and on shutdown,
+//! each time with `fallback.bin` beside it.
 //!
 //! # Restore rule
 //!
@@ -32,6 +33,9 @@
 //!   file's are refused and re-learnt from each server's next packet. An id whose address
 //!   differs between the file and the restored tables is a different server: its clock is
 //!   not restored.
+//! * **Connections without a cookie**: the fallback table's flows are saved beside it, in
+//!   `fallback.bin` (`fallback_state.rs`), and taken back if the key and layout are the
+//!   same and the table is no bigger than the saved one.
 //! * **Cookie layout**: a file written with another `cookie_epoch_bits` than the config's
 //!   stops the start ([`Persister::restore`]): the connections that LB opened carry cookies
 //!   of its layout, which this one would read as other servers. A file of format 1 (before
@@ -55,6 +59,7 @@ use cheetah_core::tables::{ControlPlane, ControlState, SavedServerState};
 use cheetah_core::types::Nanos;
 use serde::{Deserialize, Serialize};
 
+use super::fallback_state::{self, Restored};
 use super::service::ServiceThread;
 use super::state::{unix_ms, Clock, DaemonState};
 
@@ -292,6 +297,17 @@ impl Persister {
         let (plane, report) = restore(config, secret, saved.as_ref(), clock.now(), unix_ms())
             .map_err(anyhow::Error::msg)?;
         log_report(&self.path(), &report);
+        match fallback_state::restore(&self.dir, plane.shared(), clock.now(), unix_ms()) {
+            Restored::NoFile => {}
+            Restored::Flows(flows) => tracing::info!(
+                flows,
+                "connections without a cookie restored into the fallback table"
+            ),
+            Restored::Refused(why) => tracing::warn!(
+                reason = %why,
+                "connections without a cookie not restored: Maglev places them"
+            ),
+        }
         Ok(plane)
     }
 
@@ -309,11 +325,13 @@ impl Persister {
         }
     }
 
-    /// Saves the state of `daemon` atomically.
+    /// Saves the state of `daemon` atomically, and its fallback table
+    /// (`fallback_state.rs`).
     pub fn save(&self, daemon: &DaemonState) -> anyhow::Result<()> {
         let _one_at_a_time = self.writing.lock().unwrap_or_else(|e| e.into_inner());
         let file = self.snapshot(daemon);
-        self.write(&file)
+        self.write(&file)?;
+        fallback_state::save(&self.dir, &daemon.shared, daemon.now(), unix_ms())
     }
 
     /// Writes `file` atomically: a reader (or a crash) sees the old file or the new one.

@@ -79,11 +79,12 @@ fn same_config_the_saved_tables_win() {
     assert_eq!(plane.shared().msb.get(ServerId(5)), Some(0x5555));
     assert_eq!(plane.shared().msb.get(ServerId(1)), Some(0x1234));
     // Written atomically: no temporary file is left behind.
-    let names: Vec<_> = std::fs::read_dir(dir.path())
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(names, vec!["state.json"]);
+    names.sort();
+    assert_eq!(names, vec!["fallback.bin", "state.json"]);
 }
 
 #[test]
@@ -278,4 +279,46 @@ fn restore_from_disk_ignores_an_unreadable_file() {
         .restore(&common::config(), &SECRET, &clock)
         .unwrap();
     assert_eq!(pool(&plane), vec![(1, 1), (5, 4)]);
+}
+
+/// Connections without a cookie are routed by the fallback table, which a restart would
+/// otherwise forget: the next start takes its flows back (`fallback.bin`), with the key it
+/// was written under.
+#[test]
+fn the_fallback_table_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = common::state_with(&common::config(), Some(dir.path()));
+    let flows: Vec<u64> = (1..=50u64)
+        .map(|n| n.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    for (i, hash) in flows.iter().enumerate() {
+        state
+            .shared
+            .fallback
+            .insert(*hash, ServerId(1 + (i % 2) as u16), state.now());
+    }
+    state.persist();
+    drop(state);
+
+    let clock = cheetah::daemon::Clock::start();
+    let plane = Persister::new(dir.path(), &common::config())
+        .unwrap()
+        .restore(&common::config(), &SECRET, &clock)
+        .unwrap();
+    for (i, hash) in flows.iter().enumerate() {
+        assert_eq!(
+            plane.shared().fallback.peek(*hash),
+            Some(ServerId(1 + (i % 2) as u16))
+        );
+    }
+    // Under another key the same file describes no connection of this LB.
+    let other = Persister::new(dir.path(), &common::config())
+        .unwrap()
+        .restore(
+            &common::config(),
+            &cheetah_core::hash::Secret([7; 16]),
+            &clock,
+        )
+        .unwrap();
+    assert!(other.shared().fallback.is_empty());
 }

@@ -120,6 +120,18 @@ pub enum Insert {
     Lost,
 }
 
+/// A remembered flow, as [`FallbackTable::export`] gives it for the next LB process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SavedFlow {
+    /// The set it is in: its hash's low bits.
+    pub set: u32,
+    /// Its hash's high 32 bits.
+    pub tag: u32,
+    pub server: ServerId,
+    /// Time since its last use, in units of 2^30 ns (1.07 s).
+    pub idle_units: u16,
+}
+
 /// The flow hash's part that is kept in a word.
 #[inline(always)]
 fn tag(hash: u64) -> u64 {
@@ -245,10 +257,15 @@ impl FallbackTable {
     /// takes.
     #[inline]
     pub fn insert(&self, hash: u64, server: ServerId, now: Nanos) -> Insert {
-        let tag = tag(hash);
-        let unit = unit(now);
-        let new = pack(tag, server, unit);
-        let set = &self.set(hash).0;
+        self.insert_word(&self.set(hash).0, pack(tag(hash), server, unit(now)))
+    }
+
+    /// Puts `new` (a valid word) into `set`: over the word with its tag, else into an
+    /// empty way, else over the least recently used.
+    #[inline]
+    fn insert_word(&self, set: &[AtomicU64; WAYS], new: u64) -> Insert {
+        let tag = new & TAG_MASK;
+        let unit = unit_of(new);
         'attempt: for _ in 0..INSERT_ATTEMPTS {
             let mut empty = None;
             // (way, word, age in time units)
@@ -300,6 +317,65 @@ impl FallbackTable {
             }
         }
         removed
+    }
+
+    /// Every flow remembered, for a restart of the LB process to take over
+    /// ([`import`](Self::import)). Reads the whole table; not for the packet path.
+    pub fn export(&self, now: Nanos) -> Vec<SavedFlow> {
+        let unit = unit(now);
+        let mut flows = Vec::new();
+        for (index, set) in self.sets.iter().enumerate() {
+            for way in &set.0 {
+                let word = way.load(Relaxed);
+                if word & VALID != 0 {
+                    flows.push(SavedFlow {
+                        set: index as u32,
+                        tag: (word & TAG_MASK) as u32,
+                        server: server_of(word),
+                        idle_units: (unit.wrapping_sub(unit_of(word)) & 0xffff) as u16,
+                    });
+                }
+            }
+        }
+        flows
+    }
+
+    /// Remembers `flows`, exported from a table of `saved_sets` sets (its
+    /// [`sets`](Self::sets)) keyed by the same secret, each used `idle_units` (plus
+    /// `extra_idle_units`, the time in between, saturating) before `now`. Returns how many
+    /// went in. A flow's set is its hash's low bits, so a table with as many sets or fewer
+    /// can place every flow; a bigger one cannot tell which of its sets a flow belongs to,
+    /// and takes none.
+    pub fn import(
+        &self,
+        saved_sets: usize,
+        flows: &[SavedFlow],
+        extra_idle_units: u64,
+        now: Nanos,
+    ) -> usize {
+        if saved_sets < self.sets.len() {
+            return 0;
+        }
+        let unit = unit(now);
+        let mut imported = 0;
+        for flow in flows {
+            if flow.server.0 > ServerId::MAX || flow.set as usize >= saved_sets {
+                continue;
+            }
+            let idle = (u64::from(flow.idle_units) + extra_idle_units).min(0xffff);
+            let used = unit.wrapping_sub(idle) & 0xffff;
+            let set = &self.sets[flow.set as usize & self.mask].0;
+            match self.insert_word(set, pack(u64::from(flow.tag), flow.server, used)) {
+                Insert::Added | Insert::Updated | Insert::Evicted => imported += 1,
+                Insert::Lost => {}
+            }
+        }
+        imported
+    }
+
+    /// Number of sets (a power of two): a flow's set is its hash's low bits.
+    pub fn sets(&self) -> usize {
+        self.sets.len()
     }
 
     /// Forgets every flow (tests and the fuzz harness reuse one table across runs).
@@ -473,6 +549,50 @@ mod tests {
         assert_eq!(table.remove(h), Some(ServerId(7)));
         assert_eq!(table.lookup(h, at(1)), None);
         assert!(table.is_empty());
+    }
+
+    #[test]
+    fn a_restart_takes_over_every_flow_with_its_age() {
+        let old = FallbackTable::with_capacity(64);
+        for n in 0..20u32 {
+            old.insert(
+                hash(u64::from(n % 8), n),
+                ServerId(n as u16),
+                at(100 + u64::from(n)),
+            );
+        }
+        let saved = old.export(at(130));
+        assert_eq!(saved.len(), 20);
+        assert!(saved.contains(&SavedFlow {
+            set: 3,
+            tag: 11,
+            server: ServerId(11),
+            idle_units: 19,
+        }));
+        // The next process's clock starts again from 0; 5 units went by in between.
+        let new = FallbackTable::with_capacity(64);
+        assert_eq!(new.import(old.sets(), &saved, 5, at(2)), 20);
+        for n in 0..20u32 {
+            assert_eq!(
+                new.peek(hash(u64::from(n % 8), n)),
+                Some(ServerId(n as u16))
+            );
+        }
+        assert_eq!(
+            new.export(at(2))
+                .iter()
+                .find(|f| f.tag == 11)
+                .map(|f| f.idle_units),
+            Some(24)
+        );
+        // A smaller table places every flow by its low set bits; a bigger one takes none.
+        let smaller = FallbackTable::with_capacity(16);
+        assert_eq!(smaller.import(old.sets(), &saved, 0, at(2)), 20);
+        assert_eq!(smaller.peek(hash(3, 11)), Some(ServerId(11)));
+        assert_eq!(smaller.len(), 16, "two sets of 8");
+        let bigger = FallbackTable::with_capacity(128);
+        assert_eq!(bigger.import(old.sets(), &saved, 0, at(2)), 0);
+        assert!(bigger.is_empty());
     }
 
     /// Per set, a true LRU of up to 8 flows by last use: what the table must do when every
