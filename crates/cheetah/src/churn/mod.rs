@@ -89,6 +89,12 @@ pub struct ChurnArgs {
     /// Short connections per second (one request each), all clients together.
     #[arg(long, default_value = "40/s", value_parser = parse_rate)]
     short_rate: f64,
+    /// How many clients send no TCP timestamps (net.ipv4.tcp_timestamps=0 in their
+    /// namespace, as Windows clients), the last ones first (c3, c2...): the LB routes their
+    /// connections by its fallback table, not by cookies. The results count them apart
+    /// (`no_timestamps`).
+    #[arg(long, default_value_t = 0)]
+    clients_without_timestamps: u16,
     /// A status line while it runs (rewritten on a terminal, every 10 s in a log).
     #[arg(long)]
     progress: bool,
@@ -143,6 +149,7 @@ pub fn run(args: ChurnArgs) -> anyhow::Result<()> {
             downloads: args.downloads,
             short_rate: args.short_rate,
         },
+        clients_without_timestamps: args.clients_without_timestamps,
         progress: args.progress,
     };
     let path = scenario::run(&config)?;

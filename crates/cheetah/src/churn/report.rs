@@ -62,8 +62,9 @@ pub fn one_line(results: &ChurnResults) -> String {
         .iter()
         .map(|(kind, n)| format!("{kind} {n}"))
         .collect();
+    let apart = &results.no_timestamps;
     format!(
-        "churn [{}]: {} requests completed, {} connections broken{}, {} long-lived connections open at the end",
+        "churn [{}]: {} requests completed, {} connections broken{}, {} long-lived connections open at the end{}",
         results.mode,
         results.requests.get("total").copied().unwrap_or(0),
         results.connections_broken,
@@ -72,7 +73,17 @@ pub fn one_line(results: &ChurnResults) -> String {
         } else {
             format!(" ({})", kinds.join(", "))
         },
-        results.long_lived_at_end
+        results.long_lived_at_end,
+        if apart.clients.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; clients without timestamps ({}): {} connections, {} broken",
+                apart.clients.join(" "),
+                apart.connections_opened.get("total").copied().unwrap_or(0),
+                apart.connections_broken
+            )
+        }
     )
 }
 
@@ -146,6 +157,19 @@ pub fn table(runs: &[&ChurnResults]) -> String {
         row(
             &format!("**idle sessions, gap {gap:.0} s: requests / broken**"),
             &|r| format!("{} / **{}**", count(r, class), broken_in(r, class)),
+        );
+    }
+    if runs.iter().any(|r| !r.no_timestamps.clients.is_empty()) {
+        row(
+            "**clients without timestamps: connections / broken**",
+            &|r| {
+                let apart = &r.no_timestamps;
+                format!(
+                    "{} / **{}**",
+                    apart.connections_opened.get("total").copied().unwrap_or(0),
+                    apart.connections_broken
+                )
+            },
         );
     }
     row("most broken in one second", &|r| {
@@ -314,6 +338,28 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("16 long idle (100 s gaps)"), "{text}");
+    }
+
+    #[test]
+    fn clients_without_timestamps_have_a_row_of_their_own_when_there_are_any() {
+        let old = recorded();
+        assert!(!table(&[&old]).contains("without timestamps"));
+        let mut cheetah = recorded();
+        cheetah.no_timestamps.clients = vec!["c3".into()];
+        cheetah
+            .no_timestamps
+            .connections_opened
+            .insert("total".into(), 412);
+        let mut hash = cheetah.clone();
+        hash.mode = "hash".into();
+        hash.no_timestamps.connections_broken = 30;
+        let text = table(&[&cheetah, &hash]);
+        assert!(
+            text.contains(
+                "| **clients without timestamps: connections / broken** | 412 / **0** | 412 / **30** |"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -133,6 +133,9 @@ pub struct ChurnResults {
     pub connections_broken: u64,
     pub broken_by_kind: Counts,
     pub broken_by_class: BTreeMap<String, Counts>,
+    /// The same counts for the clients without TCP timestamps alone (also in the totals).
+    #[serde(default)]
+    pub no_timestamps: NoTimestamps,
     /// Long-lived connections (keep-alive, idle, downloads) open when the load stopped.
     pub long_lived_at_end: u64,
     /// Sessions still in a request when the loadgens' grace period after the stop ran out.
@@ -148,6 +151,19 @@ pub struct ChurnResults {
     pub lb_metrics: LbMetrics,
     /// The per-client loadgen reports, relative to the results file.
     pub loadgen_reports: Vec<String>,
+}
+
+/// The connections of the clients that send no TCP timestamps (`--clients-without-timestamps`),
+/// counted apart: the LB routes them by its fallback table, not by cookies.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NoTimestamps {
+    /// The clients (`c3`, ...); none in a run without them.
+    pub clients: Vec<String>,
+    pub requests: Counts,
+    pub connections_opened: Counts,
+    pub connections_broken: u64,
+    pub broken_by_kind: Counts,
+    pub broken_by_class: BTreeMap<String, Counts>,
 }
 
 /// The reports of all clients, merged.

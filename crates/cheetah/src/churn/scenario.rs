@@ -17,7 +17,9 @@ use cheetah_core::policy::PolicyKind;
 use super::lb::{spawn_in_netns, tail, Lb};
 use super::load::{self, ClientLoad, Workload, LONG_IDLE_CLASS};
 use super::progress::{Progress, Status};
-use super::results::{self, ChurnResults, Event, LbMetrics, LoadSpread, LoadgenReport};
+use super::results::{
+    self, ChurnResults, Event, LbMetrics, LoadSpread, LoadgenReport, NoTimestamps,
+};
 use super::schedule::{Action, Schedule, Step};
 use super::{lbconfig, tsclock};
 use crate::testbed::{self, forwarding_name, Options, ServerClocks, Topology};
@@ -48,6 +50,8 @@ pub struct Config {
     pub forwarding: Forwarding,
     pub out: PathBuf,
     pub workload: Workload,
+    /// Clients whose TCP sends no timestamps (the last ones).
+    pub clients_without_timestamps: u16,
     pub progress: bool,
 }
 
@@ -146,6 +150,7 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         policy: PolicyKind::RoundRobin,
         dir: None,
         server_clocks: ServerClocks::Distinct,
+        clients_without_timestamps: config.clients_without_timestamps,
     })?;
     let api_address = topo
         .lb
@@ -585,6 +590,15 @@ impl Runner<'_> {
     ) -> anyhow::Result<ChurnResults> {
         let mut reports = Vec::new();
         let mut report_paths = Vec::new();
+        // Which clients send no timestamps: their connections are also counted apart.
+        let without_timestamps: Vec<String> = self
+            .topo
+            .clients
+            .iter()
+            .filter(|c| !c.timestamps)
+            .map(|c| c.name.clone())
+            .collect();
+        let mut reports_without_timestamps = Vec::new();
         for loadgen in loadgens {
             let text = std::fs::read_to_string(&loadgen.report).with_context(|| {
                 format!(
@@ -605,6 +619,9 @@ impl Runner<'_> {
             } else {
                 loadgen.spawned_at
             };
+            if without_timestamps.contains(&loadgen.load.client) {
+                reports_without_timestamps.push((offset, report.clone()));
+            }
             reports.push((offset, report));
             let relative = loadgen
                 .report
@@ -613,6 +630,15 @@ impl Runner<'_> {
             report_paths.push(relative.to_string_lossy().into_owned());
         }
         let (merged, broken) = results::merge(&reports);
+        let (apart, _) = results::merge(&reports_without_timestamps);
+        let no_timestamps = NoTimestamps {
+            clients: without_timestamps,
+            requests: apart.requests,
+            connections_opened: apart.connections_opened,
+            connections_broken: apart.connections_broken,
+            broken_by_kind: apart.broken_by_kind,
+            broken_by_class: apart.broken_by_class,
+        };
         let seconds = self.config.duration.as_secs().max(load_end as u64);
         let spread = LoadSpread {
             requests_max_over_mean: results::max_over_mean(merged.requests_per_server.values()),
@@ -655,6 +681,7 @@ impl Runner<'_> {
             connections_broken: merged.connections_broken,
             broken_by_kind: merged.broken_by_kind,
             broken_by_class: merged.broken_by_class,
+            no_timestamps,
             long_lived_at_end: merged.long_lived_at_end,
             unfinished_at_stop: merged.unfinished_at_stop,
             load_spread: spread,

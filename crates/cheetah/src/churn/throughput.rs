@@ -88,6 +88,7 @@ pub fn run(args: ThroughputArgs) -> anyhow::Result<()> {
         // The benchmark's rows in docs/benchmarks.md were measured without the servers' tc
         // programs; the clock offsets change nothing the benchmark measures.
         server_clocks: ServerClocks::Shared,
+        clients_without_timestamps: 0,
     };
     let topo = Topology::up(&options)?;
     let _guard = TestbedGuard(args.prefix.clone());

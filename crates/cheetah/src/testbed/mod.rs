@@ -44,6 +44,9 @@ pub struct Options {
     /// State dir; `/run/cheetah-testbed/<prefix>` if `None`.
     pub dir: Option<PathBuf>,
     pub server_clocks: ServerClocks,
+    /// How many clients send no TCP timestamps (`net.ipv4.tcp_timestamps=0`, as Windows
+    /// clients): the last ones, c<n> first.
+    pub clients_without_timestamps: u16,
 }
 
 impl Default for Options {
@@ -57,6 +60,7 @@ impl Default for Options {
             policy: PolicyKind::RoundRobin,
             dir: None,
             server_clocks: ServerClocks::Distinct,
+            clients_without_timestamps: 0,
         }
     }
 }
@@ -126,6 +130,11 @@ struct UpArgs {
     /// its interface); shared: every server sends the host's one TCP clock.
     #[arg(long, default_value = "distinct", value_parser = parse_server_clocks)]
     server_clocks: ServerClocks,
+    /// How many clients send no TCP timestamps (their namespace has
+    /// net.ipv4.tcp_timestamps=0, as Windows clients): the last ones, c<n> first. The LB
+    /// routes their connections by its fallback table, not by cookies.
+    #[arg(long, default_value_t = 0)]
+    clients_without_timestamps: u16,
 }
 
 #[derive(clap::Args)]
@@ -189,6 +198,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 policy: up.policy,
                 dir: up.dir,
                 server_clocks: up.server_clocks,
+                clients_without_timestamps: up.clients_without_timestamps,
             };
             let topo = Topology::up(&options)?;
             print_summary(&topo);
@@ -221,6 +231,15 @@ fn print_summary(topo: &Topology) {
         topo.vip_port
     );
     println!("  LB namespace {} ({})", lb.namespace, ends.join(", "));
+    let without: Vec<&str> = topo
+        .clients
+        .iter()
+        .filter(|c| !c.timestamps)
+        .map(|c| c.name.as_str())
+        .collect();
+    if !without.is_empty() {
+        println!("  no TCP timestamps at {}", without.join(", "));
+    }
     println!("  LB config    {}", topo.files.config.display());
     println!("  summary      {}", topo.files.summary.display());
     if let Some(client) = topo.client(1).or_else(|| topo.client(0)) {

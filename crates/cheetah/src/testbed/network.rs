@@ -91,7 +91,12 @@ fn set_sysctls(topo: &Topology) -> anyhow::Result<()> {
         netns::sysctl(&s.namespace, &with(&server))?;
     }
     for c in &topo.clients {
-        netns::sysctl(&c.namespace, &common)?;
+        if c.timestamps {
+            netns::sysctl(&c.namespace, &common)?;
+        } else {
+            // A client without timestamps, as Windows' default: its SYN offers none.
+            netns::sysctl(&c.namespace, &with(&[("net.ipv4.tcp_timestamps", "0")]))?;
+        }
     }
     Ok(())
 }

@@ -161,6 +161,13 @@ pub struct Client {
     pub address: Ipv4Addr,
     pub gateway: Ipv4Addr,
     pub link: Endpoint,
+    /// Whether its TCP sends timestamps (`--clients-without-timestamps` turns them off).
+    #[serde(default = "yes")]
+    pub timestamps: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The whole testbed: what `up` builds and `testbed.json` records.
@@ -262,6 +269,16 @@ impl Topology {
         if options.clients > MAX_CLIENTS {
             bail!("--clients {}: use 0 to {MAX_CLIENTS}", options.clients);
         }
+        if options.clients_without_timestamps > options.clients + 1 {
+            bail!(
+                "--clients-without-timestamps {}: there are {} clients (c0 to c{})",
+                options.clients_without_timestamps,
+                options.clients + 1,
+                options.clients
+            );
+        }
+        // The last ones: c<n>, c<n-1>, ...
+        let timestamps = |index: u16| index + options.clients_without_timestamps <= options.clients;
         let dir = options.dir.clone().unwrap_or_else(|| default_dir(prefix));
         let files = Files {
             config: dir.join("cheetah.toml"),
@@ -296,6 +313,7 @@ impl Topology {
             gateway: Ipv4Addr::new(10, 10, 9, 1),
             link: Endpoint::new(&c0_ns, "eth0").with_address(Ipv4Addr::new(10, 10, 9, 2), 24),
             namespace: c0_ns,
+            timestamps: timestamps(0),
         }];
         let mut client_sides = Vec::new();
         for i in 1..=options.clients {
@@ -313,6 +331,7 @@ impl Topology {
                 link: Endpoint::new(&ns, "eth0").with_address(address, 24),
                 namespace: ns,
                 name,
+                timestamps: timestamps(i),
             });
         }
         let router = Router {
@@ -477,6 +496,30 @@ mod tests {
         assert!(Topology::plan(&options("ch", MAX_SERVERS + 1, 1)).is_err());
         assert!(Topology::plan(&options("ch", 1, MAX_CLIENTS + 1)).is_err());
         assert!(Topology::plan(&options("ch", 1, 0)).is_ok());
+    }
+
+    #[test]
+    fn the_last_clients_go_without_timestamps() {
+        let plan = |without| {
+            Topology::plan(&Options {
+                clients_without_timestamps: without,
+                ..options("ch", 2, 3)
+            })
+        };
+        let with =
+            |topo: &Topology| -> Vec<bool> { topo.clients.iter().map(|c| c.timestamps).collect() };
+        assert_eq!(with(&plan(0).unwrap()), [true; 4]);
+        assert_eq!(with(&plan(1).unwrap()), [true, true, true, false]);
+        assert_eq!(with(&plan(4).unwrap()), [false; 4]);
+        assert!(plan(5).is_err());
+        // Summaries from before the option: every client sent timestamps.
+        let mut json = serde_json::to_value(plan(0).unwrap()).unwrap();
+        json["clients"][1]
+            .as_object_mut()
+            .unwrap()
+            .remove("timestamps");
+        let old: Topology = serde_json::from_value(json).unwrap();
+        assert!(old.clients[1].timestamps);
     }
 
     #[test]
