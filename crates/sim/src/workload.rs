@@ -240,7 +240,7 @@ pub struct WorkloadSpec {
     #[serde(default = "default_arrivals")]
     pub arrivals: ArrivalModel,
     /// Share of clients that send no TCP timestamp option (Windows desktops): cheetah
-    /// cannot carry a cookie for them and takes its Maglev + LRU fallback path.
+    /// cannot carry a cookie for them and takes its Maglev + fallback-table path.
     #[serde(default = "default_no_timestamp_share")]
     pub no_timestamp_share: f64,
 }

@@ -11,10 +11,10 @@
 //!
 //! Clients without TCP timestamps cannot carry a cookie. Like the pipeline
 //! (`lb/fallback.rs`, docs/design.md), the model places them with the pool's Maglev table
-//! and remembers them in the LB instance's LRU: they survive server changes while their
+//! and remembers them in the LB instance's fallback table: they survive server changes while their
 //! instance keeps them, and break like a stateful LB's connections when ECMP moves them to
-//! an instance that does not know them and Maglev has changed meanwhile. The LRU is
-//! modelled without eviction (1M entries per worker hold every run here).
+//! an instance that does not know them and Maglev has changed meanwhile. The table is
+//! modelled without eviction (1M entries per LB instance hold every run here).
 
 use cheetah_core::policy::{
     self, LoadMetric, Policy, PolicyKind, PolicyRng, PoolSnapshot, MERGE_INTERVAL,
@@ -88,7 +88,7 @@ impl LbModel for Cheetah {
     }
 
     fn pool_changed(&mut self, world: &World, _conns: &mut ConnTable, _broken: &mut Vec<u32>) {
-        // Cookie connections are never remapped, fallback ones stay in their LRU.
+        // Cookie connections are never remapped, fallback ones stay in their table.
         self.rebuild(world);
     }
 
