@@ -602,8 +602,8 @@ fn metric_index(metric: LoadMetric) -> u8 {
 /// Reuse must not make a run depend on earlier inputs, or crashes would not reproduce:
 /// the cached models and pools are pure functions of their keys, and `run` resets every id
 /// the input can reach in the shared MSB and load tables, clears the handshake and fallback
-/// tables, then publishes a fresh snapshot under a new generation before creating fresh
-/// workers.
+/// tables and the close filter, then publishes a fresh snapshot under a new generation
+/// before creating fresh workers.
 struct Cache {
     shared: Arc<LbShared>,
     generation: u64,
@@ -613,7 +613,7 @@ struct Cache {
 
 thread_local! {
     static CACHE: RefCell<Cache> = RefCell::new(Cache {
-        // Small handshake and fallback tables, cleared per input in a few stores.
+        // Small handshake and fallback tables and close filter, cleared per input in a few stores.
         shared: Arc::new(LbShared::with_table_sizes(&SECRET, CookieLayout::DEFAULT, Snapshot::empty(), 64, FALLBACK_CAPACITY)),
         generation: 0,
         setups: HashMap::new(),
@@ -687,6 +687,7 @@ pub fn run_with(data: &[u8], checks: Checks) {
         }
         shared.handshakes.clear();
         shared.fallback.clear();
+        shared.closes.clear();
         cache.generation += 1;
         shared
             .snapshot

@@ -37,11 +37,13 @@ pub struct Prepared {
 /// Replays the whole trace through `worker`, as the trace's time went, so it holds what a
 /// worker that saw this traffic holds (load counts, fallback entries); fails on any drop.
 ///
-/// The LB's recent SYNs are forgotten first: the trace was played through this LB before
-/// (to generate it, or to warm another row's worker), and a SYN seen again would count as
-/// a retransmission, sending every SYN-ACK after it down the retried-SYN path.
+/// The LB's recent SYNs and closes are forgotten first: the trace was played through this
+/// LB before (to generate it, or to warm another row's worker), and a SYN seen again would
+/// count as a retransmission, sending every SYN-ACK after it down the retried-SYN path; a
+/// FIN seen again would not lower its server's count.
 pub fn warm(worker: &mut Worker, trace: &Trace) -> anyhow::Result<()> {
     worker.shared().handshakes.clear();
+    worker.shared().closes.clear();
     let mut drops: Vec<DropReason> = Vec::new();
     for packet in &trace.packets {
         let mut frame = packet.frame.clone();

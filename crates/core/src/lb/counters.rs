@@ -60,6 +60,9 @@ counters! {
     IcmpRoutedByFallback => "icmp_routed_by_fallback", "ICMP errors about a no-timestamp connection routed by the fallback table.";
     SynRetransmissions => "syn_retransmissions", "Retransmitted SYNs recognised: the count the SYN raised before is released.";
     HandshakeCountMoved => "handshake_count_moved", "SYN-ACKs of a server other than the last pick that passed first: the connection's count moved to that server.";
+    ServerCloses => "server_closes", "Server FINs and RSTs counted as the close of a connection: the server's active count went down by one.";
+    DuplicateCloses => "duplicate_closes", "Server FINs and RSTs of a close already counted (a retransmitted FIN, the RST after a FIN): not counted again.";
+    ResetsWithoutTimestamp => "resets_without_timestamp", "Server RSTs without a timestamp option, never counted as closes: what Linux sends for a segment of a connection it does not know, e.g. a replayed one.";
     SnapshotReloads => "snapshot_reloads", "New table snapshots picked up by this worker.";
     LoadMerges => "load_merges", "Merges of this worker's load deltas into the shared totals.";
 }

@@ -296,8 +296,11 @@ impl WorkerState {
             // server path decides.
             return Some(self.reply_general(snapshot, shared, packet, sender, now));
         }
+        // The connection's hash: the cookie's, and what a close is filed under.
+        let mut flow_hash = None;
         if let Some(at) = timestamp_at {
             let hash = hash_prefix.finish(layout.dst, client_port);
+            flow_hash = Some(hash);
             if doff_flags & SYN as u16 != 0 && shared.handshakes.retried_recently(hash, now) {
                 // The answer to a retried SYN may have to move its load count
                 // (lb/handshakes.rs): the general server path does that bookkeeping.
@@ -333,9 +336,12 @@ impl WorkerState {
                 segment.set_src_port(vip_port);
             }
         }
-        let closes = doff_flags & (FIN | RST) as u16 != 0;
-        self.loads
-            .on_server_packet(server, layout.end - layout.l3, closes);
+        self.loads.on_packet(server, layout.end - layout.l3);
+        // Cheetah mode only (`flow_hash` is `None` in the baselines, which place no
+        // connection by a policy and so count no close either).
+        if let (Some(hash), true) = (flow_hash, doff_flags & (FIN | RST) as u16 != 0) {
+            self.on_server_close(&shared.closes, &packet[l4..layout.end], server, hash);
+        }
         Some(Verdict::ToClient)
     }
 }

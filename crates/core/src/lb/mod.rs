@@ -1,6 +1,7 @@
 //! The load-balancing pipeline and the per-worker state it keeps beside the policies.
 
 mod client_path;
+pub mod closes;
 pub mod cookie_stage;
 pub mod counters;
 pub mod fallback;

@@ -96,9 +96,15 @@ impl WorkerState {
                 segment.set_src_port(vip.port);
             }
         }
-        let closes = tcp_flags & (flags::FIN | flags::RST) != 0;
-        self.loads
-            .on_server_packet(server, layout.end - layout.l3, closes);
+        self.loads.on_packet(server, layout.end - layout.l3);
+        // The baselines place no connection by a policy, so they count no close either.
+        if snapshot.mode == Mode::Cheetah && tcp_flags & (flags::FIN | flags::RST) != 0 {
+            let hash = shared
+                .hasher
+                .hash(&FlowKey::tcp(client_ip, client_port, vip_ip, vip.port));
+            let segment = &packet[layout.l4..layout.end];
+            self.on_server_close(&shared.closes, segment, server, hash);
+        }
         Verdict::ToClient
     }
 }

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::closes::{self, CloseFilter};
 use super::fallback::FallbackTable;
 use super::handshakes::{self, HandshakeTable};
 use crate::cookie::{CookieLayout, MsbTable};
@@ -9,15 +10,19 @@ use crate::hash::{FlowHasher, Secret};
 use crate::policy::SharedLoads;
 use crate::tables::{Snapshot, SnapshotCell};
 
-/// What all workers read (and, for loads, server clocks, handshakes and the fallback table,
-/// write rarely): the published tables, the merged load counters, the per-server timestamp
-/// MSB memory, the recent SYNs whose load count may have to move, the connections routed
-/// without a cookie, and the keyed hasher.
+/// What all workers read (and, for loads, server clocks, handshakes, closes and the fallback
+/// table, write rarely): the published tables, the merged load counters, the per-server
+/// timestamp MSB memory, the recent SYNs whose load count may have to move, the recent
+/// server closes already counted, the connections routed without a cookie, and the keyed
+/// hasher.
 pub struct LbShared {
     pub snapshot: SnapshotCell,
     pub loads: Arc<SharedLoads>,
     pub msb: MsbTable,
     pub handshakes: HandshakeTable,
+    /// The last close counted per slot (`lb/closes.rs`): one for all workers, since the
+    /// FIN and the RST of one connection may reach different ones.
+    pub closes: CloseFilter,
     /// Flow -> server for connections without a usable cookie (`lb/fallback.rs`): one for
     /// all workers, since a connection's packets reach several.
     pub fallback: FallbackTable,
@@ -34,22 +39,34 @@ impl LbShared {
         snapshot: Snapshot,
         fallback_capacity: usize,
     ) -> Self {
-        Self::with_table_sizes(
+        Self::with_sizes(
             secret,
             layout,
             snapshot,
             handshakes::DEFAULT_SLOTS,
+            closes::DEFAULT_SLOTS,
             fallback_capacity,
         )
     }
 
-    /// With a handshake table of `handshake_slots` slots: small tables let a harness that
-    /// reuses the shared state clear them cheaply between runs.
+    /// With a handshake table and a close filter of `slots` slots each: small tables let a
+    /// harness that reuses the shared state clear them cheaply between runs.
     pub fn with_table_sizes(
         secret: &Secret,
         layout: CookieLayout,
         snapshot: Snapshot,
+        slots: usize,
+        fallback_capacity: usize,
+    ) -> Self {
+        Self::with_sizes(secret, layout, snapshot, slots, slots, fallback_capacity)
+    }
+
+    fn with_sizes(
+        secret: &Secret,
+        layout: CookieLayout,
+        snapshot: Snapshot,
         handshake_slots: usize,
+        close_slots: usize,
         fallback_capacity: usize,
     ) -> Self {
         LbShared {
@@ -57,6 +74,7 @@ impl LbShared {
             loads: Arc::new(SharedLoads::new()),
             msb: MsbTable::new(layout),
             handshakes: HandshakeTable::with_slots(handshake_slots),
+            closes: CloseFilter::with_slots(close_slots),
             fallback: FallbackTable::with_capacity(fallback_capacity),
             hasher: FlowHasher::new(secret),
             secret_fingerprint: secret.fingerprint(layout),

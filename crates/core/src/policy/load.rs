@@ -15,8 +15,9 @@
 //!   other workers' picks within one merge interval.
 //!
 //! The active-connection count is an estimate (+1 when a policy picks the server for a new
-//! connection, -1 when the server closes one). Servers that report their real count through
-//! [`SharedLoads::report`] replace the estimate, which bounds its drift.
+//! connection, -1 when the server closes one: its first FIN, or an RST with a timestamp
+//! option, once per connection; `lb/closes.rs` decides). Servers that report their real
+//! count through [`SharedLoads::report`] replace the estimate, which bounds its drift.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -177,8 +178,9 @@ impl SharedLoads {
 
     /// Adds `delta` to an active count, clamping at 0.
     ///
-    /// Closes can outnumber opens: a server may retransmit its FIN or follow it with an RST,
-    /// and a report may have lowered the estimate since the connection was counted. Without
+    /// Closes can outnumber opens: a close the pipeline's filter forgot may count twice
+    /// (`lb/closes.rs`), and a report may have lowered the estimate since the connection
+    /// was counted. Without
     /// the clamp such errors would accumulate into a negative count that makes the server
     /// look idle forever. The price is that a close merged (by one worker) before its open
     /// (merged by another) leaves the count one too high until the next report.
@@ -384,23 +386,20 @@ impl WorkerLoads {
         self.view.servers[id.index()].active += 1;
     }
 
-    /// A packet of `bytes` bytes came from server `id`; `closes` if it carries FIN or RST,
-    /// i.e. the server closed a connection.
+    /// Server `id` closed a connection. Only the server's closes count, and only one per
+    /// connection (`lb/closes.rs`): a client could otherwise steer the load-aware policies
+    /// toward a server with RSTs for connections it never opened, with replayed segments
+    /// that draw RSTs from the server, or by never acknowledging the server's FIN.
     ///
-    /// Closes count only from the server: a client could otherwise steer the load-aware
-    /// policies toward a server by sending RSTs for connections it never opened.
-    ///
-    /// Both counts in one call with no branch on `closes`: a server's FINs come in no order
-    /// a branch predictor can learn, and a mispredicted test on every fifth reply or so
-    /// cost more than the subtraction of 0 it saves.
-    #[inline(always)]
-    pub fn on_server_packet(&mut self, id: ServerId, bytes: usize, closes: bool) {
-        let closes = closes as i64;
-        let pending = self.pending_mut(id);
-        pending.packets += 1;
-        pending.bytes += bytes as u64;
-        pending.active -= closes;
-        self.view.servers[id.index()].active -= closes;
+    /// The pipeline calls this out of line, from the one function both server paths send
+    /// their FIN and RST segments to: every other reply pays one test of its flags, and
+    /// only FIN and RST segments touch the shared filter. (The count was once lowered by
+    /// `closes as i64` without a branch; a close that must consult a shared filter has no
+    /// such form.)
+    #[inline]
+    pub fn on_server_close(&mut self, id: ServerId) {
+        self.pending_mut(id).active -= 1;
+        self.view.servers[id.index()].active -= 1;
     }
 
     /// The client retransmitted a SYN first given to `id`, which the policy has placed again
@@ -555,14 +554,16 @@ mod tests {
     }
 
     #[test]
-    fn a_server_packet_counts_as_a_packet_and_as_a_close_only_when_it_closes() {
+    fn server_packets_count_as_packets_and_closes_lower_the_count() {
         let (shared, mut first, mut second) = two_workers();
         for _ in 0..3 {
             first.on_new_connection(A);
         }
-        first.on_server_packet(A, 1500, false);
-        first.on_server_packet(A, 60, true);
-        second.on_server_packet(A, 60, true);
+        first.on_packet(A, 1500);
+        first.on_packet(A, 60);
+        first.on_server_close(A);
+        second.on_packet(A, 60);
+        second.on_server_close(A);
         assert_eq!(first.view().active_connections(A), 2);
         first.merge(MERGE_INTERVAL);
         second.merge(MERGE_INTERVAL);
@@ -590,8 +591,10 @@ mod tests {
     fn extra_closes_clamp_at_zero() {
         let (shared, mut first, mut second) = two_workers();
         first.on_new_connection(A);
-        first.on_server_packet(A, 60, true);
-        first.on_server_packet(A, 60, true);
+        first.on_packet(A, 60);
+        first.on_server_close(A);
+        first.on_packet(A, 60);
+        first.on_server_close(A);
         assert_eq!(first.view().active_connections(A), 0);
         first.merge(MERGE_INTERVAL);
         assert_eq!(shared.server(A).active_connections, 0);
@@ -691,9 +694,11 @@ mod tests {
         first.on_new_connection(A);
         first.on_new_connection(B);
         first.merge(MERGE_INTERVAL);
-        second.on_server_packet(A, 60, true);
+        second.on_packet(A, 60);
+        second.on_server_close(A);
         second.merge(MERGE_INTERVAL);
-        first.on_server_packet(B, 60, true);
+        first.on_packet(B, 60);
+        first.on_server_close(B);
         first.merge(2 * MERGE_INTERVAL);
         second.merge(2 * MERGE_INTERVAL);
         for id in [A, B] {
@@ -754,7 +759,8 @@ mod tests {
             a.on_new_connection(id);
         }
         b.on_new_connection(id);
-        b.on_server_packet(id, 60, true);
+        b.on_packet(id, 60);
+        b.on_server_close(id);
         a.merge(NANOS_PER_SEC);
         b.merge(NANOS_PER_SEC);
         let load = shared.server(id);
