@@ -5,7 +5,7 @@ use cheetah_core::config::{Forwarding, LbConfig, Mode};
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Counter, Worker, WorkerConfig};
-use cheetah_core::policy::{PolicyKind, ReportedLoad};
+use cheetah_core::policy::{PolicyKind, ReportedLoad, MERGE_INTERVAL};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::types::{NANOS_PER_MS, NANOS_PER_SEC};
@@ -973,4 +973,240 @@ fn with_the_restore_switched_off_the_server_sees_the_cookie_in_tsecr() {
         );
         assert_eq!(lb.workers[0].counters().get(Counter::FastPath), 0);
     }
+}
+
+/// Connections on a one-server pool whose closes the tests below drive by hand, through an
+/// LB of two workers: l2 or NAT, with or without the straight line. Server segments
+/// alternate between the workers as the tests say, as they may on a live LB (an RST after
+/// a FIN often takes another queue).
+struct Closes {
+    lb: Lb,
+    now: u64,
+    forwarding: Forwarding,
+    /// The server's timestamp clock, one tick per segment.
+    server_clock: u32,
+}
+
+/// One connection of [`Closes`]: its client port, and the server's initial sequence number.
+#[derive(Clone, Copy)]
+struct Opened {
+    port: u16,
+    server_isn: u32,
+}
+
+impl Closes {
+    /// Every configuration the close rule must hold in: l2 and NAT, fast path on and off.
+    fn each(mut check: impl FnMut(&mut Closes)) {
+        for forwarding in [Forwarding::L2, Forwarding::Nat] {
+            for fast in [true, false] {
+                let config = testkit::config(Mode::Cheetah, forwarding, PolicyKind::LeastLoaded, 1);
+                let mut lb = Lb::new(config, 2);
+                for worker in &mut lb.workers {
+                    worker.set_fast_path(fast);
+                }
+                let mut closes = Closes {
+                    lb,
+                    now: NANOS_PER_SEC,
+                    forwarding,
+                    server_clock: 0x0005_0000,
+                };
+                check(&mut closes);
+                assert_eq!(
+                    closes.lb.counter(Counter::FastPath) > 0,
+                    fast,
+                    "{forwarding:?}: the straight line is taken exactly when it is on"
+                );
+            }
+        }
+    }
+
+    /// A client opens a connection from `port` with initial sequence number `client_isn`;
+    /// the server answers from `server_isn`.
+    fn open(&mut self, port: u16, client_isn: u32, server_isn: u32) -> Opened {
+        let client = testkit::client_ip(1);
+        let mut syn = TcpFrame::from_client(client, port, SYN, options::linux_syn(1, 0));
+        syn.seq = client_isn;
+        self.now += NANOS_PER_MS;
+        assert_eq!(
+            self.lb.process(0, &mut syn.build(), self.now),
+            Verdict::ToServer(ServerId(1))
+        );
+        let opened = Opened { port, server_isn };
+        let mut syn_ack = self.segment(opened, SYN | ACK, server_isn, 0, true);
+        syn_ack.ack = client_isn.wrapping_add(1);
+        syn_ack.options = options::linux_syn(self.server_clock, 1);
+        assert_eq!(
+            self.lb.process(1, &mut syn_ack.build(), self.now),
+            Verdict::ToClient
+        );
+        opened
+    }
+
+    /// A segment of `conn` from its server.
+    fn segment(
+        &mut self,
+        conn: Opened,
+        flags: u8,
+        seq: u32,
+        data: usize,
+        stamped: bool,
+    ) -> TcpFrame {
+        self.server_clock += 1;
+        let options = if stamped {
+            options::nop_nop_ts(self.server_clock, 1)
+        } else {
+            Vec::new()
+        };
+        let client = testkit::client_ip(1);
+        let frame = match self.forwarding {
+            Forwarding::L2 => TcpFrame::from_server_l2(1, client, conn.port, flags, options),
+            Forwarding::Nat => TcpFrame::from_server_nat(1, client, conn.port, flags, options),
+        };
+        TcpFrame { seq, ..frame }.with_payload(&vec![b'x'; data])
+    }
+
+    /// The server of `conn` sends a segment through `worker`, which forwards it.
+    fn server_sends(
+        &mut self,
+        worker: usize,
+        conn: Opened,
+        flags: u8,
+        seq: u32,
+        data: usize,
+        stamped: bool,
+    ) {
+        self.now += 200 * NANOS_PER_MS;
+        let mut frame = self.segment(conn, flags, seq, data, stamped).build();
+        assert_eq!(
+            self.lb.process(worker, &mut frame, self.now),
+            Verdict::ToClient
+        );
+    }
+
+    /// The server's active count once both workers have merged.
+    fn active(&mut self) -> u64 {
+        self.now += MERGE_INTERVAL;
+        for worker in &mut self.lb.workers {
+            worker.tick(self.now);
+        }
+        self.lb
+            .plane
+            .shared()
+            .loads
+            .server(ServerId(1))
+            .active_connections
+    }
+
+    fn what(&self) -> String {
+        format!(
+            "{:?}, fast path {}",
+            self.forwarding,
+            self.lb.counter(Counter::FastPath) > 0
+        )
+    }
+}
+
+/// What Linux sends for a segment of a connection it does not know, e.g. a client's
+/// replay of an old segment whose cookie still names the server: an RST without options.
+/// However often a client draws one, the count stays.
+#[test]
+fn a_server_rst_without_a_timestamp_is_not_a_close() {
+    Closes::each(|c| {
+        let a = c.open(40_001, 100, 7_000);
+        c.open(40_002, 200, 9_000);
+        assert_eq!(c.active(), 2);
+        for n in 0..10 {
+            // The replayed segment acknowledged 499 bytes of data: the RST carries that as its
+            // sequence number; a replay without ACK draws an RST|ACK with sequence 0.
+            let (flags, seq) = if n % 2 == 0 {
+                (RST, a.server_isn + 500)
+            } else {
+                (RST | ACK, 0)
+            };
+            c.server_sends(n % 2, a, flags, seq, 0, false);
+        }
+        assert_eq!(c.active(), 2, "{}", c.what());
+        assert_eq!(c.lb.counter(Counter::ResetsWithoutTimestamp), 10);
+        assert_eq!(c.lb.counter(Counter::ServerCloses), 0);
+    });
+}
+
+/// An RST that aborts a connection which negotiated timestamps carries one (Linux builds
+/// it with the connection's options): it is a close, once.
+#[test]
+fn a_server_rst_with_a_timestamp_closes_its_connection_once() {
+    Closes::each(|c| {
+        let a = c.open(40_001, 100, 7_000);
+        c.open(40_002, 200, 9_000);
+        let abort_at = a.server_isn + 301;
+        c.server_sends(0, a, RST | ACK, abort_at, 0, true);
+        assert_eq!(c.active(), 1, "{}", c.what());
+        c.server_sends(1, a, RST | ACK, abort_at, 0, true);
+        assert_eq!(c.active(), 1, "the same RST again: {}", c.what());
+        assert_eq!(c.lb.counter(Counter::ServerCloses), 1);
+        assert_eq!(c.lb.counter(Counter::DuplicateCloses), 1);
+    });
+}
+
+/// A client that never acknowledges the server's FIN draws a retransmission each RTO;
+/// the connection still closes once. The last 300 bytes went with the FIN; after the
+/// client acknowledged 100 of them the retransmission starts later, and once it has
+/// them all the FIN goes alone: each time the FIN occupies the same sequence number.
+#[test]
+fn a_fin_retransmitted_three_times_closes_once() {
+    Closes::each(|c| {
+        let a = c.open(40_001, 100, 7_000);
+        c.open(40_002, 200, 9_000);
+        let fin_at = a.server_isn + 1 + 5_000;
+        c.server_sends(0, a, FIN | ACK | PSH, fin_at - 300, 300, true);
+        assert_eq!(c.active(), 1, "{}", c.what());
+        c.server_sends(1, a, FIN | ACK | PSH, fin_at - 300, 300, true);
+        c.server_sends(0, a, FIN | ACK | PSH, fin_at - 200, 200, true);
+        c.server_sends(1, a, FIN | ACK, fin_at, 0, true);
+        assert_eq!(c.active(), 1, "{}", c.what());
+        assert_eq!(c.lb.counter(Counter::ServerCloses), 1);
+        assert_eq!(c.lb.counter(Counter::DuplicateCloses), 3);
+    });
+}
+
+/// A server that sent its FIN and then resets the connection (data arrived after its
+/// close) closes it once: the RST is sent one past the FIN. With the connection's
+/// timestamp or without (what Linux sends once the socket is gone), it is not counted again.
+#[test]
+fn a_fin_then_an_rst_close_once() {
+    Closes::each(|c| {
+        let a = c.open(40_001, 100, 7_000);
+        c.open(40_002, 200, 9_000);
+        let fin_at = a.server_isn + 101;
+        c.server_sends(0, a, FIN | ACK, fin_at, 0, true);
+        c.server_sends(1, a, RST | ACK, fin_at + 1, 0, true);
+        c.server_sends(0, a, RST, fin_at + 1, 0, false);
+        assert_eq!(c.active(), 1, "{}", c.what());
+        assert_eq!(c.lb.counter(Counter::ServerCloses), 1);
+        assert_eq!(c.lb.counter(Counter::DuplicateCloses), 1);
+        assert_eq!(c.lb.counter(Counter::ResetsWithoutTimestamp), 1);
+    });
+}
+
+/// A new connection on the same addresses and ports (another ISN on both sides) is
+/// another connection: its close counts too, once.
+#[test]
+fn a_new_connection_on_the_same_ports_closes_again() {
+    Closes::each(|c| {
+        c.open(40_002, 200, 9_000);
+        let first = c.open(40_001, 100, 7_000);
+        assert_eq!(c.active(), 2);
+        for worker in [0, 1] {
+            c.server_sends(worker, first, FIN | ACK, first.server_isn + 101, 0, true);
+        }
+        assert_eq!(c.active(), 1, "{}", c.what());
+        let second = c.open(40_001, 3_000_000, 1_500_000_000);
+        assert_eq!(c.active(), 2, "{}", c.what());
+        for worker in [1, 0] {
+            c.server_sends(worker, second, FIN | ACK, second.server_isn + 42, 0, true);
+        }
+        assert_eq!(c.active(), 1, "{}", c.what());
+        assert_eq!(c.lb.counter(Counter::ServerCloses), 2);
+        assert_eq!(c.lb.counter(Counter::DuplicateCloses), 2);
+    });
 }
