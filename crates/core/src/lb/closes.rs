@@ -34,7 +34,13 @@
 //! re-segmented; for an RST, its sequence number minus one, so that the RST a server sends
 //! after its FIN (one past the FIN) has the FIN's key. A new connection on the same
 //! addresses and ports starts from another ISN, so its close has another key and counts.
-//! A close counts when swapping its tag into its slot returns a different value.
+//! A close counts when its slot holds another tag, which it then writes in: a relaxed load
+//! and, for a first close only, a plain store. Not an atomic swap: a locked instruction per
+//! FIN cost the `cheetah bench` server row 1.4 ns a packet more (docs/benchmarks.md), and
+//! what it would settle, two workers seeing the same close at the same instant, needs one
+//! connection's server segments on two receive queues at once (the RST after a FIN comes
+//! from the same socket, a retransmission an RTO later); it would cost one extra
+//! decrement, clamped at 0.
 //!
 //! Its honest limits:
 //!
@@ -122,12 +128,17 @@ impl CloseFilter {
         }
     }
 
-    /// Records `close`; whether it is the first time (as far as its slot remembers). One
-    /// atomic swap, so of two workers seeing the same close at once exactly one counts it.
+    /// Records `close`; whether it is the first time (as far as its slot remembers). A load
+    /// and, the first time, a store (not a swap: see the module doc).
     #[inline]
     pub fn first(&self, close: Close) -> bool {
         let tag = close.tag();
-        self.slots[close.flow_hash as usize & self.mask].swap(tag, Relaxed) != tag
+        let slot = &self.slots[close.flow_hash as usize & self.mask];
+        if slot.load(Relaxed) == tag {
+            return false;
+        }
+        slot.store(tag, Relaxed);
+        true
     }
 }
 
