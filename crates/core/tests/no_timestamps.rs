@@ -196,6 +196,28 @@ fn clients_without_timestamps_keep_their_server_on_every_worker() {
     }
 }
 
+/// Opens [`CONNECTIONS`] connections whose client offers timestamps, so round-robin places
+/// the SYN (on worker 0), and whose server declines them: its SYN-ACK without a timestamp
+/// passes worker 1. Returns (connection, server).
+fn open_with_timestamps_declined(
+    lb: &mut Lb,
+    forwarding: Forwarding,
+    second: u64,
+) -> Vec<(u32, ServerId)> {
+    (0..CONNECTIONS)
+        .map(|n| {
+            let Verdict::ToServer(server) =
+                lb.process(0, &from_client(n, SYN, options::linux_syn(7, 0)), second)
+            else {
+                panic!("{forwarding:?}: SYN {n} not forwarded");
+            };
+            let synack = lb.server_sends(server, n, SYN | ACK, options::windows_syn());
+            assert_eq!(lb.process(1, &synack, 2 * second), Verdict::ToClient);
+            (n, server)
+        })
+        .collect()
+}
+
 /// The client offered timestamps, so round-robin placed its SYN, but the server declined
 /// them: the SYN-ACK without a timestamp, on the servers' worker, names the server, and the
 /// client's packets (no timestamps now, on the SYN's worker or the other) must reach it
@@ -205,17 +227,7 @@ fn a_server_that_declines_timestamps_keeps_its_connections_on_every_worker() {
     for forwarding in FORWARDINGS {
         let mut lb = Lb::new(forwarding, 2);
         let second = NANOS_PER_SEC;
-        let mut placed = Vec::new();
-        for n in 0..CONNECTIONS {
-            let Verdict::ToServer(server) =
-                lb.process(0, &from_client(n, SYN, options::linux_syn(7, 0)), second)
-            else {
-                panic!("{forwarding:?}: SYN {n} not forwarded");
-            };
-            let synack = lb.server_sends(server, n, SYN | ACK, options::windows_syn());
-            assert_eq!(lb.process(1, &synack, 2 * second), Verdict::ToClient);
-            placed.push((n, server));
-        }
+        let placed = open_with_timestamps_declined(&mut lb, forwarding, second);
         assert_eq!(
             lb.counter(Counter::FallbackLearnedFromServer),
             CONNECTIONS as u64
@@ -326,17 +338,7 @@ fn a_client_rst_without_ack_follows_the_fallback_table() {
     for forwarding in FORWARDINGS {
         let mut lb = Lb::new(forwarding, 2);
         let second = NANOS_PER_SEC;
-        let mut placed = Vec::new();
-        for n in 0..CONNECTIONS {
-            let Verdict::ToServer(server) =
-                lb.process(0, &from_client(n, SYN, options::linux_syn(7, 0)), second)
-            else {
-                panic!()
-            };
-            let synack = lb.server_sends(server, n, SYN | ACK, options::windows_syn());
-            assert_eq!(lb.process(1, &synack, 2 * second), Verdict::ToClient);
-            placed.push((n, server));
-        }
+        let placed = open_with_timestamps_declined(&mut lb, forwarding, second);
         lb.change_pool(3 * second);
         for &(n, server) in &placed {
             for tsecr in [0, 0xbad0_0000 | n] {
