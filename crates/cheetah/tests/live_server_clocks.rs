@@ -183,8 +183,13 @@ fn shared_clocks() {
         );
         assert!(filters.trim().is_empty(), "{s} has tc filters: {filters}");
     }
-    // No LB needed: c0's gateway is the LB's namespace, which forwards to the servers' own
-    // addresses.
+    // No LB needed: c0's gateway is the LB's namespace, made to forward to the servers' own
+    // addresses here (the testbed leaves it off, as cheetah needs it).
+    in_netns_ok(
+        &testbed.ns("lb"),
+        "sysctl",
+        &["-q", "-w", "net.ipv4.ip_forward=1"],
+    );
     for id in testbed.server_ids() {
         let s = format!("s{id}");
         let (dip, _) = testbed.server(id);
