@@ -70,7 +70,8 @@ fn attach_here(interface: &str, offset: u32) -> anyhow::Result<()> {
         bail!("no interface {interface}");
     }
     let object = load(offset)?;
-    for (program, point) in [(EGRESS_PROGRAM, TC_EGRESS), (INGRESS_PROGRAM, TC_INGRESS)] {
+    let points = [(EGRESS_PROGRAM, TC_EGRESS), (INGRESS_PROGRAM, TC_INGRESS)];
+    for (i, (program, point)) in points.into_iter().enumerate() {
         let prog = object
             .progs()
             .find(|p| p.name() == program)
@@ -81,8 +82,12 @@ fn attach_here(interface: &str, offset: u32) -> anyhow::Result<()> {
             .handle(1)
             .priority(1)
             .hook(point);
-        hook.create()
-            .with_context(|| format!("cannot add a clsact qdisc to {interface}"))?;
+        // One clsact qdisc holds both hooks; creating it again fails with EEXIST, which
+        // libbpf would report on stderr for every server.
+        if i == 0 {
+            hook.create()
+                .with_context(|| format!("cannot add a clsact qdisc to {interface}"))?;
+        }
         hook.attach()
             .with_context(|| format!("cannot attach {program} to {interface}"))?;
     }
