@@ -61,7 +61,6 @@ use super::counters::Counter;
 use super::worker::WorkerState;
 use crate::types::ServerId;
 use crate::wire::tcp::flags::{FIN, RST, SYN};
-use crate::wire::tcp_options::{self, SegmentKind};
 use crate::wire::TcpSegment;
 
 /// 256 KiB of slots per LB process.
@@ -144,8 +143,9 @@ impl CloseFilter {
 
 impl WorkerState {
     /// A segment from `server` with FIN or RST set (`segment`: its TCP header and data, the
-    /// header already checked; `flow_hash`: its connection's): lowers the server's count if
-    /// it is the first close of a connection. Both server paths call this, so they count
+    /// header already checked; `stamped`: whether it carries a timestamp option, which the
+    /// caller has already looked for; `flow_hash`: its connection's): lowers the server's
+    /// count if it is the first close of a connection. Both server paths call this, so they count
     /// alike; out of line, as closes are a small share of replies.
     #[cold]
     #[inline(never)]
@@ -153,22 +153,16 @@ impl WorkerState {
         &mut self,
         closes: &CloseFilter,
         segment: &[u8],
+        stamped: bool,
         server: ServerId,
         flow_hash: u64,
     ) {
         let segment = TcpSegment::new_unchecked(segment);
         let flags = segment.flags();
         debug_assert!(flags & (FIN | RST) != 0);
-        if flags & RST != 0 {
-            // A malformed option list (only the baseline modes let one through) counts as
-            // no timestamp.
-            let stamped =
-                tcp_options::find_timestamp(segment.options(), SegmentKind::from_flags(flags))
-                    .is_ok_and(|lookup| lookup.offset.is_some());
-            if !stamped {
-                self.counters.inc(Counter::ResetsWithoutTimestamp);
-                return;
-            }
+        if flags & RST != 0 && !stamped {
+            self.counters.inc(Counter::ResetsWithoutTimestamp);
+            return;
         }
         let data_len = segment.segment_len() - segment.header_len();
         if closes.first(Close::of_segment(flow_hash, flags, segment.seq(), data_len)) {

@@ -340,7 +340,8 @@ impl WorkerState {
         // Cheetah mode only (`flow_hash` is `None` in the baselines, which place no
         // connection by a policy and so count no close either).
         if let (Some(hash), true) = (flow_hash, doff_flags & (FIN | RST) as u16 != 0) {
-            self.on_server_close(&shared.closes, &packet[l4..layout.end], server, hash);
+            // The straight line takes a cheetah-mode reply only with its timestamp.
+            self.on_server_close(&shared.closes, &packet[l4..layout.end], true, server, hash);
         }
         Some(Verdict::ToClient)
     }

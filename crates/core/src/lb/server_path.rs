@@ -50,10 +50,14 @@ impl WorkerState {
                 Err(reason) => return Verdict::Drop(reason),
             };
             let key = FlowKey::tcp(client_ip, client_port, vip_ip, vip.port);
-            if kind == SegmentKind::SynAck {
+            let closes = tcp_flags & (flags::FIN | flags::RST) != 0;
+            // One hash for everything below that files the segment under its connection;
+            // none for the plain data reply without a timestamp, which needs it for nothing.
+            let hash = (kind == SegmentKind::SynAck || timestamp.offset.is_some() || closes)
+                .then(|| shared.hasher.hash(&key));
+            if let (SegmentKind::SynAck, Some(hash)) = (kind, hash) {
                 // The first answer to a (possibly retransmitted) SYN takes its load count.
                 let client_isn = segment.ack().wrapping_sub(1);
-                let hash = shared.hasher.hash(&key);
                 if let Some(from) =
                     shared
                         .handshakes
@@ -63,9 +67,8 @@ impl WorkerState {
                     self.counters.inc(Counter::HandshakeCountMoved);
                 }
             }
-            match timestamp.offset {
-                Some(at) => {
-                    let hash = shared.hasher.hash(&key);
+            match (timestamp.offset, hash) {
+                (Some(at), Some(hash)) => {
                     let tsval = read_u32(packet, layout.l4 + TCP_HEADER + at + TSVAL);
                     match shared.msb.learn(server, tsval, now) {
                         MsbLearn::Unchanged => {}
@@ -78,14 +81,20 @@ impl WorkerState {
                         .rewrite_option_u32(at + TSVAL, tcp_ts::insert(tsval, cookie));
                     self.counters.inc(Counter::CookiesInserted);
                 }
-                None if kind == SegmentKind::SynAck => {
+                (None, Some(hash)) if kind == SegmentKind::SynAck => {
                     // The client offered no timestamp: its later packets will be routed by
                     // the fallback table, so teach it the server that actually answered.
-                    let hash = shared.hasher.hash(&key);
                     self.remember(shared, hash, server, now);
                     self.counters.inc(Counter::FallbackLearnedFromServer);
                 }
-                None => {}
+                _ => {}
+            }
+            // Only cheetah mode counts closes: the baselines place no connection by a
+            // policy, so they count no close either.
+            if let (true, Some(hash)) = (closes, hash) {
+                let stamped = timestamp.offset.is_some();
+                let segment = &packet[layout.l4..layout.end];
+                self.on_server_close(&shared.closes, segment, stamped, server, hash);
             }
         }
         if nat {
@@ -97,14 +106,6 @@ impl WorkerState {
             }
         }
         self.loads.on_packet(server, layout.end - layout.l3);
-        // The baselines place no connection by a policy, so they count no close either.
-        if snapshot.mode == Mode::Cheetah && tcp_flags & (flags::FIN | flags::RST) != 0 {
-            let hash = shared
-                .hasher
-                .hash(&FlowKey::tcp(client_ip, client_port, vip_ip, vip.port));
-            let segment = &packet[layout.l4..layout.end];
-            self.on_server_close(&shared.closes, segment, server, hash);
-        }
         Verdict::ToClient
     }
 }
