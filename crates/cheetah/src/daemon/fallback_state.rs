@@ -25,10 +25,12 @@
 use std::fs;
 use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use cheetah_core::lb::fallback::SavedFlow;
 use cheetah_core::lb::LbShared;
 use cheetah_core::types::{Nanos, ServerId};
+
+use super::persist::{replace_file, Sync};
 
 pub const FALLBACK_FILE: &str = "fallback.bin";
 const MAGIC: &[u8; 16] = b"cheetah-fallback";
@@ -121,14 +123,11 @@ pub fn decode(bytes: &[u8]) -> anyhow::Result<Decoded> {
     })
 }
 
-/// Writes the table's flows to `dir/fallback.bin`, replacing the file by a rename.
+/// Writes the table's flows to `dir/fallback.bin`, replacing the file by a rename, not
+/// synced (see the module doc).
 pub fn save(dir: &Path, shared: &LbShared, now: Nanos, now_unix_ms: u64) -> anyhow::Result<()> {
-    let path = dir.join(FALLBACK_FILE);
-    let temp = dir.join(format!(".{FALLBACK_FILE}.tmp"));
     let bytes = encode(shared, now, now_unix_ms);
-    fs::write(&temp, &bytes)
-        .and_then(|()| fs::rename(&temp, &path))
-        .with_context(|| format!("cannot write {}", path.display()))
+    replace_file(dir, FALLBACK_FILE, &bytes, Sync::NotSynced)
 }
 
 /// Takes the flows of `dir/fallback.bin` into `shared`'s table (before any worker runs).
