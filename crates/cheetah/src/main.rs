@@ -1,13 +1,9 @@
-//! `cheetah`: the one binary. Each subcommand is its own module.
+//! `cheetah`: the one binary. It parses the command line and hands each subcommand to the
+//! crate that owns it: `run` and `ctl` to the daemon, `sim` to the simulator, the rest to
+//! the lab (docs/architecture.md).
 
-mod bench;
-mod churn;
-mod loadgen;
-mod replay;
-mod sim;
-mod testbed;
-
-use cheetah::run;
+use cheetah_daemon::{ctl, run};
+use cheetah_lab::{bench, loadgen, replay, testbed_cli};
 use clap::{Parser, Subcommand};
 
 /// cheetah: an L4 load balancer that never breaks a connection when servers or load
@@ -29,13 +25,13 @@ enum Command {
     /// Measure the per-packet cost of the pipeline on a generated trace.
     Bench(bench::Args),
     /// Simulate cheetah and other load balancers at scale (broken connections, imbalance).
-    Sim(sim::Args),
+    Sim(cheetah_sim::cli::Args),
     /// Build, inspect or remove the namespace testbed (clients, router, LB, servers).
-    Testbed(testbed::Args),
+    Testbed(testbed_cli::Args),
     /// Drive HTTP load through the LB and report every broken connection and why.
     Loadgen(loadgen::Args),
     /// Query and change a running daemon through its control API.
-    Ctl(cheetah::ctl::Args),
+    Ctl(ctl::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,9 +45,9 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => run::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Bench(args) => bench::run(args),
-        Command::Sim(args) => sim::run(args),
-        Command::Testbed(args) => testbed::run(args),
+        Command::Sim(args) => cheetah_sim::cli::run(args),
+        Command::Testbed(args) => testbed_cli::run(args),
         Command::Loadgen(args) => loadgen::run(args),
-        Command::Ctl(args) => cheetah::ctl::run(args),
+        Command::Ctl(args) => ctl::run(args),
     }
 }

@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use cheetah::crafted::forged_acks;
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
+use cheetah_lab::crafted::forged_acks;
 use serde_json::Value;
 use support::stats::{chi_squared, chi_squared_sf, ln_gamma, monte_carlo_p_value};
 use support::*;

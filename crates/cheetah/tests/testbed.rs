@@ -131,7 +131,7 @@ fn testbed_comes_up_serves_and_goes_down_without_a_trace() {
         assert_eq!(link.trim(), mac);
     }
     // The key, and the cookie layout the LB's config asks for (the default).
-    let key = cheetah::config::read_key_file(std::path::Path::new(text(
+    let key = cheetah_daemon::config::read_key_file(std::path::Path::new(text(
         &summary["files"]["secret"],
         "files.secret",
     )))

@@ -6,6 +6,7 @@
 //! the load balancer cheetah ships. See `docs/simulation.md` for the models, their sources
 //! and the results beside the paper's.
 
+pub mod cli;
 pub mod conns;
 pub mod engine;
 pub mod lbs;

@@ -1,8 +1,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cheetah::daemon::InterfaceStatus;
 use cheetah_core::lb::{Counter, WorkerCounters};
+use cheetah_daemon::InterfaceStatus;
 use serde_json::{json, Value};
 
 use crate::common::{self, start, VIP};
@@ -497,7 +497,7 @@ fn quarantines_end_while_the_api_runs() {
 fn a_used_address_is_an_error_naming_it() {
     let api = start();
     let state = Arc::clone(&api.state);
-    let e = cheetah::daemon::api::spawn(state, api.api.local_addr())
+    let e = cheetah_daemon::api::spawn(state, api.api.local_addr())
         .err()
         .expect("the address is in use");
     assert!(
@@ -511,7 +511,7 @@ fn every_change_is_saved_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let api = common::start_with(common::state_with(&common::config(), Some(dir.path())));
     assert_eq!(api.send("POST", "/servers/2/drain", None).0, 200);
-    let file = cheetah::daemon::persist::Persister::new(dir.path(), &common::config())
+    let file = cheetah_daemon::persist::Persister::new(dir.path(), &common::config())
         .unwrap()
         .load()
         .unwrap()

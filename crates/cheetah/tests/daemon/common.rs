@@ -1,14 +1,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use cheetah::daemon::api::{self, ApiHandle};
-use cheetah::daemon::persist::Persister;
-use cheetah::daemon::{Clock, DaemonState};
 use cheetah_core::config::{Forwarding, LbConfig, Mode};
 use cheetah_core::hash::Secret;
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit;
+use cheetah_daemon::api::{self, ApiHandle};
+use cheetah_daemon::persist::Persister;
+use cheetah_daemon::{Clock, DaemonState};
 use serde_json::Value;
 
 pub const SECRET: Secret = Secret([9; 16]);

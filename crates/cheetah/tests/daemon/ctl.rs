@@ -1,6 +1,6 @@
 use std::process::{Command, Output};
 
-use cheetah::daemon::api::StatusView;
+use cheetah_daemon::api::StatusView;
 use serde_json::Value;
 
 use crate::common::start;

@@ -1,11 +1,11 @@
 use std::time::Duration;
 
-use cheetah::daemon::persist::{self, Persister, StateFile, TablesFrom};
-use cheetah::daemon::state::unix_ms;
 use cheetah_core::policy::{LoadMetric, PolicyKind};
 use cheetah_core::tables::{ControlPlane, ServerSpec, SlotState};
 use cheetah_core::types::NANOS_PER_SEC;
 use cheetah_core::ServerId;
+use cheetah_daemon::persist::{self, Persister, StateFile, TablesFrom};
+use cheetah_daemon::state::unix_ms;
 
 use crate::common::{self, SECRET, VIP};
 
@@ -180,7 +180,7 @@ fn a_state_file_of_another_cookie_layout_stops_the_start() {
     let mut other = common::config();
     other.cookie_epoch_bits = 5;
     let persister = Persister::new(dir.path(), &other).unwrap();
-    let clock = cheetah::daemon::Clock::start();
+    let clock = cheetah_daemon::Clock::start();
     let refused = persister
         .restore(&other, &SECRET, &clock)
         .err()
@@ -213,7 +213,7 @@ fn a_file_from_before_layouts_keeps_its_tables_but_not_its_msbs() {
     let old = persister.load().unwrap().unwrap();
     assert_eq!(old.cookie_epoch_bits, None);
     assert!(old.msb.servers.is_empty());
-    let clock = cheetah::daemon::Clock::start();
+    let clock = cheetah_daemon::Clock::start();
     let plane = persister
         .restore(&common::config(), &SECRET, &clock)
         .unwrap();
@@ -268,7 +268,7 @@ fn restore_from_disk_ignores_an_unreadable_file() {
     std::fs::write(dir.path().join("state.json"), "{ not json").unwrap();
     let persister = Persister::new(dir.path(), &common::config()).unwrap();
     assert!(persister.load().is_err());
-    let clock = cheetah::daemon::Clock::start();
+    let clock = cheetah_daemon::Clock::start();
     let plane = persister
         .restore(&common::config(), &SECRET, &clock)
         .unwrap();
@@ -300,7 +300,7 @@ fn the_fallback_table_survives_a_restart() {
     state.persist();
     drop(state);
 
-    let clock = cheetah::daemon::Clock::start();
+    let clock = cheetah_daemon::Clock::start();
     let plane = Persister::new(dir.path(), &common::config())
         .unwrap()
         .restore(&common::config(), &SECRET, &clock)

@@ -17,8 +17,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cheetah::daemon::api::StatusView;
-use cheetah::daemon::scrape;
+use cheetah_daemon::api::StatusView;
+use cheetah_lab::scrape;
 use serde_json::Value;
 
 pub fn cheetah_bin() -> &'static str {
@@ -204,7 +204,7 @@ impl Testbed {
 
     /// The LB's key, to decode cookies as the LB does.
     pub fn secret(&self) -> cheetah_core::hash::Secret {
-        cheetah::config::read_secret(&self.secret_path()).expect("the testbed's secret")
+        cheetah_daemon::config::read_secret(&self.secret_path()).expect("the testbed's secret")
     }
 
     /// Ids of the servers the testbed made.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::Value;
 
-use cheetah::daemon::api::StatusView;
+use cheetah_daemon::api::StatusView;
 
 /// How long a start may take before the data path runs (XDP attach, socket setup).
 const START_TIMEOUT: Duration = Duration::from_secs(30);

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::scrape;
 use anyhow::{bail, Context};
-use cheetah::daemon::scrape;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
 

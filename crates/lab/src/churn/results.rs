@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use cheetah::daemon::scrape;
+use crate::scrape;
 use serde::{Deserialize, Serialize};
 
 /// Counts by class or by kind.

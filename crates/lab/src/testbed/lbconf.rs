@@ -86,8 +86,10 @@ fn quoted(text: &str) -> String {
 fn write_secret(path: &Path) -> anyhow::Result<()> {
     // A previous run's file would keep its mode through `create`; start from nothing.
     let _ = std::fs::remove_file(path);
-    cheetah::config::KeyFile::generate(cheetah_core::cookie::CookieLayout::DEFAULT_EPOCH_BITS)?
-        .write_new(path)
+    cheetah_daemon::config::KeyFile::generate(
+        cheetah_core::cookie::CookieLayout::DEFAULT_EPOCH_BITS,
+    )?
+    .write_new(path)
 }
 
 #[cfg(test)]
@@ -178,7 +180,7 @@ mod tests {
         std::fs::write(&path, "old").unwrap();
         write_secret(&path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        let key = cheetah::config::KeyFile::parse(&text).unwrap();
+        let key = cheetah_daemon::config::KeyFile::parse(&text).unwrap();
         assert_eq!(key.cookie_epoch_bits, Some(4));
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);

@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
+use crate::lbs::LbSpec;
+use crate::runner::{describe, run_study, RunnerOptions};
+use crate::scenario::{Study, PRESETS};
 use anyhow::Context;
-use cheetah_sim::lbs::LbSpec;
-use cheetah_sim::runner::{describe, run_study, RunnerOptions};
-use cheetah_sim::scenario::{Study, PRESETS};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::{Args as ClapArgs, Subcommand};
 use serde_json::{json, Value};
 
-use crate::daemon::api::DEFAULT_LISTEN;
+use crate::api::DEFAULT_LISTEN;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {

@@ -1,23 +1,6 @@
-//! `cheetah testbed up|status|down` (and `churn`, `churn-report`, `agent`: see `crate::churn`): clients, a router, the LB's namespace, a switch and
-//! nginx servers on this machine, built from network namespaces and veths, for the
-//! end-to-end tests and the demo (docs/testbed.md). The LB itself is not started here;
-//! `up` writes the config it runs with. `inject` sends crafted frames from a client
-//! (docs/abuse.md).
-//!
-//! [`Topology::up`] and [`Topology::down`] are the same operations as a library; the
-//! names and addresses of a testbed are in its [`Topology`] and in `<dir>/testbed.json`.
-
-pub(crate) mod clocks;
-mod inject;
-mod lbconf;
-mod lifecycle;
-mod netns;
-mod network;
-mod nginx;
-mod plan;
-mod server_clock;
-mod shell;
-mod status;
+//! `cheetah testbed ...`: the command tree over the testbed itself (`up`, `status`, `down`,
+//! `inject`) and the scenarios run on it (`churn`, `churn-report`, `agent`, `throughput`).
+//! It lives apart from both so that neither imports the other's commands.
 
 use std::path::PathBuf;
 
@@ -25,45 +8,7 @@ use anyhow::bail;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
 
-pub use clocks::ServerClocks;
-pub use lifecycle::teardown;
-pub use netns::sysctl;
-pub use plan::{forwarding_name, Topology};
-
-/// What `up` builds.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// Namespaces are `<prefix>-lb`, `<prefix>-s1`, ...; at most 4 characters.
-    pub prefix: String,
-    pub servers: u16,
-    /// Clients behind the router, besides c0 on the LB's own segment.
-    pub clients: u16,
-    pub forwarding: Forwarding,
-    pub mode: Mode,
-    pub policy: PolicyKind,
-    /// State dir; `/run/cheetah-testbed/<prefix>` if `None`.
-    pub dir: Option<PathBuf>,
-    pub server_clocks: ServerClocks,
-    /// How many clients send no TCP timestamps (`net.ipv4.tcp_timestamps=0`, as Windows
-    /// clients): the last ones, c<n> first.
-    pub clients_without_timestamps: u16,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            prefix: "ch".into(),
-            servers: 4,
-            clients: 3,
-            forwarding: Forwarding::L2,
-            mode: Mode::Cheetah,
-            policy: PolicyKind::RoundRobin,
-            dir: None,
-            server_clocks: ServerClocks::Distinct,
-            clients_without_timestamps: 0,
-        }
-    }
-}
+use crate::testbed::{forwarding_name, inject, status, teardown, Options, ServerClocks, Topology};
 
 #[derive(clap::Args)]
 pub struct Args {

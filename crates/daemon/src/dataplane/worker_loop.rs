@@ -17,7 +17,7 @@ use super::egress::ServerEgress;
 use super::meta::{NextHop, PacketMeta};
 use super::neighbour::NeighbourResolver;
 use super::xsk::WorkerPorts;
-use crate::daemon::{Clock, IoCounters};
+use crate::{Clock, IoCounters};
 
 pub const BATCH: usize = 64;
 /// Room per port for one batch plus ICMP copies before a mid-batch flush is needed.

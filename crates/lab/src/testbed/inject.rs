@@ -13,8 +13,8 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
+use crate::crafted::{forged_acks, Addressing, Malformed, Outcome};
 use anyhow::{bail, Context};
-use cheetah::crafted::{forged_acks, Addressing, Malformed, Outcome};
 use cheetah_core::types::{format_mac, parse_mac, Mac};
 use serde_json::{json, Value};
 

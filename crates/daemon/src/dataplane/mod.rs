@@ -12,7 +12,7 @@ pub mod xsk;
 use anyhow::{bail, Context};
 use cheetah_core::types::parse_mac;
 
-pub use crate::daemon::IoCounters;
+pub use crate::IoCounters;
 pub use xsk::Interface;
 
 impl Interface {

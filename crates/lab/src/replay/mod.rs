@@ -21,7 +21,7 @@ use cheetah_core::types::{Nanos, NANOS_PER_SEC};
 use cheetah_core::{DropReason, ServerId, Verdict};
 
 use capture::{CaptureReader, CaptureWriter};
-use cheetah::config::{read_secret, FileConfig};
+use cheetah_daemon::config::{read_secret, FileConfig};
 use log::{VerdictKind, VerdictLog};
 use spread::{Spreader, RETA_SIZE};
 

@@ -1,5 +1,7 @@
-//! The daemon's control side: shared state, the HTTP/JSON API, Prometheus metrics and the
-//! state file. The AF_XDP data path plugs in through [`state::DaemonState`].
+//! The cheetah load balancer as it runs: `cheetah run` (config, the AF_XDP data path in
+//! [`dataplane`], the control side: shared state, the HTTP/JSON API, Prometheus metrics and
+//! the state file) and `cheetah ctl`. The data path plugs into the control side through
+//! [`state::DaemonState`].
 //!
 //! Start-up, in order:
 //!
@@ -19,11 +21,14 @@
 //! ```
 
 pub mod api;
+pub mod config;
+pub mod ctl;
+pub mod dataplane;
 pub mod fallback_state;
 pub mod io_counters;
 pub mod metrics;
 pub mod persist;
-pub mod scrape;
+pub mod run;
 mod service;
 pub mod state;
 

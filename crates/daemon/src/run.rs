@@ -14,13 +14,13 @@ use cheetah_core::lb::{LbShared, Worker, WorkerConfig};
 use cheetah_core::tables::SlotState;
 
 use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
-use crate::daemon::persist::{self, Persister};
-use crate::daemon::{api, Clock, DaemonState, InterfaceStatus};
 use crate::dataplane::host;
 use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
 use crate::dataplane::xsk::WorkerPorts;
 use crate::dataplane::Interface;
+use crate::persist::{self, Persister};
+use crate::{api, Clock, DaemonState, InterfaceStatus};
 
 #[derive(clap::Args)]
 pub struct Args {
