@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: formatting, lints, and every test of the workspace.
+# The test command: formatting, lints, the API docs, and every test of the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,6 +8,8 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_INCREMENTAL=0
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The API docs build without a broken link or a warning.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

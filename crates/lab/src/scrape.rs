@@ -1,4 +1,4 @@
-//! Reading a `/metrics` text back: the samples of the exposition [`super::metrics`]
+//! Reading a `/metrics` text back: the samples of the exposition (`cheetah_daemon::metrics`)
 //! writes, for the testbed runners and the tests that sum counters across scrapes.
 //!
 //! Only what that exposition produces is handled: one sample per line as

@@ -1,6 +1,6 @@
 //! `cheetah bench`: the per-packet cost of the pipeline on a generated trace.
 //!
-//! A generated in-memory trace of HTTP-like connections ([`trace`]) is played once through a
+//! A generated in-memory trace of HTTP-like connections (the `trace` module) is played once through a
 //! warm-up LB of each mode (cheetah, plain hash, Maglev), which yields realistic packets:
 //! established client packets echo the cookies that LB wrote. Each path's packets are then
 //! timed on a pinned core, each in its own buffer restored from a pristine copy every pass

@@ -84,6 +84,8 @@ pub struct Args {
     pub output: PathBuf,
 
     /// Where to write the per-packet verdict log (TSV) [default: <OUTPUT>.verdicts.tsv].
+    // The text is the `--help` line, where <OUTPUT> names the option, not an HTML tag.
+    #[allow(rustdoc::invalid_html_tags)]
     #[arg(long, value_name = "FILE")]
     pub verdicts: Option<PathBuf>,
 

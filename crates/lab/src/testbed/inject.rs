@@ -7,7 +7,7 @@
 //! forwards well-formed packets but drops malformed IPv4 headers, so malformed frames must
 //! come from `c0`.
 //!
-//! What is sent is built by [`cheetah::crafted`]; a JSON summary on stdout says how many
+//! What is sent is built by [`crate::crafted`]; a JSON summary on stdout says how many
 //! of each kind left and what the LB should do with them.
 
 use std::net::{Ipv4Addr, SocketAddrV4};

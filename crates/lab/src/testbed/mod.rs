@@ -44,7 +44,7 @@ pub struct Options {
     pub dir: Option<PathBuf>,
     pub server_clocks: ServerClocks,
     /// How many clients send no TCP timestamps (`net.ipv4.tcp_timestamps=0`, as Windows
-    /// clients): the last ones, c<n> first.
+    /// clients): the last ones, `c<n>` first.
     pub clients_without_timestamps: u16,
 }
 

@@ -403,7 +403,7 @@ impl Topology {
         names
     }
 
-    /// Every veth pair. The LB's ports have [`LB_QUEUES`] queues on both ends, because a
+    /// Every veth pair. The LB's ports have `LB_QUEUES` queues on both ends, because a
     /// veth delivers on the peer's rx queue matching the sender's tx queue.
     pub fn veths(&self) -> Vec<Veth> {
         let pair = |a: &Endpoint, b: &Endpoint, queues| Veth {
