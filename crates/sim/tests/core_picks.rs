@@ -37,16 +37,7 @@ fn scenario(kind: PolicyKind) -> Scenario {
 
 #[test]
 fn simulator_and_core_pick_the_same_servers_for_the_same_seed() {
-    for kind in [
-        PolicyKind::Hash,
-        PolicyKind::Maglev,
-        PolicyKind::RoundRobin,
-        PolicyKind::WeightedRoundRobin,
-        PolicyKind::AutoWeightedRoundRobin,
-        PolicyKind::PowerOfTwo,
-        PolicyKind::LeastLoaded,
-        PolicyKind::Random,
-    ] {
+    for kind in PolicyKind::ALL {
         let scenario = scenario(kind);
         let simulated = run(
             &scenario,
