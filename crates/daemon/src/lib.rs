@@ -21,16 +21,17 @@
 //! ```
 
 pub mod api;
+pub mod clock;
 pub mod config;
 pub mod ctl;
 pub mod dataplane;
 pub mod fallback_state;
-pub mod io_counters;
 pub mod metrics;
 pub mod persist;
 pub mod run;
 mod service;
 pub mod state;
 
-pub use io_counters::IoCounters;
-pub use state::{Clock, DaemonState, InterfaceStatus, WorkerStats};
+pub use clock::Clock;
+pub use dataplane::IoCounters;
+pub use state::{DaemonState, InterfaceStatus, WorkerStats};

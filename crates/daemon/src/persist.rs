@@ -61,7 +61,8 @@ use serde::{Deserialize, Serialize};
 
 use super::fallback_state::{self, Restored};
 use super::service::ServiceThread;
-use super::state::{unix_ms, Clock, DaemonState};
+use super::clock::{unix_ms, Clock};
+use super::state::DaemonState;
 
 pub const STATE_FILE: &str = "state.json";
 const FORMAT: u32 = 2;

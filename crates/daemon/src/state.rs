@@ -6,7 +6,7 @@
 //! persister, and the data path at start-up (registering workers and interfaces).
 
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::lb::{LbShared, WorkerCounters};
@@ -14,42 +14,9 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::Nanos;
 use serde::Serialize;
 
-use super::io_counters::IoCounters;
-use super::persist::Persister;
-
-/// The daemon's monotonic clock: nanoseconds since start-up, the `now` every core call
-/// takes (the data path must use the same clock, so quarantines and merges agree).
-#[derive(Clone, Copy, Debug)]
-pub struct Clock {
-    base: Instant,
-}
-
-impl Clock {
-    pub fn start() -> Self {
-        Clock {
-            base: Instant::now(),
-        }
-    }
-
-    #[inline]
-    pub fn now(&self) -> Nanos {
-        self.base.elapsed().as_nanos() as Nanos
-    }
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Self::start()
-    }
-}
-
-/// Milliseconds since the Unix epoch (wall clock, for what is saved to disk).
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_millis() as u64
-}
+use crate::clock::{unix_ms, Clock};
+use crate::dataplane::IoCounters;
+use crate::persist::Persister;
 
 /// One data-path worker, as the API and metrics see it.
 #[derive(Clone)]

@@ -5,7 +5,7 @@ use cheetah_core::tables::{ControlPlane, ServerSpec, SlotState};
 use cheetah_core::types::NANOS_PER_SEC;
 use cheetah_core::ServerId;
 use cheetah_daemon::persist::{self, Persister, StateFile, TablesFrom};
-use cheetah_daemon::state::unix_ms;
+use cheetah_daemon::clock::unix_ms;
 
 use crate::common::{self, SECRET, VIP};
 
