@@ -14,7 +14,7 @@
 //! //   let io = state.register_worker(index, queue, Arc::clone(worker.counters()));
 //! //   and state.set_interfaces(...) once attached; use state.now() as `now`.
 //! let api = api::spawn(Arc::clone(&state), listen)?;
-//! let saver = persist::spawn(Arc::clone(&state), Duration::from_secs(1))?;
+//! let saver = saver::spawn(Arc::clone(&state), Duration::from_secs(1))?;
 //! // ... on shutdown:
 //! api.shutdown();
 //! saver.shutdown(); // saves a last time
@@ -28,7 +28,9 @@ pub mod dataplane;
 pub mod fallback_state;
 pub mod metrics;
 pub mod persist;
+mod replace_file;
 pub mod run;
+pub mod saver;
 mod service;
 pub mod state;
 

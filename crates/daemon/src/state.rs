@@ -16,7 +16,8 @@ use serde::Serialize;
 
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::IoCounters;
-use crate::persist::Persister;
+use crate::fallback_state;
+use crate::persist::{Persister, SaveContents};
 
 /// One data-path worker, as the API and metrics see it.
 #[derive(Clone)]
@@ -175,10 +176,17 @@ impl DaemonState {
     /// Saves the state file now (after a control change). A failure is logged, not
     /// returned: the change is made and the periodic save will try again.
     pub fn persist(&self) {
-        if let Some(persister) = &self.persister {
-            if let Err(e) = persister.save(self) {
-                tracing::warn!(error = %format!("{e:#}"), "cannot save the state file");
-            }
+        let Some(persister) = &self.persister else {
+            return;
+        };
+        let saved = persister.save(|now_unix_ms| SaveContents {
+            tables: self.control().export(self.now()),
+            msb: self.shared.msb.persist(self.now(), now_unix_ms),
+            cookie_epoch_bits: self.shared.layout().epoch_bits(),
+            fallback: fallback_state::encode(&self.shared, self.now(), now_unix_ms),
+        });
+        if let Err(e) = saved {
+            tracing::warn!(error = %format!("{e:#}"), "cannot save the state file");
         }
     }
 
