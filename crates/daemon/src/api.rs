@@ -10,6 +10,9 @@
 //! unknown field, bad path parameter, a value the control plane refuses), 404 for an
 //! unknown server, VIP or route, 409 for a conflict (a quarantined id, a MAC in use...).
 //! Every error body is `{"error": "<field>: <problem>"}`.
+//!
+//! This file is the routes and handlers; the JSON they take and give is typed in
+//! [`views`].
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -26,17 +29,25 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use cheetah_core::config::ConfigError;
-use cheetah_core::policy::{LoadMetric, PolicyKind, ReportedLoad};
+use cheetah_core::policy::ReportedLoad;
 use cheetah_core::tables::control::ServerInfo;
 use cheetah_core::tables::{ControlError, ControlPlane, ServerSpec, SlotState};
 use cheetah_core::types::ServerId;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::sync::oneshot;
 
 use super::metrics;
 use super::service::ServiceThread;
 use super::state::DaemonState;
+
+pub mod views;
+
+pub use views::{
+    AddServer, AddedView, ErrorView, InterfaceView, JoinPool, JoinVip, LoadReport, MemberView,
+    ServerCounts, ServerView, ServersView, SetPolicy, SetWeights, StatusView, VipView, VipsView,
+    WorkerView,
+};
 
 /// Where the API listens unless told otherwise: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9180";
@@ -162,7 +173,9 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({ "error": self.message });
+        let body = ErrorView {
+            error: self.message,
+        };
         (self.status, Json(body)).into_response()
     }
 }
@@ -268,116 +281,7 @@ struct VipServerPath {
 }
 type ApiResult<T> = Result<T, ApiError>;
 
-// ---- views -----------------------------------------------------------------------------
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct StatusView {
-    pub version: String,
-    pub mode: String,
-    pub forwarding: String,
-    /// The cookie layout: k epoch bits, 16 - k id bits (README, `cookie_epoch_bits`).
-    pub cookie_epoch_bits: u8,
-    /// Longest idle gap the layout lets a connection survive, in seconds.
-    pub idle_limit_secs: f64,
-    pub secret_fingerprint: String,
-    pub uptime_secs: u64,
-    pub started_at_unix_ms: u64,
-    pub snapshot_generation: u64,
-    pub interfaces: Vec<InterfaceView>,
-    pub workers: Vec<WorkerView>,
-    pub servers: ServerCounts,
-    pub vips: usize,
-}
-
-impl StatusView {
-    /// Whether the data path runs: the XDP program is attached and the workers' sockets are
-    /// bound. The API answers before that (it binds first, so that a busy address stops a
-    /// start with nothing changed); a client whose first SYN comes in that window reaches
-    /// the LB host's kernel instead, which has no route to the VIP and answers "network
-    /// unreachable". Whatever starts traffic after starting the LB waits for this.
-    pub fn data_path_up(&self) -> bool {
-        !self.interfaces.is_empty() && !self.workers.is_empty()
-    }
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct InterfaceView {
-    pub name: String,
-    pub ifindex: u32,
-    pub xdp_mode: String,
-    pub queues: Vec<u32>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct WorkerView {
-    pub index: usize,
-    pub queue: u32,
-    /// Packets the pipeline processed (every verdict).
-    pub packets: u64,
-    pub dropped: u64,
-    pub rx_packets: u64,
-    pub tx_packets: u64,
-    pub packets_per_second: f64,
-}
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-pub struct ServerCounts {
-    pub active: usize,
-    pub draining: usize,
-    pub removed: usize,
-}
-
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct ServerView {
-    pub id: u16,
-    pub dip: IpAddr,
-    pub mac: Option<String>,
-    pub state: String,
-    pub quarantine_left_secs: Option<u64>,
-    pub active_connections: u64,
-    pub new_connections: u64,
-    pub packets: u64,
-    pub bytes: u64,
-    pub reported_load: f64,
-    /// VIPs whose pool it is in.
-    pub vips: Vec<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct ServersView {
-    pub servers: Vec<ServerView>,
-}
-
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct MemberView {
-    pub id: u16,
-    pub weight: u32,
-    pub state: String,
-}
-
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct VipView {
-    /// `address:port`, the key used in `/vips/{vip}/...`.
-    pub vip: String,
-    pub address: IpAddr,
-    pub port: u16,
-    pub backend_port: u16,
-    pub policy: PolicyKind,
-    pub metric: LoadMetric,
-    pub members: Vec<MemberView>,
-    /// Servers that left the pool but keep their connections.
-    pub departed: Vec<u16>,
-}
-
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct VipsView {
-    pub vips: Vec<VipView>,
-}
-
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub struct AddedView {
-    pub id: u16,
-}
+// ---- views of the tables ---------------------------------------------------------------
 
 fn vip_key(address: IpAddr, port: u16) -> String {
     SocketAddr::new(address, port).to_string()
@@ -532,30 +436,6 @@ async fn list_servers(State(state): Daemon) -> Json<ServersView> {
     Json(servers_view(&state, &control))
 }
 
-fn one() -> u32 {
-    1
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AddServer {
-    #[serde(default)]
-    id: Option<u16>,
-    dip: IpAddr,
-    #[serde(default)]
-    mac: Option<String>,
-    #[serde(default)]
-    vips: Vec<JoinVip>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JoinVip {
-    vip: String,
-    #[serde(default = "one")]
-    weight: u32,
-}
-
 async fn add_server(
     State(state): Daemon,
     Body(body): Body<AddServer>,
@@ -628,17 +508,6 @@ async fn remove_server(
     Ok(Json(view))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LoadReport {
-    /// The server's load in the operator's unit (CPU utilisation...).
-    #[serde(default)]
-    load: Option<f64>,
-    /// The connections the server really has open.
-    #[serde(default)]
-    active_connections: Option<u64>,
-}
-
 async fn report_load(
     State(state): Daemon,
     Param(IdPath { id }): Param<IdPath>,
@@ -670,14 +539,6 @@ async fn list_vips(State(state): Daemon) -> Json<VipsView> {
     Json(vips_view(&state.control()))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SetPolicy {
-    policy: PolicyKind,
-    #[serde(default)]
-    metric: Option<LoadMetric>,
-}
-
 async fn set_policy(
     State(state): Daemon,
     Param(VipPath { vip }): Param<VipPath>,
@@ -696,13 +557,6 @@ async fn set_policy(
     );
     state.persist();
     Ok(Json(view))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SetWeights {
-    /// Server id (a string, as JSON keys are) to weight.
-    weights: BTreeMap<u16, u32>,
 }
 
 async fn set_weights(
@@ -745,14 +599,6 @@ fn name_weight_by_id(e: ControlError, weights: &[(u16, u32)]) -> ControlError {
         }
         other => other,
     }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JoinPool {
-    id: u16,
-    #[serde(default = "one")]
-    weight: u32,
 }
 
 async fn join_pool(

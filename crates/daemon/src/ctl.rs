@@ -1,6 +1,7 @@
 //! `cheetah ctl`: the operator's client for the daemon's control API.
 //!
-//! Prints human tables by default and the API's JSON with `--json`. Values are sent as
+//! Prints human tables by default and the API's JSON with `--json`, both from the API's
+//! typed views (`api/views.rs`), the structs the daemon serialises. Values are sent as
 //! typed and validated by the daemon, so its messages (naming the field) are what the
 //! operator sees. Exit status: 0 on success, 2 when the daemon refused the request (a 4xx,
 //! printed as `error: <message>`) or the command line is wrong, 1 when the daemon cannot be
@@ -10,8 +11,14 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::api::views::{
+    AddedView, ErrorView, JoinPool, LoadReport, MemberView, ServerView, ServersView, SetWeights,
+    StatusView, VipView, VipsView,
+};
 use crate::api::DEFAULT_LISTEN;
 
 #[derive(ClapArgs, Debug)]
@@ -186,7 +193,13 @@ impl Client {
         }
     }
 
-    fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value, Failure> {
+    /// Sends the request and reads the answer as the view `T`.
+    fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<T, Failure> {
         let url = format!("{}{path}", self.base);
         let response = match (method, body) {
             (Method::Get, _) => self.agent.get(&url).call(),
@@ -201,15 +214,21 @@ impl Client {
             .body_mut()
             .read_to_string()
             .map_err(|e| Failure::Failed(format!("cannot read the daemon's answer: {e}")))?;
-        let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if status.is_success() {
-            return Ok(value);
+            return serde_json::from_str(&text).map_err(|e| {
+                Failure::Failed(format!(
+                    "the daemon's answer to {path} is not what this ctl reads ({e}): {text}"
+                ))
+            });
         }
-        let message = value
-            .get("error")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{status}: {value}"));
+        let message = match serde_json::from_str::<ErrorView>(&text) {
+            Ok(ErrorView { error }) => error,
+            // Not the API's error body (something else answered): show it as it came.
+            Err(_) => {
+                let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+                format!("{status}: {value}")
+            }
+        };
         if status.is_client_error() {
             Err(Failure::Refused(message))
         } else {
@@ -260,14 +279,43 @@ fn vip_and_weight(text: &str) -> Value {
     json!({ "vip": text })
 }
 
+/// A request body of the API's types, as JSON. Through a [`Value`], whose keys are sorted,
+/// so the bytes sent are the same as for a body written as JSON here.
+fn body(request: &impl Serialize) -> Value {
+    serde_json::to_value(request).expect("a request body always serialises")
+}
+
+/// `view` as a table or a line (`human`), or as the API's JSON with `--json`.
+fn show<T: Serialize>(json: bool, view: T, human: impl FnOnce(&T) -> String) -> String {
+    if json {
+        // Through a `Value`, whose keys are sorted: the order `--json` has always printed.
+        let value = serde_json::to_value(&view).unwrap_or_default();
+        format!(
+            "{}\n",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        )
+    } else {
+        human(&view)
+    }
+}
+
 fn execute(args: &Args) -> Result<String, Failure> {
     let client = Client::new(&args.api);
-    let (value, human): (Value, fn(&Value) -> String) = match &args.command {
-        CtlCommand::Status => (client.call(Method::Get, "/status", None)?, show_status),
-        CtlCommand::Servers(ServersCommand::List) => {
-            (client.call(Method::Get, "/servers", None)?, show_servers)
-        }
+    let json = args.json;
+    Ok(match &args.command {
+        CtlCommand::Status => show(
+            json,
+            client.call::<StatusView>(Method::Get, "/status", None)?,
+            show_status,
+        ),
+        CtlCommand::Servers(ServersCommand::List) => show(
+            json,
+            client.call::<ServersView>(Method::Get, "/servers", None)?,
+            show_servers,
+        ),
         CtlCommand::Servers(ServersCommand::Add { dip, mac, id, vips }) => {
+            // The operator's text as typed (not `AddServer`, whose `dip` is parsed): the
+            // daemon validates it and names the field in its message.
             let mut body = json!({ "dip": dip, "vips": vips.iter().map(|v| vip_and_weight(v)).collect::<Vec<_>>() });
             if let Some(mac) = mac {
                 body["mac"] = json!(mac);
@@ -275,44 +323,59 @@ fn execute(args: &Args) -> Result<String, Failure> {
             if let Some(id) = id {
                 body["id"] = json!(id);
             }
-            (client.call(Method::Post, "/servers", Some(body))?, |v| {
-                format!("server {} added\n", v["id"])
-            })
+            show(
+                json,
+                client.call::<AddedView>(Method::Post, "/servers", Some(body))?,
+                |v| format!("server {} added\n", v.id),
+            )
         }
-        CtlCommand::Servers(ServersCommand::Drain { id }) => (
-            client.call(Method::Post, &format!("/servers/{id}/drain"), None)?,
-            |v| format!("server {} is draining: no new connections\n", v["id"]),
+        CtlCommand::Servers(ServersCommand::Drain { id }) => show(
+            json,
+            client.call::<ServerView>(Method::Post, &format!("/servers/{id}/drain"), None)?,
+            |v| format!("server {} is draining: no new connections\n", v.id),
         ),
-        CtlCommand::Servers(ServersCommand::Activate { id }) => (
-            client.call(Method::Post, &format!("/servers/{id}/activate"), None)?,
-            |v| format!("server {} is active\n", v["id"]),
+        CtlCommand::Servers(ServersCommand::Activate { id }) => show(
+            json,
+            client.call::<ServerView>(Method::Post, &format!("/servers/{id}/activate"), None)?,
+            |v| format!("server {} is active\n", v.id),
         ),
-        CtlCommand::Servers(ServersCommand::Remove { id }) => (
-            client.call(Method::Delete, &format!("/servers/{id}"), None)?,
+        CtlCommand::Servers(ServersCommand::Remove { id }) => show(
+            json,
+            client.call::<ServerView>(Method::Delete, &format!("/servers/{id}"), None)?,
             |v| {
                 format!(
                     "server {} removed; its id is quarantined for {} s\n",
-                    v["id"], v["quarantine_left_secs"]
+                    v.id,
+                    json_text(&v.quarantine_left_secs)
                 )
             },
         ),
-        CtlCommand::Vips(VipsCommand::List) => {
-            (client.call(Method::Get, "/vips", None)?, show_vips)
-        }
+        CtlCommand::Vips(VipsCommand::List) => show(
+            json,
+            client.call::<VipsView>(Method::Get, "/vips", None)?,
+            show_vips,
+        ),
         CtlCommand::Policy(PolicyCommand::Set {
             vip,
             policy,
             metric,
         }) => {
+            // The operator's names as typed (not `SetPolicy`), for the daemon to check.
             let mut body = json!({ "policy": policy });
             if let Some(metric) = metric {
                 body["metric"] = json!(metric);
             }
             let path = format!("/vips/{}/policy", segment(vip));
-            (client.call(Method::Put, &path, Some(body))?, show_vip)
+            show(
+                json,
+                client.call::<VipView>(Method::Put, &path, Some(body))?,
+                show_vip,
+            )
         }
         CtlCommand::Weights(WeightsCommand::Set { vip, weights }) => {
-            let mut map = serde_json::Map::new();
+            let mut request = SetWeights {
+                weights: Default::default(),
+            };
             for w in weights {
                 let parsed = w.split_once('=').and_then(|(id, weight)| {
                     Some((id.parse::<u16>().ok()?, weight.parse::<u32>().ok()?))
@@ -322,69 +385,94 @@ fn execute(args: &Args) -> Result<String, Failure> {
                         "weights: `{w}` is not ID=WEIGHT (e.g. 3=2)"
                     )));
                 };
-                map.insert(id.to_string(), json!(weight));
+                request.weights.insert(id, weight);
             }
             let path = format!("/vips/{}/weights", segment(vip));
-            (
-                client.call(Method::Put, &path, Some(json!({ "weights": map })))?,
+            show(
+                json,
+                client.call::<VipView>(Method::Put, &path, Some(body(&request)))?,
                 show_vip,
             )
         }
         CtlCommand::Pool(PoolCommand::Join { vip, id, weight }) => {
             let path = format!("/vips/{}/servers", segment(vip));
-            let body = json!({ "id": id, "weight": weight });
-            (client.call(Method::Post, &path, Some(body))?, show_vip)
+            let request = JoinPool {
+                id: *id,
+                weight: *weight,
+            };
+            show(
+                json,
+                client.call::<VipView>(Method::Post, &path, Some(body(&request)))?,
+                show_vip,
+            )
         }
         CtlCommand::Pool(PoolCommand::Leave { vip, id }) => {
             let path = format!("/vips/{}/servers/{id}", segment(vip));
-            (client.call(Method::Delete, &path, None)?, show_vip)
+            show(
+                json,
+                client.call::<VipView>(Method::Delete, &path, None)?,
+                show_vip,
+            )
         }
         CtlCommand::Load(LoadCommand::Report { id, value, active }) => {
-            let mut body = json!({});
-            if let Some(value) = value {
-                body["load"] = json!(value);
-            }
-            if let Some(active) = active {
-                body["active_connections"] = json!(active);
-            }
-            (
-                client.call(Method::Post, &format!("/servers/{id}/load"), Some(body))?,
+            let request = LoadReport {
+                load: *value,
+                active_connections: *active,
+            };
+            show(
+                json,
+                client.call::<ServerView>(
+                    Method::Post,
+                    &format!("/servers/{id}/load"),
+                    Some(body(&request)),
+                )?,
                 |v| {
                     format!(
                         "server {}: reported load {}, active connections {}\n",
-                        v["id"], v["reported_load"], v["active_connections"]
+                        v.id,
+                        json_text(&v.reported_load),
+                        v.active_connections
                     )
                 },
             )
         }
-    };
-    Ok(if args.json {
-        format!(
-            "{}\n",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        )
-    } else {
-        human(&value)
     })
 }
 
 // ---- human output ----------------------------------------------------------------------
 
-/// A JSON value as a table cell: strings bare, null as `-`.
-fn cell(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        Value::Number(n) => match n.as_f64() {
-            Some(f) if n.is_f64() => format!("{}", (f * 100.0).round() / 100.0),
-            _ => n.to_string(),
-        },
-        other => other.to_string(),
+/// A number of the API's that is a float, as a table cell: two decimals at most.
+fn float(value: f64) -> String {
+    format!("{}", (value * 100.0).round() / 100.0)
+}
+
+/// An optional value as a table cell: `-` when there is none.
+fn optional<T: ToString>(value: &Option<T>) -> String {
+    value
+        .as_ref()
+        .map_or_else(|| "-".into(), ToString::to_string)
+}
+
+/// A value as the API's JSON writes it (`0.0` for a float, `null` for none).
+fn json_text(value: &impl Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// The name the API gives a value (a policy's `pow2`, a metric's `packets`).
+fn api_name(value: &impl Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(name)) => name,
+        other => other.map(|v| v.to_string()).unwrap_or_default(),
     }
 }
 
-fn list(v: &Value) -> &[Value] {
-    v.as_array().map(Vec::as_slice).unwrap_or(&[])
+/// Items joined by `separator`, or `-` when there are none.
+fn joined(items: Vec<String>, separator: &str) -> String {
+    if items.is_empty() {
+        "-".into()
+    } else {
+        items.join(separator)
+    }
 }
 
 /// Left-aligned columns, two spaces apart.
@@ -425,56 +513,41 @@ fn duration(secs: u64) -> String {
     }
 }
 
-fn show_status(v: &Value) -> String {
+fn show_status(v: &StatusView) -> String {
     let mut out = String::new();
-    let servers = &v["servers"];
-    let _ = writeln!(out, "cheetah {}", cell(&v["version"]));
-    let _ = writeln!(out, "mode                {}", cell(&v["mode"]));
-    let _ = writeln!(out, "forwarding          {}", cell(&v["forwarding"]));
+    let _ = writeln!(out, "cheetah {}", v.version);
+    let _ = writeln!(out, "mode                {}", v.mode);
+    let _ = writeln!(out, "forwarding          {}", v.forwarding);
     let _ = writeln!(
         out,
         "cookie layout       {} epoch bits, idle connections survive {} s",
-        cell(&v["cookie_epoch_bits"]),
-        cell(&v["idle_limit_secs"])
+        v.cookie_epoch_bits,
+        float(v.idle_limit_secs)
     );
-    let _ = writeln!(
-        out,
-        "secret fingerprint  {}",
-        cell(&v["secret_fingerprint"])
-    );
-    let _ = writeln!(
-        out,
-        "uptime              {}",
-        duration(v["uptime_secs"].as_u64().unwrap_or(0))
-    );
-    let _ = writeln!(
-        out,
-        "snapshot generation {}",
-        cell(&v["snapshot_generation"])
-    );
+    let _ = writeln!(out, "secret fingerprint  {}", v.secret_fingerprint);
+    let _ = writeln!(out, "uptime              {}", duration(v.uptime_secs));
+    let _ = writeln!(out, "snapshot generation {}", v.snapshot_generation);
     let _ = writeln!(
         out,
         "servers             {} active, {} draining, {} removed",
-        cell(&servers["active"]),
-        cell(&servers["draining"]),
-        cell(&servers["removed"])
+        v.servers.active, v.servers.draining, v.servers.removed
     );
-    let _ = writeln!(out, "vips                {}", cell(&v["vips"]));
-    let interfaces = list(&v["interfaces"]);
-    if interfaces.is_empty() {
+    let _ = writeln!(out, "vips                {}", v.vips);
+    if v.interfaces.is_empty() {
         out.push_str("interfaces          none reported (no data path attached)\n");
     } else {
         out.push('\n');
-        let rows: Vec<Vec<String>> = interfaces
+        let rows: Vec<Vec<String>> = v
+            .interfaces
             .iter()
             .map(|i| {
                 vec![
-                    cell(&i["name"]),
-                    cell(&i["ifindex"]),
-                    cell(&i["xdp_mode"]),
-                    list(&i["queues"])
+                    i.name.clone(),
+                    i.ifindex.to_string(),
+                    i.xdp_mode.clone(),
+                    i.queues
                         .iter()
-                        .map(cell)
+                        .map(u32::to_string)
                         .collect::<Vec<_>>()
                         .join(","),
                 ]
@@ -482,24 +555,21 @@ fn show_status(v: &Value) -> String {
             .collect();
         out.push_str(&table(&["INTERFACE", "IFINDEX", "XDP", "QUEUES"], &rows));
     }
-    let workers = list(&v["workers"]);
-    if !workers.is_empty() {
+    if !v.workers.is_empty() {
         out.push('\n');
-        let rows: Vec<Vec<String>> = workers
+        let rows: Vec<Vec<String>> = v
+            .workers
             .iter()
             .map(|w| {
-                [
-                    "index",
-                    "queue",
-                    "packets",
-                    "dropped",
-                    "rx_packets",
-                    "tx_packets",
-                    "packets_per_second",
+                vec![
+                    w.index.to_string(),
+                    w.queue.to_string(),
+                    w.packets.to_string(),
+                    w.dropped.to_string(),
+                    w.rx_packets.to_string(),
+                    w.tx_packets.to_string(),
+                    float(w.packets_per_second),
                 ]
-                .iter()
-                .map(|k| cell(&w[*k]))
-                .collect()
             })
             .collect();
         out.push_str(&table(
@@ -510,31 +580,23 @@ fn show_status(v: &Value) -> String {
     out
 }
 
-fn show_servers(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = list(&v["servers"])
+fn show_servers(v: &ServersView) -> String {
+    let rows: Vec<Vec<String>> = v
+        .servers
         .iter()
         .map(|s| {
-            let mut row: Vec<String> = [
-                "id",
-                "dip",
-                "mac",
-                "state",
-                "active_connections",
-                "packets",
-                "bytes",
-                "reported_load",
-                "quarantine_left_secs",
+            vec![
+                s.id.to_string(),
+                s.dip.to_string(),
+                optional(&s.mac),
+                s.state.clone(),
+                s.active_connections.to_string(),
+                s.packets.to_string(),
+                s.bytes.to_string(),
+                float(s.reported_load),
+                optional(&s.quarantine_left_secs),
+                joined(s.vips.clone(), ","),
             ]
-            .iter()
-            .map(|k| cell(&s[*k]))
-            .collect();
-            let vips: Vec<String> = list(&s["vips"]).iter().map(cell).collect();
-            row.push(if vips.is_empty() {
-                "-".into()
-            } else {
-                vips.join(",")
-            });
-            row
         })
         .collect();
     table(
@@ -554,35 +616,24 @@ fn show_servers(v: &Value) -> String {
     )
 }
 
-fn vip_row(v: &Value) -> Vec<String> {
-    let members: Vec<String> = list(&v["members"])
-        .iter()
-        .map(|m| {
-            let state = m["state"].as_str().unwrap_or("");
-            let mark = if state == "active" {
-                String::new()
-            } else {
-                format!("({state})")
-            };
-            format!("{}*{}{mark}", cell(&m["id"]), cell(&m["weight"]))
-        })
-        .collect();
-    let departed: Vec<String> = list(&v["departed"]).iter().map(cell).collect();
+/// `id*weight`, with the state when it is not active: `9*3(draining)`.
+fn member(m: &MemberView) -> String {
+    let mark = if m.state == "active" {
+        String::new()
+    } else {
+        format!("({})", m.state)
+    };
+    format!("{}*{}{mark}", m.id, m.weight)
+}
+
+fn vip_row(v: &VipView) -> Vec<String> {
     vec![
-        cell(&v["vip"]),
-        cell(&v["policy"]),
-        cell(&v["metric"]),
-        cell(&v["backend_port"]),
-        if members.is_empty() {
-            "-".into()
-        } else {
-            members.join(" ")
-        },
-        if departed.is_empty() {
-            "-".into()
-        } else {
-            departed.join(",")
-        },
+        v.vip.clone(),
+        api_name(&v.policy),
+        api_name(&v.metric),
+        v.backend_port.to_string(),
+        joined(v.members.iter().map(member).collect(), " "),
+        joined(v.departed.iter().map(u16::to_string).collect(), ","),
     ]
 }
 
@@ -595,12 +646,12 @@ const VIP_HEADERS: [&str; 6] = [
     "DEPARTED",
 ];
 
-fn show_vips(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = list(&v["vips"]).iter().map(vip_row).collect();
+fn show_vips(v: &VipsView) -> String {
+    let rows: Vec<Vec<String>> = v.vips.iter().map(vip_row).collect();
     table(&VIP_HEADERS, &rows)
 }
 
-fn show_vip(v: &Value) -> String {
+fn show_vip(v: &VipView) -> String {
     table(&VIP_HEADERS, &[vip_row(v)])
 }
 
@@ -630,6 +681,30 @@ mod tests {
             json!({ "vip": "[::1]:80", "weight": 2 })
         );
         assert_eq!(vip_and_weight("nonsense"), json!({ "vip": "nonsense" }));
+    }
+
+    /// The human output is printed from the typed views, but reads as it did when it was
+    /// printed from the JSON: floats rounded in tables and as JSON writes them in
+    /// sentences, enums by their API names.
+    #[test]
+    fn cells_read_as_the_json_does() {
+        use cheetah_core::policy::{LoadMetric, PolicyKind};
+        assert_eq!(float(524.288), "524.29");
+        assert_eq!(float(0.0), "0");
+        assert_eq!(json_text(&0.0f64), "0.0");
+        assert_eq!(json_text(&None::<u64>), "null");
+        assert_eq!(optional(&None::<u64>), "-");
+        assert_eq!(api_name(&PolicyKind::PowerOfTwo), "pow2");
+        assert_eq!(
+            api_name(&LoadMetric::ActiveConnections),
+            "active-connections"
+        );
+        let draining = MemberView {
+            id: 9,
+            weight: 3,
+            state: "draining".into(),
+        };
+        assert_eq!(member(&draining), "9*3(draining)");
     }
 
     #[test]

@@ -30,7 +30,7 @@ use cheetah_core::lb::fallback::SavedFlow;
 use cheetah_core::lb::LbShared;
 use cheetah_core::types::{Nanos, ServerId};
 
-use super::persist::{replace_file, Sync};
+use crate::replace_file::{replace_file, Sync};
 
 pub const FALLBACK_FILE: &str = "fallback.bin";
 const MAGIC: &[u8; 16] = b"cheetah-fallback";
@@ -123,11 +123,10 @@ pub fn decode(bytes: &[u8]) -> anyhow::Result<Decoded> {
     })
 }
 
-/// Writes the table's flows to `dir/fallback.bin`, replacing the file by a rename, not
+/// Writes `bytes` ([`encode`]) to `dir/fallback.bin`, replacing the file by a rename, not
 /// synced (see the module doc).
-pub fn save(dir: &Path, shared: &LbShared, now: Nanos, now_unix_ms: u64) -> anyhow::Result<()> {
-    let bytes = encode(shared, now, now_unix_ms);
-    replace_file(dir, FALLBACK_FILE, &bytes, Sync::NotSynced)
+pub fn save(dir: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    replace_file(dir, FALLBACK_FILE, bytes, Sync::NotSynced)
 }
 
 /// Takes the flows of `dir/fallback.bin` into `shared`'s table (before any worker runs).
@@ -193,7 +192,7 @@ mod tests {
             old.fallback
                 .insert(hash, ServerId((n % 7) as u16), n * NANOS_PER_SEC);
         }
-        save(dir.path(), &old, 200 * NANOS_PER_SEC, 1_000_000).unwrap();
+        save(dir.path(), &encode(&old, 200 * NANOS_PER_SEC, 1_000_000)).unwrap();
         let new = shared(1, 1024);
         assert_eq!(
             restore(dir.path(), &new, 0, 1_003_000),

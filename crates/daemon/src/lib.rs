@@ -14,23 +14,26 @@
 //! //   let io = state.register_worker(index, queue, Arc::clone(worker.counters()));
 //! //   and state.set_interfaces(...) once attached; use state.now() as `now`.
 //! let api = api::spawn(Arc::clone(&state), listen)?;
-//! let saver = persist::spawn(Arc::clone(&state), Duration::from_secs(1))?;
+//! let saver = saver::spawn(Arc::clone(&state), Duration::from_secs(1))?;
 //! // ... on shutdown:
 //! api.shutdown();
 //! saver.shutdown(); // saves a last time
 //! ```
 
 pub mod api;
+pub mod clock;
 pub mod config;
 pub mod ctl;
 pub mod dataplane;
 pub mod fallback_state;
-pub mod io_counters;
 pub mod metrics;
 pub mod persist;
+mod replace_file;
 pub mod run;
+pub mod saver;
 mod service;
 pub mod state;
 
-pub use io_counters::IoCounters;
-pub use state::{Clock, DaemonState, InterfaceStatus, WorkerStats};
+pub use clock::Clock;
+pub use dataplane::IoCounters;
+pub use state::{DaemonState, InterfaceStatus, WorkerStats};

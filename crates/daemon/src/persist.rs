@@ -11,8 +11,9 @@
 //! * a fingerprint of the config's LB sections and the wall-clock time of the save.
 //!
 //! It is written atomically (temporary file, fsync, rename, fsync of the directory) every
-//! second by [`spawn`]'s thread, after every successful control change, and on shutdown,
-//! each time with `fallback.bin` beside it.
+//! second by the saver thread (`saver.rs`), after every successful control change, and on
+//! shutdown, each time with `fallback.bin` beside it. This module is the file format and
+//! the restore rule only: the daemon gathers what is saved ([`SaveContents`]).
 //!
 //! # Restore rule
 //!
@@ -43,13 +44,10 @@
 //!   open across that upgrade break at their next packet (README, "Upgrading").
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use anyhow::{bail, Context};
 use cheetah_core::config::{ConfigError, LbConfig};
@@ -59,9 +57,9 @@ use cheetah_core::tables::{ControlPlane, ControlState, SavedServerState};
 use cheetah_core::types::Nanos;
 use serde::{Deserialize, Serialize};
 
-use super::fallback_state::{self, Restored};
-use super::service::ServiceThread;
-use super::state::{unix_ms, Clock, DaemonState};
+use crate::clock::{unix_ms, Clock};
+use crate::fallback_state::{self, Restored};
+use crate::replace_file::{replace_file, Sync};
 
 pub const STATE_FILE: &str = "state.json";
 const FORMAT: u32 = 2;
@@ -82,6 +80,19 @@ pub struct StateFile {
     pub cookie_epoch_bits: Option<u8>,
     pub tables: ControlState,
     pub msb: PersistedMsb,
+}
+
+/// What one save writes, gathered from the running LB by the caller.
+pub struct SaveContents {
+    /// The control tables (`ControlPlane::export`).
+    pub tables: ControlState,
+    /// Each server's timestamp clock, as of the wall-clock time the save was given.
+    pub msb: PersistedMsb,
+    /// The cookie layout the LB runs.
+    pub cookie_epoch_bits: u8,
+    /// The fallback table's flows, in the format of `fallback.bin`
+    /// ([`fallback_state::encode`]).
+    pub fallback: Vec<u8>,
 }
 
 /// A fingerprint of the LB sections of a config: 64-bit FNV-1a of their canonical JSON
@@ -311,27 +322,24 @@ impl Persister {
         Ok(plane)
     }
 
-    /// The state of `daemon` as it would be saved now.
-    pub fn snapshot(&self, daemon: &DaemonState) -> StateFile {
-        let tables = daemon.control().export(daemon.now());
+    /// Saves what `take` gathers: `state.json` atomically and durably, `fallback.bin`
+    /// beside it. `take` is given the wall-clock time of the save and runs while this
+    /// persister writes nothing else, so concurrent saves (the saver thread, the API after a
+    /// change) write in the order their contents were taken: an older state never replaces
+    /// a newer one.
+    pub fn save(&self, take: impl FnOnce(u64) -> SaveContents) -> anyhow::Result<()> {
+        let _one_at_a_time = self.writing.lock().unwrap_or_else(|e| e.into_inner());
         let now_unix_ms = unix_ms();
-        StateFile {
+        let contents = take(now_unix_ms);
+        self.write(&StateFile {
             format: FORMAT,
             saved_at_unix_ms: now_unix_ms,
             config_fingerprint: self.config_fingerprint.clone(),
-            cookie_epoch_bits: Some(daemon.shared.layout().epoch_bits()),
-            tables,
-            msb: daemon.shared.msb.persist(daemon.now(), now_unix_ms),
-        }
-    }
-
-    /// Saves the state of `daemon` atomically, and its fallback table
-    /// (`fallback_state.rs`).
-    pub fn save(&self, daemon: &DaemonState) -> anyhow::Result<()> {
-        let _one_at_a_time = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let file = self.snapshot(daemon);
-        self.write(&file)?;
-        fallback_state::save(&self.dir, &daemon.shared, daemon.now(), unix_ms())
+            cookie_epoch_bits: Some(contents.cookie_epoch_bits),
+            tables: contents.tables,
+            msb: contents.msb,
+        })?;
+        fallback_state::save(&self.dir, &contents.fallback)
     }
 
     /// Writes `file` atomically: a reader (or a crash) sees the old file or the new one.
@@ -339,37 +347,6 @@ impl Persister {
         let json = serde_json::to_vec_pretty(file)?;
         replace_file(&self.dir, STATE_FILE, &json, Sync::Durable)
     }
-}
-
-/// Whether [`replace_file`] waits for the disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sync {
-    /// fsync the file before the rename and the directory after it: the rename survives a
-    /// crash of the host.
-    Durable,
-    /// No fsync: a crash of the host may leave the previous file, none, or a short one.
-    NotSynced,
-}
-
-/// Replaces `dir/name` by `bytes` through a temporary file and a rename, so a reader (or a
-/// crash of the process) sees the old file or the new one.
-pub fn replace_file(dir: &Path, name: &str, bytes: &[u8], sync: Sync) -> anyhow::Result<()> {
-    let path = dir.join(name);
-    let temp = dir.join(format!(".{name}.tmp"));
-    let result = (|| -> std::io::Result<()> {
-        let mut out = File::create(&temp)?;
-        out.write_all(bytes)?;
-        if sync == Sync::Durable {
-            out.sync_all()?;
-        }
-        fs::rename(&temp, &path)?;
-        if sync == Sync::Durable {
-            // The rename itself is durable once the directory is.
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    })();
-    result.with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Stops a start whose config asks for another cookie layout than the one the state file
@@ -425,46 +402,5 @@ fn log_report(path: &Path, report: &RestoreReport) {
     match &report.msb {
         Ok(n) => tracing::info!(servers = n, "server timestamp clocks restored"),
         Err(why) => tracing::info!(reason = %why, "server timestamp clocks not restored"),
-    }
-}
-
-/// The thread that saves the state file every `every`, and once more when stopped.
-pub struct SaverHandle {
-    service: ServiceThread,
-}
-
-/// Starts saving `daemon`'s state (it must have a persister) every `every`.
-pub fn spawn(daemon: Arc<DaemonState>, every: Duration) -> anyhow::Result<SaverHandle> {
-    if daemon.persister().is_none() {
-        bail!("the daemon has no state directory to save to");
-    }
-    let (stop, stopped) = mpsc::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("cheetah-persist".into())
-        .spawn(move || loop {
-            let last = match stopped.recv_timeout(every) {
-                Err(RecvTimeoutError::Timeout) => false,
-                Ok(()) | Err(RecvTimeoutError::Disconnected) => true,
-            };
-            daemon.persist();
-            if last {
-                break;
-            }
-        })
-        .context("cannot start the persister thread")?;
-    Ok(SaverHandle {
-        service: ServiceThread::new(
-            move || {
-                let _ = stop.send(());
-            },
-            thread,
-        ),
-    })
-}
-
-impl SaverHandle {
-    /// Stops the thread after a last save.
-    pub fn shutdown(self) {
-        self.service.shutdown();
     }
 }

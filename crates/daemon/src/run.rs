@@ -19,8 +19,8 @@ use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
 use crate::dataplane::xsk::WorkerPorts;
 use crate::dataplane::Interface;
-use crate::persist::{self, Persister};
-use crate::{api, Clock, DaemonState, InterfaceStatus};
+use crate::persist::Persister;
+use crate::{api, saver, Clock, DaemonState, InterfaceStatus};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -82,7 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let data_plane = DataPlane::start(&file, &daemon, &state, &args.faults)?;
-    let saver = persist::spawn(Arc::clone(&state), Duration::from_secs(1))?;
+    let saver = saver::spawn(Arc::clone(&state), Duration::from_secs(1))?;
     tracing::info!(
         fingerprint = %state.shared.secret_fingerprint(),
         cookie_epoch_bits = state.shared.layout().epoch_bits(),

@@ -6,7 +6,7 @@
 //! persister, and the data path at start-up (registering workers and interfaces).
 
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::lb::{LbShared, WorkerCounters};
@@ -14,42 +14,10 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::Nanos;
 use serde::Serialize;
 
-use super::io_counters::IoCounters;
-use super::persist::Persister;
-
-/// The daemon's monotonic clock: nanoseconds since start-up, the `now` every core call
-/// takes (the data path must use the same clock, so quarantines and merges agree).
-#[derive(Clone, Copy, Debug)]
-pub struct Clock {
-    base: Instant,
-}
-
-impl Clock {
-    pub fn start() -> Self {
-        Clock {
-            base: Instant::now(),
-        }
-    }
-
-    #[inline]
-    pub fn now(&self) -> Nanos {
-        self.base.elapsed().as_nanos() as Nanos
-    }
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Self::start()
-    }
-}
-
-/// Milliseconds since the Unix epoch (wall clock, for what is saved to disk).
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_millis() as u64
-}
+use crate::clock::{unix_ms, Clock};
+use crate::dataplane::IoCounters;
+use crate::fallback_state;
+use crate::persist::{Persister, SaveContents};
 
 /// One data-path worker, as the API and metrics see it.
 #[derive(Clone)]
@@ -208,10 +176,17 @@ impl DaemonState {
     /// Saves the state file now (after a control change). A failure is logged, not
     /// returned: the change is made and the periodic save will try again.
     pub fn persist(&self) {
-        if let Some(persister) = &self.persister {
-            if let Err(e) = persister.save(self) {
-                tracing::warn!(error = %format!("{e:#}"), "cannot save the state file");
-            }
+        let Some(persister) = &self.persister else {
+            return;
+        };
+        let saved = persister.save(|now_unix_ms| SaveContents {
+            tables: self.control().export(self.now()),
+            msb: self.shared.msb.persist(self.now(), now_unix_ms),
+            cookie_epoch_bits: self.shared.layout().epoch_bits(),
+            fallback: fallback_state::encode(&self.shared, self.now(), now_unix_ms),
+        });
+        if let Err(e) = saved {
+            tracing::warn!(error = %format!("{e:#}"), "cannot save the state file");
         }
     }
 

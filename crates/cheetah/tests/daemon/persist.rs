@@ -4,8 +4,9 @@ use cheetah_core::policy::{LoadMetric, PolicyKind};
 use cheetah_core::tables::{ControlPlane, ServerSpec, SlotState};
 use cheetah_core::types::NANOS_PER_SEC;
 use cheetah_core::ServerId;
+use cheetah_daemon::clock::unix_ms;
 use cheetah_daemon::persist::{self, Persister, StateFile, TablesFrom};
-use cheetah_daemon::state::unix_ms;
+use cheetah_daemon::saver;
 
 use crate::common::{self, SECRET, VIP};
 
@@ -242,7 +243,7 @@ fn the_saver_thread_saves_periodically_and_on_shutdown() {
     let dir = tempfile::tempdir().unwrap();
     let state = common::state_with(&common::config(), Some(dir.path()));
     let persister = Persister::new(dir.path(), &common::config()).unwrap();
-    let saver = persist::spawn(state.clone(), Duration::from_millis(20)).unwrap();
+    let saver = saver::spawn(state.clone(), Duration::from_millis(20)).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while persister.load().unwrap().is_none() {
         assert!(std::time::Instant::now() < deadline, "never saved");

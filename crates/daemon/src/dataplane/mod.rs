@@ -3,6 +3,7 @@
 
 pub mod egress;
 pub mod host;
+pub mod io_counters;
 pub mod meta;
 pub mod neighbour;
 pub mod worker_loop;
@@ -12,7 +13,7 @@ pub mod xsk;
 use anyhow::{bail, Context};
 use cheetah_core::types::parse_mac;
 
-pub use crate::IoCounters;
+pub use io_counters::IoCounters;
 pub use xsk::Interface;
 
 impl Interface {

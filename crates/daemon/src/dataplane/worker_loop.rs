@@ -14,10 +14,11 @@ use cheetah_core::Verdict;
 use xdpilone::xdp::XdpDesc;
 
 use super::egress::ServerEgress;
+use super::io_counters::IoCounters;
 use super::meta::{NextHop, PacketMeta};
 use super::neighbour::NeighbourResolver;
 use super::xsk::WorkerPorts;
-use crate::{Clock, IoCounters};
+use crate::clock::Clock;
 
 pub const BATCH: usize = 64;
 /// Room per port for one batch plus ICMP copies before a mid-batch flush is needed.
