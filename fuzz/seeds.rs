@@ -261,7 +261,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         (Mode::Maglev, Forwarding::Nat),
     ] {
         let setup = Setup::new(mode, forwarding);
-        let tag = format!("{}-{}", mode.name(), forwarding_name(forwarding));
+        let tag = format!("{}-{}", mode.name(), forwarding.name());
         for (name, layout) in &layouts {
             seeds.push((
                 format!("{tag}-conversation-{name}"),
@@ -313,11 +313,4 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         }
     }
     seeds
-}
-
-fn forwarding_name(forwarding: Forwarding) -> &'static str {
-    match forwarding {
-        Forwarding::L2 => "l2",
-        Forwarding::Nat => "nat",
-    }
 }

@@ -9,11 +9,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::cookie::CookieLayout;
 use crate::lb::fallback;
+use crate::names::{find_by_name, UnknownName};
 use crate::policy::{maglev, LoadMetric, PolicyKind};
 use crate::types::{parse_mac, Mac, ServerId};
 
@@ -31,12 +33,29 @@ pub enum Mode {
 }
 
 impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::Cheetah, Mode::Hash, Mode::Maglev];
+
+    /// The name in the config file, on command lines and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Cheetah => "cheetah",
             Mode::Hash => "hash",
             Mode::Maglev => "maglev",
         }
+    }
+}
+
+impl FromStr for Mode {
+    type Err = UnknownName;
+
+    fn from_str(name: &str) -> Result<Self, UnknownName> {
+        find_by_name("mode", name, &Mode::ALL, Mode::name)
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -49,6 +68,32 @@ pub enum Forwarding {
     L2,
     /// Stateless NAT: VIP:port <-> DIP:backend_port, checksums updated.
     Nat,
+}
+
+impl Forwarding {
+    pub const ALL: [Forwarding; 2] = [Forwarding::L2, Forwarding::Nat];
+
+    /// The name in the config file, on command lines and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Forwarding::L2 => "l2",
+            Forwarding::Nat => "nat",
+        }
+    }
+}
+
+impl FromStr for Forwarding {
+    type Err = UnknownName;
+
+    fn from_str(name: &str) -> Result<Self, UnknownName> {
+        find_by_name("forwarding", name, &Forwarding::ALL, Forwarding::name)
+    }
+}
+
+impl fmt::Display for Forwarding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -553,5 +598,38 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.problem.contains("fastest"), "{e}");
+    }
+
+    /// The config file's names (serde's) and `name()` are the same names.
+    #[test]
+    fn names_are_the_config_files_names() {
+        fn config_name<T: Serialize>(value: T) -> String {
+            toml::Value::try_from(value)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+        for mode in Mode::ALL {
+            assert_eq!(config_name(mode), mode.name());
+            assert_eq!(mode.name().parse(), Ok(mode));
+        }
+        for forwarding in Forwarding::ALL {
+            assert_eq!(config_name(forwarding), forwarding.name());
+            assert_eq!(forwarding.name().parse(), Ok(forwarding));
+        }
+        for policy in PolicyKind::ALL {
+            assert_eq!(config_name(policy), policy.name());
+        }
+        let error = "maglev2".parse::<Mode>().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"unknown mode "maglev2": use cheetah, hash or maglev"#
+        );
+        let error = "l3".parse::<Forwarding>().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"unknown forwarding "l3": use l2 or nat"#
+        );
     }
 }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod cookie;
 pub mod hash;
 pub mod lb;
+pub mod names;
 pub mod policy;
 pub mod tables;
 pub mod testkit;
