@@ -309,7 +309,7 @@ impl LbConfig {
         }
         let mut vips = Vec::with_capacity(self.vips.len());
         let mut seen = HashSet::new();
-        let mut nat_backends: HashMap<(u32, u16), usize> = HashMap::new();
+        let mut nat_backends = NatBackends::default();
         for (i, v) in self.vips.iter().enumerate() {
             let field = format!("vips[{i}]");
             let vip = validate_vip(v, &field, &ids)?;
@@ -322,23 +322,41 @@ impl LbConfig {
             if self.forwarding == Forwarding::Nat {
                 for (j, (id, _)) in vip.members.iter().enumerate() {
                     let dip = servers.iter().find(|s| s.id == *id).map(|s| s.dip).unwrap();
-                    if let Some(other) = nat_backends.insert((dip, vip.backend_port), i) {
-                        if other != i {
-                            return Err(ConfigError::new(
-                                format!("{field}.servers[{j}]"),
-                                format!(
-                                    "in nat mode {}:{} would serve vips[{other}] and vips[{i}]; replies could not be told apart (use another backend_port)",
-                                    std::net::Ipv4Addr::from(dip),
-                                    vip.backend_port
-                                ),
-                            ));
-                        }
+                    if let Err(other) = nat_backends.claim(dip, vip.backend_port, i) {
+                        return Err(ConfigError::new(
+                            format!("{field}.servers[{j}]"),
+                            format!(
+                                "in nat mode {}:{} would serve vips[{other}] and vips[{i}]; replies could not be told apart (use another backend_port)",
+                                std::net::Ipv4Addr::from(dip),
+                                vip.backend_port
+                            ),
+                        ));
                     }
                 }
             }
             vips.push(vip);
         }
         Ok((servers, vips))
+    }
+}
+
+/// The NAT rule that a backend (a server's address and the VIP's backend port) serves one
+/// VIP: a reply is matched to its VIP by its source alone (`Snapshot::nat_backend`), so two
+/// VIPs on one backend could not be told apart. Checked by the config's validation and by
+/// every control-plane change.
+#[derive(Default)]
+pub(crate) struct NatBackends {
+    owner: HashMap<(u32, u16), usize>,
+}
+
+impl NatBackends {
+    /// Files `dip:backend_port` as serving the VIP at index `vip`; `Err` with the index of
+    /// the other VIP it serves already.
+    pub(crate) fn claim(&mut self, dip: u32, backend_port: u16, vip: usize) -> Result<(), usize> {
+        match self.owner.insert((dip, backend_port), vip) {
+            Some(other) if other != vip => Err(other),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use super::servers::{AllServers, ServerSlot, SlotState};
 use super::snapshot::{Snapshot, VipEntry};
 use crate::config::{
-    self, ConfigError, ConfiguredState, Forwarding, LbConfig, Mode, ServerConfig, ValidVip,
+    self, ConfigError, ConfiguredState, Forwarding, LbConfig, Mode, NatBackends, ServerConfig,
+    ValidVip,
 };
 use crate::cookie::CookieLayout;
 use crate::hash::Secret;
@@ -751,22 +752,20 @@ impl Draft {
 
     fn check(&self, forwarding: Forwarding) -> Result<(), ControlError> {
         if forwarding == Forwarding::Nat {
-            let mut owners: BTreeMap<(u32, u16), usize> = BTreeMap::new();
+            let mut backends = NatBackends::default();
             for (i, vip) in self.vips.iter().enumerate() {
                 for id in vip.members.iter().map(|m| &m.0).chain(&vip.departed) {
                     let dip = self.servers[id].dip;
-                    if let Some(other) = owners.insert((dip, vip.backend_port), i) {
-                        if other != i {
-                            return Err(ControlError::Conflict(format!(
-                                "in nat mode {}:{} would serve both {}:{} and {}:{}",
-                                Ipv4Addr::from(dip),
-                                vip.backend_port,
-                                self.vips[other].address,
-                                self.vips[other].port,
-                                vip.address,
-                                vip.port
-                            )));
-                        }
+                    if let Err(other) = backends.claim(dip, vip.backend_port, i) {
+                        return Err(ControlError::Conflict(format!(
+                            "in nat mode {}:{} would serve both {}:{} and {}:{}",
+                            Ipv4Addr::from(dip),
+                            vip.backend_port,
+                            self.vips[other].address,
+                            self.vips[other].port,
+                            vip.address,
+                            vip.port
+                        )));
                     }
                 }
             }
