@@ -12,6 +12,7 @@ pub mod lb;
 pub mod names;
 pub mod policy;
 pub mod tables;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod types;
 pub mod verdict;
