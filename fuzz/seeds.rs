@@ -15,7 +15,7 @@ use cheetah_core::types::ServerId;
 use cheetah_core::wire::ip_proto;
 use cheetah_core::wire::tcp::flags;
 
-use super::harness::{Action, InputBuilder, Setup, IPV6_VIP};
+use super::harness::input::{Action, InputBuilder, Setup, IPV6_VIP};
 
 const CLIENT_PORT: u16 = 40_000;
 /// The servers' clocks in the seeds (TSval high half = M).
