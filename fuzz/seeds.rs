@@ -15,7 +15,7 @@ use cheetah_core::types::ServerId;
 use cheetah_core::wire::ip_proto;
 use cheetah_core::wire::tcp::flags;
 
-use super::harness::{Action, InputBuilder, Setup, IPV6_VIP};
+use super::harness::input::{Action, InputBuilder, Setup, IPV6_VIP};
 
 const CLIENT_PORT: u16 = 40_000;
 /// The servers' clocks in the seeds (TSval high half = M).
@@ -261,7 +261,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         (Mode::Maglev, Forwarding::Nat),
     ] {
         let setup = Setup::new(mode, forwarding);
-        let tag = format!("{}-{}", mode.name(), forwarding_name(forwarding));
+        let tag = format!("{}-{}", mode.name(), forwarding.name());
         for (name, layout) in &layouts {
             seeds.push((
                 format!("{tag}-conversation-{name}"),
@@ -313,11 +313,4 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         }
     }
     seeds
-}
-
-fn forwarding_name(forwarding: Forwarding) -> &'static str {
-    match forwarding {
-        Forwarding::L2 => "l2",
-        Forwarding::Nat => "nat",
-    }
 }

@@ -9,11 +9,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::cookie::CookieLayout;
 use crate::lb::fallback;
+use crate::names::{find_by_name, UnknownName};
 use crate::policy::{maglev, LoadMetric, PolicyKind};
 use crate::types::{parse_mac, Mac, ServerId};
 
@@ -31,12 +33,29 @@ pub enum Mode {
 }
 
 impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::Cheetah, Mode::Hash, Mode::Maglev];
+
+    /// The name in the config file, on command lines and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Cheetah => "cheetah",
             Mode::Hash => "hash",
             Mode::Maglev => "maglev",
         }
+    }
+}
+
+impl FromStr for Mode {
+    type Err = UnknownName;
+
+    fn from_str(name: &str) -> Result<Self, UnknownName> {
+        find_by_name("mode", name, &Mode::ALL, Mode::name)
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -49,6 +68,32 @@ pub enum Forwarding {
     L2,
     /// Stateless NAT: VIP:port <-> DIP:backend_port, checksums updated.
     Nat,
+}
+
+impl Forwarding {
+    pub const ALL: [Forwarding; 2] = [Forwarding::L2, Forwarding::Nat];
+
+    /// The name in the config file, on command lines and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Forwarding::L2 => "l2",
+            Forwarding::Nat => "nat",
+        }
+    }
+}
+
+impl FromStr for Forwarding {
+    type Err = UnknownName;
+
+    fn from_str(name: &str) -> Result<Self, UnknownName> {
+        find_by_name("forwarding", name, &Forwarding::ALL, Forwarding::name)
+    }
+}
+
+impl fmt::Display for Forwarding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -264,7 +309,7 @@ impl LbConfig {
         }
         let mut vips = Vec::with_capacity(self.vips.len());
         let mut seen = HashSet::new();
-        let mut nat_backends: HashMap<(u32, u16), usize> = HashMap::new();
+        let mut nat_backends = NatBackends::default();
         for (i, v) in self.vips.iter().enumerate() {
             let field = format!("vips[{i}]");
             let vip = validate_vip(v, &field, &ids)?;
@@ -277,23 +322,41 @@ impl LbConfig {
             if self.forwarding == Forwarding::Nat {
                 for (j, (id, _)) in vip.members.iter().enumerate() {
                     let dip = servers.iter().find(|s| s.id == *id).map(|s| s.dip).unwrap();
-                    if let Some(other) = nat_backends.insert((dip, vip.backend_port), i) {
-                        if other != i {
-                            return Err(ConfigError::new(
-                                format!("{field}.servers[{j}]"),
-                                format!(
-                                    "in nat mode {}:{} would serve vips[{other}] and vips[{i}]; replies could not be told apart (use another backend_port)",
-                                    std::net::Ipv4Addr::from(dip),
-                                    vip.backend_port
-                                ),
-                            ));
-                        }
+                    if let Err(other) = nat_backends.claim(dip, vip.backend_port, i) {
+                        return Err(ConfigError::new(
+                            format!("{field}.servers[{j}]"),
+                            format!(
+                                "in nat mode {}:{} would serve vips[{other}] and vips[{i}]; replies could not be told apart (use another backend_port)",
+                                std::net::Ipv4Addr::from(dip),
+                                vip.backend_port
+                            ),
+                        ));
                     }
                 }
             }
             vips.push(vip);
         }
         Ok((servers, vips))
+    }
+}
+
+/// The NAT rule that a backend (a server's address and the VIP's backend port) serves one
+/// VIP: a reply is matched to its VIP by its source alone (`Snapshot::nat_backend`), so two
+/// VIPs on one backend could not be told apart. Checked by the config's validation and by
+/// every control-plane change.
+#[derive(Default)]
+pub(crate) struct NatBackends {
+    owner: HashMap<(u32, u16), usize>,
+}
+
+impl NatBackends {
+    /// Files `dip:backend_port` as serving the VIP at index `vip`; `Err` with the index of
+    /// the other VIP it serves already.
+    pub(crate) fn claim(&mut self, dip: u32, backend_port: u16, vip: usize) -> Result<(), usize> {
+        match self.owner.insert((dip, backend_port), vip) {
+            Some(other) if other != vip => Err(other),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -553,5 +616,38 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.problem.contains("fastest"), "{e}");
+    }
+
+    /// The config file's names (serde's) and `name()` are the same names.
+    #[test]
+    fn names_are_the_config_files_names() {
+        fn config_name<T: Serialize>(value: T) -> String {
+            toml::Value::try_from(value)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+        for mode in Mode::ALL {
+            assert_eq!(config_name(mode), mode.name());
+            assert_eq!(mode.name().parse(), Ok(mode));
+        }
+        for forwarding in Forwarding::ALL {
+            assert_eq!(config_name(forwarding), forwarding.name());
+            assert_eq!(forwarding.name().parse(), Ok(forwarding));
+        }
+        for policy in PolicyKind::ALL {
+            assert_eq!(config_name(policy), policy.name());
+        }
+        let error = "maglev2".parse::<Mode>().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"unknown mode "maglev2": use cheetah, hash or maglev"#
+        );
+        let error = "l3".parse::<Forwarding>().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"unknown forwarding "l3": use l2 or nat"#
+        );
     }
 }

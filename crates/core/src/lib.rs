@@ -9,8 +9,10 @@ pub mod config;
 pub mod cookie;
 pub mod hash;
 pub mod lb;
+pub mod names;
 pub mod policy;
 pub mod tables;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod types;
 pub mod verdict;

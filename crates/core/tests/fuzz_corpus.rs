@@ -5,7 +5,7 @@
 //! regression added to the corpus) checked by a plain `cargo test`. The harness is included
 //! by path, not copied, so the invariants cannot drift apart.
 
-#[path = "../../../fuzz/harness.rs"]
+#[path = "../../../fuzz/harness/mod.rs"]
 mod harness;
 #[path = "../../../fuzz/seeds.rs"]
 mod seeds;
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::types::NANOS_PER_SEC;
-use harness::{Action, Setup, ACTIONS};
+use harness::input::{Action, Setup, ACTIONS};
 
 fn corpus_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/pipeline")
@@ -52,7 +52,7 @@ fn corpus_replays_without_violating_an_invariant() {
             );
         }
     }
-    let (exact, _) = harness::echo_stats();
+    let (exact, _) = harness::clocks::echo_stats();
     println!("corpus: {exact} echoes restored to an MSB their server sent");
     assert!(
         exact > 0,
@@ -74,7 +74,7 @@ fn seeds_replay_without_violating_an_invariant() {
     }
     // The harness's clock model must have held echoes to what their servers sent, some
     // after idle gaps past the limit: a model that never found an exact echo checks nothing.
-    let (exact, beyond) = harness::echo_stats();
+    let (exact, beyond) = harness::clocks::echo_stats();
     println!(
         "seeds: {exact} echoes restored to an MSB the server sent, {beyond} beyond the idle limit"
     );
@@ -109,7 +109,7 @@ fn harness_model_matches_the_control_plane() {
                     (ACTIONS[(r >> 8) as usize % 8], ((r >> 16) % 8) as u16, now)
                 })
                 .collect();
-            harness::model_matches_control_plane(setup, &actions);
+            harness::model::model_matches_control_plane(setup, &actions);
         }
     }
 }
@@ -147,7 +147,7 @@ fn regressions_dir() -> PathBuf {
 }
 
 /// Inputs that reproduced core bugs, run with every invariant enforced (see
-/// `harness::Checks`): a bug that comes back fails here by name.
+/// `harness::checks::Checks`): a bug that comes back fails here by name.
 #[test]
 fn regressions_replay_strictly() {
     let mut files: Vec<PathBuf> = std::fs::read_dir(regressions_dir())

@@ -401,7 +401,7 @@ async fn status(State(state): Daemon) -> Json<StatusView> {
     Json(StatusView {
         version: env!("CARGO_PKG_VERSION").to_string(),
         mode: state.mode.name().to_string(),
-        forwarding: forwarding_name(state.forwarding).to_string(),
+        forwarding: state.forwarding.name().to_string(),
         cookie_epoch_bits: state.shared.layout().epoch_bits(),
         idle_limit_secs: state.shared.layout().max_idle_ms() as f64 / 1000.0,
         secret_fingerprint: state.secret_fingerprint.clone(),
@@ -422,13 +422,6 @@ async fn status(State(state): Daemon) -> Json<StatusView> {
         servers: counts,
         vips,
     })
-}
-
-pub(crate) fn forwarding_name(forwarding: cheetah_core::config::Forwarding) -> &'static str {
-    match forwarding {
-        cheetah_core::config::Forwarding::L2 => "l2",
-        cheetah_core::config::Forwarding::Nat => "nat",
-    }
 }
 
 async fn list_servers(State(state): Daemon) -> Json<ServersView> {

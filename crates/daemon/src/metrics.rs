@@ -334,10 +334,7 @@ impl Collector for DaemonCollector {
                 "cookie_epoch_bits",
                 state.shared.layout().epoch_bits().to_string(),
             ),
-            (
-                "forwarding",
-                super::api::forwarding_name(state.forwarding).to_string(),
-            ),
+            ("forwarding", state.forwarding.name().to_string()),
             ("secret_fingerprint", state.secret_fingerprint.clone()),
         ]);
         info.encode(e.encode_descriptor(

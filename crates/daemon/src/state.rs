@@ -239,17 +239,33 @@ impl DaemonState {
 
 #[cfg(test)]
 mod tests {
-    use cheetah_core::config::Forwarding;
+    use cheetah_core::config::LbConfig;
     use cheetah_core::hash::Secret;
     use cheetah_core::lb::Counter;
-    use cheetah_core::policy::PolicyKind;
-    use cheetah_core::testkit;
 
     use super::*;
 
     #[test]
     fn packet_rates_come_from_the_counters() {
-        let config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 2);
+        // Written out rather than taken from the core's testkit, which the daemon does
+        // not build with.
+        let config = LbConfig::from_toml(
+            r#"
+            [[servers]]
+            id = 1
+            dip = "10.1.0.1"
+            mac = "02:00:00:01:00:01"
+            [[servers]]
+            id = 2
+            dip = "10.1.0.2"
+            mac = "02:00:00:01:00:02"
+            [[vips]]
+            address = "10.0.0.100"
+            port = 80
+            servers = [1, 2]
+            "#,
+        )
+        .unwrap();
         let plane = ControlPlane::new(&config, &Secret([1; 16])).unwrap();
         let state = DaemonState::new(plane, Clock::start(), None);
         let counters = Arc::new(WorkerCounters::default());

@@ -3,12 +3,14 @@
 //! It lives apart from both so that neither imports the other's commands.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use anyhow::bail;
 use cheetah_core::config::{Forwarding, Mode};
+use cheetah_core::names::UnknownName;
 use cheetah_core::policy::PolicyKind;
 
-use crate::testbed::{forwarding_name, inject, status, teardown, Options, ServerClocks, Topology};
+use crate::testbed::{inject, status, teardown, Options, ServerClocks, Topology};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -59,10 +61,10 @@ struct UpArgs {
     #[arg(long, default_value_t = 3)]
     clients: u16,
     /// l2 (servers hold the VIP on lo) or nat.
-    #[arg(long, default_value = "l2", value_parser = parse_forwarding)]
+    #[arg(long, default_value = "l2", value_parser = Forwarding::from_str)]
     forwarding: Forwarding,
     /// cheetah, hash or maglev: the LB config's mode.
-    #[arg(long, default_value = "cheetah", value_parser = parse_mode)]
+    #[arg(long, default_value = "cheetah", value_parser = Mode::from_str)]
     mode: Mode,
     /// The VIP's policy: rr, wrr, awrr, pow2, least-loaded, random, hash or maglev
     /// (round-robin, weighted-round-robin and power-of-two are accepted too).
@@ -91,14 +93,6 @@ struct DownArgs {
     keep_dir: bool,
 }
 
-fn parse_forwarding(text: &str) -> anyhow::Result<Forwarding> {
-    match text {
-        "l2" => Ok(Forwarding::L2),
-        "nat" => Ok(Forwarding::Nat),
-        _ => bail!("use l2 or nat"),
-    }
-}
-
 fn parse_server_clocks(text: &str) -> anyhow::Result<ServerClocks> {
     match text {
         "distinct" => Ok(ServerClocks::Distinct),
@@ -107,17 +101,9 @@ fn parse_server_clocks(text: &str) -> anyhow::Result<ServerClocks> {
     }
 }
 
-fn parse_mode(text: &str) -> anyhow::Result<Mode> {
-    match text {
-        "cheetah" => Ok(Mode::Cheetah),
-        "hash" => Ok(Mode::Hash),
-        "maglev" => Ok(Mode::Maglev),
-        _ => bail!("use cheetah, hash or maglev"),
-    }
-}
-
-/// The LB config's own policy names, plus the spelled-out forms people tend to type.
-fn parse_policy(text: &str) -> anyhow::Result<PolicyKind> {
+/// The LB config's own policy names, plus the spelled-out forms people tend to type (only
+/// here: the config file and the control API take the config's names alone).
+fn parse_policy(text: &str) -> Result<PolicyKind, UnknownName> {
     let canonical = match text {
         "round-robin" => "rr",
         "weighted-round-robin" => "wrr",
@@ -125,10 +111,7 @@ fn parse_policy(text: &str) -> anyhow::Result<PolicyKind> {
         "power-of-two" => "pow2",
         other => other,
     };
-    PolicyKind::from_name(canonical).ok_or_else(|| {
-        let names: Vec<&str> = PolicyKind::ALL.iter().map(|k| k.name()).collect();
-        anyhow::anyhow!("use one of {}", names.join(", "))
-    })
+    canonical.parse()
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -171,7 +154,7 @@ fn print_summary(topo: &Topology) {
         topo.prefix,
         topo.servers.len(),
         topo.clients.len() - 1,
-        forwarding_name(topo.forwarding),
+        topo.forwarding.name(),
         topo.vip,
         topo.vip_port
     );

@@ -27,13 +27,13 @@ use super::counters::{Bundle, Counter};
 use super::shared::LbShared;
 use super::worker::{baseline_pick, Ipv4Layout, Sender, WorkerState};
 use crate::config::{Forwarding, Mode};
-use crate::cookie::{tcp_ts, MsbLearn};
+use crate::cookie::tcp_ts;
 use crate::tables::{Snapshot, VipSlot};
 use crate::types::Nanos;
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::tcp::flags::{ACK, FIN, RST, SYN};
 use crate::wire::tcp_options::{find_timestamp_fast, SegmentKind, TSVAL};
-use crate::wire::{checksum, ethernet, ipv4, read_u16, read_u32, tcp, Ipv4Packet, TcpSegment};
+use crate::wire::{checksum, ethernet, ipv4, read_u16, read_u32, tcp};
 
 const ETH: usize = ethernet::HEADER_LEN;
 const IP: usize = ipv4::MIN_HEADER_LEN;
@@ -107,18 +107,6 @@ fn reply_timestamp_at(packet: &[u8], l4: usize, doff_flags: u16) -> Option<usize
 }
 
 impl WorkerState {
-    /// What `MsbTable::learn` did, when it did anything (about once a minute per server).
-    #[cold]
-    #[inline(never)]
-    fn count_msb_change(&self, learnt: MsbLearn) {
-        self.counters.inc(match learnt {
-            MsbLearn::Unchanged => return,
-            MsbLearn::Learned => Counter::MsbLearned,
-            MsbLearn::Advanced => Counter::MsbAdvanced,
-            MsbLearn::Unstable(_) => Counter::ServerTsClockUnstable,
-        });
-    }
-
     /// A reply whose sender the straight line found but which it leaves to the general
     /// server path; out of line, to keep the straight line's registers for itself.
     /// The layout is found again here rather than passed, so that the straight line need
@@ -309,10 +297,7 @@ impl WorkerState {
             // Timestamp options at 2, 6 or 10: TSval at an even TCP offset.
             let tsval_at = TCP + at + TSVAL;
             let tsval = read_u32(packet, l4 + tsval_at);
-            let learnt = shared.msb.learn(server, tsval, now);
-            if learnt != MsbLearn::Unchanged {
-                self.count_msb_change(learnt);
-            }
+            self.learn_server_clock(shared, server, tsval, now);
             let msb = tcp_ts::extract(tsval);
             // The cookie takes the place of the MSB; the low half stays.
             checksum::replace_high_half(
@@ -325,18 +310,7 @@ impl WorkerState {
         } else {
             self.counters.inc_bundle(Bundle::ServerPlain);
         }
-        if NAT {
-            // The reply comes from the server's address and port; the VIP's are in its entry.
-            let vip = snapshot.vip(sender.vip);
-            let (vip_ip, vip_port) = (vip.ipv4_or_zero(), vip.port);
-            let old = Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_src(vip_ip);
-            let mut segment = TcpSegment::new_unchecked(&mut packet[l4..layout.end]);
-            segment.update_checksum_for_address(old, vip_ip);
-            if src_port != vip_port {
-                segment.set_src_port(vip_port);
-            }
-        }
-        self.loads.on_packet(server, layout.end - layout.l3);
+        self.reply_leaves_as_vip(NAT, snapshot, sender.vip, packet, layout, server, src_port);
         // Cheetah mode only (`flow_hash` is `None` in the baselines, which place no
         // connection by a policy and so count no close either).
         if let (Some(hash), true) = (flow_hash, doff_flags & (FIN | RST) as u16 != 0) {

@@ -10,6 +10,7 @@ pub mod handshakes;
 mod icmp_path;
 pub mod rate_limit;
 mod server_path;
+mod server_reply;
 pub mod shared;
 pub mod worker;
 

@@ -5,14 +5,14 @@ use super::handshakes::Handshake;
 use super::shared::LbShared;
 use super::worker::{Ipv4Layout, Sender, WorkerState};
 use crate::config::Mode;
-use crate::cookie::{tcp_ts, MsbLearn};
+use crate::cookie::tcp_ts;
 use crate::hash::FlowKey;
 use crate::tables::Snapshot;
 use crate::types::Nanos;
 use crate::verdict::{DropReason, Verdict};
 use crate::wire::tcp::{flags, MIN_HEADER_LEN as TCP_HEADER};
 use crate::wire::tcp_options::{SegmentKind, TSVAL};
-use crate::wire::{read_u32, Ipv4Packet, TcpSegment};
+use crate::wire::{read_u32, TcpSegment};
 
 impl WorkerState {
     #[inline]
@@ -70,12 +70,7 @@ impl WorkerState {
             match (timestamp.offset, hash) {
                 (Some(at), Some(hash)) => {
                     let tsval = read_u32(packet, layout.l4 + TCP_HEADER + at + TSVAL);
-                    match shared.msb.learn(server, tsval, now) {
-                        MsbLearn::Unchanged => {}
-                        MsbLearn::Learned => self.counters.inc(Counter::MsbLearned),
-                        MsbLearn::Advanced => self.counters.inc(Counter::MsbAdvanced),
-                        MsbLearn::Unstable(_) => self.counters.inc(Counter::ServerTsClockUnstable),
-                    }
+                    self.learn_server_clock(shared, server, tsval, now);
                     let cookie = shared.layout().encode(server, hash, tcp_ts::extract(tsval));
                     TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end])
                         .rewrite_option_u32(at + TSVAL, tcp_ts::insert(tsval, cookie));
@@ -97,15 +92,7 @@ impl WorkerState {
                 self.on_server_close(&shared.closes, segment, stamped, server, hash);
             }
         }
-        if nat {
-            let old = Ipv4Packet::new_unchecked(&mut packet[layout.l3..layout.end]).set_src(vip_ip);
-            let mut segment = TcpSegment::new_unchecked(&mut packet[layout.l4..layout.end]);
-            segment.update_checksum_for_address(old, vip_ip);
-            if src_port != vip.port {
-                segment.set_src_port(vip.port);
-            }
-        }
-        self.loads.on_packet(server, layout.end - layout.l3);
+        self.reply_leaves_as_vip(nat, snapshot, vip_index, packet, layout, server, src_port);
         Verdict::ToClient
     }
 }

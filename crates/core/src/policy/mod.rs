@@ -21,10 +21,13 @@ pub mod wrr;
 #[cfg(test)]
 mod testing;
 
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::names::{find_by_name, UnknownName};
 use crate::types::{Nanos, ServerId};
 pub use load::{LoadMetric, LoadView, ReportedLoad, SharedLoads, WorkerLoads, MERGE_INTERVAL};
 pub use maglev::MaglevTable;
@@ -66,6 +69,7 @@ impl PolicyKind {
         PolicyKind::Random,
     ];
 
+    /// The name in the config file, the control API, on command lines and in reports.
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::Hash => "hash",
@@ -79,16 +83,26 @@ impl PolicyKind {
         }
     }
 
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.name() == name)
-    }
-
     /// The load metric a load-aware policy uses unless the VIP says otherwise.
     pub fn default_metric(self) -> LoadMetric {
         match self {
             PolicyKind::AutoWeightedRoundRobin => LoadMetric::Reported,
             _ => LoadMetric::ActiveConnections,
         }
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = UnknownName;
+
+    fn from_str(name: &str) -> Result<Self, UnknownName> {
+        find_by_name("policy", name, &PolicyKind::ALL, PolicyKind::name)
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -227,7 +241,7 @@ mod tests {
     #[test]
     fn policy_names_round_trip() {
         for kind in PolicyKind::ALL {
-            assert_eq!(PolicyKind::from_name(kind.name()), Some(kind));
+            assert_eq!(kind.name().parse(), Ok(kind));
         }
     }
 }

@@ -96,8 +96,6 @@ impl Item {
     }
 }
 
-pub const MODES: [Mode; 3] = [Mode::Cheetah, Mode::Hash, Mode::Maglev];
-
 /// Every row, in report order.
 pub fn all() -> Vec<Item> {
     let item = |path, mode, policy| Item { path, mode, policy };
@@ -108,7 +106,7 @@ pub fn all() -> Vec<Item> {
     items.push(item(Path::Syn, Mode::Hash, None));
     items.push(item(Path::Syn, Mode::Maglev, None));
     for path in [Path::Established, Path::Server] {
-        for mode in MODES {
+        for mode in Mode::ALL {
             items.push(item(path, mode, None));
         }
     }
@@ -119,18 +117,4 @@ pub fn all() -> Vec<Item> {
         items.push(item(path, Mode::Cheetah, None));
     }
     items
-}
-
-pub fn parse_mode(name: &str) -> Result<Mode, String> {
-    MODES
-        .into_iter()
-        .find(|m| m.name() == name)
-        .ok_or_else(|| format!("unknown mode {name:?} (cheetah, hash, maglev)"))
-}
-
-pub fn parse_policy(name: &str) -> Result<PolicyKind, String> {
-    PolicyKind::from_name(name).ok_or_else(|| {
-        let names: Vec<_> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
-        format!("unknown policy {name:?} ({})", names.join(", "))
-    })
 }

@@ -26,6 +26,7 @@ mod summary;
 mod timing;
 mod trace;
 
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure};
@@ -56,7 +57,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0.02)]
     no_ts_share: f64,
     /// VIP policy of the LB the trace is played through (SYN rows run every policy).
-    #[arg(long, default_value = "rr", value_parser = items::parse_policy)]
+    #[arg(long, default_value = "rr", value_parser = PolicyKind::from_str)]
     trace_policy: PolicyKind,
     /// Undisturbed runs per row (at least 5) whose median, min and max are reported. Runs
     /// during which another process took the core are made again, up to 4x this many.
@@ -72,10 +73,10 @@ pub struct Args {
     #[arg(long, value_enum, value_delimiter = ',')]
     path: Vec<Path>,
     /// Only these modes: cheetah, hash, maglev.
-    #[arg(long, value_delimiter = ',', value_parser = items::parse_mode)]
+    #[arg(long, value_delimiter = ',', value_parser = Mode::from_str)]
     mode: Vec<Mode>,
     /// Only these policies, for the per-policy SYN rows.
-    #[arg(long, value_delimiter = ',', value_parser = items::parse_policy)]
+    #[arg(long, value_delimiter = ',', value_parser = PolicyKind::from_str)]
     policy: Vec<PolicyKind>,
     /// Time under SCHED_FIFO (root): ordinary processes stop preempting the benchmark on
     /// its core. For a machine shared with builds; dropped before the callgrind children.

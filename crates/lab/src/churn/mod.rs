@@ -23,6 +23,7 @@ mod throughput;
 mod tsclock;
 
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -56,7 +57,7 @@ pub struct ChurnArgs {
     #[arg(long, default_value = "chc")]
     prefix: String,
     /// l2 (servers hold the VIP) or nat.
-    #[arg(long, default_value = "l2", value_parser = parse_forwarding)]
+    #[arg(long, default_value = "l2", value_parser = Forwarding::from_str)]
     forwarding: Forwarding,
     /// Results folder: `<mode>.json` and `<mode>-logs/` (LB, agent and loadgen logs and
     /// the loadgens' own reports).
@@ -100,19 +101,11 @@ pub struct ChurnArgs {
     progress: bool,
 }
 
+/// The scenario compares cookies with `pool[hash % n]`; maglev is not one of its runs.
 fn parse_mode(text: &str) -> anyhow::Result<Mode> {
-    match text {
-        "cheetah" => Ok(Mode::Cheetah),
-        "hash" => Ok(Mode::Hash),
-        _ => bail!("use cheetah or hash"),
-    }
-}
-
-fn parse_forwarding(text: &str) -> anyhow::Result<Forwarding> {
-    match text {
-        "l2" => Ok(Forwarding::L2),
-        "nat" => Ok(Forwarding::Nat),
-        _ => bail!("use l2 or nat"),
+    match text.parse() {
+        Ok(mode @ (Mode::Cheetah | Mode::Hash)) => Ok(mode),
+        Ok(Mode::Maglev) | Err(_) => bail!("use cheetah or hash"),
     }
 }
 

@@ -22,7 +22,7 @@ use super::results::{
 };
 use super::schedule::{Action, Schedule, Step};
 use super::{lbconfig, tsclock};
-use crate::testbed::{self, forwarding_name, Options, ServerClocks, Topology};
+use crate::testbed::{self, Options, ServerClocks, Topology};
 
 /// Clients behind the router; with c0 on the LB's own segment, four loadgens.
 const CLIENTS: u16 = 3;
@@ -138,7 +138,7 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         "churn [{mode}]: testbed `{}` with {} servers, {} forwarding",
         config.prefix,
         config.servers,
-        forwarding_name(config.forwarding)
+        config.forwarding.name()
     ));
     let _teardown = Teardown(config.prefix.clone());
     let topo = Topology::up(&Options {
@@ -458,7 +458,7 @@ impl Runner<'_> {
             }
             Action::Policy { policy, metric } => {
                 self.lb
-                    .ctl(&["policy", "set", &vip, policy, "--metric", metric])?;
+                    .ctl(&["policy", "set", &vip, policy.name(), "--metric", metric])?;
                 self.event_at(t, "policy", action.label(), format!("load metric {metric}"));
             }
             Action::GracefulRestart | Action::KillRestart => {
@@ -656,7 +656,7 @@ impl Runner<'_> {
         let workload = &self.config.workload;
         Ok(ChurnResults {
             mode: self.config.mode.name().into(),
-            forwarding: forwarding_name(self.config.forwarding).into(),
+            forwarding: self.config.forwarding.name().into(),
             servers: self.config.servers,
             initial_pool: schedule.initial_pool.clone(),
             duration_s: self.config.duration.as_secs_f64(),

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use anyhow::bail;
+use cheetah_core::policy::PolicyKind;
 
 /// One change to the LB.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,7 +20,7 @@ pub enum Action {
     Drain(u16),
     /// `ctl policy set`, with the load metric the policy should weigh.
     Policy {
-        policy: &'static str,
+        policy: PolicyKind,
         metric: &'static str,
     },
     /// SIGTERM, then a new `cheetah run` (state file: tables, MSBs).
@@ -83,7 +84,7 @@ impl Schedule {
             (
                 0.16,
                 Action::Policy {
-                    policy: "pow2",
+                    policy: PolicyKind::PowerOfTwo,
                     metric: "active-connections",
                 },
             ),
@@ -94,7 +95,7 @@ impl Schedule {
             (
                 0.56,
                 Action::Policy {
-                    policy: "awrr",
+                    policy: PolicyKind::AutoWeightedRoundRobin,
                     metric: "reported",
                 },
             ),
@@ -143,8 +144,20 @@ mod tests {
         let has = |wanted: fn(&Action) -> bool| schedule.steps.iter().any(|s| wanted(&s.action));
         assert!(has(|a| matches!(a, Action::GracefulRestart)));
         assert!(has(|a| matches!(a, Action::KillRestart)));
-        assert!(has(|a| matches!(a, Action::Policy { policy: "pow2", .. })));
-        assert!(has(|a| matches!(a, Action::Policy { policy: "awrr", .. })));
+        assert!(has(|a| matches!(
+            a,
+            Action::Policy {
+                policy: PolicyKind::PowerOfTwo,
+                ..
+            }
+        )));
+        assert!(has(|a| matches!(
+            a,
+            Action::Policy {
+                policy: PolicyKind::AutoWeightedRoundRobin,
+                ..
+            }
+        )));
         // An early server holding long-lived sessions, then both added servers.
         let drained: Vec<u16> = schedule
             .steps

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::plan::{forwarding_name, Topology};
+use super::plan::Topology;
 use anyhow::Context;
 
 /// Where the LB's control API listens, inside its namespace.
@@ -48,11 +48,7 @@ pub fn config_text(topo: &Topology) -> String {
         quoted(&file_name(&topo.files.secret))
     );
     let _ = writeln!(text, "mode = {}", quoted(topo.mode.name()));
-    let _ = writeln!(
-        text,
-        "forwarding = {}",
-        quoted(forwarding_name(topo.forwarding))
-    );
+    let _ = writeln!(text, "forwarding = {}", quoted(topo.forwarding.name()));
     let _ = writeln!(text, "quarantine_secs = {QUARANTINE_SECS}");
     let _ = writeln!(text, "\n[daemon]");
     let _ = writeln!(text, "interfaces = [{}]", interfaces.join(", "));

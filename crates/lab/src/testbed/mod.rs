@@ -27,7 +27,7 @@ use cheetah_core::policy::PolicyKind;
 pub use clocks::ServerClocks;
 pub use lifecycle::teardown;
 pub use netns::sysctl;
-pub use plan::{forwarding_name, Topology};
+pub use plan::Topology;
 
 /// What `up` builds.
 #[derive(Clone, Debug)]

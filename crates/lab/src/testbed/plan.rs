@@ -246,14 +246,6 @@ pub fn role_of(prefix: &str, name: &str) -> Option<Role> {
     }
 }
 
-/// The name `--forwarding` and the LB config use (core's `Forwarding` has no `name()`).
-pub fn forwarding_name(forwarding: Forwarding) -> &'static str {
-    match forwarding {
-        Forwarding::L2 => "l2",
-        Forwarding::Nat => "nat",
-    }
-}
-
 fn mac(group: u8, index: u16) -> String {
     format!("02:ce:00:00:{group:02x}:{index:02x}")
 }

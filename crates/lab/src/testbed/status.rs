@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::clocks::{self, ServerClocks};
 use super::lifecycle::state_dir;
-use super::plan::{check_prefix, forwarding_name, role_of, Role, Server, Topology};
+use super::plan::{check_prefix, role_of, Role, Server, Topology};
 use super::shell::Cmd;
 use super::{netns, nginx, server_clock};
 
@@ -45,7 +45,7 @@ pub fn print(prefix: &str) -> anyhow::Result<()> {
                 topo.servers.len(),
                 topo.clients.len() - 1,
                 topo.mode.name(),
-                forwarding_name(topo.forwarding),
+                topo.forwarding.name(),
                 topo.policy.name(),
                 topo.vip,
                 topo.vip_port

@@ -232,7 +232,7 @@ impl LbSpec {
     /// Parses a short name (`--lb`), with default parameters.
     pub fn from_name(name: &str) -> Option<LbSpec> {
         if let Some(policy) = name.strip_prefix("cheetah-") {
-            return PolicyKind::from_name(policy).map(|policy| LbSpec::Cheetah { policy });
+            return policy.parse().ok().map(|policy| LbSpec::Cheetah { policy });
         }
         let beamer = |timeout_s, daisy_chaining| LbSpec::Beamer {
             buckets_per_server: beamer_buckets_per_server(),
