@@ -15,22 +15,20 @@
 //! - (l2) forwarding an operator turned on is left on, and the start log says what it
 //!   exposes.
 
-mod support;
-
 use std::collections::BTreeMap;
 
-use support::*;
+use crate::support::*;
 
 #[test]
 fn l2_lb_host_routes_nothing_to_the_servers() {
-    if require_root("l2_lb_host_routes_nothing_to_the_servers") {
+    if let Some(_alone) = live_scenario("l2_lb_host_routes_nothing_to_the_servers") {
         scenario("l2", "fwl");
     }
 }
 
 #[test]
 fn nat_lb_host_routes_nothing_to_the_servers() {
-    if require_root("nat_lb_host_routes_nothing_to_the_servers") {
+    if let Some(_alone) = live_scenario("nat_lb_host_routes_nothing_to_the_servers") {
         scenario("nat", "fwn");
     }
 }
@@ -42,7 +40,6 @@ const SERVER_NET: &str = "10.20.0.0/24";
 const LB_CLIENT_SIDE: &str = "10.10.1.2";
 
 fn scenario(forwarding: &str, prefix: &str) {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up(
         prefix,
         &[

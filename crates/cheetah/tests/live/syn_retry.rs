@@ -13,13 +13,11 @@
 //! echoing the *second* server's cookie, so no RST ever lowers the first server's count:
 //! the LB must release it itself when it sees the retried SYN.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
-use support::*;
 
 /// Outside Linux's ephemeral range (32768-60999), so no other connection uses it.
 const CLIENT_PORT: u16 = 31_000;
@@ -27,7 +25,7 @@ const REQUESTS: usize = 8;
 
 #[test]
 fn a_lost_syn_ack_leaves_the_connection_on_the_second_server_and_no_count_on_the_first() {
-    if require_root(
+    if let Some(_alone) = live_scenario(
         "a_lost_syn_ack_leaves_the_connection_on_the_second_server_and_no_count_on_the_first",
     ) {
         scenario();
@@ -106,7 +104,6 @@ impl Drop for SynAckDrop {
 }
 
 fn scenario() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up("sr", &["--servers", "2", "--clients", "1"]);
     // A fresh LB that has placed no connection yet: whichever worker sees the retried SYN,
     // rr gives it the server the first SYN did not get (each worker's cursor starts at its

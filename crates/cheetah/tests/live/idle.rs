@@ -41,17 +41,15 @@
 //! so the server's retransmissions caught up with the client's TS.Recent within loadgen's
 //! 10 s request timeout; the PAWS drops and the wrong echoes still fail the test.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
+use crate::support::echoes::{EchoCheck, EchoCounts};
+use crate::support::*;
 use cheetah_core::cookie::CookieLayout;
 use serde_json::Value;
-use support::echoes::{EchoCheck, EchoCounts};
-use support::*;
 
 /// The longest idle gap tested: 4 s under what the testbed's cookie layout guarantees,
 /// 2^(k-1) x 65.536 s = 524.288 s with the default k = 4 epoch bits (the 4 s leave room
@@ -78,10 +76,11 @@ const DEADLINE_MARGIN: Duration = Duration::from_secs(90);
 
 #[test]
 fn idle_keepalive_connections_survive_gaps_up_to_the_layout_limit() {
-    if !require_root("idle_keepalive_connections_survive_gaps_up_to_the_layout_limit") {
+    let Some(_alone) =
+        live_scenario("idle_keepalive_connections_survive_gaps_up_to_the_layout_limit")
+    else {
         return;
-    }
-    let _one_at_a_time = exclusive();
+    };
     // Both start before either is waited for: the test takes the longest load once.
     let cheetah = IdleRun::start("idc", "cheetah");
     let hash = IdleRun::start("idh", "hash");

@@ -8,25 +8,23 @@
 //! (after the program) rejects none. With `--server-clocks shared` the servers send the
 //! host's clock as before.
 
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 
-use support::*;
+use crate::support::*;
 
 /// Slack after a request's end for the server's last segments (its FIN, the final ACK).
 const AFTER_REQUEST_MS: u64 = 200;
 
 #[test]
 fn every_server_sends_its_own_clock_and_gets_it_back() {
-    if require_root("every_server_sends_its_own_clock_and_gets_it_back") {
+    if let Some(_alone) = live_scenario("every_server_sends_its_own_clock_and_gets_it_back") {
         own_clocks_through_the_lb();
     }
 }
 
 #[test]
 fn shared_clocks_are_the_hosts_clock() {
-    if require_root("shared_clocks_are_the_hosts_clock") {
+    if let Some(_alone) = live_scenario("shared_clocks_are_the_hosts_clock") {
         shared_clocks();
     }
 }
@@ -34,7 +32,6 @@ fn shared_clocks_are_the_hosts_clock() {
 const SERVERS: [&str; 4] = ["s1", "s2", "s3", "s4"];
 
 fn own_clocks_through_the_lb() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up("clk", &["--servers", "4", "--clients", "1"]);
     let offsets: BTreeMap<&str, u32> = SERVERS
         .iter()
@@ -162,7 +159,6 @@ fn own_clocks_through_the_lb() {
 }
 
 fn shared_clocks() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up(
         "clks",
         &[

@@ -10,31 +10,28 @@
 //! - `kill -9` of the LB under load and a restart: no RST at any client, no broken
 //!   connection, and the runtime changes survive the restart.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::*;
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
-use support::*;
 
 #[test]
 fn l2_forwarding_end_to_end() {
-    if require_root("l2_forwarding_end_to_end") {
+    if let Some(_alone) = live_scenario("l2_forwarding_end_to_end") {
         scenario("l2", "e2l");
     }
 }
 
 #[test]
 fn nat_forwarding_end_to_end() {
-    if require_root("nat_forwarding_end_to_end") {
+    if let Some(_alone) = live_scenario("nat_forwarding_end_to_end") {
         scenario("nat", "e2n");
     }
 }
 
 fn scenario(forwarding: &str, prefix: &str) {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up(
         prefix,
         &[

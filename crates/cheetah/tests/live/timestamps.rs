@@ -19,12 +19,10 @@
 //! The second test runs the LB with the restore switched off (`--fault
 //! skip-tsecr-restore`) and shows that the same check fails.
 
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use support::*;
+use crate::support::*;
 
 /// Packets checked for each value of the version bit.
 const MIN_CHECKED_PER_VERSION: u64 = 1000;
@@ -42,20 +40,21 @@ const SNAPLEN: u32 = 128;
 
 #[test]
 fn servers_get_back_exactly_their_own_timestamps_across_an_msb_change() {
-    if require_root("servers_get_back_exactly_their_own_timestamps_across_an_msb_change") {
+    if let Some(_alone) =
+        live_scenario("servers_get_back_exactly_their_own_timestamps_across_an_msb_change")
+    {
         restore_is_exact_across_an_msb_change();
     }
 }
 
 #[test]
 fn without_the_tsecr_restore_the_timestamp_check_fails() {
-    if require_root("without_the_tsecr_restore_the_timestamp_check_fails") {
+    if let Some(_alone) = live_scenario("without_the_tsecr_restore_the_timestamp_check_fails") {
         check_fails_without_the_restore();
     }
 }
 
 fn restore_is_exact_across_an_msb_change() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up("ts", &["--servers", "3", "--clients", "1"]);
     let lb = Lb::start(&testbed, &testbed.config_path());
 
@@ -171,7 +170,6 @@ fn restore_is_exact_across_an_msb_change() {
 }
 
 fn check_fails_without_the_restore() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up("tsf", &["--servers", "3", "--clients", "1"]);
     let _lb = Lb::start_with_args(
         &testbed,

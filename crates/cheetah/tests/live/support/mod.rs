@@ -1,16 +1,19 @@
-//! Shared helpers of the live end-to-end tests: a testbed that tears itself down, the LB
-//! as a child process in its namespace, `ctl` and `loadgen` runs, and packet captures.
-//!
-//! Each test binary uses a subset, hence the `dead_code` allowance.
-#![allow(dead_code)]
+//! What the live end-to-end tests share: a testbed that tears itself down, the LB as a
+//! child process in its namespace, `ctl` and `loadgen` runs, packet captures and their
+//! parsing, and the lock that runs one live scenario at a time.
 
 pub mod echoes;
 mod load;
 pub mod stats;
 
-// Like the rest of support, not used by every test binary.
-#[allow(unused_imports)]
+#[path = "../../shared/exit_within.rs"]
+mod exit_within;
+#[path = "../../shared/programs.rs"]
+mod programs;
+
+pub use exit_within::exit_within;
 pub use load::*;
+pub use programs::*;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -21,95 +24,16 @@ use cheetah_daemon::api::StatusView;
 use cheetah_lab::scrape;
 use serde_json::Value;
 
-pub fn cheetah_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_cheetah")
-}
-
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Live tests need root (namespaces, XDP). CI runs as root; elsewhere they say loudly that
-/// they did not run.
-pub fn require_root(test: &str) -> bool {
+/// Live scenarios run one at a time, whichever test thread runs them (the machine has 2
+/// cores): the guard is held while scenario `test` runs. `None`, said loudly, without root
+/// (network namespaces, XDP); CI runs as root.
+pub fn live_scenario(test: &str) -> Option<MutexGuard<'static, ()>> {
     if !is_root() {
         eprintln!("\n*** SKIPPED {test}: needs root (network namespaces, XDP) ***\n");
+        return None;
     }
-    is_root()
-}
-
-/// The machine has 2 cores: live scenarios run one at a time, across test threads.
-pub fn exclusive() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-pub fn cheetah(args: &[&str]) -> Output {
-    Command::new(cheetah_bin())
-        .args(args)
-        .output()
-        .expect("cannot run the cheetah binary")
-}
-
-/// Runs `command`, which must exit within `timeout` (else it is killed and the test
-/// fails: a `cheetah run` that should have refused its config would be running on). Its
-/// exit code and stderr.
-pub fn exit_within(mut command: Command, timeout: Duration) -> (Option<i32>, String) {
-    let what = format!("{command:?}");
-    let mut child = command
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
-    let deadline = Instant::now() + timeout;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} kept running");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-pub fn cheetah_ok(args: &[&str]) -> String {
-    let out = cheetah(args);
-    assert!(
-        out.status.success(),
-        "`cheetah {}` failed: {}\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Runs a program inside a namespace; returns its output whether or not it succeeded.
-pub fn in_netns(namespace: &str, program: &str, args: &[&str]) -> Output {
-    Command::new("ip")
-        .args(["netns", "exec", namespace, program])
-        .args(args)
-        .output()
-        .expect("cannot run ip netns exec")
-}
-
-pub fn in_netns_ok(namespace: &str, program: &str, args: &[&str]) -> String {
-    let out = in_netns(namespace, program, args);
-    assert!(
-        out.status.success(),
-        "`{program} {}` in {namespace} failed: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    Some(ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 pub fn spawn_in_netns(namespace: &str, program: &str, args: &[&str], log: &Path) -> Child {
