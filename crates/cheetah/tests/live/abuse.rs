@@ -124,10 +124,7 @@ fn forged_cookies_are_dropped_or_spread_evenly_under_load() {
     let after = lb.metrics();
     let arrived: BTreeMap<u16, Vec<TcpView>> = captures
         .into_iter()
-        .map(|(id, capture)| {
-            let frames = capture.finish();
-            (id, frames.iter().filter_map(|f| parse_tcp(f)).collect())
-        })
+        .map(|(id, capture)| (id, capture.segments()))
         .collect();
     let report = load.finish();
 
@@ -686,7 +683,7 @@ fn every_server_answered(lb: &Lb, load: &Loadgen, servers: &[u16]) {
 }
 
 fn keepalive_went_on(report: &Value) {
-    let requests = report["requests"]["keepalive"].as_u64().unwrap_or(0);
+    let requests = count(&report["requests"]["keepalive"]);
     assert!(
         requests > 32,
         "the keep-alive load did not run: {}",

@@ -22,10 +22,6 @@ use std::time::Duration;
 use crate::support::*;
 use serde_json::Value;
 
-fn count(value: &Value) -> u64 {
-    value.as_u64().unwrap_or(0)
-}
-
 fn events<'a>(results: &'a Value, kind: &str) -> Vec<&'a Value> {
     results["events"]
         .as_array()

@@ -164,21 +164,17 @@ fn dip_unreachable(testbed: &Testbed, dip: &str, when: &str) {
 
 /// The HTTP status of one `curl` from `client`, `000` when no connection was made.
 fn curl_status(testbed: &Testbed, client: &str, url: &str) -> String {
-    curl(testbed, client, url, &["-m", "10"])
+    http_code(testbed, client, url, &["-m", "10"])
 }
 
 /// Like [`curl_status`], giving up on the connection after a second: on the veths an open
 /// path connects in well under a millisecond.
 fn curl_status_quick(testbed: &Testbed, client: &str, url: &str) -> String {
-    curl(testbed, client, url, &["--connect-timeout", "1", "-m", "3"])
+    http_code(testbed, client, url, &["--connect-timeout", "1", "-m", "3"])
 }
 
-fn curl(testbed: &Testbed, client: &str, url: &str, timeouts: &[&str]) -> String {
-    let mut args = vec!["-s", "-o", "/dev/null", "-w", "%{http_code}"];
-    args.extend_from_slice(timeouts);
-    args.push(url);
-    let out = in_netns(&testbed.ns(client), "curl", &args);
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+fn http_code(testbed: &Testbed, client: &str, url: &str, timeouts: &[&str]) -> String {
+    curl_write_out(testbed, client, url, "%{http_code}", timeouts).concat()
 }
 
 /// `net.ipv4.conf.*.forwarding` of every interface of a namespace, and of `all` and

@@ -9,7 +9,7 @@
 //! whole response on the connection it started with), `TcpExtPAWSEstab` stays 0 in every
 //! client namespace, and every TSecr a server receives equals a TSval that server sent on
 //! that connection, checked from captures on the servers' interfaces by the tests' own
-//! parser ([`support::echoes`]), not by the core's cookie code.
+//! parser ([`crate::support::echoes`]), not by the core's cookie code.
 //!
 //! The same scenario runs at the same time through a hash-mode LB (no cookies, TSval
 //! untouched) on a second testbed, as the control: it shows that nothing else in the
@@ -256,11 +256,7 @@ impl IdleRun {
             .collect();
         let mut echoes = EchoCheck::default();
         for capture in captures {
-            let segments: Vec<TcpView> = capture
-                .finish()
-                .iter()
-                .filter_map(|f| parse_tcp(f))
-                .collect();
+            let segments = capture.segments();
             echoes.add_server_capture(&segments, 80);
         }
         let lb_drops = drops_by_reason(&lb.metrics());
@@ -298,10 +294,6 @@ struct Outcome {
     mode: &'static str,
     rows: Vec<Row>,
     lb_drops: BTreeMap<String, u64>,
-}
-
-fn count(value: &Value) -> u64 {
-    value.as_u64().unwrap_or(0)
 }
 
 impl Outcome {

@@ -99,23 +99,10 @@ fn scenario(forwarding: &str, prefix: &str) {
 /// One request on a new connection from `c0`: (status, X-Server, seconds).
 fn timed_request(testbed: &Testbed) -> (String, String, f64) {
     let url = format!("http://{}/", testbed.vip());
-    let out = in_netns_ok(
-        &testbed.ns("c0"),
-        "curl",
-        &[
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "5",
-            "-w",
-            "%{http_code} %header{x-server} %{time_total}",
-            &url,
-        ],
-    );
-    let mut words = out.split_whitespace();
-    let status = words.next().unwrap_or_default().to_string();
-    let server = words.next().unwrap_or_default().to_string();
+    let write_out = "%{http_code} %header{x-server} %{time_total}";
+    let mut words = curl_write_out(testbed, "c0", &url, write_out, &["-m", "5"]).into_iter();
+    let status = words.next().unwrap_or_default();
+    let server = words.next().unwrap_or_default();
     let seconds = words
         .next()
         .and_then(|w| w.parse().ok())

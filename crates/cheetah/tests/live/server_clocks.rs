@@ -63,18 +63,10 @@ fn own_clocks_through_the_lb() {
     let url = format!("http://{}/", testbed.vip());
     for _ in 0..12 {
         let before = monotonic_ms();
-        let headers = in_netns_ok(
-            &testbed.ns("c1"),
-            "curl",
-            &["-s", "-m", "5", "-D", "-", "-o", "/dev/null", &url],
-        );
+        let server = curl_write_out(&testbed, "c1", &url, "%header{x-server}", &["-m", "5"]);
         let after = monotonic_ms();
-        let server = headers
-            .lines()
-            .find_map(|l| l.strip_prefix("X-Server: "))
-            .unwrap_or_else(|| panic!("no X-Server header in {headers}"))
-            .trim()
-            .to_string();
+        let server = server.concat();
+        assert!(!server.is_empty(), "no X-Server header from {url}");
         windows.entry(server).or_default().push((before, after));
     }
     for s in SERVERS {
@@ -88,11 +80,7 @@ fn own_clocks_through_the_lb() {
     // the window it falls in).
     let mut first_reading: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
     for (s, capture) in SERVERS.iter().zip(captures) {
-        let segments: Vec<TcpView> = capture
-            .finish()
-            .iter()
-            .filter_map(|f| parse_tcp(f))
-            .collect();
+        let segments = capture.segments();
         let offset = offsets[s];
         let mut sent: HashMap<u16, Vec<u32>> = HashMap::new();
         let mut echoes = 0;
@@ -206,9 +194,9 @@ fn shared_clocks() {
         );
         let after = monotonic_ms();
         let tsvals: Vec<u32> = capture
-            .finish()
-            .iter()
-            .filter_map(|f| parse_tcp(f)?.timestamps)
+            .segments()
+            .into_iter()
+            .filter_map(|t| t.timestamps)
             .map(|(tsval, _)| tsval)
             .collect();
         assert!(!tsvals.is_empty(), "{s}: no TSval captured");
