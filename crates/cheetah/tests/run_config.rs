@@ -3,16 +3,17 @@
 //! secret, then state directory, then the API's listening socket, then the interfaces), so
 //! each mistake is reported, by name, by a process that changed nothing.
 //!
-//! The live counterpart, beside a running LB, is in `live_abuse.rs`.
+//! The live counterpart, beside a running LB, is in `live/abuse.rs`.
 
-mod support;
+#[path = "shared/exit_within.rs"]
+mod exit_within;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::exit_within;
+use exit_within::exit_within;
 
 /// A config whose every part is valid; each test breaks one thing. Line numbers matter:
 /// the tests check that messages name the user's lines.

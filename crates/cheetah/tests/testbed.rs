@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod support;
-use support::{cheetah, cheetah_ok, in_netns_ok};
+#[path = "shared/programs.rs"]
+mod programs;
+use programs::{cheetah, cheetah_ok, in_netns_ok, is_root};
 
 const PREFIX: &str = "tb";
 
@@ -78,11 +79,6 @@ impl Drop for Teardown {
             );
         }
     }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 #[test]

@@ -13,13 +13,12 @@
 //! echoing the *second* server's cookie, so no RST ever lowers the first server's count:
 //! the LB must release it itself when it sees the retried SYN.
 
-mod support;
-
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
-use support::*;
 
 /// Outside Linux's ephemeral range (32768-60999), so no other connection uses it.
 const CLIENT_PORT: u16 = 31_000;
@@ -27,7 +26,7 @@ const REQUESTS: usize = 8;
 
 #[test]
 fn a_lost_syn_ack_leaves_the_connection_on_the_second_server_and_no_count_on_the_first() {
-    if require_root(
+    if let Some(_alone) = live_scenario(
         "a_lost_syn_ack_leaves_the_connection_on_the_second_server_and_no_count_on_the_first",
     ) {
         scenario();
@@ -35,45 +34,30 @@ fn a_lost_syn_ack_leaves_the_connection_on_the_second_server_and_no_count_on_the
 }
 
 /// A rule on the switch that drops SYN-ACKs from one server's port toward the client port.
-struct SynAckDrop {
-    switch: String,
-    table: String,
-    installed: bool,
-}
+struct SynAckDrop(NftTable);
 
 impl SynAckDrop {
     fn install(testbed: &Testbed, server: u16) -> Self {
-        let switch = testbed.ns("sw");
-        let table = format!("cheetah_test_synack_s{server}");
         // The bridge family sees frames between the switch ports (the testbed keeps the
         // bridge out of iptables, not out of nftables' own bridge hooks).
-        let rules = format!(
-            "table bridge {table} {{\n  chain forward {{\n    type filter hook forward priority 0;\n    \
+        let chain = format!(
+            "  chain forward {{\n    type filter hook forward priority 0;\n    \
              iifname \"sw-s{server}\" tcp sport 80 tcp dport {CLIENT_PORT} \
-             tcp flags & (syn|ack) == syn|ack counter drop\n  }}\n}}\n"
+             tcp flags & (syn|ack) == syn|ack counter drop\n  }}\n"
         );
-        let path = testbed.dir.join(format!("{table}.nft"));
-        std::fs::write(&path, rules).unwrap();
-        let out = in_netns(&switch, "nft", &["-f", path.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "nft -f failed (nftables installed? scripts/setup.sh installs it): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        SynAckDrop {
-            switch,
-            table,
-            installed: true,
-        }
+        let table = format!("cheetah_test_synack_s{server}");
+        SynAckDrop(NftTable::install(
+            testbed,
+            &testbed.ns("sw"),
+            "bridge",
+            &table,
+            &chain,
+        ))
     }
 
     /// SYN-ACKs dropped so far.
     fn dropped(&self) -> u64 {
-        let text = in_netns_ok(
-            &self.switch,
-            "nft",
-            &["list", "table", "bridge", &self.table],
-        );
+        let text = self.0.list();
         text.split("packets ")
             .nth(1)
             .and_then(|rest| rest.split_whitespace().next())
@@ -82,31 +66,11 @@ impl SynAckDrop {
     }
 
     fn remove(&mut self) {
-        if self.installed {
-            in_netns_ok(
-                &self.switch,
-                "nft",
-                &["delete", "table", "bridge", &self.table],
-            );
-            self.installed = false;
-        }
-    }
-}
-
-impl Drop for SynAckDrop {
-    fn drop(&mut self) {
-        if self.installed {
-            let _ = in_netns(
-                &self.switch,
-                "nft",
-                &["delete", "table", "bridge", &self.table],
-            );
-        }
+        self.0.remove();
     }
 }
 
 fn scenario() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up("sr", &["--servers", "2", "--clients", "1"]);
     // A fresh LB that has placed no connection yet: whichever worker sees the retried SYN,
     // rr gives it the server the first SYN did not get (each worker's cursor starts at its
@@ -194,11 +158,7 @@ fn scenario() {
         answers.iter().all(|a| *a == expected),
         "every request on the one connection should be answered by s{second_id}:\n{output}"
     );
-    let segments: Vec<TcpView> = capture
-        .finish()
-        .iter()
-        .filter_map(|f| parse_tcp(f))
-        .collect();
+    let segments = capture.segments();
 
     what_the_client_saw(&testbed, &segments, first_id, second_id);
     assert!(
@@ -210,25 +170,14 @@ fn scenario() {
     // took no load report.
     assert!(
         eventually(Duration::from_secs(5), || {
-            lb.active_connections().iter().all(|(_, n)| *n == 0)
+            lb.active_connections().values().all(|n| *n == 0)
         }),
         "a count stayed raised: {:?}",
         lb.active_connections()
     );
-    let metrics = lb.metrics();
-    assert!(
-        metric_sum(
-            &metrics,
-            "cheetah_events_total",
-            &["event=\"syn_retransmissions\""]
-        ) >= 1.0
-    );
+    assert!(lb.event_count("syn_retransmissions") >= 1.0);
     assert_eq!(
-        metric_sum(
-            &metrics,
-            "cheetah_events_total",
-            &["event=\"handshake_count_moved\""]
-        ),
+        lb.event_count("handshake_count_moved"),
         0.0,
         "the holder answered first: no count should have moved"
     );
@@ -238,11 +187,9 @@ fn syn_challenges(namespace: &str) -> u64 {
     netstat_counter(namespace, "TcpExt", "TCPSYNChallenge").expect("TcpExt:TCPSYNChallenge")
 }
 
-fn count_of(active: &[(u16, u64)], server: u16) -> u64 {
-    active
-        .iter()
-        .find(|(id, _)| *id == server)
-        .map(|(_, n)| *n)
+fn count_of(active: &BTreeMap<u16, u64>, server: u16) -> u64 {
+    *active
+        .get(&server)
         .unwrap_or_else(|| panic!("server {server} is not listed: {active:?}"))
 }
 

@@ -19,12 +19,10 @@
 //! The second test runs the LB with the restore switched off (`--fault
 //! skip-tsecr-restore`) and shows that the same check fails.
 
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use support::*;
+use crate::support::*;
 
 /// Packets checked for each value of the version bit.
 const MIN_CHECKED_PER_VERSION: u64 = 1000;
@@ -42,20 +40,21 @@ const SNAPLEN: u32 = 128;
 
 #[test]
 fn servers_get_back_exactly_their_own_timestamps_across_an_msb_change() {
-    if require_root("servers_get_back_exactly_their_own_timestamps_across_an_msb_change") {
+    if let Some(_alone) =
+        live_scenario("servers_get_back_exactly_their_own_timestamps_across_an_msb_change")
+    {
         restore_is_exact_across_an_msb_change();
     }
 }
 
 #[test]
 fn without_the_tsecr_restore_the_timestamp_check_fails() {
-    if require_root("without_the_tsecr_restore_the_timestamp_check_fails") {
+    if let Some(_alone) = live_scenario("without_the_tsecr_restore_the_timestamp_check_fails") {
         check_fails_without_the_restore();
     }
 }
 
 fn restore_is_exact_across_an_msb_change() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up("ts", &["--servers", "3", "--clients", "1"]);
     let lb = Lb::start(&testbed, &testbed.config_path());
 
@@ -77,8 +76,8 @@ fn restore_is_exact_across_an_msb_change() {
     // Keep-alive sessions give a steady stream of echoes on both sides of the change; idle
     // sessions (30 s gaps with nothing on the wire: the servers send no keepalive probes)
     // echo TSvals up to 30 s old; short connections add handshakes and closes.
-    // (live_idle waits longer.)
-    let keepalive = start_loadgen(
+    // (`idle.rs` waits longer.)
+    let keepalive = Loadgen::start(
         &testbed,
         "c1",
         "ts-keepalive",
@@ -95,7 +94,7 @@ fn restore_is_exact_across_an_msb_change() {
             "5/s",
         ],
     );
-    let direct = start_loadgen(
+    let direct = Loadgen::start(
         &testbed,
         "c0",
         "ts-direct",
@@ -108,8 +107,8 @@ fn restore_is_exact_across_an_msb_change() {
             "2/s",
         ],
     );
-    let keepalive = finish_loadgen(&testbed, "ts-keepalive", keepalive);
-    let direct = finish_loadgen(&testbed, "ts-direct", direct);
+    let keepalive = keepalive.finish();
+    let direct = direct.finish();
     let check = captures.finish_and_check();
     eprintln!("{check:#?}");
 
@@ -138,7 +137,10 @@ fn restore_is_exact_across_an_msb_change() {
          was not exercised: {check:#?}"
     );
     let paws = paws.since();
-    eprintln!("TCP counters over the run: {paws:#?}");
+    eprintln!(
+        "TCP counters over the run: PAWSEstab {:#?}, others {:#?}",
+        paws.pawsestab, paws.others
+    );
     // The LB's own drops (a full TX ring under load) cause retransmissions, which is what
     // can make a flow change LB worker (see `ArrivalOrder`).
     for line in lb.metrics().lines() {
@@ -171,7 +173,6 @@ fn restore_is_exact_across_an_msb_change() {
 }
 
 fn check_fails_without_the_restore() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up("tsf", &["--servers", "3", "--clients", "1"]);
     let _lb = Lb::start_with_args(
         &testbed,
@@ -180,7 +181,7 @@ fn check_fails_without_the_restore() {
     );
     let paws = PawsCounters::read(&testbed);
     let captures = Captures::start(&testbed, "fault", &["c1"]);
-    let load = start_loadgen(
+    let load = Loadgen::start(
         &testbed,
         "c1",
         "tsf-keepalive",
@@ -193,10 +194,13 @@ fn check_fails_without_the_restore() {
             "5/s",
         ],
     );
-    let report = finish_loadgen(&testbed, "tsf-keepalive", load);
+    let report = load.finish();
     let check = captures.finish_and_check();
     let paws = paws.since();
-    eprintln!("with the restore off: {check:#?}\nTCP counters: {paws:#?}");
+    eprintln!(
+        "with the restore off: {check:#?}\nTCP counters: PAWSEstab {:#?}, others {:#?}",
+        paws.pawsestab, paws.others
+    );
     eprintln!(
         "loadgen with the restore off: {} broken, {}",
         report["connections_broken"], report["broken_by_kind"]
@@ -232,14 +236,8 @@ fn host_clock_ms(testbed: &Testbed, offsets: &[u32]) -> u64 {
     // picks: requests go on until every server has answered one (X-Server), not one each.
     let mut answered = std::collections::HashSet::new();
     for _ in 0..10 * SERVERS.len() {
-        let headers = in_netns_ok(
-            &testbed.ns("c1"),
-            "curl",
-            &["-s", "-m", "10", "-D", "-", "-o", "/dev/null", &url],
-        );
-        if let Some(server) = headers.lines().find_map(|l| l.strip_prefix("X-Server: ")) {
-            answered.insert(server.trim().to_string());
-        }
+        let server = curl_write_out(testbed, "c1", &url, "%header{x-server}", &["-m", "10"]);
+        answered.insert(server.concat());
         if SERVERS.iter().all(|s| answered.contains(*s)) {
             break;
         }
@@ -247,9 +245,9 @@ fn host_clock_ms(testbed: &Testbed, offsets: &[u32]) -> u64 {
     let after = monotonic_ms();
     for ((s, capture), offset) in SERVERS.iter().zip(captures).zip(offsets) {
         let tsval = capture
-            .finish()
-            .iter()
-            .filter_map(|f| parse_tcp(f)?.timestamps)
+            .segments()
+            .into_iter()
+            .filter_map(|t| t.timestamps)
             .map(|(tsval, _)| tsval)
             .next()
             .unwrap_or_else(|| panic!("no TSval captured at {s}"));
@@ -355,25 +353,17 @@ impl Captures {
     fn finish_and_check(self) -> TsecrCheck {
         let mut check = TsecrCheck::default();
         for (namespace, capture) in self.servers {
-            let segments = segments_of(capture);
+            let segments = capture.segments();
             check.add_server_capture(&segments);
             let order = ArrivalOrder::of(&segments, |t| t.dport == 80);
             check.arrival.push((namespace, order));
         }
         for (namespace, capture) in self.clients {
-            let order = ArrivalOrder::of(&segments_of(capture), |t| t.sport == 80);
+            let order = ArrivalOrder::of(&capture.segments(), |t| t.sport == 80);
             check.arrival.push((namespace, order));
         }
         check
     }
-}
-
-fn segments_of(capture: Capture) -> Vec<TcpView> {
-    capture
-        .finish()
-        .iter()
-        .filter_map(|f| parse_tcp(f))
-        .collect()
 }
 
 /// Source address and port, destination address and port.
@@ -548,8 +538,6 @@ const COUNTERS: [&str; 7] = [
     "TCPSpuriousRTOs",
 ];
 
-#[derive(Debug)]
-#[allow(dead_code)] // read through Debug
 struct PawsDeltas {
     pawsestab: Vec<(String, u64)>,
     others: Vec<(String, &'static str, u64)>,

@@ -11,20 +11,18 @@
 //! behind the router; the injector in `c0`, on the LB's own segment, because the router's
 //! IP layer would drop malformed IPv4 headers before they reached the LB.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::support::stats::{chi_squared, chi_squared_sf, ln_gamma, monte_carlo_p_value};
+use crate::support::*;
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
 use cheetah_lab::crafted::forged_acks;
 use serde_json::Value;
-use support::stats::{chi_squared, chi_squared_sf, ln_gamma, monte_carlo_p_value};
-use support::*;
 
 /// Server ids a cookie can name in the testbed's (default) layout: 12 bits.
 const ID_SPACE: u64 = CookieLayout::DEFAULT.server_ids() as u64;
@@ -80,10 +78,10 @@ const ADD_SERVER_99: [&str; 8] = [
 /// the load's first requests see to that, and `ts_msb_unknown` must not move.
 #[test]
 fn forged_cookies_are_dropped_or_spread_evenly_under_load() {
-    if !require_root("forged_cookies_are_dropped_or_spread_evenly_under_load") {
+    let Some(_alone) = live_scenario("forged_cookies_are_dropped_or_spread_evenly_under_load")
+    else {
         return;
-    }
-    let _one_at_a_time = exclusive();
+    };
     let forged: u64 = std::env::var("CHEETAH_ABUSE_FORGED")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -126,10 +124,7 @@ fn forged_cookies_are_dropped_or_spread_evenly_under_load() {
     let after = lb.metrics();
     let arrived: BTreeMap<u16, Vec<TcpView>> = captures
         .into_iter()
-        .map(|(id, capture)| {
-            let frames = capture.finish();
-            (id, frames.iter().filter_map(|f| parse_tcp(f)).collect())
-        })
+        .map(|(id, capture)| (id, capture.segments()))
         .collect();
     let report = load.finish();
 
@@ -274,10 +269,11 @@ fn decode_forged(
 /// as `Ip: InHdrErrors`; the LB namespace carries no other IP traffic that could.
 #[test]
 fn malformed_packets_are_dropped_and_counted_by_reason_under_load() {
-    if !require_root("malformed_packets_are_dropped_and_counted_by_reason_under_load") {
+    let Some(_alone) =
+        live_scenario("malformed_packets_are_dropped_and_counted_by_reason_under_load")
+    else {
         return;
-    }
-    let _one_at_a_time = exclusive();
+    };
     let testbed = Testbed::up("abd", &["--servers", "2", "--clients", "1"]);
     let lb = Lb::start(&testbed, &testbed.config_path());
     let load = Loadgen::start_until_finished(&testbed, "c1", "malformed-load", LOAD);
@@ -366,10 +362,10 @@ fn malformed_packets_are_dropped_and_counted_by_reason_under_load() {
 /// programs in place (same program ids), and no connection of the load breaks.
 #[test]
 fn bad_api_calls_and_configs_are_refused_and_change_nothing() {
-    if !require_root("bad_api_calls_and_configs_are_refused_and_change_nothing") {
+    let Some(_alone) = live_scenario("bad_api_calls_and_configs_are_refused_and_change_nothing")
+    else {
         return;
-    }
-    let _one_at_a_time = exclusive();
+    };
     let testbed = Testbed::up("abf", &["--servers", "2", "--clients", "1"]);
     let mut lb = Lb::start(&testbed, &testbed.config_path());
     let load = Loadgen::start_until_finished(&testbed, "c1", "refusals-load", LOAD);
@@ -687,7 +683,7 @@ fn every_server_answered(lb: &Lb, load: &Loadgen, servers: &[u16]) {
 }
 
 fn keepalive_went_on(report: &Value) {
-    let requests = report["requests"]["keepalive"].as_u64().unwrap_or(0);
+    let requests = count(&report["requests"]["keepalive"]);
     assert!(
         requests > 32,
         "the keep-alive load did not run: {}",

@@ -113,3 +113,8 @@ pub fn assert_nothing_broken(report: &Value, what: &str) {
         serde_json::to_string_pretty(&report["broken"]).unwrap()
     );
 }
+
+/// A count in a loadgen or churn report, 0 where the report has none.
+pub fn count(value: &Value) -> u64 {
+    value.as_u64().unwrap_or(0)
+}

@@ -10,31 +10,28 @@
 //! - `kill -9` of the LB under load and a restart: no RST at any client, no broken
 //!   connection, and the runtime changes survive the restart.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::*;
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
-use support::*;
 
 #[test]
 fn l2_forwarding_end_to_end() {
-    if require_root("l2_forwarding_end_to_end") {
+    if let Some(_alone) = live_scenario("l2_forwarding_end_to_end") {
         scenario("l2", "e2l");
     }
 }
 
 #[test]
 fn nat_forwarding_end_to_end() {
-    if require_root("nat_forwarding_end_to_end") {
+    if let Some(_alone) = live_scenario("nat_forwarding_end_to_end") {
         scenario("nat", "e2n");
     }
 }
 
 fn scenario(forwarding: &str, prefix: &str) {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up(
         prefix,
         &[
@@ -60,24 +57,11 @@ fn scenario(forwarding: &str, prefix: &str) {
 /// `curl` from a client namespace: (status, X-Server, local port) per request.
 fn curl(testbed: &Testbed, client: &str, path: &str) -> (String, String, u16) {
     let url = format!("http://{}{path}", testbed.vip());
-    let out = in_netns_ok(
-        &testbed.ns(client),
-        "curl",
-        &[
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "10",
-            "-w",
-            "%{http_code} %header{x-server} %{local_port}",
-            &url,
-        ],
-    );
-    let mut words = out.split_whitespace();
+    let write_out = "%{http_code} %header{x-server} %{local_port}";
+    let mut words = curl_write_out(testbed, client, &url, write_out, &["-m", "10"]).into_iter();
     (
-        words.next().unwrap_or_default().to_string(),
-        words.next().unwrap_or_default().to_string(),
+        words.next().unwrap_or_default(),
+        words.next().unwrap_or_default(),
         words.next().and_then(|p| p.parse().ok()).unwrap_or(0),
     )
 }
@@ -171,21 +155,18 @@ fn add_and_drain_break_nothing(testbed: &Testbed, lb: &Lb) {
 
     assert_nothing_broken(&report, "adding server 3 and draining server 1");
     assert!(
-        report["requests"]["keepalive"].as_u64().unwrap_or(0) > 1000,
+        count(&report["requests"]["keepalive"]) > 1000,
         "the keep-alive load did not run: {}",
         report["requests"]
     );
     assert!(
-        report["requests_by_server"]["s3"].as_u64().unwrap_or(0) > 0,
+        count(&report["requests_by_server"]["s3"]) > 0,
         "the added server got no requests: {}",
         report["requests_by_server"]
     );
     // Draining stops new connections only: server 1's keep-alive sessions went on.
     assert!(
-        report["live_sessions_at_end"]["by_server"]["s1"]
-            .as_u64()
-            .unwrap_or(0)
-            > 0,
+        count(&report["live_sessions_at_end"]["by_server"]["s1"]) > 0,
         "no session of the drained server lived to the end: {}",
         report["live_sessions_at_end"]
     );
@@ -267,28 +248,17 @@ fn kill_and_restart_break_nothing(testbed: &Testbed, lb: &mut Lb) {
     let downloads = downloads.finish();
     assert_nothing_broken(&keepalive, "kill -9 and restart (keep-alive)");
     assert_nothing_broken(&downloads, "kill -9 and restart (downloads)");
-    assert!(downloads["requests"]["download"].as_u64().unwrap_or(0) > 0);
+    assert!(count(&downloads["requests"]["download"]) > 0);
     // Server 3 (added at run time) still gets its connections after the restart, so the
     // restarted LB knew it.
-    assert!(keepalive["requests_by_server"]["s3"].as_u64().unwrap_or(0) > 0);
+    assert!(count(&keepalive["requests_by_server"]["s3"]) > 0);
     let at_servers: Vec<(String, Vec<TcpView>)> = server_captures
         .into_iter()
-        .map(|(name, capture)| {
-            let segments = capture
-                .finish()
-                .iter()
-                .filter_map(|f| parse_tcp(f))
-                .collect();
-            (name, segments)
-        })
+        .map(|(name, capture)| (name, capture.segments()))
         .collect();
     for capture in captures {
         let path = capture.path.clone();
-        let segments: Vec<TcpView> = capture
-            .finish()
-            .iter()
-            .filter_map(|f| parse_tcp(f))
-            .collect();
+        let segments = capture.segments();
         let syns = segments.iter().filter(|t| t.is_syn()).count();
         let resets = segments.iter().filter(|t| t.is_rst()).count();
         let unexplained = unexplained_resets(&segments);

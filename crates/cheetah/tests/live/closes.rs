@@ -21,8 +21,6 @@
 //! connection aborted with SO_LINGER 0 shows on the wire that Linux's abort RST carries the
 //! connection's timestamp (the client's stack is the servers' kernel, tcp_send_active_reset).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::File;
@@ -31,13 +29,15 @@ use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 
 const REPLAYS: usize = 20;
 
 #[test]
 fn replayed_segments_and_unacknowledged_fins_do_not_lower_a_servers_count() {
-    if require_root("replayed_segments_and_unacknowledged_fins_do_not_lower_a_servers_count") {
+    if let Some(_alone) =
+        live_scenario("replayed_segments_and_unacknowledged_fins_do_not_lower_a_servers_count")
+    {
         scenario();
     }
 }
@@ -172,77 +172,30 @@ fn send_frames(namespace: &str, interface: &str, frames: &[Vec<u8>], gap: Durati
 }
 
 /// An nftables table in the client that drops the server's FINs to one client port.
-struct FinDrop {
-    namespace: String,
-    installed: bool,
-}
-
-const FIN_DROP_TABLE: &str = "cheetah_test_fin_drop";
-
-impl FinDrop {
-    fn install(testbed: &Testbed, namespace: &str, port: u16) -> Self {
-        let rules = format!(
-            "table inet {FIN_DROP_TABLE} {{\n  chain input {{\n    type filter hook input priority 0;\n    \
-             tcp sport 80 tcp dport {port} tcp flags & fin == fin counter drop\n  }}\n}}\n"
-        );
-        let path = testbed.dir.join(format!("{FIN_DROP_TABLE}.nft"));
-        std::fs::write(&path, rules).unwrap();
-        let out = in_netns(namespace, "nft", &["-f", path.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "nft -f failed (nftables installed? scripts/setup.sh installs it): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        FinDrop {
-            namespace: namespace.to_string(),
-            installed: true,
-        }
-    }
-
-    fn remove(&mut self) {
-        if std::mem::take(&mut self.installed) {
-            let _ = in_netns(
-                &self.namespace,
-                "nft",
-                &["delete", "table", "inet", FIN_DROP_TABLE],
-            );
-        }
-    }
-}
-
-impl Drop for FinDrop {
-    fn drop(&mut self) {
-        self.remove();
-    }
-}
-
-fn counts(lb: &Lb) -> BTreeMap<u16, u64> {
-    lb.active_connections().into_iter().collect()
-}
-
-fn event(lb: &Lb, name: &str) -> f64 {
-    metric_sum(
-        &lb.metrics(),
-        "cheetah_events_total",
-        &[&format!("event=\"{name}\"")],
-    )
+fn drop_fins(testbed: &Testbed, namespace: &str, port: u16) -> NftTable {
+    let chain = format!(
+        "  chain input {{\n    type filter hook input priority 0;\n    \
+         tcp sport 80 tcp dport {port} tcp flags & fin == fin counter drop\n  }}\n"
+    );
+    NftTable::install(testbed, namespace, "inet", "cheetah_test_fin_drop", &chain)
 }
 
 /// The counts settle within a few merges; asserts they reach `expected` and stay there.
 fn assert_counts(lb: &Lb, expected: &[(u16, u64)], what: &str) {
     let expected: BTreeMap<u16, u64> = expected.iter().copied().collect();
-    let reached = eventually(Duration::from_secs(3), || counts(lb) == expected);
+    let reached = eventually(Duration::from_secs(3), || {
+        lb.active_connections() == expected
+    });
     // A count driven down by stray closes would show on a second look too.
     std::thread::sleep(Duration::from_millis(200));
     assert!(
-        reached && counts(lb) == expected,
+        reached && lb.active_connections() == expected,
         "{what}: active connections {:?}, expected {expected:?}",
-        counts(lb)
+        lb.active_connections()
     );
 }
 
 fn scenario() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up(
         "cls",
         &[
@@ -291,7 +244,7 @@ fn scenario() {
             })
         })
         .expect("the victim connection's last ACK in the capture");
-    let resets_before = event(&lb, "resets_without_timestamp");
+    let resets_before = lb.event_count("resets_without_timestamp");
     let capture = Capture::start(
         &client,
         "eth0",
@@ -306,9 +259,8 @@ fn scenario() {
     );
     std::thread::sleep(Duration::from_millis(300));
     let resets: Vec<TcpView> = capture
-        .finish()
-        .iter()
-        .filter_map(|frame| parse_tcp(frame))
+        .segments()
+        .into_iter()
         .filter(|t| to_client(t, port) && t.is_rst())
         .collect();
     assert_eq!(
@@ -326,7 +278,7 @@ fn scenario() {
         &format!("after {REPLAYS} replays drew RSTs from server {target}"),
     );
     assert_eq!(
-        event(&lb, "resets_without_timestamp") - resets_before,
+        lb.event_count("resets_without_timestamp") - resets_before,
         REPLAYS as f64
     );
 
@@ -338,10 +290,10 @@ fn scenario() {
         "tcp port 80",
         &testbed.dir.join("c1-fin.pcap"),
     );
-    let duplicates_before = event(&lb, "duplicate_closes");
+    let duplicates_before = lb.event_count("duplicate_closes");
     let mut stream = connect(&client, vip);
     let port = stream.local_addr().unwrap().port();
-    let mut fin_drop = FinDrop::install(&testbed, &client, port);
+    let mut fin_drop = drop_fins(&testbed, &client, port);
     let closed_on = get(&mut stream, true);
     // Linux retransmits after about 0.2, 0.6, 1.4 and 3.0 s.
     std::thread::sleep(Duration::from_millis(3_500));
@@ -351,16 +303,15 @@ fn scenario() {
         &format!("while server {closed_on} retransmits its FIN"),
     );
     let fins = capture
-        .finish()
-        .iter()
-        .filter_map(|frame| parse_tcp(frame))
+        .segments()
+        .into_iter()
         .filter(|t| to_client(t, port) && t.is_fin())
         .count();
     assert!(
         fins >= 3,
         "server {closed_on} sent its FIN {fins} times: expected retransmissions"
     );
-    let duplicates = event(&lb, "duplicate_closes") - duplicates_before;
+    let duplicates = lb.event_count("duplicate_closes") - duplicates_before;
     assert!(
         duplicates >= (fins - 1) as f64,
         "{fins} FINs, {duplicates} counted as duplicates"
@@ -386,9 +337,7 @@ fn scenario() {
     let ports: Vec<u16> = held.iter().map(|h| h.port).collect();
     drop(held);
     assert_counts(&lb, &[(1, 0), (2, 0)], "all connections closed");
-    eprintln!(
-        "live_closes: replays drew {REPLAYS} RSTs, {fins} FINs counted once, ports {ports:?}"
-    );
+    eprintln!("closes: replays drew {REPLAYS} RSTs, {fins} FINs counted once, ports {ports:?}");
 
     // Last (it leaves a count raised: a client's RST never lowers one): Linux's abort RST
     // carries the connection's timestamp.
@@ -417,9 +366,8 @@ fn scenario() {
     let port = aborted.port;
     drop(aborted.stream);
     let abort: Vec<TcpView> = capture
-        .finish()
-        .iter()
-        .filter_map(|frame| parse_tcp(frame))
+        .segments()
+        .into_iter()
         .filter(|t| from_client(t, port) && t.is_rst())
         .collect();
     assert!(

@@ -8,25 +8,23 @@
 //! (after the program) rejects none. With `--server-clocks shared` the servers send the
 //! host's clock as before.
 
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 
-use support::*;
+use crate::support::*;
 
 /// Slack after a request's end for the server's last segments (its FIN, the final ACK).
 const AFTER_REQUEST_MS: u64 = 200;
 
 #[test]
 fn every_server_sends_its_own_clock_and_gets_it_back() {
-    if require_root("every_server_sends_its_own_clock_and_gets_it_back") {
+    if let Some(_alone) = live_scenario("every_server_sends_its_own_clock_and_gets_it_back") {
         own_clocks_through_the_lb();
     }
 }
 
 #[test]
 fn shared_clocks_are_the_hosts_clock() {
-    if require_root("shared_clocks_are_the_hosts_clock") {
+    if let Some(_alone) = live_scenario("shared_clocks_are_the_hosts_clock") {
         shared_clocks();
     }
 }
@@ -34,7 +32,6 @@ fn shared_clocks_are_the_hosts_clock() {
 const SERVERS: [&str; 4] = ["s1", "s2", "s3", "s4"];
 
 fn own_clocks_through_the_lb() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up("clk", &["--servers", "4", "--clients", "1"]);
     let offsets: BTreeMap<&str, u32> = SERVERS
         .iter()
@@ -66,18 +63,10 @@ fn own_clocks_through_the_lb() {
     let url = format!("http://{}/", testbed.vip());
     for _ in 0..12 {
         let before = monotonic_ms();
-        let headers = in_netns_ok(
-            &testbed.ns("c1"),
-            "curl",
-            &["-s", "-m", "5", "-D", "-", "-o", "/dev/null", &url],
-        );
+        let server = curl_write_out(&testbed, "c1", &url, "%header{x-server}", &["-m", "5"]);
         let after = monotonic_ms();
-        let server = headers
-            .lines()
-            .find_map(|l| l.strip_prefix("X-Server: "))
-            .unwrap_or_else(|| panic!("no X-Server header in {headers}"))
-            .trim()
-            .to_string();
+        let server = server.concat();
+        assert!(!server.is_empty(), "no X-Server header from {url}");
         windows.entry(server).or_default().push((before, after));
     }
     for s in SERVERS {
@@ -91,11 +80,7 @@ fn own_clocks_through_the_lb() {
     // the window it falls in).
     let mut first_reading: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
     for (s, capture) in SERVERS.iter().zip(captures) {
-        let segments: Vec<TcpView> = capture
-            .finish()
-            .iter()
-            .filter_map(|f| parse_tcp(f))
-            .collect();
+        let segments = capture.segments();
         let offset = offsets[s];
         let mut sent: HashMap<u16, Vec<u32>> = HashMap::new();
         let mut echoes = 0;
@@ -162,7 +147,6 @@ fn own_clocks_through_the_lb() {
 }
 
 fn shared_clocks() {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up(
         "clks",
         &[
@@ -210,9 +194,9 @@ fn shared_clocks() {
         );
         let after = monotonic_ms();
         let tsvals: Vec<u32> = capture
-            .finish()
-            .iter()
-            .filter_map(|f| parse_tcp(f)?.timestamps)
+            .segments()
+            .into_iter()
+            .filter_map(|t| t.timestamps)
             .map(|(tsval, _)| tsval)
             .collect();
         assert!(!tsvals.is_empty(), "{s}: no TSval captured");

@@ -9,7 +9,7 @@
 //! whole response on the connection it started with), `TcpExtPAWSEstab` stays 0 in every
 //! client namespace, and every TSecr a server receives equals a TSval that server sent on
 //! that connection, checked from captures on the servers' interfaces by the tests' own
-//! parser ([`support::echoes`]), not by the core's cookie code.
+//! parser ([`crate::support::echoes`]), not by the core's cookie code.
 //!
 //! The same scenario runs at the same time through a hash-mode LB (no cookies, TSval
 //! untouched) on a second testbed, as the control: it shows that nothing else in the
@@ -41,17 +41,15 @@
 //! so the server's retransmissions caught up with the client's TS.Recent within loadgen's
 //! 10 s request timeout; the PAWS drops and the wrong echoes still fail the test.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
+use crate::support::echoes::{EchoCheck, EchoCounts};
+use crate::support::*;
 use cheetah_core::cookie::CookieLayout;
 use serde_json::Value;
-use support::echoes::{EchoCheck, EchoCounts};
-use support::*;
 
 /// The longest idle gap tested: 4 s under what the testbed's cookie layout guarantees,
 /// 2^(k-1) x 65.536 s = 524.288 s with the default k = 4 epoch bits (the 4 s leave room
@@ -78,10 +76,11 @@ const DEADLINE_MARGIN: Duration = Duration::from_secs(90);
 
 #[test]
 fn idle_keepalive_connections_survive_gaps_up_to_the_layout_limit() {
-    if !require_root("idle_keepalive_connections_survive_gaps_up_to_the_layout_limit") {
+    let Some(_alone) =
+        live_scenario("idle_keepalive_connections_survive_gaps_up_to_the_layout_limit")
+    else {
         return;
-    }
-    let _one_at_a_time = exclusive();
+    };
     // Both start before either is waited for: the test takes the longest load once.
     let cheetah = IdleRun::start("idc", "cheetah");
     let hash = IdleRun::start("idh", "hash");
@@ -257,11 +256,7 @@ impl IdleRun {
             .collect();
         let mut echoes = EchoCheck::default();
         for capture in captures {
-            let segments: Vec<TcpView> = capture
-                .finish()
-                .iter()
-                .filter_map(|f| parse_tcp(f))
-                .collect();
+            let segments = capture.segments();
             echoes.add_server_capture(&segments, 80);
         }
         let lb_drops = drops_by_reason(&lb.metrics());
@@ -299,10 +294,6 @@ struct Outcome {
     mode: &'static str,
     rows: Vec<Row>,
     lb_drops: BTreeMap<String, u64>,
-}
-
-fn count(value: &Value) -> u64 {
-    value.as_u64().unwrap_or(0)
 }
 
 impl Outcome {

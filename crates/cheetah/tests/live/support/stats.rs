@@ -2,7 +2,7 @@
 //! asymptotic p-value, and an exact-in-the-limit Monte Carlo p-value for small cells.
 //!
 //! Written out here (about 80 lines) rather than pulled from a statistics crate, whose
-//! dependency tree would dwarf the tests; `live_abuse.rs` checks it against table values.
+//! dependency tree would dwarf the tests; `abuse.rs` checks it against table values.
 
 use rand_core::{RngCore, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;

@@ -7,9 +7,7 @@
 //! they taken for the quarantined id's, its SYN-ACKs would be dropped, its clients would
 //! retry their SYN after 1 s and land on another server, and it would serve nothing.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 
 /// Time a request may take: a dropped SYN-ACK costs the client a 1 s retry.
 const SLOW_SECS: f64 = 0.5;
@@ -18,20 +16,19 @@ const REQUESTS: usize = 24;
 
 #[test]
 fn l2_a_server_added_back_serves_at_once() {
-    if require_root("l2_a_server_added_back_serves_at_once") {
+    if let Some(_alone) = live_scenario("l2_a_server_added_back_serves_at_once") {
         scenario("l2", "rdl");
     }
 }
 
 #[test]
 fn nat_a_server_added_back_serves_at_once() {
-    if require_root("nat_a_server_added_back_serves_at_once") {
+    if let Some(_alone) = live_scenario("nat_a_server_added_back_serves_at_once") {
         scenario("nat", "rdn");
     }
 }
 
 fn scenario(forwarding: &str, prefix: &str) {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up(
         prefix,
         &[
@@ -102,23 +99,10 @@ fn scenario(forwarding: &str, prefix: &str) {
 /// One request on a new connection from `c0`: (status, X-Server, seconds).
 fn timed_request(testbed: &Testbed) -> (String, String, f64) {
     let url = format!("http://{}/", testbed.vip());
-    let out = in_netns_ok(
-        &testbed.ns("c0"),
-        "curl",
-        &[
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "5",
-            "-w",
-            "%{http_code} %header{x-server} %{time_total}",
-            &url,
-        ],
-    );
-    let mut words = out.split_whitespace();
-    let status = words.next().unwrap_or_default().to_string();
-    let server = words.next().unwrap_or_default().to_string();
+    let write_out = "%{http_code} %header{x-server} %{time_total}";
+    let mut words = curl_write_out(testbed, "c0", &url, write_out, &["-m", "5"]).into_iter();
+    let status = words.next().unwrap_or_default();
+    let server = words.next().unwrap_or_default();
     let seconds = words
         .next()
         .and_then(|w| w.parse().ok())

@@ -1,16 +1,19 @@
-//! Shared helpers of the live end-to-end tests: a testbed that tears itself down, the LB
-//! as a child process in its namespace, `ctl` and `loadgen` runs, and packet captures.
-//!
-//! Each test binary uses a subset, hence the `dead_code` allowance.
-#![allow(dead_code)]
+//! What the live end-to-end tests share: a testbed that tears itself down, the LB as a
+//! child process in its namespace, `ctl` and `loadgen` runs, packet captures and their
+//! parsing, and the lock that runs one live scenario at a time.
 
 pub mod echoes;
 mod load;
 pub mod stats;
 
-// Like the rest of support, not used by every test binary.
-#[allow(unused_imports)]
+#[path = "../../shared/exit_within.rs"]
+mod exit_within;
+#[path = "../../shared/programs.rs"]
+mod programs;
+
+pub use exit_within::exit_within;
 pub use load::*;
+pub use programs::*;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -21,95 +24,16 @@ use cheetah_daemon::api::StatusView;
 use cheetah_lab::scrape;
 use serde_json::Value;
 
-pub fn cheetah_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_cheetah")
-}
-
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Live tests need root (namespaces, XDP). CI runs as root; elsewhere they say loudly that
-/// they did not run.
-pub fn require_root(test: &str) -> bool {
+/// Live scenarios run one at a time, whichever test thread runs them (the machine has 2
+/// cores): the guard is held while scenario `test` runs. `None`, said loudly, without root
+/// (network namespaces, XDP); CI runs as root.
+pub fn live_scenario(test: &str) -> Option<MutexGuard<'static, ()>> {
     if !is_root() {
         eprintln!("\n*** SKIPPED {test}: needs root (network namespaces, XDP) ***\n");
+        return None;
     }
-    is_root()
-}
-
-/// The machine has 2 cores: live scenarios run one at a time, across test threads.
-pub fn exclusive() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-pub fn cheetah(args: &[&str]) -> Output {
-    Command::new(cheetah_bin())
-        .args(args)
-        .output()
-        .expect("cannot run the cheetah binary")
-}
-
-/// Runs `command`, which must exit within `timeout` (else it is killed and the test
-/// fails: a `cheetah run` that should have refused its config would be running on). Its
-/// exit code and stderr.
-pub fn exit_within(mut command: Command, timeout: Duration) -> (Option<i32>, String) {
-    let what = format!("{command:?}");
-    let mut child = command
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
-    let deadline = Instant::now() + timeout;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} kept running");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-pub fn cheetah_ok(args: &[&str]) -> String {
-    let out = cheetah(args);
-    assert!(
-        out.status.success(),
-        "`cheetah {}` failed: {}\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Runs a program inside a namespace; returns its output whether or not it succeeded.
-pub fn in_netns(namespace: &str, program: &str, args: &[&str]) -> Output {
-    Command::new("ip")
-        .args(["netns", "exec", namespace, program])
-        .args(args)
-        .output()
-        .expect("cannot run ip netns exec")
-}
-
-pub fn in_netns_ok(namespace: &str, program: &str, args: &[&str]) -> String {
-    let out = in_netns(namespace, program, args);
-    assert!(
-        out.status.success(),
-        "`{program} {}` in {namespace} failed: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    Some(ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 pub fn spawn_in_netns(namespace: &str, program: &str, args: &[&str], log: &Path) -> Child {
@@ -382,8 +306,8 @@ impl Lb {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// `active_connections` of every server, from `cheetah ctl --json servers list`.
-    pub fn active_connections(&self) -> Vec<(u16, u64)> {
+    /// `active_connections` of every server by id, from `cheetah ctl --json servers list`.
+    pub fn active_connections(&self) -> std::collections::BTreeMap<u16, u64> {
         let text = self.ctl_ok(&["--json", "servers", "list"]);
         let list: Value = serde_json::from_str(&text).expect("servers list is JSON");
         list["servers"]
@@ -397,6 +321,15 @@ impl Lb {
                 )
             })
             .collect()
+    }
+
+    /// How often the LB counted `event` (`cheetah_events_total`), over all workers.
+    pub fn event_count(&self, event: &str) -> f64 {
+        metric_sum(
+            &self.metrics(),
+            "cheetah_events_total",
+            &[&format!("event=\"{event}\"")],
+        )
     }
 
     /// The Prometheus text of the running LB.
@@ -417,36 +350,6 @@ impl Drop for Lb {
     fn drop(&mut self) {
         self.kill9();
     }
-}
-
-/// Runs `cheetah loadgen` in a client namespace in the background.
-pub fn start_loadgen(
-    testbed: &Testbed,
-    client: &str,
-    name: &str,
-    args: &[&str],
-) -> std::process::Child {
-    let report = testbed.dir.join(format!("{name}.json"));
-    let target = testbed.vip();
-    let report_arg = report.to_string_lossy().into_owned();
-    let mut all = vec!["loadgen", "--target", &target, "--report", &report_arg];
-    all.extend_from_slice(args);
-    spawn_in_netns(
-        &testbed.ns(client),
-        cheetah_bin(),
-        &all,
-        &testbed.dir.join(format!("{name}.log")),
-    )
-}
-
-pub fn finish_loadgen(testbed: &Testbed, name: &str, mut child: std::process::Child) -> Value {
-    let status = child.wait().unwrap();
-    let log = std::fs::read_to_string(testbed.dir.join(format!("{name}.log"))).unwrap_or_default();
-    assert!(status.success(), "loadgen {name} failed:\n{log}");
-    let text = std::fs::read_to_string(testbed.dir.join(format!("{name}.json"))).unwrap();
-    let report: Value = serde_json::from_str(&text).unwrap();
-    eprintln!("loadgen {name}:\n{log}");
-    report
 }
 
 /// Sum of the samples of `metric` whose labels contain every `label="value"` given.
@@ -513,6 +416,93 @@ pub fn ip_snmp(namespace: &str) -> std::collections::BTreeMap<String, u64> {
         .collect()
 }
 
+/// One `curl URL` from namespace `client`, the body thrown away: the words its
+/// `--write-out` printed (`%{http_code}` is `000` when no connection was made). `options`
+/// are further curl options, such as its timeouts.
+pub fn curl_write_out(
+    testbed: &Testbed,
+    client: &str,
+    url: &str,
+    write_out: &str,
+    options: &[&str],
+) -> Vec<String> {
+    let mut args = vec!["-s", "-o", "/dev/null", "-w", write_out];
+    args.extend_from_slice(options);
+    args.push(url);
+    let out = in_netns(&testbed.ns(client), "curl", &args);
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// An nftables table in a namespace, there for one test: deleted when dropped.
+pub struct NftTable {
+    namespace: String,
+    family: &'static str,
+    name: String,
+    installed: bool,
+}
+
+impl NftTable {
+    /// Installs `table FAMILY NAME { BODY }` in `namespace` (the rules file goes in the
+    /// testbed's directory).
+    pub fn install(
+        testbed: &Testbed,
+        namespace: &str,
+        family: &'static str,
+        name: &str,
+        body: &str,
+    ) -> Self {
+        let path = testbed.dir.join(format!("{name}.nft"));
+        std::fs::write(&path, format!("table {family} {name} {{\n{body}}}\n")).unwrap();
+        let out = in_netns(namespace, "nft", &["-f", path.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "nft -f failed (nftables installed? scripts/setup.sh installs it): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        NftTable {
+            namespace: namespace.to_string(),
+            family,
+            name: name.to_string(),
+            installed: true,
+        }
+    }
+
+    /// `nft list table`: the rules with their counters.
+    pub fn list(&self) -> String {
+        in_netns_ok(
+            &self.namespace,
+            "nft",
+            &["list", "table", self.family, &self.name],
+        )
+    }
+
+    /// Deletes the table before the test ends.
+    pub fn remove(&mut self) {
+        if std::mem::take(&mut self.installed) {
+            in_netns_ok(
+                &self.namespace,
+                "nft",
+                &["delete", "table", self.family, &self.name],
+            );
+        }
+    }
+}
+
+impl Drop for NftTable {
+    fn drop(&mut self) {
+        if self.installed {
+            let _ = in_netns(
+                &self.namespace,
+                "nft",
+                &["delete", "table", self.family, &self.name],
+            );
+        }
+    }
+}
+
 /// tcpdump writing a pcap in a namespace until stopped.
 pub struct Capture {
     child: Child,
@@ -577,6 +567,11 @@ impl Capture {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let _ = self.child.wait();
         read_pcap(&self.path)
+    }
+
+    /// Like [`Capture::finish`]: the TCP segments among the frames, in capture order.
+    pub fn segments(self) -> Vec<TcpView> {
+        self.finish().iter().filter_map(|f| parse_tcp(f)).collect()
     }
 }
 

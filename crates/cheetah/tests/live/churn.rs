@@ -15,18 +15,12 @@
 //! pick break at the restarts.
 //! In hash mode the same schedule breaks connections, which shows that the test can fail.
 
-mod support;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::Value;
-use support::*;
-
-fn count(value: &Value) -> u64 {
-    value.as_u64().unwrap_or(0)
-}
 
 fn events<'a>(results: &'a Value, kind: &str) -> Vec<&'a Value> {
     results["events"]
@@ -39,10 +33,11 @@ fn events<'a>(results: &'a Value, kind: &str) -> Vec<&'a Value> {
 
 #[test]
 fn cheetah_breaks_no_connection_through_the_whole_churn_scenario() {
-    if !require_root("cheetah_breaks_no_connection_through_the_whole_churn_scenario") {
+    let Some(_alone) =
+        live_scenario("cheetah_breaks_no_connection_through_the_whole_churn_scenario")
+    else {
         return;
-    }
-    let _one_at_a_time = exclusive();
+    };
     let out = tempfile::tempdir().unwrap();
     // tcpdump drops root for its own user before it opens the file it writes.
     std::fs::set_permissions(out.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -226,10 +221,9 @@ fn cheetah_breaks_no_connection_through_the_whole_churn_scenario() {
 
 #[test]
 fn hashing_breaks_connections_in_the_same_scenario() {
-    if !require_root("hashing_breaks_connections_in_the_same_scenario") {
+    let Some(_alone) = live_scenario("hashing_breaks_connections_in_the_same_scenario") else {
         return;
-    }
-    let _one_at_a_time = exclusive();
+    };
     let out = tempfile::tempdir().unwrap();
     // Shorter: the first add and drain come within 10 s, and each remaps most connections.
     let results = Churn::start("hash", "chh", out.path(), &["--duration", "40s"]).finish();

@@ -15,22 +15,20 @@
 //! - (l2) forwarding an operator turned on is left on, and the start log says what it
 //!   exposes.
 
-mod support;
-
 use std::collections::BTreeMap;
 
-use support::*;
+use crate::support::*;
 
 #[test]
 fn l2_lb_host_routes_nothing_to_the_servers() {
-    if require_root("l2_lb_host_routes_nothing_to_the_servers") {
+    if let Some(_alone) = live_scenario("l2_lb_host_routes_nothing_to_the_servers") {
         scenario("l2", "fwl");
     }
 }
 
 #[test]
 fn nat_lb_host_routes_nothing_to_the_servers() {
-    if require_root("nat_lb_host_routes_nothing_to_the_servers") {
+    if let Some(_alone) = live_scenario("nat_lb_host_routes_nothing_to_the_servers") {
         scenario("nat", "fwn");
     }
 }
@@ -42,7 +40,6 @@ const SERVER_NET: &str = "10.20.0.0/24";
 const LB_CLIENT_SIDE: &str = "10.10.1.2";
 
 fn scenario(forwarding: &str, prefix: &str) {
-    let _one_at_a_time = exclusive();
     let testbed = Testbed::up(
         prefix,
         &[
@@ -167,21 +164,17 @@ fn dip_unreachable(testbed: &Testbed, dip: &str, when: &str) {
 
 /// The HTTP status of one `curl` from `client`, `000` when no connection was made.
 fn curl_status(testbed: &Testbed, client: &str, url: &str) -> String {
-    curl(testbed, client, url, &["-m", "10"])
+    http_code(testbed, client, url, &["-m", "10"])
 }
 
 /// Like [`curl_status`], giving up on the connection after a second: on the veths an open
 /// path connects in well under a millisecond.
 fn curl_status_quick(testbed: &Testbed, client: &str, url: &str) -> String {
-    curl(testbed, client, url, &["--connect-timeout", "1", "-m", "3"])
+    http_code(testbed, client, url, &["--connect-timeout", "1", "-m", "3"])
 }
 
-fn curl(testbed: &Testbed, client: &str, url: &str, timeouts: &[&str]) -> String {
-    let mut args = vec!["-s", "-o", "/dev/null", "-w", "%{http_code}"];
-    args.extend_from_slice(timeouts);
-    args.push(url);
-    let out = in_netns(&testbed.ns(client), "curl", &args);
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+fn http_code(testbed: &Testbed, client: &str, url: &str, timeouts: &[&str]) -> String {
+    curl_write_out(testbed, client, url, "%{http_code}", timeouts).concat()
 }
 
 /// `net.ipv4.conf.*.forwarding` of every interface of a namespace, and of `all` and
