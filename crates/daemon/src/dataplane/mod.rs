@@ -5,6 +5,8 @@ pub mod egress;
 pub mod host;
 pub mod meta;
 pub mod neighbour;
+#[cfg(test)]
+mod shared_layout_tests;
 pub mod worker_loop;
 pub mod xdp;
 pub mod xsk;
