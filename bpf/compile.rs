@@ -2,6 +2,7 @@
 // build script cannot depend on its own workspace's crates without a crate of its own).
 // A program is compiled with clang into OUT_DIR, so the binary carries it (no files to
 // install next to the binary, and a program always matches the userspace that loads it).
+// What a program shares with its userspace lives in `bpf/include/` (cheetah_shared.h).
 
 /// Compiles `bpf/<name>.c` into `$OUT_DIR/<name>.o`.
 fn compile_bpf_program(name: &str) {
@@ -20,6 +21,7 @@ fn compile_bpf_program(name: &str) {
     let status = Command::new(&clang)
         .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
         .arg(format!("-I{arch_include}"))
+        .arg(format!("-I{}", bpf.join("include").display()))
         .arg("-c")
         .arg(&source)
         .arg("-o")

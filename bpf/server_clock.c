@@ -29,7 +29,7 @@
 // The longest options area a TCP header can have (data offset 15).
 #define MAX_OPTION_BYTES 40
 
-// Set by the loader before load (crates/cheetah/src/testbed/server_clock.rs); rodata, so
+// Set by the loader before load (crates/lab/src/testbed/server_clock.rs); rodata, so
 // the verifier treats it as a constant.
 const volatile __u32 clock_offset = 0;
 

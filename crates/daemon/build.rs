@@ -4,5 +4,5 @@
 include!("../../bpf/compile.rs");
 
 fn main() {
-    compile_bpf_program("xdp_lb");
+    compile_bpf_program("xdp_steer");
 }

@@ -1,15 +1,42 @@
 //! The metadata the XDP program leaves in front of each packet it hands to a socket
-//! (layout shared with `struct cheetah_meta` in `bpf/xdp_lb.c`).
+//! (`struct cheetah_meta` in `bpf/include/cheetah_shared.h`).
+
+use std::mem::{offset_of, size_of};
 
 use cheetah_core::types::Mac;
 
-pub const META_LEN: usize = 24;
-const MAGIC: u32 = 0xc4ee_7a11;
+/// `struct cheetah_meta`, field for field; `shared_layout_tests` holds the two layouts
+/// equal.
+#[repr(C)]
+pub(super) struct RawMeta {
+    pub(super) magic: u32,
+    pub(super) flags: u32,
+    pub(super) ifindex: u32,
+    pub(super) dmac: Mac,
+    pub(super) smac: Mac,
+}
 
-const TO_VIP: u32 = 1 << 0;
-const FROM_SERVER: u32 = 1 << 1;
-const FIB_OK: u32 = 1 << 2;
-const FIB_NO_NEIGH: u32 = 1 << 3;
+pub const META_LEN: usize = size_of::<RawMeta>();
+pub(super) const MAGIC: u32 = 0xc4ee_7a11;
+
+pub(super) const TO_VIP: u32 = 1 << 0;
+pub(super) const FROM_SERVER: u32 = 1 << 1;
+pub(super) const FIB_OK: u32 = 1 << 2;
+pub(super) const FIB_NO_NEIGH: u32 = 1 << 3;
+
+impl RawMeta {
+    fn read(bytes: &[u8; META_LEN]) -> Self {
+        let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap());
+        let mac = |at: usize| -> Mac { bytes[at..at + 6].try_into().unwrap() };
+        RawMeta {
+            magic: word(offset_of!(RawMeta, magic)),
+            flags: word(offset_of!(RawMeta, flags)),
+            ifindex: word(offset_of!(RawMeta, ifindex)),
+            dmac: mac(offset_of!(RawMeta, dmac)),
+            smac: mac(offset_of!(RawMeta, smac)),
+        }
+    }
+}
 
 /// Where the kernel's FIB says a server reply should go next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,29 +62,28 @@ impl PacketMeta {
     /// Reads the metadata from the `META_LEN` bytes in front of a packet; `None` if the
     /// XDP program could not write it (no headroom), which the magic number tells.
     pub fn parse(bytes: &[u8; META_LEN]) -> Option<Self> {
-        let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap());
-        if word(0) != MAGIC {
+        let raw = RawMeta::read(bytes);
+        if raw.magic != MAGIC {
             return None;
         }
-        let flags = word(4);
-        let ifindex = word(8);
-        let next_hop = if flags & FIB_OK != 0 {
+        let next_hop = if raw.flags & FIB_OK != 0 {
             NextHop::Resolved {
-                ifindex,
-                dst: bytes[12..18].try_into().unwrap(),
-                src: bytes[18..24].try_into().unwrap(),
+                ifindex: raw.ifindex,
+                dst: raw.dmac,
+                src: raw.smac,
             }
-        } else if flags & FIB_NO_NEIGH != 0 {
+        } else if raw.flags & FIB_NO_NEIGH != 0 {
+            // The program leaves the gateway's address where the destination MAC goes.
             NextHop::NoNeighbour {
-                ifindex,
-                gateway: bytes[12..16].try_into().unwrap(),
+                ifindex: raw.ifindex,
+                gateway: raw.dmac[..4].try_into().unwrap(),
             }
         } else {
             NextHop::Unroutable
         };
         Some(PacketMeta {
-            to_vip: flags & TO_VIP != 0,
-            from_server: flags & FROM_SERVER != 0,
+            to_vip: raw.flags & TO_VIP != 0,
+            from_server: raw.flags & FROM_SERVER != 0,
             next_hop,
         })
     }
@@ -69,10 +95,12 @@ mod tests {
 
     fn meta(flags: u32, ifindex: u32, macs: [u8; 12]) -> [u8; META_LEN] {
         let mut bytes = [0u8; META_LEN];
-        bytes[0..4].copy_from_slice(&MAGIC.to_ne_bytes());
-        bytes[4..8].copy_from_slice(&flags.to_ne_bytes());
-        bytes[8..12].copy_from_slice(&ifindex.to_ne_bytes());
-        bytes[12..24].copy_from_slice(&macs);
+        let mut put = |at: usize, field: &[u8]| bytes[at..at + field.len()].copy_from_slice(field);
+        put(offset_of!(RawMeta, magic), &MAGIC.to_ne_bytes());
+        put(offset_of!(RawMeta, flags), &flags.to_ne_bytes());
+        put(offset_of!(RawMeta, ifindex), &ifindex.to_ne_bytes());
+        put(offset_of!(RawMeta, dmac), &macs[..6]);
+        put(offset_of!(RawMeta, smac), &macs[6..]);
         bytes
     }
 

@@ -6,6 +6,8 @@ pub mod host;
 pub mod io_counters;
 pub mod meta;
 pub mod neighbour;
+#[cfg(test)]
+mod shared_layout_tests;
 pub mod worker_loop;
 pub mod xdp;
 pub mod xsk;

@@ -1,20 +1,30 @@
-//! Loads the steering program (`bpf/xdp_lb.c`), fills its maps and attaches it.
+//! Loads the steering program (`bpf/xdp_steer.c`), fills its maps and attaches it. What it
+//! shares with the program (limits, counters, map keys) is in `bpf/include/cheetah_shared.h`.
 //!
 //! The program is attached with plain netlink (no bpf_link), so it outlives this process:
 //! after a crash or `kill -9` it keeps dropping VIP traffic instead of letting the host
 //! kernel answer it with RSTs, until the next `cheetah run` replaces it atomically.
 
+use std::mem::{offset_of, size_of};
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, RawFd};
 
 use anyhow::{bail, Context};
 use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
 
-static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_lb.o"));
+static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_steer.o"));
 
-/// Must match MAX_QUEUES and MAX_INTERFACES in the C program.
+/// The steering function's name in bpf/xdp_steer.c, as `bpftool prog` shows it.
+const PROGRAM_NAME: &str = "cheetah_steer";
+
 pub const MAX_QUEUES: u32 = 64;
 pub const MAX_INTERFACES: usize = 16;
+
+/// Indices of the program's per-CPU `stats` array (`enum xdp_stat`).
+pub(super) const STAT_TO_SOCKET: u32 = 0;
+pub(super) const STAT_NO_SOCKET: u32 = 1;
+pub(super) const STAT_PASSED: u32 = 2;
+pub(super) const STAT_NO_METADATA_ROOM: u32 = 3;
 
 /// Which XDP hook to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, Default)]
@@ -56,7 +66,14 @@ impl SteeringProgram {
         self.object
             .maps()
             .find(|m| m.name() == name)
-            .unwrap_or_else(|| panic!("map {name} is missing from bpf/xdp_lb.c"))
+            .unwrap_or_else(|| panic!("map {name} is missing from bpf/xdp_steer.c"))
+    }
+
+    fn program(&self) -> libbpf_rs::Program<'_> {
+        self.object
+            .progs()
+            .find(|p| p.name() == PROGRAM_NAME)
+            .unwrap_or_else(|| panic!("program {PROGRAM_NAME} is missing from bpf/xdp_steer.c"))
     }
 
     pub fn set_interface_slot(&self, ifindex: u32, slot: u32) -> anyhow::Result<()> {
@@ -74,9 +91,9 @@ impl SteeringProgram {
     /// Replaces the set of NAT backends (DIP, port) whose packets are server replies.
     pub fn set_backends(&self, backends: &[(Ipv4Addr, u16)]) -> anyhow::Result<()> {
         let map = self.map("backends");
-        let wanted: Vec<[u8; 8]> = backends
+        let wanted: Vec<[u8; size_of::<BackendKey>()]> = backends
             .iter()
-            .map(|(addr, port)| backend_key(*addr, *port))
+            .map(|(addr, port)| BackendKey::new(*addr, *port).to_bytes())
             .collect();
         for key in &wanted {
             map.update(key, &0u32.to_ne_bytes(), MapFlags::ANY)
@@ -111,11 +128,7 @@ impl SteeringProgram {
         ifindex: u32,
         mode: XdpMode,
     ) -> anyhow::Result<&'static str> {
-        let prog = self
-            .object
-            .progs()
-            .find(|p| p.name() == "cheetah_steer")
-            .expect("program cheetah_steer is missing from bpf/xdp_lb.c");
+        let prog = self.program();
         let xdp = Xdp::new(prog.as_fd());
         let try_mode = |flags: XdpFlags| -> anyhow::Result<()> {
             // A program attached in the other mode blocks this one: native and generic XDP
@@ -164,29 +177,45 @@ impl SteeringProgram {
                 .unwrap_or(0)
         };
         SteeringStats {
-            to_socket: sum(0),
-            no_socket: sum(1),
-            passed_to_host: sum(2),
-            no_metadata_room: sum(3),
+            to_socket: sum(STAT_TO_SOCKET),
+            no_socket: sum(STAT_NO_SOCKET),
+            passed_to_host: sum(STAT_PASSED),
+            no_metadata_room: sum(STAT_NO_METADATA_ROOM),
         }
     }
 }
 
-fn backend_key(addr: Ipv4Addr, port: u16) -> [u8; 8] {
-    let mut key = [0u8; 8];
-    key[..4].copy_from_slice(&addr.octets());
-    key[4..6].copy_from_slice(&port.to_be_bytes());
-    key
+/// `struct backend_key`, field for field (both in network byte order).
+#[repr(C)]
+pub(super) struct BackendKey {
+    pub(super) addr: [u8; 4],
+    pub(super) port: [u8; 2],
+    pub(super) pad: u16,
+}
+
+impl BackendKey {
+    fn new(addr: Ipv4Addr, port: u16) -> Self {
+        BackendKey {
+            addr: addr.octets(),
+            port: port.to_be_bytes(),
+            pad: 0,
+        }
+    }
+
+    fn to_bytes(&self) -> [u8; size_of::<BackendKey>()] {
+        let mut key = [0u8; size_of::<BackendKey>()];
+        let mut put = |at: usize, field: &[u8]| key[at..at + field.len()].copy_from_slice(field);
+        put(offset_of!(BackendKey, addr), &self.addr);
+        put(offset_of!(BackendKey, port), &self.port);
+        put(offset_of!(BackendKey, pad), &self.pad.to_ne_bytes());
+        key
+    }
 }
 
 /// Takes any XDP program off `ifindex` (both modes).
 pub fn detach(ifname: &str, ifindex: u32) -> anyhow::Result<()> {
     let program = SteeringProgram::load()?;
-    let prog = program
-        .object
-        .progs()
-        .find(|p| p.name() == "cheetah_steer")
-        .expect("program cheetah_steer is missing");
+    let prog = program.program();
     let xdp = Xdp::new(prog.as_fd());
     let native = xdp.detach(ifindex as i32, XdpFlags::DRV_MODE);
     let generic = xdp.detach(ifindex as i32, XdpFlags::SKB_MODE);

@@ -19,36 +19,11 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "cheetah_shared.h"
+
 #define AF_INET 2
 // lo's ifindex in every network namespace (include/net/flow.h).
 #define LOOPBACK_IFINDEX 1
-#define MAX_QUEUES 64
-#define MAX_INTERFACES 16
-
-// Keep in sync with crates/cheetah/src/dataplane/meta.rs.
-#define META_MAGIC 0xc4ee7a11
-#define META_TO_VIP (1u << 0)
-#define META_FROM_SERVER (1u << 1)
-#define META_FIB_OK (1u << 2)
-#define META_FIB_NO_NEIGH (1u << 3)
-#define META_FIB_FAILED (1u << 4)
-
-struct cheetah_meta {
-	__u32 magic;
-	__u32 flags;
-	__u32 ifindex;
-	__u8 dmac[6];
-	__u8 smac[6];
-};
-
-// Keep in sync with crates/cheetah/src/dataplane/xdp.rs.
-enum xdp_stat {
-	STAT_TO_SOCKET,
-	STAT_NO_SOCKET,
-	STAT_PASSED,
-	STAT_NO_METADATA_ROOM,
-	STAT_COUNT,
-};
 
 // Key: interface slot * MAX_QUEUES + rx queue. A socket only accepts frames from the
 // device and queue it is bound to, so each interface needs its own range of keys.
@@ -74,12 +49,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } vip_addrs SEC(".maps");
-
-struct backend_key {
-	__u32 addr; // network byte order
-	__u16 port; // network byte order
-	__u16 pad;
-};
 
 // NAT backends (DIP, port) -> unused. Empty in l2 forwarding.
 struct {
