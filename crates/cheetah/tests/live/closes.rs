@@ -33,11 +33,8 @@ use crate::support::*;
 
 const REPLAYS: usize = 20;
 
-#[test]
-fn replayed_segments_and_unacknowledged_fins_do_not_lower_a_servers_count() {
-    if let Some(_alone) =
-        live_scenario("replayed_segments_and_unacknowledged_fins_do_not_lower_a_servers_count")
-    {
+live_tests! {
+    fn replayed_segments_and_unacknowledged_fins_do_not_lower_a_servers_count() {
         scenario();
     }
 }

@@ -19,16 +19,11 @@ use std::collections::BTreeMap;
 
 use crate::support::*;
 
-#[test]
-fn l2_lb_host_routes_nothing_to_the_servers() {
-    if let Some(_alone) = live_scenario("l2_lb_host_routes_nothing_to_the_servers") {
+live_tests! {
+    fn l2_lb_host_routes_nothing_to_the_servers() {
         scenario("l2", "fwl");
     }
-}
-
-#[test]
-fn nat_lb_host_routes_nothing_to_the_servers() {
-    if let Some(_alone) = live_scenario("nat_lb_host_routes_nothing_to_the_servers") {
+    fn nat_lb_host_routes_nothing_to_the_servers() {
         scenario("nat", "fwn");
     }
 }

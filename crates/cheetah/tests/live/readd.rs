@@ -14,16 +14,11 @@ const SLOW_SECS: f64 = 0.5;
 /// New connections per round; with rr over three servers, a third land on the re-added one.
 const REQUESTS: usize = 24;
 
-#[test]
-fn l2_a_server_added_back_serves_at_once() {
-    if let Some(_alone) = live_scenario("l2_a_server_added_back_serves_at_once") {
+live_tests! {
+    fn l2_a_server_added_back_serves_at_once() {
         scenario("l2", "rdl");
     }
-}
-
-#[test]
-fn nat_a_server_added_back_serves_at_once() {
-    if let Some(_alone) = live_scenario("nat_a_server_added_back_serves_at_once") {
+    fn nat_a_server_added_back_serves_at_once() {
         scenario("nat", "rdn");
     }
 }

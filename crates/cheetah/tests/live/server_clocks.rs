@@ -15,16 +15,11 @@ use crate::support::*;
 /// Slack after a request's end for the server's last segments (its FIN, the final ACK).
 const AFTER_REQUEST_MS: u64 = 200;
 
-#[test]
-fn every_server_sends_its_own_clock_and_gets_it_back() {
-    if let Some(_alone) = live_scenario("every_server_sends_its_own_clock_and_gets_it_back") {
+live_tests! {
+    fn every_server_sends_its_own_clock_and_gets_it_back() {
         own_clocks_through_the_lb();
     }
-}
-
-#[test]
-fn shared_clocks_are_the_hosts_clock() {
-    if let Some(_alone) = live_scenario("shared_clocks_are_the_hosts_clock") {
+    fn shared_clocks_are_the_hosts_clock() {
         shared_clocks();
     }
 }

@@ -17,16 +17,11 @@ use crate::support::*;
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
 
-#[test]
-fn l2_forwarding_end_to_end() {
-    if let Some(_alone) = live_scenario("l2_forwarding_end_to_end") {
+live_tests! {
+    fn l2_forwarding_end_to_end() {
         scenario("l2", "e2l");
     }
-}
-
-#[test]
-fn nat_forwarding_end_to_end() {
-    if let Some(_alone) = live_scenario("nat_forwarding_end_to_end") {
+    fn nat_forwarding_end_to_end() {
         scenario("nat", "e2n");
     }
 }

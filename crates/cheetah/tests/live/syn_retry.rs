@@ -24,11 +24,8 @@ use cheetah_core::hash::{FlowHasher, FlowKey};
 const CLIENT_PORT: u16 = 31_000;
 const REQUESTS: usize = 8;
 
-#[test]
-fn a_lost_syn_ack_leaves_the_connection_on_the_second_server_and_no_count_on_the_first() {
-    if let Some(_alone) = live_scenario(
-        "a_lost_syn_ack_leaves_the_connection_on_the_second_server_and_no_count_on_the_first",
-    ) {
+live_tests! {
+    fn a_lost_syn_ack_leaves_the_connection_on_the_second_server_and_no_count_on_the_first() {
         scenario();
     }
 }

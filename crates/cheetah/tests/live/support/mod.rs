@@ -36,6 +36,20 @@ pub fn live_scenario(test: &str) -> Option<MutexGuard<'static, ()>> {
     Some(ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
+/// Declares live scenarios as tests: each body runs only as root, and alone (see
+/// [`live_scenario`]); the test's name is the one its SKIPPED line prints.
+macro_rules! live_tests {
+    ($(fn $name:ident() $body:block)+) => {
+        $(
+            #[test]
+            fn $name() {
+                if let Some(_alone) = $crate::support::live_scenario(stringify!($name)) $body
+            }
+        )+
+    };
+}
+pub(crate) use live_tests;
+
 pub fn spawn_in_netns(namespace: &str, program: &str, args: &[&str], log: &Path) -> Child {
     let out = std::fs::File::create(log).expect("cannot create a log file");
     Command::new("ip")
