@@ -179,11 +179,15 @@ impl DaemonState {
         let Some(persister) = &self.persister else {
             return;
         };
-        let saved = persister.save(|now_unix_ms| SaveContents {
-            tables: self.control().export(self.now()),
-            msb: self.shared.msb.persist(self.now(), now_unix_ms),
-            cookie_epoch_bits: self.shared.layout().epoch_bits(),
-            fallback: fallback_state::encode(&self.shared, self.now(), now_unix_ms),
+        let saved = persister.save(|now_unix_ms| {
+            // One instant for every part, as for the wall-clock time they are saved with.
+            let now = self.now();
+            SaveContents {
+                tables: self.control().export(now),
+                msb: self.shared.msb.persist(now, now_unix_ms),
+                cookie_epoch_bits: self.shared.layout().epoch_bits(),
+                fallback: fallback_state::encode(&self.shared, now, now_unix_ms),
+            }
         });
         if let Err(e) = saved {
             tracing::warn!(error = %format!("{e:#}"), "cannot save the state file");
