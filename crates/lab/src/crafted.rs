@@ -96,6 +96,39 @@ pub fn forged_acks(seed: u64) -> impl Iterator<Item = ForgedAck> {
     })
 }
 
+/// A segment that claims to be a server's reply: from a server's address and port (a VIP's
+/// in l2, a DIP:backend_port in nat) with a TSval of the sender's choosing. Sent from the
+/// client side, it must never teach the LB a server clock (docs/timestamps.md, "Who may
+/// move a server's clock").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpoofedReply {
+    pub from: SocketAddrV4,
+    pub tsval: u32,
+    /// The n-th of a burst: each takes its own destination port, so the frames are distinct flows.
+    pub n: u16,
+}
+
+impl SpoofedReply {
+    /// An ACK from `from` to the target, NOP NOP TS with a zero TSecr. `to.src_mac` is the
+    /// source MAC it claims (a server's, to pass an l2 LB's MAC check).
+    pub fn frame(&self, to: &Addressing) -> Vec<u8> {
+        TcpFrame {
+            src_mac: to.src_mac,
+            dst_mac: to.dst_mac,
+            src_ip: u32::from(*self.from.ip()),
+            dst_ip: u32::from(*to.target.ip()),
+            src_port: self.from.port(),
+            dst_port: to.target.port().wrapping_add(self.n),
+            seq: 0x5eed_0000 | u32::from(self.n),
+            ack: 1,
+            flags: flags::ACK,
+            options: options::nop_nop_ts(self.tsval, 0),
+            payload: Vec::new(),
+        }
+        .build()
+    }
+}
+
 /// What happens to a malformed frame on its way through the LB's host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {

@@ -1,5 +1,5 @@
 //! `cheetah testbed ...`: the command tree over the testbed itself (`up`, `status`, `down`,
-//! `inject`) and the scenarios run on it (`churn`, `churn-report`, `agent`, `throughput`).
+//! `inject`, `reboot`) and the scenarios run on it (`churn`, `churn-report`, `agent`, `throughput`).
 //! It lives apart from both so that neither imports the other's commands.
 
 use std::path::PathBuf;
@@ -39,6 +39,9 @@ enum Action {
     /// From inside a client namespace, send crafted frames toward a VIP: TCP segments with
     /// forged cookies, or malformed packets. Prints a JSON summary of what was sent.
     Inject(inject::InjectArgs),
+    /// Reboot a server: every process in its namespace ends, its TCP timestamp clock
+    /// restarts near 0 as a rebooted host's does, and nginx starts again.
+    Reboot(RebootArgs),
     /// Requests/s, latency and the LB's CPU per packet: through cheetah, through hash mode,
     /// and straight to a server (a benchmark; results in docs/benchmarks.md).
     Throughput(crate::churn::ThroughputArgs),
@@ -82,6 +85,18 @@ struct UpArgs {
     /// routes their connections by its fallback table, not by cookies.
     #[arg(long, default_value_t = 0)]
     clients_without_timestamps: u16,
+}
+
+#[derive(clap::Args)]
+struct RebootArgs {
+    #[command(flatten)]
+    prefix: PrefixArg,
+    /// The server, by name (`s2`).
+    #[arg(long)]
+    server: String,
+    /// What its clock shows right after the reboot, in ms.
+    #[arg(long, default_value_t = 5_000)]
+    uptime_ms: u32,
 }
 
 #[derive(clap::Args)]
@@ -138,6 +153,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Action::ChurnReport(args) => crate::churn::run_report(args),
         Action::Agent(args) => crate::churn::run_agent(args),
         Action::Inject(inject) => inject::run(inject),
+        Action::Reboot(reboot) => {
+            let summary = crate::testbed::summary_of(&reboot.prefix.prefix);
+            let mut topo = Topology::load(&summary)?;
+            let (before, after) = topo.reboot_server(&reboot.server, reboot.uptime_ms)?;
+            println!(
+                "{} rebooted: its TSval went from {before} to {after}",
+                reboot.server
+            );
+            Ok(())
+        }
         Action::Throughput(args) => crate::churn::run_throughput(args),
     }
 }

@@ -8,6 +8,7 @@
 
 mod abuse;
 mod churn;
+mod clock_moves;
 mod closes;
 mod forwarding;
 mod idle;

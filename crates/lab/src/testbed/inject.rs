@@ -13,7 +13,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use crate::crafted::{forged_acks, Addressing, Malformed, Outcome};
+use crate::crafted::{forged_acks, Addressing, Malformed, Outcome, SpoofedReply};
 use anyhow::{bail, Context};
 use cheetah_core::types::{format_mac, parse_mac, Mac};
 use serde_json::{json, Value};
@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use super::shell::Cmd;
 
 #[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("what").required(true).args(["forged_cookies", "malformed"])))]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["forged_cookies", "malformed", "spoofed_replies"])))]
 pub struct InjectArgs {
     /// Send N TCP ACKs to the target, each from a random client port (1024..=65535) with a
     /// random TSecr, so the LB decodes a random cookie from each.
@@ -30,6 +30,20 @@ pub struct InjectArgs {
     /// Send --count-each frames of every malformed kind to the target.
     #[arg(long)]
     malformed: bool,
+    /// Send N segments that claim to be a server's replies: from --from (a VIP:port in l2,
+    /// a server's DIP:backend_port in nat) with TSval --tsval, to the target's address and
+    /// N consecutive ports from the target's. The LB must learn nothing from them.
+    #[arg(long, value_name = "N", requires_all = ["from", "tsval"])]
+    spoofed_replies: Option<u16>,
+    /// The server address and port a spoofed reply claims to come from.
+    #[arg(long, value_name = "ADDR:PORT")]
+    from: Option<SocketAddrV4>,
+    /// The TSval of the spoofed replies.
+    #[arg(long)]
+    tsval: Option<u32>,
+    /// The source MAC the frames claim [default: the interface's own].
+    #[arg(long, value_name = "MAC", value_parser = parse_source_mac)]
+    src_mac: Option<Mac>,
     /// The VIP and port the frames are addressed to.
     #[arg(long, value_name = "VIP:PORT")]
     target: SocketAddrV4,
@@ -52,7 +66,7 @@ pub struct InjectArgs {
 pub fn run(args: InjectArgs) -> anyhow::Result<()> {
     let link = ClientLink::discover(&args.interface)?;
     let to = Addressing {
-        src_mac: link.mac,
+        src_mac: args.src_mac.unwrap_or(link.mac),
         dst_mac: link.gateway_mac,
         src_ip: link.address,
         target: args.target,
@@ -97,11 +111,24 @@ pub fn run(args: InjectArgs) -> anyhow::Result<()> {
             }));
         }
     }
+    if let (Some(count), Some(from), Some(tsval)) = (args.spoofed_replies, args.from, args.tsval) {
+        for n in 0..count {
+            pacer.wait();
+            socket.send(&SpoofedReply { from, tsval, n }.frame(&to))?;
+        }
+        kinds.push(json!({
+            "kind": "spoofed_reply",
+            "sent": count,
+            "from": from.to_string(),
+            "tsval": tsval,
+            "expected": "reply_from_client_side, or never learnt as the server's clock",
+        }));
+    }
     let elapsed = started.elapsed().as_secs_f64();
     let sent = pacer.sent;
     let summary = json!({
         "interface": args.interface,
-        "source_mac": format_mac(&link.mac),
+        "source_mac": format_mac(&to.src_mac),
         "source_ip": link.address.to_string(),
         "gateway_ip": link.gateway.to_string(),
         "gateway_mac": format_mac(&link.gateway_mac),
@@ -116,6 +143,10 @@ pub fn run(args: InjectArgs) -> anyhow::Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&summary)?);
     Ok(())
+}
+
+fn parse_source_mac(text: &str) -> anyhow::Result<Mac> {
+    parse_mac(text).with_context(|| format!("`{text}` is not a MAC address (aa:bb:cc:dd:ee:ff)"))
 }
 
 /// The client's side of the link: its interface and its default gateway.

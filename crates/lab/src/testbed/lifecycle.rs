@@ -106,6 +106,11 @@ pub fn state_dir(prefix: &str) -> PathBuf {
         .unwrap_or_else(|| plan::default_dir(prefix))
 }
 
+/// Where testbed `prefix`'s summary (`testbed.json`) is.
+pub fn summary_of(prefix: &str) -> PathBuf {
+    state_dir(prefix).join("testbed.json")
+}
+
 struct Marker {
     prefix: String,
     /// Whether `up` made the folder (then `down` removes it) or was given an empty one

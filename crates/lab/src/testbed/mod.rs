@@ -15,6 +15,7 @@ mod netns;
 mod network;
 mod nginx;
 mod plan;
+mod reboot;
 mod server_clock;
 mod shell;
 pub mod status;
@@ -25,7 +26,7 @@ use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
 
 pub use clocks::ServerClocks;
-pub use lifecycle::teardown;
+pub use lifecycle::{summary_of, teardown};
 pub use netns::sysctl;
 pub use plan::Topology;
 

@@ -5,7 +5,7 @@ use anyhow::bail;
 use serde::Deserialize;
 
 use super::clocks::{self, ServerClocks};
-use super::lifecycle::state_dir;
+use super::lifecycle::summary_of;
 use super::plan::{check_prefix, role_of, Role, Server, Topology};
 use super::shell::Cmd;
 use super::{netns, nginx, server_clock};
@@ -35,8 +35,7 @@ pub fn print(prefix: &str) -> anyhow::Result<()> {
     if namespaces.is_empty() {
         bail!("no testbed `{prefix}`: there is no namespace {prefix}-*");
     }
-    let dir = state_dir(prefix);
-    let summary = dir.join("testbed.json");
+    let summary = summary_of(prefix);
     let topo = Topology::load(&summary);
     match &topo {
         Ok(topo) => {
