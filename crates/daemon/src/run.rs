@@ -20,7 +20,7 @@ use crate::dataplane::xdp::{self, SteeringProgram};
 use crate::dataplane::xsk::WorkerPorts;
 use crate::dataplane::Interface;
 use crate::persist::Persister;
-use crate::{api, saver, Clock, DaemonState, InterfaceStatus};
+use crate::{api, health, saver, Clock, DaemonState, InterfaceStatus};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -83,6 +83,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let data_plane = DataPlane::start(&file, &daemon, &state, &args.faults)?;
     let saver = saver::spawn(Arc::clone(&state), Duration::from_secs(1))?;
+    // After the XDP program is attached: it hands the probes' answers to the kernel.
+    let prober = health::spawn(Arc::clone(&state))?;
     tracing::info!(
         fingerprint = %state.shared.secret_fingerprint(),
         cookie_epoch_bits = state.shared.layout().epoch_bits(),
@@ -92,6 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "cheetah is forwarding"
     );
     data_plane.run_until_signal(&state)?;
+    prober.shutdown();
     api.shutdown();
     saver.shutdown();
     Ok(())
