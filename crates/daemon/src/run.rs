@@ -14,11 +14,11 @@ use cheetah_core::lb::{LbShared, Worker, WorkerConfig};
 use cheetah_core::tables::SlotState;
 
 use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
-use crate::dataplane::host;
 use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
 use crate::dataplane::xsk::WorkerPorts;
 use crate::dataplane::Interface;
+use crate::dataplane::{host, host_addrs};
 use crate::persist::Persister;
 use crate::{api, health, saver, Clock, DaemonState, InterfaceStatus};
 
@@ -266,6 +266,10 @@ impl DataPlane {
                 counters
                     .no_metadata_room
                     .store(stats.no_metadata_room, Ordering::Relaxed);
+                // Addresses come and go without a snapshot change (DHCP, an operator).
+                if let Err(e) = sync_host_addrs(&self.steering, &state.shared) {
+                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's host addresses");
+                }
             }
             let now = state.shared.snapshot.generation();
             if now != generation {
@@ -309,5 +313,18 @@ fn sync_steering(
             }
         }
     }
-    steering.set_backends(&backends)
+    steering.set_backends(&backends)?;
+    sync_host_addrs(steering, shared)
+}
+
+/// Puts the host's own IPv4 addresses, VIPs left out, into the XDP program's map, so that
+/// the answers to the health probes reach the kernel (`bpf/xdp_steer.c`).
+fn sync_host_addrs(steering: &SteeringProgram, shared: &LbShared) -> anyhow::Result<()> {
+    let snapshot = shared.snapshot.load();
+    let addresses: Vec<Ipv4Addr> = host_addrs::ipv4_addresses()
+        .context("cannot list the host's addresses")?
+        .into_iter()
+        .filter(|a| !snapshot.is_vip_addr(u32::from(*a)))
+        .collect();
+    steering.set_host_addrs(&addresses)
 }
