@@ -7,7 +7,6 @@ use std::net::IpAddr;
 use std::process::Command;
 use std::time::Instant;
 
-use cheetah_core::tables::Health;
 use cheetah_core::types::ServerId;
 use cheetah_daemon::health::state::{HealthMachine, ProbeOutcome, Thresholds};
 use cheetah_daemon::DaemonState;

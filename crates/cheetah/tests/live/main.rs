@@ -10,6 +10,7 @@ mod abuse;
 mod churn;
 mod closes;
 mod forwarding;
+mod health;
 mod idle;
 mod readd;
 mod server_clocks;
