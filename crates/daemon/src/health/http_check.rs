@@ -52,11 +52,12 @@ fn exchange(server: SocketAddrV4, path: &str, deadline: Instant) -> io::Result<P
 }
 
 /// The request: the server's own address as `Host` (a check goes to one server, not to
-/// the VIP), and `Connection: close` so that the server closes first and nothing lingers
-/// on the LB.
+/// the VIP). No `Connection: close`: the LB closes as soon as it has the status line, so
+/// the closing side's TIME-WAIT is the LB's, not the server's (with `close`, the server
+/// would close first and keep one TIME-WAIT socket per check for a minute).
 pub fn request(server: SocketAddrV4, path: &str) -> String {
     format!(
-        "GET {path} HTTP/1.1\r\nHost: {server}\r\nUser-Agent: cheetah-health-check\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {server}\r\nUser-Agent: cheetah-health-check\r\nAccept: */*\r\n\r\n"
     )
 }
 
