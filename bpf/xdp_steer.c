@@ -4,7 +4,8 @@
 // sockets and everything else to the host kernel.
 //
 // Owned packets are IPv4 packets addressed to a VIP (client -> LB) and server replies
-// (l2: sent from a VIP address; nat: sent from a backend DIP:port). For server replies the
+// (l2: sent from a VIP address; nat: sent from a backend DIP:port, unless addressed to one
+// of the host's own addresses: the answers to the LB's health probes). For server replies the
 // program also asks the kernel's FIB and neighbour table for the next hop toward the
 // client and leaves the answer in XDP metadata in front of the packet, so the userspace
 // data path never keeps its own routing state. When no socket is bound for the receiving
@@ -57,6 +58,15 @@ struct {
 	__type(key, struct backend_key);
 	__type(value, __u32);
 } backends SEC(".maps");
+
+// The LB host's own IPv4 addresses (network byte order) -> unused, filled by userspace
+// from the host's interfaces (VIP addresses left out).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_HOST_ADDRS);
+	__type(key, __u32);
+	__type(value, __u32);
+} host_addrs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -173,6 +183,16 @@ int cheetah_steer(struct xdp_md *ctx)
 		backend.addr = ip->saddr;
 		backend.port = tcp->source;
 		if (!bpf_map_lookup_elem(&backends, &backend))
+			return pass();
+		// From a backend but to this host, not to a client: the answer to a health
+		// probe (or to any connection the host itself made to the server). It is the
+		// kernel's: the prober reads it on its raw socket, and as no socket owns the
+		// probe's port, the kernel answers the SYN-ACK with a RST, which closes the
+		// server's half-open connection at once. The reply path must never see it: it
+		// would be taken for a reply to a client, "un-NATed" to the VIP and sent on.
+		// Only NAT backends need the check: an l2 reply comes from a VIP address, and a
+		// probe answer from the server's DIP passes above.
+		if (bpf_map_lookup_elem(&host_addrs, &ip->daddr))
 			return pass();
 		flags = META_FROM_SERVER;
 	} else {

@@ -15,6 +15,8 @@
 // entries.
 #define MAX_QUEUES 64
 #define MAX_INTERFACES 16
+// Entries of host_addrs: the LB host's own IPv4 addresses.
+#define MAX_HOST_ADDRS 256
 
 // In front of each packet handed to a socket, as XDP metadata.
 #define META_MAGIC 0xc4ee7a11

@@ -150,6 +150,7 @@ impl Setup {
                 backend_port: Some(SECOND_BACKEND_PORT),
                 servers: (1..=self.servers).rev().collect(),
                 weights: [("1".to_string(), 3)].into_iter().collect(),
+                health: Default::default(),
             });
             config.vips.push(VipConfig {
                 address: IpAddr::V6(IPV6_VIP),
@@ -159,6 +160,7 @@ impl Setup {
                 backend_port: Some(9080),
                 servers: (1..=self.servers).collect(),
                 weights: Default::default(),
+                health: Default::default(),
             });
         }
         config

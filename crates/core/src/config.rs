@@ -138,6 +138,125 @@ pub struct VipConfig {
     /// Weights by server id (default 1), for wrr.
     #[serde(default)]
     pub weights: BTreeMap<String, u32>,
+    /// How every LB instance probes this VIP's servers (`[vips.health]`).
+    #[serde(default)]
+    pub health: HealthConfig,
+}
+
+/// `[vips.health]`: the active health probes of one VIP's servers. Each LB instance probes
+/// each server by itself, with a TCP SYN carrying the timestamp option (its SYN-ACK also
+/// teaches the server's clock), or with an HTTP GET when `http_path` is set.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Between two probes of one server by one instance.
+    #[serde(default = "default_health_interval_ms")]
+    pub interval_ms: u64,
+    /// How long a probe waits for its answer; below `interval_ms`.
+    #[serde(default = "default_health_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Failed probes in a row that take a server out.
+    #[serde(default = "default_health_fall")]
+    pub fall: u32,
+    /// Successful probes in a row that put it back.
+    #[serde(default = "default_health_rise")]
+    pub rise: u32,
+    /// The port probed (default: the VIP's backend port).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Check with `GET <http_path>` over HTTP/1.1 (2xx or 3xx is healthy) instead of a bare
+    /// TCP handshake.
+    #[serde(default)]
+    pub http_path: Option<String>,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            interval_ms: default_health_interval_ms(),
+            timeout_ms: default_health_timeout_ms(),
+            fall: default_health_fall(),
+            rise: default_health_rise(),
+            port: None,
+            http_path: None,
+        }
+    }
+}
+
+fn default_health_interval_ms() -> u64 {
+    1000
+}
+fn default_health_timeout_ms() -> u64 {
+    500
+}
+fn default_health_fall() -> u32 {
+    3
+}
+fn default_health_rise() -> u32 {
+    2
+}
+
+/// Bounds of `[vips.health]`. Faster than 10 probes a second per server and instance loads
+/// the servers for nothing; slower than once every 10 minutes is no health check.
+pub const HEALTH_INTERVAL_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
+/// A timeout shorter than this would fail on a busy LAN.
+pub const HEALTH_MIN_TIMEOUT_MS: u64 = 10;
+pub const HEALTH_COUNT: std::ops::RangeInclusive<u32> = 1..=100;
+pub const HEALTH_HTTP_PATH_MAX: usize = 1024;
+
+impl HealthConfig {
+    /// Checks the values; `field` is the table's path, e.g. `vips[0].health`.
+    pub fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        let at = |name: &str| format!("{field}.{name}");
+        if !HEALTH_INTERVAL_MS.contains(&self.interval_ms) {
+            return Err(ConfigError::new(
+                at("interval_ms"),
+                format!(
+                    "must be between {} and {} ms, not {}",
+                    HEALTH_INTERVAL_MS.start(),
+                    HEALTH_INTERVAL_MS.end(),
+                    self.interval_ms
+                ),
+            ));
+        }
+        if self.timeout_ms < HEALTH_MIN_TIMEOUT_MS || self.timeout_ms >= self.interval_ms {
+            return Err(ConfigError::new(
+                at("timeout_ms"),
+                format!(
+                    "must be at least {HEALTH_MIN_TIMEOUT_MS} ms and below interval_ms ({}), not {}",
+                    self.interval_ms, self.timeout_ms
+                ),
+            ));
+        }
+        for (name, count) in [("fall", self.fall), ("rise", self.rise)] {
+            if !HEALTH_COUNT.contains(&count) {
+                return Err(ConfigError::new(
+                    at(name),
+                    format!(
+                        "must be between {} and {} probes in a row, not {count}",
+                        HEALTH_COUNT.start(),
+                        HEALTH_COUNT.end()
+                    ),
+                ));
+            }
+        }
+        if self.port == Some(0) {
+            return Err(ConfigError::new(at("port"), "port 0 cannot be probed"));
+        }
+        if let Some(path) = &self.http_path {
+            let printable = path.bytes().all(|b| b.is_ascii_graphic());
+            if !path.starts_with('/') || !printable || path.len() > HEALTH_HTTP_PATH_MAX {
+                return Err(ConfigError::new(
+                    at("http_path"),
+                    format!(
+                        "`{}` is not a request path: it must start with `/` and hold at most {HEALTH_HTTP_PATH_MAX} printable ASCII characters, no spaces (percent-encode them)",
+                        path.escape_debug()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn default_policy() -> PolicyKind {
@@ -250,6 +369,8 @@ pub struct ValidVip {
     /// Servers that left the pool but are not removed: their connections keep going, so in
     /// NAT mode their replies must still be recognised as this VIP's.
     pub departed: Vec<ServerId>,
+    /// How its servers are probed (validated).
+    pub health: HealthConfig,
 }
 
 impl ValidVip {
@@ -259,6 +380,11 @@ impl ValidVip {
             IpAddr::V4(a) => Some(a.into()),
             IpAddr::V6(_) => None,
         }
+    }
+
+    /// The port its servers are probed on: the health table's, else the backend port.
+    pub fn health_port(&self) -> u16 {
+        self.health.port.unwrap_or(self.backend_port)
     }
 }
 
@@ -465,6 +591,7 @@ pub(crate) fn validate_vip(
         }
         member.1 = *weight;
     }
+    v.health.validate(&format!("{field}.health"))?;
     Ok(ValidVip {
         address: v.address,
         port: v.port,
@@ -473,6 +600,7 @@ pub(crate) fn validate_vip(
         backend_port: v.backend_port.unwrap_or(v.port),
         members,
         departed: Vec::new(),
+        health: v.health.clone(),
     })
 }
 
@@ -578,6 +706,84 @@ mod tests {
         let mut big = LbConfig::from_toml(GOOD).unwrap();
         big.maglev_table_size = 1_048_573;
         assert!(big.validate().is_ok(), "{:?}", big.validate());
+    }
+
+    #[test]
+    fn health_has_defaults_and_reads_its_table() {
+        let cfg = LbConfig::from_toml(GOOD).unwrap();
+        let (_, vips) = cfg.validate().unwrap();
+        assert_eq!(vips[0].health, HealthConfig::default());
+        assert_eq!(
+            (vips[0].health.interval_ms, vips[0].health.timeout_ms),
+            (1000, 500)
+        );
+        assert_eq!((vips[0].health.fall, vips[0].health.rise), (3, 2));
+        assert_eq!(vips[0].health_port(), 80, "the backend port by default");
+
+        let text = format!(
+            "{GOOD}\n        backend_port = 8080\n        [vips.health]\n        interval_ms = 2000\n        timeout_ms = 300\n        fall = 5\n        rise = 1\n        port = 8081\n        http_path = \"/healthz?full=1\"\n"
+        );
+        let cfg = LbConfig::from_toml(&text).unwrap();
+        let (_, vips) = cfg.validate().unwrap();
+        let health = &vips[0].health;
+        assert_eq!((health.interval_ms, health.timeout_ms), (2000, 300));
+        assert_eq!((health.fall, health.rise), (5, 1));
+        assert_eq!(vips[0].health_port(), 8081);
+        assert_eq!(health.http_path.as_deref(), Some("/healthz?full=1"));
+
+        let e =
+            LbConfig::from_toml(&format!("{GOOD}\n[vips.health]\nintervall_ms = 5\n")).unwrap_err();
+        assert!(e.problem.contains("unknown field `intervall_ms`"), "{e}");
+    }
+
+    /// Every bad value of `[vips.health]` is refused, naming the field and the problem.
+    #[test]
+    fn bad_health_values_name_the_field() {
+        let health = |edit: fn(&mut HealthConfig)| {
+            error_for(move |c| {
+                c.vips[0].health = HealthConfig::default();
+                edit(&mut c.vips[0].health)
+            })
+            .to_string()
+        };
+        assert_eq!(
+            health(|h| h.interval_ms = 0),
+            "vips[0].health.interval_ms: must be between 100 and 600000 ms, not 0"
+        );
+        assert_eq!(
+            health(|h| h.interval_ms = 600_001),
+            "vips[0].health.interval_ms: must be between 100 and 600000 ms, not 600001"
+        );
+        assert_eq!(
+            health(|h| h.timeout_ms = 1000),
+            "vips[0].health.timeout_ms: must be at least 10 ms and below interval_ms (1000), not 1000"
+        );
+        assert_eq!(
+            health(|h| h.timeout_ms = 5),
+            "vips[0].health.timeout_ms: must be at least 10 ms and below interval_ms (1000), not 5"
+        );
+        assert_eq!(
+            health(|h| h.fall = 0),
+            "vips[0].health.fall: must be between 1 and 100 probes in a row, not 0"
+        );
+        assert_eq!(
+            health(|h| h.rise = 101),
+            "vips[0].health.rise: must be between 1 and 100 probes in a row, not 101"
+        );
+        assert_eq!(
+            health(|h| h.port = Some(0)),
+            "vips[0].health.port: port 0 cannot be probed"
+        );
+        for bad in ["healthz", "/a b", "/\r\nHost: x", ""] {
+            let e = error_for(|c| c.vips[0].health.http_path = Some(bad.into()));
+            assert_eq!(e.field, "vips[0].health.http_path", "{bad:?}");
+            assert!(e.problem.contains("must start with `/`"), "{e}");
+        }
+        let e = error_for(|c| c.vips[0].health.http_path = Some(format!("/{}", "a".repeat(1024))));
+        assert_eq!(e.field, "vips[0].health.http_path");
+        // A negative number is a parse error with its line.
+        let e = LbConfig::from_toml(&format!("{GOOD}\n[vips.health]\nfall = -1\n")).unwrap_err();
+        assert!(e.field.starts_with("line "), "{e}");
     }
 
     #[test]

@@ -718,6 +718,7 @@ fn with_ipv6_vip(mut config: LbConfig) -> LbConfig {
         backend_port: None,
         servers: vec![1, 2, 3],
         weights: Default::default(),
+        health: Default::default(),
     });
     config
 }

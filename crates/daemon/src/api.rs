@@ -44,9 +44,9 @@ use super::state::DaemonState;
 pub mod views;
 
 pub use views::{
-    AddServer, AddedView, ErrorView, InterfaceView, JoinPool, JoinVip, LoadReport, MemberView,
-    ServerCounts, ServerView, ServersView, SetPolicy, SetWeights, StatusView, VipView, VipsView,
-    WorkerView,
+    AddServer, AddedView, ErrorView, HealthView, InterfaceView, JoinPool, JoinVip, LoadReport,
+    MemberView, ReadyView, ServerCounts, ServerView, ServersView, SetPolicy, SetWeights,
+    StatusView, VipView, VipsView, WorkerView,
 };
 
 /// Where the API listens unless told otherwise: loopback only.
@@ -128,6 +128,7 @@ pub fn spawn(state: Arc<DaemonState>, listen: SocketAddr) -> anyhow::Result<ApiH
 pub fn router(state: Arc<DaemonState>) -> Router {
     Router::new()
         .route("/status", get(status))
+        .route("/ready", get(ready))
         .route("/servers", get(list_servers).post(add_server))
         .route("/servers/{id}", delete(remove_server))
         .route("/servers/{id}/drain", post(drain_server))
@@ -306,6 +307,32 @@ fn server_view(state: &DaemonState, control: &ControlPlane, info: &ServerInfo) -
             .filter(|v| v.members.iter().any(|(m, _)| *m == info.id))
             .map(|v| vip_key(v.address, v.port))
             .collect(),
+        health: control
+            .vips()
+            .iter()
+            .filter(|v| v.members.iter().any(|(m, _)| *m == info.id))
+            .map(|v| health_view(state, control, (v.address, v.port), info.id))
+            .collect(),
+        clock_probed: state.shared.msb.probed(info.id),
+    }
+}
+
+fn health_view(
+    state: &DaemonState,
+    control: &ControlPlane,
+    vip: (IpAddr, u16),
+    id: ServerId,
+) -> HealthView {
+    let decided = state.health.get(&(vip, id));
+    HealthView {
+        vip: vip_key(vip.0, vip.1),
+        state: control.health(vip, id).name().to_string(),
+        reason: decided.as_ref().map_or_else(
+            || "not probed (not active, or no prober runs)".to_string(),
+            |d| d.reason.clone(),
+        ),
+        since_secs: decided
+            .map_or_else(|| state.uptime().as_secs(), |d| d.since.elapsed().as_secs()),
     }
 }
 
@@ -421,7 +448,24 @@ async fn status(State(state): Daemon) -> Json<StatusView> {
         workers,
         servers: counts,
         vips,
+        ready: state.readiness().ready,
     })
+}
+
+async fn ready(State(state): Daemon) -> (StatusCode, Json<ReadyView>) {
+    let readiness = state.readiness();
+    let status = if readiness.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(ReadyView {
+            ready: readiness.ready,
+            waiting: readiness.waiting,
+        }),
+    )
 }
 
 async fn list_servers(State(state): Daemon) -> Json<ServersView> {

@@ -16,8 +16,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::api::views::{
-    AddedView, ErrorView, JoinPool, LoadReport, MemberView, ServerView, ServersView, SetWeights,
-    StatusView, VipView, VipsView,
+    AddedView, ErrorView, HealthView, JoinPool, LoadReport, MemberView, ReadyView, ServerView,
+    ServersView, SetWeights, StatusView, VipView, VipsView,
 };
 use crate::api::DEFAULT_LISTEN;
 
@@ -37,6 +37,9 @@ pub struct Args {
 pub enum CtlCommand {
     /// Version, mode, interfaces, workers and server counts.
     Status,
+    /// Whether this LB instance is ready for traffic (every active server's health decided
+    /// and every healthy one's clock probed): exit status 0 when ready, 1 when not.
+    Ready,
     /// List, add, drain, activate or remove servers.
     #[command(subcommand)]
     Servers(ServersCommand),
@@ -150,6 +153,9 @@ enum Failure {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let CtlCommand::Ready = args.command {
+        return ready(&args);
+    }
     match execute(&args) {
         Ok(text) => {
             print!("{text}");
@@ -164,6 +170,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             std::process::exit(1)
         }
     }
+}
+
+/// `ctl ready`: the answer is the exit status, so a 503 (not ready) is an answer here, not
+/// a failure.
+fn ready(args: &Args) -> anyhow::Result<()> {
+    let client = Client::new(&args.api);
+    let view = match client.call_allowing::<ReadyView>("/ready", 503) {
+        Ok(view) => view,
+        Err(Failure::Refused(message) | Failure::Failed(message)) => {
+            eprintln!("error: {message}");
+            std::process::exit(1)
+        }
+    };
+    let ready = view.ready;
+    print!("{}", show(args.json, view, show_ready));
+    if !ready {
+        std::process::exit(1)
+    }
+    Ok(())
 }
 
 struct Client {
@@ -200,6 +225,21 @@ impl Client {
         path: &str,
         body: Option<Value>,
     ) -> Result<T, Failure> {
+        self.send(method, path, body, None)
+    }
+
+    /// A GET whose answer is the view `T` also with status `also` (e.g. `/ready`'s 503).
+    fn call_allowing<T: DeserializeOwned>(&self, path: &str, also: u16) -> Result<T, Failure> {
+        self.send(Method::Get, path, None, Some(also))
+    }
+
+    fn send<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        also: Option<u16>,
+    ) -> Result<T, Failure> {
         let url = format!("{}{path}", self.base);
         let response = match (method, body) {
             (Method::Get, _) => self.agent.get(&url).call(),
@@ -214,7 +254,7 @@ impl Client {
             .body_mut()
             .read_to_string()
             .map_err(|e| Failure::Failed(format!("cannot read the daemon's answer: {e}")))?;
-        if status.is_success() {
+        if status.is_success() || Some(status.as_u16()) == also {
             return serde_json::from_str(&text).map_err(|e| {
                 Failure::Failed(format!(
                     "the daemon's answer to {path} is not what this ctl reads ({e}): {text}"
@@ -308,6 +348,7 @@ fn execute(args: &Args) -> Result<String, Failure> {
             client.call::<StatusView>(Method::Get, "/status", None)?,
             show_status,
         ),
+        CtlCommand::Ready => unreachable!("`ctl ready` answers with its exit status (ready())"),
         CtlCommand::Servers(ServersCommand::List) => show(
             json,
             client.call::<ServersView>(Method::Get, "/servers", None)?,
@@ -533,6 +574,15 @@ fn show_status(v: &StatusView) -> String {
         v.servers.active, v.servers.draining, v.servers.removed
     );
     let _ = writeln!(out, "vips                {}", v.vips);
+    let _ = writeln!(
+        out,
+        "ready               {}",
+        if v.ready {
+            "yes"
+        } else {
+            "no (cheetah ctl ready says why)"
+        }
+    );
     if v.interfaces.is_empty() {
         out.push_str("interfaces          none reported (no data path attached)\n");
     } else {
@@ -596,6 +646,7 @@ fn show_servers(v: &ServersView) -> String {
                 float(s.reported_load),
                 optional(&s.quarantine_left_secs),
                 joined(s.vips.clone(), ","),
+                health_cell(&s.health),
             ]
         })
         .collect();
@@ -611,9 +662,36 @@ fn show_servers(v: &ServersView) -> String {
             "LOAD",
             "QUARANTINE",
             "VIPS",
+            "HEALTH",
         ],
         &rows,
     )
+}
+
+/// A server's health per VIP, with the reason: `up (syn-ack)`; with several VIPs, each
+/// named: `10.0.0.1:80 up (syn-ack); 10.0.0.1:443 down (refused)`.
+fn health_cell(health: &[HealthView]) -> String {
+    let one = |h: &HealthView| format!("{} ({})", h.state, h.reason);
+    match health {
+        [] => "-".into(),
+        [only] => one(only),
+        several => several
+            .iter()
+            .map(|h| format!("{} {}", h.vip, one(h)))
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
+}
+
+fn show_ready(v: &ReadyView) -> String {
+    if v.ready {
+        return "ready\n".into();
+    }
+    let mut out = String::from("not ready; waiting for:\n");
+    for what in &v.waiting {
+        let _ = writeln!(out, "  {what}");
+    }
+    out
 }
 
 /// `id*weight`, with the state when it is not active: `9*3(draining)`.

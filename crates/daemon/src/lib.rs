@@ -15,7 +15,9 @@
 //! //   and state.set_interfaces(...) once attached; use state.now() as `now`.
 //! let api = api::spawn(Arc::clone(&state), listen)?;
 //! let saver = saver::spawn(Arc::clone(&state), Duration::from_secs(1))?;
+//! let prober = health::spawn(Arc::clone(&state))?; // after the XDP program is attached
 //! // ... on shutdown:
+//! prober.shutdown();
 //! api.shutdown();
 //! saver.shutdown(); // saves a last time
 //! ```
@@ -26,6 +28,7 @@ pub mod config;
 pub mod ctl;
 pub mod dataplane;
 pub mod fallback_state;
+pub mod health;
 pub mod metrics;
 pub mod persist;
 mod replace_file;

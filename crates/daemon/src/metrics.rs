@@ -21,17 +21,23 @@
 //! | `cheetah_server_packets`, `cheetah_server_bytes` (counter) | `server` |
 //! | `cheetah_server_reported_load` (gauge) | `server` |
 //! | `cheetah_servers` (gauge) | `state` |
+//! | `cheetah_ready` (gauge) | |
+//! | `cheetah_server_up` (gauge) | `server`, `vip` |
+//! | `cheetah_health_probes` (counter) | `server`, `vip`, `result` = ok / refused / timeout / bad_status / error |
+//! | `cheetah_vips_failing_open` (gauge) | |
+//! | `cheetah_fail_open_events` (counter) | |
 //! | `cheetah_xdp_packets` (counter) | `outcome` |
 //! | `cheetah_snapshot_generation` (gauge) | |
 //! | `cheetah_echoes_beyond_idle_limit` (counter) | |
 //! | `cheetah` (info) | `version`, `mode`, `forwarding`, `cookie_epoch_bits`, `secret_fingerprint` |
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use cheetah_core::lb::Counter;
-use cheetah_core::tables::SlotState;
+use cheetah_core::tables::{Health, SlotState};
 use cheetah_core::verdict::DropReason;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -41,6 +47,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use super::health::state::ProbeOutcome;
 use super::state::DaemonState;
 
 /// The content type of [`render`]'s text.
@@ -236,13 +243,32 @@ impl Collector for DaemonCollector {
                 .map(|(i, w)| (worker(w.index), Level(rates.get(i).copied().unwrap_or(0.0)))),
         )?;
 
-        let (servers, generation) = {
+        let (servers, generation, health_marks, failing_open, fail_open_events) = {
             let control = state.control();
+            let marks: Vec<(String, u16, bool)> = control
+                .vips()
+                .iter()
+                .flat_map(|v| {
+                    let control = &control;
+                    v.members.iter().map(move |(id, _)| {
+                        (
+                            SocketAddr::new(v.address, v.port).to_string(),
+                            id.0,
+                            control.health((v.address, v.port), *id) == Health::Up,
+                        )
+                    })
+                })
+                .collect();
             (
                 control.servers(state.now()),
                 state.shared.snapshot.generation(),
+                marks,
+                control.failing_open().len(),
+                control.fail_open_events(),
             )
         };
+        let ready = state.readiness().ready;
+        let probes = state.health.all();
         let loads: Vec<_> = servers
             .iter()
             .map(|s| {
@@ -302,6 +328,61 @@ impl Collector for DaemonCollector {
                 let n = servers.iter().filter(|s| s.state == st).count();
                 (vec![("state", st.name().to_string())], Whole(n as u64))
             }),
+        )?;
+        family(
+            e,
+            "cheetah_ready",
+            "1 when this instance is ready for traffic: every active server's health decided and every healthy one's clock confirmed by a probe (GET /ready says what it waits for).",
+            MetricType::Gauge,
+            [(Labels::new(), Whole(u64::from(ready)))],
+        )?;
+        family(
+            e,
+            "cheetah_server_up",
+            "1 when this instance's health probes find the server up on the VIP, 0 when down or not decided yet.",
+            MetricType::Gauge,
+            health_marks.iter().map(|(vip, id, up)| {
+                (
+                    vec![("server", id.to_string()), ("vip", vip.clone())],
+                    Whole(u64::from(*up)),
+                )
+            }),
+        )?;
+        family(
+            e,
+            "cheetah_health_probes",
+            "Health probes this instance made of each server of each VIP, by result (those that decide health: the SYN probe, or the HTTP check with http_path).",
+            MetricType::Counter,
+            probes.iter().flat_map(|((vip, id), status)| {
+                let vip = SocketAddr::new(vip.0, vip.1).to_string();
+                ProbeOutcome::RESULTS
+                    .iter()
+                    .zip(status.probes)
+                    .map(move |(result, n)| {
+                        (
+                            vec![
+                                ("server", id.0.to_string()),
+                                ("vip", vip.clone()),
+                                ("result", result.to_string()),
+                            ],
+                            Count(n),
+                        )
+                    })
+            }),
+        )?;
+        family(
+            e,
+            "cheetah_vips_failing_open",
+            "VIPs whose every active server is down, which therefore fail open: new connections go to all their active servers as if healthy.",
+            MetricType::Gauge,
+            [(Labels::new(), Whole(failing_open as u64))],
+        )?;
+        family(
+            e,
+            "cheetah_fail_open_events",
+            "Times a VIP began failing open (every active server down) since the LB started.",
+            MetricType::Counter,
+            [(Labels::new(), Count(fail_open_events))],
         )?;
         family(
             e,

@@ -14,13 +14,13 @@ use cheetah_core::lb::{LbShared, Worker, WorkerConfig};
 use cheetah_core::tables::SlotState;
 
 use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
-use crate::dataplane::host;
 use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
 use crate::dataplane::xsk::WorkerPorts;
 use crate::dataplane::Interface;
+use crate::dataplane::{host, host_addrs};
 use crate::persist::Persister;
-use crate::{api, saver, Clock, DaemonState, InterfaceStatus};
+use crate::{api, health, saver, Clock, DaemonState, InterfaceStatus};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -83,6 +83,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let data_plane = DataPlane::start(&file, &daemon, &state, &args.faults)?;
     let saver = saver::spawn(Arc::clone(&state), Duration::from_secs(1))?;
+    // After the XDP program is attached: it hands the probes' answers to the kernel.
+    let prober = health::spawn(Arc::clone(&state))?;
     tracing::info!(
         fingerprint = %state.shared.secret_fingerprint(),
         cookie_epoch_bits = state.shared.layout().epoch_bits(),
@@ -92,6 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "cheetah is forwarding"
     );
     data_plane.run_until_signal(&state)?;
+    prober.shutdown();
     api.shutdown();
     saver.shutdown();
     Ok(())
@@ -263,6 +266,10 @@ impl DataPlane {
                 counters
                     .no_metadata_room
                     .store(stats.no_metadata_room, Ordering::Relaxed);
+                // Addresses come and go without a snapshot change (DHCP, an operator).
+                if let Err(e) = sync_host_addrs(&self.steering, &state.shared) {
+                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's host addresses");
+                }
             }
             let now = state.shared.snapshot.generation();
             if now != generation {
@@ -306,5 +313,18 @@ fn sync_steering(
             }
         }
     }
-    steering.set_backends(&backends)
+    steering.set_backends(&backends)?;
+    sync_host_addrs(steering, shared)
+}
+
+/// Puts the host's own IPv4 addresses, VIPs left out, into the XDP program's map, so that
+/// the answers to the health probes reach the kernel (`bpf/xdp_steer.c`).
+fn sync_host_addrs(steering: &SteeringProgram, shared: &LbShared) -> anyhow::Result<()> {
+    let snapshot = shared.snapshot.load();
+    let addresses: Vec<Ipv4Addr> = host_addrs::ipv4_addresses()
+        .context("cannot list the host's addresses")?
+        .into_iter()
+        .filter(|a| !snapshot.is_vip_addr(u32::from(*a)))
+        .collect();
+    steering.set_host_addrs(&addresses)
 }

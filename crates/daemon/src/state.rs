@@ -17,6 +17,7 @@ use serde::Serialize;
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
+use crate::health::{self, HealthBook, Readiness};
 use crate::persist::{Persister, SaveContents};
 
 /// One data-path worker, as the API and metrics see it.
@@ -86,6 +87,8 @@ pub struct DaemonState {
     /// What the XDP steering program did, copied from its per-CPU map about once a
     /// second by the daemon's main thread (the program object lives there).
     pub steering: SteeringCounters,
+    /// The health prober's decisions with their reasons (`health/`).
+    pub health: HealthBook,
 }
 
 impl DaemonState {
@@ -107,6 +110,7 @@ impl DaemonState {
             persister,
             rates: Mutex::new(RateMeter::default()),
             steering: SteeringCounters::default(),
+            health: HealthBook::default(),
         }
     }
 
@@ -159,6 +163,11 @@ impl DaemonState {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Whether this instance is ready for traffic, and what it waits for.
+    pub fn readiness(&self) -> Readiness {
+        health::readiness(&self.control(), &self.shared.msb, &self.health)
     }
 
     pub fn uptime(&self) -> Duration {

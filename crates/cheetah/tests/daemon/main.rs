@@ -4,5 +4,6 @@
 mod api;
 mod common;
 mod ctl;
+mod health;
 mod metrics;
 mod persist;

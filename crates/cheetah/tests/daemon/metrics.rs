@@ -8,11 +8,11 @@ use cheetah_core::verdict::DropReason;
 use crate::common::start;
 
 /// One sample line: name, labels, value.
-type Sample = (String, BTreeMap<String, String>, f64);
+pub(crate) type Sample = (String, BTreeMap<String, String>, f64);
 
 /// Parses the exposition strictly: every line is `# HELP`, `# TYPE`, the final `# EOF`,
 /// or a sample of the family declared just before it.
-fn parse(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
+pub(crate) fn parse(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
     let mut types = BTreeMap::new();
     let mut samples = Vec::new();
     let mut family: Option<(String, String)> = None;
@@ -77,7 +77,7 @@ fn parse(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
     (types, samples)
 }
 
-fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
     let want: BTreeMap<String, String> = labels
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -11,6 +11,7 @@ mod churn;
 mod clock_moves;
 mod closes;
 mod forwarding;
+mod health;
 mod idle;
 mod readd;
 mod server_clocks;

@@ -48,7 +48,8 @@ fn own_clocks_through_the_lb() {
         .iter()
         .map(|s| {
             let path = testbed.dir.join(format!("{s}-clock.pcap"));
-            Capture::start(&testbed.ns(s), "eth0", "tcp port 80", &path)
+            let filter = format!("tcp port 80 and {}", testbed.not_health_probes());
+            Capture::start(&testbed.ns(s), "eth0", &filter, &path)
         })
         .collect();
 

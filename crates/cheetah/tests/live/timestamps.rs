@@ -227,7 +227,8 @@ fn host_clock_ms(testbed: &Testbed, offsets: &[u32]) -> u64 {
         .iter()
         .map(|s| {
             let path = testbed.dir.join(format!("{s}-clock.pcap"));
-            Capture::start(&testbed.ns(s), "eth0", "tcp src port 80", &path)
+            let filter = format!("tcp src port 80 and {}", testbed.not_health_probes());
+            Capture::start(&testbed.ns(s), "eth0", &filter, &path)
         })
         .collect();
     let before = monotonic_ms();

@@ -323,6 +323,18 @@ impl MsbTable {
         (current & KNOWN != 0).then_some(current as u16)
     }
 
+    /// Stand-in until part A: what a SYN-ACK answering this instance's own health probe
+    /// teaches. Learnt like a reply for now.
+    pub fn learn_probe(&self, server: ServerId, tsval: u32, now: Nanos) -> MsbLearn {
+        self.learn(server, tsval, now)
+    }
+
+    /// Stand-in until part A: whether a probe anchored this server's clock. For now,
+    /// whether the clock is known at all.
+    pub fn probed(&self, server: ServerId) -> bool {
+        self.get(server).is_some()
+    }
+
     /// Forgets a server (its id was retired or is being reused by another host).
     pub fn forget(&self, server: ServerId) {
         self.anchors[server.index()].store(UNKNOWN, SeqCst);

@@ -60,6 +60,7 @@ pub fn config(mode: Mode, forwarding: Forwarding, policy: PolicyKind, servers: u
             backend_port: None,
             servers: (1..=servers).collect(),
             weights: Default::default(),
+            health: Default::default(),
         }],
     }
 }

@@ -31,6 +31,9 @@ pub struct StatusView {
     pub workers: Vec<WorkerView>,
     pub servers: ServerCounts,
     pub vips: usize,
+    /// Whether this instance is ready for traffic (`GET /ready` says what it waits for).
+    #[serde(default)]
+    pub ready: bool,
 }
 
 impl StatusView {
@@ -86,6 +89,32 @@ pub struct ServerView {
     pub reported_load: f64,
     /// VIPs whose pool it is in.
     pub vips: Vec<String>,
+    /// This instance's health view of it, per VIP whose pool it is in.
+    #[serde(default)]
+    pub health: Vec<HealthView>,
+    /// Whether one of this instance's probes confirmed its clock.
+    #[serde(default)]
+    pub clock_probed: bool,
+}
+
+/// A server's health on one VIP, as this instance's probes decided it.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct HealthView {
+    pub vip: String,
+    /// `up`, `down` or `unknown`.
+    pub state: String,
+    /// The last probe's outcome (`syn-ack`, `refused`, `timeout`, `http 503`...), with
+    /// the count toward a change while it disagrees with the state.
+    pub reason: String,
+    /// Seconds in this state.
+    pub since_secs: u64,
+}
+
+/// `GET /ready`: 200 when ready, 503 when not, with what it waits for.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct ReadyView {
+    pub ready: bool,
+    pub waiting: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]

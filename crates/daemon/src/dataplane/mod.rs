@@ -3,6 +3,7 @@
 
 pub mod egress;
 pub mod host;
+pub mod host_addrs;
 pub mod io_counters;
 pub mod meta;
 pub mod neighbour;

@@ -10,8 +10,8 @@ use std::process::Command;
 
 use super::meta::{RawMeta, FIB_NO_NEIGH, FIB_OK, FROM_SERVER, MAGIC, META_LEN, TO_VIP};
 use super::xdp::{
-    BackendKey, MAX_INTERFACES, MAX_QUEUES, STAT_NO_METADATA_ROOM, STAT_NO_SOCKET, STAT_PASSED,
-    STAT_TO_SOCKET,
+    BackendKey, MAX_HOST_ADDRS, MAX_INTERFACES, MAX_QUEUES, STAT_NO_METADATA_ROOM, STAT_NO_SOCKET,
+    STAT_PASSED, STAT_TO_SOCKET,
 };
 
 const HEADER: &str = concat!(
@@ -43,6 +43,7 @@ fn rust_side() -> BTreeMap<String, u64> {
     let values: Vec<(&str, usize)> = vec![
         ("MAX_QUEUES", MAX_QUEUES as usize),
         ("MAX_INTERFACES", MAX_INTERFACES),
+        ("MAX_HOST_ADDRS", MAX_HOST_ADDRS),
         ("META_MAGIC", MAGIC as usize),
         ("META_TO_VIP", TO_VIP as usize),
         ("META_FROM_SERVER", FROM_SERVER as usize),

@@ -19,6 +19,7 @@ const PROGRAM_NAME: &str = "cheetah_steer";
 
 pub const MAX_QUEUES: u32 = 64;
 pub const MAX_INTERFACES: usize = 16;
+pub const MAX_HOST_ADDRS: usize = 256;
 
 /// Indices of the program's per-CPU `stats` array (`enum xdp_stat`).
 pub(super) const STAT_TO_SOCKET: u32 = 0;
@@ -105,6 +106,30 @@ impl SteeringProgram {
             .collect();
         for key in stale {
             map.delete(&key).context("cannot delete from backends")?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the set of the host's own addresses: a NAT backend's packet addressed to
+    /// one of them answers the host (a health probe), and goes to the kernel.
+    pub fn set_host_addrs(&self, addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
+        if addrs.len() > MAX_HOST_ADDRS {
+            bail!(
+                "the host has {} IPv4 addresses; the XDP program holds {MAX_HOST_ADDRS}",
+                addrs.len()
+            );
+        }
+        let map = self.map("host_addrs");
+        for addr in addrs {
+            map.update(&addr.octets(), &0u32.to_ne_bytes(), MapFlags::ANY)
+                .context("cannot update host_addrs")?;
+        }
+        let stale: Vec<Vec<u8>> = map
+            .keys()
+            .filter(|k| !addrs.iter().any(|a| a.octets()[..] == k[..]))
+            .collect();
+        for key in stale {
+            map.delete(&key).context("cannot delete from host_addrs")?;
         }
         Ok(())
     }

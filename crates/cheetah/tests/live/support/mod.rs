@@ -131,6 +131,16 @@ impl Testbed {
             .expect("the testbed's VIP is address:port")
     }
 
+    /// A capture filter that leaves out the LB host's own traffic with the servers: its
+    /// health probes (SYN, the server's SYN-ACK, the host's RST), which carry server
+    /// TSvals at times no request explains.
+    pub fn not_health_probes(&self) -> String {
+        let lb = self.summary["lb"]["server_side"]["address"]
+            .as_str()
+            .expect("testbed.json has the LB's server-side address");
+        format!("not host {lb}")
+    }
+
     /// The address of client `c<index>`.
     pub fn client_address(&self, index: usize) -> std::net::Ipv4Addr {
         self.summary["clients"][index]["address"]

@@ -8,9 +8,10 @@
 mod changes;
 #[cfg(test)]
 mod fixtures;
+mod health;
 mod saved;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -26,6 +27,8 @@ use crate::lb::shared::LbShared;
 use crate::policy::PoolSnapshot;
 use crate::types::{format_mac, Mac, Nanos, ServerId, NANOS_PER_SEC};
 pub use changes::ServerSpec;
+use health::HealthOverlay;
+pub use health::{Health, VipKey};
 pub use saved::{
     ControlState, QuarantineRestore, SavedMember, SavedServer, SavedServerState, SavedVip,
 };
@@ -87,6 +90,7 @@ pub struct ControlPlane {
     generation: u64,
     shared: Arc<LbShared>,
     config: LbConfig,
+    health: HealthOverlay,
 }
 
 impl ControlPlane {
@@ -134,10 +138,9 @@ impl ControlPlane {
                 config.fallback_table_capacity,
             )),
             config: config.clone(),
+            health: HealthOverlay::default(),
         };
-        let first = plane.build(1);
-        plane.shared.snapshot.publish(first);
-        plane.generation = 1;
+        plane.republish();
         plane
     }
 
@@ -199,19 +202,28 @@ impl ControlPlane {
         draft.check(self.forwarding)?;
         self.servers = draft.servers;
         self.vips = draft.vips;
-        self.generation += 1;
-        let snapshot = self.build(self.generation);
-        self.shared.snapshot.publish(snapshot);
+        self.health.retain_members(&self.vips);
+        self.republish();
         Ok(())
     }
 
-    fn build(&self, generation: u64) -> Snapshot {
+    /// Publishes the next generation's snapshot of the current tables and health marks.
+    fn republish(&mut self) {
+        self.generation += 1;
+        let (snapshot, failing_open) = self.build(self.generation);
+        self.shared.snapshot.publish(snapshot);
+        self.health.note_failing_open(failing_open);
+    }
+
+    /// The snapshot of the tables, and the VIPs that fail open in it.
+    fn build(&self, generation: u64) -> (Snapshot, BTreeSet<VipKey>) {
         let len = self
             .servers
             .keys()
             .next_back()
             .map_or(0, |id| id.index() + 1);
         let mut slots = vec![ServerSlot::default(); len];
+        let mut failing_open = BTreeSet::new();
         for (id, r) in &self.servers {
             slots[id.index()] = ServerSlot {
                 dip: r.dip,
@@ -224,6 +236,7 @@ impl ControlPlane {
             .vips
             .iter()
             .map(|v| {
+                let key = (v.address, v.port);
                 let active: Vec<(ServerId, u32)> = v
                     .members
                     .iter()
@@ -234,13 +247,25 @@ impl ControlPlane {
                             .is_some_and(|r| r.state == SlotState::Active)
                     })
                     .collect();
+                let healthy: Vec<(ServerId, u32)> = active
+                    .iter()
+                    .copied()
+                    .filter(|(id, _)| !self.health.is_down(key, *id))
+                    .collect();
+                let pool = if healthy.is_empty() && !active.is_empty() {
+                    // Every active member down: fail open (health.rs says why).
+                    failing_open.insert(key);
+                    active
+                } else {
+                    healthy
+                };
                 VipEntry {
                     address: v.address,
                     port: v.port,
                     policy: v.policy,
                     pool: Arc::new(PoolSnapshot::new(
-                        active.iter().map(|m| m.0).collect(),
-                        active.iter().map(|m| m.1).collect(),
+                        pool.iter().map(|m| m.0).collect(),
+                        pool.iter().map(|m| m.1).collect(),
                         v.metric,
                         self.config.maglev_table_size,
                     )),
@@ -250,14 +275,15 @@ impl ControlPlane {
                 }
             })
             .collect();
-        Snapshot::new(
+        let snapshot = Snapshot::new(
             generation,
             self.mode,
             self.forwarding,
             AllServers::from_slots(slots),
             vips,
             &self.shared.hasher,
-        )
+        );
+        (snapshot, failing_open)
     }
 }
 

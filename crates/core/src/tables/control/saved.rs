@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ControlError, ControlPlane, Draft, ServerRecord};
 use crate::config::{
-    self, ConfigError, ConfiguredState, Forwarding, LbConfig, ServerConfig, ValidVip,
+    self, ConfigError, ConfiguredState, Forwarding, HealthConfig, LbConfig, ServerConfig, ValidVip,
 };
 use crate::cookie::CookieLayout;
 use crate::hash::Secret;
@@ -201,7 +201,15 @@ impl ControlPlane {
         }
         let mut vips: Vec<ValidVip> = Vec::with_capacity(saved.vips.len());
         for (i, v) in saved.vips.iter().enumerate() {
-            vips.push(restore_vip(v, &format!("vips[{i}]"), &servers)?);
+            // Health settings are the config's (the state file keeps only the tables): a
+            // VIP the config no longer names is probed with the defaults.
+            let health = config
+                .vips
+                .iter()
+                .find(|c| c.address == v.address && c.port == v.port)
+                .map(|c| c.health.clone())
+                .unwrap_or_default();
+            vips.push(restore_vip(v, &format!("vips[{i}]"), &servers, health)?);
             if vips[..i]
                 .iter()
                 .any(|other| other.address == v.address && other.port == v.port)
@@ -296,6 +304,7 @@ fn restore_vip(
     v: &SavedVip,
     field: &str,
     servers: &BTreeMap<ServerId, ServerRecord>,
+    health: HealthConfig,
 ) -> Result<ValidVip, ControlError> {
     for (name, port) in [("port", v.port), ("backend_port", v.backend_port)] {
         if port == 0 {
@@ -353,6 +362,7 @@ fn restore_vip(
         backend_port: v.backend_port,
         members,
         departed,
+        health,
     })
 }
 
