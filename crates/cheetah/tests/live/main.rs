@@ -11,6 +11,7 @@ mod churn;
 mod closes;
 mod forwarding;
 mod idle;
+mod multi;
 mod readd;
 mod server_clocks;
 mod smoke;
