@@ -162,6 +162,28 @@ mod tests {
     }
 
     #[test]
+    fn several_instances_share_one_config_and_only_their_state_folders_differ() {
+        let topo = Topology::plan(&Options {
+            prefix: "t1".into(),
+            lbs: 2,
+            dir: Some("/nonexistent/t1".into()),
+            ..Options::default()
+        })
+        .unwrap();
+        let text = config_text(&topo);
+        let table: toml::Table = text.parse().expect("valid TOML");
+        let interfaces = table["daemon"]["interfaces"].as_array().unwrap();
+        assert_eq!(interfaces, &["lb-c", "lb-s"].map(toml::Value::from));
+        assert_eq!(table["daemon"]["state_dir"].as_str(), Some("state"));
+        assert!(
+            text.contains(
+                "instance 2 runs this file too, with `--state-dir /nonexistent/t1/state-lb2`"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn lb_sections_pass_the_lbs_own_validation() {
         for forwarding in [Forwarding::L2, Forwarding::Nat] {
             let mut table: toml::Table = config_text(&topology(forwarding)).parse().unwrap();
