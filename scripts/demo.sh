@@ -10,25 +10,33 @@
 #     some 100 s, longer than a period of the servers' timestamp MSB) while servers are added, drained
 #     and removed, the policy goes rr -> pow2 -> awrr and the LB is restarted twice
 #     (SIGTERM, kill -9). Once in cheetah mode, once in hash mode, same schedule;
-#  3. a side-by-side table (printed, and churn-table.md) and a plot of broken connections
-#     over time (broken-over-time.png), in results/demo-<timestamp>/ or --out DIR.
+#  3. (about 1.5 minutes) the same churn, shorter (--lbs-duration, 60 s) and without the
+#     sessions idle 100 s, with two LB instances behind an ECMP router, cheetah mode: same
+#     config and key on both, each joining the router's pool once ready, restarted one at
+#     a time, the servers' replies crossing either instance;
+#  4. a side-by-side table (printed, and churn-table.md; the two-instance run is the line
+#     under it) and a plot of broken connections over time (broken-over-time.png), in
+#     results/demo-<timestamp>/ or --out DIR.
 #
-# Usage: scripts/demo.sh [--out DIR] [--duration 150s] [--servers 8] [--forwarding l2|nat]
+# Usage: scripts/demo.sh [--out DIR] [--duration 150s] [--lbs-duration 60s] [--servers 8]
+#                        [--forwarding l2|nat]
 # Needs root (namespaces, XDP); installs what it needs on a fresh Debian 12 machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out="results/demo-$(date +%Y%m%d-%H%M%S)"
 duration=150s
+lbs_duration=60s
 servers=8
 forwarding=l2
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
+    --lbs-duration) lbs_duration=$2; shift 2 ;;
     --servers) servers=$2; shift 2 ;;
     --forwarding) forwarding=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "demo: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -59,5 +67,11 @@ for mode in cheetah hash; do
 done
 
 echo
-echo "== 3. side by side"
-"$cheetah" testbed churn-report --cheetah "$out/cheetah.json" --hash "$out/hash.json" --out "$out"
+echo "== 3. churn with two LB instances behind an ECMP router, cheetah mode ($lbs_duration, $servers servers, $forwarding forwarding)"
+"$cheetah" testbed churn --mode cheetah --lbs 2 --prefix chd --servers "$servers" \
+  --duration "$lbs_duration" --long-idle-sessions 0 --forwarding "$forwarding" --out "$out" --progress
+
+echo
+echo "== 4. side by side"
+"$cheetah" testbed churn-report --cheetah "$out/cheetah.json" --hash "$out/hash.json" \
+  --more "$out/cheetah-2lbs.json" --out "$out"

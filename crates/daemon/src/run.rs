@@ -32,6 +32,10 @@ pub struct Args {
     /// create one per instance.
     #[arg(long)]
     init_secret: bool,
+    /// Use this state folder instead of the config's `[daemon] state_dir`: instances that
+    /// share one config file on one filesystem each need a folder of their own.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
     /// Take the XDP program off the config's interfaces and exit. (A stopped LB leaves it
     /// attached on purpose: it drops VIP traffic so the host never resets connections.)
     #[arg(long)]
@@ -52,10 +56,13 @@ pub enum Fault {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let file = FileConfig::load(&args.config)?;
-    let daemon = file
+    let mut daemon = file
         .daemon
         .clone()
         .context("the config has no [daemon] section (daemon.interfaces is required to run)")?;
+    if let Some(state_dir) = args.state_dir {
+        daemon.state_dir = state_dir;
+    }
     if args.unload {
         for name in &daemon.interfaces {
             let iface = Interface::discover(name, 0)?;

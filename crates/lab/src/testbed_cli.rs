@@ -10,7 +10,8 @@ use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::names::UnknownName;
 use cheetah_core::policy::PolicyKind;
 
-use crate::testbed::{inject, status, teardown, Options, ServerClocks, Topology};
+use crate::loadgen::parse_duration;
+use crate::testbed::{inject, pool, ready, status, teardown, Options, ServerClocks, Topology};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,6 +28,9 @@ enum Action {
     Status(PrefixArg),
     /// Remove the testbed: its processes, namespaces and state dir. Fine if none exists.
     Down(DownArgs),
+    /// The router's pool of LB instances: `join` adds an instance once its `GET /ready`
+    /// answers 200, `leave` takes it out.
+    Lb(LbArgs),
     /// Run the churn scenario on a testbed of its own: load through `cheetah run` while
     /// servers are added, drained and removed, the policy changes and the LB restarts;
     /// writes `<out>/<mode>.json` (docs/churn.md).
@@ -58,6 +62,13 @@ struct PrefixArg {
 struct UpArgs {
     #[command(flatten)]
     prefix: PrefixArg,
+    /// LB instances (1 to 8), each in a namespace of its own behind the router's ECMP
+    /// route. With one it is in the router's pool from the start; with more, the pool
+    /// starts empty and `cheetah testbed lb join` adds each once it is ready, and there is
+    /// no c0 (a client on one instance's own segment could not get the replies that cross
+    /// another).
+    #[arg(long, default_value_t = 1)]
+    lbs: u16,
     #[arg(long, default_value_t = 4)]
     servers: u16,
     /// Clients behind the router (c1..cN); c0 on the LB's own segment always exists.
@@ -108,6 +119,42 @@ struct DownArgs {
     keep_dir: bool,
 }
 
+#[derive(clap::Args)]
+struct LbArgs {
+    #[command(subcommand)]
+    action: LbAction,
+}
+
+#[derive(clap::Subcommand)]
+enum LbAction {
+    /// Wait until the instance is ready (`GET /ready` answers 200: it knows every active
+    /// server's clock and health), then add it to the router's ECMP pool.
+    Join(JoinArgs),
+    /// Take the instance out of the router's pool; its connections move to the others.
+    Leave(InstanceArg),
+}
+
+#[derive(clap::Args)]
+struct InstanceArg {
+    #[command(flatten)]
+    prefix: PrefixArg,
+    /// The instance: 1 for `<prefix>-lb`, k for `<prefix>-lb<k>`.
+    #[arg(long)]
+    lb: u16,
+}
+
+#[derive(clap::Args)]
+struct JoinArgs {
+    #[command(flatten)]
+    instance: InstanceArg,
+    /// The instance's control API, as reachable inside its namespace.
+    #[arg(long, default_value = crate::testbed::API_LISTEN)]
+    api: String,
+    /// How long to wait for readiness before giving up (the pool is then unchanged).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    timeout: std::time::Duration,
+}
+
 fn parse_server_clocks(text: &str) -> anyhow::Result<ServerClocks> {
     match text {
         "distinct" => Ok(ServerClocks::Distinct),
@@ -134,6 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Action::Up(up) => {
             let options = Options {
                 prefix: up.prefix.prefix,
+                lbs: up.lbs,
                 servers: up.servers,
                 clients: up.clients,
                 forwarding: up.forwarding,
@@ -149,6 +197,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Action::Status(status) => status::print(&status.prefix),
         Action::Down(down) => teardown(&down.prefix.prefix, down.keep_dir),
+        Action::Lb(lb) => run_lb(lb.action),
         Action::Churn(args) => crate::churn::run(args),
         Action::ChurnReport(args) => crate::churn::run_report(args),
         Action::Agent(args) => crate::churn::run_agent(args),
@@ -167,23 +216,55 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn print_summary(topo: &Topology) {
-    let lb = &topo.lb;
-    let ends: Vec<String> = lb
-        .interfaces()
+fn run_lb(action: LbAction) -> anyhow::Result<()> {
+    match action {
+        LbAction::Join(join) => {
+            let topo = Topology::of_prefix(&join.instance.prefix.prefix)?;
+            let lb = topo.lb_instance(join.instance.lb)?;
+            ready::wait(lb, &join.api, join.timeout)?;
+            pool::join(&topo, lb)?;
+            print_pool(&topo)
+        }
+        LbAction::Leave(leave) => {
+            let topo = Topology::of_prefix(&leave.prefix.prefix)?;
+            pool::leave(&topo, topo.lb_instance(leave.lb)?)?;
+            print_pool(&topo)
+        }
+    }
+}
+
+fn print_pool(topo: &Topology) -> anyhow::Result<()> {
+    let members: Vec<String> = pool::members(topo)?
         .iter()
-        .map(|end| format!("{} {}", end.interface, end.cidr().unwrap_or_default()))
+        .map(|lb| format!("{} ({})", lb.instance, lb.namespace))
         .collect();
+    if members.is_empty() {
+        println!("router pool of {}: empty", topo.prefix);
+    } else {
+        println!("router pool of {}: {}", topo.prefix, members.join(", "));
+    }
+    Ok(())
+}
+
+fn print_summary(topo: &Topology) {
     println!(
-        "testbed {} is up: {} servers, c0 + {} clients, {} forwarding, VIP {}:{}",
+        "testbed {} is up: {} LB instance(s), {} servers, {} clients, {} forwarding, VIP {}:{}",
         topo.prefix,
+        1 + topo.more_lbs.len(),
         topo.servers.len(),
-        topo.clients.len() - 1,
+        topo.clients.len(),
         topo.forwarding.name(),
         topo.vip,
         topo.vip_port
     );
-    println!("  LB namespace {} ({})", lb.namespace, ends.join(", "));
+    for lb in topo.lbs() {
+        let ends: Vec<String> = lb
+            .interfaces()
+            .iter()
+            .map(|end| format!("{} {}", end.interface, end.cidr().unwrap_or_default()))
+            .collect();
+        println!("  LB namespace {} ({})", lb.namespace, ends.join(", "));
+    }
     let without: Vec<&str> = topo
         .clients
         .iter()
@@ -195,10 +276,30 @@ fn print_summary(topo: &Topology) {
     }
     println!("  LB config    {}", topo.files.config.display());
     println!("  summary      {}", topo.files.summary.display());
-    if let Some(client) = topo.client(1).or_else(|| topo.client(0)) {
+    if topo.more_lbs.is_empty() {
+        if let Some(client) = topo.client(1).or_else(|| topo.client(0)) {
+            println!(
+                "  once the LB runs in {}: ip netns exec {} curl http://{}/small",
+                topo.lb.namespace, client.namespace, topo.vip
+            );
+        }
+    } else {
+        println!("  the router's pool is empty: in each LB namespace, start");
+        for lb in topo.lbs() {
+            let state_dir = if lb.instance == 1 {
+                String::new()
+            } else {
+                format!(" --state-dir {}", lb.state_dir.display())
+            };
+            println!(
+                "    ip netns exec {} cheetah run --config {}{state_dir}",
+                lb.namespace,
+                topo.files.config.display()
+            );
+        }
         println!(
-            "  once the LB runs in {}: ip netns exec {} curl http://{}/small",
-            lb.namespace, client.namespace, topo.vip
+            "  then `cheetah testbed lb join --prefix {} --lb <k>` for each (it waits until the instance is ready)",
+            topo.prefix
         );
     }
 }

@@ -13,6 +13,7 @@ mod closes;
 mod forwarding;
 mod health;
 mod idle;
+mod multi;
 mod readd;
 mod server_clocks;
 mod smoke;

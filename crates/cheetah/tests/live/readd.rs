@@ -66,7 +66,7 @@ fn scenario(forwarding: &str, prefix: &str) {
 
         let mut served_by_s3 = 0;
         for n in 0..REQUESTS {
-            let (status, server, seconds) = timed_request(&testbed);
+            let (status, server, seconds) = timed_request(&testbed, "c0");
             let label = format!("{forwarding}, {added:?}, request {n}");
             assert_eq!(status, "200", "{label}: served by {server:?}");
             assert!(
@@ -89,18 +89,4 @@ fn scenario(forwarding: &str, prefix: &str) {
         0,
         "no reply of the live server was taken for the removed one's"
     );
-}
-
-/// One request on a new connection from `c0`: (status, X-Server, seconds).
-fn timed_request(testbed: &Testbed) -> (String, String, f64) {
-    let url = format!("http://{}/", testbed.vip());
-    let write_out = "%{http_code} %header{x-server} %{time_total}";
-    let mut words = curl_write_out(testbed, "c0", &url, write_out, &["-m", "5"]).into_iter();
-    let status = words.next().unwrap_or_default();
-    let server = words.next().unwrap_or_default();
-    let seconds = words
-        .next()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or(f64::MAX);
-    (status, server, seconds)
 }

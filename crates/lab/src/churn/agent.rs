@@ -24,9 +24,10 @@ pub struct AgentArgs {
     /// The server id this agent reports for (as in the LB config).
     #[arg(long)]
     id: u16,
-    /// The LB's control API, as reachable from the server.
-    #[arg(long)]
-    api: String,
+    /// The LB's control API, as reachable from the server; once per LB instance (each
+    /// gets every report).
+    #[arg(long, required = true)]
+    api: Vec<String>,
     /// The service port whose connections are counted.
     #[arg(long, default_value_t = 80)]
     port: u16,
@@ -67,23 +68,32 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         .timeout_global(Some(Duration::from_secs(2)))
         .build()
         .into();
-    let url = format!("http://{}/servers/{}/load", args.api, args.id);
-    // Say when reporting starts or stops working, not every second.
-    let mut last_outcome: Option<String> = None;
+    let urls: Vec<String> = args
+        .api
+        .iter()
+        .map(|api| format!("http://{api}/servers/{}/load", args.id))
+        .collect();
+    // Say when reporting to an LB starts or stops working, not every second.
+    let mut last_outcomes: Vec<Option<String>> = vec![None; urls.len()];
     loop {
         let text = std::fs::read_to_string("/proc/net/tcp").context("reading /proc/net/tcp")?;
         let open = open_connections(&text, args.port);
-        let outcome = match agent
-            .post(&url)
-            .send_json(json!({"load": open as f64, "active_connections": open}))
-        {
-            Ok(_) => "reporting".to_string(),
-            Err(ureq::Error::StatusCode(code)) => format!("the LB answers {code}"),
-            Err(e) => format!("the LB is not reachable ({e})"),
-        };
-        if last_outcome.as_deref() != Some(&outcome) {
-            eprintln!("agent s{}: {outcome} ({open} open connections)", args.id);
-            last_outcome = Some(outcome);
+        for ((url, api), last_outcome) in urls.iter().zip(&args.api).zip(&mut last_outcomes) {
+            let outcome = match agent
+                .post(url)
+                .send_json(json!({"load": open as f64, "active_connections": open}))
+            {
+                Ok(_) => "reporting".to_string(),
+                Err(ureq::Error::StatusCode(code)) => format!("the LB answers {code}"),
+                Err(e) => format!("the LB is not reachable ({e})"),
+            };
+            if last_outcome.as_deref() != Some(&outcome) {
+                eprintln!(
+                    "agent s{} to {api}: {outcome} ({open} open connections)",
+                    args.id
+                );
+                *last_outcome = Some(outcome);
+            }
         }
         std::thread::sleep(args.interval);
     }

@@ -43,6 +43,10 @@ pub struct Lb {
     namespace: String,
     exe: PathBuf,
     config: PathBuf,
+    /// `--state-dir`, for an instance that does not use the config's.
+    state_dir: Option<PathBuf>,
+    /// Names its logs: `lb` (`lb-1.log`, ...), `lb2`, ...
+    name: String,
     api: String,
     log_dir: PathBuf,
     child: Option<Child>,
@@ -57,6 +61,8 @@ impl Lb {
             namespace: namespace.to_string(),
             exe: exe.to_path_buf(),
             config: config.to_path_buf(),
+            state_dir: None,
+            name: "lb".into(),
             api: api.to_string(),
             log_dir: log_dir.to_path_buf(),
             child: None,
@@ -65,8 +71,17 @@ impl Lb {
         }
     }
 
+    /// Another instance on the same config: its logs are `<name>-<n>.log` and its state
+    /// folder `state_dir`.
+    pub fn instance(mut self, name: &str, state_dir: &Path) -> Self {
+        self.name = name.to_string();
+        self.state_dir = Some(state_dir.to_path_buf());
+        self
+    }
+
     fn log(&self) -> PathBuf {
-        self.log_dir.join(format!("lb-{}.log", self.starts))
+        self.log_dir
+            .join(format!("{}-{}.log", self.name, self.starts))
     }
 
     /// Starts `cheetah run` and waits until its data path runs, not only its API: the load
@@ -75,11 +90,15 @@ impl Lb {
     pub fn start(&mut self) -> anyhow::Result<()> {
         self.starts += 1;
         let log = self.log();
-        let args = vec![
+        let mut args = vec![
             "run".to_string(),
             "--config".to_string(),
             self.config.to_string_lossy().into_owned(),
         ];
+        if let Some(state_dir) = &self.state_dir {
+            args.push("--state-dir".into());
+            args.push(state_dir.to_string_lossy().into_owned());
+        }
         self.child = Some(spawn_in_netns(&self.namespace, &self.exe, &args, &log)?);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
@@ -113,6 +132,13 @@ impl Lb {
 
     /// SIGTERM: the LB saves its state and exits; then starts it again.
     pub fn graceful_restart(&mut self, down_for: Duration) -> anyhow::Result<()> {
+        self.graceful_stop()?;
+        std::thread::sleep(down_for);
+        self.start()
+    }
+
+    /// SIGTERM, and a check that the LB saved its state and exited cleanly.
+    pub fn graceful_stop(&mut self) -> anyhow::Result<()> {
         if let Some(mut child) = self.child.take() {
             // SAFETY: signalling our own child (`ip netns exec` execs the LB: same pid).
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -135,18 +161,27 @@ impl Lb {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        std::thread::sleep(down_for);
-        self.start()
+        Ok(())
     }
 
     /// SIGKILL: nothing is saved on the way down; then starts it again.
     pub fn kill_restart(&mut self, down_for: Duration) -> anyhow::Result<()> {
+        self.kill();
+        std::thread::sleep(down_for);
+        self.start()
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
-        std::thread::sleep(down_for);
-        self.start()
+    }
+
+    /// Its control API's address.
+    pub fn api(&self) -> &str {
+        &self.api
     }
 
     /// The running LB's pid (`ip netns exec` execs the LB, so it is the child's).

@@ -4,18 +4,18 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-/// Port of the LB's control API on its server-side address.
+/// Port of the LB's control API, on every address of its host.
 pub const API_PORT: u16 = 9180;
 
 /// Writes `<dir>/churn.toml`: the testbed's config with only `pool` defined (the other
 /// servers run nginx but are unknown to the LB until the schedule adds them), and the API on
-/// `api_listen`, the LB's server-side address, so that the servers' load agents reach it.
-/// (The XDP program passes this traffic to the host: it is neither to nor from a VIP, nor
-/// from a backend's service port.)
-pub fn write(testbed_config: &Path, pool: &[u16], api_listen: &str) -> anyhow::Result<PathBuf> {
+/// every address, so that the servers' load agents reach each instance at its server-side
+/// address with one config for all instances. (The XDP program passes this traffic to the
+/// host: it is neither to nor from a VIP, nor from a backend's service port.)
+pub fn write(testbed_config: &Path, pool: &[u16]) -> anyhow::Result<PathBuf> {
     let text = std::fs::read_to_string(testbed_config)
         .with_context(|| format!("cannot read {}", testbed_config.display()))?;
-    let churn = config_text(&text, pool, api_listen)?;
+    let churn = config_text(&text, pool, &format!("0.0.0.0:{API_PORT}"))?;
     let path = testbed_config.with_file_name("churn.toml");
     std::fs::write(&path, churn).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)

@@ -59,6 +59,12 @@ pub struct ChurnArgs {
     /// l2 (servers hold the VIP) or nat.
     #[arg(long, default_value = "l2", value_parser = Forwarding::from_str)]
     forwarding: Forwarding,
+    /// LB instances (1 to 8) behind the router's ECMP route, all on one config and key.
+    /// With several, each joins the router's pool once ready, and the restarts take one
+    /// instance at a time out of the pool and back in once ready; the results are
+    /// `<mode>-<n>lbs.json`. Several instances mean no c0 (docs/testbed.md).
+    #[arg(long, default_value_t = 1)]
+    lbs: u16,
     /// Results folder: `<mode>.json` and `<mode>-logs/` (LB, agent and loadgen logs and
     /// the loadgens' own reports).
     #[arg(long, default_value = "results/churn")]
@@ -132,6 +138,7 @@ pub fn run(args: ChurnArgs) -> anyhow::Result<()> {
         duration: args.duration,
         prefix: args.prefix,
         forwarding: args.forwarding,
+        lbs: args.lbs,
         out: args.out,
         workload: load::Workload {
             keepalive: args.keepalive,

@@ -23,6 +23,10 @@ pub struct ReportArgs {
     /// Where to write `churn-table.md` and `broken-over-time.png`.
     #[arg(long)]
     out: PathBuf,
+    /// Further runs, such as `cheetah-2lbs.json` of `churn --lbs 2`: a line each under
+    /// the table (and in `churn-table.md`).
+    #[arg(long)]
+    more: Vec<PathBuf>,
 }
 
 pub const TABLE_FILE: &str = "churn-table.md";
@@ -40,7 +44,10 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
     let hash = load(&args.hash)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let table = table(&[&cheetah, &hash]);
+    let mut table = table(&[&cheetah, &hash]);
+    for path in &args.more {
+        table.push_str(&format!("\n{}\n", one_line(&load(path)?)));
+    }
     print!("{table}");
     let table_path = args.out.join(TABLE_FILE);
     std::fs::write(&table_path, &table)
@@ -64,8 +71,13 @@ pub fn one_line(results: &ChurnResults) -> String {
         .collect();
     let apart = &results.no_timestamps;
     format!(
-        "churn [{}]: {} requests completed, {} connections broken{}, {} long-lived connections open at the end{}",
+        "churn [{}{}]: {} requests completed, {} connections broken{}, {} long-lived connections open at the end{}",
         results.mode,
+        if results.lbs == 1 {
+            String::new()
+        } else {
+            format!(", {} LB instances", results.lbs)
+        },
         results.requests.get("total").copied().unwrap_or(0),
         results.connections_broken,
         if kinds.is_empty() {

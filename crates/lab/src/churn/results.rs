@@ -117,9 +117,16 @@ pub struct Workload {
     pub short_rate: f64,
 }
 
+fn one() -> u16 {
+    1
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChurnResults {
     pub mode: String,
+    /// LB instances behind the router's ECMP route (results from before `--lbs`: one).
+    #[serde(default = "one")]
+    pub lbs: u16,
     pub forwarding: String,
     pub servers: u16,
     pub initial_pool: Vec<u16>,

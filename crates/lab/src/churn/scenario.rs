@@ -22,7 +22,7 @@ use super::results::{
 };
 use super::schedule::{Action, Schedule, Step};
 use super::{lbconfig, tsclock};
-use crate::testbed::{self, Options, ServerClocks, Topology};
+use crate::testbed::{self, pool, ready, Options, ServerClocks, Topology};
 
 /// Clients behind the router; with c0 on the LB's own segment, four loadgens.
 const CLIENTS: u16 = 3;
@@ -40,6 +40,9 @@ const FRESH_LB_GRACE: Duration = Duration::from_secs(3);
 /// when a client retransmits its SYN, the policy may place the copy on another server, and
 /// the server whose SYN-ACK the client did not take retransmits it until it gives up.
 const POST_LOAD_DRAIN_WAIT: Duration = Duration::from_secs(30);
+/// How long an instance may take to know every server's clock and health before it joins
+/// the router's pool (its probes' first rounds).
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What to run.
 pub struct Config {
@@ -48,6 +51,8 @@ pub struct Config {
     pub duration: Duration,
     pub prefix: String,
     pub forwarding: Forwarding,
+    /// LB instances behind the router's ECMP route, all on one config and key.
+    pub lbs: u16,
     pub out: PathBuf,
     pub workload: Workload,
     /// Clients whose TCP sends no timestamps (the last ones).
@@ -118,10 +123,21 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// `<mode>` names the results (`<mode>.json`, `<mode>-logs/`) of a one-instance run,
+/// `<mode>-<n>lbs` those of a run with n instances, so both fit in one results folder.
+pub fn results_stem(mode: Mode, lbs: u16) -> String {
+    if lbs == 1 {
+        mode.name().to_string()
+    } else {
+        format!("{}-{lbs}lbs", mode.name())
+    }
+}
+
 pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
     let mode = config.mode.name();
+    let stem = results_stem(config.mode, config.lbs);
     let schedule = Schedule::new(config.servers, config.duration)?;
-    let logs = config.out.join(format!("{mode}-logs"));
+    let logs = config.out.join(format!("{stem}-logs"));
     if logs.exists() {
         std::fs::remove_dir_all(&logs)
             .with_context(|| format!("cannot clear {}", logs.display()))?;
@@ -135,14 +151,16 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
     let mut progress = Progress::new(config.progress, mode);
 
     progress.say(&format!(
-        "churn [{mode}]: testbed `{}` with {} servers, {} forwarding",
+        "churn [{stem}]: testbed `{}` with {} LB instance(s), {} servers, {} forwarding",
         config.prefix,
+        config.lbs,
         config.servers,
         config.forwarding.name()
     ));
     let _teardown = Teardown(config.prefix.clone());
     let topo = Topology::up(&Options {
         prefix: config.prefix.clone(),
+        lbs: config.lbs,
         servers: config.servers,
         clients: CLIENTS,
         forwarding: config.forwarding,
@@ -152,30 +170,42 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         server_clocks: ServerClocks::Distinct,
         clients_without_timestamps: config.clients_without_timestamps,
     })?;
-    let api_address = topo
-        .lb
-        .server_side
-        .address
-        .context("the LB's server side has no address")?;
-    let api = format!("{api_address}:{}", lbconfig::API_PORT);
-    let lb_config = lbconfig::write(&topo.files.config, &schedule.initial_pool, &api)?;
+    let lb_config = lbconfig::write(&topo.files.config, &schedule.initial_pool)?;
     let exe = std::env::current_exe().context("cannot find the cheetah binary")?;
-    let mut lb = Lb::new(&topo.lb.namespace, &exe, &lb_config, &api, &logs);
-    lb.start()?;
+    // Each instance's API on its server-side address, where the servers' agents reach it.
+    let apis: Vec<String> = topo
+        .lbs()
+        .map(|lb| {
+            let address = lb.server_side.address.expect("lb-s has an address");
+            format!("{address}:{}", lbconfig::API_PORT)
+        })
+        .collect();
+    let mut lbs = Vec::new();
+    for (instance, api) in topo.lbs().zip(&apis) {
+        let mut lb = Lb::new(&instance.namespace, &exe, &lb_config, api, &logs);
+        if instance.instance > 1 {
+            lb = lb.instance(&format!("lb{}", instance.instance), &instance.state_dir);
+        }
+        lb.start()?;
+        lbs.push(lb);
+    }
+    if config.lbs > 1 {
+        // The pool of a several-instance testbed starts empty: each joins once ready.
+        for (instance, api) in topo.lbs().zip(&apis) {
+            ready::wait(instance, api, READY_TIMEOUT)?;
+            pool::join(&topo, instance)?;
+        }
+    }
 
     let mut agents = Children(Vec::new());
     for server in &topo.servers {
-        let args: Vec<String> = [
-            "testbed",
-            "agent",
-            "--id",
-            &server.id.to_string(),
-            "--api",
-            &api,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut args: Vec<String> = ["testbed", "agent", "--id", &server.id.to_string()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for api in &apis {
+            args.extend(["--api".to_string(), api.clone()]);
+        }
         let log = logs.join(format!("agent-{}.log", server.name));
         agents
             .0
@@ -185,7 +215,7 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
     let mut runner = Runner {
         config,
         topo: &topo,
-        lb,
+        lbs,
         events: Vec::new(),
         draining: BTreeMap::new(),
         spread_samples: Vec::new(),
@@ -214,7 +244,12 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         "start",
         "load starts".into(),
         format!(
-            "LB running with pool {} of {} servers, policy rr, mode {mode}",
+            "{} running with pool {} of {} servers, policy rr, mode {mode}",
+            if config.lbs == 1 {
+                "LB".to_string()
+            } else {
+                format!("{} LB instances (ECMP)", config.lbs)
+            },
             pool.join(" "),
             config.servers
         ),
@@ -293,9 +328,14 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         },
     );
     runner.remove_drained_after_load(&interrupted);
-    let final_snapshot = runner.lb.metrics().unwrap_or_default();
+    let mut final_snapshot = String::new();
+    for lb in &runner.lbs {
+        final_snapshot.push_str(&lb.metrics().unwrap_or_default());
+    }
     runner.add_metrics(&final_snapshot);
-    runner.lb.stop();
+    for lb in &mut runner.lbs {
+        lb.stop();
+    }
     drop(agents);
     runner.progress.finish();
 
@@ -306,7 +346,7 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         interrupted_at,
         final_snapshot,
     )?;
-    let path = config.out.join(format!("{mode}.json"));
+    let path = config.out.join(format!("{stem}.json"));
     let mut json = serde_json::to_string_pretty(&results)?;
     json.push('\n');
     std::fs::write(&path, json).with_context(|| format!("cannot write {}", path.display()))?;
@@ -316,7 +356,8 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
 struct Runner<'a> {
     config: &'a Config,
     topo: &'a Topology,
-    lb: Lb,
+    /// One per LB instance, in instance order.
+    lbs: Vec<Lb>,
     events: Vec<Event>,
     draining: BTreeMap<u16, DrainWatch>,
     spread_samples: Vec<f64>,
@@ -384,7 +425,9 @@ impl Runner<'_> {
                 self.poll_servers();
                 self.show_progress(loadgens);
             }
-            self.lb.check_running()?;
+            for lb in &mut self.lbs {
+                lb.check_running()?;
+            }
             for loadgen in loadgens.iter_mut().filter(|l| !l.exited) {
                 if let Some(status) = loadgen.child.try_wait()? {
                     loadgen.exited = true;
@@ -418,7 +461,7 @@ impl Runner<'_> {
                     .find(|s| s.id == *id)
                     .with_context(|| format!("the testbed has no server {id}"))?;
                 let (dip, mac) = (server.dip.to_string(), server.mac.clone());
-                self.lb.ctl(&[
+                self.ctl_all(&[
                     "servers",
                     "add",
                     "--id",
@@ -439,7 +482,7 @@ impl Runner<'_> {
                 );
             }
             Action::Drain(id) => {
-                self.lb.ctl(&["servers", "drain", &id.to_string()])?;
+                self.ctl_all(&["servers", "drain", &id.to_string()])?;
                 self.draining.insert(
                     *id,
                     DrainWatch {
@@ -457,33 +500,75 @@ impl Runner<'_> {
                 );
             }
             Action::Policy { policy, metric } => {
-                self.lb
-                    .ctl(&["policy", "set", &vip, policy.name(), "--metric", metric])?;
+                self.ctl_all(&["policy", "set", &vip, policy.name(), "--metric", metric])?;
                 self.event_at(t, "policy", action.label(), format!("load metric {metric}"));
             }
             Action::GracefulRestart | Action::KillRestart => {
-                // Counters start from zero in every LB process: keep what this one counted.
-                if let Ok(text) = self.lb.metrics() {
-                    self.add_metrics(&text);
-                }
                 let began = Instant::now();
-                if *action == Action::GracefulRestart {
-                    self.lb.graceful_restart(RESTART_DOWNTIME)?;
-                } else {
-                    self.lb.kill_restart(RESTART_DOWNTIME)?;
+                for index in 0..self.lbs.len() {
+                    self.restart(index, action)?;
                 }
-                self.event_at(
-                    t,
-                    "restart",
-                    action.label(),
+                let detail = if self.lbs.len() == 1 {
                     format!(
                         "forwarding again after {:.1} s (state file: tables, MSBs)",
                         began.elapsed().as_secs_f64()
-                    ),
-                );
+                    )
+                } else {
+                    format!(
+                        "{} instances one at a time, each out of the router's pool until ready again; all back after {:.1} s",
+                        self.lbs.len(),
+                        began.elapsed().as_secs_f64()
+                    )
+                };
+                self.event_at(t, "restart", action.label(), detail);
             }
         }
         Ok(())
+    }
+
+    /// `cheetah ctl ARGS` on every instance: they all run the same pool and policy.
+    fn ctl_all(&self, args: &[&str]) -> anyhow::Result<()> {
+        for lb in &self.lbs {
+            lb.ctl(args)?;
+        }
+        Ok(())
+    }
+
+    /// Restarts instance `index`. Alone, it is the router's only next hop and stays so (the
+    /// router sends into the XDP program's drop meanwhile). One of several leaves the pool
+    /// first (a graceful restart) or right after its crash (kill -9: the router notices),
+    /// and joins it again once ready.
+    fn restart(&mut self, index: usize, action: &Action) -> anyhow::Result<()> {
+        // Counters start from zero in every LB process: keep what this one counted.
+        if let Ok(text) = self.lbs[index].metrics() {
+            self.add_metrics(&text);
+        }
+        let alone = self.lbs.len() == 1;
+        let instance = self
+            .topo
+            .lbs()
+            .nth(index)
+            .context("one testbed instance per LB")?;
+        let lb = &mut self.lbs[index];
+        if alone {
+            return if *action == Action::GracefulRestart {
+                lb.graceful_restart(RESTART_DOWNTIME)
+            } else {
+                lb.kill_restart(RESTART_DOWNTIME)
+            };
+        }
+        if *action == Action::GracefulRestart {
+            pool::leave(self.topo, instance)?;
+            lb.graceful_stop()?;
+        } else {
+            lb.kill();
+            pool::leave(self.topo, instance)?;
+        }
+        std::thread::sleep(RESTART_DOWNTIME);
+        lb.start()?;
+        let api = lb.api().to_string();
+        ready::wait(instance, &api, READY_TIMEOUT)?;
+        pool::join(self.topo, instance)
     }
 
     fn add_metrics(&mut self, text: &str) {
@@ -495,13 +580,21 @@ impl Runner<'_> {
     /// Reads `/servers`: samples the load spread and removes drained servers that have
     /// stayed empty. An LB that is restarting does not answer; the next poll will.
     fn poll_servers(&mut self) {
-        let Ok(servers) = self.lb.ctl(&["servers", "list"]) else {
+        // The agents report to every instance alike: one instance's view is theirs.
+        let Some(servers) = self
+            .lbs
+            .iter()
+            .find_map(|lb| lb.ctl(&["servers", "list"]).ok())
+        else {
             return;
         };
         if let Some(spread) = results::active_spread(&servers) {
             self.spread_samples.push(spread);
         }
-        let settled = self.lb.up_since.elapsed() >= FRESH_LB_GRACE;
+        let settled = self
+            .lbs
+            .iter()
+            .all(|lb| lb.up_since.elapsed() >= FRESH_LB_GRACE);
         let mut empty = Vec::new();
         for (id, watch) in &mut self.draining {
             let open = servers["servers"]
@@ -519,7 +612,7 @@ impl Runner<'_> {
             }
         }
         for (id, drained_at) in empty {
-            match self.lb.ctl(&["servers", "remove", &id.to_string()]) {
+            match self.ctl_all(&["servers", "remove", &id.to_string()]) {
                 Ok(_) => {
                     self.draining.remove(&id);
                     let waited = self.now() - drained_at;
@@ -656,6 +749,7 @@ impl Runner<'_> {
         let workload = &self.config.workload;
         Ok(ChurnResults {
             mode: self.config.mode.name().into(),
+            lbs: self.config.lbs,
             forwarding: self.config.forwarding.name().into(),
             servers: self.config.servers,
             initial_pool: schedule.initial_pool.clone(),

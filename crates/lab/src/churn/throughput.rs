@@ -79,6 +79,7 @@ pub fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     }
     let options = Options {
         prefix: args.prefix.clone(),
+        lbs: 1,
         servers: args.servers,
         clients: 1,
         forwarding: Forwarding::L2,

@@ -11,11 +11,14 @@ pub const API_LISTEN: &str = "127.0.0.1:9180";
 /// Quarantine of a removed server's id, as the paper's deployment uses.
 pub const QUARANTINE_SECS: u64 = 600;
 
-/// Writes the secret, the config and the LB's (empty) state folder.
+/// Writes the secret, the config and each LB instance's (empty) state folder. Every
+/// instance runs this one config with this one key; only its state folder differs.
 pub fn write(topo: &Topology) -> anyhow::Result<()> {
     write_secret(&topo.files.secret)?;
-    std::fs::create_dir_all(&topo.files.lb_state)
-        .with_context(|| format!("cannot create {}", topo.files.lb_state.display()))?;
+    for lb in topo.lbs() {
+        std::fs::create_dir_all(&lb.state_dir)
+            .with_context(|| format!("cannot create {}", lb.state_dir.display()))?;
+    }
     std::fs::write(&topo.files.config, config_text(topo))
         .with_context(|| format!("cannot write {}", topo.files.config.display()))?;
     Ok(())
@@ -56,8 +59,16 @@ pub fn config_text(topo: &Topology) -> String {
     let _ = writeln!(
         text,
         "state_dir = {}  # relative to this file's folder",
-        quoted(&file_name(&topo.files.lb_state))
+        quoted(&file_name(&topo.lb.state_dir))
     );
+    for lb in &topo.more_lbs {
+        let _ = writeln!(
+            text,
+            "# LB instance {} runs this file too, with `--state-dir {}`",
+            lb.instance,
+            lb.state_dir.display()
+        );
+    }
     for server in &topo.servers {
         let _ = writeln!(text, "\n[[servers]]");
         let _ = writeln!(text, "id = {}", server.id);
@@ -148,6 +159,28 @@ mod tests {
         assert_eq!(vip["port"].as_integer(), Some(80));
         assert_eq!(vip["policy"].as_str(), Some("pow2"));
         assert_eq!(vip["servers"].as_array().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn several_instances_share_one_config_and_only_their_state_folders_differ() {
+        let topo = Topology::plan(&Options {
+            prefix: "t1".into(),
+            lbs: 2,
+            dir: Some("/nonexistent/t1".into()),
+            ..Options::default()
+        })
+        .unwrap();
+        let text = config_text(&topo);
+        let table: toml::Table = text.parse().expect("valid TOML");
+        let interfaces = table["daemon"]["interfaces"].as_array().unwrap();
+        assert_eq!(interfaces, &["lb-c", "lb-s"].map(toml::Value::from));
+        assert_eq!(table["daemon"]["state_dir"].as_str(), Some("state"));
+        assert!(
+            text.contains(
+                "instance 2 runs this file too, with `--state-dir /nonexistent/t1/state-lb2`"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -51,6 +51,13 @@ impl Topology {
         Ok(topo)
     }
 
+    /// The testbed `prefix` that `up` built, from its summary.
+    pub fn of_prefix(prefix: &str) -> anyhow::Result<Topology> {
+        plan::check_prefix(prefix)?;
+        let summary = state_dir(prefix).join("testbed.json");
+        Topology::load(&summary).with_context(|| format!("no testbed `{prefix}` is up"))
+    }
+
     /// Removes this testbed: its processes, namespaces and state dir.
     pub fn down(&self) -> anyhow::Result<()> {
         teardown(&self.prefix, false)

@@ -15,6 +15,8 @@ mod netns;
 mod network;
 mod nginx;
 mod plan;
+pub mod pool;
+pub mod ready;
 mod reboot;
 mod server_clock;
 mod shell;
@@ -26,6 +28,7 @@ use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
 
 pub use clocks::ServerClocks;
+pub use lbconf::API_LISTEN;
 pub use lifecycle::{summary_of, teardown};
 pub use netns::sysctl;
 pub use plan::Topology;
@@ -35,6 +38,9 @@ pub use plan::Topology;
 pub struct Options {
     /// Namespaces are `<prefix>-lb`, `<prefix>-s1`, ...; at most 4 characters.
     pub prefix: String,
+    /// LB instances (namespaces `<prefix>-lb`, `<prefix>-lb2`, ...), in the router's ECMP
+    /// pool once they are ready (docs/testbed.md, "Several LB instances").
+    pub lbs: u16,
     pub servers: u16,
     /// Clients behind the router, besides c0 on the LB's own segment.
     pub clients: u16,
@@ -53,6 +59,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             prefix: "ch".into(),
+            lbs: 1,
             servers: 4,
             clients: 3,
             forwarding: Forwarding::L2,

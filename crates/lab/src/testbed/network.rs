@@ -6,8 +6,11 @@ use std::path::Path;
 use anyhow::Context;
 use cheetah_core::config::Forwarding;
 
+use std::net::Ipv4Addr;
+
 use super::netns::{self, ip};
-use super::plan::{Endpoint, Topology, Veth, CLIENT_NET, VIP_NET};
+use super::plan::{Endpoint, Topology, Veth, CLIENT_NET};
+use super::pool;
 use super::shell::Cmd;
 
 pub fn build(topo: &Topology) -> anyhow::Result<()> {
@@ -59,10 +62,16 @@ fn set_sysctls(topo: &Topology) -> anyhow::Result<()> {
     // through it (`cheetah run` turns forwarding on for lo only, which its XDP program's
     // FIB lookups name). Said explicitly because a new namespace inherits the host's
     // ip_forward, which is 1 on many machines (Docker, libvirt).
-    netns::sysctl(&topo.lb.namespace, &with(&[("net.ipv4.ip_forward", "0")]))?;
+    for lb in topo.lbs() {
+        netns::sysctl(&lb.namespace, &with(&[("net.ipv4.ip_forward", "0")]))?;
+    }
+    // ECMP by the L4 hash (addresses and ports), as routers in front of LB instances do:
+    // the default hashes addresses alone, which would send every connection of a client
+    // through one instance, and every reply of a server through one.
+    let l4_hash = ("net.ipv4.fib_multipath_hash_policy", "1");
     netns::sysctl(
         &topo.router.namespace,
-        &with(&[("net.ipv4.ip_forward", "1")]),
+        &with(&[("net.ipv4.ip_forward", "1"), l4_hash]),
     )?;
 
     let mut switch = Vec::new();
@@ -81,6 +90,7 @@ fn set_sysctls(topo: &Topology) -> anyhow::Result<()> {
         // One clock per server rather than per connection: the LB corrects the timestamps
         // it rewrites by a per-server offset.
         ("net.ipv4.tcp_timestamps", "2"),
+        l4_hash,
     ];
     if topo.forwarding == Forwarding::L2 {
         // Servers hold the VIP on lo and must not answer ARP for it.
@@ -135,7 +145,8 @@ fn build_bridge(topo: &Topology) -> anyhow::Result<()> {
         .args(["nf_call_iptables", "0", "nf_call_ip6tables", "0"])
         .args(["nf_call_arptables", "0"])
         .run()?;
-    for port in std::iter::once(&sw.lb_port).chain(&sw.server_ports) {
+    let lb_ports = topo.lbs().map(|lb| &lb.switch_port);
+    for port in lb_ports.chain(&sw.server_ports) {
         ip(&sw.namespace)
             .args(["link", "set", &port.interface, "master", &sw.bridge])
             .run()?;
@@ -170,23 +181,37 @@ fn add_routes(topo: &Topology) -> anyhow::Result<()> {
             .args(["route", "add", &net, "via", &via])
             .run()
     };
-    let router_address = topo.router.lb_side.address.expect("rt-lb has an address");
-    let lb_address = topo.lb.client_side.address.expect("lb-c has an address");
-    route(
-        &topo.lb.namespace,
-        format!("{}/{}", CLIENT_NET.0, CLIENT_NET.1),
-        router_address.to_string(),
-    )?;
-    route(
-        &topo.router.namespace,
-        format!("{}/{}", VIP_NET.0, VIP_NET.1),
-        lb_address.to_string(),
-    )?;
+    for lb in topo.lbs() {
+        let router_address = lb.router_side.address.expect("rt-lb has an address");
+        route(
+            &lb.namespace,
+            format!("{}/{}", CLIENT_NET.0, CLIENT_NET.1),
+            router_address.to_string(),
+        )?;
+    }
+    // One instance is in the router's pool from the start, as before there were several;
+    // several join it one by one when ready (`cheetah testbed lb join`).
+    if topo.more_lbs.is_empty() {
+        pool::set(topo, &[topo.lb.next_hop()])?;
+    }
     for c in &topo.clients {
         route(&c.namespace, "default".into(), c.gateway.to_string())?;
     }
+    // Replies leave through any instance, whichever took the client's packets.
+    let gateways: Vec<String> = topo
+        .lbs()
+        .map(|lb| {
+            lb.server_side
+                .address
+                .expect("lb-s has an address")
+                .to_string()
+        })
+        .collect();
     for s in &topo.servers {
-        route(&s.namespace, "default".into(), s.gateway.to_string())?;
+        ip(&s.namespace)
+            .args(["route", "add", "default"])
+            .args(pool::next_hop_words(&gateways))
+            .run()?;
         if topo.forwarding == Forwarding::L2 {
             ip(&s.namespace)
                 .args(["addr", "add", &format!("{}/32", topo.vip), "dev", "lo"])
@@ -196,11 +221,15 @@ fn add_routes(topo: &Topology) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Pings every segment once: the router and each client reach the LB (clients behind the
-/// router through it), and each server reaches its gateway on the bridge.
+/// Pings every segment once: the router reaches every LB instance, each client reaches the
+/// first (clients behind the router through it), and each server reaches every instance's
+/// server side on the bridge.
 pub fn check_reachability(topo: &Topology) -> anyhow::Result<()> {
-    let lb_client_side = topo.lb.client_side.address.expect("lb-c has an address");
-    let mut probes = vec![(topo.router.namespace.as_str(), lb_client_side)];
+    let lb_client_side = topo.lb.next_hop();
+    let mut probes: Vec<(&str, Ipv4Addr)> = topo
+        .lbs()
+        .map(|lb| (topo.router.namespace.as_str(), lb.next_hop()))
+        .collect();
     for c in &topo.clients {
         let target = if c.index == 0 {
             c.gateway
@@ -210,7 +239,12 @@ pub fn check_reachability(topo: &Topology) -> anyhow::Result<()> {
         probes.push((&c.namespace, target));
     }
     for s in &topo.servers {
-        probes.push((&s.namespace, s.gateway));
+        for lb in topo.lbs() {
+            probes.push((
+                &s.namespace,
+                lb.server_side.address.expect("lb-s has an address"),
+            ));
+        }
     }
     for (namespace, target) in probes {
         Cmd::in_netns(namespace, "ping")

@@ -25,6 +25,9 @@ pub const MAX_PREFIX_CHARS: usize = 4;
 pub const MAX_SERVERS: u16 = 200;
 /// Client `i` sits on 10.10.(10+i).0/24.
 pub const MAX_CLIENTS: u16 = 200;
+/// LB instance `k` links to the router on 10.10.k.0/24 and sits at 10.20.0.k on the servers'
+/// bridge, below the first server (10.20.0.11) and c0's segment (10.10.9.0/24).
+pub const MAX_LBS: u16 = 8;
 /// The LB's veths have two queue pairs so that the data path can run two workers per port.
 pub const LB_QUEUES: u8 = 2;
 /// What the router routes to the LB: the VIP's /24.
@@ -89,35 +92,55 @@ pub struct Files {
     /// The LB's config, `cheetah run --config` reads it.
     pub config: PathBuf,
     pub secret: PathBuf,
-    /// The LB's own state folder (`[daemon] state_dir`).
-    pub lb_state: PathBuf,
     /// Content every server serves (`/small`, `/large`).
     pub www: PathBuf,
     /// This plan as JSON.
     pub summary: PathBuf,
 }
 
+/// One LB instance (a host running `cheetah run`). Every instance has the same interface
+/// names in its own namespace, so one config file fits them all.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lb {
+    /// 1..=N, as `--lb` names it.
+    pub instance: u16,
+    /// `<prefix>-lb` for the first instance, `<prefix>-lb<k>` for the others.
     pub namespace: String,
     /// `lb-c`, towards the router and the clients behind it.
     pub client_side: Endpoint,
     /// `lb-s`, on the servers' bridge.
     pub server_side: Endpoint,
-    /// `lb-l`, to client c0 on the LB's own segment.
-    pub local_side: Endpoint,
+    /// `lb-l`, to client c0 on the LB's own segment: only in a one-instance testbed (a
+    /// client behind one instance could not get the replies that cross another).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_side: Option<Endpoint>,
+    /// The router's end of `lb-c`: `rt-lb`, `rt-lb<k>`.
+    pub router_side: Endpoint,
+    /// The bridge port of `lb-s`: `sw-lb`, `sw-lb<k>`.
+    pub switch_port: Endpoint,
+    /// The instance's own state folder: `[daemon] state_dir` of the config for the first,
+    /// `cheetah run --state-dir` for the others.
+    pub state_dir: PathBuf,
 }
 
 impl Lb {
-    pub fn interfaces(&self) -> [&Endpoint; 3] {
-        [&self.client_side, &self.server_side, &self.local_side]
+    /// The interfaces `cheetah run` serves, as the config lists them.
+    pub fn interfaces(&self) -> Vec<&Endpoint> {
+        [&self.client_side, &self.server_side]
+            .into_iter()
+            .chain(&self.local_side)
+            .collect()
+    }
+
+    /// The address the router's pool names this instance by.
+    pub fn next_hop(&self) -> Ipv4Addr {
+        self.client_side.address.expect("lb-c has an address")
     }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Router {
     pub namespace: String,
-    pub lb_side: Endpoint,
     /// `rt-c<i>` for clients 1..=n.
     pub client_sides: Vec<Endpoint>,
 }
@@ -126,7 +149,6 @@ pub struct Router {
 pub struct Switch {
     pub namespace: String,
     pub bridge: String,
-    pub lb_port: Endpoint,
     /// `sw-s<j>` for servers 1..=n.
     pub server_ports: Vec<Endpoint>,
 }
@@ -141,6 +163,8 @@ pub struct Server {
     pub dip: Ipv4Addr,
     pub mac: String,
     pub link: Endpoint,
+    /// The first LB instance's server side; with several, the server's default route
+    /// spreads over all of them.
     pub gateway: Ipv4Addr,
     pub dir: PathBuf,
     pub nginx_conf: PathBuf,
@@ -180,7 +204,11 @@ pub struct Topology {
     pub vip: Ipv4Addr,
     pub vip_port: u16,
     pub files: Files,
+    /// The first LB instance (the only one unless `--lbs`).
     pub lb: Lb,
+    /// Instances 2..=N of `--lbs N`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_lbs: Vec<Lb>,
     pub router: Router,
     pub switch: Switch,
     pub servers: Vec<Server>,
@@ -219,7 +247,8 @@ pub fn namespace(prefix: &str, role: &str) -> String {
 /// What a testbed namespace is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
-    Lb,
+    /// LB instance k (1 for `<prefix>-lb`).
+    Lb(u16),
     Router,
     Switch,
     Server(u16),
@@ -237,12 +266,32 @@ pub fn role_of(prefix: &str, name: &str) -> Option<Role> {
             .and_then(|n| n.parse().ok())
     };
     match role {
-        "lb" => Some(Role::Lb),
+        "lb" => Some(Role::Lb(1)),
         "rt" => Some(Role::Router),
         "sw" => Some(Role::Switch),
-        _ => numbered('s')
-            .map(Role::Server)
+        _ => lb_instance(role)
+            .map(Role::Lb)
+            .or_else(|| numbered('s').map(Role::Server))
             .or_else(|| numbered('c').map(Role::Client)),
+    }
+}
+
+/// `lb<k>` for k in 2..=MAX_LBS: the first instance is plain `lb`, so `lb1` is nobody's.
+fn lb_instance(role: &str) -> Option<u16> {
+    let digits = role.strip_prefix("lb")?;
+    if digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let k: u16 = digits.parse().ok()?;
+    (2..=MAX_LBS).contains(&k).then_some(k)
+}
+
+/// The namespace role of LB instance `k`.
+fn lb_role(k: u16) -> String {
+    if k == 1 {
+        "lb".into()
+    } else {
+        format!("lb{k}")
     }
 }
 
@@ -261,11 +310,16 @@ impl Topology {
         if options.clients > MAX_CLIENTS {
             bail!("--clients {}: use 0 to {MAX_CLIENTS}", options.clients);
         }
-        if options.clients_without_timestamps > options.clients + 1 {
+        if options.lbs == 0 || options.lbs > MAX_LBS {
+            bail!("--lbs {}: use 1 to {MAX_LBS}", options.lbs);
+        }
+        // c0 sits on the LB's own segment, which only a one-instance testbed has.
+        let first_client = u16::from(options.lbs > 1);
+        let client_count = options.clients + 1 - first_client;
+        if options.clients_without_timestamps > client_count {
             bail!(
-                "--clients-without-timestamps {}: there are {} clients (c0 to c{})",
+                "--clients-without-timestamps {}: there are {client_count} clients (c{first_client} to c{})",
                 options.clients_without_timestamps,
-                options.clients + 1,
                 options.clients
             );
         }
@@ -275,38 +329,59 @@ impl Topology {
         let files = Files {
             config: dir.join("cheetah.toml"),
             secret: dir.join("secret"),
-            lb_state: dir.join("state"),
             www: dir.join("www"),
             summary: dir.join("testbed.json"),
             dir: dir.clone(),
         };
 
-        let lb_ns = namespace(prefix, "lb");
         let rt_ns = namespace(prefix, "rt");
         let sw_ns = namespace(prefix, "sw");
-        let lb = Lb {
-            client_side: Endpoint::new(&lb_ns, "lb-c")
-                .with_address(Ipv4Addr::new(10, 10, 1, 2), 24)
-                .with_mac(mac(1, 1)),
-            server_side: Endpoint::new(&lb_ns, "lb-s")
-                .with_address(Ipv4Addr::new(10, 20, 0, 1), 24)
-                .with_mac(mac(1, 2)),
-            local_side: Endpoint::new(&lb_ns, "lb-l")
-                .with_address(Ipv4Addr::new(10, 10, 9, 1), 24)
-                .with_mac(mac(1, 3)),
-            namespace: lb_ns,
-        };
+        let one_lb = options.lbs == 1;
+        let mut lbs = (1..=options.lbs).map(|k| {
+            let role = lb_role(k);
+            let ns = namespace(prefix, &role);
+            let index = u8::try_from(k).expect("MAX_LBS keeps this in range");
+            let mac_base = 3 * (k - 1);
+            Lb {
+                instance: k,
+                client_side: Endpoint::new(&ns, "lb-c")
+                    .with_address(Ipv4Addr::new(10, 10, index, 2), 24)
+                    .with_mac(mac(1, mac_base + 1)),
+                server_side: Endpoint::new(&ns, "lb-s")
+                    .with_address(Ipv4Addr::new(10, 20, 0, index), 24)
+                    .with_mac(mac(1, mac_base + 2)),
+                local_side: one_lb.then(|| {
+                    Endpoint::new(&ns, "lb-l")
+                        .with_address(Ipv4Addr::new(10, 10, 9, 1), 24)
+                        .with_mac(mac(1, mac_base + 3))
+                }),
+                router_side: Endpoint::new(&rt_ns, &format!("rt-{role}"))
+                    .with_address(Ipv4Addr::new(10, 10, index, 1), 24),
+                switch_port: Endpoint::new(&sw_ns, &format!("sw-{role}")),
+                state_dir: if k == 1 {
+                    dir.join("state")
+                } else {
+                    dir.join(format!("state-{role}"))
+                },
+                namespace: ns,
+            }
+        });
+        let lb = lbs.next().expect("--lbs is at least 1");
+        let more_lbs: Vec<Lb> = lbs.collect();
 
-        let c0_ns = namespace(prefix, "c0");
-        let mut clients = vec![Client {
-            index: 0,
-            name: "c0".into(),
-            address: Ipv4Addr::new(10, 10, 9, 2),
-            gateway: Ipv4Addr::new(10, 10, 9, 1),
-            link: Endpoint::new(&c0_ns, "eth0").with_address(Ipv4Addr::new(10, 10, 9, 2), 24),
-            namespace: c0_ns,
-            timestamps: timestamps(0),
-        }];
+        let mut clients = Vec::new();
+        if one_lb {
+            let c0_ns = namespace(prefix, "c0");
+            clients.push(Client {
+                index: 0,
+                name: "c0".into(),
+                address: Ipv4Addr::new(10, 10, 9, 2),
+                gateway: Ipv4Addr::new(10, 10, 9, 1),
+                link: Endpoint::new(&c0_ns, "eth0").with_address(Ipv4Addr::new(10, 10, 9, 2), 24),
+                namespace: c0_ns,
+                timestamps: timestamps(0),
+            });
+        }
         let mut client_sides = Vec::new();
         for i in 1..=options.clients {
             let name = format!("c{i}");
@@ -327,7 +402,6 @@ impl Topology {
             });
         }
         let router = Router {
-            lb_side: Endpoint::new(&rt_ns, "rt-lb").with_address(Ipv4Addr::new(10, 10, 1, 1), 24),
             client_sides,
             namespace: rt_ns,
         };
@@ -361,7 +435,6 @@ impl Topology {
         }
         let switch = Switch {
             bridge: "br0".into(),
-            lb_port: Endpoint::new(&sw_ns, "sw-lb"),
             server_ports,
             namespace: sw_ns,
         };
@@ -375,6 +448,7 @@ impl Topology {
             vip_port: VIP_PORT,
             files,
             lb,
+            more_lbs,
             router,
             switch,
             servers,
@@ -385,11 +459,8 @@ impl Topology {
 
     /// Every namespace, in the order `up` creates them.
     pub fn namespaces(&self) -> Vec<&str> {
-        let mut names = vec![
-            self.lb.namespace.as_str(),
-            &self.router.namespace,
-            &self.switch.namespace,
-        ];
+        let mut names: Vec<&str> = self.lbs().map(|lb| lb.namespace.as_str()).collect();
+        names.extend([self.router.namespace.as_str(), &self.switch.namespace]);
         names.extend(self.servers.iter().map(|s| s.namespace.as_str()));
         names.extend(self.clients.iter().map(|c| c.namespace.as_str()));
         names
@@ -403,18 +474,38 @@ impl Topology {
             b: b.clone(),
             queues,
         };
-        let mut veths = vec![
-            pair(&self.lb.client_side, &self.router.lb_side, LB_QUEUES),
-            pair(&self.lb.server_side, &self.switch.lb_port, LB_QUEUES),
-            pair(&self.lb.local_side, &self.clients[0].link, LB_QUEUES),
-        ];
-        for (side, client) in self.router.client_sides.iter().zip(&self.clients[1..]) {
+        let mut veths = Vec::new();
+        for lb in self.lbs() {
+            veths.push(pair(&lb.client_side, &lb.router_side, LB_QUEUES));
+            veths.push(pair(&lb.server_side, &lb.switch_port, LB_QUEUES));
+            if let (Some(local), Some(c0)) = (&lb.local_side, self.client(0)) {
+                veths.push(pair(local, &c0.link, LB_QUEUES));
+            }
+        }
+        let behind_router = self.clients.iter().filter(|c| c.index > 0);
+        for (side, client) in self.router.client_sides.iter().zip(behind_router) {
             veths.push(pair(side, &client.link, 1));
         }
         for (port, server) in self.switch.server_ports.iter().zip(&self.servers) {
             veths.push(pair(port, &server.link, 1));
         }
         veths
+    }
+
+    /// Every LB instance, the first one first.
+    pub fn lbs(&self) -> impl Iterator<Item = &Lb> {
+        std::iter::once(&self.lb).chain(&self.more_lbs)
+    }
+
+    /// LB instance `k` (1-based, as `--lb` names it).
+    pub fn lb_instance(&self, k: u16) -> anyhow::Result<&Lb> {
+        self.lbs().find(|lb| lb.instance == k).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--lb {k}: testbed `{}` has LB instances 1 to {}",
+                self.prefix,
+                1 + self.more_lbs.len()
+            )
+        })
     }
 
     #[allow(dead_code, reason = "library API, for callers that hold a Topology")]
@@ -488,6 +579,81 @@ mod tests {
         assert!(Topology::plan(&options("ch", MAX_SERVERS + 1, 1)).is_err());
         assert!(Topology::plan(&options("ch", 1, MAX_CLIENTS + 1)).is_err());
         assert!(Topology::plan(&options("ch", 1, 0)).is_ok());
+        for lbs in [0, MAX_LBS + 1] {
+            let error = Topology::plan(&Options {
+                lbs,
+                ..options("ch", 1, 1)
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.contains(&format!("--lbs {lbs}: use 1 to 8")),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn several_lbs_each_get_their_own_links_with_the_same_interface_names() {
+        let topo = Topology::plan(&Options {
+            lbs: 3,
+            ..options("t1", 2, 2)
+        })
+        .unwrap();
+        let lbs: Vec<&Lb> = topo.lbs().collect();
+        let namespaces: Vec<&str> = lbs.iter().map(|lb| lb.namespace.as_str()).collect();
+        assert_eq!(namespaces, ["t1-lb", "t1-lb2", "t1-lb3"]);
+        for (k, lb) in (1u8..).zip(&lbs) {
+            assert_eq!(u8::try_from(lb.instance).unwrap(), k);
+            let names: Vec<&str> = lb
+                .interfaces()
+                .iter()
+                .map(|e| e.interface.as_str())
+                .collect();
+            assert_eq!(names, ["lb-c", "lb-s"], "one config fits every instance");
+            assert_eq!(lb.next_hop(), Ipv4Addr::new(10, 10, k, 2));
+            assert_eq!(lb.router_side.address, Some(Ipv4Addr::new(10, 10, k, 1)));
+            assert_eq!(lb.server_side.address, Some(Ipv4Addr::new(10, 20, 0, k)));
+        }
+        assert_eq!(lbs[1].router_side.interface, "rt-lb2");
+        assert_eq!(lbs[2].switch_port.interface, "sw-lb3");
+        assert_eq!(lbs[1].state_dir, topo.files.dir.join("state-lb2"));
+        let macs: std::collections::BTreeSet<_> = lbs
+            .iter()
+            .flat_map(|lb| [&lb.client_side.mac, &lb.server_side.mac])
+            .collect();
+        assert_eq!(macs.len(), 6, "every LB port has a MAC of its own");
+        // No c0: a client on one instance's own segment would miss the replies crossing another.
+        assert_eq!(topo.client(0), None);
+        assert_eq!(topo.clients.len(), 2);
+        assert_eq!(topo.namespaces().len(), 3 + 2 + 2 + 2);
+        assert_eq!(topo.veths().len(), 3 * 2 + 2 + 2);
+        assert!(topo.lb_instance(4).is_err());
+        // The summary records every instance, the first where readers before `--lbs` look.
+        let json = serde_json::to_value(&topo).unwrap();
+        assert_eq!(json["lb"]["namespace"], "t1-lb");
+        assert_eq!(json["more_lbs"][1]["namespace"], "t1-lb3");
+        assert_eq!(serde_json::from_value::<Topology>(json).unwrap(), topo);
+    }
+
+    #[test]
+    fn one_lb_keeps_the_names_and_addresses_from_before_several() {
+        let topo = Topology::plan(&options("t1", 2, 1)).unwrap();
+        assert!(topo.more_lbs.is_empty());
+        let names: Vec<&str> = topo
+            .lb
+            .interfaces()
+            .iter()
+            .map(|e| e.interface.as_str())
+            .collect();
+        assert_eq!(names, ["lb-c", "lb-s", "lb-l"]);
+        assert_eq!(topo.lb.router_side.cidr().unwrap(), "10.10.1.1/24");
+        assert_eq!(topo.lb.router_side.interface, "rt-lb");
+        assert_eq!(topo.lb.switch_port.interface, "sw-lb");
+        assert_eq!(topo.lb.state_dir, topo.files.dir.join("state"));
+        let json = serde_json::to_value(&topo).unwrap();
+        assert!(json.get("more_lbs").is_none());
+        assert_eq!(json["lb"]["local_side"]["address"], "10.10.9.1");
     }
 
     #[test]
@@ -504,6 +670,20 @@ mod tests {
         assert_eq!(with(&plan(1).unwrap()), [true, true, true, false]);
         assert_eq!(with(&plan(4).unwrap()), [false; 4]);
         assert!(plan(5).is_err());
+        // Without c0 (several LB instances), c1..c3 are all the clients there are.
+        let three = Topology::plan(&Options {
+            lbs: 2,
+            clients_without_timestamps: 3,
+            ..options("ch", 2, 3)
+        })
+        .unwrap();
+        assert_eq!(with(&three), [false; 3]);
+        assert!(Topology::plan(&Options {
+            lbs: 2,
+            clients_without_timestamps: 4,
+            ..options("ch", 2, 3)
+        })
+        .is_err());
         // Summaries from before the option: every client sent timestamps.
         let mut json = serde_json::to_value(plan(0).unwrap()).unwrap();
         json["clients"][1]
@@ -516,13 +696,16 @@ mod tests {
 
     #[test]
     fn only_the_prefixes_own_roles_are_claimed() {
-        assert_eq!(role_of("t1", "t1-lb"), Some(Role::Lb));
+        assert_eq!(role_of("t1", "t1-lb"), Some(Role::Lb(1)));
+        assert_eq!(role_of("t1", "t1-lb2"), Some(Role::Lb(2)));
+        assert_eq!(role_of("t1", "t1-lb8"), Some(Role::Lb(MAX_LBS)));
         assert_eq!(role_of("t1", "t1-rt"), Some(Role::Router));
         assert_eq!(role_of("t1", "t1-sw"), Some(Role::Switch));
         assert_eq!(role_of("t1", "t1-s12"), Some(Role::Server(12)));
         assert_eq!(role_of("t1", "t1-c0"), Some(Role::Client(0)));
         for other in [
-            "t10-lb", "t1-x", "t1-s", "t1-cx", "t1lb", "x-t1-lb", "t1-lb2", "t1-s+1",
+            "t10-lb", "t1-x", "t1-s", "t1-cx", "t1lb", "x-t1-lb", "t1-lb1", "t1-lb02", "t1-lb9",
+            "t1-lbx", "t1-s+1",
         ] {
             assert_eq!(role_of("t1", other), None, "{other}");
         }

@@ -8,7 +8,7 @@ use super::clocks::{self, ServerClocks};
 use super::lifecycle::summary_of;
 use super::plan::{check_prefix, role_of, Role, Server, Topology};
 use super::shell::Cmd;
-use super::{netns, nginx, server_clock};
+use super::{netns, nginx, pool, server_clock};
 
 /// The parts of `ip -j addr show` that status prints.
 #[derive(Deserialize)]
@@ -40,9 +40,10 @@ pub fn print(prefix: &str) -> anyhow::Result<()> {
     match &topo {
         Ok(topo) => {
             println!(
-                "testbed {prefix}: {} servers, c0 + {} clients, mode {}, {} forwarding, policy {}, VIP {}:{}",
+                "testbed {prefix}: {} LB instance(s), {} servers, {} clients, mode {}, {} forwarding, policy {}, VIP {}:{}",
+                1 + topo.more_lbs.len(),
                 topo.servers.len(),
-                topo.clients.len() - 1,
+                topo.clients.len(),
                 topo.mode.name(),
                 topo.forwarding.name(),
                 topo.policy.name(),
@@ -52,7 +53,17 @@ pub fn print(prefix: &str) -> anyhow::Result<()> {
             println!("  config   {}", topo.files.config.display());
             println!("  secret   {}", topo.files.secret.display());
             println!("  summary  {}", topo.files.summary.display());
-            println!("  LB state {}", topo.files.lb_state.display());
+            let pool = pool::members(topo).unwrap_or_default();
+            for lb in topo.lbs() {
+                let in_pool = pool.iter().any(|m| m.instance == lb.instance);
+                println!(
+                    "  LB {} in {}: state {}, {} the router's pool",
+                    lb.instance,
+                    lb.namespace,
+                    lb.state_dir.display(),
+                    if in_pool { "in" } else { "NOT in" }
+                );
+            }
             println!("  server clocks {}", topo.server_clocks.name());
         }
         Err(_) => println!(

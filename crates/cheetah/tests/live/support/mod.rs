@@ -3,6 +3,7 @@
 //! parsing, and the lock that runs one live scenario at a time.
 
 pub mod echoes;
+mod instances;
 mod load;
 pub mod stats;
 
@@ -12,6 +13,7 @@ mod exit_within;
 mod programs;
 
 pub use exit_within::exit_within;
+pub use instances::Instances;
 pub use load::*;
 pub use programs::*;
 
@@ -244,11 +246,21 @@ impl Lb {
 
     /// Like [`Lb::start`], with more `cheetah run` arguments.
     pub fn start_with_args(testbed: &Testbed, config: &Path, extra_args: &[&str]) -> Self {
+        Self::start_in(
+            &testbed.ns("lb"),
+            config,
+            extra_args,
+            testbed.dir.join("lb.log"),
+        )
+    }
+
+    /// `cheetah run` in `namespace`, its logs `log` with the start's number.
+    pub fn start_in(namespace: &str, config: &Path, extra_args: &[&str], log: PathBuf) -> Self {
         let mut lb = Lb {
-            namespace: testbed.ns("lb"),
+            namespace: namespace.to_string(),
             config: config.to_path_buf(),
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-            log: testbed.dir.join("lb.log"),
+            log,
             child: None,
             starts: 0,
         };
@@ -458,6 +470,22 @@ pub fn curl_write_out(
         .split_whitespace()
         .map(str::to_string)
         .collect()
+}
+
+/// One request on a new connection from client `client` (`c0`, `c1`...): (status,
+/// X-Server, seconds); status `000` and f64::MAX seconds when nothing answered in 5 s.
+pub fn timed_request(testbed: &Testbed, client: &str) -> (String, String, f64) {
+    let url = format!("http://{}/", testbed.vip());
+    // The header last: without an answer it is empty, and the words before it stay put.
+    let write_out = "%{http_code} %{time_total} %header{x-server}";
+    let mut words = curl_write_out(testbed, client, &url, write_out, &["-m", "5"]).into_iter();
+    let status = words.next().unwrap_or_default();
+    let seconds = words
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(f64::MAX);
+    let server = words.next().unwrap_or_default();
+    (status, server, seconds)
 }
 
 /// An nftables table in a namespace, there for one test: deleted when dropped.
@@ -800,14 +828,26 @@ pub fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
 pub struct Churn {
     child: Child,
     pub out: PathBuf,
-    pub mode: String,
+    /// `<mode>`, or `<mode>-<n>lbs` with several LB instances: names the results file.
+    pub stem: String,
     log: PathBuf,
 }
 
 impl Churn {
     pub fn start(mode: &str, prefix: &str, out: &Path, extra: &[&str]) -> Self {
+        Self::start_with_lbs(mode, 1, prefix, out, extra)
+    }
+
+    /// Like [`Churn::start`] with `lbs` LB instances: the results are
+    /// `<out>/<mode>-<lbs>lbs.json` for more than one.
+    pub fn start_with_lbs(mode: &str, lbs: u16, prefix: &str, out: &Path, extra: &[&str]) -> Self {
         std::fs::create_dir_all(out).unwrap();
-        let log = out.join(format!("churn-{mode}.log"));
+        let stem = if lbs == 1 {
+            mode.to_string()
+        } else {
+            format!("{mode}-{lbs}lbs")
+        };
+        let log = out.join(format!("churn-{stem}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let out_arg = out.to_string_lossy().into_owned();
         let child = Command::new(cheetah_bin())
@@ -821,6 +861,8 @@ impl Churn {
                 "--out",
                 &out_arg,
                 "--progress",
+                "--lbs",
+                &lbs.to_string(),
             ])
             .args(extra)
             .stdout(file.try_clone().unwrap())
@@ -830,7 +872,7 @@ impl Churn {
         Churn {
             child,
             out: out.to_path_buf(),
-            mode: mode.to_string(),
+            stem,
             log,
         }
     }
@@ -838,9 +880,9 @@ impl Churn {
     pub fn finish(mut self) -> Value {
         let status = self.child.wait().unwrap();
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        eprintln!("churn {}:\n{log}", self.mode);
+        eprintln!("churn {}:\n{log}", self.stem);
         assert!(status.success(), "cheetah testbed churn failed:\n{log}");
-        let path = self.out.join(format!("{}.json", self.mode));
+        let path = self.out.join(format!("{}.json", self.stem));
         let text = std::fs::read_to_string(&path).expect("the churn results file");
         serde_json::from_str(&text).expect("churn results are JSON")
     }
