@@ -203,8 +203,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Action::Agent(args) => crate::churn::run_agent(args),
         Action::Inject(inject) => inject::run(inject),
         Action::Reboot(reboot) => {
-            let summary = crate::testbed::summary_of(&reboot.prefix.prefix);
-            let mut topo = Topology::load(&summary)?;
+            let mut topo = Topology::of_prefix(&reboot.prefix.prefix)?;
             let (before, after) = topo.reboot_server(&reboot.server, reboot.uptime_ms)?;
             println!(
                 "{} rebooted: its TSval went from {before} to {after}",

@@ -54,8 +54,7 @@ impl Topology {
     /// The testbed `prefix` that `up` built, from its summary.
     pub fn of_prefix(prefix: &str) -> anyhow::Result<Topology> {
         plan::check_prefix(prefix)?;
-        let summary = state_dir(prefix).join("testbed.json");
-        Topology::load(&summary).with_context(|| format!("no testbed `{prefix}` is up"))
+        Topology::load(&summary_of(prefix)).with_context(|| format!("no testbed `{prefix}` is up"))
     }
 
     /// Removes this testbed: its processes, namespaces and state dir.

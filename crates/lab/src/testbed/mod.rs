@@ -29,7 +29,7 @@ use cheetah_core::policy::PolicyKind;
 
 pub use clocks::ServerClocks;
 pub use lbconf::API_LISTEN;
-pub use lifecycle::{summary_of, teardown};
+pub use lifecycle::teardown;
 pub use netns::sysctl;
 pub use plan::Topology;
 
