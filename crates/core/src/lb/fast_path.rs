@@ -24,6 +24,7 @@
 
 use super::cookie_stage::route_to_slot;
 use super::counters::{Bundle, Counter};
+use super::ingress::Ingress;
 use super::shared::LbShared;
 use super::worker::{baseline_pick, Ipv4Layout, Sender, WorkerState};
 use crate::config::{Forwarding, Mode};
@@ -141,6 +142,7 @@ impl WorkerState {
         shared: &LbShared,
         packet: &mut [u8],
         now: Nanos,
+        ingress: Ingress,
     ) -> Option<Verdict> {
         debug_assert_eq!(CHEETAH, snapshot.mode == Mode::Cheetah);
         debug_assert_eq!(NAT, snapshot.forwarding == Forwarding::Nat);
@@ -154,7 +156,9 @@ impl WorkerState {
         };
         match snapshot.vip_slot(layout.dst, segment.dst_port) {
             Some(vip) => self.client_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, vip),
-            None => self.reply_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, now),
+            None => {
+                self.reply_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, now, ingress)
+            }
         }
     }
 
@@ -233,7 +237,9 @@ impl WorkerState {
     }
 
     /// A segment not to a VIP port: a server's reply if its source says so (found exactly
-    /// as the general classifier finds it), else `None`.
+    /// as the general classifier finds it), else `None`. A segment that only claims to be
+    /// one (to a VIP's address, or from the client side) goes to the general pipeline too,
+    /// which drops it.
     #[inline(always)]
     fn reply_fast<const CHEETAH: bool, const NAT: bool>(
         &mut self,
@@ -242,6 +248,7 @@ impl WorkerState {
         packet: &mut [u8],
         segment: PlainSegment,
         now: Nanos,
+        ingress: Ingress,
     ) -> Option<Verdict> {
         let PlainSegment {
             layout,
@@ -273,6 +280,9 @@ impl WorkerState {
             };
             (sender, &vip.hash_prefix, entry.forwards)
         };
+        if ingress == Ingress::ClientSide || snapshot.is_vip_addr(layout.dst) {
+            return None;
+        }
         let server = sender.server;
         let timestamp_at = if CHEETAH {
             reply_timestamp_at(packet, l4, doff_flags)
