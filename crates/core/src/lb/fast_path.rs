@@ -156,9 +156,12 @@ impl WorkerState {
         };
         match snapshot.vip_slot(layout.dst, segment.dst_port) {
             Some(vip) => self.client_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, vip),
-            None => {
-                self.reply_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, now, ingress)
+            // Only the servers' side carries replies, and a segment to a VIP's address is
+            // never one: the general pipeline drops what only claims to be.
+            None if ingress == Ingress::ServerSide && !snapshot.is_vip_addr(layout.dst) => {
+                self.reply_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, now)
             }
+            None => None,
         }
     }
 
@@ -236,10 +239,8 @@ impl WorkerState {
         }
     }
 
-    /// A segment not to a VIP port: a server's reply if its source says so (found exactly
-    /// as the general classifier finds it), else `None`. A segment that only claims to be
-    /// one (to a VIP's address, or from the client side) goes to the general pipeline too,
-    /// which drops it.
+    /// A segment from the servers' side, not to a VIP: a server's reply if its source says
+    /// so (found exactly as the general classifier finds it), else `None`.
     #[inline(always)]
     fn reply_fast<const CHEETAH: bool, const NAT: bool>(
         &mut self,
@@ -248,7 +249,6 @@ impl WorkerState {
         packet: &mut [u8],
         segment: PlainSegment,
         now: Nanos,
-        ingress: Ingress,
     ) -> Option<Verdict> {
         let PlainSegment {
             layout,
@@ -280,9 +280,6 @@ impl WorkerState {
             };
             (sender, &vip.hash_prefix, entry.forwards)
         };
-        if ingress == Ingress::ClientSide || snapshot.is_vip_addr(layout.dst) {
-            return None;
-        }
         let server = sender.server;
         let timestamp_at = if CHEETAH {
             reply_timestamp_at(packet, l4, doff_flags)
