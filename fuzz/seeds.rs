@@ -9,6 +9,7 @@
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey};
+use cheetah_core::lb::Ingress;
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::testkit::{self, options, TcpFrame};
 use cheetah_core::types::ServerId;
@@ -161,6 +162,47 @@ fn idle_echo(setup: Setup, server: u16, periods: u8) -> Vec<u8> {
         .build()
 }
 
+/// Packets that claim to be a server's reply and must teach nothing: one from the clients'
+/// side, one addressed to the VIP on another port (the spoof issue #21 names for nat), and
+/// one whose TSval is far ahead of real time; then the client echoes the real reply's
+/// cookie, which must still be restored exactly.
+fn forged_replies(setup: Setup, server: u16) -> Vec<u8> {
+    let fwd = setup.forwarding;
+    let reply = |tsval: u32| {
+        from_server(
+            fwd,
+            server,
+            flags::ACK,
+            options::nop_nop_ts(tsval, CLIENT_TS),
+        )
+        .build()
+    };
+    let synack = from_server(
+        fwd,
+        server,
+        flags::SYN | flags::ACK,
+        options::linux_syn(SERVER_TS, CLIENT_TS),
+    )
+    .build();
+    let far = SERVER_TS.wrapping_add(0x4000_0000);
+    let mut to_vip = from_server(fwd, server, flags::ACK, options::nop_nop_ts(far, CLIENT_TS));
+    to_vip.dst_ip = testkit::VIP;
+    to_vip.dst_port = 9;
+    InputBuilder::new(setup)
+        .packet(0, 1, &syn(options::linux_syn(CLIENT_TS, 0)))
+        .packet(0, 1, &synack)
+        .packet_from(Ingress::ClientSide, 0, 3, &reply(far))
+        .packet(0, 3, &to_vip.build())
+        .packet(1, 3, &reply(far))
+        .packet_from(
+            Ingress::ClientSide,
+            0,
+            1,
+            &client_ack(echoed_cookie(server, SERVER_TS, testkit::VIP_PORT)),
+        )
+        .build()
+}
+
 /// A client without timestamps: the fallback table routes it, across control changes.
 fn no_timestamps(setup: Setup, action: Action, server: u16) -> Vec<u8> {
     let ack = TcpFrame::from_client(client(), CLIENT_PORT, flags::ACK, Vec::new()).build();
@@ -294,6 +336,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         }
         seeds.push((format!("{tag}-odd-packets-extra-vips"), odd_packets(extra)));
         if mode == Mode::Cheetah {
+            seeds.push((format!("{tag}-forged-replies"), forged_replies(setup, 1)));
             for periods in [5, 8, 9, 15] {
                 seeds.push((
                     format!("{tag}-idle-echo-{periods}-periods"),

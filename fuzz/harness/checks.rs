@@ -5,11 +5,11 @@ use std::sync::Arc;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::hash::FlowKey;
-use cheetah_core::lb::{Counter, Worker};
+use cheetah_core::lb::{Counter, Ingress, Worker};
 use cheetah_core::tables::{SlotState, Snapshot};
 use cheetah_core::testkit;
 use cheetah_core::types::{Nanos, ServerId};
-use cheetah_core::verdict::Verdict;
+use cheetah_core::verdict::{DropReason, Verdict};
 use cheetah_core::wire::ethernet::ethertype;
 use cheetah_core::wire::tcp_options::{self, SegmentKind, TSECR, TSVAL};
 use cheetah_core::wire::{checksum, ip_proto, tcp, EthernetFrame, Ipv4Packet};
@@ -46,10 +46,11 @@ pub fn process_and_check(
     worker: &mut Worker,
     packet: &[u8],
     now: Nanos,
+    ingress: Ingress,
     checks: Checks,
     clocks: &mut Clocks,
 ) -> Verdict {
-    let (verdict, output) = process_checked(worker, packet, now, checks, clocks);
+    let (verdict, output) = process_checked(worker, packet, now, ingress, checks, clocks);
     if verdict == Verdict::ToClient {
         echo_cookie(worker, packet, &output, now, checks, clocks);
     }
@@ -61,6 +62,7 @@ pub(super) fn process_checked(
     worker: &mut Worker,
     packet: &[u8],
     now: Nanos,
+    ingress: Ingress,
     checks: Checks,
     clocks: &mut Clocks,
 ) -> (Verdict, Vec<u8>) {
@@ -71,7 +73,7 @@ pub(super) fn process_checked(
     let fallback_before = fallback_routed(worker);
     let beyond_before = worker.shared().msb.echoes_beyond_idle_limit();
     let mut buffer = packet.to_vec();
-    let verdict = worker.process(&mut buffer, now);
+    let verdict = worker.process(&mut buffer, now, ingress);
     let by_fallback = fallback_routed(worker) != fallback_before;
     let echo = Echo {
         clocks,
@@ -79,6 +81,7 @@ pub(super) fn process_checked(
         counted_beyond: worker.shared().msb.echoes_beyond_idle_limit() - beyond_before,
     };
     let snapshot = Arc::clone(worker.snapshot());
+    check_reply_source(&snapshot, packet, verdict, ingress);
     let tolerate_removed = checks.tolerate_fallback_to_removed && by_fallback;
     check(
         worker,
@@ -164,7 +167,9 @@ pub(super) fn echo_cookie(
         payload: Vec::new(),
     }
     .build();
-    let (verdict, restored) = process_checked(worker, &echo, now, checks, clocks);
+    // The client's echo comes from the clients' side, as it would to an LB with two.
+    let (verdict, restored) =
+        process_checked(worker, &echo, now, Ingress::ClientSide, checks, clocks);
     assert_eq!(
         verdict,
         Verdict::ToServer(server),
@@ -177,6 +182,43 @@ pub(super) fn echo_cookie(
             original,
             "the echo's TSecr must be restored to the TSval {server:?} sent"
         );
+    }
+}
+
+/// A TCP segment is taken as a server's reply (sent toward the client) only from the
+/// servers' side, and never when it is addressed to a VIP; what only claims to be a reply
+/// from the clients' side is dropped as such. (That nothing was learnt from a dropped one
+/// the harness's clocks check: they are told only of replies taken.)
+fn check_reply_source(snapshot: &Snapshot, input: &[u8], verdict: Verdict, ingress: Ingress) {
+    let Some(l) = ipv4_layout(input) else {
+        return;
+    };
+    if l.protocol != ip_proto::TCP {
+        return;
+    }
+    let dst = read_u32(input, l.l3 + 16);
+    if verdict == Verdict::ToClient {
+        assert_eq!(
+            ingress,
+            Ingress::ServerSide,
+            "a reply taken from the client side"
+        );
+        assert!(
+            !snapshot.is_vip_addr(dst),
+            "a segment to the VIP address {dst:#010x} taken as a reply"
+        );
+    }
+    if verdict == Verdict::Drop(DropReason::ReplyFromClientSide) {
+        assert_eq!(ingress, Ingress::ClientSide);
+        let src = read_u32(input, l.l3 + 12);
+        let sport = read_u16(input, l.l4);
+        let from_server = if snapshot.forwarding == Forwarding::Nat {
+            snapshot.nat_backend(src, sport).is_some()
+        } else {
+            let mac: [u8; 6] = input[6..12].try_into().unwrap();
+            snapshot.server_by_mac(&mac).is_some() && snapshot.vip_index(src, sport).is_some()
+        };
+        assert!(from_server, "dropped as a reply, but not from a server");
     }
 }
 

@@ -5,6 +5,18 @@ use cheetah_core::types::{Nanos, ServerId, NANOS_PER_MS};
 
 use super::REACHABLE_IDS;
 
+/// Whole ms, as the LB reads its clock.
+fn lb_ms(at: Nanos) -> u64 {
+    at / NANOS_PER_MS
+}
+
+/// The latest TSval a reply may carry at `now` by `bound` (before the slack): the LB ms
+/// since, and 1/2048 of them more for a server clock running fast.
+fn latest(bound: (u32, Nanos), now: Nanos) -> u32 {
+    let elapsed = (lb_ms(now) - lb_ms(bound.1)) as u32;
+    bound.0.wrapping_add(elapsed + (elapsed >> 11))
+}
+
 /// `a` is later than `b` in 16-bit serial arithmetic.
 pub(super) fn later(a: u16, b: u16) -> bool {
     (a.wrapping_sub(b) as i16) > 0
@@ -20,7 +32,11 @@ pub(super) fn later(a: u16, b: u16) -> bool {
 /// on it, from the same three events the LB learns from:
 /// * a reply whose MSB is later than every MSB seen from that server moves M^ to at least
 ///   that MSB and becomes the anchor (the same MSB, one earlier, or a clock that went
-///   further back teach nothing);
+///   further back teach nothing), unless its TSval is more than 2 s ahead of the bound's
+///   anchor carried forward by the LB time since (ms as the LB reads them), 1/2048 fast:
+///   then it teaches nothing either. The bound's anchor is the last reply learnt (no
+///   probes here), none after an import, carried forward that way by a refresh once it
+///   is an hour old;
 /// * a refresh at `now` carries M^ to the anchor's TSval plus the LB time since, less at
 ///   most 1/2048 of it;
 /// * an import sets the clock (and M^) to the imported TSval.
@@ -40,6 +56,8 @@ struct Clock {
     seen: u16,
     /// The TSval that last moved `seen`, or was imported, and when.
     anchor: (u32, Nanos),
+    /// What replies are bounded by: a TSval and when (`None` after an import).
+    bound: Option<(u32, Nanos)>,
     low: u16,
     high: u16,
 }
@@ -83,6 +101,7 @@ impl Clocks {
                 sent,
                 seen: msb,
                 anchor: (tsval, now),
+                bound: None,
                 low: msb,
                 high: msb,
             });
@@ -93,12 +112,18 @@ impl Clocks {
     pub fn sent(&mut self, server: ServerId, tsval: u32, now: Nanos) {
         let msb = (tsval >> 16) as u16;
         let Some(clock) = self.clock(server) else {
-            return self.import(server, tsval, now);
+            self.import(server, tsval, now);
+            if let Some(clock) = self.clock(server) {
+                clock.bound = Some((tsval, now));
+            }
+            return;
         };
         clock.sent.push((msb, now));
-        if later(msb, clock.seen) {
+        let too_far = |bound| tsval.wrapping_sub(latest(bound, now)) as i32 > 2_000;
+        if later(msb, clock.seen) && !clock.bound.is_some_and(too_far) {
             clock.seen = msb;
             clock.anchor = (tsval, now);
+            clock.bound = Some((tsval, now));
             if later(msb, clock.low) {
                 clock.low = msb;
             }
@@ -110,6 +135,11 @@ impl Clocks {
 
     pub fn refresh(&mut self, now: Nanos) {
         for clock in self.servers.iter_mut().flatten() {
+            if let Some(bound) = clock.bound {
+                if lb_ms(now) - lb_ms(bound.1) > 3_600_000 {
+                    clock.bound = Some((latest(bound, now), now));
+                }
+            }
             let (tsval, at) = clock.anchor;
             // The LB reads whole ms, so it may see up to 1 ms more than elapsed.
             let elapsed = (now - at) / NANOS_PER_MS;

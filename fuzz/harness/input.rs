@@ -9,7 +9,8 @@
 //!                   bit 7    two workers sharing one LbShared (else one)
 //! byte 1   servers: bits 0-1 servers 1..=n+1 in the config; bit 2 server 2 starts draining
 //! then records until the input ends:
-//!   tag 0x00..=0x7f  packet: bit 0 worker, bits 1-3 time step (STEPS), then a 2-byte
+//!   tag 0x00..=0x7f  packet: bit 0 worker, bits 1-3 time step (STEPS), bits 4-6 all set:
+//!                    it arrived on a client-side port (else server side), then a 2-byte
 //!                    big-endian length and that many bytes (fewer if the input ends)
 //!   tag 0x80..=0xbf  control action (ACTIONS[tag & 7]) on server id (tag >> 3) & 7
 //!   tag 0xc0..=0xff  server id tag & 7, then a 2-byte big-endian value v; bits 3-5 say
@@ -20,6 +21,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cheetah_core::config::{Forwarding, LbConfig, Mode, VipConfig};
+use cheetah_core::lb::Ingress;
 use cheetah_core::policy::{PolicyKind, ReportedLoad};
 use cheetah_core::testkit;
 use cheetah_core::types::{Nanos, ServerId, NANOS_PER_MS, NANOS_PER_SEC};
@@ -62,6 +64,10 @@ pub const ACTIONS: [Action; 8] = [
     Action::JoinPool,
     Action::Expire,
 ];
+
+/// Bits 4-6 of a packet's tag, all set: the packet arrived on a client-side port. All three,
+/// so that inputs from before ingress was in the format mostly keep their meaning.
+const CLIENT_SIDE: u8 = 0x70;
 
 /// Bounds that keep one input fast: control changes rebuild Maglev tables.
 pub const MAX_RECORDS: usize = 64;
@@ -180,10 +186,20 @@ impl InputBuilder {
         }
     }
 
-    /// A packet for `worker` (0 or 1) after time step `step` (index into [`STEPS`]).
-    pub fn packet(mut self, worker: u8, step: u8, packet: &[u8]) -> Self {
+    /// A packet for `worker` (0 or 1) after time step `step` (index into [`STEPS`]),
+    /// arriving on the server side.
+    pub fn packet(self, worker: u8, step: u8, packet: &[u8]) -> Self {
+        self.packet_from(Ingress::ServerSide, worker, step, packet)
+    }
+
+    /// [`packet`](Self::packet), arriving on the `ingress` side.
+    pub fn packet_from(mut self, ingress: Ingress, worker: u8, step: u8, packet: &[u8]) -> Self {
         assert!(packet.len() <= u16::MAX as usize);
-        self.bytes.push((worker & 1) | ((step & 7) << 1));
+        let side = match ingress {
+            Ingress::ClientSide => CLIENT_SIDE,
+            Ingress::ServerSide => 0,
+        };
+        self.bytes.push((worker & 1) | ((step & 7) << 1) | side);
         self.bytes
             .extend_from_slice(&(packet.len() as u16).to_be_bytes());
         self.bytes.extend_from_slice(packet);
@@ -220,6 +236,7 @@ pub(super) enum Record<'a> {
     Packet {
         worker: usize,
         now: Nanos,
+        ingress: Ingress,
         bytes: &'a [u8],
     },
     /// Index into the plan's snapshots (the control plane state after that action).
@@ -255,6 +272,11 @@ pub(super) fn parse(records: &[u8]) -> (Vec<Record<'_>>, Vec<(Action, u16, Nanos
                 out.push(Record::Packet {
                     worker: (tag & 1) as usize,
                     now,
+                    ingress: if tag & CLIENT_SIDE == CLIENT_SIDE {
+                        Ingress::ClientSide
+                    } else {
+                        Ingress::ServerSide
+                    },
                     bytes: &packet[..packet.len().min(MAX_PACKET)],
                 });
             }

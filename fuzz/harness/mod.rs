@@ -136,7 +136,12 @@ pub fn run_with(data: &[u8], checks: Checks) {
             .collect();
         for record in records {
             match record {
-                Record::Packet { worker, now, bytes } => {
+                Record::Packet {
+                    worker,
+                    now,
+                    ingress,
+                    bytes,
+                } => {
                     // As the daemon does every second: carry every M^ forward with LB time.
                     if now - refreshed >= NANOS_PER_SEC {
                         shared.msb.refresh(now);
@@ -147,6 +152,7 @@ pub fn run_with(data: &[u8], checks: Checks) {
                         &mut workers[worker % worker_count],
                         bytes,
                         now,
+                        ingress,
                         checks,
                         &mut clocks,
                     );

@@ -84,6 +84,7 @@ drop_reasons! {
     UnknownServerSource => "unknown_server_source", "A packet from a VIP whose sender is not a known server.";
     ServerRemoved => "server_removed", "A packet from a server that has been removed.";
     IcmpRateLimited => "icmp_rate_limited", "An ICMP error without a cookie beyond the copy-to-all rate limit.";
+    ReplyFromClientSide => "reply_from_client_side", "A segment whose source says it is a server's reply, arriving on a client-side interface: forged (replies come from the servers' side), never learnt from.";
 }
 
 impl std::fmt::Display for DropReason {

@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use cheetah_core::config::{Forwarding, Mode, VipConfig};
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
-use cheetah_core::lb::{Bundle, Counter, Worker, WorkerConfig};
+use cheetah_core::lb::{Bundle, Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
@@ -290,7 +290,10 @@ fn fast_path_gives_the_general_pipelines_verdict_and_bytes() {
                 // run as on a live worker.
                 *now += 700_000;
                 let (mut x, mut y) = (packet.clone(), packet);
-                let (vx, vy) = (fast.process(&mut x, *now), general.process(&mut y, *now));
+                let (vx, vy) = (
+                    fast.process(&mut x, *now, Ingress::ServerSide),
+                    general.process(&mut y, *now, Ingress::ServerSide),
+                );
                 prop_assert_eq!(vx, vy);
                 prop_assert_eq!(x, y);
                 Ok(())
@@ -342,7 +345,10 @@ fn fast_path_gives_the_general_pipelines_verdict_and_bytes() {
 fn the_fast_path_is_taken_for_the_common_case() {
     let (_plane, mut w) = worker(Mode::Cheetah, Forwarding::L2, true);
     let mut f = frame(testkit::client_ip(1), 40_000, 2, 0x0125, ACK, false, 10);
-    assert_eq!(w.process(&mut f, 5), Verdict::ToServer(ServerId(2)));
+    assert_eq!(
+        w.process(&mut f, 5, Ingress::ServerSide),
+        Verdict::ToServer(ServerId(2))
+    );
     assert_eq!(
         testkit::timestamps(&f).unwrap().1,
         0x0125_4321,
@@ -379,7 +385,11 @@ fn common_replies_take_the_straight_line() {
                 Forwarding::Nat => TcpFrame::from_server_nat(server, client, port, flags, opts),
             };
             let mut f = reply.with_payload(b"hello").build();
-            assert_eq!(w.process(&mut f, 5), Verdict::ToClient, "layout {layout}");
+            assert_eq!(
+                w.process(&mut f, 5, Ingress::ServerSide),
+                Verdict::ToClient,
+                "layout {layout}"
+            );
             assert_eq!(
                 w.counters().bundle(Bundle::ServerCookie),
                 before + 1,
@@ -423,8 +433,16 @@ fn a_batch_is_its_packets_one_by_one() {
                 *now += 3_000_000;
                 let (mut x, mut y) = (burst.clone(), burst);
                 let mut vx = Vec::new();
-                batched.process_batch(x.iter_mut().map(|f| &mut f[..]), *now, |v| vx.push(v));
-                let vy: Vec<Verdict> = y.iter_mut().map(|f| single.process(f, *now)).collect();
+                batched.process_batch(
+                    x.iter_mut().map(|f| &mut f[..]),
+                    *now,
+                    Ingress::ServerSide,
+                    |v| vx.push(v),
+                );
+                let vy: Vec<Verdict> = y
+                    .iter_mut()
+                    .map(|f| single.process(f, *now, Ingress::ServerSide))
+                    .collect();
                 prop_assert_eq!(vx, vy);
                 prop_assert_eq!(x, y);
                 Ok(())

@@ -13,6 +13,7 @@ mod seeds;
 use std::path::PathBuf;
 
 use cheetah_core::config::{Forwarding, Mode};
+use cheetah_core::lb::Ingress;
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::types::NANOS_PER_SEC;
 use harness::input::{Action, Setup, ACTIONS};
@@ -185,16 +186,17 @@ fn fallback_table_does_not_route_to_a_removed_server() {
     );
     let client = testkit::client_ip(7);
     let mut syn = TcpFrame::from_client(client, 40_000, flags::SYN, options::windows_syn()).build();
-    let Verdict::ToServer(server) = worker.process(&mut syn, NANOS_PER_SEC) else {
+    let Verdict::ToServer(server) = worker.process(&mut syn, NANOS_PER_SEC, Ingress::ServerSide)
+    else {
         panic!("SYN not forwarded");
     };
     let ack = TcpFrame::from_client(client, 40_000, flags::ACK, Vec::new()).build();
     assert_eq!(
-        worker.process(&mut ack.clone(), 2 * NANOS_PER_SEC),
+        worker.process(&mut ack.clone(), 2 * NANOS_PER_SEC, Ingress::ServerSide),
         Verdict::ToServer(server)
     );
     plane.remove_server(server.0, 3 * NANOS_PER_SEC).unwrap();
-    let verdict = worker.process(&mut ack.clone(), 4 * NANOS_PER_SEC);
+    let verdict = worker.process(&mut ack.clone(), 4 * NANOS_PER_SEC, Ingress::ServerSide);
     assert!(
         !matches!(verdict, Verdict::ToServer(s) if s == server),
         "{verdict:?}: server {server} was removed, yet the fallback table still routes to it"
@@ -202,7 +204,7 @@ fn fallback_table_does_not_route_to_a_removed_server() {
     // Same for an ICMP error about the connection that quotes no timestamp.
     let quoted = TcpFrame::from_server_l2(server.0, client, 40_000, flags::ACK, Vec::new()).build();
     let mut icmp = testkit::icmp_frag_needed(0x0a09_0001, &quoted, 48);
-    let verdict = worker.process(&mut icmp, 5 * NANOS_PER_SEC);
+    let verdict = worker.process(&mut icmp, 5 * NANOS_PER_SEC, Ingress::ServerSide);
     assert_ne!(
         verdict,
         Verdict::ToServer(server),
@@ -242,12 +244,12 @@ fn nat_replies_keep_flowing_after_the_server_leaves_the_pool() {
         .build()
     };
     assert_eq!(
-        worker.process(&mut reply(), NANOS_PER_SEC),
+        worker.process(&mut reply(), NANOS_PER_SEC, Ingress::ServerSide),
         Verdict::ToClient
     );
     plane.leave_pool("10.0.0.100:80", 2).unwrap();
     assert_eq!(
-        worker.process(&mut reply(), 2 * NANOS_PER_SEC),
+        worker.process(&mut reply(), 2 * NANOS_PER_SEC, Ingress::ServerSide),
         Verdict::ToClient,
         "server 2 left the pool; its existing connections must keep working"
     );

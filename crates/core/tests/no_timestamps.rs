@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use cheetah_core::config::{Forwarding, LbConfig, Mode};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
-use cheetah_core::lb::{Counter, Worker, WorkerConfig};
+use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::tables::{ControlPlane, ServerSpec};
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
@@ -58,7 +58,7 @@ impl Lb {
 
     fn process(&mut self, worker: usize, frame: &[u8], now: u64) -> Verdict {
         let mut frame = frame.to_vec();
-        self.workers[worker].process(&mut frame, now)
+        self.workers[worker].process(&mut frame, now, Ingress::ServerSide)
     }
 
     fn counter(&self, c: Counter) -> u64 {
@@ -281,7 +281,7 @@ fn a_client_segment_without_ack_is_routed_without_its_tsecr() {
                 let synack = lb.server_sends(server, n, SYN | ACK, options::linux_syn(99 << 16, 7));
                 let mut out = synack.clone();
                 assert_eq!(
-                    lb.workers[1].process(&mut out, 2 * second),
+                    lb.workers[1].process(&mut out, 2 * second, Ingress::ServerSide),
                     Verdict::ToClient
                 );
                 let (cookie_tsval, _) = testkit::timestamps(&out).unwrap();
@@ -302,7 +302,11 @@ fn a_client_segment_without_ack_is_routed_without_its_tsecr() {
                     for flags in [RST, FIN, 0] {
                         let segment = from_client(n, flags, options::nop_nop_ts(9, tsecr));
                         let mut out = segment.clone();
-                        let verdict = lb.workers[(n % 2) as usize].process(&mut out, 3 * second);
+                        let verdict = lb.workers[(n % 2) as usize].process(
+                            &mut out,
+                            3 * second,
+                            Ingress::ServerSide,
+                        );
                         assert_eq!(
                             verdict,
                             Verdict::ToServer(maglev),

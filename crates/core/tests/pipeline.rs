@@ -4,7 +4,7 @@
 use cheetah_core::config::{Forwarding, LbConfig, Mode};
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
-use cheetah_core::lb::{Counter, Worker, WorkerConfig};
+use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::policy::{PolicyKind, ReportedLoad, MERGE_INTERVAL};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
@@ -38,7 +38,7 @@ impl Lb {
     }
 
     fn process(&mut self, worker: usize, frame: &mut [u8], now: u64) -> Verdict {
-        self.workers[worker].process(frame, now)
+        self.workers[worker].process(frame, now, Ingress::ServerSide)
     }
 
     fn counter(&self, c: Counter) -> u64 {

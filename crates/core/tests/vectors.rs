@@ -14,7 +14,7 @@ use std::sync::Arc;
 use cheetah_core::config::{Forwarding, LbConfig, Mode, VipConfig};
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
-use cheetah_core::lb::{Worker, WorkerConfig};
+use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame};
@@ -839,14 +839,14 @@ fn run(config: &LbConfig, secret: &Secret, removed: &[u16], input: &Vector) -> V
         .map(|p| {
             let mut packet = hex::decode(&p.packet_in).unwrap();
             PreludePacket {
-                verdict: verdict_name(worker.process(&mut packet, p.now_ns)),
+                verdict: verdict_name(worker.process(&mut packet, p.now_ns, Ingress::ServerSide)),
                 ..p.clone()
             }
         })
         .collect();
     let mut packet = hex::decode(&input.packet_in).unwrap();
     let original = packet.clone();
-    let verdict = worker.process(&mut packet, input.now_ns);
+    let verdict = worker.process(&mut packet, input.now_ns, Ingress::ServerSide);
     let copies = match verdict {
         Verdict::ToAllServers { vip } => worker
             .copy_targets(vip)

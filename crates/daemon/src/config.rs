@@ -42,6 +42,10 @@ pub struct DaemonConfig {
     /// UMEM frames (2 KiB each) per worker.
     #[serde(default = "default_frames")]
     pub frames_per_worker: u32,
+    /// The interfaces servers' replies arrive on; default: those the kernel routes a
+    /// server's address through (`dataplane/sides.rs`).
+    #[serde(default)]
+    pub server_interfaces: Option<Vec<String>>,
 }
 
 fn default_api_listen() -> SocketAddr {
@@ -73,6 +77,11 @@ impl DaemonConfig {
             }
             if self.interfaces[..i].contains(name) {
                 bail!("daemon.interfaces[{i}]: {name} is listed twice");
+            }
+        }
+        for (i, name) in self.server_interfaces.iter().flatten().enumerate() {
+            if !self.interfaces.contains(name) {
+                bail!("daemon.server_interfaces[{i}]: {name} is not one of daemon.interfaces");
             }
         }
         if self.workers == Some(0) {
@@ -341,6 +350,10 @@ mod tests {
         assert!(daemon_error("interfaces = []").contains("daemon.interfaces"));
         assert!(daemon_error("interfaces = [\"a\", \"a\"]").contains("daemon.interfaces[1]"));
         assert!(daemon_error("interfaces = [\"a\"]\nworkers = 0").contains("daemon.workers"));
+        assert!(
+            daemon_error("interfaces = [\"a\", \"b\"]\nserver_interfaces = [\"b\", \"c\"]")
+                .starts_with("daemon.server_interfaces[1]: c is not one of daemon.interfaces")
+        );
         assert!(daemon_error("interfaces = [\"a\"]\nframes_per_worker = 5")
             .contains("daemon.frames_per_worker"));
         let unknown = daemon_error("interfaces = [\"a\"]\nbusy = true");

@@ -14,6 +14,7 @@ use cheetah_core::lb::{LbShared, Worker, WorkerConfig};
 use cheetah_core::tables::SlotState;
 
 use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
+use crate::dataplane::sides::{log_sides, InterfaceSides, SideSource};
 use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
 use crate::dataplane::xsk::WorkerPorts;
@@ -142,6 +143,9 @@ pub struct DataPlane {
     pub workers: Vec<std::thread::JoinHandle<()>>,
     steering: SteeringProgram,
     stop: Arc<AtomicBool>,
+    interface_names: Vec<String>,
+    side_source: SideSource,
+    sides: Arc<InterfaceSides>,
     /// Turns forwarding on `lo` off again (if the start turned it on) when the data
     /// plane is dropped, after the workers stopped.
     _loopback_forwarding: host::LoopbackForwarding,
@@ -195,6 +199,14 @@ impl DataPlane {
             }
             ports.push(worker_ports);
         }
+        // Before the workers start, so that no reply is judged without it.
+        let side_source = match &daemon.server_interfaces {
+            Some(names) => SideSource::Configured(names.clone()),
+            None => SideSource::Routes,
+        };
+        let initial = side_source.sides(&names, &state.shared.snapshot.load());
+        log_sides(&names, &initial, &side_source);
+        let sides = Arc::new(InterfaceSides::new(&initial));
         let mut statuses = Vec::new();
         for iface in &interfaces {
             let mode = steering.attach(&iface.name, iface.ifindex, daemon.xdp_mode)?;
@@ -235,6 +247,7 @@ impl DataPlane {
                 clock: state.clock,
                 stop: Arc::clone(&stop),
                 busy_poll: daemon.busy_poll,
+                sides: Arc::clone(&sides),
             };
             threads.push(
                 std::thread::Builder::new()
@@ -246,6 +259,9 @@ impl DataPlane {
             workers: threads,
             steering,
             stop,
+            interface_names: names,
+            side_source,
+            sides,
             _loopback_forwarding: loopback_forwarding,
         })
     }
@@ -279,10 +295,19 @@ impl DataPlane {
                 }
             }
             let now = state.shared.snapshot.generation();
-            if now != generation {
+            let tables_changed = now != generation;
+            if tables_changed {
                 generation = now;
                 if let Err(e) = sync_steering(&self.steering, &state.shared, state.forwarding) {
                     tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's maps");
+                }
+            }
+            // Routes change without the tables: looked at again every 5 s too.
+            if tables_changed || rounds.is_multiple_of(100) {
+                let names = &self.interface_names;
+                let sides = self.side_source.sides(names, &state.shared.snapshot.load());
+                if self.sides.set(&sides) {
+                    log_sides(names, &sides, &self.side_source);
                 }
             }
         }

@@ -294,7 +294,7 @@ fn refill_tcp_checksum(frame: &mut [u8]) {
 mod tests {
     use super::*;
     use cheetah_core::config::{Forwarding, Mode};
-    use cheetah_core::lb::{Worker, WorkerConfig};
+    use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
     use cheetah_core::policy::PolicyKind;
     use cheetah_core::tables::ControlPlane;
     use cheetah_core::testkit::{self, checksums_valid, timestamps, CLIENT_MAC, LB_MAC, VIP};
@@ -344,7 +344,7 @@ mod tests {
         for kind in Malformed::ALL {
             for n in 0..3 {
                 let mut frame = kind.frame(&addressing(), n);
-                let verdict = worker.process(&mut frame, 1_000_000);
+                let verdict = worker.process(&mut frame, 1_000_000, Ingress::ServerSide);
                 match kind.outcome() {
                     Outcome::LbDrop(reason) => {
                         assert_eq!(verdict, Verdict::Drop(reason), "{}", kind.name())

@@ -20,11 +20,19 @@
 //! While a server's clock is unknown (a fresh LB that has not yet seen a packet from it and
 //! had nothing persisted), [`MsbTable::restore`] returns `None` and the pipeline drops the
 //! client packet as `ts_msb_unknown`. Guessing is worse than dropping: Linux takes TSecr as
-//! an RTT sample, and a TSecr periods off inflates the RTO. The client retransmits, and any
-//! packet from the server teaches the clock.
+//! an RTT sample, and a TSecr periods off inflates the RTO. The client retransmits, and the
+//! server's next reply, or this instance's next health probe, teaches the clock.
+//!
+//! Two sources teach a clock, and only one is trusted. A reply ([`MsbTable::learn`]) may
+//! only move the estimate forward, and no further than real time allows since the clock
+//! was last anchored by a probe (or, never probed, by a reply): so no packet, nor a train of
+//! packets each a little ahead, can push M^ ahead of the server, whoever sends them. The
+//! SYN-ACK answering this instance's own probe ([`MsbTable::learn_probe`]) anchors the clock
+//! wherever it is, backwards too: a server that rebooted restarts its clock near 0, and its
+//! new connections are restored right from the next probe on.
 
 use std::sync::atomic::{
-    AtomicU32, AtomicU64,
+    AtomicBool, AtomicU32, AtomicU64,
     Ordering::{Relaxed, SeqCst},
 };
 
@@ -33,6 +41,12 @@ use crate::types::{Nanos, ServerId, NANOS_PER_MS, NANOS_PER_SEC};
 
 /// Set in a state once it is known; also in a restore entry once the MSB it holds is known.
 const KNOWN: u32 = 1 << 16;
+/// The high bits of an estimate word count the writes that may move M^ anywhere (a probe,
+/// an import, a forget). A writer that computed M^ from what it read earlier (a reply being
+/// learnt, the refresh) writes only if the generation is still the one it read first, so
+/// it can never put back what such a write replaced.
+const GENERATION_ONE: u32 = 1 << 17;
+const GENERATION: u32 = !(GENERATION_ONE - 1);
 /// Set in a restore entry whose echo is certainly older than the layout's idle limit: the
 /// server's next segment may be dropped by the client's PAWS check. Counted, not dropped.
 const BEYOND_IDLE_LIMIT: u32 = 1 << 17;
@@ -45,7 +59,9 @@ const BEYOND_IDLE_LIMIT: u32 = 1 << 17;
 /// the previous one (TSval difference) are compared with the real time elapsed: more than
 /// 65536 ticks a minute means more than one change a minute.
 pub const MAX_TICKS_PER_MINUTE: u64 = 65_536;
-/// Allowance for network delay between the two TSvals, in ticks.
+/// Allowance for network delay between the two TSvals, in ticks: how far a reply may be
+/// ahead of real time since the anchor it is bounded by (the anchor's own delay, the LB's
+/// batch clock, a server tick coarser than 1 ms).
 const TICK_SLACK: u64 = 2_000;
 /// The estimate runs this much slower than the LB's clock (1/2048, about 490 ppm), so that
 /// a server clock that is a little slow does not put M^ ahead of the server: behind is what
@@ -60,7 +76,7 @@ const UNKNOWN: u64 = u64::MAX;
 const ID_SPACE: usize = ServerId::SPACE;
 const COOKIES: usize = 1 << 16;
 
-/// What one server->client packet taught the table.
+/// What one server->client packet (or probe answer) taught the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MsbLearn {
     /// The MSB is the newest seen, or one before (a packet reordered around a change).
@@ -69,16 +85,25 @@ pub enum MsbLearn {
     Learned,
     /// The server's MSB moved forward.
     Advanced,
-    /// The server's clock cannot be corrected LB-side; see [`ClockProblem`].
+    /// A probe answer moved the server's clock backwards, or forward further than real time
+    /// allows (the server rebooted, or its clock was stepped): every restore entry was
+    /// republished from it. Only [`MsbTable::learn_probe`] says this.
+    Reset,
+    /// The reply was not learnt, or the server's clock cannot be corrected LB-side; see
+    /// [`ClockProblem`].
     Unstable(ClockProblem),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClockProblem {
-    /// The MSB went back by more than one step (several clocks, or a reboot).
+    /// The MSB went back by more than one step (several clocks, or a reboot): not learnt.
     Backwards,
     /// The clock ticks faster than [`MAX_TICKS_PER_MINUTE`].
     TooFrequent,
+    /// The TSval is further ahead than real time allows since the server's clock was last
+    /// anchored (a spoofed reply, or a clock that jumped; the next probe re-anchors a clock
+    /// that really jumped): not learnt.
+    AheadOfRealTime,
 }
 
 /// Per-server clock estimates, shared by all workers of an LB process.
@@ -95,10 +120,20 @@ pub struct MsbTable {
     /// `KNOWN | newest MSB seen` per server id. Sized to the whole id space, so an id
     /// decoded from a cookie needs no bounds check.
     seen: Box<[AtomicU32; ID_SPACE]>,
-    /// `(LB ms as u32) << 32 | TSval` at the last advance of `seen` (or moved forward by
-    /// [`MsbTable::refresh`]), or `UNKNOWN`. One word, so the pair is always consistent.
+    /// `(LB ms as u32) << 32 | TSval` at the last advance of `seen` or probe answer (or
+    /// moved forward by [`MsbTable::refresh`]), or `UNKNOWN`. One word, so the pair is
+    /// always consistent.
     anchors: Box<[AtomicU64; ID_SPACE]>,
-    /// `KNOWN | M^`; only moves forward while the server is known.
+    /// The anchor replies are bounded by, in the same form: the last probe answer's, or,
+    /// while the server was never probed, the last learnt reply's; `UNKNOWN` when nothing
+    /// bounds them (a clock just imported). Carried forward by the refresh at the fastest
+    /// rate a server clock may run, so it never holds a real reply back.
+    limits: Box<[AtomicU64; ID_SPACE]>,
+    /// Whether a probe anchored the server's clock since the table was made (or the server
+    /// forgotten).
+    probed: Box<[AtomicBool; ID_SPACE]>,
+    /// `generation | KNOWN | M^`. A reply or the refresh only moves M^ forward; a probe,
+    /// an import or a forget sets it anywhere and bumps the generation.
     estimates: Box<[AtomicU32; ID_SPACE]>,
     /// Indexed by [`Unmasked`]: `KNOWN | BEYOND_IDLE_LIMIT? | the restored MSB in network
     /// byte order` (the value whose in-memory bytes are the packet's), 0 while the clock is
@@ -109,6 +144,7 @@ pub struct MsbTable {
     /// Bumped on every write of an estimate, so a persister knows when to save.
     writes: AtomicU64,
     echoes_beyond_idle_limit: AtomicU64,
+    probe_resets: AtomicU64,
 }
 
 impl Default for MsbTable {
@@ -123,11 +159,18 @@ impl MsbTable {
             layout,
             seen: zeroed(),
             anchors: filled(UNKNOWN),
+            limits: filled(UNKNOWN),
+            probed: (0..ID_SPACE)
+                .map(|_| AtomicBool::new(false))
+                .collect::<Box<[_]>>()
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("ID_SPACE flags were made")),
             estimates: zeroed(),
             restores: zeroed(),
             last_warning: filled(0),
             writes: AtomicU64::new(0),
             echoes_beyond_idle_limit: AtomicU64::new(0),
+            probe_resets: AtomicU64::new(0),
         }
     }
 
@@ -135,7 +178,9 @@ impl MsbTable {
         self.layout
     }
 
-    /// Records the TSval that `server` sent (its MSB, and at changes its tick rate).
+    /// Records the TSval of a reply `server` sent (its MSB, and at changes its tick rate).
+    /// Never moves the estimate backwards, nor further forward than real time allows since
+    /// the server's clock was last anchored: such a reply is not learnt.
     #[inline(always)]
     pub fn learn(&self, server: ServerId, tsval: u32, now: Nanos) -> MsbLearn {
         let msb = (tsval >> 16) as u16;
@@ -146,11 +191,22 @@ impl MsbTable {
         self.learn_slow(server, tsval, now, current)
     }
 
+    /// A reply whose MSB is not the newest seen. Every word it writes is written by a
+    /// compare-exchange against what it read before its bound check (and the estimate
+    /// against the generation it read first), in the reverse of the order `learn_probe`
+    /// writes them: so a probe answer racing it either overwrites its writes or makes them
+    /// fail, and a reply from before a reboot cannot undo the probe's reset.
     #[cold]
     fn learn_slow(&self, server: ServerId, tsval: u32, now: Nanos, mut current: u32) -> MsbLearn {
+        let index = server.index();
         let msb = (tsval >> 16) as u16;
-        let seen = &self.seen[server.index()];
+        let now_ms = millis(now);
+        let generation = self.estimates[index].load(SeqCst) & GENERATION;
+        let previous = self.anchors[index].load(SeqCst);
+        let seen = &self.seen[index];
+        let mut limit;
         loop {
+            limit = self.limits[index].load(SeqCst);
             if current & KNOWN != 0 {
                 let step = msb.wrapping_sub(current as u16) as i16;
                 if step == 0 || step == -1 {
@@ -165,16 +221,24 @@ impl MsbTable {
                         now,
                     );
                 }
+                if limit != UNKNOWN && ahead_of_real_time(limit, tsval, now_ms) {
+                    let problem = ClockProblem::AheadOfRealTime;
+                    return self.unstable(server, problem, msb, current as u16, now);
+                }
             }
-            match seen.compare_exchange_weak(current, KNOWN | msb as u32, SeqCst, Relaxed) {
+            match seen.compare_exchange_weak(current, KNOWN | msb as u32, SeqCst, SeqCst) {
                 Ok(_) => break,
                 Err(actual) => current = actual,
             }
         }
-        let now_ms = millis(now);
-        let previous = self.anchors[server.index()].swap(anchor(now_ms, tsval), Relaxed);
+        let here = anchor(now_ms, tsval);
+        // A failed exchange means a newer anchor (a probe's, another reply's): keep it.
+        let _ = self.anchors[index].compare_exchange(previous, here, SeqCst, Relaxed);
+        if !self.probed[index].load(SeqCst) {
+            let _ = self.limits[index].compare_exchange(limit, here, SeqCst, Relaxed);
+        }
         // Anchored just now, the estimate is the MSB the server sent.
-        self.raise_estimate(server, msb, false);
+        self.raise_estimate(server, msb, generation, false);
         self.writes.fetch_add(1, Relaxed);
         if current & KNOWN == 0 {
             return MsbLearn::Learned;
@@ -189,6 +253,67 @@ impl MsbTable {
         MsbLearn::Advanced
     }
 
+    /// Records the TSval of the SYN-ACK answering this instance's own health probe of
+    /// `server`. Trusted: it anchors the server's clock where it is, backwards or far ahead
+    /// too (then every restore entry is republished from it, [`MsbLearn::Reset`]), bounds
+    /// the replies learnt from then on, and marks the clock [`probed`](MsbTable::probed).
+    pub fn learn_probe(&self, server: ServerId, tsval: u32, now: Nanos) -> MsbLearn {
+        let index = server.index();
+        let msb = (tsval >> 16) as u16;
+        let now_ms = millis(now);
+        let current = self.seen[index].load(SeqCst);
+        let bound = match self.limits[index].load(SeqCst) {
+            UNKNOWN => self.anchors[index].load(SeqCst),
+            limit => limit,
+        };
+        let learnt = if current & KNOWN == 0 {
+            MsbLearn::Learned
+        } else {
+            match msb.wrapping_sub(current as u16) as i16 {
+                0 | -1 => MsbLearn::Unchanged,
+                step if step < 0 => MsbLearn::Reset,
+                _ if bound != UNKNOWN && ahead_of_real_time(bound, tsval, now_ms) => {
+                    MsbLearn::Reset
+                }
+                _ => MsbLearn::Advanced,
+            }
+        };
+        // The order `learn_slow` relies on: the bound first, the estimate last.
+        let here = anchor(now_ms, tsval);
+        self.probed[index].store(true, SeqCst);
+        self.limits[index].store(here, SeqCst);
+        self.anchors[index].store(here, SeqCst);
+        if learnt == MsbLearn::Unchanged {
+            return learnt;
+        }
+        self.seen[index].store(KNOWN | msb as u32, SeqCst);
+        self.set_estimate(server, KNOWN | msb as u32);
+        if learnt == MsbLearn::Reset {
+            self.probe_resets.fetch_add(1, Relaxed);
+            self.warn_rate_limited(server, now, || {
+                tracing::warn!(
+                    server = server.0,
+                    msb,
+                    remembered = current as u16,
+                    "server {server}'s TCP timestamp clock jumped (rebooted?): re-anchored \
+                     from its answer to a health probe"
+                )
+            });
+        }
+        learnt
+    }
+
+    /// Whether a probe answer anchored `server`'s clock since the table was made or the
+    /// server forgotten (an imported estimate or a reply does not count).
+    pub fn probed(&self, server: ServerId) -> bool {
+        self.probed[server.index()].load(Relaxed)
+    }
+
+    /// Probe answers that moved a clock backwards or jumped it forwards.
+    pub fn probe_resets(&self) -> u64 {
+        self.probe_resets.load(Relaxed)
+    }
+
     fn unstable(
         &self,
         server: ServerId,
@@ -197,14 +322,17 @@ impl MsbTable {
         m: u16,
         now: Nanos,
     ) -> MsbLearn {
-        let last = &self.last_warning[server.index()];
-        let previous = last.load(Relaxed);
-        if (previous == 0 || now.saturating_sub(previous) >= WARNING_INTERVAL)
-            && last
-                .compare_exchange(previous, now.max(1), Relaxed, Relaxed)
-                .is_ok()
-        {
-            tracing::warn!(
+        self.warn_rate_limited(server, now, || match problem {
+            ClockProblem::AheadOfRealTime => tracing::warn!(
+                server = server.0,
+                ?problem,
+                msb,
+                remembered = m,
+                "a reply from server {server} carried a TCP timestamp further ahead than real \
+                 time allows: not learnt (a spoofed packet, or a server clock that jumped: its \
+                 next health probe re-anchors it)"
+            ),
+            ClockProblem::Backwards | ClockProblem::TooFrequent => tracing::warn!(
                 server = server.0,
                 ?problem,
                 msb,
@@ -212,25 +340,46 @@ impl MsbTable {
                 "server {server}'s TCP timestamp clock cannot be corrected by the LB: run it with \
                  `sysctl -w net.ipv4.tcp_timestamps=2` (one clock per host, millisecond ticks) \
                  or use server-side timestamp correction"
-            );
-        }
+            ),
+        });
         MsbLearn::Unstable(problem)
     }
 
-    /// Moves M^ of `server` forward to `m` (never back), and its restore entries with it.
+    /// Runs `warn` at most once a [`WARNING_INTERVAL`] per server.
+    fn warn_rate_limited(&self, server: ServerId, now: Nanos, warn: impl FnOnce()) {
+        let last = &self.last_warning[server.index()];
+        let previous = last.load(Relaxed);
+        if (previous == 0 || now.saturating_sub(previous) >= WARNING_INTERVAL)
+            && last
+                .compare_exchange(previous, now.max(1), Relaxed, Relaxed)
+                .is_ok()
+        {
+            warn();
+        }
+    }
+
+    /// Moves M^ of `server` forward to `m` (never back), and its restore entries with it,
+    /// if its generation is still `generation` (read before `m` was worked out).
     /// `only_if_known`: a refresh must not bring back a server forgotten meanwhile.
-    fn raise_estimate(&self, server: ServerId, m: u16, only_if_known: bool) -> bool {
+    fn raise_estimate(
+        &self,
+        server: ServerId,
+        m: u16,
+        generation: u32,
+        only_if_known: bool,
+    ) -> bool {
         let cell = &self.estimates[server.index()];
         let mut current = cell.load(SeqCst);
         loop {
-            if current & KNOWN == 0 && only_if_known {
+            if current & GENERATION != generation || (current & KNOWN == 0 && only_if_known) {
                 return false;
             }
             if current & KNOWN != 0 && m.wrapping_sub(current as u16) as i16 <= 0 {
                 return false;
             }
             // SeqCst: `publish` relies on one total order of estimate writes and its loads.
-            match cell.compare_exchange_weak(current, KNOWN | m as u32, SeqCst, SeqCst) {
+            match cell.compare_exchange_weak(current, generation | KNOWN | m as u32, SeqCst, SeqCst)
+            {
                 Ok(_) => break,
                 Err(actual) => current = actual,
             }
@@ -238,6 +387,22 @@ impl MsbTable {
         self.publish(server);
         self.writes.fetch_add(1, Relaxed);
         true
+    }
+
+    /// Sets the estimate of `server` to `value` (`KNOWN | M^`, or 0), wherever the current
+    /// one is, in a new generation, and republishes its restore entries.
+    fn set_estimate(&self, server: ServerId, value: u32) {
+        let cell = &self.estimates[server.index()];
+        let mut current = cell.load(SeqCst);
+        loop {
+            let next = (current & GENERATION).wrapping_add(GENERATION_ONE) | value;
+            match cell.compare_exchange_weak(current, next, SeqCst, SeqCst) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        self.publish(server);
+        self.writes.fetch_add(1, Relaxed);
     }
 
     /// Moves every known server's M^ to where its clock must be by `now`, so that a server
@@ -248,19 +413,26 @@ impl MsbTable {
         let now_ms = millis(now);
         let mut moved = 0;
         for index in 0..ID_SPACE {
-            let anchor_cell = &self.anchors[index];
-            let anchor = anchor_cell.load(Relaxed);
-            if anchor == UNKNOWN {
-                continue;
-            }
             let server = ServerId(index as u16);
-            if self.raise_estimate(server, estimate_msb(anchor, now_ms), true) {
-                moved += 1;
+            let generation = self.estimates[index].load(SeqCst) & GENERATION;
+            let anchor_cell = &self.anchors[index];
+            let anchor = anchor_cell.load(SeqCst);
+            if anchor != UNKNOWN {
+                let m = estimate_msb(anchor, now_ms);
+                if self.raise_estimate(server, m, generation, true) {
+                    moved += 1;
+                }
+                if elapsed_ms(anchor, now_ms) > REANCHOR_AFTER_MS {
+                    let young = self::anchor(now_ms, estimate_tsval(anchor, now_ms));
+                    // A reply or a probe may have re-anchored it meanwhile: that is better.
+                    let _ = anchor_cell.compare_exchange(anchor, young, SeqCst, Relaxed);
+                }
             }
-            if elapsed_ms(anchor, now_ms) > REANCHOR_AFTER_MS {
-                let young = self::anchor(now_ms, estimate_tsval(anchor, now_ms));
-                // A reply may have re-anchored it meanwhile: that anchor is better.
-                let _ = anchor_cell.compare_exchange(anchor, young, Relaxed, Relaxed);
+            let limit_cell = &self.limits[index];
+            let limit = limit_cell.load(SeqCst);
+            if limit != UNKNOWN && elapsed_ms(limit, now_ms) > REANCHOR_AFTER_MS {
+                let young = self::anchor(now_ms, latest_tsval(limit, now_ms));
+                let _ = limit_cell.compare_exchange(limit, young, SeqCst, Relaxed);
             }
         }
         moved
@@ -323,25 +495,15 @@ impl MsbTable {
         (current & KNOWN != 0).then_some(current as u16)
     }
 
-    /// Stand-in until part A: what a SYN-ACK answering this instance's own health probe
-    /// teaches. Learnt like a reply for now.
-    pub fn learn_probe(&self, server: ServerId, tsval: u32, now: Nanos) -> MsbLearn {
-        self.learn(server, tsval, now)
-    }
-
-    /// Stand-in until part A: whether a probe anchored this server's clock. For now,
-    /// whether the clock is known at all.
-    pub fn probed(&self, server: ServerId) -> bool {
-        self.get(server).is_some()
-    }
-
     /// Forgets a server (its id was retired or is being reused by another host).
     pub fn forget(&self, server: ServerId) {
-        self.anchors[server.index()].store(UNKNOWN, SeqCst);
-        self.seen[server.index()].store(0, SeqCst);
-        self.estimates[server.index()].store(0, SeqCst);
-        self.publish(server);
-        self.writes.fetch_add(1, Relaxed);
+        let index = server.index();
+        // The order `learn_slow` relies on, as in `learn_probe`.
+        self.probed[index].store(false, SeqCst);
+        self.limits[index].store(UNKNOWN, SeqCst);
+        self.anchors[index].store(UNKNOWN, SeqCst);
+        self.seen[index].store(0, SeqCst);
+        self.set_estimate(server, 0);
     }
 
     /// Number of writes so far; a persister saves when this moved.
@@ -367,11 +529,16 @@ impl MsbTable {
     pub fn import(&self, values: &[(ServerId, u32)], now: Nanos) {
         let now_ms = millis(now);
         for &(server, tsval) in values {
+            let index = server.index();
             let msb = (tsval >> 16) as u16;
-            self.anchors[server.index()].store(anchor(now_ms, tsval), SeqCst);
-            self.seen[server.index()].store(KNOWN | msb as u32, SeqCst);
-            self.estimates[server.index()].store(KNOWN | msb as u32, SeqCst);
-            self.publish(server);
+            // Not a probe, and not a bound either: an imported estimate runs a little slow
+            // by design, by an amount that grows with how long the server was quiet, so
+            // the first reply after it re-anchors the bound (or the first probe does).
+            self.probed[index].store(false, SeqCst);
+            self.limits[index].store(UNKNOWN, SeqCst);
+            self.anchors[index].store(anchor(now_ms, tsval), SeqCst);
+            self.seen[index].store(KNOWN | msb as u32, SeqCst);
+            self.set_estimate(server, KNOWN | msb as u32);
         }
         self.writes.fetch_add(1, Relaxed);
     }
@@ -402,6 +569,20 @@ fn estimate_tsval(anchor: u64, now_ms: u32) -> u32 {
 /// persisted clock carried over the downtime.
 fn carried_forward(tsval: u32, elapsed_ms: u32) -> u32 {
     tsval.wrapping_add(elapsed_ms - (elapsed_ms >> DRIFT_ALLOWANCE_SHIFT))
+}
+
+/// The latest TSval the anchored server may send at `now_ms`: its clock up to
+/// [`DRIFT_ALLOWANCE_SHIFT`]'s share faster than the LB's.
+fn latest_tsval(anchor: u64, now_ms: u32) -> u32 {
+    let elapsed = elapsed_ms(anchor, now_ms);
+    (anchor as u32)
+        .wrapping_add(elapsed)
+        .wrapping_add(elapsed >> DRIFT_ALLOWANCE_SHIFT)
+}
+
+/// Whether a reply's `tsval` is further ahead than real time allows since `anchor`.
+fn ahead_of_real_time(anchor: u64, tsval: u32, now_ms: u32) -> bool {
+    tsval.wrapping_sub(latest_tsval(anchor, now_ms)) as i32 > TICK_SLACK as i32
 }
 
 fn estimate_msb(anchor: u64, now_ms: u32) -> u16 {

@@ -56,6 +56,7 @@ counters! {
     MsbLearned => "ts_msb_learned", "A server's timestamp MSB seen for the first time.";
     MsbAdvanced => "ts_msb_advanced", "A server's timestamp MSB moved forward (one per 65.5 s at 1 ms ticks).";
     ServerTsClockUnstable => "server_ts_clock_unstable", "Server timestamps going backwards or ticking too fast to correct at the LB.";
+    ServerTsAheadOfRealTime => "server_ts_ahead_of_real_time", "Server replies whose TSval was further ahead than real time allows since the server's clock was last anchored (a spoofed reply, or a clock that jumped): not learnt.";
     IcmpRoutedByCookie => "icmp_routed_by_cookie", "ICMP errors routed by the cookie of the embedded packet.";
     IcmpRoutedByFallback => "icmp_routed_by_fallback", "ICMP errors about a no-timestamp connection routed by the fallback table.";
     SynRetransmissions => "syn_retransmissions", "Retransmitted SYNs recognised: the count the SYN raised before is released.";

@@ -24,6 +24,7 @@
 
 use super::cookie_stage::route_to_slot;
 use super::counters::{Bundle, Counter};
+use super::ingress::Ingress;
 use super::shared::LbShared;
 use super::worker::{baseline_pick, Ipv4Layout, Sender, WorkerState};
 use crate::config::{Forwarding, Mode};
@@ -141,6 +142,7 @@ impl WorkerState {
         shared: &LbShared,
         packet: &mut [u8],
         now: Nanos,
+        ingress: Ingress,
     ) -> Option<Verdict> {
         debug_assert_eq!(CHEETAH, snapshot.mode == Mode::Cheetah);
         debug_assert_eq!(NAT, snapshot.forwarding == Forwarding::Nat);
@@ -154,7 +156,12 @@ impl WorkerState {
         };
         match snapshot.vip_slot(layout.dst, segment.dst_port) {
             Some(vip) => self.client_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, vip),
-            None => self.reply_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, now),
+            // Only the servers' side carries replies, and a segment to a VIP's address is
+            // never one: the general pipeline drops what only claims to be.
+            None if ingress == Ingress::ServerSide && !snapshot.is_vip_addr(layout.dst) => {
+                self.reply_fast::<CHEETAH, NAT>(snapshot, shared, packet, segment, now)
+            }
+            None => None,
         }
     }
 
@@ -232,8 +239,8 @@ impl WorkerState {
         }
     }
 
-    /// A segment not to a VIP port: a server's reply if its source says so (found exactly
-    /// as the general classifier finds it), else `None`.
+    /// A segment from the servers' side, not to a VIP: a server's reply if its source says
+    /// so (found exactly as the general classifier finds it), else `None`.
     #[inline(always)]
     fn reply_fast<const CHEETAH: bool, const NAT: bool>(
         &mut self,

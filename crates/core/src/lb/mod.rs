@@ -8,6 +8,7 @@ pub mod fallback;
 mod fast_path;
 pub mod handshakes;
 mod icmp_path;
+pub mod ingress;
 pub mod rate_limit;
 mod server_path;
 mod server_reply;
@@ -15,5 +16,6 @@ pub mod shared;
 pub mod worker;
 
 pub use counters::{Bundle, Counter, WorkerCounters};
+pub use ingress::Ingress;
 pub use shared::LbShared;
 pub use worker::{Worker, WorkerConfig};

@@ -6,6 +6,7 @@
 use super::counters::Counter;
 use super::shared::LbShared;
 use super::worker::{Ipv4Layout, WorkerState};
+use crate::cookie::msb::ClockProblem;
 use crate::cookie::MsbLearn;
 use crate::tables::Snapshot;
 use crate::types::{Nanos, ServerId};
@@ -33,10 +34,14 @@ impl WorkerState {
     #[inline(never)]
     fn count_msb_change(&self, learnt: MsbLearn) {
         self.counters.inc(match learnt {
-            MsbLearn::Unchanged => return,
+            // Only a probe answer resets a clock; a reply never does.
+            MsbLearn::Unchanged | MsbLearn::Reset => return,
             MsbLearn::Learned => Counter::MsbLearned,
             MsbLearn::Advanced => Counter::MsbAdvanced,
-            MsbLearn::Unstable(_) => Counter::ServerTsClockUnstable,
+            MsbLearn::Unstable(ClockProblem::AheadOfRealTime) => Counter::ServerTsAheadOfRealTime,
+            MsbLearn::Unstable(ClockProblem::Backwards | ClockProblem::TooFrequent) => {
+                Counter::ServerTsClockUnstable
+            }
         });
     }
 

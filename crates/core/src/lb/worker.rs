@@ -18,6 +18,7 @@ use std::sync::Arc;
 use rand_core::SeedableRng;
 
 use super::counters::{Counter, WorkerCounters};
+use super::ingress::Ingress;
 use super::rate_limit::TokenBucket;
 use super::shared::LbShared;
 use crate::config::{Forwarding, Mode};
@@ -272,22 +273,24 @@ impl Worker {
         state.counters.inc(Counter::SnapshotReloads);
     }
 
-    /// Runs one packet through the pipeline, rewriting it in place.
+    /// Runs one packet that arrived on a port of the `ingress` side through the pipeline,
+    /// rewriting it in place.
     #[inline]
-    pub fn process(&mut self, packet: &mut [u8], now: Nanos) -> Verdict {
+    pub fn process(&mut self, packet: &mut [u8], now: Nanos, ingress: Ingress) -> Verdict {
         self.tick(now);
         match (
             self.snapshot.mode == Mode::Cheetah,
             self.snapshot.forwarding,
         ) {
-            (true, Forwarding::L2) => self.process_ticked::<true, false>(packet, now),
-            (true, Forwarding::Nat) => self.process_ticked::<true, true>(packet, now),
-            (false, Forwarding::L2) => self.process_ticked::<false, false>(packet, now),
-            (false, Forwarding::Nat) => self.process_ticked::<false, true>(packet, now),
+            (true, Forwarding::L2) => self.process_ticked::<true, false>(packet, now, ingress),
+            (true, Forwarding::Nat) => self.process_ticked::<true, true>(packet, now, ingress),
+            (false, Forwarding::L2) => self.process_ticked::<false, false>(packet, now, ingress),
+            (false, Forwarding::Nat) => self.process_ticked::<false, true>(packet, now, ingress),
         }
     }
 
-    /// Runs a burst of packets received together, rewriting each in place and handing its
+    /// Runs a burst of packets received together on a port of the `ingress` side,
+    /// rewriting each in place and handing its
     /// verdict to `verdict`, in order. The same as [`process`](Self::process) on each
     /// packet with the same `now` (what a receive loop passes for one burst), except that
     /// the snapshot and merge checks are made once for the burst: a snapshot published
@@ -299,6 +302,7 @@ impl Worker {
         &mut self,
         packets: impl IntoIterator<Item = &'p mut [u8]>,
         now: Nanos,
+        ingress: Ingress,
         mut verdict: impl FnMut(Verdict),
     ) {
         self.tick(now);
@@ -308,16 +312,16 @@ impl Worker {
             self.snapshot.forwarding,
         ) {
             (true, Forwarding::L2) => {
-                packets.for_each(|p| verdict(self.process_ticked::<true, false>(p, now)))
+                packets.for_each(|p| verdict(self.process_ticked::<true, false>(p, now, ingress)))
             }
             (true, Forwarding::Nat) => {
-                packets.for_each(|p| verdict(self.process_ticked::<true, true>(p, now)))
+                packets.for_each(|p| verdict(self.process_ticked::<true, true>(p, now, ingress)))
             }
             (false, Forwarding::L2) => {
-                packets.for_each(|p| verdict(self.process_ticked::<false, false>(p, now)))
+                packets.for_each(|p| verdict(self.process_ticked::<false, false>(p, now, ingress)))
             }
             (false, Forwarding::Nat) => {
-                packets.for_each(|p| verdict(self.process_ticked::<false, true>(p, now)))
+                packets.for_each(|p| verdict(self.process_ticked::<false, true>(p, now, ingress)))
             }
         }
     }
@@ -328,6 +332,7 @@ impl Worker {
         &mut self,
         packet: &mut [u8],
         now: Nanos,
+        ingress: Ingress,
     ) -> Verdict {
         if self.state.fast_path {
             // Counts its own verdicts.
@@ -336,11 +341,12 @@ impl Worker {
                 &self.shared,
                 packet,
                 now,
+                ingress,
             ) {
                 return verdict;
             }
         }
-        let verdict = self.classify(packet, now);
+        let verdict = self.classify(packet, now, ingress);
         self.state.counters.count_verdict(verdict);
         verdict
     }
@@ -348,7 +354,7 @@ impl Worker {
     /// The general pipeline: every packet the straight line declines. Out of line, so the
     /// straight line keeps its registers for itself.
     #[inline(never)]
-    fn classify(&mut self, packet: &mut [u8], now: Nanos) -> Verdict {
+    fn classify(&mut self, packet: &mut [u8], now: Nanos, ingress: Ingress) -> Verdict {
         let frame = match EthernetFrame::new_checked(&*packet) {
             Ok(frame) => frame,
             Err(reason) => return Verdict::Drop(reason),
@@ -377,7 +383,10 @@ impl Worker {
                     .state
                     .client_tcp(snapshot, shared, packet, layout, vip, now);
             }
+            // A segment to a VIP's address is never a reply, whatever its source claims:
+            // `classify_rest` takes it as traffic to the VIP.
             let sender = match snapshot.forwarding {
+                _ if snapshot.is_vip_addr(dst) => None,
                 Forwarding::L2 => snapshot.vip_index(src, src_port).map(|vip| {
                     snapshot.server_by_mac(&src_mac).map(|server| Sender {
                         server,
@@ -394,6 +403,10 @@ impl Worker {
                 }),
             };
             match sender {
+                // Before anything is learnt from it.
+                Some(Some(_)) if ingress == Ingress::ClientSide => {
+                    return Verdict::Drop(DropReason::ReplyFromClientSide)
+                }
                 Some(Some(sender)) => {
                     return self
                         .state

@@ -90,6 +90,10 @@ pub struct Snapshot {
     /// IPv4 TCP VIPs by address and port, each with a copy of its hash prefix.
     vip_by_addr_port: FlatIndex<VipSlot>,
     vip_addrs: FlatIndex<()>,
+    /// Bit `a & 63` set for every IPv4 VIP address `a`: every server reply asks whether it
+    /// is addressed to a VIP, and one bit test answers "no" for most addresses that are
+    /// not, before the index is looked at.
+    vip_addr_filter: u64,
     vip_addrs_v6: Vec<Ipv6Addr>,
     server_by_mac: FlatIndex<MacEntry>,
     /// `(DIP << 16 | backend port)` -> (server, VIP index), for NAT replies.
@@ -97,6 +101,12 @@ pub struct Snapshot {
     /// DIPs of removed servers, so their late NAT replies are dropped and counted rather
     /// than handed to the host untranslated.
     removed_dips: FlatIndex<ServerId>,
+}
+
+/// The bit of `addr` in [`Snapshot`]'s VIP address filter.
+#[inline(always)]
+fn vip_addr_bit(addr: u32) -> u64 {
+    1 << (addr & 63)
 }
 
 #[inline]
@@ -203,6 +213,9 @@ impl Snapshot {
             forwarding,
             vip_hash_prefixes,
             vip_by_addr_port: FlatIndex::build_with_filler(by_addr_port, filler),
+            vip_addr_filter: addrs
+                .iter()
+                .fold(0, |filter, &(a, ())| filter | vip_addr_bit(a as u32)),
             vip_addrs: FlatIndex::build(addrs),
             vip_addrs_v6,
             server_by_mac: FlatIndex::build_with_filler(by_mac, mac_filler),
@@ -247,7 +260,7 @@ impl Snapshot {
     /// Whether `addr` is the address of any VIP (on any port).
     #[inline]
     pub fn is_vip_addr(&self, addr: u32) -> bool {
-        self.vip_addrs.contains(addr as u64)
+        self.vip_addr_filter & vip_addr_bit(addr) != 0 && self.vip_addrs.contains(addr as u64)
     }
 
     pub fn is_vip_addr_v6(&self, addr: &Ipv6Addr) -> bool {

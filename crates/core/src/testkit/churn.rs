@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use super::{client_ip, config, options, server_mac, TcpFrame, VIP, VIP_PORT};
 use crate::config::{Forwarding, Mode};
 use crate::hash::Secret;
-use crate::lb::{Worker, WorkerConfig};
+use crate::lb::{Ingress, Worker, WorkerConfig};
 use crate::policy::PolicyKind;
 use crate::tables::{ControlPlane, ServerSpec};
 use crate::types::{format_mac, ServerId, NANOS_PER_MS, NANOS_PER_SEC};
@@ -74,7 +74,7 @@ pub fn run(mode: Mode, connections: usize) -> ChurnReport {
     for (i, c) in conns.iter_mut().enumerate() {
         let mut syn =
             TcpFrame::from_client(c.client, c.port, SYN, options::linux_syn(c.clock, 0)).build();
-        if let Verdict::ToServer(s) = workers[i % 2].process(&mut syn, now) {
+        if let Verdict::ToServer(s) = workers[i % 2].process(&mut syn, now, Ingress::ServerSide) {
             c.server = Some(s);
             server_reply(
                 &mut workers[(i + 1) % 2],
@@ -127,7 +127,7 @@ pub fn run(mode: Mode, connections: usize) -> ChurnReport {
             .with_payload(b"GET / HTTP/1.1\r\n\r\n")
             .build();
             report.packets += 1;
-            match workers[(i + round) % 2].process(&mut data, now) {
+            match workers[(i + round) % 2].process(&mut data, now, Ingress::ServerSide) {
                 Verdict::ToServer(s) if s == server => {}
                 Verdict::Drop(_) => report.dropped_packets += 1,
                 _ => {
@@ -158,7 +158,7 @@ fn server_reply(worker: &mut Worker, c: &mut Conn, tsval: u32, flags: u8, now: u
         options::nop_nop_ts(tsval, c.clock)
     };
     let mut reply = TcpFrame::from_server_l2(server, c.client, c.port, flags, opts).build();
-    if worker.process(&mut reply, now) == Verdict::ToClient {
+    if worker.process(&mut reply, now, Ingress::ServerSide) == Verdict::ToClient {
         if let Some((tsval, _)) = super::timestamps(&reply) {
             c.echo = tsval;
         }

@@ -94,13 +94,13 @@ fn resolve(
 }
 
 #[derive(Debug, PartialEq, Eq)]
-struct Route {
-    interface: String,
+pub(super) struct Route {
+    pub(super) interface: String,
     gateway: Option<Ipv4Addr>,
 }
 
 /// Longest-prefix match over `/proc/net/route` (addresses are little-endian hex there).
-fn best_route(table: &str, dst: Ipv4Addr) -> Option<Route> {
+pub(super) fn best_route(table: &str, dst: Ipv4Addr) -> Option<Route> {
     const RTF_UP: u32 = 0x1;
     let dst = u32::from(dst);
     let hex = |s: &str| u32::from_str_radix(s, 16).ok().map(u32::from_be);

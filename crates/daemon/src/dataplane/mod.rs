@@ -9,6 +9,7 @@ pub mod meta;
 pub mod neighbour;
 #[cfg(test)]
 mod shared_layout_tests;
+pub mod sides;
 pub mod worker_loop;
 pub mod xdp;
 pub mod xsk;

@@ -17,6 +17,7 @@ use super::egress::ServerEgress;
 use super::io_counters::IoCounters;
 use super::meta::{NextHop, PacketMeta};
 use super::neighbour::NeighbourResolver;
+use super::sides::InterfaceSides;
 use super::xsk::WorkerPorts;
 use crate::clock::Clock;
 
@@ -33,6 +34,8 @@ pub struct DataPath {
     pub clock: Clock,
     pub stop: Arc<AtomicBool>,
     pub busy_poll: bool,
+    /// Which interfaces face the servers (replies count only from there).
+    pub sides: Arc<InterfaceSides>,
 }
 
 struct Staging {
@@ -86,6 +89,7 @@ impl DataPath {
                 // straight line in one loop), then each packet goes where it was sent.
                 verdicts.clear();
                 let ports = &self.ports;
+                let ingress = self.sides.ingress(ports.ports[port].slot);
                 self.worker.process_batch(
                     rx.iter().map(|desc| {
                         // SAFETY: each frame was just received, so this worker owns it
@@ -95,6 +99,7 @@ impl DataPath {
                         unsafe { ports.bytes(desc.addr, desc.len) }
                     }),
                     now,
+                    ingress,
                     |verdict| verdicts.push(verdict),
                 );
                 for (desc, verdict) in rx.iter().zip(&verdicts) {

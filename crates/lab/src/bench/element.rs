@@ -17,7 +17,7 @@ use anyhow::{ensure, Context};
 use cheetah_core::cookie::{tcp_ts, MsbTable};
 use cheetah_core::hash::FlowKey;
 use cheetah_core::lb::cookie_stage::route_to_slot;
-use cheetah_core::lb::LbShared;
+use cheetah_core::lb::{Ingress, LbShared};
 use cheetah_core::tables::AllServers;
 use cheetah_core::wire::{checksum, ethernet, tcp, TcpSegment};
 use cheetah_core::{testkit, DropReason, ServerId};
@@ -172,7 +172,7 @@ impl Element {
         for (i, p) in selected.iter().enumerate() {
             let routed = element_packet(&servers, &shared.msb, &parsed[i], set.restored_whole(i));
             let mut whole = p.frame.clone();
-            worker.process(&mut whole, trace.end);
+            worker.process(&mut whole, trace.end, Ingress::ServerSide);
             same_as_pipeline(&parsed[i], routed, p.server, set.work(i), &whole)
                 .with_context(|| format!("trace packet {i}"))?;
         }
@@ -274,7 +274,7 @@ mod tests {
             let mut element_out = frame.clone();
             let routed = element_packet(&servers, &shared.msb, &parsed, &mut element_out);
             let mut pipeline_out = frame;
-            worker.process(&mut pipeline_out, trace.end);
+            worker.process(&mut pipeline_out, trace.end, Ingress::ServerSide);
             same_as_pipeline(&parsed, routed, p.server, &element_out, &pipeline_out).unwrap();
             checked += 1;
         }

@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use anyhow::{bail, ensure};
-use cheetah_core::lb::{Counter, Worker};
+use cheetah_core::lb::{Counter, Ingress, Worker};
 use cheetah_core::{DropReason, Nanos, Verdict};
 
 use super::items::Path;
@@ -47,7 +47,7 @@ pub fn warm(worker: &mut Worker, trace: &Trace) -> anyhow::Result<()> {
     let mut drops: Vec<DropReason> = Vec::new();
     for packet in &trace.packets {
         let mut frame = packet.frame.clone();
-        if let Verdict::Drop(reason) = worker.process(&mut frame, packet.at) {
+        if let Verdict::Drop(reason) = worker.process(&mut frame, packet.at, Ingress::ServerSide) {
             drops.push(reason);
         }
     }
@@ -94,7 +94,7 @@ pub fn prepare(
     let mut drops: Vec<(DropReason, usize)> = Vec::new();
     let mut misrouted = 0usize;
     for (i, packet) in selected.iter().enumerate() {
-        let verdict = worker.process(set.restored_whole(i), now);
+        let verdict = worker.process(set.restored_whole(i), now, Ingress::ServerSide);
         let ok = match verdict {
             Verdict::ToServer(server) if packet.role.is_client() => {
                 !fixed_server || server == packet.server
@@ -175,11 +175,11 @@ impl Timed for Prepared {
                 let worker = &mut self.worker;
                 if self.per_packet {
                     self.set.pass(|_, packet| {
-                        black_box(worker.process(packet, now));
+                        black_box(worker.process(packet, now, Ingress::ServerSide));
                     });
                 } else {
                     self.set.pass_bursts(|burst| {
-                        worker.process_batch(burst, now, |v| {
+                        worker.process_batch(burst, now, Ingress::ServerSide, |v| {
                             black_box(v);
                         });
                     });
@@ -192,7 +192,7 @@ impl Timed for Prepared {
 /// One packet through the pipeline, never inlined so callgrind can count exactly it.
 #[inline(never)]
 pub fn measured_packet(worker: &mut Worker, packet: &mut [u8], now: Nanos) -> Verdict {
-    worker.process(packet, now)
+    worker.process(packet, now, Ingress::ServerSide)
 }
 
 /// One burst through the pipeline as the receive loop runs it, never inlined so callgrind
@@ -203,7 +203,7 @@ pub fn measured_packet_burst<'p>(
     burst: impl Iterator<Item = &'p mut [u8]>,
     now: Nanos,
 ) {
-    worker.process_batch(burst, now, |v| {
+    worker.process_batch(burst, now, Ingress::ServerSide, |v| {
         black_box(v);
     });
 }

@@ -17,7 +17,7 @@
 
 use anyhow::{bail, Context};
 use cheetah_core::hash::FlowKey;
-use cheetah_core::lb::Worker;
+use cheetah_core::lb::{Ingress, Worker};
 use cheetah_core::testkit::{self, TcpFrame};
 use cheetah_core::wire::ip_proto;
 use cheetah_core::wire::tcp::flags::{ACK, FIN, PSH, SYN};
@@ -267,7 +267,7 @@ fn client_packet(
         .wrapping_add(step.payload as u32 + (step.flags & (SYN | FIN) != 0) as u32);
     let frame = frame.build();
     let mut sent = frame.clone();
-    let server = match lb.process(&mut sent, now) {
+    let server = match lb.process(&mut sent, now, Ingress::ServerSide) {
         Verdict::ToServer(server) => server,
         other => bail!("client packet got {other:?}"),
     };
@@ -328,7 +328,7 @@ fn server_packet(
         .wrapping_add(step.payload as u32 + (step.flags & (SYN | FIN) != 0) as u32);
     let frame = frame.build();
     let mut sent = frame.clone();
-    match lb.process(&mut sent, now) {
+    match lb.process(&mut sent, now, Ingress::ServerSide) {
         Verdict::ToClient => {}
         other => bail!("server packet got {other:?}"),
     }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use cheetah_core::lb::{Counter, Worker, WorkerConfig};
+use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{Nanos, NANOS_PER_SEC};
 use cheetah_core::{DropReason, ServerId, Verdict};
@@ -161,7 +161,7 @@ pub fn run(args: Args) -> Result<()> {
         let worker = &mut workers[index];
         work.clear();
         work.extend_from_slice(&original);
-        let verdict = worker.process(&mut work, now);
+        let verdict = worker.process(&mut work, now, Ingress::ServerSide);
         let targets: &[ServerId] = match verdict {
             Verdict::ToAllServers { vip } => worker.copy_targets(vip),
             _ => &[],
