@@ -29,6 +29,7 @@
 //! | `cheetah_xdp_packets` (counter) | `outcome` |
 //! | `cheetah_snapshot_generation` (gauge) | |
 //! | `cheetah_echoes_beyond_idle_limit` (counter) | |
+//! | `cheetah_server_clock_resets` (counter) | |
 //! | `cheetah` (info) | `version`, `mode`, `forwarding`, `cookie_epoch_bits`, `secret_fingerprint` |
 
 use std::fmt;
@@ -407,6 +408,13 @@ impl Collector for DaemonCollector {
             "Client echoes restored from further back than the cookie layout's idle limit (2^(k-1) x 65.5 s): those connections idled too long, and their client's PAWS check will drop the server's next segment.",
             MetricType::Counter,
             [(Labels::new(), Count(state.shared.msb.echoes_beyond_idle_limit()))],
+        )?;
+        family(
+            e,
+            "cheetah_server_clock_resets",
+            "Health-probe answers that moved a server's clock backwards or further forward than real time allows (a server that rebooted); replies never do.",
+            MetricType::Counter,
+            [(Labels::new(), Count(state.shared.msb.probe_resets()))],
         )?;
         let info = Info::new(vec![
             ("version", env!("CARGO_PKG_VERSION").to_string()),

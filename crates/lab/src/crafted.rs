@@ -98,8 +98,8 @@ pub fn forged_acks(seed: u64) -> impl Iterator<Item = ForgedAck> {
 
 /// A segment that claims to be a server's reply: from a server's address and port (a VIP's
 /// in l2, a DIP:backend_port in nat) with a TSval of the sender's choosing. Sent from the
-/// client side, it must never teach the LB a server clock (docs/timestamps.md, "Who may
-/// move a server's clock").
+/// client side, it must never teach the LB a server clock (docs/timestamps.md, "Who
+/// moves a server's clock").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpoofedReply {
     pub from: SocketAddrV4,

@@ -1,5 +1,5 @@
-//! Live: who may move the LB's estimate of a server's clock (docs/timestamps.md, "Who may
-//! move a server's clock").
+//! Live: who may move the LB's estimate of a server's clock (docs/timestamps.md, "Who
+//! moves a server's clock").
 //!
 //! - A server that reboots comes back with a clock near 0, far behind what the LB
 //!   estimated. New connections to it must work again within seconds: the SYN-ACK of the
@@ -224,6 +224,22 @@ fn spoof(forwarding: &str, prefix: &str) {
         "{TARGET}'s TCP rejected {rejected} TSecr values after the spoofed replies: the LB \
          learnt a clock from them"
     );
+    // Each spoof was dropped, for the reason its path gives: one arriving on a client-side
+    // interface (c0's, on the LB's own segment) is not believed to be a reply; one
+    // addressed to a VIP (from c1, through the router) never is one.
     let drops = deltas(&drops_before, &drops_by_reason(&lb.metrics()));
     eprintln!("drops during the spoof: {drops:?}");
+    let dropped = |reason: &str| drops.get(reason).copied().unwrap_or(0);
+    let addressed_to_a_vip = spoofs.iter().filter(|s| s.2 == vip_other_port).count() as u64;
+    let client_side = spoofs.len() as u64 - addressed_to_a_vip;
+    assert_eq!(
+        dropped("reply_from_client_side"),
+        20 * client_side,
+        "drops: {drops:?}"
+    );
+    assert_eq!(
+        dropped("vip_port_unknown"),
+        20 * addressed_to_a_vip,
+        "drops: {drops:?}"
+    );
 }
