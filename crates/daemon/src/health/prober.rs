@@ -5,7 +5,7 @@
 //!
 //! One round of its loop: follow the tables (targets come and go with pools and servers),
 //! send the probes that are due, wait on the raw socket until the next deadline (at most
-//! [`TICK`]), match the answers, time out the probes not answered in `timeout_ms`, and
+//! `TICK`, 20 ms), match the answers, time out the probes not answered in `timeout_ms`, and
 //! take the HTTP checks' results, which run on threads of their own since a connection
 //! blocks.
 
