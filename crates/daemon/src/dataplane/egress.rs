@@ -141,10 +141,11 @@ fn neighbour(table: &str, addr: Ipv4Addr, interface: &str) -> Option<Mac> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    const ROUTES: &str =
+    /// The testbed LB's route table, as `/proc/net/route` prints it (also read by `sides.rs`).
+    pub(in crate::dataplane) const ROUTES: &str =
         "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
 lb-c\t00000000\t01010A0A\t0003\t0\t0\t0\t00000000\t0\t0\t0
 lb-c\t00010A0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0

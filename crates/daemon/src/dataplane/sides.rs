@@ -128,14 +128,8 @@ pub fn log_sides(interfaces: &[String], sides: &[Ingress], source: &SideSource) 
 
 #[cfg(test)]
 mod tests {
+    use super::super::egress::tests::ROUTES;
     use super::*;
-
-    const ROUTES: &str =
-        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
-lb-c\t00000000\t01010A0A\t0003\t0\t0\t0\t00000000\t0\t0\t0
-lb-c\t00010A0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
-lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
-";
 
     fn names() -> Vec<String> {
         vec!["lb-c".into(), "lb-s".into()]
