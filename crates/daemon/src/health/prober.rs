@@ -3,11 +3,11 @@
 //! SYN-ACK says, and applies the decisions to the control plane's health overlay. It works
 //! beside the data path, never on it: the workers only see the snapshots it causes.
 //!
-//! One round of its loop: follow the tables (targets come and go with pools and servers),
-//! send the probes that are due, wait on the raw socket until the next deadline (at most
-//! `TICK`, 20 ms), match the answers, time out the probes not answered in `timeout_ms`, and
-//! take the HTTP checks' results, which run on threads of their own since a connection
-//! blocks.
+//! One round of its loop: follow the tables when a new snapshot was published (targets
+//! come and go with pools and servers), send the probes that are due, wait on the raw
+//! socket until the next deadline (at most `TICK`, 20 ms), match the answers, time out the
+//! probes not answered in `timeout_ms`, and take the HTTP checks' results, which run on
+//! threads of their own since a connection blocks.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
@@ -78,6 +78,10 @@ pub struct Prober {
     http_results: Receiver<(TargetKey, ProbeOutcome)>,
     http_sender: Sender<(TargetKey, ProbeOutcome)>,
     failing_open: Vec<VipKey>,
+    /// The snapshot generation `follow_tables` last read the tables at: targets, marks and
+    /// failing-open VIPs change only with the tables, so a round without a new generation
+    /// need not lock the control plane.
+    followed: Option<u64>,
     started: Instant,
 }
 
@@ -93,6 +97,7 @@ impl Prober {
             http_results,
             http_sender,
             failing_open: Vec::new(),
+            followed: None,
             started: Instant::now(),
         })
     }
@@ -106,7 +111,12 @@ impl Prober {
 
     /// One round (see the module's doc).
     pub fn round(&mut self, now: Instant) {
-        self.follow_tables(now);
+        // Read before following: a change made meanwhile is followed next round.
+        let generation = self.state.shared.snapshot.generation();
+        if self.followed != Some(generation) {
+            self.follow_tables(now);
+            self.followed = Some(generation);
+        }
         self.send_due(now);
         self.wait(now);
         let now = Instant::now();
