@@ -218,11 +218,8 @@ impl KeyFile {
 
     /// A new random key (128 bits from /dev/urandom) for `cookie_epoch_bits`.
     pub fn generate(cookie_epoch_bits: u8) -> anyhow::Result<Self> {
-        use std::io::Read;
         let mut key = [0u8; 16];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut random| random.read_exact(&mut key))
-            .context("cannot read /dev/urandom for the secret")?;
+        crate::entropy::fill(&mut key).context("cannot read /dev/urandom for the secret")?;
         Ok(KeyFile {
             secret: Secret(key),
             cookie_epoch_bits: Some(cookie_epoch_bits),

@@ -27,6 +27,7 @@ pub mod clock;
 pub mod config;
 pub mod ctl;
 pub mod dataplane;
+mod entropy;
 pub mod fallback_state;
 pub mod health;
 pub mod metrics;

@@ -1,6 +1,5 @@
 //! `cheetah run`: the load balancer daemon on real interfaces.
 
-use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -222,7 +221,7 @@ impl DataPlane {
 
         let stop = Arc::new(AtomicBool::new(false));
         let mut seed = [0u8; 8];
-        let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut seed));
+        let _ = crate::entropy::fill(&mut seed);
         let mut threads = Vec::new();
         for (index, worker_ports) in ports.into_iter().enumerate() {
             let mut config = WorkerConfig::new(index, workers as usize, &file.lb);

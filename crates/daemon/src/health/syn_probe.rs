@@ -297,11 +297,7 @@ fn set_option(socket: &OwnedFd, level: i32, name: i32, value: i32) -> io::Result
 /// guessable, or anyone could answer for a server.
 fn random_u32() -> io::Result<u32> {
     let mut bytes = [0u8; 4];
-    // SAFETY: `bytes` is valid for its length.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if n != bytes.len() as isize {
-        return Err(io::Error::last_os_error());
-    }
+    crate::entropy::fill(&mut bytes)?;
     Ok(u32::from_ne_bytes(bytes))
 }
 
