@@ -157,17 +157,13 @@ impl MsbTable {
     pub fn new(layout: CookieLayout) -> Self {
         MsbTable {
             layout,
-            seen: zeroed(),
-            anchors: filled(UNKNOWN),
-            limits: filled(UNKNOWN),
-            probed: (0..ID_SPACE)
-                .map(|_| AtomicBool::new(false))
-                .collect::<Box<[_]>>()
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("ID_SPACE flags were made")),
-            estimates: zeroed(),
-            restores: zeroed(),
-            last_warning: filled(0),
+            seen: atomics(|| AtomicU32::new(0)),
+            anchors: atomics(|| AtomicU64::new(UNKNOWN)),
+            limits: atomics(|| AtomicU64::new(UNKNOWN)),
+            probed: atomics(|| AtomicBool::new(false)),
+            estimates: atomics(|| AtomicU32::new(0)),
+            restores: atomics(|| AtomicU32::new(0)),
+            last_warning: atomics(|| AtomicU64::new(0)),
             writes: AtomicU64::new(0),
             echoes_beyond_idle_limit: AtomicU64::new(0),
             probe_resets: AtomicU64::new(0),
@@ -608,21 +604,13 @@ fn restore_entry(layout: CookieLayout, estimate: u32, epoch: u16) -> u32 {
     KNOWN | beyond | msb.to_be() as u32
 }
 
-/// `N` atomic words, 0, on the heap (atomics are not `Clone`, so not `boxed_array`).
-fn zeroed<const N: usize>() -> Box<[AtomicU32; N]> {
-    (0..N)
-        .map(|_| AtomicU32::new(0))
+/// `N` atomics made by `make`, on the heap (atomics are not `Clone`, so not `boxed_array`).
+fn atomics<T, const N: usize>(make: impl FnMut() -> T) -> Box<[T; N]> {
+    std::iter::repeat_with(make)
+        .take(N)
         .collect::<Box<[_]>>()
         .try_into()
-        .unwrap_or_else(|_| unreachable!("N words were made"))
-}
-
-fn filled<const N: usize>(value: u64) -> Box<[AtomicU64; N]> {
-    (0..N)
-        .map(|_| AtomicU64::new(value))
-        .collect::<Box<[_]>>()
-        .try_into()
-        .unwrap_or_else(|_| unreachable!("N words were made"))
+        .unwrap_or_else(|_| unreachable!("N atomics were made"))
 }
 
 /// How old a persisted estimate may be and still be loaded. The estimate is carried forward
