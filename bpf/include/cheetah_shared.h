@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 //
-// Everything the XDP steering program (bpf/xdp_steer.c) and the userspace that loads it
-// (crates/daemon/src/dataplane) must agree on: limits, the metadata in front of a steered
-// packet, the counters, and the map keys userspace writes. The Rust side's copies are
+// Everything the XDP program (bpf/xdp_lb.c and the library under bpf/lib/) and the
+// userspace that loads it (crates/daemon/src/dataplane) must agree on: limits, the
+// metadata in front of a packet handed to a socket, the counters, and the keys and values
+// of the maps userspace writes. The Rust side's copies are
 // checked against this file by crates/daemon/src/dataplane/shared_layout_tests.rs, which
 // compiles it for the host: so it includes nothing BPF-only.
 
@@ -40,6 +41,21 @@ enum xdp_stat {
 	STAT_NO_SOCKET,
 	STAT_PASSED,
 	STAT_NO_METADATA_ROOM,
+	// Packets the in-kernel path handled, one per core `Bundle` (lb/counters.rs): each
+	// stands for every counter of its bundle, so metrics add them under the core's names.
+	STAT_FAST_CLIENT_COOKIE,
+	STAT_FAST_CLIENT_PICK,
+	STAT_FAST_SERVER_COOKIE,
+	STAT_FAST_SERVER_PLAIN,
+	// Why the in-kernel path handed a packet it looked at to userspace (the core then
+	// decides and counts it): one reason per packet.
+	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
+	STAT_UP_LAYOUT,         // not the straight line's layout (VLAN, IP options, fragment, no NOP NOP TS)
+	STAT_UP_COOKIE,         // cookie names no forwarding server, an unknown clock, or is beyond the idle limit
+	STAT_UP_CLOCK,          // a reply whose MSB is not the newest seen: the clock learns in userspace
+	STAT_UP_HANDSHAKE_OR_CLOSE, // a reply with SYN, FIN or RST: handshake and close bookkeeping
+	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
+	STAT_UP_OTHER,          // anything else: unknown VIP port, pool not published, reply on the client side
 	STAT_COUNT,
 };
 
@@ -49,5 +65,88 @@ struct backend_key {
 	__u16 port; // network byte order
 	__u16 pad;
 };
+
+// Value of the backends map: which server and VIP a NAT backend (DIP, port) is.
+struct backend_info {
+	__u16 server;
+	__u16 vip_index;
+};
+
+// Server ids (ServerId::SPACE) and unmasked cookies (2^16): the sizes of the arrays
+// indexed by them, so an id or cookie read from a packet needs no bounds check.
+#define SERVER_ID_SPACE 16384
+#define COOKIE_SPACE 65536
+// Entries of the VIP maps (vips, vips_by_index): as many as vip_addrs holds.
+#define MAX_VIPS 4096
+// Servers of a hash-mode pool the kernel picks from; a bigger pool is left to userspace.
+#define MAX_HASH_POOL 64
+
+// The one entry of the lb_config array.
+#define LB_FAST_PATH (1u << 0) // the in-kernel path is on ([daemon] datapath = "xdp")
+#define LB_MODE_CHEETAH 0
+#define LB_MODE_HASH 1
+#define LB_MODE_MAGLEV 2
+#define LB_FORWARDING_L2 0
+#define LB_FORWARDING_NAT 1
+struct lb_config {
+	__u32 flags;
+	__u8 mode;
+	__u8 forwarding;
+	__u8 id_bits; // 16 - the cookie layout's epoch bits
+	__u8 pad;
+	__u16 id_mask; // (1 << id_bits) - 1
+	__u16 pad2;
+	__u32 generation; // the tables snapshot's generation these maps hold
+};
+
+// Key of the vips map: a VIP's address, port and protocol.
+struct vip_key {
+	__u32 addr; // network byte order
+	__u16 port; // network byte order
+	__u8 protocol;
+	__u8 pad;
+};
+
+// Value of the vips map (by address and port) and of vips_by_index (by index).
+struct vip_info {
+	__u64 hash_prefix[4]; // SipHash-1-3 state after the VIP's word (core VipHashPrefix)
+	__u32 addr;           // network byte order
+	__u16 port;           // network byte order
+	__u16 backend_port;   // network byte order (nat: the servers' port)
+	__u16 index;          // the VIP's index in the tables snapshot
+	__u16 pool_len;       // hash mode: servers in pool; 0 = not published (left to userspace)
+	__u16 pool[MAX_HASH_POOL];
+};
+
+// Value of the servers array, indexed by server id.
+#define SERVER_FORWARDS (1u << 0) // its cookies route and replies are taken (SlotState::forwards)
+#define SERVER_EGRESS (1u << 1)   // egress_ifindex and both MACs are resolved
+struct server_info {
+	__u32 flags;
+	__u32 dip; // network byte order
+	__u32 egress_ifindex;
+	__u8 dst_mac[6]; // the server's MAC (or its gateway's)
+	__u8 src_mac[6]; // the egress interface's MAC
+};
+
+// Key of the server_macs map (l2 replies): a server's MAC; value: its id (__u32).
+struct mac_key {
+	__u8 mac[6];
+	__u16 pad;
+};
+
+// Value of the per-CPU server_traffic array: what the in-kernel path sent to or received
+// from each server, folded into the core's loads by userspace.
+struct server_traffic {
+	__u64 packets;
+	__u64 bytes; // IP bytes, as the core counts them
+};
+
+// The words of the clock table (core cookie/msb.rs) that the kernel reads, in two
+// mmapable arrays shared with userspace: msb_seen[server id] = MSB_KNOWN | newest MSB seen;
+// msb_restores[unmasked cookie] = MSB_KNOWN | MSB_BEYOND_IDLE_LIMIT? | the restored MSB,
+// whose two low bytes in memory are the packet's (network order).
+#define MSB_KNOWN (1u << 16)
+#define MSB_BEYOND_IDLE_LIMIT (1u << 17)
 
 #endif
