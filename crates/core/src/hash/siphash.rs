@@ -186,6 +186,13 @@ impl fmt::Debug for VipHashPrefix {
 }
 
 impl VipHashPrefix {
+    /// The SipHash state after the VIP's word, for a program that finishes the hash
+    /// elsewhere (the XDP fast path's `vip_info.hash_prefix`). Derived from the secret:
+    /// give it only to what must hash as this LB does.
+    pub fn state(&self) -> [u64; 4] {
+        self.state
+    }
+
     /// The hash of the id of `client_ip:client_port` with this prefix's VIP. Always
     /// inlined: the per-packet paths pass values already in registers.
     #[inline(always)]
