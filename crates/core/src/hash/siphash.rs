@@ -186,6 +186,14 @@ impl fmt::Debug for VipHashPrefix {
 }
 
 impl VipHashPrefix {
+    /// SipHash's state after the VIP's word, for the XDP program's maps (`vip_info.hash_prefix`
+    /// in bpf/include/cheetah_shared.h), whose `siphash_finish` (bpf/lib/siphash.h) finishes
+    /// it as [`finish`](Self::finish) does. One SipRound away from the key: keep it out of
+    /// logs, as the key.
+    pub fn state(&self) -> [u64; 4] {
+        self.state
+    }
+
     /// The hash of the id of `client_ip:client_port` with this prefix's VIP. Always
     /// inlined: the per-packet paths pass values already in registers.
     #[inline(always)]
