@@ -186,9 +186,10 @@ impl fmt::Debug for VipHashPrefix {
 }
 
 impl VipHashPrefix {
-    /// The SipHash state after the VIP's word, for a program that finishes the hash
-    /// elsewhere (the XDP fast path's `vip_info.hash_prefix`). Derived from the secret:
-    /// give it only to what must hash as this LB does.
+    /// SipHash's state after the VIP's word, for the XDP program's maps (`vip_info.hash_prefix`
+    /// in bpf/include/cheetah_shared.h), whose `siphash_finish` (bpf/lib/siphash.h) finishes
+    /// it as [`finish`](Self::finish) does. One SipRound away from the key: keep it out of
+    /// logs, as the key.
     pub fn state(&self) -> [u64; 4] {
         self.state
     }

@@ -19,10 +19,10 @@ use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, UP_REASONS};
 use anyhow::{bail, Context};
 use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
 
-static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_steer.o"));
+static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_lb.o"));
 
 /// The steering function's name in bpf/xdp_steer.c, as `bpftool prog` shows it.
-const PROGRAM_NAME: &str = "cheetah_steer";
+const PROGRAM_NAME: &str = "cheetah_lb";
 
 pub const MAX_QUEUES: u32 = 64;
 pub const MAX_INTERFACES: usize = 16;

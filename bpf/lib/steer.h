@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 //
-// cheetah's XDP steering program: hands the packets the load balancer owns to its AF_XDP
-// sockets and everything else to the host kernel.
+// Steering: hands the packets the load balancer owns to its AF_XDP sockets and everything
+// else to the host kernel. With the in-kernel path off this is the whole program; with it
+// on, it is where every packet the kernel does not forward itself goes.
 //
 // Owned packets are IPv4 packets addressed to a VIP (client -> LB) and server replies
 // (l2: sent from a VIP address; nat: sent from a backend DIP:port, unless addressed to one
@@ -12,6 +13,9 @@
 // queue (the LB is restarting, or was killed), owned packets are dropped rather than passed:
 // the host kernel must never answer a load-balanced connection with a RST.
 
+#ifndef CHEETAH_LIB_STEER_H
+#define CHEETAH_LIB_STEER_H
+
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -21,67 +25,12 @@
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
+#include "maps.h"
+#include "stats.h"
 
 #define AF_INET 2
 // lo's ifindex in every network namespace (include/net/flow.h).
 #define LOOPBACK_IFINDEX 1
-
-// Key: interface slot * MAX_QUEUES + rx queue. A socket only accepts frames from the
-// device and queue it is bound to, so each interface needs its own range of keys.
-struct {
-	__uint(type, BPF_MAP_TYPE_XSKMAP);
-	__uint(max_entries, MAX_INTERFACES * MAX_QUEUES);
-	__type(key, __u32);
-	__type(value, __u32);
-} xsks SEC(".maps");
-
-// ifindex -> interface slot.
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_INTERFACES);
-	__type(key, __u32);
-	__type(value, __u32);
-} interface_slots SEC(".maps");
-
-// VIP addresses (network byte order) -> unused.
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, __u32);
-} vip_addrs SEC(".maps");
-
-// NAT backends (DIP, port) -> unused. Empty in l2 forwarding.
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct backend_key);
-	__type(value, __u32);
-} backends SEC(".maps");
-
-// The LB host's own IPv4 addresses (network byte order) -> unused, filled by userspace
-// from the host's interfaces (VIP addresses left out).
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_HOST_ADDRS);
-	__type(key, __u32);
-	__type(value, __u32);
-} host_addrs SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, STAT_COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-} stats SEC(".maps");
-
-static __always_inline void count(__u32 stat)
-{
-	__u64 *value = bpf_map_lookup_elem(&stats, &stat);
-
-	if (value)
-		*value += 1;
-}
 
 static __always_inline int pass(void)
 {
@@ -89,18 +38,18 @@ static __always_inline int pass(void)
 	return XDP_PASS;
 }
 
-static __always_inline __u32 next_hop(struct xdp_md *ctx, struct iphdr *ip,
-				      struct cheetah_meta *meta)
+// Asks the kernel's FIB and neighbour table for the next hop of a server's reply toward
+// its client: a bpf_fib_lookup return code, with `fib` filled as the helper fills it.
+static __always_inline int fib_toward_client(struct xdp_md *ctx, const struct iphdr *ip,
+					     struct bpf_fib_lookup *fib)
 {
-	struct bpf_fib_lookup fib = {};
-	int rc;
-
-	fib.family = AF_INET;
-	fib.tos = ip->tos;
-	fib.l4_protocol = ip->protocol;
-	fib.tot_len = bpf_ntohs(ip->tot_len);
-	fib.ipv4_src = ip->saddr;
-	fib.ipv4_dst = ip->daddr;
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = AF_INET;
+	fib->tos = ip->tos;
+	fib->l4_protocol = ip->protocol;
+	fib->tot_len = bpf_ntohs(ip->tot_len);
+	fib->ipv4_src = ip->saddr;
+	fib->ipv4_dst = ip->daddr;
 	// Looked up as if the reply came in on lo, not on the interface it came in on: the
 	// helper refuses unless forwarding is on for params->ifindex, and the kernel forwards
 	// a received packet when forwarding is on for its ingress device. With forwarding on
@@ -108,9 +57,17 @@ static __always_inline __u32 next_hop(struct xdp_md *ctx, struct iphdr *ip,
 	// keep forwarding off and the host routes nothing for clients (docs/dataplane.md).
 	// The answer does not depend on it: egress device, MACs, gateway and MTU come from
 	// the route found; only policy rules that select by incoming interface see lo.
-	fib.ifindex = LOOPBACK_IFINDEX;
+	fib->ifindex = LOOPBACK_IFINDEX;
 
-	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
+	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
+}
+
+static __always_inline __u32 next_hop(struct xdp_md *ctx, struct iphdr *ip,
+				      struct cheetah_meta *meta)
+{
+	struct bpf_fib_lookup fib;
+	int rc = fib_toward_client(ctx, ip, &fib);
+
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		meta->ifindex = fib.ifindex;
 		__builtin_memcpy(meta->dmac, fib.dmac, 6);
@@ -151,39 +108,38 @@ static __always_inline int write_meta(struct xdp_md *ctx, __u32 flags)
 	return 1;
 }
 
-SEC("xdp")
-int cheetah_steer(struct xdp_md *ctx)
+// Whose packet this is: META_TO_VIP, META_FROM_SERVER, or 0 for the host kernel's. A NAT
+// backend's reply also gets its backends entry in `backend` (else NULL).
+static __always_inline __u32 steer_owner(struct xdp_md *ctx, struct backend_info **backend)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *ip;
-	__u32 flags = 0;
-	__u32 ifindex = ctx->ingress_ifindex;
-	__u32 *slot;
-	__u32 key;
-	int action;
 
+	*backend = NULL;
 	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-		return pass();
+		return 0;
 	ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > data_end)
-		return pass();
+		return 0;
 
-	if (bpf_map_lookup_elem(&vip_addrs, &ip->daddr)) {
-		flags = META_TO_VIP;
-	} else if (bpf_map_lookup_elem(&vip_addrs, &ip->saddr)) {
-		flags = META_FROM_SERVER;
-	} else if (ip->protocol == IPPROTO_TCP && ip->ihl >= 5) {
+	if (bpf_map_lookup_elem(&vip_addrs, &ip->daddr))
+		return META_TO_VIP;
+	if (bpf_map_lookup_elem(&vip_addrs, &ip->saddr))
+		return META_FROM_SERVER;
+	if (ip->protocol == IPPROTO_TCP && ip->ihl >= 5) {
 		struct tcphdr *tcp = (void *)ip + ip->ihl * 4;
-		struct backend_key backend = {};
+		struct backend_key key = {};
+		struct backend_info *found;
 
 		if ((void *)(tcp + 1) > data_end)
-			return pass();
-		backend.addr = ip->saddr;
-		backend.port = tcp->source;
-		if (!bpf_map_lookup_elem(&backends, &backend))
-			return pass();
+			return 0;
+		key.addr = ip->saddr;
+		key.port = tcp->source;
+		found = bpf_map_lookup_elem(&backends, &key);
+		if (!found)
+			return 0;
 		// From a backend but to this host, not to a client: the answer to a health
 		// probe (or to any connection the host itself made to the server). It is the
 		// kernel's: the prober reads it on its raw socket, and as no socket owns the
@@ -193,11 +149,21 @@ int cheetah_steer(struct xdp_md *ctx)
 		// Only NAT backends need the check: an l2 reply comes from a VIP address, and a
 		// probe answer from the server's DIP passes above.
 		if (bpf_map_lookup_elem(&host_addrs, &ip->daddr))
-			return pass();
-		flags = META_FROM_SERVER;
-	} else {
-		return pass();
+			return 0;
+		*backend = found;
+		return META_FROM_SERVER;
 	}
+	return 0;
+}
+
+// Hands an owned packet (`flags` from steer_owner) to the AF_XDP socket of its interface
+// and queue, with the metadata in front.
+static __always_inline int steer_to_socket(struct xdp_md *ctx, __u32 flags)
+{
+	__u32 ifindex = ctx->ingress_ifindex;
+	__u32 *slot;
+	__u32 key;
+	int action;
 
 	slot = bpf_map_lookup_elem(&interface_slots, &ifindex);
 	if (!slot || ctx->rx_queue_index >= MAX_QUEUES) {
@@ -215,4 +181,4 @@ int cheetah_steer(struct xdp_md *ctx)
 	return action;
 }
 
-char LICENSE[] SEC("license") = "GPL";
+#endif

@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// The in-kernel straight lines, held byte for byte to the core's
+// (crates/core/src/lb/fast_path.rs): a client's established segment to a VIP (cookie
+// decoded from TSecr, TSecr restored, toward the server; or, in hash mode, `pool[h % n]`)
+// and a server's reply (clock checked, cookie written into TSval, NAT undone, toward the
+// client). Each either forwards the packet itself, its bytes exactly what the core (plus
+// the AF_XDP worker's egress step) would send, or returns LB_HAND_UP, having counted one
+// STAT_UP_* reason and changed no byte: userspace then decides, as it always did.
+//
+// The kernel takes less than the core's straight line, never more: whatever would change
+// state (a new connection's pick, a clock that moved, a handshake or close to book) or
+// that the maps do not answer (a server without a resolved egress, a FIB miss) goes up.
+
+#ifndef CHEETAH_LIB_FAST_PATH_H
+#define CHEETAH_LIB_FAST_PATH_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "cheetah_shared.h"
+#include "cookie.h"
+#include "csum.h"
+#include "maps.h"
+#include "parse.h"
+#include "siphash.h"
+#include "stats.h"
+#include "steer.h"
+
+// Not an XDP action: the packet goes on to steering, unchanged.
+#define LB_HAND_UP (-1)
+
+static __always_inline int hand_up(__u32 reason)
+{
+	count(reason);
+	return LB_HAND_UP;
+}
+
+static __always_inline int hand_up_refused(enum plain_refusal refusal)
+{
+	return hand_up(refusal == PLAIN_NOT_TCP ? STAT_UP_OTHER : STAT_UP_LAYOUT);
+}
+
+static __always_inline struct cookie_layout layout_of(const struct lb_config *config)
+{
+	struct cookie_layout layout = { .id_bits = config->id_bits, .id_mask = config->id_mask };
+
+	return layout;
+}
+
+// The core's `loads.on_packet(server, IP bytes)`, folded into its loads by userspace.
+static __always_inline void add_server_traffic(__u32 server, const struct iphdr *ip)
+{
+	struct server_traffic *traffic = bpf_map_lookup_elem(&server_traffic, &server);
+
+	if (traffic) {
+		traffic->packets += 1;
+		traffic->bytes += bpf_ntohs(ip->tot_len);
+	}
+}
+
+static __always_inline int send_out(struct xdp_md *ctx, __u32 egress_ifindex)
+{
+	if (egress_ifindex == ctx->ingress_ifindex)
+		return XDP_TX;
+	return bpf_redirect(egress_ifindex, 0);
+}
+
+// client_path.rs `forward_to_server_via`, plus the egress step the AF_XDP worker does
+// after it (source MAC = the egress interface's, egress.rs): the server's MAC, with NAT
+// its address and the VIP's backend port.
+static __always_inline int forward_to_server(struct xdp_md *ctx, const struct plain_tcp *p,
+					     const struct lb_config *config,
+					     const struct vip_info *vip,
+					     const struct server_info *server, __u32 id, __u32 stat)
+{
+	__builtin_memcpy(p->eth->h_dest, server->dst_mac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_source, server->src_mac, ETH_ALEN);
+	if (config->forwarding == LB_FORWARDING_NAT) {
+		__be32 old = csum_set_ipv4_addr(&p->ip->check, &p->ip->daddr, server->dip);
+
+		csum_tcp_address_changed(&p->tcp->check, old, server->dip);
+		if (vip->backend_port != vip->port)
+			csum_set_tcp_port(&p->tcp->check, &p->tcp->dest, vip->backend_port);
+	}
+	add_server_traffic(id, p->ip);
+	count(stat);
+	return send_out(ctx, server->egress_ifindex);
+}
+
+// fast_path.rs `client_fast` for a segment to a VIP address (vip_addrs said so).
+static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config)
+{
+	struct plain_tcp p;
+	enum plain_refusal refusal = parse_plain_tcp(ctx, &p);
+	struct vip_key key = {};
+	struct server_info *server;
+	struct vip_info *vip;
+	__u32 id, stat;
+	__u64 hash;
+
+	if (refusal != PLAIN_OK)
+		return hand_up_refused(refusal);
+	key.addr = p.ip->daddr;
+	key.port = p.tcp->dest;
+	key.protocol = IPPROTO_TCP;
+	vip = bpf_map_lookup_elem(&vips, &key);
+	if (!vip)
+		return hand_up(STAT_UP_OTHER);
+
+	if (config->mode == LB_MODE_CHEETAH) {
+		struct cookie_layout layout = layout_of(config);
+		__u16 unmasked, restored;
+
+		// A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC
+		// 7323), so userspace routes it like one without timestamps.
+		if ((tcp_flags(p.tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
+			return hand_up(STAT_UP_NEW_CONNECTION);
+		if (!plain_has_nop_nop_ts(&p))
+			return hand_up(STAT_UP_LAYOUT);
+		// The VIP's side of the id was hashed by userspace (the packet's destination is
+		// the VIP's address and port: that is how it was found).
+		hash = siphash_finish(vip->hash_prefix, p.ip->saddr, p.tcp->source);
+		// The cookie is TSecr's high half.
+		unmasked = cookie_unmask(layout, bpf_ntohs(*(__be16 *)&p.ts->tsecr), hash);
+		id = cookie_server(layout, unmasked);
+		server = bpf_map_lookup_elem(&servers, &id);
+		if (!server || !(server->flags & SERVER_FORWARDS))
+			return hand_up(STAT_UP_COOKIE);
+		if (!cookie_restore(&msb_restores, unmasked, &restored))
+			return hand_up(STAT_UP_COOKIE);
+		if (!(server->flags & SERVER_EGRESS))
+			return hand_up(STAT_UP_NEXT_HOP);
+		// Only the MSB changes: the cookie becomes the server's own MSB, which the table
+		// keeps in network byte order.
+		csum_replace_high_half_in_network_order((__u16 *)&p.ts->tsecr, &p.tcp->check,
+							restored);
+		stat = STAT_FAST_CLIENT_COOKIE;
+	} else if (config->mode == LB_MODE_HASH) {
+		// The baseline: this same path with `pool[h % n]` for the cookie stage, for every
+		// segment (SYN too), as the core's.
+		__u32 pool_len = vip->pool_len;
+		__u64 slot;
+
+		if (pool_len == 0 || pool_len > MAX_HASH_POOL)
+			return hand_up(STAT_UP_OTHER);
+		hash = siphash_finish(vip->hash_prefix, p.ip->saddr, p.tcp->source);
+		slot = hash % pool_len;
+		// The verifier cannot bound a remainder; the mask gives it the array's bound,
+		// and the empty asm keeps clang from dropping the mask it knows is a no-op.
+		asm volatile("" : "+r"(slot));
+		id = vip->pool[slot & (MAX_HASH_POOL - 1)];
+		server = bpf_map_lookup_elem(&servers, &id);
+		if (!server || !(server->flags & SERVER_EGRESS))
+			return hand_up(STAT_UP_NEXT_HOP);
+		stat = STAT_FAST_CLIENT_PICK;
+	} else {
+		// Maglev's table is not in a map in this stage.
+		return hand_up(STAT_UP_OTHER);
+	}
+	return forward_to_server(ctx, &p, config, vip, server, id, stat);
+}
+
+// Who sent a reply and for which VIP: l2 by the server's MAC and the VIP's address and
+// port (its source), NAT by its backends entry. NULL: not a server's reply the maps know.
+static __always_inline struct vip_info *reply_sender(const struct plain_tcp *p,
+						     const struct lb_config *config,
+						     const struct backend_info *backend, __u32 *id)
+{
+	if (config->forwarding == LB_FORWARDING_NAT) {
+		__u32 index;
+
+		if (!backend)
+			return NULL;
+		*id = backend->server;
+		index = backend->vip_index;
+		return bpf_map_lookup_elem(&vips_by_index, &index);
+	} else {
+		struct mac_key mac = {};
+		struct vip_key key = {};
+		__u32 *server;
+
+		__builtin_memcpy(mac.mac, p->eth->h_source, ETH_ALEN);
+		server = bpf_map_lookup_elem(&server_macs, &mac);
+		if (!server)
+			return NULL;
+		*id = *server;
+		key.addr = p->ip->saddr;
+		key.port = p->tcp->source;
+		key.protocol = IPPROTO_TCP;
+		return bpf_map_lookup_elem(&vips, &key);
+	}
+}
+
+// fast_path.rs `reply_fast` for a server's reply (steering said so: from a VIP address,
+// or from a NAT backend to a client); `backend` is its backends entry with NAT.
+static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config *config,
+				      const struct backend_info *backend)
+{
+	__u32 ingress = ctx->ingress_ifindex;
+	struct bpf_fib_lookup fib;
+	struct server_info *server;
+	struct vip_info *vip;
+	struct plain_tcp p;
+	enum plain_refusal refusal;
+	__u16 cookie = 0;
+	__u32 id = 0, stat;
+	int cheetah = config->mode == LB_MODE_CHEETAH;
+
+	// Only the servers' side carries replies (sides.rs): what only claims to be one is
+	// for userspace to drop.
+	if (!bpf_map_lookup_elem(&server_side, &ingress))
+		return hand_up(STAT_UP_OTHER);
+	refusal = parse_plain_tcp(ctx, &p);
+	if (refusal != PLAIN_OK)
+		return hand_up_refused(refusal);
+	vip = reply_sender(&p, config, backend, &id);
+	if (!vip)
+		return hand_up(STAT_UP_OTHER);
+	server = bpf_map_lookup_elem(&servers, &id);
+	if (!server || !(server->flags & SERVER_FORWARDS))
+		return hand_up(STAT_UP_OTHER);
+
+	if (cheetah) {
+		struct cookie_layout layout = layout_of(config);
+		__u32 *seen;
+		__u16 msb;
+		__u64 hash;
+
+		if (tcp_flags(p.tcp) & (TCP_SYN | TCP_FIN | TCP_RST))
+			return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
+		if (!plain_has_nop_nop_ts(&p))
+			return hand_up(STAT_UP_LAYOUT);
+		msb = bpf_ntohl(p.ts->tsval) >> 16;
+		seen = bpf_map_lookup_elem(&msb_seen, &id);
+		if (!seen || !cookie_clock_unchanged(*seen, msb))
+			return hand_up(STAT_UP_CLOCK);
+		// The connection's hash: its client is the reply's destination.
+		hash = siphash_finish(vip->hash_prefix, p.ip->daddr, p.tcp->dest);
+		cookie = cookie_encode(layout, id, hash, msb);
+	}
+
+	// Before any byte changes: a miss hands the packet up as it came, with the
+	// metadata steering writes for the worker's neighbour lookup.
+	if (fib_toward_client(ctx, p.ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
+		return hand_up(STAT_UP_NEXT_HOP);
+
+	if (cheetah) {
+		// The cookie takes the place of the MSB; the low half stays.
+		csum_replace_high_half((__u16 *)&p.ts->tsval, &p.tcp->check, cookie);
+		stat = STAT_FAST_SERVER_COOKIE;
+	} else {
+		stat = STAT_FAST_SERVER_PLAIN;
+	}
+	// server_reply.rs `reply_leaves_as_vip`: with NAT the reply leaves from the VIP's
+	// address and port (the client knows no other), not the server's.
+	if (config->forwarding == LB_FORWARDING_NAT) {
+		__be32 old = csum_set_ipv4_addr(&p.ip->check, &p.ip->saddr, vip->addr);
+
+		csum_tcp_address_changed(&p.tcp->check, old, vip->addr);
+		if (p.tcp->source != vip->port)
+			csum_set_tcp_port(&p.tcp->check, &p.tcp->source, vip->port);
+	}
+	__builtin_memcpy(p.eth->h_dest, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_source, fib.smac, ETH_ALEN);
+	add_server_traffic(id, p.ip);
+	count(stat);
+	return send_out(ctx, fib.ifindex);
+}
+
+#endif

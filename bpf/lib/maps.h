@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// Every map of the LB's XDP program. Userspace (crates/daemon/src/dataplane) writes all
+// but stats and server_traffic, which it reads; the layouts of keys and values are in
+// cheetah_shared.h, mirrored in Rust and checked by shared_layout_tests.rs.
+
+#ifndef CHEETAH_LIB_MAPS_H
+#define CHEETAH_LIB_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "cheetah_shared.h"
+
+// Key: interface slot * MAX_QUEUES + rx queue. A socket only accepts frames from the
+// device and queue it is bound to, so each interface needs its own range of keys.
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, MAX_INTERFACES * MAX_QUEUES);
+	__type(key, __u32);
+	__type(value, __u32);
+} xsks SEC(".maps");
+
+// ifindex -> interface slot.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_INTERFACES);
+	__type(key, __u32);
+	__type(value, __u32);
+} interface_slots SEC(".maps");
+
+// VIP addresses (network byte order) -> unused.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, __u32);
+} vip_addrs SEC(".maps");
+
+// NAT backends (DIP, port) -> which server and VIP they are. Empty in l2 forwarding.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct backend_key);
+	__type(value, struct backend_info);
+} backends SEC(".maps");
+
+// The LB host's own IPv4 addresses (network byte order) -> unused, filled by userspace
+// from the host's interfaces (VIP addresses left out).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_HOST_ADDRS);
+	__type(key, __u32);
+	__type(value, __u32);
+} host_addrs SEC(".maps");
+
+// enum xdp_stat -> packets, per CPU.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+// The in-kernel path's switch and the tables' mode, forwarding and cookie layout. All
+// zero (as loaded) is the fast path off: the program only steers.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_config);
+} lb_config SEC(".maps");
+
+// The TCP VIPs by (address, port, 6).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, struct vip_key);
+	__type(value, struct vip_info);
+} vips SEC(".maps");
+
+// The same VIPs by their index in the tables snapshot (NAT replies name theirs by index).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct vip_info);
+} vips_by_index SEC(".maps");
+
+// Server id -> its state and where its packets go.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SERVER_ID_SPACE);
+	__type(key, __u32);
+	__type(value, struct server_info);
+} servers SEC(".maps");
+
+// l2 replies: a server's MAC -> its id.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SERVER_ID_SPACE);
+	__type(key, struct mac_key);
+	__type(value, __u32);
+} server_macs SEC(".maps");
+
+// ifindex -> unused: present when the interface faces the servers, the only side replies
+// are taken from.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_INTERFACES);
+	__type(key, __u32);
+	__type(value, __u32);
+} server_side SEC(".maps");
+
+// The clock table's words the kernel reads (cheetah_shared.h), mmapped by userspace so that
+// the core's MsbTable and the kernel share one table.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SERVER_ID_SPACE);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u32);
+} msb_seen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, COOKIE_SPACE);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u32);
+} msb_restores SEC(".maps");
+
+// Server id -> what the in-kernel path sent to or received from it, per CPU.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SERVER_ID_SPACE);
+	__type(key, __u32);
+	__type(value, struct server_traffic);
+} server_traffic SEC(".maps");
+
+#endif

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// Bounds-checked views of the frames the in-kernel path takes: an untagged IPv4 frame
+// without IP options or fragmentation carrying a TCP segment whose header has room for
+// NOP NOP TS, all within the frame. The checks are crates/core/src/lb/fast_path.rs
+// `plain_ipv4_tcp`, one for one, so the kernel takes exactly the frames the core's
+// straight line takes and hands every other one to userspace unchanged.
+
+#ifndef CHEETAH_LIB_PARSE_H
+#define CHEETAH_LIB_PARSE_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+// The TCP header with NOP NOP TS: 20 + 12 bytes.
+#define TCP_WITH_TS_LEN 32
+// The options word that starts the straight line's layout: NOP NOP kind=8 len=10.
+#define NOP_NOP_TS 0x0101080a
+// The frame's bytes up to the end of the timestamp option when the options start NOP NOP TS.
+#define PLAIN_HEADERS_LEN (sizeof(struct ethhdr) + sizeof(struct iphdr) + TCP_WITH_TS_LEN)
+
+// The TCP timestamp option's words when the options start NOP NOP TS: the option sits two
+// bytes into the options, TSval four bytes after its start, TSecr eight.
+struct nop_nop_ts {
+	__u8 nop[2];
+	__u8 kind;
+	__u8 len;
+	__be32 tsval;
+	__be32 tsecr;
+};
+
+// A frame `plain_ipv4_tcp` accepts: its headers, each proven within the frame.
+struct plain_tcp {
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	struct tcphdr *tcp;
+	// The first 12 option bytes (the header has room for them); NOP NOP TS only if
+	// `plain_has_nop_nop_ts` says so.
+	struct nop_nop_ts *ts;
+};
+
+// Why a frame is not the straight line's: only counted, never acted on, so it is found
+// only after the check failed.
+enum plain_refusal {
+	PLAIN_OK,
+	PLAIN_NOT_TCP,
+	PLAIN_LAYOUT,
+};
+
+// Fills `view` if the frame is the straight line's layout (core `plain_ipv4_tcp`).
+static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
+							  struct plain_tcp *view)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct tcphdr *tcp = (void *)(ip + 1);
+	__u32 header_len, total_len;
+
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return PLAIN_LAYOUT;
+	if (ip->protocol != IPPROTO_TCP)
+		return PLAIN_NOT_TCP;
+	if (data + PLAIN_HEADERS_LEN > data_end)
+		return PLAIN_LAYOUT;
+	// Version 4 without IP options; no fragment (MF clear, offset 0; DF and the reserved
+	// bit are not looked at).
+	if (*(__u8 *)ip != 0x45 || ip->frag_off & bpf_htons(0x3fff))
+		return PLAIN_LAYOUT;
+	header_len = tcp->doff * 4;
+	total_len = bpf_ntohs(ip->tot_len);
+	// IP + TCP_WITH_TS <= IP + header_len <= total_len <= frame: the TCP header with
+	// room for NOP NOP TS is within the IP packet, which is within the frame.
+	if (header_len < TCP_WITH_TS_LEN || sizeof(struct iphdr) + header_len > total_len ||
+	    data + sizeof(struct ethhdr) + total_len > data_end)
+		return PLAIN_LAYOUT;
+	view->eth = eth;
+	view->ip = ip;
+	view->tcp = tcp;
+	view->ts = (void *)(tcp + 1);
+	return PLAIN_OK;
+}
+
+// Whether the TCP options start NOP NOP TS (core fast_path.rs `NOP_NOP_TS`).
+static __always_inline int plain_has_nop_nop_ts(const struct plain_tcp *view)
+{
+	return *(__be32 *)view->ts == bpf_htonl(NOP_NOP_TS);
+}
+
+// The TCP flags byte (CWR ECE URG ACK PSH RST SYN FIN).
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+static __always_inline __u8 tcp_flags(const struct tcphdr *tcp)
+{
+	return ((const __u8 *)tcp)[13];
+}
+
+#endif

@@ -1,0 +1,435 @@
+//! The XDP program (bpf/xdp_lb.c and bpf/lib/) as the kernel's verifier sees it: it loads,
+//! every map the design names (docs: /bpf/include/cheetah_shared.h) has the type and sizes
+//! userspace relies on, and one established client segment run through it with
+//! BPF_PROG_TEST_RUN is forwarded in the kernel the way the core forwards it. The full
+//! byte-for-byte comparison with the core is tests/xdp_parity.rs. Needs root.
+
+use std::os::fd::{AsFd, AsRawFd};
+
+use cheetah_core::cookie::CookieLayout;
+use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
+use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
+use cheetah_core::types::ServerId;
+use cheetah_core::wire::tcp::flags::ACK;
+use cheetah_daemon::dataplane::xdp::SteeringProgram;
+use libbpf_rs::{MapCore, MapFlags, MapType, Object, ObjectBuilder};
+
+/// The object `cheetah run` embeds (crates/daemon/build.rs).
+static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_lb.o"));
+const PROGRAM_NAME: &str = "cheetah_lb";
+
+// cheetah_shared.h
+const MAX_QUEUES: u32 = 64;
+const MAX_INTERFACES: u32 = 16;
+const MAX_HOST_ADDRS: u32 = 256;
+const MAX_VIPS: u32 = 4096;
+const SERVER_ID_SPACE: u32 = 16384;
+const COOKIE_SPACE: u32 = 65536;
+const MAX_HASH_POOL: usize = 64;
+const STAT_COUNT: u32 = 15;
+const STAT_NO_SOCKET: u32 = 1;
+const STAT_FAST_CLIENT_COOKIE: u32 = 4;
+const STAT_FAST_SERVER_COOKIE: u32 = 6;
+const LB_FAST_PATH: u32 = 1;
+const SERVER_FORWARDS: u32 = 1;
+const SERVER_EGRESS: u32 = 2;
+const MSB_KNOWN: u32 = 1 << 16;
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+const IPPROTO_TCP: u8 = 6;
+const LOOPBACK_IFINDEX: u32 = 1;
+
+/// Sizes of the shared structs, as the C compiler lays them out (cheetah_shared.h).
+const BACKEND_KEY: u32 = 8; // addr, port, pad
+const BACKEND_INFO: u32 = 4; // server, vip_index
+const LB_CONFIG: u32 = 16; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation
+const VIP_KEY: u32 = 8; // addr, port, protocol, pad
+const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64] = 172, aligned to 8
+const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[6]
+const MAC_KEY: u32 = 8; // mac[6], pad
+const SERVER_TRAFFIC: u32 = 16; // packets, bytes
+
+fn is_root() -> bool {
+    // SAFETY: no arguments, no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn load() -> Object {
+    ObjectBuilder::default()
+        .open_memory(PROGRAM)
+        .expect("open the embedded object")
+        .load()
+        .expect("the verifier refused bpf/xdp_lb.c")
+}
+
+fn map<'a>(object: &'a Object, name: &str) -> libbpf_rs::Map<'a> {
+    object
+        .maps()
+        .find(|m| m.name() == name)
+        .unwrap_or_else(|| panic!("map {name} is missing"))
+}
+
+/// What the verifier made of the program: (instructions it processed, instructions loaded).
+fn verifier_counts(object: &Object) -> (u32, u32) {
+    let prog = object
+        .progs()
+        .find(|p| p.name() == PROGRAM_NAME)
+        .expect("program cheetah_lb");
+    let mut info = libbpf_rs::libbpf_sys::bpf_prog_info::default();
+    let mut len = std::mem::size_of_val(&info) as u32;
+    // SAFETY: `info` is a bpf_prog_info of `len` bytes, with no pointers asked for.
+    let rc = unsafe {
+        libbpf_rs::libbpf_sys::bpf_prog_get_info_by_fd(
+            prog.as_fd().as_raw_fd(),
+            &mut info,
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "bpf_prog_get_info_by_fd");
+    (info.verified_insns, info.xlated_prog_len / 8)
+}
+
+#[test]
+fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
+        return;
+    }
+    // The daemon's own loader takes it.
+    SteeringProgram::load().expect("SteeringProgram::load");
+
+    let object = load();
+    let (verified, loaded) = verifier_counts(&object);
+    eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
+
+    let expected: [(&str, MapType, u32, u32, u32, u32); 15] = [
+        (
+            "xsks",
+            MapType::Xskmap,
+            4,
+            4,
+            MAX_INTERFACES * MAX_QUEUES,
+            0,
+        ),
+        ("interface_slots", MapType::Hash, 4, 4, MAX_INTERFACES, 0),
+        ("vip_addrs", MapType::Hash, 4, 4, MAX_VIPS, 0),
+        (
+            "backends",
+            MapType::Hash,
+            BACKEND_KEY,
+            BACKEND_INFO,
+            65536,
+            0,
+        ),
+        ("host_addrs", MapType::Hash, 4, 4, MAX_HOST_ADDRS, 0),
+        ("stats", MapType::PercpuArray, 4, 8, STAT_COUNT, 0),
+        ("lb_config", MapType::Array, 4, LB_CONFIG, 1, 0),
+        ("vips", MapType::Hash, VIP_KEY, VIP_INFO, MAX_VIPS, 0),
+        ("vips_by_index", MapType::Array, 4, VIP_INFO, MAX_VIPS, 0),
+        (
+            "servers",
+            MapType::Array,
+            4,
+            SERVER_INFO,
+            SERVER_ID_SPACE,
+            0,
+        ),
+        ("server_macs", MapType::Hash, MAC_KEY, 4, SERVER_ID_SPACE, 0),
+        ("server_side", MapType::Hash, 4, 4, MAX_INTERFACES, 0),
+        (
+            "msb_seen",
+            MapType::Array,
+            4,
+            4,
+            SERVER_ID_SPACE,
+            BPF_F_MMAPABLE,
+        ),
+        (
+            "msb_restores",
+            MapType::Array,
+            4,
+            4,
+            COOKIE_SPACE,
+            BPF_F_MMAPABLE,
+        ),
+        (
+            "server_traffic",
+            MapType::PercpuArray,
+            4,
+            SERVER_TRAFFIC,
+            SERVER_ID_SPACE,
+            0,
+        ),
+    ];
+    for (name, kind, key_size, value_size, max_entries, flags) in expected {
+        let map = map(&object, name);
+        assert_eq!(map.map_type(), kind, "{name}: type");
+        assert_eq!(map.key_size(), key_size, "{name}: key size");
+        assert_eq!(map.value_size(), value_size, "{name}: value size");
+        assert_eq!(map.max_entries(), max_entries, "{name}: max_entries");
+        let info = map.info().expect("map info");
+        assert_eq!(
+            info.info.map_flags & BPF_F_MMAPABLE,
+            flags,
+            "{name}: BPF_F_MMAPABLE"
+        );
+    }
+}
+
+fn stat(object: &Object, index: u32) -> u64 {
+    map(object, "stats")
+        .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
+        .expect("stats lookup")
+        .expect("stats entry")
+        .iter()
+        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap()))
+        .sum()
+}
+
+fn put(object: &Object, name: &str, key: &[u8], value: &[u8]) {
+    map(object, name)
+        .update(key, value, MapFlags::ANY)
+        .unwrap_or_else(|e| panic!("update {name}: {e}"));
+}
+
+/// Runs `frame` through the program as if it arrived on lo (BPF_PROG_TEST_RUN's device):
+/// the verdict and the bytes it left.
+fn run(object: &mut Object, frame: &[u8]) -> (u32, Vec<u8>) {
+    let prog = object
+        .progs_mut()
+        .find(|p| p.name() == PROGRAM_NAME)
+        .expect("program cheetah_lb");
+    let mut out = vec![0u8; frame.len() + 256];
+    let mut input = libbpf_rs::ProgramInput::default();
+    input.data_in = Some(frame);
+    input.data_out = Some(&mut out);
+    let output = prog.test_run(input).expect("BPF_PROG_TEST_RUN");
+    let data = output.data.expect("data out").to_vec();
+    (output.return_value, data)
+}
+
+/// The maps as the publisher fills them for the testkit's VIP (l2, cheetah mode, the
+/// default cookie layout) and one server reached through lo: the server's MAC and the
+/// egress interface's.
+fn publish(object: &Object, hasher: &FlowHasher, server: ServerId) -> ([u8; 6], [u8; 6]) {
+    let layout = CookieLayout::DEFAULT;
+    let mut config = [0u8; LB_CONFIG as usize];
+    config[0..4].copy_from_slice(&LB_FAST_PATH.to_ne_bytes());
+    config[4] = 0; // LB_MODE_CHEETAH
+    config[5] = 0; // LB_FORWARDING_L2
+    config[6] = layout.id_bits();
+    config[8..10].copy_from_slice(&layout.max_server_id().to_ne_bytes());
+    put(object, "lb_config", &0u32.to_ne_bytes(), &config);
+
+    let mut vip_key = [0u8; VIP_KEY as usize];
+    vip_key[0..4].copy_from_slice(&VIP.to_be_bytes());
+    vip_key[4..6].copy_from_slice(&VIP_PORT.to_be_bytes());
+    vip_key[6] = IPPROTO_TCP;
+    let mut vip = [0u8; VIP_INFO as usize];
+    let prefix = hasher.vip_prefix(VIP, VIP_PORT, IPPROTO_TCP).state();
+    for (i, word) in prefix.iter().enumerate() {
+        vip[i * 8..i * 8 + 8].copy_from_slice(&word.to_ne_bytes());
+    }
+    vip[32..36].copy_from_slice(&VIP.to_be_bytes());
+    vip[36..38].copy_from_slice(&VIP_PORT.to_be_bytes());
+    vip[38..40].copy_from_slice(&VIP_PORT.to_be_bytes());
+    assert!(44 + 2 * MAX_HASH_POOL <= vip.len());
+    put(object, "vips", &vip_key, &vip);
+
+    let server_mac = testkit::server_mac(server.0);
+    let egress_mac = [0x02, 0, 0, 0, 0xee, 0x01];
+    let mut info = [0u8; SERVER_INFO as usize];
+    info[0..4].copy_from_slice(&(SERVER_FORWARDS | SERVER_EGRESS).to_ne_bytes());
+    info[4..8].copy_from_slice(&testkit::server_dip(server.0).to_be_bytes());
+    info[8..12].copy_from_slice(&LOOPBACK_IFINDEX.to_ne_bytes());
+    info[12..18].copy_from_slice(&server_mac);
+    info[18..24].copy_from_slice(&egress_mac);
+    put(object, "servers", &(server.0 as u32).to_ne_bytes(), &info);
+
+    (server_mac, egress_mac)
+}
+
+// `enum xdp_action`.
+const XDP_DROP: u32 = 1;
+const XDP_TX: u32 = 3;
+const XDP_REDIRECT: u32 = 4;
+
+/// An established client ACK with NOP NOP TS, echoing a cookie of server 7: with the fast
+/// path off the program steers it as before (no socket: dropped, counted); with it on, the
+/// kernel forwards it as the core's straight line does: TSecr's high half restored to the
+/// server's MSB, checksum still right, toward the server's MAC, counted as a cookie-routed
+/// client packet.
+#[test]
+fn an_established_client_segment_is_forwarded_in_the_kernel() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
+        return;
+    }
+    let mut object = load();
+    let layout = CookieLayout::DEFAULT;
+    let secret = Secret(*b"xdp-smoke-secret");
+    let hasher = FlowHasher::new(&secret);
+    let server = ServerId(7);
+    let server_msb: u16 = 0x1234;
+    let (client, client_port) = (testkit::client_ip(1), 40000);
+    let hash = hasher.hash(&FlowKey::tcp(client, client_port, VIP, VIP_PORT));
+    let cookie = layout.encode(server, hash, server_msb);
+    let tsecr = (cookie as u32) << 16 | 0x5678;
+    let frame =
+        TcpFrame::from_client(client, client_port, ACK, options::nop_nop_ts(99, tsecr)).build();
+    assert_eq!(testkit::timestamps(&frame), Some((99, tsecr)));
+
+    // Fast path off (lb_config as loaded): today's steering, no socket bound.
+    put(
+        &object,
+        "vip_addrs",
+        &VIP.to_be_bytes(),
+        &0u32.to_ne_bytes(),
+    );
+    let no_socket = stat(&object, STAT_NO_SOCKET);
+    let (verdict, bytes) = run(&mut object, &frame);
+    assert_eq!(verdict, XDP_DROP);
+    assert_eq!(bytes, frame, "steering changes no byte");
+    assert_eq!(stat(&object, STAT_NO_SOCKET), no_socket + 1);
+
+    let (server_mac, egress_mac) = publish(&object, &hasher, server);
+
+    // The clock table's restore entry for this cookie: the server's MSB, network order.
+    let unmasked = layout.unmask(cookie, hash).0 as u32;
+    let entry = MSB_KNOWN | server_msb.to_be() as u32;
+    put(
+        &object,
+        "msb_restores",
+        &unmasked.to_ne_bytes(),
+        &entry.to_ne_bytes(),
+    );
+
+    let routed = stat(&object, STAT_FAST_CLIENT_COOKIE);
+    let (verdict, bytes) = run(&mut object, &frame);
+    assert_eq!(verdict, XDP_TX, "egress is the interface it came in on");
+    assert_eq!(stat(&object, STAT_FAST_CLIENT_COOKIE), routed + 1);
+    assert_eq!(
+        testkit::timestamps(&bytes),
+        Some((99, (server_msb as u32) << 16 | 0x5678)),
+        "TSecr's high half is the server's MSB again"
+    );
+    assert_eq!(bytes[0..6], server_mac);
+    assert_eq!(bytes[6..12], egress_mac);
+    assert!(testkit::checksums_valid(&bytes), "checksums still verify");
+    let mut rest = bytes.clone();
+    let (_, tsecr_at) = testkit::timestamp_offsets(&bytes).unwrap();
+    rest[..12].copy_from_slice(&frame[..12]);
+    rest[tsecr_at..tsecr_at + 2].copy_from_slice(&frame[tsecr_at..tsecr_at + 2]);
+    rest[50..52].copy_from_slice(&frame[50..52]); // the TCP checksum
+    assert_eq!(rest, frame, "nothing else changed");
+}
+
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A server's established reply with NOP NOP TS, its MSB the newest seen: the kernel asks
+/// the FIB for the way to the client (in a namespace of this test's thread, where the
+/// client sits behind `xr0` with a permanent neighbour entry), writes the cookie into
+/// TSval's high half and redirects it there with the neighbour's MAC.
+#[test]
+fn a_server_reply_gets_its_cookie_in_the_kernel() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program, a network namespace) ***\n");
+        return;
+    }
+    // SAFETY: unshare only changes this thread's namespaces.
+    let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
+    let (client, client_port) = (testkit::client_ip(1), 40000);
+    let client_mac = [0x02, 0, 0, 0, 0xc1, 0x01];
+    ip(&["link", "set", "lo", "up"]);
+    ip(&["link", "add", "xr0", "type", "veth", "peer", "name", "xr1"]);
+    ip(&["link", "set", "xr0", "address", "02:00:00:00:ee:02"]);
+    ip(&["link", "set", "xr0", "up"]);
+    ip(&["link", "set", "xr1", "up"]);
+    ip(&["addr", "add", "10.2.0.254/24", "dev", "xr0"]);
+    let client_text = std::net::Ipv4Addr::from(client).to_string();
+    ip(&[
+        "neigh",
+        "replace",
+        &client_text,
+        "lladdr",
+        "02:00:00:00:c1:01",
+        "dev",
+        "xr0",
+        "nud",
+        "permanent",
+    ]);
+    // The FIB helper answers only for an input device that forwards (steer.h).
+    std::fs::write("/proc/sys/net/ipv4/conf/lo/forwarding", "1").expect("lo forwarding");
+    // SAFETY: a NUL-terminated name.
+    let xr0 = unsafe { libc::if_nametoindex(c"xr0".as_ptr()) };
+    assert_ne!(xr0, 0, "xr0's ifindex");
+
+    let mut object = load();
+    let layout = CookieLayout::DEFAULT;
+    let hasher = FlowHasher::new(&Secret(*b"xdp-smoke-secret"));
+    let server = ServerId(7);
+    let server_msb: u16 = 0x1234;
+    let (server_mac, _) = publish(&object, &hasher, server);
+    put(
+        &object,
+        "vip_addrs",
+        &VIP.to_be_bytes(),
+        &0u32.to_ne_bytes(),
+    );
+    put(
+        &object,
+        "server_side",
+        &LOOPBACK_IFINDEX.to_ne_bytes(),
+        &0u32.to_ne_bytes(),
+    );
+    let mut mac_key = [0u8; MAC_KEY as usize];
+    mac_key[..6].copy_from_slice(&server_mac);
+    put(
+        &object,
+        "server_macs",
+        &mac_key,
+        &(server.0 as u32).to_ne_bytes(),
+    );
+    let seen = MSB_KNOWN | server_msb as u32;
+    put(
+        &object,
+        "msb_seen",
+        &(server.0 as u32).to_ne_bytes(),
+        &seen.to_ne_bytes(),
+    );
+
+    let tsval = (server_msb as u32) << 16 | 0x0042;
+    let frame = TcpFrame::from_server_l2(
+        server.0,
+        client,
+        client_port,
+        ACK,
+        options::nop_nop_ts(tsval, 77),
+    )
+    .build();
+    let written = stat(&object, STAT_FAST_SERVER_COOKIE);
+    let (verdict, bytes) = run(&mut object, &frame);
+    assert_eq!(verdict, XDP_REDIRECT, "toward xr0 ({xr0}), not lo");
+    assert_eq!(stat(&object, STAT_FAST_SERVER_COOKIE), written + 1);
+    let hash = hasher.hash(&FlowKey::tcp(client, client_port, VIP, VIP_PORT));
+    let cookie = layout.encode(server, hash, server_msb);
+    assert_eq!(
+        testkit::timestamps(&bytes),
+        Some(((cookie as u32) << 16 | 0x0042, 77)),
+        "TSval's high half is the cookie"
+    );
+    assert_eq!(bytes[0..6], client_mac, "the neighbour's MAC");
+    assert_eq!(bytes[6..12], [0x02, 0, 0, 0, 0xee, 0x02], "xr0's MAC");
+    assert!(testkit::checksums_valid(&bytes), "checksums still verify");
+}
