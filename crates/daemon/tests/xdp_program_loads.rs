@@ -194,6 +194,8 @@ fn put(object: &Object, name: &str, key: &[u8], value: &[u8]) {
 
 /// Runs `frame` through the program as if it arrived on lo (BPF_PROG_TEST_RUN's device):
 /// the verdict and the bytes it left.
+// `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
+#[allow(clippy::field_reassign_with_default)]
 fn run(object: &mut Object, frame: &[u8]) -> (u32, Vec<u8>) {
     let prog = object
         .progs_mut()
