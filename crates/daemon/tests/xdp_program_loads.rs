@@ -1,8 +1,8 @@
 //! The XDP program (bpf/xdp_lb.c and bpf/lib/) as the kernel's verifier sees it: it loads,
-//! every map the design names (docs: /bpf/include/cheetah_shared.h) has the type and sizes
-//! userspace relies on, and one established client segment run through it with
-//! BPF_PROG_TEST_RUN is forwarded in the kernel the way the core forwards it. The full
-//! byte-for-byte comparison with the core is tests/xdp_parity.rs. Needs root.
+//! every map has the type and sizes userspace relies on (the layouts of
+//! bpf/include/cheetah_shared.h), and, run with BPF_PROG_TEST_RUN, an established client
+//! segment and a server reply are forwarded in the kernel the way the core forwards them.
+//! The comparison with the core over every test vector is tests/xdp_parity.rs. Needs root.
 
 use std::os::fd::{AsFd, AsRawFd};
 
@@ -11,6 +11,7 @@ use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::types::ServerId;
 use cheetah_core::wire::tcp::flags::ACK;
+use cheetah_core::wire::{checksum, Ipv4Packet, TcpSegment};
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use libbpf_rs::{MapCore, MapFlags, MapType, Object, ObjectBuilder};
 
@@ -193,6 +194,8 @@ fn put(object: &Object, name: &str, key: &[u8], value: &[u8]) {
 
 /// Runs `frame` through the program as if it arrived on lo (BPF_PROG_TEST_RUN's device):
 /// the verdict and the bytes it left.
+// `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
+#[allow(clippy::field_reassign_with_default)]
 fn run(object: &mut Object, frame: &[u8]) -> (u32, Vec<u8>) {
     let prog = object
         .progs_mut()
@@ -207,15 +210,21 @@ fn run(object: &mut Object, frame: &[u8]) -> (u32, Vec<u8>) {
     (output.return_value, data)
 }
 
-/// The maps as the publisher fills them for the testkit's VIP (l2, cheetah mode, the
-/// default cookie layout) and one server reached through lo: the server's MAC and the
-/// egress interface's.
-fn publish(object: &Object, hasher: &FlowHasher, server: ServerId) -> ([u8; 6], [u8; 6]) {
+/// The maps as the publisher fills them for the testkit's VIP (cheetah mode, the default
+/// cookie layout; `nat`: forwarding to the servers' `backend_port`) and one server reached
+/// through lo: the server's MAC and the egress interface's.
+fn publish(
+    object: &Object,
+    hasher: &FlowHasher,
+    server: ServerId,
+    nat: bool,
+    backend_port: u16,
+) -> ([u8; 6], [u8; 6]) {
     let layout = CookieLayout::DEFAULT;
     let mut config = [0u8; LB_CONFIG as usize];
     config[0..4].copy_from_slice(&LB_FAST_PATH.to_ne_bytes());
     config[4] = 0; // LB_MODE_CHEETAH
-    config[5] = 0; // LB_FORWARDING_L2
+    config[5] = nat as u8; // LB_FORWARDING_L2 or LB_FORWARDING_NAT
     config[6] = layout.id_bits();
     config[8..10].copy_from_slice(&layout.max_server_id().to_ne_bytes());
     put(object, "lb_config", &0u32.to_ne_bytes(), &config);
@@ -231,7 +240,7 @@ fn publish(object: &Object, hasher: &FlowHasher, server: ServerId) -> ([u8; 6], 
     }
     vip[32..36].copy_from_slice(&VIP.to_be_bytes());
     vip[36..38].copy_from_slice(&VIP_PORT.to_be_bytes());
-    vip[38..40].copy_from_slice(&VIP_PORT.to_be_bytes());
+    vip[38..40].copy_from_slice(&backend_port.to_be_bytes());
     assert!(44 + 2 * MAX_HASH_POOL <= vip.len());
     put(object, "vips", &vip_key, &vip);
 
@@ -248,6 +257,10 @@ fn publish(object: &Object, hasher: &FlowHasher, server: ServerId) -> ([u8; 6], 
     (server_mac, egress_mac)
 }
 
+// Frame offsets of the checksums of an untagged IPv4 frame without IP options.
+const IP_CHECKSUM: usize = 14 + 10;
+const TCP_CHECKSUM: usize = 34 + 16;
+
 // `enum xdp_action`.
 const XDP_DROP: u32 = 1;
 const XDP_TX: u32 = 3;
@@ -255,9 +268,9 @@ const XDP_REDIRECT: u32 = 4;
 
 /// An established client ACK with NOP NOP TS, echoing a cookie of server 7: with the fast
 /// path off the program steers it as before (no socket: dropped, counted); with it on, the
-/// kernel forwards it as the core's straight line does: TSecr's high half restored to the
-/// server's MSB, checksum still right, toward the server's MAC, counted as a cookie-routed
-/// client packet.
+/// kernel forwards it as the core's straight line does (l2 and NAT, valid checksums and
+/// both encodings of zero): TSecr's high half restored to the server's MSB, toward the
+/// server's MAC, counted as a cookie-routed client packet.
 #[test]
 fn an_established_client_segment_is_forwarded_in_the_kernel() {
     if !is_root() {
@@ -291,8 +304,6 @@ fn an_established_client_segment_is_forwarded_in_the_kernel() {
     assert_eq!(bytes, frame, "steering changes no byte");
     assert_eq!(stat(&object, STAT_NO_SOCKET), no_socket + 1);
 
-    let (server_mac, egress_mac) = publish(&object, &hasher, server);
-
     // The clock table's restore entry for this cookie: the server's MSB, network order.
     let unmasked = layout.unmask(cookie, hash).0 as u32;
     let entry = MSB_KNOWN | server_msb.to_be() as u32;
@@ -302,25 +313,83 @@ fn an_established_client_segment_is_forwarded_in_the_kernel() {
         &unmasked.to_ne_bytes(),
         &entry.to_ne_bytes(),
     );
+    let (_, tsecr_at) = testkit::timestamp_offsets(&frame).unwrap();
 
-    let routed = stat(&object, STAT_FAST_CLIENT_COOKIE);
-    let (verdict, bytes) = run(&mut object, &frame);
-    assert_eq!(verdict, XDP_TX, "egress is the interface it came in on");
-    assert_eq!(stat(&object, STAT_FAST_CLIENT_COOKIE), routed + 1);
-    assert_eq!(
-        testkit::timestamps(&bytes),
-        Some((99, (server_msb as u32) << 16 | 0x5678)),
-        "TSecr's high half is the server's MSB again"
-    );
-    assert_eq!(bytes[0..6], server_mac);
-    assert_eq!(bytes[6..12], egress_mac);
-    assert!(testkit::checksums_valid(&bytes), "checksums still verify");
-    let mut rest = bytes.clone();
-    let (_, tsecr_at) = testkit::timestamp_offsets(&bytes).unwrap();
-    rest[..12].copy_from_slice(&frame[..12]);
-    rest[tsecr_at..tsecr_at + 2].copy_from_slice(&frame[tsecr_at..tsecr_at + 2]);
-    rest[50..52].copy_from_slice(&frame[50..52]); // the TCP checksum
-    assert_eq!(rest, frame, "nothing else changed");
+    for (nat, backend_port) in [(false, VIP_PORT), (true, 8080)] {
+        let (server_mac, egress_mac) = publish(&object, &hasher, server, nat, backend_port);
+        // fast_path.rs `client_fast` and client_path.rs `forward_to_server_via`, with the
+        // worker's egress step (the source MAC).
+        let core_bytes = |frame: &[u8]| {
+            let mut expected = frame.to_vec();
+            checksum::replace_high_half_in_network_order(
+                &mut expected,
+                tsecr_at,
+                TCP_CHECKSUM,
+                server_msb.to_be(),
+            );
+            expected[0..6].copy_from_slice(&server_mac);
+            expected[6..12].copy_from_slice(&egress_mac);
+            if nat {
+                let dip = testkit::server_dip(server.0);
+                let old = Ipv4Packet::new_unchecked(&mut expected[14..]).set_dst(dip);
+                let mut segment = TcpSegment::new_unchecked(&mut expected[34..]);
+                segment.update_checksum_for_address(old, dip);
+                segment.set_dst_port(backend_port);
+            }
+            expected
+        };
+        let with_checksums = |ip_sum: u16, tcp_sum: u16| {
+            let mut frame = frame.clone();
+            frame[IP_CHECKSUM..IP_CHECKSUM + 2].copy_from_slice(&ip_sum.to_be_bytes());
+            frame[TCP_CHECKSUM..TCP_CHECKSUM + 2].copy_from_slice(&tcp_sum.to_be_bytes());
+            frame
+        };
+        // The checksums that the core's updates turn into 0x0000 (the encoding of zero
+        // that RFC 1624's eqn. 3 can give and another formula might not).
+        let to_zero = |at: usize| {
+            (0..=0xffff)
+                .find(|&sum: &u16| {
+                    let mut frame = frame.clone();
+                    frame[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+                    core_bytes(&frame)[at..at + 2] == [0, 0]
+                })
+                .unwrap()
+        };
+        let (ip_to_zero, tcp_to_zero) = (to_zero(IP_CHECKSUM), to_zero(TCP_CHECKSUM));
+        // As built, then with checksums at both encodings of zero, then with the ones
+        // that end at zero: the kernel's incremental updates must give the core's bytes
+        // in every case, not only for valid checksums.
+        let built = u16::from_be_bytes([frame[IP_CHECKSUM], frame[IP_CHECKSUM + 1]]);
+        let cases = [
+            (
+                built,
+                u16::from_be_bytes([frame[TCP_CHECKSUM], frame[TCP_CHECKSUM + 1]]),
+            ),
+            (0x0000, 0xffff),
+            (0xffff, 0x0000),
+            (if nat { ip_to_zero } else { built }, tcp_to_zero),
+        ];
+        for (case, (ip_sum, tcp_sum)) in cases.into_iter().enumerate() {
+            let frame = with_checksums(ip_sum, tcp_sum);
+            let expected = core_bytes(&frame);
+            let routed = stat(&object, STAT_FAST_CLIENT_COOKIE);
+            let (verdict, bytes) = run(&mut object, &frame);
+            assert_eq!(verdict, XDP_TX, "egress is the interface it came in on");
+            assert_eq!(stat(&object, STAT_FAST_CLIENT_COOKIE), routed + 1);
+            assert_eq!(
+                bytes, expected,
+                "nat {nat}, checksums {ip_sum:#x} {tcp_sum:#x}"
+            );
+            if case == 0 {
+                assert_eq!(
+                    testkit::timestamps(&bytes),
+                    Some((99, (server_msb as u32) << 16 | 0x5678)),
+                    "TSecr's high half is the server's MSB again"
+                );
+                assert!(testkit::checksums_valid(&bytes), "checksums still verify");
+            }
+        }
+    }
 }
 
 fn ip(args: &[&str]) {
@@ -380,7 +449,7 @@ fn a_server_reply_gets_its_cookie_in_the_kernel() {
     let hasher = FlowHasher::new(&Secret(*b"xdp-smoke-secret"));
     let server = ServerId(7);
     let server_msb: u16 = 0x1234;
-    let (server_mac, _) = publish(&object, &hasher, server);
+    let (server_mac, _) = publish(&object, &hasher, server, false, VIP_PORT);
     put(
         &object,
         "vip_addrs",
