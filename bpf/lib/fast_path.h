@@ -224,7 +224,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 
 	if (cheetah) {
 		struct cookie_layout layout = layout_of(config);
-		__u32 *seen;
+		struct msb_seen_words *seen;
+		__u32 zero = 0;
 		__u16 msb;
 		__u64 hash;
 
@@ -233,8 +234,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		if (!plain_has_nop_nop_ts(&p))
 			return hand_up(STAT_UP_LAYOUT);
 		msb = bpf_ntohl(p.ts->tsval) >> 16;
-		seen = bpf_map_lookup_elem(&msb_seen, &id);
-		if (!seen || !cookie_clock_unchanged(*seen, msb))
+		seen = bpf_map_lookup_elem(&msb_seen, &zero);
+		if (!seen || !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
 			return hand_up(STAT_UP_CLOCK);
 		// The connection's hash: its client is the reply's destination.
 		hash = siphash_finish(vip->hash_prefix, p.ip->daddr, p.tcp->dest);

@@ -11,6 +11,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
+#include "cookie.h"
 
 // Key: interface slot * MAX_QUEUES + rx queue. A socket only accepts frames from the
 // device and queue it is bound to, so each interface needs its own range of keys.
@@ -113,21 +114,24 @@ struct {
 } server_side SEC(".maps");
 
 // The clock table's words the kernel reads (cheetah_shared.h), mmapped by userspace so that
-// the core's MsbTable and the kernel share one table.
+// the core's MsbTable and the kernel share one table. Each map is ONE entry holding every
+// word: an array map spaces its entries 8 bytes apart (elem_size is rounded up to 8), so
+// an array of SERVER_ID_SPACE __u32 entries would not be the contiguous words the core's
+// table indexes (struct msb_seen_words and msb_restore_words, cookie.h).
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, SERVER_ID_SPACE);
+	__uint(max_entries, 1);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct msb_seen_words);
 } msb_seen SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, COOKIE_SPACE);
+	__uint(max_entries, 1);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct msb_restore_words);
 } msb_restores SEC(".maps");
 
 // Server id -> what the in-kernel path sent to or received from it, per CPU.

@@ -103,18 +103,21 @@ impl SteeringProgram {
 
     fn mmap_words<const N: usize>(&self, name: &str) -> anyhow::Result<&'static [AtomicU32; N]> {
         let map = self.try_map(name)?;
-        if map.value_size() != 4 || map.max_entries() as usize != N {
+        // One entry holding every word: an array's entries are 8 bytes apart, so N entries
+        // of 4 bytes would not be the contiguous words the table indexes.
+        if map.max_entries() != 1 || map.value_size() as usize != N * 4 {
             bail!(
-                "map {name} holds {} values of {} bytes; the clock table needs {N} of 4",
+                "map {name} holds {} values of {} bytes; the clock table needs one of {} (its {N} words)",
                 map.max_entries(),
-                map.value_size()
+                map.value_size(),
+                N * 4
             );
         }
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let len = (N * 4).div_ceil(page) * page;
         // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose first N * 4 bytes
-        // are its N u32 values; the kernel refuses the call for any other map.
+        // are its one value, the N words; the kernel refuses the call for any other map.
         let at = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
