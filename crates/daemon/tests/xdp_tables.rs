@@ -24,7 +24,8 @@ use libbpf_rs::{MapCore, MapFlags};
 const XDP_TX: u32 = 3;
 const LOOPBACK: u32 = 1;
 /// Every address routed through `lo`, as `/proc/net/route` prints a default route.
-const ROUTES_VIA_LO: &str = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+const ROUTES_VIA_LO: &str =
+    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
 lo\t00000000\t00000000\t0001\t0\t0\t0\t00000000\t0\t0\t0
 ";
 
@@ -45,7 +46,12 @@ fn stat(program: &SteeringProgram, index: u32) -> u64 {
         .sum()
 }
 
-fn publish(program: &SteeringProgram, plane: &ControlPlane, publisher: &mut Publisher, fast_path: bool) {
+fn publish(
+    program: &SteeringProgram,
+    plane: &ControlPlane,
+    publisher: &mut Publisher,
+    fast_path: bool,
+) {
     let lo = Interface {
         name: "lo".into(),
         ifindex: LOOPBACK,
@@ -100,7 +106,9 @@ fn the_kernel_forwards_by_the_published_tables_and_the_shared_clock() {
     assert_eq!(stat(&program, STAT_UP_COOKIE), unknown + 1);
 
     // A reply teaches the core's table; the kernel reads the same words.
-    shared.msb.learn(server, (msb as u32) << 16 | 7, NANOS_PER_SEC);
+    shared
+        .msb
+        .learn(server, (msb as u32) << 16 | 7, NANOS_PER_SEC);
     let seen = program
         .try_map("msb_seen")
         .unwrap()
@@ -112,7 +120,10 @@ fn the_kernel_forwards_by_the_published_tables_and_the_shared_clock() {
 
     let routed = stat(&program, STAT_FAST_CLIENT_COOKIE);
     let (verdict, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
-    assert_eq!(verdict, XDP_TX, "the server's egress is lo, where it came in");
+    assert_eq!(
+        verdict, XDP_TX,
+        "the server's egress is lo, where it came in"
+    );
     assert_eq!(stat(&program, STAT_FAST_CLIENT_COOKIE), routed + 1);
     assert_eq!(
         testkit::timestamps(&bytes),

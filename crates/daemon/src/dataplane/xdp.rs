@@ -10,8 +10,8 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::AtomicU32;
 
 use cheetah_core::cookie::msb::COOKIES;
-use cheetah_core::cookie::{MsbTable, SharedWords};
 use cheetah_core::cookie::CookieLayout;
+use cheetah_core::cookie::{MsbTable, SharedWords};
 use cheetah_core::types::ServerId;
 
 use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, UP_REASONS};
@@ -196,7 +196,10 @@ impl SteeringProgram {
         input.data_in = Some(frame);
         input.data_out = Some(&mut out);
         let output = prog.test_run(input).context("BPF_PROG_TEST_RUN")?;
-        let data = output.data.context("BPF_PROG_TEST_RUN gave no data")?.to_vec();
+        let data = output
+            .data
+            .context("BPF_PROG_TEST_RUN gave no data")?
+            .to_vec();
         Ok((output.return_value, data))
     }
 
