@@ -19,14 +19,18 @@ use cheetah_core::hash::{FlowHasher, FlowKey};
 
 live_tests! {
     fn l2_forwarding_end_to_end() {
-        scenario("l2", "e2l");
+        scenario("l2", "e2l", "xdp");
     }
     fn nat_forwarding_end_to_end() {
-        scenario("nat", "e2n");
+        scenario("nat", "e2n", "xdp");
+    }
+    // The AF_XDP data path alone (the XDP program only steers) keeps its smoke test.
+    fn l2_forwarding_end_to_end_on_afxdp() {
+        scenario("l2", "e2a", "afxdp");
     }
 }
 
-fn scenario(forwarding: &str, prefix: &str) {
+fn scenario(forwarding: &str, prefix: &str, datapath: &str) {
     let testbed = Testbed::up(
         prefix,
         &[
@@ -39,14 +43,59 @@ fn scenario(forwarding: &str, prefix: &str) {
         ],
     );
     // Server 3 runs nginx but joins the LB only at run time.
-    let config = testbed.config_with_pool(&[1, 2]);
+    let config = with_datapath(&testbed.config_with_pool(&[1, 2]), datapath);
     let mut lb = Lb::start(&testbed, &config);
 
     requests_succeed_from_every_client(&testbed);
     cookies_name_the_answering_server(&testbed);
     add_and_drain_break_nothing(&testbed, &lb);
     both_workers_forwarded(&lb);
+    the_kernel_forwarded_only_on_xdp(&lb, datapath);
     kill_and_restart_break_nothing(&testbed, &mut lb);
+}
+
+/// With `datapath = "xdp"` the XDP program forwarded established packets itself, both
+/// ways (counted as worker `xdp` under the core's events); with `afxdp` it forwarded none.
+fn the_kernel_forwarded_only_on_xdp(lb: &Lb, datapath: &str) {
+    let metrics = lb.metrics();
+    let kernel = |event: &str| {
+        let event = format!("event=\"{event}\"");
+        metric_sum(
+            &metrics,
+            "cheetah_events_total",
+            &["worker=\"xdp\"", &event],
+        )
+    };
+    let up = metric_sum(&metrics, "cheetah_xdp_to_userspace_total", &[]);
+    eprintln!(
+        "datapath {datapath}: kernel to_server {} to_client {} cookie_routed {} cookies_inserted {}; handed up {up}",
+        kernel("to_server"),
+        kernel("to_client"),
+        kernel("cookie_routed"),
+        kernel("cookies_inserted")
+    );
+    if datapath == "xdp" {
+        for event in ["to_server", "to_client"] {
+            assert!(
+                kernel(event) > 100.0,
+                "the kernel's {event}: {}\n{metrics}",
+                kernel(event)
+            );
+        }
+    } else {
+        assert_eq!(kernel("fast_path"), 0.0, "{metrics}");
+        assert_eq!(up, 0.0, "{metrics}");
+    }
+}
+
+/// The config at `path` with `[daemon] datapath` set.
+fn with_datapath(path: &Path, datapath: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut config: toml::Table = text.parse().unwrap();
+    let daemon = config["daemon"].as_table_mut().unwrap();
+    daemon.insert("datapath".into(), toml::Value::String(datapath.into()));
+    std::fs::write(path, toml::to_string(&config).unwrap()).unwrap();
+    path.to_path_buf()
 }
 
 /// `curl` from a client namespace: (status, X-Server, local port) per request.

@@ -75,8 +75,12 @@ pub fn print(prefix: &str) -> anyhow::Result<()> {
     if drops.is_empty() {
         println!("  XDP drops on the LB's veths: none");
     }
-    for drop in &drops {
-        println!("  XDP DROPS on the LB's veths (frames lost; is GRO on at the peer?): {drop}");
+    for port in &drops {
+        if port.is_failure() {
+            println!("  XDP DROPS on the LB's veths (is GRO on at the peer?): {port}");
+        } else {
+            println!("  XDP drops on the LB's veths (congestion at the peer's ring): {port}");
+        }
     }
     for namespace in &namespaces {
         println!("{namespace}");

@@ -6,16 +6,33 @@
 //! turned on there. Without it the veth drops the frame and only counts it, in its
 //! `ethtool -S` XDP error counters: connections would stall with nothing in any log. So
 //! `up` turns GRO on at every peer of an LB port, and `down` and `status` read those
-//! counters on the LB's ports and fail (or warn) on any.
+//! counters on the LB's ports.
+//!
+//! The same counters also count frames the peer's 256-frame ring had no room for: the
+//! ring is the bottleneck queue of a bulk TCP transfer through the LB, which congestion
+//! control fills until it drops (measured: 40 parallel 32 MiB downloads through the nat
+//! testbed lost 0.5% of the frames redirected toward the router; the smoke test's
+//! transfers between 0 and 0.01%). A port without NAPI at its peer loses every frame. So
+//! `down` fails when a port lost more than [`MAX_DROP_PERCENT`] of what its XDP program
+//! sent that way, and reports smaller losses without failing; `status` shows both.
 
 use super::netns;
 use super::plan::{role_of, Endpoint, Role, Topology};
 use super::shell::Cmd;
 
-/// `ethtool -S` counters of a veth that count frames its XDP program sent (XDP_TX) or had
-/// redirected through it and the peer dropped: per queue, `rx_queue_<n>_xdp_tx_errors`
-/// and `tx_queue_<n>_xdp_xmit_errors`.
-const DROP_COUNTER_SUFFIXES: [&str; 2] = ["_xdp_tx_errors", "_xdp_xmit_errors"];
+/// `ethtool -S` counters of a veth that count frames its XDP program sent back (XDP_TX) or
+/// redirected, and that were lost: per queue, `rx_queue_<n>_xdp_tx_errors` and
+/// `tx_queue_<n>_xdp_xmit_errors` (the peer's ring was full), and `rx_queue_<n>_drops`
+/// (the frame could not leave at all: a redirect or XDP_TX toward a veth whose peer runs
+/// no NAPI fails at once, which is the count that moves when GRO is off at the peer;
+/// seen on Linux 6.18). Not `rx_queue_<n>_xdp_drops`: the program's own XDP_DROP.
+const DROP_COUNTER_SUFFIXES: [&str; 3] = ["_xdp_tx_errors", "_xdp_xmit_errors", "_drops"];
+/// The counters of the frames that got through the same ways.
+const SENT_COUNTER_SUFFIXES: [&str; 3] = ["_xdp_tx", "_xdp_xmit", "_xdp_redirect"];
+
+/// More lost than this share of a port's XDP transmits is no congestion: the peer cannot
+/// receive them.
+pub const MAX_DROP_PERCENT: u64 = 1;
 
 /// Turns GRO on at the far end of every LB port (the router's, the switch's and client
 /// 0's side), so that frames the LB's XDP program transmits or redirects are received.
@@ -38,27 +55,39 @@ fn lb_peers(topo: &Topology) -> Vec<Endpoint> {
         .collect()
 }
 
-/// One nonzero XDP drop counter of an LB port.
+/// An LB port that lost frames its XDP program transmitted or redirected.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct XdpDrop {
+pub struct XdpDrops {
     pub namespace: String,
     pub interface: String,
-    pub counter: String,
-    pub count: u64,
+    pub dropped: u64,
+    /// Frames that got through the same way.
+    pub sent: u64,
 }
 
-impl std::fmt::Display for XdpDrop {
+impl XdpDrops {
+    /// More lost than [`MAX_DROP_PERCENT`]: the peer does not receive (no NAPI there),
+    /// rather than congestion.
+    pub fn is_failure(&self) -> bool {
+        self.dropped * 100 > MAX_DROP_PERCENT * (self.dropped + self.sent)
+    }
+}
+
+impl std::fmt::Display for XdpDrops {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} {}: {} = {}",
-            self.namespace, self.interface, self.counter, self.count
+            "{} {}: {} of {} XDP transmits dropped",
+            self.namespace,
+            self.interface,
+            self.dropped,
+            self.dropped + self.sent
         )
     }
 }
 
-/// Every nonzero XDP drop counter on the veths of testbed `prefix`'s LB namespaces.
-pub fn drops(prefix: &str) -> anyhow::Result<Vec<XdpDrop>> {
+/// Every veth of testbed `prefix`'s LB namespaces that lost XDP transmits.
+pub fn drops(prefix: &str) -> anyhow::Result<Vec<XdpDrops>> {
     let mut found = Vec::new();
     for namespace in netns::list(prefix)? {
         if !matches!(role_of(prefix, &namespace), Some(Role::Lb(_))) {
@@ -71,12 +100,15 @@ pub fn drops(prefix: &str) -> anyhow::Result<Vec<XdpDrop>> {
             let stats = Cmd::in_netns(&namespace, "ethtool")
                 .args(["-S", &interface])
                 .run()?;
-            found.extend(drop_counters(&stats).map(|(counter, count)| XdpDrop {
-                namespace: namespace.clone(),
-                interface: interface.clone(),
-                counter,
-                count,
-            }));
+            let (dropped, sent) = xdp_transmits(&stats);
+            if dropped > 0 {
+                found.push(XdpDrops {
+                    namespace: namespace.clone(),
+                    interface,
+                    dropped,
+                    sent,
+                });
+            }
         }
     }
     Ok(found)
@@ -91,14 +123,21 @@ fn veth_names(links: &str) -> Vec<String> {
         .collect()
 }
 
-/// The nonzero XDP drop counters of an `ethtool -S` listing.
-fn drop_counters(stats: &str) -> impl Iterator<Item = (String, u64)> + '_ {
-    stats.lines().filter_map(|line| {
-        let (name, value) = line.trim().split_once(':')?;
-        let count: u64 = value.trim().parse().ok()?;
-        (count > 0 && DROP_COUNTER_SUFFIXES.iter().any(|s| name.ends_with(s)))
-            .then(|| (name.to_string(), count))
-    })
+/// (dropped, sent) XDP transmits of an `ethtool -S` listing, summed over queues.
+fn xdp_transmits(stats: &str) -> (u64, u64) {
+    let sum = |suffixes: &[&str]| -> u64 {
+        stats
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.trim().split_once(':')?;
+                let count: u64 = value.trim().parse().ok()?;
+                let counted =
+                    suffixes.iter().any(|s| name.ends_with(s)) && !name.ends_with("_xdp_drops");
+                counted.then_some(count)
+            })
+            .sum()
+    };
+    (sum(&DROP_COUNTER_SUFFIXES), sum(&SENT_COUNTER_SUFFIXES))
 }
 
 #[cfg(test)]
@@ -106,23 +145,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_nonzero_xdp_error_counters_are_drops() {
+    fn drops_and_transmits_are_summed_over_queues() {
         let stats = "NIC statistics:
      peer_ifindex: 2
      rx_queue_0_xdp_packets: 10
+     rx_queue_0_xdp_bytes: 1000
+     rx_queue_0_drops: 32
+     rx_queue_0_xdp_redirect: 3
+     rx_queue_0_xdp_drops: 9
      rx_queue_0_xdp_tx: 4
      rx_queue_0_xdp_tx_errors: 3
      rx_queue_1_xdp_tx_errors: 0
      tx_queue_0_xdp_xmit: 7
      tx_queue_1_xdp_xmit_errors: 5
 ";
-        let drops: Vec<(String, u64)> = drop_counters(stats).collect();
-        assert_eq!(
-            drops,
-            [
-                ("rx_queue_0_xdp_tx_errors".to_string(), 3),
-                ("tx_queue_1_xdp_xmit_errors".to_string(), 5)
-            ]
+        assert_eq!(xdp_transmits(stats), (32 + 3 + 5, 3 + 4 + 7));
+    }
+
+    #[test]
+    fn losing_more_than_a_percent_is_a_failure_not_congestion() {
+        let port = |dropped, sent| XdpDrops {
+            namespace: "t1-lb".into(),
+            interface: "lb-c".into(),
+            dropped,
+            sent,
+        };
+        assert!(port(222, 3_000_000).to_string().contains("222 of 3000222"));
+        assert!(!port(222, 3_000_000).is_failure(), "congestion at the ring");
+        assert!(!port(1, 99).is_failure());
+        assert!(port(2, 98).is_failure());
+        assert!(
+            port(50, 0).is_failure(),
+            "no NAPI at the peer: nothing gets through"
         );
     }
 
