@@ -191,10 +191,12 @@ impl SteeringProgram {
         context[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
         context[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
         let mut out = vec![0u8; frame.len() + 256];
-        let mut input = libbpf_rs::ProgramInput::default();
-        input.context_in = Some(&mut context);
-        input.data_in = Some(frame);
-        input.data_out = Some(&mut out);
+        let input = libbpf_rs::ProgramInput {
+            context_in: Some(&mut context),
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
         let output = prog.test_run(input).context("BPF_PROG_TEST_RUN")?;
         let data = output
             .data
