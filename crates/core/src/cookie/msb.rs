@@ -31,6 +31,7 @@
 //! wherever it is, backwards too: a server that rebooted restarts its clock near 0, and its
 //! new connections are restored right from the next probe on.
 
+use std::ptr::NonNull;
 use std::sync::atomic::{
     AtomicBool, AtomicU32, AtomicU64,
     Ordering::{Relaxed, SeqCst},
@@ -40,7 +41,9 @@ use super::tcp_ts::{CookieLayout, Unmasked};
 use crate::types::{Nanos, ServerId, NANOS_PER_MS, NANOS_PER_SEC};
 
 /// Set in a state once it is known; also in a restore entry once the MSB it holds is known.
-const KNOWN: u32 = 1 << 16;
+/// Public because the XDP program reads the same words (`MSB_KNOWN` in
+/// bpf/include/cheetah_shared.h).
+pub const KNOWN: u32 = 1 << 16;
 /// The high bits of an estimate word count the writes that may move M^ anywhere (a probe,
 /// an import, a forget). A writer that computed M^ from what it read earlier (a reply being
 /// learnt, the refresh) writes only if the generation is still the one it read first, so
@@ -49,7 +52,9 @@ const GENERATION_ONE: u32 = 1 << 17;
 const GENERATION: u32 = !(GENERATION_ONE - 1);
 /// Set in a restore entry whose echo is certainly older than the layout's idle limit: the
 /// server's next segment may be dropped by the client's PAWS check. Counted, not dropped.
-const BEYOND_IDLE_LIMIT: u32 = 1 << 17;
+/// Public for the XDP program, which leaves such an echo to userspace so it is counted
+/// (`MSB_BEYOND_IDLE_LIMIT` in bpf/include/cheetah_shared.h).
+pub const BEYOND_IDLE_LIMIT: u32 = 1 << 17;
 /// A server whose MSB advances more than once a minute has no millisecond-ish clock (e.g.
 /// microsecond timestamps) or several clocks (`net.ipv4.tcp_timestamps=1` offsets every
 /// address pair differently). At 1 ms ticks the MSB changes every 65.5 s.
@@ -74,7 +79,8 @@ const REANCHOR_AFTER_MS: u32 = 3_600_000;
 const WARNING_INTERVAL: Nanos = 60 * NANOS_PER_SEC;
 const UNKNOWN: u64 = u64::MAX;
 const ID_SPACE: usize = ServerId::SPACE;
-const COOKIES: usize = 1 << 16;
+/// Unmasked cookies, the index space of the restore entries.
+pub const COOKIES: usize = 1 << 16;
 
 /// What one server->client packet (or probe answer) taught the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,7 +125,7 @@ pub struct MsbTable {
     layout: CookieLayout,
     /// `KNOWN | newest MSB seen` per server id. Sized to the whole id space, so an id
     /// decoded from a cookie needs no bounds check.
-    seen: Box<[AtomicU32; ID_SPACE]>,
+    seen: SharedWords<ID_SPACE>,
     /// `(LB ms as u32) << 32 | TSval` at the last advance of `seen` or probe answer (or
     /// moved forward by [`MsbTable::refresh`]), or `UNKNOWN`. One word, so the pair is
     /// always consistent.
@@ -139,7 +145,7 @@ pub struct MsbTable {
     /// byte order` (the value whose in-memory bytes are the packet's), 0 while the clock is
     /// unknown. Always `restore_entry` of the server's estimate once its writers are done
     /// (see [`MsbTable::publish`]).
-    restores: Box<[AtomicU32; COOKIES]>,
+    restores: SharedWords<COOKIES>,
     last_warning: Box<[AtomicU64; ID_SPACE]>,
     /// Bumped on every write of an estimate, so a persister knows when to save.
     writes: AtomicU64,
@@ -155,14 +161,29 @@ impl Default for MsbTable {
 
 impl MsbTable {
     pub fn new(layout: CookieLayout) -> Self {
+        Self::with_words(layout, SharedWords::zeroed(), SharedWords::zeroed())
+    }
+
+    /// A table whose `seen` and `restores` words (the two a packet path reads) are the
+    /// caller's: e.g. the XDP program's mmapped arrays, so that the kernel's fast path and
+    /// the workers share one clock table. The words are cleared: a table starts knowing
+    /// no clock.
+    pub fn with_words(
+        layout: CookieLayout,
+        seen: SharedWords<ID_SPACE>,
+        restores: SharedWords<COOKIES>,
+    ) -> Self {
+        for word in seen.iter().chain(restores.iter()) {
+            word.store(0, SeqCst);
+        }
         MsbTable {
             layout,
-            seen: atomics(|| AtomicU32::new(0)),
+            seen,
             anchors: atomics(|| AtomicU64::new(UNKNOWN)),
             limits: atomics(|| AtomicU64::new(UNKNOWN)),
             probed: atomics(|| AtomicBool::new(false)),
             estimates: atomics(|| AtomicU32::new(0)),
-            restores: atomics(|| AtomicU32::new(0)),
+            restores,
             last_warning: atomics(|| AtomicU64::new(0)),
             writes: AtomicU64::new(0),
             echoes_beyond_idle_limit: AtomicU64::new(0),
@@ -611,6 +632,58 @@ fn atomics<T, const N: usize>(make: impl FnMut() -> T) -> Box<[T; N]> {
         .collect::<Box<[_]>>()
         .try_into()
         .unwrap_or_else(|_| unreachable!("N atomics were made"))
+}
+
+/// `N` words of a clock table: owned (on the heap), or someone else's that live as long as
+/// the process (a memory-mapped BPF array). Either way one pointer, read like a `Box`: a
+/// packet pays no extra load or branch for the choice.
+pub struct SharedWords<const N: usize> {
+    words: NonNull<[AtomicU32; N]>,
+    owned: bool,
+}
+
+// SAFETY: the words are atomics, which any thread may share; an owned array is freed only
+// by the one `SharedWords` that owns it.
+unsafe impl<const N: usize> Send for SharedWords<N> {}
+unsafe impl<const N: usize> Sync for SharedWords<N> {}
+
+impl<const N: usize> SharedWords<N> {
+    /// `N` zero words on the heap, freed with this value.
+    pub fn zeroed() -> Self {
+        let owned: Box<[AtomicU32; N]> = atomics(|| AtomicU32::new(0));
+        SharedWords {
+            words: NonNull::from(Box::leak(owned)),
+            owned: true,
+        }
+    }
+
+    /// Words that outlive every table: a static array, or a mapping the process never
+    /// unmaps.
+    pub fn borrowed(words: &'static [AtomicU32; N]) -> Self {
+        SharedWords {
+            words: NonNull::from(words),
+            owned: false,
+        }
+    }
+}
+
+impl<const N: usize> std::ops::Deref for SharedWords<N> {
+    type Target = [AtomicU32; N];
+
+    #[inline(always)]
+    fn deref(&self) -> &[AtomicU32; N] {
+        // SAFETY: `words` is a live array: owned and freed only in `drop`, or `'static`.
+        unsafe { self.words.as_ref() }
+    }
+}
+
+impl<const N: usize> Drop for SharedWords<N> {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: made by `Box::leak` in `zeroed`, and dropped only here, once.
+            drop(unsafe { Box::from_raw(self.words.as_ptr()) });
+        }
+    }
 }
 
 /// How old a persisted estimate may be and still be loaded. The estimate is carried forward

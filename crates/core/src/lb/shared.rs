@@ -41,7 +41,7 @@ impl LbShared {
     ) -> Self {
         Self::with_sizes(
             secret,
-            layout,
+            MsbTable::new(layout),
             snapshot,
             handshakes::DEFAULT_SLOTS,
             closes::DEFAULT_SLOTS,
@@ -58,21 +58,41 @@ impl LbShared {
         slots: usize,
         fallback_capacity: usize,
     ) -> Self {
-        Self::with_sizes(secret, layout, snapshot, slots, slots, fallback_capacity)
+        let msb = MsbTable::new(layout);
+        Self::with_sizes(secret, msb, snapshot, slots, slots, fallback_capacity)
+    }
+
+    /// [`new`](LbShared::new) with the clock table `msb` (e.g. one over words shared with
+    /// the XDP program, [`MsbTable::with_words`]); the cookie layout is `msb`'s.
+    pub fn with_msb(
+        secret: &Secret,
+        msb: MsbTable,
+        snapshot: Snapshot,
+        fallback_capacity: usize,
+    ) -> Self {
+        Self::with_sizes(
+            secret,
+            msb,
+            snapshot,
+            handshakes::DEFAULT_SLOTS,
+            closes::DEFAULT_SLOTS,
+            fallback_capacity,
+        )
     }
 
     fn with_sizes(
         secret: &Secret,
-        layout: CookieLayout,
+        msb: MsbTable,
         snapshot: Snapshot,
         handshake_slots: usize,
         close_slots: usize,
         fallback_capacity: usize,
     ) -> Self {
+        let layout = msb.layout();
         LbShared {
             snapshot: SnapshotCell::new(snapshot),
             loads: Arc::new(SharedLoads::new()),
-            msb: MsbTable::new(layout),
+            msb,
             handshakes: HandshakeTable::with_slots(handshake_slots),
             closes: CloseFilter::with_slots(close_slots),
             fallback: FallbackTable::with_capacity(fallback_capacity),

@@ -157,6 +157,18 @@ impl SharedLoads {
             .store(0f64.to_bits(), Ordering::Relaxed);
     }
 
+    /// Adds traffic no worker saw (the XDP program's fast path forwards packets in the
+    /// kernel) to the totals of `id`. The policies see it from every worker's next merge
+    /// on, like any other worker's deltas.
+    pub fn add_traffic(&self, id: ServerId, packets: u64, bytes: u64) {
+        let delta = PendingDelta {
+            packets,
+            bytes,
+            ..PendingDelta::default()
+        };
+        self.add(id, &delta);
+    }
+
     /// Adds one worker's deltas to the totals of `id`.
     fn add(&self, id: ServerId, delta: &PendingDelta) {
         let server = &self.servers[id.index()];
@@ -733,6 +745,26 @@ mod tests {
         assert!((view.load(A, LoadMetric::Bytes) - 10_000_000.0).abs() < 1000.0);
         assert_eq!(view.load(B, LoadMetric::Packets), 0.0);
         assert_eq!(view.packets(A), 20_000);
+    }
+
+    #[test]
+    fn traffic_no_worker_saw_moves_the_rates_of_every_worker() {
+        let (shared, mut first, mut second) = two_workers();
+        first.merge(0);
+        second.merge(0);
+        // The kernel forwarded 10_000 packets of 100 bytes to A in each 100 ms interval.
+        for interval in 1..=100 {
+            shared.add_traffic(A, 10_000, 1_000_000);
+            first.merge(interval * 10 * MERGE_INTERVAL);
+            second.merge(interval * 10 * MERGE_INTERVAL);
+        }
+        for worker in [&first, &second] {
+            let view = worker.view();
+            assert!((view.load(A, LoadMetric::Packets) - 100_000.0).abs() < 10.0);
+            assert!((view.load(A, LoadMetric::Bytes) - 10_000_000.0).abs() < 1000.0);
+            assert_eq!(view.load(B, LoadMetric::Packets), 0.0);
+        }
+        assert_eq!(shared.server(A).packets, 1_000_000);
     }
 
     #[test]

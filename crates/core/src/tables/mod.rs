@@ -10,7 +10,7 @@ pub mod servers;
 pub mod snapshot;
 
 pub use control::{
-    ControlError, ControlPlane, ControlState, Health, QuarantineRestore, SavedMember, SavedServer,
+    ControlError, ControlPlane, ControlState, Health, MsbMaker, QuarantineRestore, SavedMember, SavedServer,
     SavedServerState, SavedVip, ServerSpec,
 };
 pub use servers::{AllServers, ServerSlot, SlotState};

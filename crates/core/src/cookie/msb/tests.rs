@@ -24,6 +24,30 @@ fn unknown_until_learnt_then_every_epoch_restores_within_the_window() {
     assert_eq!(t.restore(A, 0x0), Some(0x1230));
 }
 
+#[test]
+fn a_table_over_borrowed_words_keeps_its_clock_in_them() {
+    // What the XDP program reads: the words it maps, written by the table.
+    let seen: &'static [AtomicU32; ID_SPACE] = Box::leak(atomics(|| AtomicU32::new(7)));
+    let restores: &'static [AtomicU32; COOKIES] = Box::leak(atomics(|| AtomicU32::new(7)));
+    let t = MsbTable::with_words(
+        K4,
+        SharedWords::borrowed(seen),
+        SharedWords::borrowed(restores),
+    );
+    assert!(
+        seen.iter().chain(restores.iter()).all(|w| w.load(Relaxed) == 0),
+        "a new table knows no clock, whatever the words held"
+    );
+    assert_eq!(t.learn(A, 0x1235_0000, 1), MsbLearn::Learned);
+    assert_eq!(seen[A.index()].load(Relaxed), KNOWN | 0x1235);
+    let entry = restores[K4.unmasked(A, 0x5).0 as usize].load(Relaxed);
+    assert_eq!(entry & (KNOWN | BEYOND_IDLE_LIMIT), KNOWN);
+    // The entry's two low bytes in memory are the packet's: the MSB in network order.
+    assert_eq!(entry.to_ne_bytes()[..2], 0x1235u16.to_be_bytes());
+    drop(t);
+    assert_eq!(seen[A.index()].load(Relaxed), KNOWN | 0x1235, "borrowed words stay");
+}
+
 /// Every restore entry of `server` as `restore_entry` derives them from its estimate.
 fn assert_entries_follow_the_estimate(t: &MsbTable, server: ServerId) {
     let estimate = t.estimates[server.index()].load(Relaxed);

@@ -21,7 +21,7 @@ use super::snapshot::{Snapshot, VipEntry};
 use crate::config::{
     ConfigError, ConfiguredState, Forwarding, LbConfig, Mode, NatBackends, ValidVip,
 };
-use crate::cookie::CookieLayout;
+use crate::cookie::{CookieLayout, MsbTable};
 use crate::hash::Secret;
 use crate::lb::shared::LbShared;
 use crate::policy::PoolSnapshot;
@@ -32,6 +32,10 @@ pub use health::{Health, VipKey};
 pub use saved::{
     ControlState, QuarantineRestore, SavedMember, SavedServer, SavedServerState, SavedVip,
 };
+
+/// Makes the clock table of a new plane for its cookie layout: `&MsbTable::new`, or a table
+/// over words shared with the kernel. Called once per plane built.
+pub type MsbMaker<'a> = &'a dyn Fn(CookieLayout) -> MsbTable;
 
 /// A refused control request. `Invalid` names the field; the daemon maps the kinds to 400,
 /// 404 and 409.
@@ -96,6 +100,16 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Validates `config` and publishes its first snapshot.
     pub fn new(config: &LbConfig, secret: &Secret) -> Result<Self, ConfigError> {
+        Self::new_with_msb(config, secret, &MsbTable::new)
+    }
+
+    /// [`new`](ControlPlane::new) with the clock table `msb` makes for the config's cookie
+    /// layout (the daemon's is over the XDP program's words, [`MsbTable::with_words`]).
+    pub fn new_with_msb(
+        config: &LbConfig,
+        secret: &Secret,
+        msb: MsbMaker,
+    ) -> Result<Self, ConfigError> {
         let (servers, vips) = config.validate()?;
         let servers = servers
             .into_iter()
@@ -115,7 +129,7 @@ impl ControlPlane {
                 )
             })
             .collect();
-        Ok(Self::publish_first(config, secret, servers, vips))
+        Ok(Self::publish_first(config, secret, servers, vips, msb))
     }
 
     fn publish_first(
@@ -123,6 +137,7 @@ impl ControlPlane {
         secret: &Secret,
         servers: BTreeMap<ServerId, ServerRecord>,
         vips: Vec<ValidVip>,
+        msb: MsbMaker,
     ) -> Self {
         let mut plane = ControlPlane {
             mode: config.mode,
@@ -131,9 +146,9 @@ impl ControlPlane {
             servers,
             vips,
             generation: 0,
-            shared: Arc::new(LbShared::new(
+            shared: Arc::new(LbShared::with_msb(
                 secret,
-                config.cookie_layout().expect("validated"),
+                msb(config.cookie_layout().expect("validated")),
                 Snapshot::empty(),
                 config.fallback_table_capacity,
             )),

@@ -6,11 +6,11 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use serde::{Deserialize, Serialize};
 
-use super::{ControlError, ControlPlane, Draft, ServerRecord};
+use super::{ControlError, ControlPlane, Draft, MsbMaker, ServerRecord};
 use crate::config::{
     self, ConfigError, ConfiguredState, Forwarding, HealthConfig, LbConfig, ServerConfig, ValidVip,
 };
-use crate::cookie::CookieLayout;
+use crate::cookie::{CookieLayout, MsbTable};
 use crate::hash::Secret;
 use crate::policy::{LoadMetric, PolicyKind};
 use crate::tables::SlotState;
@@ -139,6 +139,18 @@ impl ControlPlane {
         saved: &ControlState,
         now: Nanos,
     ) -> Result<Self, ControlError> {
+        Self::restore_with_msb(config, secret, saved, now, &MsbTable::new)
+    }
+
+    /// [`restore`](ControlPlane::restore) with the clock table `msb` makes
+    /// ([`ControlPlane::new_with_msb`]).
+    pub fn restore_with_msb(
+        config: &LbConfig,
+        secret: &Secret,
+        saved: &ControlState,
+        now: Nanos,
+        msb: MsbMaker,
+    ) -> Result<Self, ControlError> {
         // The config's own sections must still be valid (the daemon checks it anyway).
         config.validate()?;
         let layout = config.cookie_layout()?;
@@ -228,6 +240,7 @@ impl ControlPlane {
             secret,
             draft.servers,
             draft.vips,
+            msb,
         ))
     }
 
