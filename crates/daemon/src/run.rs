@@ -349,7 +349,7 @@ fn sync_steering(
 }
 
 /// Puts the host's own IPv4 addresses, VIPs left out, into the XDP program's map, so that
-/// the answers to the health probes reach the kernel (`bpf/xdp_steer.c`).
+/// the answers to the health probes reach the kernel (`bpf/lib/steer.h`).
 fn sync_host_addrs(steering: &SteeringProgram, shared: &LbShared) -> anyhow::Result<()> {
     let snapshot = shared.snapshot.load();
     let addresses: Vec<Ipv4Addr> = host_addrs::ipv4_addresses()

@@ -11,6 +11,7 @@ use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::types::ServerId;
 use cheetah_core::wire::tcp::flags::ACK;
+use cheetah_core::wire::{checksum, Ipv4Packet, TcpSegment};
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use libbpf_rs::{MapCore, MapFlags, MapType, Object, ObjectBuilder};
 
@@ -29,6 +30,7 @@ const MAX_HASH_POOL: usize = 64;
 const STAT_COUNT: u32 = 15;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
+const STAT_FAST_SERVER_COOKIE: u32 = 6;
 const LB_FAST_PATH: u32 = 1;
 const SERVER_FORWARDS: u32 = 1;
 const SERVER_EGRESS: u32 = 2;
@@ -101,21 +103,63 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
     let expected: [(&str, MapType, u32, u32, u32, u32); 15] = [
-        ("xsks", MapType::Xskmap, 4, 4, MAX_INTERFACES * MAX_QUEUES, 0),
+        (
+            "xsks",
+            MapType::Xskmap,
+            4,
+            4,
+            MAX_INTERFACES * MAX_QUEUES,
+            0,
+        ),
         ("interface_slots", MapType::Hash, 4, 4, MAX_INTERFACES, 0),
         ("vip_addrs", MapType::Hash, 4, 4, MAX_VIPS, 0),
-        ("backends", MapType::Hash, BACKEND_KEY, BACKEND_INFO, 65536, 0),
+        (
+            "backends",
+            MapType::Hash,
+            BACKEND_KEY,
+            BACKEND_INFO,
+            65536,
+            0,
+        ),
         ("host_addrs", MapType::Hash, 4, 4, MAX_HOST_ADDRS, 0),
         ("stats", MapType::PercpuArray, 4, 8, STAT_COUNT, 0),
         ("lb_config", MapType::Array, 4, LB_CONFIG, 1, 0),
         ("vips", MapType::Hash, VIP_KEY, VIP_INFO, MAX_VIPS, 0),
         ("vips_by_index", MapType::Array, 4, VIP_INFO, MAX_VIPS, 0),
-        ("servers", MapType::Array, 4, SERVER_INFO, SERVER_ID_SPACE, 0),
+        (
+            "servers",
+            MapType::Array,
+            4,
+            SERVER_INFO,
+            SERVER_ID_SPACE,
+            0,
+        ),
         ("server_macs", MapType::Hash, MAC_KEY, 4, SERVER_ID_SPACE, 0),
         ("server_side", MapType::Hash, 4, 4, MAX_INTERFACES, 0),
-        ("msb_seen", MapType::Array, 4, 4, SERVER_ID_SPACE, BPF_F_MMAPABLE),
-        ("msb_restores", MapType::Array, 4, 4, COOKIE_SPACE, BPF_F_MMAPABLE),
-        ("server_traffic", MapType::PercpuArray, 4, SERVER_TRAFFIC, SERVER_ID_SPACE, 0),
+        (
+            "msb_seen",
+            MapType::Array,
+            4,
+            4,
+            SERVER_ID_SPACE,
+            BPF_F_MMAPABLE,
+        ),
+        (
+            "msb_restores",
+            MapType::Array,
+            4,
+            4,
+            COOKIE_SPACE,
+            BPF_F_MMAPABLE,
+        ),
+        (
+            "server_traffic",
+            MapType::PercpuArray,
+            4,
+            SERVER_TRAFFIC,
+            SERVER_ID_SPACE,
+            0,
+        ),
     ];
     for (name, kind, key_size, value_size, max_entries, flags) in expected {
         let map = map(&object, name);
@@ -124,6 +168,337 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         assert_eq!(map.value_size(), value_size, "{name}: value size");
         assert_eq!(map.max_entries(), max_entries, "{name}: max_entries");
         let info = map.info().expect("map info");
-        assert_eq!(info.info.map_flags & BPF_F_MMAPABLE, flags, "{name}: BPF_F_MMAPABLE");
+        assert_eq!(
+            info.info.map_flags & BPF_F_MMAPABLE,
+            flags,
+            "{name}: BPF_F_MMAPABLE"
+        );
     }
+}
+
+fn stat(object: &Object, index: u32) -> u64 {
+    map(object, "stats")
+        .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
+        .expect("stats lookup")
+        .expect("stats entry")
+        .iter()
+        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap()))
+        .sum()
+}
+
+fn put(object: &Object, name: &str, key: &[u8], value: &[u8]) {
+    map(object, name)
+        .update(key, value, MapFlags::ANY)
+        .unwrap_or_else(|e| panic!("update {name}: {e}"));
+}
+
+/// Runs `frame` through the program as if it arrived on lo (BPF_PROG_TEST_RUN's device):
+/// the verdict and the bytes it left.
+// `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
+#[allow(clippy::field_reassign_with_default)]
+fn run(object: &mut Object, frame: &[u8]) -> (u32, Vec<u8>) {
+    let prog = object
+        .progs_mut()
+        .find(|p| p.name() == PROGRAM_NAME)
+        .expect("program cheetah_lb");
+    let mut out = vec![0u8; frame.len() + 256];
+    let mut input = libbpf_rs::ProgramInput::default();
+    input.data_in = Some(frame);
+    input.data_out = Some(&mut out);
+    let output = prog.test_run(input).expect("BPF_PROG_TEST_RUN");
+    let data = output.data.expect("data out").to_vec();
+    (output.return_value, data)
+}
+
+/// The maps as the publisher fills them for the testkit's VIP (cheetah mode, the default
+/// cookie layout; `nat`: forwarding to the servers' `backend_port`) and one server reached
+/// through lo: the server's MAC and the egress interface's.
+fn publish(
+    object: &Object,
+    hasher: &FlowHasher,
+    server: ServerId,
+    nat: bool,
+    backend_port: u16,
+) -> ([u8; 6], [u8; 6]) {
+    let layout = CookieLayout::DEFAULT;
+    let mut config = [0u8; LB_CONFIG as usize];
+    config[0..4].copy_from_slice(&LB_FAST_PATH.to_ne_bytes());
+    config[4] = 0; // LB_MODE_CHEETAH
+    config[5] = nat as u8; // LB_FORWARDING_L2 or LB_FORWARDING_NAT
+    config[6] = layout.id_bits();
+    config[8..10].copy_from_slice(&layout.max_server_id().to_ne_bytes());
+    put(object, "lb_config", &0u32.to_ne_bytes(), &config);
+
+    let mut vip_key = [0u8; VIP_KEY as usize];
+    vip_key[0..4].copy_from_slice(&VIP.to_be_bytes());
+    vip_key[4..6].copy_from_slice(&VIP_PORT.to_be_bytes());
+    vip_key[6] = IPPROTO_TCP;
+    let mut vip = [0u8; VIP_INFO as usize];
+    let prefix = hasher.vip_prefix(VIP, VIP_PORT, IPPROTO_TCP).state();
+    for (i, word) in prefix.iter().enumerate() {
+        vip[i * 8..i * 8 + 8].copy_from_slice(&word.to_ne_bytes());
+    }
+    vip[32..36].copy_from_slice(&VIP.to_be_bytes());
+    vip[36..38].copy_from_slice(&VIP_PORT.to_be_bytes());
+    vip[38..40].copy_from_slice(&backend_port.to_be_bytes());
+    assert!(44 + 2 * MAX_HASH_POOL <= vip.len());
+    put(object, "vips", &vip_key, &vip);
+
+    let server_mac = testkit::server_mac(server.0);
+    let egress_mac = [0x02, 0, 0, 0, 0xee, 0x01];
+    let mut info = [0u8; SERVER_INFO as usize];
+    info[0..4].copy_from_slice(&(SERVER_FORWARDS | SERVER_EGRESS).to_ne_bytes());
+    info[4..8].copy_from_slice(&testkit::server_dip(server.0).to_be_bytes());
+    info[8..12].copy_from_slice(&LOOPBACK_IFINDEX.to_ne_bytes());
+    info[12..18].copy_from_slice(&server_mac);
+    info[18..24].copy_from_slice(&egress_mac);
+    put(object, "servers", &(server.0 as u32).to_ne_bytes(), &info);
+
+    (server_mac, egress_mac)
+}
+
+// Frame offsets of the checksums of an untagged IPv4 frame without IP options.
+const IP_CHECKSUM: usize = 14 + 10;
+const TCP_CHECKSUM: usize = 34 + 16;
+
+// `enum xdp_action`.
+const XDP_DROP: u32 = 1;
+const XDP_TX: u32 = 3;
+const XDP_REDIRECT: u32 = 4;
+
+/// An established client ACK with NOP NOP TS, echoing a cookie of server 7: with the fast
+/// path off the program steers it as before (no socket: dropped, counted); with it on, the
+/// kernel forwards it as the core's straight line does (l2 and NAT, valid checksums and
+/// both encodings of zero): TSecr's high half restored to the server's MSB, toward the
+/// server's MAC, counted as a cookie-routed client packet.
+#[test]
+fn an_established_client_segment_is_forwarded_in_the_kernel() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
+        return;
+    }
+    let mut object = load();
+    let layout = CookieLayout::DEFAULT;
+    let secret = Secret(*b"xdp-smoke-secret");
+    let hasher = FlowHasher::new(&secret);
+    let server = ServerId(7);
+    let server_msb: u16 = 0x1234;
+    let (client, client_port) = (testkit::client_ip(1), 40000);
+    let hash = hasher.hash(&FlowKey::tcp(client, client_port, VIP, VIP_PORT));
+    let cookie = layout.encode(server, hash, server_msb);
+    let tsecr = (cookie as u32) << 16 | 0x5678;
+    let frame =
+        TcpFrame::from_client(client, client_port, ACK, options::nop_nop_ts(99, tsecr)).build();
+    assert_eq!(testkit::timestamps(&frame), Some((99, tsecr)));
+
+    // Fast path off (lb_config as loaded): today's steering, no socket bound.
+    put(
+        &object,
+        "vip_addrs",
+        &VIP.to_be_bytes(),
+        &0u32.to_ne_bytes(),
+    );
+    let no_socket = stat(&object, STAT_NO_SOCKET);
+    let (verdict, bytes) = run(&mut object, &frame);
+    assert_eq!(verdict, XDP_DROP);
+    assert_eq!(bytes, frame, "steering changes no byte");
+    assert_eq!(stat(&object, STAT_NO_SOCKET), no_socket + 1);
+
+    // The clock table's restore entry for this cookie: the server's MSB, network order.
+    let unmasked = layout.unmask(cookie, hash).0 as u32;
+    let entry = MSB_KNOWN | server_msb.to_be() as u32;
+    put(
+        &object,
+        "msb_restores",
+        &unmasked.to_ne_bytes(),
+        &entry.to_ne_bytes(),
+    );
+    let (_, tsecr_at) = testkit::timestamp_offsets(&frame).unwrap();
+
+    for (nat, backend_port) in [(false, VIP_PORT), (true, 8080)] {
+        let (server_mac, egress_mac) = publish(&object, &hasher, server, nat, backend_port);
+        // fast_path.rs `client_fast` and client_path.rs `forward_to_server_via`, with the
+        // worker's egress step (the source MAC).
+        let core_bytes = |frame: &[u8]| {
+            let mut expected = frame.to_vec();
+            checksum::replace_high_half_in_network_order(
+                &mut expected,
+                tsecr_at,
+                TCP_CHECKSUM,
+                server_msb.to_be(),
+            );
+            expected[0..6].copy_from_slice(&server_mac);
+            expected[6..12].copy_from_slice(&egress_mac);
+            if nat {
+                let dip = testkit::server_dip(server.0);
+                let old = Ipv4Packet::new_unchecked(&mut expected[14..]).set_dst(dip);
+                let mut segment = TcpSegment::new_unchecked(&mut expected[34..]);
+                segment.update_checksum_for_address(old, dip);
+                segment.set_dst_port(backend_port);
+            }
+            expected
+        };
+        let with_checksums = |ip_sum: u16, tcp_sum: u16| {
+            let mut frame = frame.clone();
+            frame[IP_CHECKSUM..IP_CHECKSUM + 2].copy_from_slice(&ip_sum.to_be_bytes());
+            frame[TCP_CHECKSUM..TCP_CHECKSUM + 2].copy_from_slice(&tcp_sum.to_be_bytes());
+            frame
+        };
+        // The checksums that the core's updates turn into 0x0000 (the encoding of zero
+        // that RFC 1624's eqn. 3 can give and another formula might not).
+        let to_zero = |at: usize| {
+            (0..=0xffff)
+                .find(|&sum: &u16| {
+                    let mut frame = frame.clone();
+                    frame[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+                    core_bytes(&frame)[at..at + 2] == [0, 0]
+                })
+                .unwrap()
+        };
+        let (ip_to_zero, tcp_to_zero) = (to_zero(IP_CHECKSUM), to_zero(TCP_CHECKSUM));
+        // As built, then with checksums at both encodings of zero, then with the ones
+        // that end at zero: the kernel's incremental updates must give the core's bytes
+        // in every case, not only for valid checksums.
+        let built = u16::from_be_bytes([frame[IP_CHECKSUM], frame[IP_CHECKSUM + 1]]);
+        let cases = [
+            (
+                built,
+                u16::from_be_bytes([frame[TCP_CHECKSUM], frame[TCP_CHECKSUM + 1]]),
+            ),
+            (0x0000, 0xffff),
+            (0xffff, 0x0000),
+            (if nat { ip_to_zero } else { built }, tcp_to_zero),
+        ];
+        for (case, (ip_sum, tcp_sum)) in cases.into_iter().enumerate() {
+            let frame = with_checksums(ip_sum, tcp_sum);
+            let expected = core_bytes(&frame);
+            let routed = stat(&object, STAT_FAST_CLIENT_COOKIE);
+            let (verdict, bytes) = run(&mut object, &frame);
+            assert_eq!(verdict, XDP_TX, "egress is the interface it came in on");
+            assert_eq!(stat(&object, STAT_FAST_CLIENT_COOKIE), routed + 1);
+            assert_eq!(
+                bytes, expected,
+                "nat {nat}, checksums {ip_sum:#x} {tcp_sum:#x}"
+            );
+            if case == 0 {
+                assert_eq!(
+                    testkit::timestamps(&bytes),
+                    Some((99, (server_msb as u32) << 16 | 0x5678)),
+                    "TSecr's high half is the server's MSB again"
+                );
+                assert!(testkit::checksums_valid(&bytes), "checksums still verify");
+            }
+        }
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A server's established reply with NOP NOP TS, its MSB the newest seen: the kernel asks
+/// the FIB for the way to the client (in a namespace of this test's thread, where the
+/// client sits behind `xr0` with a permanent neighbour entry), writes the cookie into
+/// TSval's high half and redirects it there with the neighbour's MAC.
+#[test]
+fn a_server_reply_gets_its_cookie_in_the_kernel() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program, a network namespace) ***\n");
+        return;
+    }
+    // SAFETY: unshare only changes this thread's namespaces.
+    let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
+    let (client, client_port) = (testkit::client_ip(1), 40000);
+    let client_mac = [0x02, 0, 0, 0, 0xc1, 0x01];
+    ip(&["link", "set", "lo", "up"]);
+    ip(&["link", "add", "xr0", "type", "veth", "peer", "name", "xr1"]);
+    ip(&["link", "set", "xr0", "address", "02:00:00:00:ee:02"]);
+    ip(&["link", "set", "xr0", "up"]);
+    ip(&["link", "set", "xr1", "up"]);
+    ip(&["addr", "add", "10.2.0.254/24", "dev", "xr0"]);
+    let client_text = std::net::Ipv4Addr::from(client).to_string();
+    ip(&[
+        "neigh",
+        "replace",
+        &client_text,
+        "lladdr",
+        "02:00:00:00:c1:01",
+        "dev",
+        "xr0",
+        "nud",
+        "permanent",
+    ]);
+    // The FIB helper answers only for an input device that forwards (steer.h).
+    std::fs::write("/proc/sys/net/ipv4/conf/lo/forwarding", "1").expect("lo forwarding");
+    // SAFETY: a NUL-terminated name.
+    let xr0 = unsafe { libc::if_nametoindex(c"xr0".as_ptr()) };
+    assert_ne!(xr0, 0, "xr0's ifindex");
+
+    let mut object = load();
+    let layout = CookieLayout::DEFAULT;
+    let hasher = FlowHasher::new(&Secret(*b"xdp-smoke-secret"));
+    let server = ServerId(7);
+    let server_msb: u16 = 0x1234;
+    let (server_mac, _) = publish(&object, &hasher, server, false, VIP_PORT);
+    put(
+        &object,
+        "vip_addrs",
+        &VIP.to_be_bytes(),
+        &0u32.to_ne_bytes(),
+    );
+    put(
+        &object,
+        "server_side",
+        &LOOPBACK_IFINDEX.to_ne_bytes(),
+        &0u32.to_ne_bytes(),
+    );
+    let mut mac_key = [0u8; MAC_KEY as usize];
+    mac_key[..6].copy_from_slice(&server_mac);
+    put(
+        &object,
+        "server_macs",
+        &mac_key,
+        &(server.0 as u32).to_ne_bytes(),
+    );
+    let seen = MSB_KNOWN | server_msb as u32;
+    put(
+        &object,
+        "msb_seen",
+        &(server.0 as u32).to_ne_bytes(),
+        &seen.to_ne_bytes(),
+    );
+
+    let tsval = (server_msb as u32) << 16 | 0x0042;
+    let frame = TcpFrame::from_server_l2(
+        server.0,
+        client,
+        client_port,
+        ACK,
+        options::nop_nop_ts(tsval, 77),
+    )
+    .build();
+    let written = stat(&object, STAT_FAST_SERVER_COOKIE);
+    let (verdict, bytes) = run(&mut object, &frame);
+    assert_eq!(verdict, XDP_REDIRECT, "toward xr0 ({xr0}), not lo");
+    assert_eq!(stat(&object, STAT_FAST_SERVER_COOKIE), written + 1);
+    let hash = hasher.hash(&FlowKey::tcp(client, client_port, VIP, VIP_PORT));
+    let cookie = layout.encode(server, hash, server_msb);
+    assert_eq!(
+        testkit::timestamps(&bytes),
+        Some(((cookie as u32) << 16 | 0x0042, 77)),
+        "TSval's high half is the cookie"
+    );
+    assert_eq!(bytes[0..6], client_mac, "the neighbour's MAC");
+    assert_eq!(bytes[6..12], [0x02, 0, 0, 0, 0xee, 0x02], "xr0's MAC");
+    assert!(testkit::checksums_valid(&bytes), "checksums still verify");
 }
