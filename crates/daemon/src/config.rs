@@ -33,6 +33,11 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     #[serde(default)]
     pub xdp_mode: XdpMode,
+    /// Where packets are handled: `xdp` (in the kernel where the XDP program can, the
+    /// rest through AF_XDP) or `afxdp` (every packet through AF_XDP). Taken out of the
+    /// table by [`FileConfig::parse`], so its error names the field.
+    #[serde(skip)]
+    pub datapath: Datapath,
     /// Spin instead of sleeping in poll() when idle: lower latency, one full core per worker.
     #[serde(default)]
     pub busy_poll: bool,
@@ -46,6 +51,43 @@ pub struct DaemonConfig {
     /// server's address through (`dataplane/sides.rs`).
     #[serde(default)]
     pub server_interfaces: Option<Vec<String>>,
+}
+
+/// `[daemon] datapath`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Datapath {
+    /// The XDP program forwards what it can itself (`LB_FAST_PATH`) and hands the rest to
+    /// the AF_XDP workers.
+    #[default]
+    Xdp,
+    /// Every packet of the LB goes through the AF_XDP workers; the XDP program only steers.
+    AfXdp,
+}
+
+impl Datapath {
+    pub const ALL: [Datapath; 2] = [Datapath::Xdp, Datapath::AfXdp];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Datapath::Xdp => "xdp",
+            Datapath::AfXdp => "afxdp",
+        }
+    }
+
+    /// Whether the XDP program's in-kernel path is on.
+    pub fn fast_path(self) -> bool {
+        self == Datapath::Xdp
+    }
+
+    fn from_toml(value: &toml::Value) -> anyhow::Result<Self> {
+        let name = value
+            .as_str()
+            .context("daemon.datapath: must be a string (\"xdp\" or \"afxdp\")")?;
+        Datapath::ALL
+            .into_iter()
+            .find(|d| d.name() == name)
+            .with_context(|| format!("daemon.datapath: `{name}` is not a data path (xdp or afxdp)"))
+    }
 }
 
 fn default_api_listen() -> SocketAddr {
@@ -112,10 +154,15 @@ impl FileConfig {
             None => None,
         };
         let daemon = match table.remove("daemon") {
-            Some(value) => {
+            Some(mut value) => {
+                let datapath = match value.as_table_mut().and_then(|t| t.remove("datapath")) {
+                    Some(name) => Datapath::from_toml(&name)?,
+                    None => Datapath::default(),
+                };
                 let mut daemon: DaemonConfig = value
                     .try_into()
                     .map_err(|e: toml::de::Error| anyhow::anyhow!("daemon: {}", e.message()))?;
+                daemon.datapath = datapath;
                 daemon.validate()?;
                 daemon.state_dir = base.join(&daemon.state_dir);
                 Some(daemon)
@@ -362,6 +409,30 @@ mod tests {
         assert!(bad_mode.contains("fast"), "{bad_mode}");
         let bad_addr = daemon_error("interfaces = [\"a\"]\napi_listen = \"localhost\"");
         assert!(bad_addr.contains("daemon"), "{bad_addr}");
+    }
+
+    #[test]
+    fn datapath_is_xdp_unless_the_config_says_afxdp() {
+        let parse = |extra: &str| {
+            let text = format!("[daemon]\ninterfaces = [\"a\"]\n{extra}\n");
+            FileConfig::parse(&text, Path::new(BASE))
+                .unwrap()
+                .daemon
+                .unwrap()
+                .datapath
+        };
+        assert_eq!(parse(""), Datapath::Xdp);
+        assert!(parse("").fast_path());
+        assert_eq!(parse("datapath = \"xdp\""), Datapath::Xdp);
+        assert_eq!(parse("datapath = \"afxdp\""), Datapath::AfXdp);
+        assert!(!Datapath::AfXdp.fast_path());
+        let bad = daemon_error("interfaces = [\"a\"]\ndatapath = \"dpdk\"");
+        assert!(
+            bad.starts_with("daemon.datapath: `dpdk` is not a data path"),
+            "{bad}"
+        );
+        let not_a_string = daemon_error("interfaces = [\"a\"]\ndatapath = 1");
+        assert!(not_a_string.starts_with("daemon.datapath: must be a string"), "{not_a_string}");
     }
 
     #[test]

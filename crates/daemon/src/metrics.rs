@@ -10,7 +10,7 @@
 //! | family | labels |
 //! |---|---|
 //! | `cheetah_packets` (counter) | `worker`, `direction` = `rx` / `tx` |
-//! | `cheetah_events` (counter) | `worker`, `event` = every core counter name |
+//! | `cheetah_events` (counter) | `worker` (`xdp`: the in-kernel path), `event` = every core counter name |
 //! | `cheetah_drops` (counter) | `worker`, `reason` = every drop reason, zeros included |
 //! | `cheetah_io_<name>` (counter) | `worker`, one per I/O counter |
 //! | `cheetah_cookie_decode_failures` (counter) | `worker` |
@@ -27,6 +27,7 @@
 //! | `cheetah_vips_failing_open` (gauge) | |
 //! | `cheetah_fail_open_events` (counter) | |
 //! | `cheetah_xdp_packets` (counter) | `outcome` |
+//! | `cheetah_xdp_to_userspace` (counter) | `reason` |
 //! | `cheetah_snapshot_generation` (gauge) | |
 //! | `cheetah_echoes_beyond_idle_limit` (counter) | |
 //! | `cheetah_server_clock_resets` (counter) | |
@@ -169,19 +170,32 @@ impl Collector for DaemonCollector {
                 ]
             }),
         )?;
+        // The XDP program's in-kernel path counts as one more worker, `xdp`, so that a sum
+        // over workers is every packet the LB handled.
+        let kernel = state.steering.fast_path.load(Relaxed).then(|| {
+            state.steering.kernel_events().map(|(c, n)| {
+                (
+                    vec![("worker", "xdp".to_string()), ("event", c.name().to_string())],
+                    Count(n),
+                )
+            })
+        });
         family(
             e,
             "cheetah_events",
-            "Pipeline events of each worker, by event (the core's counters; see docs/api.md).",
+            "Pipeline events of each worker, by event (the core's counters; see docs/api.md); worker xdp: packets the XDP program handled in the kernel.",
             MetricType::Counter,
-            workers.iter().flat_map(|w| {
-                Counter::ALL.iter().map(|c| {
-                    (
-                        with(worker(w.index), "event", c.name()),
-                        Count(w.counters.get(*c)),
-                    )
+            workers
+                .iter()
+                .flat_map(|w| {
+                    Counter::ALL.iter().map(|c| {
+                        (
+                            with(worker(w.index), "event", c.name()),
+                            Count(w.counters.get(*c)),
+                        )
+                    })
                 })
-            }),
+                .chain(kernel.into_iter().flatten()),
         )?;
         family(
             e,
@@ -394,6 +408,16 @@ impl Collector for DaemonCollector {
                 .steering
                 .samples()
                 .map(|(outcome, n)| (vec![("outcome", outcome.to_string())], Count(n))),
+        )?;
+        family(
+            e,
+            "cheetah_xdp_to_userspace",
+            "Packets the XDP program's in-kernel path looked at and handed to the workers, by reason (datapath = xdp; see docs/api.md).",
+            MetricType::Counter,
+            state
+                .steering
+                .to_userspace()
+                .map(|(reason, n)| (vec![("reason", reason.to_string())], Count(n))),
         )?;
         family(
             e,

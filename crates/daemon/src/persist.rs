@@ -51,9 +51,9 @@ use std::sync::Mutex;
 
 use anyhow::{bail, Context};
 use cheetah_core::config::{ConfigError, LbConfig};
-use cheetah_core::cookie::PersistedMsb;
+use cheetah_core::cookie::{MsbTable, PersistedMsb};
 use cheetah_core::hash::Secret;
-use cheetah_core::tables::{ControlPlane, ControlState, SavedServerState};
+use cheetah_core::tables::{ControlPlane, ControlState, MsbMaker, SavedServerState};
 use cheetah_core::types::Nanos;
 use serde::{Deserialize, Serialize};
 
@@ -141,8 +141,20 @@ pub fn restore(
     now: Nanos,
     now_unix_ms: u64,
 ) -> Result<(ControlPlane, RestoreReport), ConfigError> {
+    restore_with_msb(config, secret, saved, now, now_unix_ms, &MsbTable::new)
+}
+
+/// [`restore`] with the clock table `msb` makes.
+pub fn restore_with_msb(
+    config: &LbConfig,
+    secret: &Secret,
+    saved: Option<&StateFile>,
+    now: Nanos,
+    now_unix_ms: u64,
+    msb: MsbMaker,
+) -> Result<(ControlPlane, RestoreReport), ConfigError> {
     let Some(saved) = saved else {
-        let plane = ControlPlane::new(config, secret)?;
+        let plane = ControlPlane::new_with_msb(config, secret, msb)?;
         let report = RestoreReport {
             tables: TablesFrom::Config,
             quarantine_kept: Vec::new(),
@@ -169,7 +181,7 @@ pub fn restore(
     };
     let mut plane = None;
     if saved.config_fingerprint == config_fingerprint(config) {
-        match ControlPlane::restore(config, secret, &tables, now) {
+        match ControlPlane::restore_with_msb(config, secret, &tables, now, msb) {
             Ok(restored) => {
                 report.tables = TablesFrom::SavedState;
                 plane = Some(restored);
@@ -180,7 +192,7 @@ pub fn restore(
     let plane = match plane {
         Some(plane) => plane,
         None => {
-            let mut plane = ControlPlane::new(config, secret)?;
+            let mut plane = ControlPlane::new_with_msb(config, secret, msb)?;
             // Removed servers' records are checked leniently (dip and MAC syntax only);
             // one that does not even parse cannot be quarantined again.
             match plane.restore_quarantine(&tables, now) {
@@ -294,6 +306,18 @@ impl Persister {
         secret: &Secret,
         clock: &Clock,
     ) -> anyhow::Result<ControlPlane> {
+        self.restore_with_msb(config, secret, clock, &MsbTable::new)
+    }
+
+    /// [`restore`](Persister::restore) with the clock table `msb` makes (the daemon's is
+    /// over the XDP program's words).
+    pub fn restore_with_msb(
+        &self,
+        config: &LbConfig,
+        secret: &Secret,
+        clock: &Clock,
+        msb: MsbMaker,
+    ) -> anyhow::Result<ControlPlane> {
         let saved = self.load().unwrap_or_else(|e| {
             tracing::warn!(error = %format!("{e:#}"), "ignoring the state file: starting from the config");
             None
@@ -305,8 +329,9 @@ impl Persister {
                 config.cookie_epoch_bits,
             )?;
         }
-        let (plane, report) = restore(config, secret, saved.as_ref(), clock.now(), unix_ms())
-            .map_err(anyhow::Error::msg)?;
+        let (plane, report) =
+            restore_with_msb(config, secret, saved.as_ref(), clock.now(), unix_ms(), msb)
+                .map_err(anyhow::Error::msg)?;
         log_report(&self.path(), &report);
         match fallback_state::restore(&self.dir, plane.shared(), clock.now(), unix_ms()) {
             Restored::NoFile => {}

@@ -1,5 +1,6 @@
 //! `cheetah run`: the load balancer daemon on real interfaces.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,15 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use cheetah_core::config::Forwarding;
 use cheetah_core::hash::Secret;
-use cheetah_core::lb::{LbShared, Worker, WorkerConfig};
+use cheetah_core::lb::{Ingress, LbShared, Worker, WorkerConfig};
 use cheetah_core::tables::SlotState;
+use cheetah_core::types::ServerId;
 
 use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
 use crate::dataplane::sides::{log_sides, InterfaceSides, SideSource};
 use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
+use crate::dataplane::xdp_layout::ServerTraffic;
+use crate::dataplane::xdp_tables::{Publication, Publisher};
 use crate::dataplane::xsk::WorkerPorts;
 use crate::dataplane::Interface;
 use crate::dataplane::{host, host_addrs};
@@ -77,7 +80,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let secret = load_or_create_secret(&secret_path, args.init_secret, file.lb.cookie_epoch_bits)?;
     let clock = Clock::start();
     let persister = Persister::new(&daemon.state_dir, &file.lb)?;
-    let plane = persister.restore(&file.lb, &secret, &clock)?;
+    // Loaded before the control plane is built, whose clock table lives in the program's
+    // msb_seen and msb_restores arrays: the kernel restores and learns from the same words.
+    let steering = SteeringProgram::load()?;
+    let clock_words = steering.clock_words()?;
+    let plane =
+        persister.restore_with_msb(&file.lb, &secret, &clock, &|layout| clock_words.table(layout))?;
     let state = Arc::new(DaemonState::new(plane, clock, Some(persister)));
     // The API binds before anything touches the interfaces: a bad or busy address stops
     // the start with nothing changed.
@@ -88,7 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "FAULT INJECTION: this LB is broken on purpose for a test; never run it in production"
         );
     }
-    let data_plane = DataPlane::start(&file, &daemon, &state, &args.faults)?;
+    let data_plane = DataPlane::start(steering, &file, &daemon, &state, &args.faults)?;
     let saver = saver::spawn(Arc::clone(&state), Duration::from_secs(1))?;
     // After the XDP program is attached: it hands the probes' answers to the kernel.
     let prober = health::spawn(Arc::clone(&state))?;
@@ -96,6 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fingerprint = %state.shared.secret_fingerprint(),
         cookie_epoch_bits = state.shared.layout().epoch_bits(),
         mode = file.lb.mode.name(),
+        datapath = daemon.datapath.name(),
         workers = data_plane.workers.len(),
         api = %api.local_addr(),
         "cheetah is forwarding"
@@ -142,9 +151,13 @@ pub struct DataPlane {
     pub workers: Vec<std::thread::JoinHandle<()>>,
     steering: SteeringProgram,
     stop: Arc<AtomicBool>,
+    interfaces: Vec<Interface>,
     interface_names: Vec<String>,
     side_source: SideSource,
     sides: Arc<InterfaceSides>,
+    /// Keeps the XDP program's tables (`xdp_tables.rs`) in step with the core's.
+    publisher: Publisher,
+    fast_path: bool,
     /// Turns forwarding on `lo` off again (if the start turned it on) when the data
     /// plane is dropped, after the workers stopped.
     _loopback_forwarding: host::LoopbackForwarding,
@@ -152,6 +165,7 @@ pub struct DataPlane {
 
 impl DataPlane {
     pub fn start(
+        steering: SteeringProgram,
         file: &FileConfig,
         daemon: &DaemonConfig,
         state: &Arc<DaemonState>,
@@ -182,11 +196,10 @@ impl DataPlane {
             .min(queues)
             .min(xdp::MAX_QUEUES);
 
-        let steering = SteeringProgram::load()?;
         for iface in &interfaces {
             steering.set_interface_slot(iface.ifindex, iface.slot)?;
         }
-        sync_steering(&steering, &state.shared, file.lb.forwarding)?;
+        sync_steering(&steering, &state.shared)?;
 
         // Sockets go into the map before the program is attached (or replaces the previous
         // run's), so there is no moment where owned packets reach the host kernel.
@@ -206,6 +219,12 @@ impl DataPlane {
         let initial = side_source.sides(&names, &state.shared.snapshot.load());
         log_sides(&names, &initial, &side_source);
         let sides = Arc::new(InterfaceSides::new(&initial));
+        // Before the program is attached, so that its first packet finds the tables (and
+        // with datapath = "afxdp", the NAT backends it steers by).
+        let fast_path = daemon.datapath.fast_path();
+        let mut publisher = Publisher::new();
+        publish(&mut publisher, &steering, state, &interfaces, &initial, fast_path)?;
+        state.steering.fast_path.store(fast_path, Ordering::Relaxed);
         let mut statuses = Vec::new();
         for iface in &interfaces {
             let mode = steering.attach(&iface.name, iface.ifindex, daemon.xdp_mode)?;
@@ -258,36 +277,38 @@ impl DataPlane {
             workers: threads,
             steering,
             stop,
+            interfaces,
             interface_names: names,
             side_source,
             sides,
+            publisher,
+            fast_path,
             _loopback_forwarding: loopback_forwarding,
         })
     }
 
     /// Keeps the XDP program's maps in step with the tables until SIGTERM or SIGINT, then
     /// stops the workers. The program stays attached (see `--unload`).
-    pub fn run_until_signal(self, state: &DaemonState) -> anyhow::Result<()> {
+    pub fn run_until_signal(mut self, state: &DaemonState) -> anyhow::Result<()> {
         let term = Arc::new(AtomicBool::new(false));
         for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
             signal_hook::flag::register(signal, Arc::clone(&term))?;
         }
         let mut generation = state.shared.snapshot.generation();
         let mut rounds = 0u64;
+        let mut sides = self
+            .side_source
+            .sides(&self.interface_names, &state.shared.snapshot.load());
+        let mut kernel_traffic = KernelTraffic::default();
         while !term.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
             rounds += 1;
-            if rounds.is_multiple_of(20) {
-                let stats = self.steering.stats();
-                let counters = &state.steering;
-                counters.to_socket.store(stats.to_socket, Ordering::Relaxed);
-                counters.no_socket.store(stats.no_socket, Ordering::Relaxed);
-                counters
-                    .passed_to_host
-                    .store(stats.passed_to_host, Ordering::Relaxed);
-                counters
-                    .no_metadata_room
-                    .store(stats.no_metadata_room, Ordering::Relaxed);
+            if self.fast_path {
+                kernel_traffic.fold(&self.steering, &state.shared);
+            }
+            let every_second = rounds.is_multiple_of(20);
+            if every_second {
+                state.steering.store(&self.steering.stats());
                 // Addresses come and go without a snapshot change (DHCP, an operator).
                 if let Err(e) = sync_host_addrs(&self.steering, &state.shared) {
                     tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's host addresses");
@@ -297,16 +318,30 @@ impl DataPlane {
             let tables_changed = now != generation;
             if tables_changed {
                 generation = now;
-                if let Err(e) = sync_steering(&self.steering, &state.shared, state.forwarding) {
+                if let Err(e) = sync_steering(&self.steering, &state.shared) {
                     tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's maps");
                 }
             }
             // Routes change without the tables: looked at again every 5 s too.
             if tables_changed || rounds.is_multiple_of(100) {
                 let names = &self.interface_names;
-                let sides = self.side_source.sides(names, &state.shared.snapshot.load());
+                sides = self.side_source.sides(names, &state.shared.snapshot.load());
                 if self.sides.set(&sides) {
                     log_sides(names, &sides, &self.side_source);
+                }
+            }
+            // Every second too: a server's egress and neighbour may appear later.
+            if tables_changed || every_second {
+                let published = publish(
+                    &mut self.publisher,
+                    &self.steering,
+                    state,
+                    &self.interfaces,
+                    &sides,
+                    self.fast_path,
+                );
+                if let Err(e) = published {
+                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's tables");
                 }
             }
         }
@@ -321,31 +356,72 @@ impl DataPlane {
     }
 }
 
-/// Puts the VIP addresses and (for NAT) every server's (DIP, backend port) into the XDP
-/// program's maps, so it knows which packets are the LB's.
-fn sync_steering(
-    steering: &SteeringProgram,
-    shared: &LbShared,
-    forwarding: Forwarding,
-) -> anyhow::Result<()> {
+/// Puts the VIP addresses into the XDP program's maps, so it knows which packets are the
+/// LB's (the NAT backends are among the tables `xdp_tables.rs` publishes).
+fn sync_steering(steering: &SteeringProgram, shared: &LbShared) -> anyhow::Result<()> {
     let snapshot = shared.snapshot.load();
-    let mut backends = Vec::new();
     for vip in &snapshot.vips {
         if let IpAddr::V4(addr) = vip.address {
             steering.add_vip_addr(addr)?;
         }
-        if forwarding == Forwarding::Nat {
-            // Every allocated server, in any state: late replies of a removed server must
-            // still reach the core (to be dropped and counted), not the host kernel.
-            for (_, slot) in snapshot.servers.iter() {
-                if slot.state != SlotState::Free {
-                    backends.push((Ipv4Addr::from(slot.dip), vip.backend_port));
-                }
+    }
+    sync_host_addrs(steering, shared)
+}
+
+/// Publishes the current tables into the XDP program's maps (`xdp_tables.rs`).
+fn publish(
+    publisher: &mut Publisher,
+    steering: &SteeringProgram,
+    state: &DaemonState,
+    interfaces: &[Interface],
+    sides: &[Ingress],
+    fast_path: bool,
+) -> anyhow::Result<()> {
+    let snapshot = state.shared.snapshot.load();
+    let publication = Publication {
+        snapshot: &snapshot,
+        layout: state.shared.layout(),
+        interfaces,
+        sides,
+        fast_path,
+    };
+    publisher.publish(steering, &publication)
+}
+
+/// Folds what the XDP program's in-kernel path sent to or received from each server into
+/// the core's load totals, which the load-aware policies read at their workers' next
+/// merge: the per-CPU totals grow from 0 since the program was loaded, and each call adds
+/// what they grew by since the last.
+#[derive(Default)]
+struct KernelTraffic {
+    seen: HashMap<ServerId, ServerTraffic>,
+}
+
+impl KernelTraffic {
+    fn fold(&mut self, steering: &SteeringProgram, shared: &LbShared) {
+        let snapshot = shared.snapshot.load();
+        let ids: Vec<ServerId> = snapshot
+            .servers
+            .iter()
+            .filter(|(_, slot)| slot.state != SlotState::Free)
+            .map(|(id, _)| id)
+            .collect();
+        let totals = match steering.server_traffic(&ids) {
+            Ok(totals) => totals,
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "cannot read the XDP program's server traffic");
+                return;
+            }
+        };
+        for (id, total) in ids.into_iter().zip(totals) {
+            let before = self.seen.insert(id, total).unwrap_or_default();
+            let packets = total.packets.wrapping_sub(before.packets);
+            let bytes = total.bytes.wrapping_sub(before.bytes);
+            if packets != 0 || bytes != 0 {
+                shared.loads.add_traffic(id, packets, bytes);
             }
         }
     }
-    steering.set_backends(&backends)?;
-    sync_host_addrs(steering, shared)
 }
 
 /// Puts the host's own IPv4 addresses, VIPs left out, into the XDP program's map, so that

@@ -5,16 +5,19 @@
 //! ([`WorkerCounters`], [`IoCounters`]). The locks below are taken by the API thread, the
 //! persister, and the data path at start-up (registering workers and interfaces).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use cheetah_core::config::{Forwarding, Mode};
-use cheetah_core::lb::{LbShared, WorkerCounters};
+use cheetah_core::lb::{Counter, LbShared, WorkerCounters};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::Nanos;
 use serde::Serialize;
 
 use crate::clock::{unix_ms, Clock};
+use crate::dataplane::xdp::SteeringStats;
+use crate::dataplane::xdp_layout::{FAST_BUNDLES, UP_REASONS};
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
 use crate::health::{self, HealthBook, Readiness};
@@ -42,18 +45,59 @@ pub struct InterfaceStatus {
 }
 
 /// The XDP program's own counters: packets handed to a socket, dropped because no socket
-/// was bound (the LB restarting), passed to the host, and sent without metadata room.
+/// was bound (the LB restarting), passed to the host, and sent without metadata room; and
+/// with `[daemon] datapath = "xdp"`, the packets its in-kernel path handled (by core
+/// bundle) and those it handed to userspace (by reason).
 #[derive(Debug, Default)]
 pub struct SteeringCounters {
-    pub to_socket: std::sync::atomic::AtomicU64,
-    pub no_socket: std::sync::atomic::AtomicU64,
-    pub passed_to_host: std::sync::atomic::AtomicU64,
-    pub no_metadata_room: std::sync::atomic::AtomicU64,
+    pub to_socket: AtomicU64,
+    pub no_socket: AtomicU64,
+    pub passed_to_host: AtomicU64,
+    pub no_metadata_room: AtomicU64,
+    /// The in-kernel path is on: its packets are reported as a worker of their own.
+    pub fast_path: AtomicBool,
+    fast: [AtomicU64; FAST_BUNDLES.len()],
+    up: [AtomicU64; UP_REASONS.len()],
 }
 
 impl SteeringCounters {
+    /// Copies a reading of the program's per-CPU counters.
+    pub fn store(&self, stats: &SteeringStats) {
+        self.to_socket.store(stats.to_socket, Relaxed);
+        self.no_socket.store(stats.no_socket, Relaxed);
+        self.passed_to_host.store(stats.passed_to_host, Relaxed);
+        self.no_metadata_room.store(stats.no_metadata_room, Relaxed);
+        for (cell, value) in self.fast.iter().zip(stats.fast) {
+            cell.store(value, Relaxed);
+        }
+        for (cell, value) in self.up.iter().zip(stats.up) {
+            cell.store(value, Relaxed);
+        }
+    }
+
+    /// The in-kernel path's packets as the core's counters: each packet of a bundle in
+    /// every counter of the bundle (`Bundle::counters`), as a worker counts its own.
+    pub fn kernel_events(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
+        Counter::ALL.iter().map(move |counter| {
+            let sum = FAST_BUNDLES
+                .iter()
+                .zip(&self.fast)
+                .filter(|((_, bundle), _)| bundle.counters().contains(counter))
+                .map(|(_, cell)| cell.load(Relaxed))
+                .fold(0, u64::wrapping_add);
+            (*counter, sum)
+        })
+    }
+
+    /// Packets the in-kernel path handed to userspace, by reason.
+    pub fn to_userspace(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        UP_REASONS
+            .iter()
+            .zip(&self.up)
+            .map(|((_, reason), cell)| (*reason, cell.load(Relaxed)))
+    }
+
     pub fn samples(&self) -> [(&'static str, u64); 4] {
-        use std::sync::atomic::Ordering::Relaxed;
         [
             ("to_socket", self.to_socket.load(Relaxed)),
             ("no_socket", self.no_socket.load(Relaxed)),
@@ -257,6 +301,31 @@ mod tests {
     use cheetah_core::lb::Counter;
 
     use super::*;
+
+    #[test]
+    fn kernel_packets_count_under_every_counter_of_their_bundle() {
+        let counters = SteeringCounters::default();
+        let stats = SteeringStats {
+            fast: [10, 20, 30, 40],
+            up: [1, 2, 3, 4, 5, 6, 7],
+            ..SteeringStats::default()
+        };
+        counters.store(&stats);
+        let events: std::collections::BTreeMap<&str, u64> = counters
+            .kernel_events()
+            .map(|(c, n)| (c.name(), n))
+            .collect();
+        assert_eq!(events["to_server"], 30, "client cookie + client pick");
+        assert_eq!(events["to_client"], 70, "server cookie + server plain");
+        assert_eq!(events["fast_path"], 100);
+        assert_eq!(events["cookie_routed"], 10);
+        assert_eq!(events["cookies_inserted"], 30);
+        assert_eq!(events["options_fast_path"], 40);
+        assert_eq!(events["new_connections"], 0);
+        let up: Vec<(&str, u64)> = counters.to_userspace().collect();
+        assert_eq!(up[0], ("new_connection", 1));
+        assert_eq!(up[6], ("other", 7));
+    }
 
     #[test]
     fn packet_rates_come_from_the_counters() {

@@ -77,7 +77,7 @@ impl ServerEgress {
     }
 }
 
-fn resolve(
+pub(super) fn resolve(
     dip: Ipv4Addr,
     mac: Option<Mac>,
     routes: &str,

@@ -12,6 +12,8 @@ mod shared_layout_tests;
 pub mod sides;
 pub mod worker_loop;
 pub mod xdp;
+pub mod xdp_layout;
+pub mod xdp_tables;
 pub mod xsk;
 
 use anyhow::{bail, Context};

@@ -10,9 +10,12 @@ use std::process::Command;
 
 use super::meta::{RawMeta, FIB_NO_NEIGH, FIB_OK, FROM_SERVER, MAGIC, META_LEN, TO_VIP};
 use super::xdp::{
-    BackendKey, MAX_HOST_ADDRS, MAX_INTERFACES, MAX_QUEUES, STAT_NO_METADATA_ROOM, STAT_NO_SOCKET,
+    MAX_HOST_ADDRS, MAX_INTERFACES, MAX_QUEUES, STAT_NO_METADATA_ROOM, STAT_NO_SOCKET,
     STAT_PASSED, STAT_TO_SOCKET,
 };
+use super::xdp_layout::*;
+use cheetah_core::cookie::msb::{BEYOND_IDLE_LIMIT, COOKIES, KNOWN};
+use cheetah_core::types::ServerId;
 
 const HEADER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -94,38 +97,103 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("STAT_NO_SOCKET", STAT_NO_SOCKET as usize),
         ("STAT_PASSED", STAT_PASSED as usize),
         ("STAT_NO_METADATA_ROOM", STAT_NO_METADATA_ROOM as usize),
-        ("STAT_COUNT", stats.len()),
-        ("sizeof(struct backend_key)", size_of::<BackendKey>()),
-        (
-            "offsetof(struct backend_key, addr)",
-            offset_of!(BackendKey, addr),
-        ),
-        (
-            "offsetof(struct backend_key, port)",
-            offset_of!(BackendKey, port),
-        ),
-        (
-            "offsetof(struct backend_key, pad)",
-            offset_of!(BackendKey, pad),
-        ),
-        (
-            "fieldsize(struct backend_key, addr)",
-            field_size(|k: &BackendKey| &k.addr),
-        ),
-        (
-            "fieldsize(struct backend_key, port)",
-            field_size(|k: &BackendKey| &k.port),
-        ),
-        (
-            "fieldsize(struct backend_key, pad)",
-            field_size(|k: &BackendKey| &k.pad),
-        ),
+        ("STAT_FAST_CLIENT_COOKIE", STAT_FAST_CLIENT_COOKIE as usize),
+        ("STAT_FAST_CLIENT_PICK", STAT_FAST_CLIENT_PICK as usize),
+        ("STAT_FAST_SERVER_COOKIE", STAT_FAST_SERVER_COOKIE as usize),
+        ("STAT_FAST_SERVER_PLAIN", STAT_FAST_SERVER_PLAIN as usize),
+        ("STAT_UP_NEW_CONNECTION", STAT_UP_NEW_CONNECTION as usize),
+        ("STAT_UP_LAYOUT", STAT_UP_LAYOUT as usize),
+        ("STAT_UP_COOKIE", STAT_UP_COOKIE as usize),
+        ("STAT_UP_CLOCK", STAT_UP_CLOCK as usize),
+        ("STAT_UP_HANDSHAKE_OR_CLOSE", STAT_UP_HANDSHAKE_OR_CLOSE as usize),
+        ("STAT_UP_NEXT_HOP", STAT_UP_NEXT_HOP as usize),
+        ("STAT_UP_OTHER", STAT_UP_OTHER as usize),
+        ("STAT_COUNT", stats.len() + FAST_BUNDLES.len() + UP_REASONS.len()),
+        ("SERVER_ID_SPACE", SERVER_ID_SPACE),
+        ("COOKIE_SPACE", COOKIE_SPACE),
+        ("MAX_VIPS", MAX_VIPS),
+        ("MAX_HASH_POOL", MAX_HASH_POOL),
+        ("LB_FAST_PATH", LB_FAST_PATH as usize),
+        ("LB_MODE_CHEETAH", LB_MODE_CHEETAH as usize),
+        ("LB_MODE_HASH", LB_MODE_HASH as usize),
+        ("LB_MODE_MAGLEV", LB_MODE_MAGLEV as usize),
+        ("LB_FORWARDING_L2", LB_FORWARDING_L2 as usize),
+        ("LB_FORWARDING_NAT", LB_FORWARDING_NAT as usize),
+        ("SERVER_FORWARDS", SERVER_FORWARDS as usize),
+        ("SERVER_EGRESS", SERVER_EGRESS as usize),
+        // The kernel reads the core's clock words as they are: the flags are the core's.
+        ("MSB_KNOWN", KNOWN as usize),
+        ("MSB_BEYOND_IDLE_LIMIT", BEYOND_IDLE_LIMIT as usize),
     ];
+    // Sizes the core's clock table and the kernel's arrays must share.
+    assert_eq!(SERVER_ID_SPACE, ServerId::SPACE);
+    assert_eq!(COOKIE_SPACE, COOKIES);
+    let mut values: Vec<(String, usize)> = values
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value))
+        .collect();
+    values.extend(layout!(BackendKey, "struct backend_key", addr, port, pad));
+    values.extend(layout!(BackendInfo, "struct backend_info", server, vip_index));
+    values.extend(layout!(
+        LbConfigValue,
+        "struct lb_config",
+        flags,
+        mode,
+        forwarding,
+        id_bits,
+        pad,
+        id_mask,
+        pad2,
+        generation
+    ));
+    values.extend(layout!(VipKey, "struct vip_key", addr, port, protocol, pad));
+    values.extend(layout!(
+        VipInfo,
+        "struct vip_info",
+        hash_prefix,
+        addr,
+        port,
+        backend_port,
+        index,
+        pool_len,
+        pool
+    ));
+    values.extend(layout!(
+        ServerInfo,
+        "struct server_info",
+        flags,
+        dip,
+        egress_ifindex,
+        dst_mac,
+        src_mac
+    ));
+    values.extend(layout!(MacKey, "struct mac_key", mac, pad));
+    values.extend(layout!(ServerTraffic, "struct server_traffic", packets, bytes));
     values
         .into_iter()
-        .map(|(name, value)| (name.to_string(), value as u64))
+        .map(|(name, value)| (name, value as u64))
         .collect()
 }
+
+/// The size of a Rust struct and the offset and size of each field, named as the C
+/// expressions [`declared`] lists for the C struct.
+macro_rules! layout {
+    ($rust:ty, $c:literal, $($field:ident),+) => {{
+        let mut values = vec![(format!("sizeof({})", $c), size_of::<$rust>())];
+        $(
+            values.push((
+                format!("offsetof({}, {})", $c, stringify!($field)),
+                offset_of!($rust, $field),
+            ));
+            values.push((
+                format!("fieldsize({}, {})", $c, stringify!($field)),
+                field_size(|s: &$rust| &s.$field),
+            ));
+        )+
+        values
+    }};
+}
+use layout;
 
 /// What the header declares, as the C expressions that must be checked: each `#define`,
 /// each enum member, and each struct's size and its fields' offsets and sizes.

@@ -5,9 +5,16 @@
 //! after a crash or `kill -9` it keeps dropping VIP traffic instead of letting the host
 //! kernel answer it with RSTs, until the next `cheetah run` replaces it atomically.
 
-use std::mem::{offset_of, size_of};
 use std::net::Ipv4Addr;
-use std::os::fd::{AsFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::atomic::AtomicU32;
+
+use cheetah_core::cookie::msb::COOKIES;
+use cheetah_core::cookie::{MsbTable, SharedWords};
+use cheetah_core::cookie::CookieLayout;
+use cheetah_core::types::ServerId;
+
+use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, UP_REASONS};
 
 use anyhow::{bail, Context};
 use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
@@ -46,6 +53,10 @@ pub struct SteeringStats {
     pub no_socket: u64,
     pub passed_to_host: u64,
     pub no_metadata_room: u64,
+    /// Packets the in-kernel path handled, by `STAT_FAST_*` (`xdp_layout::FAST_BUNDLES`).
+    pub fast: [u64; 4],
+    /// Packets the in-kernel path handed to userspace, by `xdp_layout::UP_REASONS`.
+    pub up: [u64; 7],
 }
 
 pub struct SteeringProgram {
@@ -64,10 +75,63 @@ impl SteeringProgram {
     }
 
     fn map(&self, name: &str) -> libbpf_rs::Map<'_> {
+        self.try_map(name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The program's map `name`.
+    pub(super) fn try_map(&self, name: &str) -> anyhow::Result<libbpf_rs::Map<'_>> {
         self.object
             .maps()
             .find(|m| m.name() == name)
-            .unwrap_or_else(|| panic!("map {name} is missing from bpf/xdp_steer.c"))
+            .with_context(|| format!("map {name} is missing from the XDP program"))
+    }
+
+    /// The program's `msb_seen` and `msb_restores` arrays, mapped into this process for
+    /// the core's clock table (`MsbTable::with_words`): the kernel reads the words the
+    /// workers and the control thread write.
+    ///
+    /// The mappings are never unmapped: the table they back lives in the `LbShared` that
+    /// every thread holds until the process exits, so no point is safe to unmap them, and
+    /// a mapping keeps its map alive even once the program object is gone. It is done once
+    /// per process (320 KiB).
+    pub fn clock_words(&self) -> anyhow::Result<ClockWords> {
+        Ok(ClockWords {
+            seen: self.mmap_words("msb_seen")?,
+            restores: self.mmap_words("msb_restores")?,
+        })
+    }
+
+    fn mmap_words<const N: usize>(&self, name: &str) -> anyhow::Result<&'static [AtomicU32; N]> {
+        let map = self.try_map(name)?;
+        if map.value_size() != 4 || map.max_entries() as usize != N {
+            bail!(
+                "map {name} holds {} values of {} bytes; the clock table needs {N} of 4",
+                map.max_entries(),
+                map.value_size()
+            );
+        }
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = (N * 4).div_ceil(page) * page;
+        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose first N * 4 bytes
+        // are its N u32 values; the kernel refuses the call for any other map.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("cannot mmap the XDP program's {name} map"));
+        }
+        // SAFETY: page-aligned, N * 4 bytes long, mapped for the rest of the process (see
+        // `clock_words`); AtomicU32 has u32's layout, and the kernel's accesses are atomic.
+        Ok(unsafe { &*(at as *const [AtomicU32; N]) })
     }
 
     fn program(&self) -> libbpf_rs::Program<'_> {
@@ -87,27 +151,6 @@ impl SteeringProgram {
         self.map("vip_addrs")
             .update(&addr.octets(), &0u32.to_ne_bytes(), MapFlags::ANY)
             .context("cannot update vip_addrs")
-    }
-
-    /// Replaces the set of NAT backends (DIP, port) whose packets are server replies.
-    pub fn set_backends(&self, backends: &[(Ipv4Addr, u16)]) -> anyhow::Result<()> {
-        let map = self.map("backends");
-        let wanted: Vec<[u8; size_of::<BackendKey>()]> = backends
-            .iter()
-            .map(|(addr, port)| BackendKey::new(*addr, *port).to_bytes())
-            .collect();
-        for key in &wanted {
-            map.update(key, &0u32.to_ne_bytes(), MapFlags::ANY)
-                .context("cannot update backends")?;
-        }
-        let stale: Vec<Vec<u8>> = map
-            .keys()
-            .filter(|k| !wanted.iter().any(|w| w[..] == k[..]))
-            .collect();
-        for key in stale {
-            map.delete(&key).context("cannot delete from backends")?;
-        }
-        Ok(())
     }
 
     /// Replaces the set of the host's own addresses: a NAT backend's packet addressed to
@@ -206,34 +249,48 @@ impl SteeringProgram {
             no_socket: sum(STAT_NO_SOCKET),
             passed_to_host: sum(STAT_PASSED),
             no_metadata_room: sum(STAT_NO_METADATA_ROOM),
-        }
-    }
-}
-
-/// `struct backend_key`, field for field (both in network byte order).
-#[repr(C)]
-pub(super) struct BackendKey {
-    pub(super) addr: [u8; 4],
-    pub(super) port: [u8; 2],
-    pub(super) pad: u16,
-}
-
-impl BackendKey {
-    fn new(addr: Ipv4Addr, port: u16) -> Self {
-        BackendKey {
-            addr: addr.octets(),
-            port: port.to_be_bytes(),
-            pad: 0,
+            fast: FAST_BUNDLES.map(|(index, _)| sum(index)),
+            up: UP_REASONS.map(|(index, _)| sum(index)),
         }
     }
 
-    fn to_bytes(&self) -> [u8; size_of::<BackendKey>()] {
-        let mut key = [0u8; size_of::<BackendKey>()];
-        let mut put = |at: usize, field: &[u8]| key[at..at + field.len()].copy_from_slice(field);
-        put(offset_of!(BackendKey, addr), &self.addr);
-        put(offset_of!(BackendKey, port), &self.port);
-        put(offset_of!(BackendKey, pad), &self.pad.to_ne_bytes());
-        key
+    /// What the in-kernel path sent to or received from each of `ids`, summed over CPUs
+    /// since the program was loaded.
+    pub fn server_traffic(&self, ids: &[ServerId]) -> anyhow::Result<Vec<ServerTraffic>> {
+        let map = self.try_map("server_traffic")?;
+        ids.iter()
+            .map(|id| {
+                let per_cpu = map
+                    .lookup_percpu(&(id.0 as u32).to_ne_bytes(), MapFlags::ANY)
+                    .context("cannot read the XDP program's server_traffic")?
+                    .unwrap_or_default();
+                Ok(per_cpu.iter().map(|cpu| ServerTraffic::read(cpu)).fold(
+                    ServerTraffic::default(),
+                    |sum, cpu| ServerTraffic {
+                        packets: sum.packets.wrapping_add(cpu.packets),
+                        bytes: sum.bytes.wrapping_add(cpu.bytes),
+                    },
+                ))
+            })
+            .collect()
+    }
+}
+
+/// The XDP program's clock words, mapped for the rest of the process.
+#[derive(Clone, Copy)]
+pub struct ClockWords {
+    seen: &'static [AtomicU32; ServerId::SPACE],
+    restores: &'static [AtomicU32; COOKIES],
+}
+
+impl ClockWords {
+    /// A clock table over these words (for `ControlPlane::new_with_msb`).
+    pub fn table(self, layout: CookieLayout) -> MsbTable {
+        MsbTable::with_words(
+            layout,
+            SharedWords::borrowed(self.seen),
+            SharedWords::borrowed(self.restores),
+        )
     }
 }
 

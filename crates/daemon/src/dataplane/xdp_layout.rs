@@ -1,0 +1,295 @@
+//! The Rust side of the maps the XDP program (`bpf/xdp_lb.c`) reads: limits, flags,
+//! counter indices, and each key and value of `bpf/include/cheetah_shared.h` as a
+//! `#[repr(C)]` struct, field for field. `shared_layout_tests` holds every one equal to the
+//! header. Values go to the kernel as bytes written at the fields' offsets
+//! ([`Encode::to_bytes`]), so no padding byte is ever read.
+
+use std::mem::{offset_of, size_of};
+
+use cheetah_core::lb::Bundle;
+use cheetah_core::types::Mac;
+
+pub const SERVER_ID_SPACE: usize = 16384;
+pub const COOKIE_SPACE: usize = 65536;
+pub const MAX_VIPS: usize = 4096;
+pub const MAX_HASH_POOL: usize = 64;
+
+pub const LB_FAST_PATH: u32 = 1 << 0;
+pub const LB_MODE_CHEETAH: u8 = 0;
+pub const LB_MODE_HASH: u8 = 1;
+pub const LB_MODE_MAGLEV: u8 = 2;
+pub const LB_FORWARDING_L2: u8 = 0;
+pub const LB_FORWARDING_NAT: u8 = 1;
+
+pub const SERVER_FORWARDS: u32 = 1 << 0;
+pub const SERVER_EGRESS: u32 = 1 << 1;
+
+/// Indices of the per-CPU `stats` array after the steering counters (`enum xdp_stat`):
+/// packets the kernel handled, one per core bundle (`cheetah_core::lb::Bundle`).
+pub const STAT_FAST_CLIENT_COOKIE: u32 = 4;
+pub const STAT_FAST_CLIENT_PICK: u32 = 5;
+pub const STAT_FAST_SERVER_COOKIE: u32 = 6;
+pub const STAT_FAST_SERVER_PLAIN: u32 = 7;
+/// Each `STAT_FAST_*` counter and the core bundle its packets stand for: metrics add it to
+/// every counter of the bundle (`Bundle::counters`), under the core's names.
+pub const FAST_BUNDLES: [(u32, Bundle); 4] = [
+    (STAT_FAST_CLIENT_COOKIE, Bundle::ClientCookie),
+    (STAT_FAST_CLIENT_PICK, Bundle::ClientPick),
+    (STAT_FAST_SERVER_COOKIE, Bundle::ServerCookie),
+    (STAT_FAST_SERVER_PLAIN, Bundle::ServerPlain),
+];
+
+/// Why the kernel handed a packet it looked at to userspace, one reason per packet.
+pub const STAT_UP_NEW_CONNECTION: u32 = 8;
+pub const STAT_UP_LAYOUT: u32 = 9;
+pub const STAT_UP_COOKIE: u32 = 10;
+pub const STAT_UP_CLOCK: u32 = 11;
+pub const STAT_UP_HANDSHAKE_OR_CLOSE: u32 = 12;
+pub const STAT_UP_NEXT_HOP: u32 = 13;
+pub const STAT_UP_OTHER: u32 = 14;
+pub const STAT_COUNT: u32 = 15;
+
+/// The `reason` label of each `STAT_UP_*` counter, in index order.
+pub const UP_REASONS: [(u32, &str); 7] = [
+    (STAT_UP_NEW_CONNECTION, "new_connection"),
+    (STAT_UP_LAYOUT, "layout"),
+    (STAT_UP_COOKIE, "cookie"),
+    (STAT_UP_CLOCK, "clock"),
+    (STAT_UP_HANDSHAKE_OR_CLOSE, "handshake_or_close"),
+    (STAT_UP_NEXT_HOP, "next_hop"),
+    (STAT_UP_OTHER, "other"),
+];
+
+/// A value the kernel reads as bytes.
+pub trait Encode: Sized {
+    /// The struct's bytes as C lays them out (padding zero).
+    fn to_bytes(&self) -> Vec<u8>;
+}
+
+/// Bytes of a `T`, filled field by field at the offsets Rust (and, by the layout test, C)
+/// gives them.
+struct Bytes(Vec<u8>);
+
+impl Bytes {
+    fn of<T>() -> Self {
+        Bytes(vec![0; size_of::<T>()])
+    }
+
+    fn put(mut self, at: usize, field: &[u8]) -> Self {
+        self.0[at..at + field.len()].copy_from_slice(field);
+        self
+    }
+}
+
+/// `struct lb_config`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LbConfigValue {
+    pub flags: u32,
+    pub mode: u8,
+    pub forwarding: u8,
+    pub id_bits: u8,
+    pub pad: u8,
+    pub id_mask: u16,
+    pub pad2: u16,
+    pub generation: u32,
+}
+
+impl Encode for LbConfigValue {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, flags), &self.flags.to_ne_bytes())
+            .put(offset_of!(Self, mode), &[self.mode])
+            .put(offset_of!(Self, forwarding), &[self.forwarding])
+            .put(offset_of!(Self, id_bits), &[self.id_bits])
+            .put(offset_of!(Self, id_mask), &self.id_mask.to_ne_bytes())
+            .put(offset_of!(Self, generation), &self.generation.to_ne_bytes())
+            .0
+    }
+}
+
+/// `struct vip_key` (address and port in network byte order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VipKey {
+    pub addr: [u8; 4],
+    pub port: [u8; 2],
+    pub protocol: u8,
+    pub pad: u8,
+}
+
+impl Encode for VipKey {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, addr), &self.addr)
+            .put(offset_of!(Self, port), &self.port)
+            .put(offset_of!(Self, protocol), &[self.protocol])
+            .0
+    }
+}
+
+/// `struct vip_info`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VipInfo {
+    pub hash_prefix: [u64; 4],
+    pub addr: [u8; 4],
+    pub port: [u8; 2],
+    pub backend_port: [u8; 2],
+    pub index: u16,
+    pub pool_len: u16,
+    pub pool: [u16; MAX_HASH_POOL],
+}
+
+impl Encode for VipInfo {
+    fn to_bytes(&self) -> Vec<u8> {
+        let prefix: Vec<u8> = self.hash_prefix.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let pool: Vec<u8> = self.pool.iter().flat_map(|id| id.to_ne_bytes()).collect();
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, hash_prefix), &prefix)
+            .put(offset_of!(Self, addr), &self.addr)
+            .put(offset_of!(Self, port), &self.port)
+            .put(offset_of!(Self, backend_port), &self.backend_port)
+            .put(offset_of!(Self, index), &self.index.to_ne_bytes())
+            .put(offset_of!(Self, pool_len), &self.pool_len.to_ne_bytes())
+            .put(offset_of!(Self, pool), &pool)
+            .0
+    }
+}
+
+/// `struct server_info`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerInfo {
+    pub flags: u32,
+    pub dip: [u8; 4],
+    pub egress_ifindex: u32,
+    pub dst_mac: Mac,
+    pub src_mac: Mac,
+}
+
+impl Encode for ServerInfo {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, flags), &self.flags.to_ne_bytes())
+            .put(offset_of!(Self, dip), &self.dip)
+            .put(
+                offset_of!(Self, egress_ifindex),
+                &self.egress_ifindex.to_ne_bytes(),
+            )
+            .put(offset_of!(Self, dst_mac), &self.dst_mac)
+            .put(offset_of!(Self, src_mac), &self.src_mac)
+            .0
+    }
+}
+
+/// `struct mac_key`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MacKey {
+    pub mac: Mac,
+    pub pad: u16,
+}
+
+impl Encode for MacKey {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, mac), &self.mac)
+            .0
+    }
+}
+
+/// `struct backend_key` (both in network byte order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackendKey {
+    pub addr: [u8; 4],
+    pub port: [u8; 2],
+    pub pad: u16,
+}
+
+impl Encode for BackendKey {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, addr), &self.addr)
+            .put(offset_of!(Self, port), &self.port)
+            .0
+    }
+}
+
+/// `struct backend_info`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackendInfo {
+    pub server: u16,
+    pub vip_index: u16,
+}
+
+impl Encode for BackendInfo {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, server), &self.server.to_ne_bytes())
+            .put(offset_of!(Self, vip_index), &self.vip_index.to_ne_bytes())
+            .0
+    }
+}
+
+/// `struct server_traffic` (one CPU's share).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerTraffic {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+impl ServerTraffic {
+    /// One CPU's value as the kernel returns it.
+    pub fn read(bytes: &[u8]) -> Self {
+        let word = |at: usize| u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap());
+        ServerTraffic {
+            packets: word(offset_of!(Self, packets)),
+            bytes: word(offset_of!(Self, bytes)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_their_fields_at_their_offsets() {
+        let config = LbConfigValue {
+            flags: LB_FAST_PATH,
+            mode: LB_MODE_HASH,
+            forwarding: LB_FORWARDING_NAT,
+            id_bits: 12,
+            pad: 0xff,
+            id_mask: 0x0fff,
+            pad2: 0xffff,
+            generation: 7,
+        };
+        let bytes = config.to_bytes();
+        assert_eq!(bytes.len(), 16);
+        assert_eq!(bytes[..4], 1u32.to_ne_bytes());
+        assert_eq!(bytes[4..8], [1, 1, 12, 0], "padding is written as zero");
+        assert_eq!(bytes[8..10], 0x0fffu16.to_ne_bytes());
+        assert_eq!(bytes[10..12], [0, 0]);
+        assert_eq!(bytes[12..], 7u32.to_ne_bytes());
+        let key = VipKey {
+            addr: [10, 0, 0, 100],
+            port: 80u16.to_be_bytes(),
+            protocol: 6,
+            pad: 9,
+        };
+        assert_eq!(key.to_bytes(), [10, 0, 0, 100, 0, 80, 6, 0]);
+        let info = ServerTraffic::read(&[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            info,
+            ServerTraffic {
+                packets: u64::from_ne_bytes([1, 0, 0, 0, 0, 0, 0, 0]),
+                bytes: u64::from_ne_bytes([2, 0, 0, 0, 0, 0, 0, 0])
+            }
+        );
+    }
+}

@@ -1,0 +1,546 @@
+//! Publishes the core's tables into the XDP program's maps, so its in-kernel path
+//! (`bpf/lib/fast_path.h`) forwards exactly as the core would: `lb_config`, `vips`,
+//! `vips_by_index`, `servers`, `server_macs`, `backends` and `server_side`.
+//!
+//! [`wanted`] works out every map's entries from a snapshot, the LB's interfaces and their
+//! sides, and the kernel's routes and neighbours (a server's egress is resolved by the same
+//! rule the AF_XDP workers use, `egress.rs`); [`Publisher::publish`] writes what changed
+//! since its last call and deletes stale entries. The daemon publishes on every new
+//! snapshot generation and once a second (routes and neighbours change on their own).
+//! `lb_config` is written after every other map, so the program never reads a new
+//! generation with old servers or VIPs.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use cheetah_core::config::{Forwarding, Mode};
+use cheetah_core::cookie::CookieLayout;
+use cheetah_core::lb::Ingress;
+use cheetah_core::tables::{SlotState, Snapshot};
+use libbpf_rs::{MapCore, MapFlags};
+
+use super::egress;
+use super::xdp::SteeringProgram;
+use super::xdp_layout::*;
+use super::Interface;
+
+/// What the XDP program is told about the LB at one moment.
+pub struct Publication<'a> {
+    pub snapshot: &'a Snapshot,
+    pub layout: CookieLayout,
+    /// The LB's interfaces (`[daemon] interfaces`), and beside each its side (`sides.rs`).
+    pub interfaces: &'a [Interface],
+    pub sides: &'a [Ingress],
+    /// `[daemon] datapath = "xdp"`: the program forwards what it can itself.
+    pub fast_path: bool,
+}
+
+type Entries = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// Every entry of every map the publisher owns, as key and value bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Wanted {
+    pub config: LbConfigValue,
+    pub vips: Entries,
+    pub vips_by_index: Entries,
+    pub servers: Entries,
+    pub server_macs: Entries,
+    pub backends: Entries,
+    pub server_side: Entries,
+}
+
+/// A `backend_info.vip_index` that names no VIP (`vips_by_index` has `MAX_VIPS` entries):
+/// an allocated server's (DIP, port) whose replies must still reach userspace, to be
+/// dropped and counted there, but which no VIP claims (a removed server's, or one outside
+/// every pool with that backend port).
+pub const NO_VIP: u16 = u16::MAX;
+
+fn array_key(index: usize) -> Vec<u8> {
+    (index as u32).to_ne_bytes().to_vec()
+}
+
+/// The maps' entries for `publication`, with `routes` and `neighbours` as
+/// `/proc/net/route` and `/proc/net/arp` print them.
+pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Wanted {
+    let snapshot = publication.snapshot;
+    let id_bits = publication.layout.id_bits();
+    let config = LbConfigValue {
+        flags: if publication.fast_path { LB_FAST_PATH } else { 0 },
+        mode: match snapshot.mode {
+            Mode::Cheetah => LB_MODE_CHEETAH,
+            Mode::Hash => LB_MODE_HASH,
+            Mode::Maglev => LB_MODE_MAGLEV,
+        },
+        forwarding: match snapshot.forwarding {
+            Forwarding::L2 => LB_FORWARDING_L2,
+            Forwarding::Nat => LB_FORWARDING_NAT,
+        },
+        id_bits,
+        id_mask: ((1u32 << id_bits) - 1) as u16,
+        // The program only compares it with what it read before: the low bits do.
+        generation: snapshot.generation as u32,
+        ..LbConfigValue::default()
+    };
+    let mut wanted = Wanted {
+        config,
+        ..Wanted::default()
+    };
+
+    for (index, vip) in snapshot.vips.iter().enumerate() {
+        let std::net::IpAddr::V4(addr) = vip.address else {
+            continue;
+        };
+        if index >= MAX_VIPS {
+            break;
+        }
+        let pool = &vip.pool.servers;
+        let mut info = VipInfo {
+            hash_prefix: snapshot.vip_hash_prefix(index as u16).state(),
+            addr: addr.octets(),
+            port: vip.port.to_be_bytes(),
+            backend_port: vip.backend_port.to_be_bytes(),
+            index: index as u16,
+            // A bigger pool is left to userspace: the kernel picks from a bounded array.
+            pool_len: if pool.len() <= MAX_HASH_POOL {
+                pool.len() as u16
+            } else {
+                0
+            },
+            pool: [0; MAX_HASH_POOL],
+        };
+        for (slot, id) in info.pool.iter_mut().zip(pool) {
+            *slot = id.0;
+        }
+        let key = VipKey {
+            addr: addr.octets(),
+            port: vip.port.to_be_bytes(),
+            protocol: 6,
+            pad: 0,
+        };
+        wanted.vips.insert(key.to_bytes(), info.to_bytes());
+        wanted
+            .vips_by_index
+            .insert(array_key(index), info.to_bytes());
+        if snapshot.forwarding == Forwarding::Nat {
+            // Every allocated server, in any state: late replies of a removed server must
+            // still reach the core (to be dropped and counted), not the host kernel.
+            for (id, slot) in snapshot.servers.iter() {
+                if slot.state == SlotState::Free {
+                    continue;
+                }
+                let (server, vip_index) = snapshot
+                    .nat_backend(slot.dip, vip.backend_port)
+                    .map_or((id.0, NO_VIP), |(server, vip_index)| (server.0, vip_index));
+                let key = BackendKey {
+                    addr: slot.dip.to_be_bytes(),
+                    port: vip.backend_port.to_be_bytes(),
+                    pad: 0,
+                };
+                let value = BackendInfo { server, vip_index };
+                wanted.backends.insert(key.to_bytes(), value.to_bytes());
+            }
+        }
+    }
+
+    let ports: Vec<(String, u8)> = publication
+        .interfaces
+        .iter()
+        .enumerate()
+        .map(|(i, iface)| (iface.name.clone(), i as u8))
+        .collect();
+    for (id, slot) in snapshot.servers.iter() {
+        if slot.state == SlotState::Free {
+            continue;
+        }
+        let mut info = ServerInfo {
+            flags: if slot.state.forwards() {
+                SERVER_FORWARDS
+            } else {
+                0
+            },
+            dip: slot.dip.to_be_bytes(),
+            ..ServerInfo::default()
+        };
+        let mac = slot.has_mac.then_some(slot.mac);
+        let dip = std::net::Ipv4Addr::from(slot.dip);
+        if let Some(egress) = egress::resolve(dip, mac, routes, neighbours, &ports) {
+            let iface = &publication.interfaces[egress.port as usize];
+            info.flags |= SERVER_EGRESS;
+            info.egress_ifindex = iface.ifindex;
+            info.dst_mac = egress.dst_mac;
+            info.src_mac = iface.mac;
+        }
+        wanted
+            .servers
+            .insert(array_key(id.index()), info.to_bytes());
+        // The snapshot's MAC index says which of two servers sharing a MAC owns it.
+        if slot.has_mac && snapshot.server_by_mac(&slot.mac) == Some(id) {
+            let key = MacKey {
+                mac: slot.mac,
+                pad: 0,
+            };
+            let value = (id.0 as u32).to_ne_bytes().to_vec();
+            wanted.server_macs.insert(key.to_bytes(), value);
+        }
+    }
+
+    for (iface, side) in publication.interfaces.iter().zip(publication.sides) {
+        if *side == Ingress::ServerSide {
+            let key = iface.ifindex.to_ne_bytes().to_vec();
+            wanted.server_side.insert(key, 1u32.to_ne_bytes().to_vec());
+        }
+    }
+    wanted
+}
+
+/// How a map is kept: a hash loses stale keys, an array has every index and gets a
+/// zero value instead.
+#[derive(Clone, Copy)]
+enum Kind {
+    Hash,
+    Array { entries: usize, value_size: usize },
+}
+
+/// Writes [`Wanted`] into a program's maps, remembering what it wrote so that the next
+/// call writes only the difference.
+#[derive(Default)]
+pub struct Publisher {
+    last: Option<Wanted>,
+}
+
+impl Publisher {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Publishes `publication` into `program`'s maps (attached or not), reading the
+    /// routes and neighbours from `/proc`.
+    pub fn publish(
+        &mut self,
+        program: &SteeringProgram,
+        publication: &Publication,
+    ) -> anyhow::Result<()> {
+        let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+        let neighbours = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
+        let wanted = wanted(publication, &routes, &neighbours);
+        self.write(program, wanted)
+    }
+
+    /// Writes `wanted`: every map but `lb_config` first, then `lb_config`.
+    pub fn write(&mut self, program: &SteeringProgram, wanted: Wanted) -> anyhow::Result<()> {
+        let last = self.last.take();
+        let array = |entries: usize, value_size: usize| Kind::Array {
+            entries,
+            value_size,
+        };
+        let maps: [(&str, Kind, &Entries, Option<&Entries>); 6] = [
+            (
+                "servers",
+                array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
+                &wanted.servers,
+                last.as_ref().map(|l| &l.servers),
+            ),
+            (
+                "vips_by_index",
+                array(MAX_VIPS, std::mem::size_of::<VipInfo>()),
+                &wanted.vips_by_index,
+                last.as_ref().map(|l| &l.vips_by_index),
+            ),
+            (
+                "server_macs",
+                Kind::Hash,
+                &wanted.server_macs,
+                last.as_ref().map(|l| &l.server_macs),
+            ),
+            (
+                "backends",
+                Kind::Hash,
+                &wanted.backends,
+                last.as_ref().map(|l| &l.backends),
+            ),
+            (
+                "server_side",
+                Kind::Hash,
+                &wanted.server_side,
+                last.as_ref().map(|l| &l.server_side),
+            ),
+            (
+                "vips",
+                Kind::Hash,
+                &wanted.vips,
+                last.as_ref().map(|l| &l.vips),
+            ),
+        ];
+        for (name, kind, entries, last) in maps {
+            sync(program, name, kind, entries, last)
+                .with_context(|| format!("cannot update the XDP program's {name} map"))?;
+        }
+        if last.as_ref().map(|l| l.config) != Some(wanted.config) {
+            program
+                .try_map("lb_config")?
+                .update(&0u32.to_ne_bytes(), &wanted.config.to_bytes(), MapFlags::ANY)
+                .context("cannot update the XDP program's lb_config")?;
+        }
+        self.last = Some(wanted);
+        Ok(())
+    }
+}
+
+/// Makes map `name` hold exactly `entries`. `last` is what this publisher wrote before
+/// (`None`: unknown, so a hash map's keys are read and every array index is written).
+fn sync(
+    program: &SteeringProgram,
+    name: &str,
+    kind: Kind,
+    entries: &Entries,
+    last: Option<&Entries>,
+) -> anyhow::Result<()> {
+    let map = program.try_map(name)?;
+    for (key, value) in entries {
+        if last.and_then(|l| l.get(key)) != Some(value) {
+            map.update(key, value, MapFlags::ANY)?;
+        }
+    }
+    match kind {
+        Kind::Hash => {
+            let stale: Vec<Vec<u8>> = map.keys().filter(|k| !entries.contains_key(k)).collect();
+            for key in stale {
+                map.delete(&key)?;
+            }
+        }
+        Kind::Array {
+            entries: count,
+            value_size,
+        } => {
+            let zero = vec![0u8; value_size];
+            let stale: Vec<Vec<u8>> = match last {
+                Some(last) => last
+                    .keys()
+                    .filter(|k| !entries.contains_key(*k))
+                    .cloned()
+                    .collect(),
+                None => (0..count)
+                    .map(array_key)
+                    .filter(|k| !entries.contains_key(k))
+                    .collect(),
+            };
+            for key in stale {
+                map.update(&key, &zero, MapFlags::ANY)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Publishes once with a fresh [`Publisher`] (every entry written): for a program that
+/// is loaded but not attached, e.g. the parity test's.
+pub fn publish(program: &SteeringProgram, publication: &Publication) -> anyhow::Result<()> {
+    Publisher::new().publish(program, publication)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::offset_of;
+
+    use cheetah_core::config::LbConfig;
+    use cheetah_core::hash::Secret;
+    use cheetah_core::tables::ControlPlane;
+
+    use super::*;
+
+    /// The testbed LB's routes and neighbours (`egress.rs` reads the same forms).
+    const ROUTES: &str = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+lb-c\t00000000\t01010A0A\t0003\t0\t0\t0\t00000000\t0\t0\t0
+lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
+";
+    const ARP: &str =
+        "IP address       HW type     Flags       HW address            Mask     Device
+10.20.0.12       0x1         0x2         02:ce:00:00:02:02     *        lb-s
+";
+
+    fn interfaces() -> Vec<Interface> {
+        ["lb-c", "lb-s"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| Interface {
+                name: name.to_string(),
+                ifindex: 10 + i as u32,
+                mac: [2, 0xb0, 0, 0, 0, i as u8],
+                slot: i as u32,
+                queues: 1,
+            })
+            .collect()
+    }
+
+    fn plane(extra: &str) -> ControlPlane {
+        let config = LbConfig::from_toml(&format!(
+            r#"
+            {extra}
+            [[servers]]
+            id = 1
+            dip = "10.20.0.11"
+            mac = "02:ce:00:00:02:01"
+            [[servers]]
+            id = 2
+            dip = "10.20.0.12"
+            mac = "02:ce:00:00:02:02"
+            [[servers]]
+            id = 3
+            dip = "10.99.0.13"
+            mac = "02:ce:00:00:02:03"
+            state = "draining"
+            [[vips]]
+            address = "10.0.0.100"
+            port = 80
+            servers = [1, 2, 3]
+            "#
+        ))
+        .unwrap();
+        ControlPlane::new(&config, &Secret([5; 16])).unwrap()
+    }
+
+    fn wanted_of(plane: &ControlPlane, fast_path: bool) -> Wanted {
+        let snapshot = plane.shared().snapshot.load();
+        let interfaces = interfaces();
+        let publication = Publication {
+            snapshot: &snapshot,
+            layout: plane.layout(),
+            interfaces: &interfaces,
+            sides: &[Ingress::ClientSide, Ingress::ServerSide],
+            fast_path,
+        };
+        wanted(&publication, ROUTES, ARP)
+    }
+
+    fn server(wanted: &Wanted, id: u16) -> ServerInfo {
+        let bytes = &wanted.servers[&array_key(id as usize)];
+        let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap());
+        ServerInfo {
+            flags: word(offset_of!(ServerInfo, flags)),
+            dip: bytes[4..8].try_into().unwrap(),
+            egress_ifindex: word(offset_of!(ServerInfo, egress_ifindex)),
+            dst_mac: bytes[12..18].try_into().unwrap(),
+            src_mac: bytes[18..24].try_into().unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_config_word_says_mode_forwarding_layout_and_fast_path() {
+        let plane = plane("cookie_epoch_bits = 4");
+        let on = wanted_of(&plane, true).config;
+        assert_eq!(on.flags, LB_FAST_PATH);
+        assert_eq!((on.mode, on.forwarding), (LB_MODE_CHEETAH, LB_FORWARDING_L2));
+        assert_eq!((on.id_bits, on.id_mask), (12, 0x0fff));
+        assert_eq!(on.generation as u64, plane.generation());
+        let off = wanted_of(&plane, false).config;
+        assert_eq!(off.flags, 0, "datapath = afxdp: the program only steers");
+        let hash = wanted_of(&self::plane("mode = \"hash\"\nforwarding = \"nat\""), true).config;
+        assert_eq!((hash.mode, hash.forwarding), (LB_MODE_HASH, LB_FORWARDING_NAT));
+    }
+
+    #[test]
+    fn servers_carry_their_state_and_their_resolved_egress() {
+        let plane = plane("");
+        let published = wanted_of(&plane, true);
+        let lb_s = &interfaces()[1];
+        // A configured MAC needs only the route.
+        let one = server(&published, 1);
+        assert_eq!(one.flags, SERVER_FORWARDS | SERVER_EGRESS);
+        assert_eq!(one.dip, [10, 20, 0, 11]);
+        assert_eq!(one.egress_ifindex, lb_s.ifindex);
+        assert_eq!(one.dst_mac, [2, 0xce, 0, 0, 2, 1]);
+        assert_eq!(one.src_mac, lb_s.mac);
+        // Draining still forwards; behind the default route, it leaves through lb-c.
+        let three = server(&published, 3);
+        assert_eq!(three.flags, SERVER_FORWARDS | SERVER_EGRESS);
+        assert_eq!(three.egress_ifindex, interfaces()[0].ifindex);
+        assert_eq!(published.servers.len(), 3, "free ids are not written");
+        // No route at all: no egress, so the kernel leaves its packets to userspace.
+        let no_routes = {
+            let snapshot = plane.shared().snapshot.load();
+            let interfaces = interfaces();
+            let publication = Publication {
+                snapshot: &snapshot,
+                layout: plane.layout(),
+                interfaces: &interfaces,
+                sides: &[Ingress::ClientSide, Ingress::ServerSide],
+                fast_path: true,
+            };
+            wanted(&publication, "", "")
+        };
+        assert_eq!(server(&no_routes, 1).flags, SERVER_FORWARDS);
+        assert_eq!(server(&no_routes, 1).egress_ifindex, 0);
+    }
+
+    #[test]
+    fn vips_carry_the_cores_hash_prefix_and_pool() {
+        let plane = plane("mode = \"hash\"");
+        let wanted = wanted_of(&plane, true);
+        let snapshot = plane.shared().snapshot.load();
+        let key = VipKey {
+            addr: [10, 0, 0, 100],
+            port: 80u16.to_be_bytes(),
+            protocol: 6,
+            pad: 0,
+        };
+        let info = &wanted.vips[&key.to_bytes()];
+        assert_eq!(info, &wanted.vips_by_index[&array_key(0)]);
+        let prefix = snapshot.vip_hash_prefix(0).state();
+        let at = offset_of!(VipInfo, hash_prefix);
+        assert_eq!(
+            info[at..at + 8],
+            prefix[0].to_ne_bytes(),
+            "the prefix as the core keeps it"
+        );
+        let pool_len = offset_of!(VipInfo, pool_len);
+        let pool = &snapshot.vips[0].pool.servers;
+        assert_eq!(info[pool_len..pool_len + 2], (pool.len() as u16).to_ne_bytes());
+        let first = offset_of!(VipInfo, pool);
+        assert_eq!(info[first..first + 2], pool[0].0.to_ne_bytes());
+    }
+
+    #[test]
+    fn l2_servers_are_found_by_mac_and_nat_backends_by_address() {
+        let l2 = wanted_of(&plane(""), true);
+        let key = MacKey {
+            mac: [2, 0xce, 0, 0, 2, 2],
+            pad: 0,
+        };
+        assert_eq!(l2.server_macs[&key.to_bytes()], 2u32.to_ne_bytes());
+        assert!(l2.backends.is_empty());
+        let nat = wanted_of(&plane("forwarding = \"nat\""), true);
+        let key = BackendKey {
+            addr: [10, 20, 0, 12],
+            port: 80u16.to_be_bytes(),
+            pad: 0,
+        };
+        let value = BackendInfo {
+            server: 2,
+            vip_index: 0,
+        };
+        assert_eq!(nat.backends[&key.to_bytes()], value.to_bytes());
+        assert_eq!(nat.backends.len(), 3);
+    }
+
+    #[test]
+    fn only_server_side_interfaces_take_replies() {
+        let wanted = wanted_of(&plane(""), true);
+        let keys: Vec<&Vec<u8>> = wanted.server_side.keys().collect();
+        assert_eq!(keys, [&11u32.to_ne_bytes().to_vec()]);
+    }
+
+    #[test]
+    fn a_removed_server_stops_forwarding_but_its_nat_replies_still_go_up() {
+        let mut plane = plane("forwarding = \"nat\"");
+        plane.remove_server(2, 0).unwrap();
+        let published = wanted_of(&plane, true);
+        assert_eq!(server(&published, 2).flags & SERVER_FORWARDS, 0);
+        let key = BackendKey {
+            addr: [10, 20, 0, 12],
+            port: 80u16.to_be_bytes(),
+            pad: 0,
+        };
+        let info = &published.backends[&key.to_bytes()];
+        assert_eq!(info[2..4], NO_VIP.to_ne_bytes(), "no VIP claims it");
+    }
+}
