@@ -143,7 +143,8 @@ struct server_traffic {
 };
 
 // The words of the clock table (core cookie/msb.rs) that the kernel reads, in two
-// mmapable arrays shared with userspace: msb_seen[server id] = MSB_KNOWN | newest MSB seen;
+// mmapable arrays shared with userspace, each one value of all its words (an array map's
+// values are 8 bytes apart; bpf/lib/maps.h): msb_seen[server id] = MSB_KNOWN | newest MSB seen;
 // msb_restores[unmasked cookie] = MSB_KNOWN | MSB_BEYOND_IDLE_LIMIT? | the restored MSB,
 // whose two low bytes in memory are the packet's (network order).
 #define MSB_KNOWN (1u << 16)

@@ -60,18 +60,14 @@ static __always_inline __u32 cookie_server(struct cookie_layout layout, __u16 un
 
 // `MsbTable::restore_unmasked` for the straight line: the two bytes that replace the
 // echoed cookie (the restored MSB, as it lies in the packet: the entry keeps it in network
-// order), read from `restores`, an msb_restores-shaped array. 0 when the clock is unknown;
-// also 0 beyond the idle limit, which the core counts (`echoes_beyond_idle_limit`): the
-// kernel leaves such an echo to it.
-static __always_inline int cookie_restore(void *restores, __u16 unmasked, __u16 *restored)
+// order), read from `restore_words`, the COOKIE_SPACE words of an msb_restores-shaped
+// table. 0 when the clock is unknown; also 0 beyond the idle limit, which the core counts
+// (`echoes_beyond_idle_limit`): the kernel leaves such an echo to it.
+static __always_inline int cookie_restore(const __u32 *restore_words, __u16 unmasked,
+					  __u16 *restored)
 {
-	__u32 key = unmasked;
-	__u32 *entry = bpf_map_lookup_elem(restores, &key);
-	__u32 word;
+	__u32 word = restore_words[unmasked];
 
-	if (!entry)
-		return 0;
-	word = *entry;
 	if ((word & (MSB_KNOWN | MSB_BEYOND_IDLE_LIMIT)) != MSB_KNOWN)
 		return 0;
 	*restored = (__u16)word;

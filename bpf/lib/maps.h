@@ -113,21 +113,32 @@ struct {
 } server_side SEC(".maps");
 
 // The clock table's words the kernel reads (cheetah_shared.h), mmapped by userspace so that
-// the core's MsbTable and the kernel share one table.
+// the core's MsbTable and the kernel share one table. Each map is ONE value holding every
+// word: an array map lays its values out round_up(value_size, 8) bytes apart, so N __u32
+// values would be 8 bytes apart in the mapping, not the N contiguous words the core's
+// table is made over (`MsbTable::with_words`).
+struct msb_seen_words {
+	__u32 word[SERVER_ID_SPACE]; // by server id
+};
+
+struct msb_restore_words {
+	__u32 word[COOKIE_SPACE]; // by unmasked cookie
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, SERVER_ID_SPACE);
+	__uint(max_entries, 1);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct msb_seen_words);
 } msb_seen SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, COOKIE_SPACE);
+	__uint(max_entries, 1);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct msb_restore_words);
 } msb_restores SEC(".maps");
 
 // Server id -> what the in-kernel path sent to or received from it, per CPU.

@@ -140,16 +140,16 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             "msb_seen",
             MapType::Array,
             4,
-            4,
-            SERVER_ID_SPACE,
+            SERVER_ID_SPACE * 4,
+            1,
             BPF_F_MMAPABLE,
         ),
         (
             "msb_restores",
             MapType::Array,
             4,
-            4,
-            COOKIE_SPACE,
+            COOKIE_SPACE * 4,
+            1,
             BPF_F_MMAPABLE,
         ),
         (
@@ -190,6 +190,19 @@ fn put(object: &Object, name: &str, key: &[u8], value: &[u8]) {
     map(object, name)
         .update(key, value, MapFlags::ANY)
         .unwrap_or_else(|e| panic!("update {name}: {e}"));
+}
+
+/// Sets word `index` of a clock-words map (msb_seen, msb_restores: one value of all the
+/// words, bpf/lib/maps.h).
+fn put_word(object: &Object, name: &str, index: u32, word: u32) {
+    let map = map(object, name);
+    let mut words = map
+        .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .unwrap_or_else(|e| panic!("lookup {name}: {e}"))
+        .expect("an array's value");
+    let at = index as usize * 4;
+    words[at..at + 4].copy_from_slice(&word.to_ne_bytes());
+    put(object, name, &0u32.to_ne_bytes(), &words);
 }
 
 /// Runs `frame` through the program as if it arrived on lo (BPF_PROG_TEST_RUN's device):
@@ -307,12 +320,7 @@ fn an_established_client_segment_is_forwarded_in_the_kernel() {
     // The clock table's restore entry for this cookie: the server's MSB, network order.
     let unmasked = layout.unmask(cookie, hash).0 as u32;
     let entry = MSB_KNOWN | server_msb.to_be() as u32;
-    put(
-        &object,
-        "msb_restores",
-        &unmasked.to_ne_bytes(),
-        &entry.to_ne_bytes(),
-    );
+    put_word(&object, "msb_restores", unmasked, entry);
     let (_, tsecr_at) = testkit::timestamp_offsets(&frame).unwrap();
 
     for (nat, backend_port) in [(false, VIP_PORT), (true, 8080)] {
@@ -471,12 +479,7 @@ fn a_server_reply_gets_its_cookie_in_the_kernel() {
         &(server.0 as u32).to_ne_bytes(),
     );
     let seen = MSB_KNOWN | server_msb as u32;
-    put(
-        &object,
-        "msb_seen",
-        &(server.0 as u32).to_ne_bytes(),
-        &seen.to_ne_bytes(),
-    );
+    put_word(&object, "msb_seen", server.0 as u32, seen);
 
     let tsval = (server_msb as u32) << 16 | 0x0042;
     let frame = TcpFrame::from_server_l2(

@@ -74,6 +74,19 @@ impl SteeringProgram {
         Ok(SteeringProgram { object })
     }
 
+    /// Another loaded object that carries the same maps (bpf/lib/maps.h), such as the
+    /// bench's wrapper around `lb_process` (bpf/xdp_bench.c): the map methods and the
+    /// publisher then fill its maps as they fill the LB's.
+    pub fn from_object(object: Object) -> Self {
+        SteeringProgram { object }
+    }
+
+    /// The loaded object, for what only tests and the bench do with it
+    /// (`BPF_PROG_TEST_RUN`, reading a map directly).
+    pub fn object(&self) -> &Object {
+        &self.object
+    }
+
     fn map(&self, name: &str) -> libbpf_rs::Map<'_> {
         self.try_map(name).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -103,18 +116,22 @@ impl SteeringProgram {
 
     fn mmap_words<const N: usize>(&self, name: &str) -> anyhow::Result<&'static [AtomicU32; N]> {
         let map = self.try_map(name)?;
-        if map.value_size() != 4 || map.max_entries() as usize != N {
+        // One value of N words: an array map spaces its values round_up(value_size, 8)
+        // bytes apart in the mapping, so N values of 4 bytes would not be N contiguous
+        // words (bpf/lib/maps.h).
+        if map.max_entries() != 1 || map.value_size() as usize != N * 4 {
             bail!(
-                "map {name} holds {} values of {} bytes; the clock table needs {N} of 4",
+                "map {name} holds {} values of {} bytes; the clock table needs one of {} ({N} words)",
                 map.max_entries(),
-                map.value_size()
+                map.value_size(),
+                N * 4
             );
         }
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let len = (N * 4).div_ceil(page) * page;
         // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose first N * 4 bytes
-        // are its N u32 values; the kernel refuses the call for any other map.
+        // are its one value's N u32 words; the kernel refuses the call for any other map.
         let at = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
