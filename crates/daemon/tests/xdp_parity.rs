@@ -174,7 +174,12 @@ fn interface(name: &str, mac: Mac, slot: u32) -> Interface {
     let cname = std::ffi::CString::new(name).unwrap();
     // SAFETY: a valid NUL-terminated string.
     let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-    assert_ne!(ifindex, 0, "interface {name}: {}", std::io::Error::last_os_error());
+    assert_ne!(
+        ifindex,
+        0,
+        "interface {name}: {}",
+        std::io::Error::last_os_error()
+    );
     Interface {
         name: name.to_string(),
         ifindex,
@@ -205,7 +210,9 @@ fn enter_new_namespace() -> Topology {
         (CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, "xp-cli-p"),
     ] {
         let mac = mac_text(&mac);
-        ip(&["link", "add", name, "address", &mac, "type", "veth", "peer", "name", peer]);
+        ip(&[
+            "link", "add", name, "address", &mac, "type", "veth", "peer", "name", peer,
+        ]);
         ip(&["link", "set", name, "up"]);
         ip(&["link", "set", peer, "up"]);
     }
@@ -223,7 +230,15 @@ fn enter_new_namespace() -> Topology {
         "dev",
         CLIENT_INTERFACE,
     ]);
-    ip(&["route", "add", "default", "via", "10.7.0.2", "dev", CLIENT_INTERFACE]);
+    ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.7.0.2",
+        "dev",
+        CLIENT_INTERFACE,
+    ]);
     Topology {
         servers: port(SERVER_INTERFACE, SERVER_INTERFACE_MAC),
         clients: port(CLIENT_INTERFACE, CLIENT_INTERFACE_MAC),
@@ -344,7 +359,11 @@ fn after_egress(
     let (action, dst, src) = match verdict {
         Verdict::ToServer(id) => {
             let server = config.servers.iter().find(|s| s.id == id.0)?;
-            (XDP_TX, parse_mac(server.mac.as_deref()?)?, topology.servers.mac)
+            (
+                XDP_TX,
+                parse_mac(server.mac.as_deref()?)?,
+                topology.servers.mac,
+            )
         }
         Verdict::ToClient => (XDP_REDIRECT, GATEWAY_MAC, topology.clients.mac),
         _ => return None,
@@ -474,7 +493,8 @@ fn run_suite(topology: &Topology, suite: &Suite) -> SuiteReport {
                 } else {
                     format!("{what} (again)")
                 };
-                let kernel = (packet_in.len() >= ETH_HLEN).then(|| program.run(topology, &packet_in));
+                let kernel =
+                    (packet_in.len() >= ETH_HLEN).then(|| program.run(topology, &packet_in));
                 let mut core_out = packet_in.clone();
                 let verdict = worker.process(&mut core_out, *now, Ingress::ServerSide);
                 // The core is the reference only where it still gives the files' answer.
@@ -561,7 +581,9 @@ fn every_vector_gives_the_cores_bytes_in_the_kernel_or_goes_up_unchanged() {
         let report = run_suite(&topology, &suite);
         let mut by_reason: BTreeMap<String, usize> = BTreeMap::new();
         for up in &report.up {
-            let reason = up.rsplit_once(" (").map_or("", |(_, r)| r.trim_end_matches(')'));
+            let reason = up
+                .rsplit_once(" (")
+                .map_or("", |(_, r)| r.trim_end_matches(')'));
             *by_reason.entry(reason.to_string()).or_default() += 1;
         }
         let _ = writeln!(
@@ -601,7 +623,10 @@ fn every_vector_gives_the_cores_bytes_in_the_kernel_or_goes_up_unchanged() {
         "the kernel handed up established or reply vectors it must handle itself: {}",
         unhandled.join(", ")
     );
-    eprintln!("xdp_parity: every vector of {} suites agrees with the core", dirs.len());
+    eprintln!(
+        "xdp_parity: every vector of {} suites agrees with the core",
+        dirs.len()
+    );
 }
 
 // --- The kernel side --------------------------------------------------------------------
@@ -625,10 +650,7 @@ impl Kernel {
             .set_interface_slot(topology.clients.ifindex, 1)
             .unwrap();
         program
-            .set_host_addrs(&[
-                Ipv4Addr::new(10, 1, 255, 254),
-                Ipv4Addr::new(10, 7, 0, 1),
-            ])
+            .set_host_addrs(&[Ipv4Addr::new(10, 1, 255, 254), Ipv4Addr::new(10, 7, 0, 1)])
             .unwrap();
         let words = program.clock_words().expect("mmap the clock words");
         Kernel { program, words }
@@ -637,11 +659,7 @@ impl Kernel {
     /// A fresh core pipeline for `vector`, as crates/core/tests/vectors.rs makes it, over
     /// the kernel's clock words (which `MsbTable::with_words` clears), and the kernel's
     /// maps published from its tables.
-    fn fresh_pipeline(
-        &self,
-        suite: &Suite,
-        vector: &Vector,
-    ) -> (ControlPlane, Worker) {
+    fn fresh_pipeline(&self, suite: &Suite, vector: &Vector) -> (ControlPlane, Worker) {
         let words = self.words;
         let mut plane =
             ControlPlane::new_with_msb(&suite.config, &suite.secret, &|layout| words.table(layout))
@@ -686,6 +704,8 @@ impl Kernel {
     }
 
     /// One packet through the program as received on the servers' interface.
+    // `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
+    #[allow(clippy::field_reassign_with_default)]
     fn run(&self, topology: &Topology, packet: &[u8]) -> KernelRun {
         let stats_before = self.program.stats();
         let ids: Vec<ServerId> = (0..ServerId::SPACE as u32)
