@@ -432,7 +432,10 @@ mod tests {
             "{bad}"
         );
         let not_a_string = daemon_error("interfaces = [\"a\"]\ndatapath = 1");
-        assert!(not_a_string.starts_with("daemon.datapath: must be a string"), "{not_a_string}");
+        assert!(
+            not_a_string.starts_with("daemon.datapath: must be a string"),
+            "{not_a_string}"
+        );
     }
 
     #[test]

@@ -175,7 +175,10 @@ impl Collector for DaemonCollector {
         let kernel = state.steering.fast_path.load(Relaxed).then(|| {
             state.steering.kernel_events().map(|(c, n)| {
                 (
-                    vec![("worker", "xdp".to_string()), ("event", c.name().to_string())],
+                    vec![
+                        ("worker", "xdp".to_string()),
+                        ("event", c.name().to_string()),
+                    ],
                     Count(n),
                 )
             })

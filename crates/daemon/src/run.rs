@@ -84,8 +84,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // msb_seen and msb_restores arrays: the kernel restores and learns from the same words.
     let steering = SteeringProgram::load()?;
     let clock_words = steering.clock_words()?;
-    let plane =
-        persister.restore_with_msb(&file.lb, &secret, &clock, &|layout| clock_words.table(layout))?;
+    let plane = persister.restore_with_msb(&file.lb, &secret, &clock, &|layout| {
+        clock_words.table(layout)
+    })?;
     let state = Arc::new(DaemonState::new(plane, clock, Some(persister)));
     // The API binds before anything touches the interfaces: a bad or busy address stops
     // the start with nothing changed.
@@ -223,7 +224,14 @@ impl DataPlane {
         // with datapath = "afxdp", the NAT backends it steers by).
         let fast_path = daemon.datapath.fast_path();
         let mut publisher = Publisher::new();
-        publish(&mut publisher, &steering, state, &interfaces, &initial, fast_path)?;
+        publish(
+            &mut publisher,
+            &steering,
+            state,
+            &interfaces,
+            &initial,
+            fast_path,
+        )?;
         state.steering.fast_path.store(fast_path, Ordering::Relaxed);
         let mut statuses = Vec::new();
         for iface in &interfaces {

@@ -10,8 +10,8 @@ use std::process::Command;
 
 use super::meta::{RawMeta, FIB_NO_NEIGH, FIB_OK, FROM_SERVER, MAGIC, META_LEN, TO_VIP};
 use super::xdp::{
-    MAX_HOST_ADDRS, MAX_INTERFACES, MAX_QUEUES, STAT_NO_METADATA_ROOM, STAT_NO_SOCKET,
-    STAT_PASSED, STAT_TO_SOCKET,
+    MAX_HOST_ADDRS, MAX_INTERFACES, MAX_QUEUES, STAT_NO_METADATA_ROOM, STAT_NO_SOCKET, STAT_PASSED,
+    STAT_TO_SOCKET,
 };
 use super::xdp_layout::*;
 use cheetah_core::cookie::msb::{BEYOND_IDLE_LIMIT, COOKIES, KNOWN};
@@ -105,10 +105,16 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("STAT_UP_LAYOUT", STAT_UP_LAYOUT as usize),
         ("STAT_UP_COOKIE", STAT_UP_COOKIE as usize),
         ("STAT_UP_CLOCK", STAT_UP_CLOCK as usize),
-        ("STAT_UP_HANDSHAKE_OR_CLOSE", STAT_UP_HANDSHAKE_OR_CLOSE as usize),
+        (
+            "STAT_UP_HANDSHAKE_OR_CLOSE",
+            STAT_UP_HANDSHAKE_OR_CLOSE as usize,
+        ),
         ("STAT_UP_NEXT_HOP", STAT_UP_NEXT_HOP as usize),
         ("STAT_UP_OTHER", STAT_UP_OTHER as usize),
-        ("STAT_COUNT", stats.len() + FAST_BUNDLES.len() + UP_REASONS.len()),
+        (
+            "STAT_COUNT",
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len(),
+        ),
         ("SERVER_ID_SPACE", SERVER_ID_SPACE),
         ("COOKIE_SPACE", COOKIE_SPACE),
         ("MAX_VIPS", MAX_VIPS),
@@ -133,7 +139,12 @@ fn rust_side() -> BTreeMap<String, u64> {
         .map(|(name, value)| (name.to_string(), value))
         .collect();
     values.extend(layout!(BackendKey, "struct backend_key", addr, port, pad));
-    values.extend(layout!(BackendInfo, "struct backend_info", server, vip_index));
+    values.extend(layout!(
+        BackendInfo,
+        "struct backend_info",
+        server,
+        vip_index
+    ));
     values.extend(layout!(
         LbConfigValue,
         "struct lb_config",
@@ -168,7 +179,12 @@ fn rust_side() -> BTreeMap<String, u64> {
         src_mac
     ));
     values.extend(layout!(MacKey, "struct mac_key", mac, pad));
-    values.extend(layout!(ServerTraffic, "struct server_traffic", packets, bytes));
+    values.extend(layout!(
+        ServerTraffic,
+        "struct server_traffic",
+        packets,
+        bytes
+    ));
     values
         .into_iter()
         .map(|(name, value)| (name, value as u64))

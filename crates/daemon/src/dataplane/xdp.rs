@@ -10,8 +10,8 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::AtomicU32;
 
 use cheetah_core::cookie::msb::COOKIES;
-use cheetah_core::cookie::{MsbTable, SharedWords};
 use cheetah_core::cookie::CookieLayout;
+use cheetah_core::cookie::{MsbTable, SharedWords};
 use cheetah_core::types::ServerId;
 
 use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, UP_REASONS};

@@ -143,7 +143,11 @@ pub struct VipInfo {
 
 impl Encode for VipInfo {
     fn to_bytes(&self) -> Vec<u8> {
-        let prefix: Vec<u8> = self.hash_prefix.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let prefix: Vec<u8> = self
+            .hash_prefix
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .collect();
         let pool: Vec<u8> = self.pool.iter().flat_map(|id| id.to_ne_bytes()).collect();
         Bytes::of::<Self>()
             .put(offset_of!(Self, hash_prefix), &prefix)
@@ -193,9 +197,7 @@ pub struct MacKey {
 
 impl Encode for MacKey {
     fn to_bytes(&self) -> Vec<u8> {
-        Bytes::of::<Self>()
-            .put(offset_of!(Self, mac), &self.mac)
-            .0
+        Bytes::of::<Self>().put(offset_of!(Self, mac), &self.mac).0
     }
 }
 

@@ -65,7 +65,11 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
     let snapshot = publication.snapshot;
     let id_bits = publication.layout.id_bits();
     let config = LbConfigValue {
-        flags: if publication.fast_path { LB_FAST_PATH } else { 0 },
+        flags: if publication.fast_path {
+            LB_FAST_PATH
+        } else {
+            0
+        },
         mode: match snapshot.mode {
             Mode::Cheetah => LB_MODE_CHEETAH,
             Mode::Hash => LB_MODE_HASH,
@@ -278,7 +282,11 @@ impl Publisher {
         if last.as_ref().map(|l| l.config) != Some(wanted.config) {
             program
                 .try_map("lb_config")?
-                .update(&0u32.to_ne_bytes(), &wanted.config.to_bytes(), MapFlags::ANY)
+                .update(
+                    &0u32.to_ne_bytes(),
+                    &wanted.config.to_bytes(),
+                    MapFlags::ANY,
+                )
                 .context("cannot update the XDP program's lb_config")?;
         }
         self.last = Some(wanted);
@@ -349,7 +357,8 @@ mod tests {
     use super::*;
 
     /// The testbed LB's routes and neighbours (`egress.rs` reads the same forms).
-    const ROUTES: &str = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+    const ROUTES: &str =
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
 lb-c\t00000000\t01010A0A\t0003\t0\t0\t0\t00000000\t0\t0\t0
 lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
 ";
@@ -429,13 +438,19 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         let plane = plane("cookie_epoch_bits = 4");
         let on = wanted_of(&plane, true).config;
         assert_eq!(on.flags, LB_FAST_PATH);
-        assert_eq!((on.mode, on.forwarding), (LB_MODE_CHEETAH, LB_FORWARDING_L2));
+        assert_eq!(
+            (on.mode, on.forwarding),
+            (LB_MODE_CHEETAH, LB_FORWARDING_L2)
+        );
         assert_eq!((on.id_bits, on.id_mask), (12, 0x0fff));
         assert_eq!(on.generation as u64, plane.generation());
         let off = wanted_of(&plane, false).config;
         assert_eq!(off.flags, 0, "datapath = afxdp: the program only steers");
         let hash = wanted_of(&self::plane("mode = \"hash\"\nforwarding = \"nat\""), true).config;
-        assert_eq!((hash.mode, hash.forwarding), (LB_MODE_HASH, LB_FORWARDING_NAT));
+        assert_eq!(
+            (hash.mode, hash.forwarding),
+            (LB_MODE_HASH, LB_FORWARDING_NAT)
+        );
     }
 
     #[test]
@@ -494,7 +509,10 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         );
         let pool_len = offset_of!(VipInfo, pool_len);
         let pool = &snapshot.vips[0].pool.servers;
-        assert_eq!(info[pool_len..pool_len + 2], (pool.len() as u16).to_ne_bytes());
+        assert_eq!(
+            info[pool_len..pool_len + 2],
+            (pool.len() as u16).to_ne_bytes()
+        );
         let first = offset_of!(VipInfo, pool);
         assert_eq!(info[first..first + 2], pool[0].0.to_ne_bytes());
     }

@@ -35,7 +35,9 @@ fn a_table_over_borrowed_words_keeps_its_clock_in_them() {
         SharedWords::borrowed(restores),
     );
     assert!(
-        seen.iter().chain(restores.iter()).all(|w| w.load(Relaxed) == 0),
+        seen.iter()
+            .chain(restores.iter())
+            .all(|w| w.load(Relaxed) == 0),
         "a new table knows no clock, whatever the words held"
     );
     assert_eq!(t.learn(A, 0x1235_0000, 1), MsbLearn::Learned);
@@ -45,7 +47,11 @@ fn a_table_over_borrowed_words_keeps_its_clock_in_them() {
     // The entry's two low bytes in memory are the packet's: the MSB in network order.
     assert_eq!(entry.to_ne_bytes()[..2], 0x1235u16.to_be_bytes());
     drop(t);
-    assert_eq!(seen[A.index()].load(Relaxed), KNOWN | 0x1235, "borrowed words stay");
+    assert_eq!(
+        seen[A.index()].load(Relaxed),
+        KNOWN | 0x1235,
+        "borrowed words stay"
+    );
 }
 
 /// Every restore entry of `server` as `restore_entry` derives them from its estimate.
