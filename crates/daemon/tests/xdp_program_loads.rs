@@ -1,8 +1,8 @@
 //! The XDP program (bpf/xdp_lb.c and bpf/lib/) as the kernel's verifier sees it: it loads,
-//! every map the design names (docs: /bpf/include/cheetah_shared.h) has the type and sizes
-//! userspace relies on, and one established client segment run through it with
-//! BPF_PROG_TEST_RUN is forwarded in the kernel the way the core forwards it. The full
-//! byte-for-byte comparison with the core is tests/xdp_parity.rs. Needs root.
+//! every map has the type and sizes userspace relies on (the layouts of
+//! bpf/include/cheetah_shared.h), and, run with BPF_PROG_TEST_RUN, an established client
+//! segment and a server reply are forwarded in the kernel the way the core forwards them.
+//! The comparison with the core over every test vector is tests/xdp_parity.rs. Needs root.
 
 use std::os::fd::{AsFd, AsRawFd};
 
