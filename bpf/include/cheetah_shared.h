@@ -143,10 +143,11 @@ struct server_traffic {
 };
 
 // The words of the clock table (core cookie/msb.rs) that the kernel reads, in two
-// mmapable arrays shared with userspace, each one value of all its words (an array map's
-// values are 8 bytes apart; bpf/lib/maps.h): msb_seen[server id] = MSB_KNOWN | newest MSB seen;
-// msb_restores[unmasked cookie] = MSB_KNOWN | MSB_BEYOND_IDLE_LIMIT? | the restored MSB,
-// whose two low bytes in memory are the packet's (network order).
+// mmapable arrays shared with userspace, each ONE entry holding every word (an array map
+// spaces its entries 8 bytes apart, so one entry per word would not be the contiguous
+// words the core indexes): msb_seen word[server id] = MSB_KNOWN | newest MSB seen;
+// msb_restores word[unmasked cookie] = MSB_KNOWN | MSB_BEYOND_IDLE_LIMIT? | the restored
+// MSB, whose two low bytes in memory are the packet's (network order).
 #define MSB_KNOWN (1u << 16)
 #define MSB_BEYOND_IDLE_LIMIT (1u << 17)
 

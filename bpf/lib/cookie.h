@@ -21,6 +21,16 @@
 
 #include "cheetah_shared.h"
 
+// The value of the one entry of msb_seen and of msb_restores (maps.h): every word of the
+// clock table, contiguous as the core's MsbTable and userspace's mapping of it have them.
+struct msb_seen_words {
+	__u32 word[SERVER_ID_SPACE];
+};
+
+struct msb_restore_words {
+	__u32 word[COOKIE_SPACE];
+};
+
 // What a cookie needs of the layout: `id_bits` = 16 - epoch bits, `id_mask` = (1 <<
 // id_bits) - 1 (struct lb_config carries both).
 struct cookie_layout {
@@ -60,14 +70,19 @@ static __always_inline __u32 cookie_server(struct cookie_layout layout, __u16 un
 
 // `MsbTable::restore_unmasked` for the straight line: the two bytes that replace the
 // echoed cookie (the restored MSB, as it lies in the packet: the entry keeps it in network
-// order), read from `restore_words`, the COOKIE_SPACE words of an msb_restores-shaped
-// table. 0 when the clock is unknown; also 0 beyond the idle limit, which the core counts
-// (`echoes_beyond_idle_limit`): the kernel leaves such an echo to it.
-static __always_inline int cookie_restore(const __u32 *restore_words, __u16 unmasked,
-					  __u16 *restored)
+// order), read from `restores`, an msb_restores-shaped map (one entry: every word). 0 when
+// the clock is unknown;
+// also 0 beyond the idle limit, which the core counts (`echoes_beyond_idle_limit`): the
+// kernel leaves such an echo to it.
+static __always_inline int cookie_restore(void *restores, __u16 unmasked, __u16 *restored)
 {
-	__u32 word = restore_words[unmasked];
+	__u32 zero = 0;
+	struct msb_restore_words *words = bpf_map_lookup_elem(restores, &zero);
+	__u32 word;
 
+	if (!words)
+		return 0;
+	word = words->word[unmasked];
 	if ((word & (MSB_KNOWN | MSB_BEYOND_IDLE_LIMIT)) != MSB_KNOWN)
 		return 0;
 	*restored = (__u16)word;

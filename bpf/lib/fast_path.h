@@ -111,9 +111,7 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 
 	if (config->mode == LB_MODE_CHEETAH) {
 		struct cookie_layout layout = layout_of(config);
-		struct msb_restore_words *restores;
 		__u16 unmasked, restored;
-		__u32 zero = 0;
 
 		// A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC
 		// 7323), so userspace routes it like one without timestamps.
@@ -130,8 +128,7 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 		server = bpf_map_lookup_elem(&servers, &id);
 		if (!server || !(server->flags & SERVER_FORWARDS))
 			return hand_up(STAT_UP_COOKIE);
-		restores = bpf_map_lookup_elem(&msb_restores, &zero);
-		if (!restores || !cookie_restore(restores->word, unmasked, &restored))
+		if (!cookie_restore(&msb_restores, unmasked, &restored))
 			return hand_up(STAT_UP_COOKIE);
 		if (!(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
@@ -238,8 +235,6 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			return hand_up(STAT_UP_LAYOUT);
 		msb = bpf_ntohl(p.ts->tsval) >> 16;
 		seen = bpf_map_lookup_elem(&msb_seen, &zero);
-		// servers[id] was found, so id is below SERVER_ID_SPACE; the mask shows the
-		// verifier.
 		if (!seen || !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
 			return hand_up(STAT_UP_CLOCK);
 		// The connection's hash: its client is the reply's destination.

@@ -11,6 +11,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
+#include "cookie.h"
 
 // Key: interface slot * MAX_QUEUES + rx queue. A socket only accepts frames from the
 // device and queue it is bound to, so each interface needs its own range of keys.
@@ -113,18 +114,10 @@ struct {
 } server_side SEC(".maps");
 
 // The clock table's words the kernel reads (cheetah_shared.h), mmapped by userspace so that
-// the core's MsbTable and the kernel share one table. Each map is ONE value holding every
-// word: an array map lays its values out round_up(value_size, 8) bytes apart, so N __u32
-// values would be 8 bytes apart in the mapping, not the N contiguous words the core's
-// table is made over (`MsbTable::with_words`).
-struct msb_seen_words {
-	__u32 word[SERVER_ID_SPACE]; // by server id
-};
-
-struct msb_restore_words {
-	__u32 word[COOKIE_SPACE]; // by unmasked cookie
-};
-
+// the core's MsbTable and the kernel share one table. Each map is ONE entry holding every
+// word: an array map spaces its entries 8 bytes apart (elem_size is rounded up to 8), so
+// an array of SERVER_ID_SPACE __u32 entries would not be the contiguous words the core's
+// table indexes (struct msb_seen_words and msb_restore_words, cookie.h).
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

@@ -1,7 +1,7 @@
 //! `cheetah run`: the load balancer daemon on real interfaces.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -200,7 +200,7 @@ impl DataPlane {
         for iface in &interfaces {
             steering.set_interface_slot(iface.ifindex, iface.slot)?;
         }
-        sync_steering(&steering, &state.shared)?;
+        sync_host_addrs(&steering, &state.shared)?;
 
         // Sockets go into the map before the program is attached (or replaces the previous
         // run's), so there is no moment where owned packets reach the host kernel.
@@ -324,12 +324,7 @@ impl DataPlane {
             }
             let now = state.shared.snapshot.generation();
             let tables_changed = now != generation;
-            if tables_changed {
-                generation = now;
-                if let Err(e) = sync_steering(&self.steering, &state.shared) {
-                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's maps");
-                }
-            }
+            generation = now;
             // Routes change without the tables: looked at again every 5 s too.
             if tables_changed || rounds.is_multiple_of(100) {
                 let names = &self.interface_names;
@@ -351,6 +346,12 @@ impl DataPlane {
                 if let Err(e) = published {
                     tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's tables");
                 }
+                if tables_changed {
+                    // A new VIP's address is the host's no more.
+                    if let Err(e) = sync_host_addrs(&self.steering, &state.shared) {
+                        tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's host addresses");
+                    }
+                }
             }
         }
         tracing::info!(
@@ -362,18 +363,6 @@ impl DataPlane {
         }
         Ok(())
     }
-}
-
-/// Puts the VIP addresses into the XDP program's maps, so it knows which packets are the
-/// LB's (the NAT backends are among the tables `xdp_tables.rs` publishes).
-fn sync_steering(steering: &SteeringProgram, shared: &LbShared) -> anyhow::Result<()> {
-    let snapshot = shared.snapshot.load();
-    for vip in &snapshot.vips {
-        if let IpAddr::V4(addr) = vip.address {
-            steering.add_vip_addr(addr)?;
-        }
-    }
-    sync_host_addrs(steering, shared)
 }
 
 /// Publishes the current tables into the XDP program's maps (`xdp_tables.rs`).

@@ -136,11 +136,12 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         ),
         ("server_macs", MapType::Hash, MAC_KEY, 4, SERVER_ID_SPACE, 0),
         ("server_side", MapType::Hash, 4, 4, MAX_INTERFACES, 0),
+        // One entry each, every word in it (an array's entries are 8 bytes apart).
         (
             "msb_seen",
             MapType::Array,
             4,
-            SERVER_ID_SPACE * 4,
+            4 * SERVER_ID_SPACE,
             1,
             BPF_F_MMAPABLE,
         ),
@@ -148,7 +149,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             "msb_restores",
             MapType::Array,
             4,
-            COOKIE_SPACE * 4,
+            4 * COOKIE_SPACE,
             1,
             BPF_F_MMAPABLE,
         ),
@@ -192,17 +193,12 @@ fn put(object: &Object, name: &str, key: &[u8], value: &[u8]) {
         .unwrap_or_else(|e| panic!("update {name}: {e}"));
 }
 
-/// Sets word `index` of a clock-words map (msb_seen, msb_restores: one value of all the
-/// words, bpf/lib/maps.h).
-fn put_word(object: &Object, name: &str, index: u32, word: u32) {
-    let map = map(object, name);
-    let mut words = map
-        .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
-        .unwrap_or_else(|e| panic!("lookup {name}: {e}"))
-        .expect("an array's value");
-    let at = index as usize * 4;
-    words[at..at + 4].copy_from_slice(&word.to_ne_bytes());
-    put(object, name, &0u32.to_ne_bytes(), &words);
+/// Sets word `index` of a clock map (one entry of `words` words; every other word 0).
+fn put_clock_word(object: &Object, name: &str, words: u32, index: u32, value: u32) {
+    let mut all = vec![0u8; 4 * words as usize];
+    let at = 4 * index as usize;
+    all[at..at + 4].copy_from_slice(&value.to_ne_bytes());
+    put(object, name, &0u32.to_ne_bytes(), &all);
 }
 
 /// Runs `frame` through the program as if it arrived on lo (BPF_PROG_TEST_RUN's device):
@@ -320,7 +316,7 @@ fn an_established_client_segment_is_forwarded_in_the_kernel() {
     // The clock table's restore entry for this cookie: the server's MSB, network order.
     let unmasked = layout.unmask(cookie, hash).0 as u32;
     let entry = MSB_KNOWN | server_msb.to_be() as u32;
-    put_word(&object, "msb_restores", unmasked, entry);
+    put_clock_word(&object, "msb_restores", COOKIE_SPACE, unmasked, entry);
     let (_, tsecr_at) = testkit::timestamp_offsets(&frame).unwrap();
 
     for (nat, backend_port) in [(false, VIP_PORT), (true, 8080)] {
@@ -479,7 +475,7 @@ fn a_server_reply_gets_its_cookie_in_the_kernel() {
         &(server.0 as u32).to_ne_bytes(),
     );
     let seen = MSB_KNOWN | server_msb as u32;
-    put_word(&object, "msb_seen", server.0 as u32, seen);
+    put_clock_word(&object, "msb_seen", SERVER_ID_SPACE, server.0 as u32, seen);
 
     let tsval = (server_msb as u32) << 16 | 0x0042;
     let frame = TcpFrame::from_server_l2(

@@ -92,7 +92,7 @@ impl SteeringProgram {
     }
 
     /// The program's map `name`.
-    pub(super) fn try_map(&self, name: &str) -> anyhow::Result<libbpf_rs::Map<'_>> {
+    pub fn try_map(&self, name: &str) -> anyhow::Result<libbpf_rs::Map<'_>> {
         self.object
             .maps()
             .find(|m| m.name() == name)
@@ -116,12 +116,11 @@ impl SteeringProgram {
 
     fn mmap_words<const N: usize>(&self, name: &str) -> anyhow::Result<&'static [AtomicU32; N]> {
         let map = self.try_map(name)?;
-        // One value of N words: an array map spaces its values round_up(value_size, 8)
-        // bytes apart in the mapping, so N values of 4 bytes would not be N contiguous
-        // words (bpf/lib/maps.h).
+        // One entry holding every word: an array's entries are 8 bytes apart, so N entries
+        // of 4 bytes would not be the contiguous words the table indexes.
         if map.max_entries() != 1 || map.value_size() as usize != N * 4 {
             bail!(
-                "map {name} holds {} values of {} bytes; the clock table needs one of {} ({N} words)",
+                "map {name} holds {} values of {} bytes; the clock table needs one of {} (its {N} words)",
                 map.max_entries(),
                 map.value_size(),
                 N * 4
@@ -131,7 +130,7 @@ impl SteeringProgram {
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let len = (N * 4).div_ceil(page) * page;
         // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose first N * 4 bytes
-        // are its one value's N u32 words; the kernel refuses the call for any other map.
+        // are its one value, the N words; the kernel refuses the call for any other map.
         let at = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -164,12 +163,6 @@ impl SteeringProgram {
             .context("cannot update interface_slots")
     }
 
-    pub fn add_vip_addr(&self, addr: Ipv4Addr) -> anyhow::Result<()> {
-        self.map("vip_addrs")
-            .update(&addr.octets(), &0u32.to_ne_bytes(), MapFlags::ANY)
-            .context("cannot update vip_addrs")
-    }
-
     /// Replaces the set of the host's own addresses: a NAT backend's packet addressed to
     /// one of them answers the host (a health probe), and goes to the kernel.
     pub fn set_host_addrs(&self, addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
@@ -192,6 +185,35 @@ impl SteeringProgram {
             map.delete(&key).context("cannot delete from host_addrs")?;
         }
         Ok(())
+    }
+
+    /// Runs `frame` through the (loaded, not necessarily attached) program with
+    /// BPF_PROG_TEST_RUN, as if it arrived on `ingress_ifindex` (an interface of this
+    /// namespace; `lo` is 1): the verdict (`enum xdp_action`) and the bytes it left. For
+    /// tests that hold the program to the core.
+    pub fn test_run(&self, frame: &[u8], ingress_ifindex: u32) -> anyhow::Result<(u32, Vec<u8>)> {
+        let prog = self
+            .object
+            .progs_mut()
+            .find(|p| p.name() == PROGRAM_NAME)
+            .with_context(|| format!("program {PROGRAM_NAME} is missing"))?;
+        // `struct xdp_md`: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+        // egress_ifindex; the kernel wants data_end = the frame's length (no metadata in
+        // front) and takes the ingress interface and queue from it.
+        let mut context = [0u8; 24];
+        context[4..8].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+        context[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+        let mut out = vec![0u8; frame.len() + 256];
+        let mut input = libbpf_rs::ProgramInput::default();
+        input.context_in = Some(&mut context);
+        input.data_in = Some(frame);
+        input.data_out = Some(&mut out);
+        let output = prog.test_run(input).context("BPF_PROG_TEST_RUN")?;
+        let data = output
+            .data
+            .context("BPF_PROG_TEST_RUN gave no data")?
+            .to_vec();
+        Ok((output.return_value, data))
     }
 
     pub fn bind_socket(&self, slot: u32, queue: u32, fd: RawFd) -> anyhow::Result<()> {

@@ -1,6 +1,7 @@
 //! Publishes the core's tables into the XDP program's maps, so its in-kernel path
-//! (`bpf/lib/fast_path.h`) forwards exactly as the core would: `lb_config`, `vips`,
-//! `vips_by_index`, `servers`, `server_macs`, `backends` and `server_side`.
+//! (`bpf/lib/fast_path.h`) forwards exactly as the core would, and its steering knows the
+//! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `servers`,
+//! `server_macs`, `backends` and `server_side`.
 //!
 //! [`wanted`] works out every map's entries from a snapshot, the LB's interfaces and their
 //! sides, and the kernel's routes and neighbours (a server's egress is resolved by the same
@@ -41,6 +42,7 @@ type Entries = BTreeMap<Vec<u8>, Vec<u8>>;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Wanted {
     pub config: LbConfigValue,
+    pub vip_addrs: Entries,
     pub vips: Entries,
     pub vips_by_index: Entries,
     pub servers: Entries,
@@ -94,6 +96,9 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
         let std::net::IpAddr::V4(addr) = vip.address else {
             continue;
         };
+        wanted
+            .vip_addrs
+            .insert(addr.octets().to_vec(), 0u32.to_ne_bytes().to_vec());
         if index >= MAX_VIPS {
             break;
         }
@@ -237,7 +242,7 @@ impl Publisher {
             entries,
             value_size,
         };
-        let maps: [(&str, Kind, &Entries, Option<&Entries>); 6] = [
+        let maps: [(&str, Kind, &Entries, Option<&Entries>); 7] = [
             (
                 "servers",
                 array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
@@ -273,6 +278,13 @@ impl Publisher {
                 Kind::Hash,
                 &wanted.vips,
                 last.as_ref().map(|l| &l.vips),
+            ),
+            // Last: a VIP's packets are the LB's once its tables are in place.
+            (
+                "vip_addrs",
+                Kind::Hash,
+                &wanted.vip_addrs,
+                last.as_ref().map(|l| &l.vip_addrs),
             ),
         ];
         for (name, kind, entries, last) in maps {

@@ -12,7 +12,11 @@ use anyhow::{bail, Context};
 use super::clocks::{self, ServerClocks};
 use super::plan::{Topology, RUN_DIR};
 use super::shell::require_tools;
-use super::{lbconf, netns, network, nginx, plan, server_clock, Options};
+use super::{lbconf, netns, network, nginx, plan, server_clock, veth_xdp, Options};
+
+/// Begins `down`'s error when the LB's veths dropped frames its XDP program sent, so that
+/// a test harness can tell that failure from others.
+pub const XDP_DROPS_ON_VETHS: &str = "XDP frames dropped on the LB's veths";
 
 /// Marks a state dir as the testbed's own, so that `down` may delete it and `up` may reuse it.
 const MARKER: &str = ".cheetah-testbed";
@@ -213,6 +217,20 @@ fn empty_dir(dir: &Path) -> anyhow::Result<()> {
 pub fn teardown(prefix: &str, keep_dir: bool) -> anyhow::Result<()> {
     plan::check_prefix(prefix)?;
     let mut failures = Vec::new();
+    // Read before the veths go: a frame the LB's XDP program sent that a veth dropped is
+    // a lost packet no other counter shows (veth_xdp.rs).
+    match veth_xdp::drops(prefix) {
+        Ok(drops) if !drops.is_empty() => failures.push(format!(
+            "{XDP_DROPS_ON_VETHS}: {}",
+            drops
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        Ok(_) => {}
+        Err(e) => failures.push(format!("cannot read the LB's veth counters: {e:#}")),
+    }
     let namespaces = netns::list(prefix)?;
     if let Err(e) = netns::kill_processes(&namespaces) {
         failures.push(format!("{e:#}"));

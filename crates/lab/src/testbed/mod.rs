@@ -21,6 +21,7 @@ mod reboot;
 mod server_clock;
 mod shell;
 pub mod status;
+pub mod veth_xdp;
 
 use std::path::PathBuf;
 
@@ -29,7 +30,7 @@ use cheetah_core::policy::PolicyKind;
 
 pub use clocks::ServerClocks;
 pub use lbconf::API_LISTEN;
-pub use lifecycle::teardown;
+pub use lifecycle::{teardown, XDP_DROPS_ON_VETHS};
 pub use netns::sysctl;
 pub use plan::Topology;
 

@@ -12,6 +12,7 @@ use super::netns::{self, ip};
 use super::plan::{Endpoint, Topology, Veth, CLIENT_NET};
 use super::pool;
 use super::shell::Cmd;
+use super::veth_xdp;
 
 pub fn build(topo: &Topology) -> anyhow::Result<()> {
     for namespace in topo.namespaces() {
@@ -27,6 +28,9 @@ pub fn build(topo: &Topology) -> anyhow::Result<()> {
     for end in veths.iter().flat_map(|v| [&v.a, &v.b]) {
         configure_end(end)?;
     }
+    // After configure_end turned GRO off everywhere: the LB's XDP program transmits and
+    // redirects frames, which a veth delivers only to a peer running NAPI (veth_xdp.rs).
+    veth_xdp::enable_napi_on_lb_peers(topo)?;
     add_routes(topo)?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use super::clocks::{self, ServerClocks};
 use super::lifecycle::summary_of;
 use super::plan::{check_prefix, role_of, Role, Server, Topology};
 use super::shell::Cmd;
-use super::{netns, nginx, pool, server_clock};
+use super::{netns, nginx, pool, server_clock, veth_xdp};
 
 /// The parts of `ip -j addr show` that status prints.
 #[derive(Deserialize)]
@@ -70,6 +70,13 @@ pub fn print(prefix: &str) -> anyhow::Result<()> {
             "testbed {prefix}: incomplete, no summary at {} (run `cheetah testbed down --prefix {prefix}`)",
             summary.display()
         ),
+    }
+    let drops = veth_xdp::drops(prefix)?;
+    if drops.is_empty() {
+        println!("  XDP drops on the LB's veths: none");
+    }
+    for drop in &drops {
+        println!("  XDP DROPS on the LB's veths (frames lost; is GRO on at the peer?): {drop}");
     }
     for namespace in &namespaces {
         println!("{namespace}");

@@ -219,11 +219,15 @@ impl Drop for Testbed {
     fn drop(&mut self) {
         let out = cheetah(&["testbed", "down", "--prefix", &self.prefix]);
         if !out.status.success() {
-            eprintln!(
-                "testbed down {} failed: {}",
-                self.prefix,
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            eprintln!("testbed down {} failed: {stderr}", self.prefix);
+            // Frames the LB's XDP program sent were lost on a veth: the test must not pass
+            // (unless it is failing already: a second panic would abort).
+            if stderr.contains(cheetah_lab::testbed::XDP_DROPS_ON_VETHS)
+                && !std::thread::panicking()
+            {
+                panic!("testbed {}: {stderr}", self.prefix);
+            }
         }
     }
 }

@@ -1,0 +1,143 @@
+//! The daemon's side of the in-kernel path, against the real program (loaded, not
+//! attached; needs root): the control plane's clock table lives in the program's mmapped
+//! arrays, and what the publisher (`dataplane/xdp_tables.rs`) writes is enough for the
+//! kernel to forward an established client segment as the core would; with
+//! `datapath = "afxdp"` it forwards nothing.
+
+use cheetah_core::config::Forwarding;
+use cheetah_core::config::Mode;
+use cheetah_core::cookie::msb::KNOWN;
+use cheetah_core::hash::{FlowKey, Secret};
+use cheetah_core::lb::Ingress;
+use cheetah_core::policy::PolicyKind;
+use cheetah_core::tables::ControlPlane;
+use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
+use cheetah_core::types::{ServerId, NANOS_PER_SEC};
+use cheetah_core::wire::tcp::flags::ACK;
+use cheetah_daemon::dataplane::xdp::SteeringProgram;
+use cheetah_daemon::dataplane::xdp_layout::{STAT_FAST_CLIENT_COOKIE, STAT_UP_COOKIE};
+use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
+use cheetah_daemon::dataplane::Interface;
+use libbpf_rs::{MapCore, MapFlags};
+
+/// `enum xdp_action`.
+const XDP_TX: u32 = 3;
+const LOOPBACK: u32 = 1;
+/// Every address routed through `lo`, as `/proc/net/route` prints a default route.
+const ROUTES_VIA_LO: &str =
+    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+lo\t00000000\t00000000\t0001\t0\t0\t0\t00000000\t0\t0\t0
+";
+
+fn is_root() -> bool {
+    // SAFETY: no arguments, no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn stat(program: &SteeringProgram, index: u32) -> u64 {
+    program
+        .try_map("stats")
+        .unwrap()
+        .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap()))
+        .sum()
+}
+
+fn publish(
+    program: &SteeringProgram,
+    plane: &ControlPlane,
+    publisher: &mut Publisher,
+    fast_path: bool,
+) {
+    let lo = Interface {
+        name: "lo".into(),
+        ifindex: LOOPBACK,
+        mac: [0; 6],
+        slot: 0,
+        queues: 1,
+    };
+    let snapshot = plane.shared().snapshot.load();
+    let publication = Publication {
+        snapshot: &snapshot,
+        layout: plane.layout(),
+        interfaces: &[lo],
+        sides: &[Ingress::ServerSide],
+        fast_path,
+    };
+    publisher
+        .write(program, wanted(&publication, ROUTES_VIA_LO, ""))
+        .unwrap();
+}
+
+#[test]
+fn the_kernel_forwards_by_the_published_tables_and_the_shared_clock() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
+        return;
+    }
+    let program = SteeringProgram::load().unwrap();
+    let words = program.clock_words().unwrap();
+    let config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 3);
+    let plane =
+        ControlPlane::new_with_msb(&config, &Secret([7; 16]), &|layout| words.table(layout))
+            .unwrap();
+    let shared = plane.shared();
+    let server = ServerId(2);
+    let msb = 0x1234u16;
+
+    // The client's echo of server 2's cookie, before the LB knows the server's clock.
+    let (client, client_port) = (testkit::client_ip(9), 40_000);
+    let hash = shared
+        .hasher
+        .hash(&FlowKey::tcp(client, client_port, VIP, VIP_PORT));
+    let cookie = plane.layout().encode(server, hash, msb);
+    let tsecr = (cookie as u32) << 16 | 0x5678;
+    let frame =
+        TcpFrame::from_client(client, client_port, ACK, options::nop_nop_ts(99, tsecr)).build();
+
+    let mut publisher = Publisher::new();
+    publish(&program, &plane, &mut publisher, true);
+    let unknown = stat(&program, STAT_UP_COOKIE);
+    let (_, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
+    assert_eq!(bytes, frame, "an unknown clock: handed up unchanged");
+    assert_eq!(stat(&program, STAT_UP_COOKIE), unknown + 1);
+
+    // A reply teaches the core's table; the kernel reads the same words.
+    shared
+        .msb
+        .learn(server, (msb as u32) << 16 | 7, NANOS_PER_SEC);
+    let seen = program
+        .try_map("msb_seen")
+        .unwrap()
+        .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .unwrap()
+        .unwrap();
+    let at = 4 * server.index();
+    assert_eq!(seen[at..at + 4], (KNOWN | msb as u32).to_ne_bytes());
+
+    let routed = stat(&program, STAT_FAST_CLIENT_COOKIE);
+    let (verdict, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
+    assert_eq!(
+        verdict, XDP_TX,
+        "the server's egress is lo, where it came in"
+    );
+    assert_eq!(stat(&program, STAT_FAST_CLIENT_COOKIE), routed + 1);
+    assert_eq!(
+        testkit::timestamps(&bytes),
+        Some((99, (msb as u32) << 16 | 0x5678)),
+        "TSecr restored from the shared clock table"
+    );
+    assert_eq!(bytes[0..6], testkit::server_mac(server.0));
+    assert_eq!(bytes[6..12], [0; 6], "the egress interface's MAC");
+    assert!(testkit::checksums_valid(&bytes));
+
+    // datapath = "afxdp": the same tables, the fast path flag off.
+    publish(&program, &plane, &mut publisher, false);
+    let (verdict, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
+    assert_ne!(verdict, XDP_TX);
+    assert_eq!(bytes, frame);
+    assert_eq!(stat(&program, STAT_FAST_CLIENT_COOKIE), routed + 1);
+}
