@@ -35,7 +35,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -674,11 +674,6 @@ impl Kernel {
             .collect();
         plane.shared().msb.import(&msb, 0);
         let snapshot = plane.shared().snapshot.load();
-        for vip in &snapshot.vips {
-            if let IpAddr::V4(addr) = vip.address {
-                self.program.add_vip_addr(addr).unwrap();
-            }
-        }
         let interfaces = [
             interface(SERVER_INTERFACE, SERVER_INTERFACE_MAC, 0),
             interface(CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, 1),

@@ -21,7 +21,6 @@
 //! LB program took the fast path on every run (its `STAT_FAST_*` counter moved by the
 //! number of runs); otherwise it is reported void.
 
-use std::net::Ipv4Addr;
 use std::process::Command;
 use std::sync::Arc;
 
@@ -244,7 +243,6 @@ impl Bench {
         for interface in &interfaces {
             program.set_interface_slot(interface.ifindex, interface.slot)?;
         }
-        program.add_vip_addr(Ipv4Addr::from(testkit::VIP))?;
         let snapshot = plane.shared().snapshot.load();
         xdp_tables::publish(
             &program,
