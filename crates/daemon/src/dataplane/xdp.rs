@@ -191,6 +191,8 @@ impl SteeringProgram {
     /// BPF_PROG_TEST_RUN, as if it arrived on `ingress_ifindex` (an interface of this
     /// namespace; `lo` is 1): the verdict (`enum xdp_action`) and the bytes it left. For
     /// tests that hold the program to the core.
+    // `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
+    #[allow(clippy::field_reassign_with_default)]
     pub fn test_run(&self, frame: &[u8], ingress_ifindex: u32) -> anyhow::Result<(u32, Vec<u8>)> {
         let prog = self
             .object
