@@ -373,7 +373,7 @@ fn after_egress(
     Some((action, frame))
 }
 
-/// Checks one packet's kernel run against the core's; returns whether the kernel handled it.
+/// Checks one packet's kernel run against the core's, and files it as handled or up.
 #[allow(clippy::too_many_arguments)]
 fn judge(
     report: &mut SuiteReport,
@@ -384,7 +384,7 @@ fn judge(
     kernel: &KernelRun,
     verdict: Verdict,
     core_out: &[u8],
-) -> bool {
+) {
     let mut fail = |message: String| report.failures.push(format!("{what}: {message}"));
     if kernel.fast.len() + kernel.up.len() > 1 {
         fail(format!(
@@ -392,7 +392,7 @@ fn judge(
             kernel.fast_name(),
             kernel.up.join(",")
         ));
-        return false;
+        return;
     }
     if kernel.fast.is_empty() {
         if kernel.frame != packet_in {
@@ -411,7 +411,7 @@ fn judge(
             ));
         }
         report.up.push(format!("{what} ({})", kernel.up_name()));
-        return false;
+        return;
     }
     let Some((action, expected)) = after_egress(topology, config, verdict, core_out) else {
         fail(format!(
@@ -420,7 +420,7 @@ fn judge(
             action_name(kernel.action),
             verdict_name(verdict)
         ));
-        return true;
+        return;
     };
     let stat = FAST_BUNDLES[kernel.fast[0] as usize].0;
     let direction_ok = match verdict {
@@ -456,7 +456,6 @@ fn judge(
         ));
     }
     report.handled.push(what.to_string());
-    true
 }
 
 fn run_suite(topology: &Topology, suite: &Suite) -> SuiteReport {
@@ -483,49 +482,43 @@ fn run_suite(topology: &Topology, suite: &Suite) -> SuiteReport {
             vector.packet_in.as_str(),
             vector.verdict.as_str(),
         ));
+        let main = packets.len() - 1;
         for (n, (what, now, packet_in, expected_verdict)) in packets.iter().enumerate() {
             let packet_in = unhex(packet_in);
-            let mut sendings = 1;
-            let mut sending = 0;
-            while sending < sendings {
-                let what = if sending == 0 {
-                    what.clone()
-                } else {
-                    format!("{what} (again)")
-                };
+            let send = |report: &mut SuiteReport, worker: &mut Worker, what: &str| {
+                // Kernel first, then the core: the order a packet meets them.
                 let kernel =
                     (packet_in.len() >= ETH_HLEN).then(|| program.run(topology, &packet_in));
                 let mut core_out = packet_in.clone();
                 let verdict = worker.process(&mut core_out, *now, Ingress::ServerSide);
-                // The core is the reference only where it still gives the files' answer.
-                let is_main = n == packets.len() - 1;
-                if sending == 0 && verdict_name(verdict) != *expected_verdict
-                    || (is_main && sending == 0 && hex(&core_out) != vector.packet_out)
-                {
-                    report.failures.push(format!(
-                        "{what}: the core no longer gives the vector's output ({} instead of {}); regenerate the vectors first",
-                        verdict_name(verdict),
-                        expected_verdict
-                    ));
+                match &kernel {
+                    Some(kernel) => judge(
+                        report,
+                        topology,
+                        &suite.config,
+                        what,
+                        &packet_in,
+                        kernel,
+                        verdict,
+                        &core_out,
+                    ),
+                    None => report.not_runnable.push(what.to_string()),
                 }
-                let Some(kernel) = kernel else {
-                    report.not_runnable.push(what);
-                    break;
-                };
-                judge(
-                    &mut report,
-                    topology,
-                    &suite.config,
-                    &what,
-                    &packet_in,
-                    &kernel,
-                    verdict,
-                    &core_out,
-                );
-                if sending == 0 && kernel.up == [CLOCK] {
-                    sendings = 2;
-                }
-                sending += 1;
+                (kernel, verdict, core_out)
+            };
+            let (kernel, verdict, core_out) = send(&mut report, &mut worker, what);
+            // The core is the reference only while it still gives the files' answer.
+            if verdict_name(verdict) != *expected_verdict
+                || (n == main && hex(&core_out) != vector.packet_out)
+            {
+                report.failures.push(format!(
+                    "{what}: the core no longer gives the vector's output ({} instead of {}); regenerate the vectors first",
+                    verdict_name(verdict),
+                    expected_verdict
+                ));
+            }
+            if kernel.is_some_and(|k| k.up == [CLOCK]) {
+                send(&mut report, &mut worker, &format!("{what} (again)"));
             }
         }
         drop(worker);
