@@ -74,6 +74,19 @@ impl SteeringProgram {
         Ok(SteeringProgram { object })
     }
 
+    /// Another loaded object that carries the same maps (bpf/lib/maps.h), such as the
+    /// bench's wrapper around `lb_process` (bpf/xdp_bench.c): the map methods and the
+    /// publisher then fill its maps as they fill the LB's.
+    pub fn from_object(object: Object) -> Self {
+        SteeringProgram { object }
+    }
+
+    /// The loaded object, for what only tests and the bench do with it
+    /// (`BPF_PROG_TEST_RUN`, reading a map directly).
+    pub fn object(&self) -> &Object {
+        &self.object
+    }
+
     fn map(&self, name: &str) -> libbpf_rs::Map<'_> {
         self.try_map(name).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -178,6 +191,8 @@ impl SteeringProgram {
     /// BPF_PROG_TEST_RUN, as if it arrived on `ingress_ifindex` (an interface of this
     /// namespace; `lo` is 1): the verdict (`enum xdp_action`) and the bytes it left. For
     /// tests that hold the program to the core.
+    // `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
+    #[allow(clippy::field_reassign_with_default)]
     pub fn test_run(&self, frame: &[u8], ingress_ifindex: u32) -> anyhow::Result<(u32, Vec<u8>)> {
         let prog = self
             .object

@@ -7,6 +7,7 @@
 //! (the restore is timed alone and subtracted), in at least five runs whose median, min and
 //! max are reported in TSC ticks and ns. `--callgrind` adds instructions per packet counted
 //! by callgrind. The targets are printed as PASS/MISS lines; nothing asserts.
+//! `--xdp` times the in-kernel path instead (the `xdp` module).
 //!
 //! `docs/benchmarks.md` has the commands and the results on the reference machine.
 
@@ -25,6 +26,7 @@ mod rows;
 mod summary;
 mod timing;
 mod trace;
+mod xdp;
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -106,6 +108,14 @@ pub struct Args {
     /// Print the tables as markdown.
     #[arg(long)]
     markdown: bool,
+    /// Time the in-kernel path instead: bpf/xdp_lb.c under BPF_PROG_TEST_RUN, net of a
+    /// trivial XDP program (root; see bench/xdp.rs). Uses --servers, --core, --realtime
+    /// and --markdown.
+    #[arg(long)]
+    xdp: bool,
+    /// With --xdp: timed runs of each program per row.
+    #[arg(long, default_value_t = 100_000)]
+    xdp_runs: u32,
 }
 
 impl Args {
@@ -149,6 +159,15 @@ impl Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.xdp {
+        return xdp::run(xdp::Options {
+            runs: args.xdp_runs,
+            servers: args.servers,
+            core: args.core,
+            realtime: args.realtime,
+            markdown: args.markdown,
+        });
+    }
     ensure!(
         args.flows > 0 && args.concurrency > 0,
         "--flows and --concurrency must be > 0"

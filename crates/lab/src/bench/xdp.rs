@@ -1,0 +1,745 @@
+//! `cheetah bench --xdp`: what the in-kernel path (bpf/xdp_lb.c's `lb_process`) costs per
+//! packet, timed by the kernel itself under `BPF_PROG_TEST_RUN`.
+//!
+//! `bpf/xdp_bench.c` wraps the LB in `bench_lb`, which first copies a pristine frame from
+//! its `bench_frame` map into the packet, and the same copy around a bare `XDP_TX` in
+//! `bench_trivial`. Each run is one `BPF_PROG_TEST_RUN` with repeat = 1, whose `duration`
+//! the kernel measures around the program alone (`bpf_test_run`: `ktime_get_ns()` before
+//! and after `bpf_prog_run_xdp`, so the syscall, the copies of the frame in and out and the
+//! context set-up are outside it; one clock read and the dispatcher call are inside, in
+//! both programs). Runs alternate lb, trivial, lb, ... so drift and interference hit both
+//! alike; each row reports the median and p10/p90 of each program and of the per-pair
+//! difference lb - trivial, the LB's own cost.
+//!
+//! The maps are filled by the daemon's publisher (`dataplane::xdp_tables`) from a core
+//! config like `cheetah bench`'s (VIP 10.0.0.100:80, `--servers` servers), in a network
+//! namespace of the process's own with the routes and neighbours the LB needs (server
+//! replies look up the next hop toward the client with `bpf_fib_lookup`). Every server's
+//! clock is known (imported into the core's clock table, which is the program's
+//! `msb_seen`/`msb_restores`), and the frames are the core's own output: a server segment
+//! the core wrote a cookie into, and the client ACK echoing it. A row counts only if the
+//! LB program took the fast path on every run (its `STAT_FAST_*` counter moved by the
+//! number of runs); otherwise it is reported void.
+
+use std::process::Command;
+use std::sync::Arc;
+
+use anyhow::{bail, ensure, Context};
+use cheetah_core::config::{Forwarding, LbConfig, Mode};
+use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
+use cheetah_core::policy::PolicyKind;
+use cheetah_core::tables::ControlPlane;
+use cheetah_core::testkit::{self, options, TcpFrame};
+use cheetah_core::types::{Mac, ServerId};
+use cheetah_core::verdict::Verdict;
+use cheetah_core::wire::tcp::flags;
+use cheetah_daemon::dataplane::xdp::SteeringProgram;
+use cheetah_daemon::dataplane::xdp_layout::{
+    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE, STAT_FAST_SERVER_PLAIN,
+};
+use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
+use cheetah_daemon::dataplane::Interface;
+use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, ProgramInput};
+
+use super::affinity;
+use super::lab::SECRET;
+
+static BENCH_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_bench.o"));
+
+/// `BENCH_FRAME_MAX` of bpf/xdp_bench.c.
+const BENCH_FRAME_MAX: usize = 256;
+const XDP_TX: u32 = 3;
+const XDP_REDIRECT: u32 = 4;
+/// Untimed runs of each program before a row's timed ones.
+const WARM_UP_RUNS: u32 = 1_000;
+/// The targets, ns per packet net of the trivial program.
+const ESTABLISHED_TARGET_NS: f64 = 40.0;
+const SERVER_TO_CLIENT_TARGET_NS: f64 = 45.0;
+const ESTABLISHED_OVER_HASH_TARGET: f64 = 1.2;
+
+const CLIENT_PORT: u16 = 40_000;
+const CLIENT_TS: u32 = 0x0102_0304;
+/// The servers' clocks: every server's MSB is this (imported into the clock table).
+const SERVER_MSB: u16 = 0x1234;
+const GATEWAY_MAC: Mac = [0x02, 0xc9, 0x00, 0x00, 0x00, 0x01];
+const SERVER_INTERFACE: &str = "xb-srv";
+const CLIENT_INTERFACE: &str = "xb-cli";
+
+pub struct Options {
+    pub runs: u32,
+    pub servers: u16,
+    pub core: Option<usize>,
+    pub realtime: bool,
+    pub markdown: bool,
+}
+
+/// One interface of the bench's namespace.
+#[derive(Clone, Copy)]
+struct Port {
+    ifindex: u32,
+}
+
+struct Ports {
+    servers: Port,
+    clients: Port,
+}
+
+/// An LB configuration the rows of which share one loaded program and its maps.
+struct Setup {
+    label: &'static str,
+    mode: Mode,
+    forwarding: Forwarding,
+    policy: PolicyKind,
+}
+
+const SETUPS: [Setup; 3] = [
+    Setup {
+        label: "cheetah",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::RoundRobin,
+    },
+    Setup {
+        label: "plain hash",
+        mode: Mode::Hash,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::Hash,
+    },
+    Setup {
+        label: "cheetah",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::Nat,
+        policy: PolicyKind::RoundRobin,
+    },
+];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    ClientToServer,
+    ServerToClient,
+    /// Only the next-hop lookup every server->client packet makes (bench_fib), to say
+    /// how much of that path it is.
+    FibLookup,
+}
+
+/// Per-run durations of one row, in the kernel's ns.
+struct Timings {
+    lb: Vec<u32>,
+    trivial: Vec<u32>,
+}
+
+struct Spread {
+    median: f64,
+    p10: f64,
+    p90: f64,
+}
+
+fn spread(mut values: Vec<f64>) -> Spread {
+    values.sort_by(f64::total_cmp);
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    Spread {
+        median: at(0.5),
+        p10: at(0.1),
+        p90: at(0.9),
+    }
+}
+
+struct Row {
+    label: String,
+    mode: Mode,
+    forwarding: Forwarding,
+    path: Path,
+    frame_len: usize,
+    /// None: void, with the reason.
+    result: Result<(Spread, Spread, Spread), String>,
+}
+
+pub fn run(options: Options) -> anyhow::Result<()> {
+    // SAFETY: no arguments, no memory.
+    ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "cheetah bench --xdp needs root: it loads XDP programs and makes a network namespace"
+    );
+    ensure!(options.runs >= 1, "--xdp-runs must be at least 1");
+    // Read before entering the namespace: some of net.core's sysctls exist only in the
+    // first one.
+    let jit = read_setting("/proc/sys/net/core/bpf_jit_enable");
+    let ports = enter_new_namespace()?;
+    let core = options.core.unwrap_or_else(affinity::default_core);
+    let (pin, mut placement) = match affinity::pin_to(core) {
+        Ok(pin) => (Some(pin), format!("pinned to core {core}")),
+        Err(e) => (None, format!("NOT pinned ({e})")),
+    };
+    let rt = if options.realtime {
+        match affinity::realtime() {
+            Ok(rt) => {
+                placement.push_str(", SCHED_FIFO");
+                Some(rt)
+            }
+            Err(e) => {
+                placement.push_str(&format!(", SCHED_FIFO refused ({e})"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut rows = Vec::new();
+    for setup in &SETUPS {
+        let bench = Bench::load(setup, options.servers)?;
+        let paths: &[Path] = if setup.mode == Mode::Cheetah && setup.forwarding == Forwarding::L2 {
+            &[Path::ClientToServer, Path::ServerToClient, Path::FibLookup]
+        } else {
+            &[Path::ClientToServer, Path::ServerToClient]
+        };
+        for &path in paths {
+            let row = bench.row(setup, path, &ports, options.runs)?;
+            eprintln!("{}", row_line(&row));
+            rows.push(row);
+        }
+    }
+    if let Some(rt) = rt {
+        rt.release();
+    }
+    if let Some(pin) = pin {
+        pin.release();
+    }
+    println!("{}", machine_note(&placement, &jit));
+    println!(
+        "runs: {} per program per row (alternating lb, trivial), BPF_PROG_TEST_RUN repeat = 1, after {WARM_UP_RUNS} untimed runs of each",
+        options.runs
+    );
+    print!("{}", render(&rows, options.markdown));
+    Ok(())
+}
+
+struct Bench {
+    program: SteeringProgram,
+    plane: ControlPlane,
+    config: LbConfig,
+}
+
+impl Bench {
+    fn load(setup: &Setup, servers: u16) -> anyhow::Result<Self> {
+        let object = ObjectBuilder::default()
+            .open_memory(BENCH_OBJECT)
+            .context("cannot open the embedded bpf/xdp_bench.c")?
+            .load()
+            .context("the kernel refused bpf/xdp_bench.c")?;
+        let program = SteeringProgram::from_object(object);
+        let config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
+        let words = program.clock_words()?;
+        let plane = ControlPlane::new_with_msb(&config, &SECRET, &|layout| words.table(layout))
+            .map_err(anyhow::Error::msg)?;
+        let clocks: Vec<(ServerId, u32)> = (1..=servers)
+            .map(|id| (ServerId(id), u32::from(SERVER_MSB) << 16))
+            .collect();
+        plane.shared().msb.import(&clocks, 0);
+        // What `cheetah run` publishes, for the bench's two interfaces.
+        let interfaces = [
+            interface(SERVER_INTERFACE, SERVER_INTERFACE_MAC, 0)?,
+            interface(CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, 1)?,
+        ];
+        for interface in &interfaces {
+            program.set_interface_slot(interface.ifindex, interface.slot)?;
+        }
+        let snapshot = plane.shared().snapshot.load();
+        xdp_tables::publish(
+            &program,
+            &Publication {
+                snapshot: &snapshot,
+                layout: plane.shared().layout(),
+                interfaces: &interfaces,
+                sides: &[Ingress::ServerSide, Ingress::ClientSide],
+                fast_path: true,
+            },
+        )?;
+        Ok(Bench {
+            program,
+            plane,
+            config,
+        })
+    }
+
+    fn worker(&self) -> Worker {
+        Worker::new(
+            Arc::clone(self.plane.shared()),
+            WorkerConfig::new(0, 1, &self.config),
+        )
+    }
+
+    /// The row's frame, made and checked by the core: a server segment and the client's
+    /// ACK echoing what the core made of it. Returns the frame, the packet's ingress and
+    /// the counter its fast path moves.
+    fn frame(&self, direction: Path) -> anyhow::Result<(Vec<u8>, u32)> {
+        let mut worker = self.worker();
+        let now = 10 * cheetah_core::types::NANOS_PER_SEC;
+        let client = testkit::client_ip(7);
+        // Which server the client's connection is on: the one the core picks for its SYN.
+        let mut syn = TcpFrame::from_client(
+            client,
+            CLIENT_PORT,
+            flags::SYN,
+            options::linux_syn(CLIENT_TS, 0),
+        )
+        .build();
+        let Verdict::ToServer(server) = worker.process(&mut syn, now, Ingress::ServerSide) else {
+            bail!("the core did not send the bench's SYN to a server");
+        };
+        let reply_base = match self.config.forwarding {
+            Forwarding::L2 => TcpFrame::from_server_l2(
+                server.0,
+                client,
+                CLIENT_PORT,
+                flags::ACK | flags::PSH,
+                options::nop_nop_ts(u32::from(SERVER_MSB) << 16 | 0x5678, CLIENT_TS),
+            ),
+            Forwarding::Nat => TcpFrame::from_server_nat(
+                server.0,
+                client,
+                CLIENT_PORT,
+                flags::ACK | flags::PSH,
+                options::nop_nop_ts(u32::from(SERVER_MSB) << 16 | 0x5678, CLIENT_TS),
+            ),
+        };
+        let reply = reply_base.with_payload(&[0x42; 100]).build();
+        let mut seen_by_client = reply.clone();
+        let verdict = worker.process(&mut seen_by_client, now, Ingress::ServerSide);
+        ensure!(
+            verdict == Verdict::ToClient,
+            "the core's verdict on the bench's server segment is {verdict:?}"
+        );
+        if direction == Path::ServerToClient {
+            return Ok((reply, STAT_FAST_SERVER_COOKIE));
+        }
+        let (tsval, _) = testkit::timestamps(&seen_by_client).context("no timestamps")?;
+        let ack = TcpFrame::from_client(
+            client,
+            CLIENT_PORT,
+            flags::ACK,
+            options::nop_nop_ts(CLIENT_TS + 1, tsval),
+        )
+        .build();
+        let mut routed = ack.clone();
+        let verdict = worker.process(&mut routed, now, Ingress::ServerSide);
+        ensure!(
+            verdict == Verdict::ToServer(server),
+            "the core routes the bench's client ACK to {verdict:?}, not to server {}",
+            server.0
+        );
+        Ok((ack, STAT_FAST_CLIENT_COOKIE))
+    }
+
+    fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
+        let direction = match path {
+            Path::FibLookup => Path::ServerToClient,
+            other => other,
+        };
+        let (frame, cookie_stat) = self.frame(direction)?;
+        let fast_stat = match (setup.mode, cookie_stat) {
+            (Mode::Cheetah, stat) => stat,
+            (_, STAT_FAST_CLIENT_COOKIE) => STAT_FAST_CLIENT_PICK,
+            _ => STAT_FAST_SERVER_PLAIN,
+        };
+        let ingress = ports.servers.ifindex;
+        let (subject, expected_action) = match path {
+            Path::ClientToServer => ("bench_lb", XDP_TX),
+            Path::ServerToClient if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
+            Path::ServerToClient => ("bench_lb", XDP_REDIRECT),
+            Path::FibLookup => ("bench_fib", XDP_TX),
+        };
+        let before = stat(self.program.object(), fast_stat)?;
+        let (timings, wrong_action) = self.time(subject, &frame, ingress, runs, expected_action)?;
+        let moved = stat(self.program.object(), fast_stat)? - before;
+        let label = match path {
+            Path::FibLookup => "bpf_fib_lookup alone (server->client frame)".to_string(),
+            _ => format!(
+                "{} {} ({})",
+                match path {
+                    Path::ClientToServer => "established client->server",
+                    _ => "server->client",
+                },
+                setup.label,
+                match setup.forwarding {
+                    Forwarding::L2 => "l2",
+                    Forwarding::Nat => "nat",
+                }
+            ),
+        };
+        // bench_fib runs no LB: nothing to count.
+        let expected_moves = match path {
+            Path::FibLookup => 0,
+            _ => u64::from(WARM_UP_RUNS + runs),
+        };
+        let result = if let Some(action) = wrong_action {
+            Err(format!(
+                "void: {subject} returned {action}, not {expected_action}"
+            ))
+        } else if moved != expected_moves {
+            Err(format!(
+                "void: the fast path's counter moved {moved} times in {expected_moves} runs"
+            ))
+        } else {
+            let diff = timings
+                .lb
+                .iter()
+                .zip(&timings.trivial)
+                .map(|(l, t)| f64::from(*l) - f64::from(*t))
+                .collect();
+            Ok((
+                spread(timings.lb.iter().map(|&v| f64::from(v)).collect()),
+                spread(timings.trivial.iter().map(|&v| f64::from(v)).collect()),
+                spread(diff),
+            ))
+        };
+        Ok(Row {
+            label,
+            mode: setup.mode,
+            forwarding: setup.forwarding,
+            path,
+            frame_len: frame.len(),
+            result,
+        })
+    }
+
+    /// Runs `subject` and bench_trivial alternately on `frame` (after untimed warm-up
+    /// runs): their durations, and the first action of `subject` that was not `expected`.
+    fn time(
+        &self,
+        subject: &str,
+        frame: &[u8],
+        ingress: u32,
+        runs: u32,
+        expected: u32,
+    ) -> anyhow::Result<(Timings, Option<u32>)> {
+        ensure!(
+            frame.len() <= BENCH_FRAME_MAX,
+            "frame too long for bench_frame"
+        );
+        let mut value = vec![0u8; 4 + BENCH_FRAME_MAX];
+        value[..4].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+        value[4..4 + frame.len()].copy_from_slice(frame);
+        map(self.program.object(), "bench_frame")?
+            .update(&0u32.to_ne_bytes(), &value, MapFlags::ANY)
+            .context("cannot write bench_frame")?;
+        let subject = program(self.program.object(), subject)?;
+        let trivial = program(self.program.object(), "bench_trivial")?;
+        let mut timings = Timings {
+            lb: Vec::with_capacity(runs as usize),
+            trivial: Vec::with_capacity(runs as usize),
+        };
+        let mut wrong_action = None;
+        for n in 0..WARM_UP_RUNS + runs {
+            let (action, subject_ns) = test_run(&subject, frame, ingress)?;
+            let (_, trivial_ns) = test_run(&trivial, frame, ingress)?;
+            if action != expected {
+                wrong_action.get_or_insert(action);
+            }
+            if n >= WARM_UP_RUNS {
+                timings.lb.push(subject_ns);
+                timings.trivial.push(trivial_ns);
+            }
+        }
+        Ok((timings, wrong_action))
+    }
+}
+
+/// One `BPF_PROG_TEST_RUN` of `program` on `frame` as received on `ingress`: its action and
+/// the kernel's duration in ns.
+// `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
+#[allow(clippy::field_reassign_with_default)]
+fn test_run(
+    program: &libbpf_rs::ProgramMut<'_>,
+    frame: &[u8],
+    ingress: u32,
+) -> anyhow::Result<(u32, u32)> {
+    let mut context = xdp_md(frame.len() as u32, ingress);
+    let mut out = [0u8; BENCH_FRAME_MAX + 256];
+    let mut input = ProgramInput::default();
+    input.data_in = Some(frame);
+    input.data_out = Some(&mut out);
+    input.context_in = Some(&mut context);
+    input.repeat = 1;
+    let output = program
+        .test_run(input)
+        .context("BPF_PROG_TEST_RUN failed")?;
+    Ok((output.return_value, output.duration.as_nanos() as u32))
+}
+
+/// `struct xdp_md` for a frame of `len` bytes (no metadata) received on `ingress`, queue 0.
+fn xdp_md(len: u32, ingress: u32) -> [u8; 24] {
+    let mut md = [0u8; 24];
+    // data = 0, data_end = len, data_meta = 0, ingress_ifindex, rx_queue_index = 0,
+    // egress_ifindex = 0.
+    md[4..8].copy_from_slice(&len.to_ne_bytes());
+    md[12..16].copy_from_slice(&ingress.to_ne_bytes());
+    md
+}
+
+fn map<'a>(object: &'a Object, name: &str) -> anyhow::Result<libbpf_rs::Map<'a>> {
+    object
+        .maps()
+        .find(|m| m.name() == name)
+        .with_context(|| format!("map {name} is missing from bpf/xdp_bench.c"))
+}
+
+fn program<'a>(object: &'a Object, name: &str) -> anyhow::Result<libbpf_rs::ProgramMut<'a>> {
+    object
+        .progs_mut()
+        .find(|p| p.name() == name)
+        .with_context(|| format!("program {name} is missing from bpf/xdp_bench.c"))
+}
+
+/// A `stats` counter summed over the CPUs.
+fn stat(object: &Object, index: u32) -> anyhow::Result<u64> {
+    let values = map(object, "stats")?
+        .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
+        .context("cannot read stats")?
+        .unwrap_or_default();
+    Ok(values
+        .iter()
+        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap()))
+        .sum())
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("cannot run ip (iproute2)")?;
+    ensure!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+/// The interfaces' MACs, set when they are made: sysfs (`Interface::discover`) shows the
+/// namespace it was mounted in, not this one.
+const SERVER_INTERFACE_MAC: Mac = [0x02, 0x1b, 0x00, 0x00, 0x00, 0x05];
+const CLIENT_INTERFACE_MAC: Mac = [0x02, 0x1b, 0x00, 0x00, 0x00, 0x0c];
+
+fn mac_text(mac: &Mac) -> String {
+    mac.map(|b| format!("{b:02x}")).join(":")
+}
+
+fn interface(name: &str, mac: Mac, slot: u32) -> anyhow::Result<Interface> {
+    let cname = std::ffi::CString::new(name)?;
+    // SAFETY: a valid NUL-terminated string.
+    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    ensure!(
+        ifindex != 0,
+        "interface {name}: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(Interface {
+        name: name.to_string(),
+        ifindex,
+        mac,
+        slot,
+        queues: 1,
+    })
+}
+
+fn ifindex(name: &str) -> anyhow::Result<Port> {
+    Ok(Port {
+        ifindex: interface(name, [0; 6], 0)?.ifindex,
+    })
+}
+
+/// Moves the process (still one thread) to a network namespace of its own: `lo` up with
+/// IPv4 forwarding (what `cheetah run` sets for the FIB lookups), a veth facing the
+/// servers' subnet and one facing the clients through a gateway whose neighbour entry is
+/// static, so every server->client run finds its next hop in the kernel.
+fn enter_new_namespace() -> anyhow::Result<Ports> {
+    // SAFETY: unshare only changes this thread's namespaces; the process has no other yet.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        bail!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+    }
+    ip(&["link", "set", "lo", "up"])?;
+    std::fs::write("/proc/sys/net/ipv4/conf/lo/forwarding", "1")
+        .context("cannot turn on forwarding for lo")?;
+    for (name, mac, peer) in [
+        (SERVER_INTERFACE, SERVER_INTERFACE_MAC, "xb-srv-p"),
+        (CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, "xb-cli-p"),
+    ] {
+        let mac = mac_text(&mac);
+        ip(&[
+            "link", "add", name, "address", &mac, "type", "veth", "peer", "name", peer,
+        ])?;
+        ip(&["link", "set", name, "up"])?;
+        ip(&["link", "set", peer, "up"])?;
+    }
+    ip(&["addr", "add", "10.1.255.254/16", "dev", SERVER_INTERFACE])?;
+    ip(&["addr", "add", "10.7.0.1/24", "dev", CLIENT_INTERFACE])?;
+    let gateway_mac = mac_text(&GATEWAY_MAC);
+    ip(&[
+        "neigh",
+        "replace",
+        "10.7.0.2",
+        "lladdr",
+        &gateway_mac,
+        "nud",
+        "permanent",
+        "dev",
+        CLIENT_INTERFACE,
+    ])?;
+    ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.7.0.2",
+        "dev",
+        CLIENT_INTERFACE,
+    ])?;
+    Ok(Ports {
+        servers: ifindex(SERVER_INTERFACE)?,
+        clients: ifindex(CLIENT_INTERFACE)?,
+    })
+}
+
+fn read_setting(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn machine_note(placement: &str, jit: &str) -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown".into());
+    format!(
+        "machine: {model}, {} cpus, kernel {}, clocksource {}, bpf_stats_enabled {}, bpf_jit_enable {jit}; {placement}; load average {}",
+        affinity::cpus(),
+        read_setting("/proc/sys/kernel/osrelease"),
+        read_setting("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
+        read_setting("/proc/sys/kernel/bpf_stats_enabled"),
+        read_setting("/proc/loadavg")
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
+fn row_line(row: &Row) -> String {
+    match &row.result {
+        Ok((lb, trivial, net)) => format!(
+            "{:<44} lb {:>6.0} ns, trivial {:>6.0} ns, net {:>6.0} ns (p10 {:.0}, p90 {:.0})",
+            row.label, lb.median, trivial.median, net.median, net.p10, net.p90
+        ),
+        Err(void) => format!("{:<44} {void}", row.label),
+    }
+}
+
+/// The net median of the row of `mode`/`forwarding`/`direction`, if it is not void.
+fn net_of(rows: &[Row], mode: Mode, forwarding: Forwarding, path: Path) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.mode == mode && r.forwarding == forwarding && r.path == path)
+        .and_then(|r| r.result.as_ref().ok())
+        .map(|(_, _, net)| net.median)
+}
+
+fn render(rows: &[Row], markdown: bool) -> String {
+    let mut out = String::new();
+    let mut line = |cells: Vec<String>| {
+        if markdown {
+            out.push_str(&format!("| {} |\n", cells.join(" | ")));
+        } else {
+            out.push_str(&format!(
+                "{:<44} {:>6} {:>16} {:>16} {:>22}\n",
+                cells[0], cells[1], cells[2], cells[3], cells[4]
+            ));
+        }
+    };
+    line(
+        [
+            "path",
+            "frame",
+            "bench_lb ns median (p10-p90)",
+            "bench_trivial ns",
+            "lb - trivial ns median (p10-p90)",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    if markdown {
+        line(vec!["---".into(); 5]);
+    }
+    for row in rows {
+        let cells = match &row.result {
+            Ok((lb, trivial, net)) => vec![
+                row.label.clone(),
+                format!("{} B", row.frame_len),
+                format!("{:.0} ({:.0}-{:.0})", lb.median, lb.p10, lb.p90),
+                format!(
+                    "{:.0} ({:.0}-{:.0})",
+                    trivial.median, trivial.p10, trivial.p90
+                ),
+                format!("**{:.0}** ({:.0} to {:.0})", net.median, net.p10, net.p90),
+            ],
+            Err(void) => vec![
+                row.label.clone(),
+                format!("{} B", row.frame_len),
+                void.clone(),
+                String::new(),
+                String::new(),
+            ],
+        };
+        line(cells);
+    }
+    let verdict = |pass: bool| if pass { "PASS" } else { "MISS" };
+    let established = net_of(rows, Mode::Cheetah, Forwarding::L2, Path::ClientToServer);
+    let reply = net_of(rows, Mode::Cheetah, Forwarding::L2, Path::ServerToClient);
+    let hash = net_of(rows, Mode::Hash, Forwarding::L2, Path::ClientToServer);
+    out.push('\n');
+    if let Some(ns) = established {
+        out.push_str(&format!(
+            "target established client->server (l2) <= {ESTABLISHED_TARGET_NS} ns: {ns:.0} ns, {}\n",
+            verdict(ns <= ESTABLISHED_TARGET_NS)
+        ));
+    }
+    if let Some(ns) = reply {
+        out.push_str(&format!(
+            "target server->client (l2) <= {SERVER_TO_CLIENT_TARGET_NS} ns: {ns:.0} ns, {}\n",
+            verdict(ns <= SERVER_TO_CLIENT_TARGET_NS)
+        ));
+    }
+    if let (Some(cheetah), Some(hash)) = (established, hash) {
+        let ratio = cheetah / hash;
+        out.push_str(&format!(
+            "target established <= {ESTABLISHED_OVER_HASH_TARGET}x plain hash (l2): {cheetah:.0} / {hash:.0} ns = {ratio:.2}x, {}\n",
+            verdict(ratio <= ESTABLISHED_OVER_HASH_TARGET)
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_takes_the_nearest_rank() {
+        let s = spread((1..=11).map(f64::from).collect());
+        assert_eq!((s.p10, s.median, s.p90), (2.0, 6.0, 10.0));
+    }
+
+    #[test]
+    fn xdp_md_puts_the_frame_length_and_ingress_where_the_kernel_reads_them() {
+        let md = xdp_md(66, 7);
+        assert_eq!(u32::from_ne_bytes(md[4..8].try_into().unwrap()), 66);
+        assert_eq!(u32::from_ne_bytes(md[12..16].try_into().unwrap()), 7);
+        assert!(md[..4]
+            .iter()
+            .chain(&md[8..12])
+            .chain(&md[16..])
+            .all(|b| *b == 0));
+    }
+}
