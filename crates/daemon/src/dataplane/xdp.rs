@@ -1,4 +1,4 @@
-//! Loads the steering program (`bpf/xdp_steer.c`), fills its maps and attaches it. What it
+//! Loads the XDP program (`bpf/xdp_lb.c`, made of `bpf/lib/`), fills its maps and attaches it. What it
 //! shares with the program (limits, counters, map keys) is in `bpf/include/cheetah_shared.h`.
 //!
 //! The program is attached with plain netlink (no bpf_link), so it outlives this process:
@@ -21,7 +21,7 @@ use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
 
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_lb.o"));
 
-/// The steering function's name in bpf/xdp_steer.c, as `bpftool prog` shows it.
+/// The program's function name in bpf/xdp_lb.c, as `bpftool prog` shows it.
 const PROGRAM_NAME: &str = "cheetah_lb";
 
 pub const MAX_QUEUES: u32 = 64;
@@ -154,7 +154,7 @@ impl SteeringProgram {
         self.object
             .progs()
             .find(|p| p.name() == PROGRAM_NAME)
-            .unwrap_or_else(|| panic!("program {PROGRAM_NAME} is missing from bpf/xdp_steer.c"))
+            .unwrap_or_else(|| panic!("program {PROGRAM_NAME} is missing from bpf/xdp_lb.c"))
     }
 
     pub fn set_interface_slot(&self, ifindex: u32, slot: u32) -> anyhow::Result<()> {
