@@ -222,7 +222,10 @@ impl DataPlane {
         let sides = Arc::new(InterfaceSides::new(&initial));
         // Before the program is attached, so that its first packet finds the tables (and
         // with datapath = "afxdp", the NAT backends it steers by).
-        let fast_path = daemon.datapath.fast_path();
+        // The in-kernel path always restores TSecr, as the core's straight line does; with
+        // the restore fault injected the core turns its straight line off, and so must the
+        // kernel, or the fault would hold only for the packets that reach the workers.
+        let fast_path = daemon.datapath.fast_path() && !faults.contains(&Fault::SkipTsecrRestore);
         let mut publisher = Publisher::new();
         publish(
             &mut publisher,
