@@ -5,6 +5,9 @@
 //! on the same frame; a stage's increment is the median over the rounds of (its time - the
 //! previous program's time), so drift hits both sides of every difference alike, as in the
 //! lb/trivial rows. The last increment ("send_out") is bench_lb against the last stage.
+//! After bench_lb the round runs bench_lb_twin, the same code loaded at another address:
+//! its difference from bench_lb is placement alone (caches, branch predictors), the
+//! resolution of every increment.
 
 use anyhow::ensure;
 use libbpf_rs::ProgramMut;
@@ -74,12 +77,13 @@ pub(super) fn breakdown(
     let mut names = vec!["bench_trivial".to_string()];
     names.extend((1..=adds.len()).map(|k| format!("{prefix}{k}")));
     names.push("bench_lb".into());
+    names.push("bench_lb_twin".into());
     let programs: Vec<ProgramMut<'_>> = names
         .iter()
         .map(|name| program(object, name))
         .collect::<anyhow::Result<_>>()?;
     let expected = |p: usize| {
-        if p + 1 == names.len() {
+        if p + 2 >= names.len() {
             whole_action
         } else {
             XDP_TX
@@ -110,11 +114,11 @@ pub(super) fn breakdown(
     };
     let stages = (1..names.len())
         .map(|p| Stage {
-            adds: adds
-                .get(p - 1)
-                .map_or("send_out (the whole path: bench_lb)".into(), |a| {
-                    a.to_string()
-                }),
+            adds: match adds.get(p - 1) {
+                Some(stage) => stage.to_string(),
+                None if p + 1 < names.len() => "send_out (the whole path: bench_lb)".into(),
+                None => "nothing: bench_lb_twin, the same code at another address".into(),
+            },
             increment: spread(differences(p, p - 1)),
             cumulative: spread(differences(p, 0)),
         })
@@ -148,10 +152,10 @@ pub(super) fn render(breakdown: &Breakdown, markdown: bool) -> String {
             stage.increment.median, stage.increment.p10, stage.increment.p90
         );
         let cumulative = format!("{:.0}", stage.cumulative.median);
-        let number = if k + 1 == breakdown.stages.len() {
-            "whole".to_string()
-        } else {
-            (k + 1).to_string()
+        let number = match breakdown.stages.len() - k {
+            1 => "twin".to_string(),
+            2 => "whole".to_string(),
+            _ => (k + 1).to_string(),
         };
         if markdown {
             out.push_str(&format!(
@@ -165,10 +169,11 @@ pub(super) fn render(breakdown: &Breakdown, markdown: bool) -> String {
             ));
         }
     }
-    let sum: f64 = breakdown.stages.iter().map(|s| s.increment.median).sum();
+    let whole = &breakdown.stages[..breakdown.stages.len() - 1];
+    let sum: f64 = whole.iter().map(|s| s.increment.median).sum();
     out.push_str(&format!(
-        "sum of the increments' medians: {sum:.0} ns (the median of the whole is {:.0} ns)\n",
-        breakdown.stages.last().map_or(0.0, |s| s.cumulative.median)
+        "sum of the increments' medians up to the whole: {sum:.0} ns (the median of the whole is {:.0} ns)\n",
+        whole.last().map_or(0.0, |s| s.cumulative.median)
     ));
     out
 }
