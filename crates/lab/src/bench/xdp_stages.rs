@@ -177,3 +177,64 @@ pub(super) fn render(breakdown: &Breakdown, markdown: bool) -> String {
     ));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(adds: &str, increment: f64, cumulative: f64) -> Stage {
+        let at = |v: f64| Spread {
+            median: v,
+            p10: v - 1.0,
+            p90: v + 1.0,
+        };
+        Stage {
+            adds: adds.into(),
+            increment: at(increment),
+            cumulative: at(cumulative),
+        }
+    }
+
+    #[test]
+    fn the_last_two_rows_are_the_whole_path_and_its_twin_which_the_sum_leaves_out() {
+        let breakdown = Breakdown {
+            label: "path",
+            stages: vec![
+                stage("a", 10.0, 10.0),
+                stage("b", 5.0, 15.0),
+                stage("send", 2.0, 17.0),
+                stage("twin", 30.0, 47.0),
+            ],
+        };
+        let text = render(&breakdown, true);
+        assert!(text.contains("| 1 | a | 10 (9 to 11) | 10 |"), "{text}");
+        assert!(
+            text.contains("| whole | send | 2 (1 to 3) | 17 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| twin | twin | 30 (29 to 31) | 47 |"),
+            "{text}"
+        );
+        assert!(text.contains("up to the whole: 17 ns (the median of the whole is 17 ns)"));
+    }
+
+    #[test]
+    fn every_stage_program_has_a_description() {
+        // bpf/xdp_bench.c defines CLIENT_STAGE(1..7) and REPLY_STAGE(1..8).
+        let source = include_str!("../../../../bpf/xdp_bench.c");
+        for (prefix, stages) in [
+            ("CLIENT_STAGE(", CLIENT_STAGES.len()),
+            ("REPLY_STAGE(", REPLY_STAGES.len()),
+        ] {
+            let defined = source
+                .lines()
+                .filter(|l| l.starts_with(prefix) && l.ends_with(')'))
+                .count();
+            assert_eq!(
+                defined, stages,
+                "{prefix}..) programs against their descriptions"
+            );
+        }
+    }
+}
