@@ -7,6 +7,17 @@
 // run sees the same frame whatever an earlier run wrote (BPF_PROG_TEST_RUN with repeat > 1
 // does not reset the packet). bench_trivial does the same copy and returns XDP_TX: its time
 // is what the harness subtracts to get the LB's own cost.
+//
+// Two more sets of programs (further down) explain that cost:
+// - bench_client_stage_K / bench_reply_stage_K run the first K stages of the established
+//   client->server and server->client paths of lib/fast_path.h, built from the same lib
+//   functions in the same order, and return XDP_TX (XDP_ABORTED if a stage did not find
+//   what the whole path finds). The harness times them in one round with bench_trivial
+//   and bench_lb, so each stage's increment is the median of per-round differences.
+// - bench_flows_*: the frame's client (address, port and, toward a server, the cookie it
+//   echoes) taken from flow i of bench_flows, i cycling over bench_flow_count flows, for
+//   the LB itself and for bench_katran_lru, a connection-table path (5-tuple -> server id
+//   in an LRU hash, as Katran's) standing in for the fallback LRU stage 1 does not have.
 
 #include "lib/lb.h"
 
@@ -47,6 +58,17 @@ int bench_lb(struct xdp_md *ctx)
 	return lb_process(ctx);
 }
 
+// bench_lb again, at another address: the breakdown runs it after bench_lb, so the
+// difference between the two, the same code, says how far placement alone moves a
+// program's time (the resolution of the stage increments).
+SEC("xdp")
+int bench_lb_twin(struct xdp_md *ctx)
+{
+	if (!restore_frame(ctx))
+		return XDP_ABORTED;
+	return lb_process(ctx);
+}
+
 SEC("xdp")
 int bench_trivial(struct xdp_md *ctx)
 {
@@ -74,6 +96,402 @@ int bench_fib(struct xdp_md *ctx)
 	if (fib_toward_client(ctx, ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return XDP_ABORTED;
 	return XDP_TX;
+}
+
+
+// The stages' results, kept alive: a value passed to an empty asm is one clang must
+// compute, so no stage is dropped for its result being unused.
+#define SINK(value) asm volatile("" ::"r"(value))
+
+// Stage K of a path runs when `upto` >= K; `upto` is a constant in every program, so clang
+// folds the tests and each program holds exactly its prefix.
+#define STAGE_DONE(k)                                                                          \
+	do {                                                                                   \
+		if (upto == (k))                                                               \
+			return XDP_TX;                                                         \
+	} while (0)
+
+// lb_process() for an established client segment in cheetah mode (steer_owner, lb_config,
+// client_fast, forward_to_server), cut after stage `upto`:
+//   1 steering's classification (eth/IPv4 bounds, vip_addrs[daddr]) and lb_config
+//   2 parse_plain_tcp and the ACK / NOP NOP TS checks
+//   3 vips[(daddr, dport, 6)]
+//   4 SipHash finish and cookie unmask
+//   5 servers[id] and msb_restores[unmasked] (the decode's two reads)
+//   6 TSecr rewrite with its checksum, both MACs
+//   7 server_traffic[id] and the stats counter
+// The whole path (bench_lb) adds send_out (XDP_TX here).
+static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
+{
+	struct backend_info *backend;
+	struct cookie_layout layout;
+	struct server_info *server;
+	struct lb_config *config;
+	struct vip_key key = {};
+	struct vip_info *vip;
+	struct plain_tcp p;
+	__u16 unmasked = 0, restored = 0;
+	__u32 zero = 0, id = 0;
+	__u64 hash = 0;
+
+	if (!restore_frame(ctx))
+		return XDP_ABORTED;
+
+	if (steer_owner(ctx, &backend) != META_TO_VIP)
+		return XDP_ABORTED;
+	config = bpf_map_lookup_elem(&lb_config, &zero);
+	if (!config || !(config->flags & LB_FAST_PATH) || config->mode != LB_MODE_CHEETAH)
+		return XDP_ABORTED;
+	STAGE_DONE(1);
+
+	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
+		return XDP_ABORTED;
+	if ((tcp_flags(p.tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK || !plain_has_nop_nop_ts(&p))
+		return XDP_ABORTED;
+	STAGE_DONE(2);
+
+	key.addr = p.ip->daddr;
+	key.port = p.tcp->dest;
+	key.protocol = IPPROTO_TCP;
+	vip = bpf_map_lookup_elem(&vips, &key);
+	if (!vip)
+		return XDP_ABORTED;
+	STAGE_DONE(3);
+
+	layout = layout_of(config);
+	hash = siphash_finish(vip->hash_prefix, p.ip->saddr, p.tcp->source);
+	unmasked = cookie_unmask(layout, bpf_ntohs(*(__be16 *)&p.ts->tsecr), hash);
+	id = cookie_server(layout, unmasked);
+	SINK(id);
+	SINK(unmasked);
+	STAGE_DONE(4);
+
+	server = bpf_map_lookup_elem(&servers, &id);
+	if (!server || !(server->flags & SERVER_FORWARDS))
+		return XDP_ABORTED;
+	if (!cookie_restore(&msb_restores, unmasked, &restored))
+		return XDP_ABORTED;
+	if (!(server->flags & SERVER_EGRESS))
+		return XDP_ABORTED;
+	SINK(restored);
+	STAGE_DONE(5);
+
+	csum_replace_high_half_in_network_order((__u16 *)&p.ts->tsecr, &p.tcp->check, restored);
+	__builtin_memcpy(p.eth->h_dest, server->dst_mac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_source, server->src_mac, ETH_ALEN);
+	STAGE_DONE(6);
+
+	add_server_traffic(id, p.ip);
+	count(STAT_FAST_CLIENT_COOKIE);
+	return XDP_TX;
+}
+
+// lb_process() for a server's reply in cheetah mode with l2 forwarding (steer_owner,
+// lb_config, reply_fast), cut after stage `upto`:
+//   1 steering's classification (vip_addrs[daddr] missed, vip_addrs[saddr]) and lb_config
+//   2 server_side[ingress] and parse_plain_tcp
+//   3 the sender: server_macs[src MAC], vips[(saddr, sport, 6)], servers[id]
+//   4 flags and NOP NOP TS checks, msb_seen and the clock check
+//   5 SipHash finish and cookie encode
+//   6 bpf_fib_lookup toward the client
+//   7 TSval rewrite with its checksum, MACs from the FIB's answer
+//   8 server_traffic[id] and the stats counter
+// The whole path (bench_lb) adds send_out (bpf_redirect here).
+static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
+{
+	__u32 ingress = ctx->ingress_ifindex;
+	struct cookie_layout layout;
+	struct backend_info *backend;
+	struct msb_seen_words *seen;
+	struct server_info *server;
+	struct bpf_fib_lookup fib;
+	struct lb_config *config;
+	struct vip_info *vip;
+	struct plain_tcp p;
+	__u32 zero = 0, id = 0;
+	__u16 msb, cookie;
+	__u64 hash;
+
+	if (!restore_frame(ctx))
+		return XDP_ABORTED;
+
+	if (steer_owner(ctx, &backend) != META_FROM_SERVER)
+		return XDP_ABORTED;
+	config = bpf_map_lookup_elem(&lb_config, &zero);
+	if (!config || !(config->flags & LB_FAST_PATH) || config->mode != LB_MODE_CHEETAH ||
+	    config->forwarding != LB_FORWARDING_L2)
+		return XDP_ABORTED;
+	STAGE_DONE(1);
+
+	if (!bpf_map_lookup_elem(&server_side, &ingress))
+		return XDP_ABORTED;
+	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
+		return XDP_ABORTED;
+	STAGE_DONE(2);
+
+	vip = reply_sender(&p, config, backend, &id);
+	if (!vip)
+		return XDP_ABORTED;
+	server = bpf_map_lookup_elem(&servers, &id);
+	if (!server || !(server->flags & SERVER_FORWARDS))
+		return XDP_ABORTED;
+	STAGE_DONE(3);
+
+	if (tcp_flags(p.tcp) & (TCP_SYN | TCP_FIN | TCP_RST))
+		return XDP_ABORTED;
+	if (!plain_has_nop_nop_ts(&p))
+		return XDP_ABORTED;
+	msb = bpf_ntohl(p.ts->tsval) >> 16;
+	seen = bpf_map_lookup_elem(&msb_seen, &zero);
+	if (!seen || !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
+		return XDP_ABORTED;
+	STAGE_DONE(4);
+
+	layout = layout_of(config);
+	hash = siphash_finish(vip->hash_prefix, p.ip->daddr, p.tcp->dest);
+	cookie = cookie_encode(layout, id, hash, msb);
+	SINK(cookie);
+	STAGE_DONE(5);
+
+	if (fib_toward_client(ctx, p.ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
+		return XDP_ABORTED;
+	STAGE_DONE(6);
+
+	csum_replace_high_half((__u16 *)&p.ts->tsval, &p.tcp->check, cookie);
+	__builtin_memcpy(p.eth->h_dest, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_source, fib.smac, ETH_ALEN);
+	STAGE_DONE(7);
+
+	add_server_traffic(id, p.ip);
+	count(STAT_FAST_SERVER_COOKIE);
+	return XDP_TX;
+}
+
+#define CLIENT_STAGE(k)                                                                        \
+	SEC("xdp") int bench_client_stage_##k(struct xdp_md *ctx)                              \
+	{                                                                                      \
+		return client_stages(ctx, k);                                                  \
+	}
+#define REPLY_STAGE(k)                                                                         \
+	SEC("xdp") int bench_reply_stage_##k(struct xdp_md *ctx)                               \
+	{                                                                                      \
+		return reply_stages(ctx, k);                                                   \
+	}
+
+CLIENT_STAGE(1)
+CLIENT_STAGE(2)
+CLIENT_STAGE(3)
+CLIENT_STAGE(4)
+CLIENT_STAGE(5)
+CLIENT_STAGE(6)
+CLIENT_STAGE(7)
+REPLY_STAGE(1)
+REPLY_STAGE(2)
+REPLY_STAGE(3)
+REPLY_STAGE(4)
+REPLY_STAGE(5)
+REPLY_STAGE(6)
+REPLY_STAGE(7)
+REPLY_STAGE(8)
+
+// ---- Many flows -------------------------------------------------------------------------
+
+// One flow's client as it lies in the packet, and the cookie its ACKs echo (TSecr's first
+// two bytes) for the cheetah LB's client path.
+struct bench_flow {
+	__be32 addr;
+	__be16 port;
+	__be16 cookie;
+};
+
+// Sized by userspace before loading (to the largest flow count it asks for; one entry
+// otherwise, so the other benches do not allocate it).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct bench_flow);
+} bench_flows SEC(".maps");
+
+// Key 0: how many flows of bench_flows a curve point cycles over.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} bench_flow_count SEC(".maps");
+
+// The next flow of each program (enum flow_cursor), per CPU: the timed program and the
+// trivial one it is compared with keep cursors of their own, which userspace starts half
+// a cycle apart, so neither finds its flow in cache because the other just read it.
+enum flow_cursor {
+	CURSOR_SUBJECT,
+	CURSOR_TRIVIAL,
+	CURSOR_COUNT,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CURSOR_COUNT);
+	__type(key, __u32);
+	__type(value, __u32);
+} bench_flow_cursor SEC(".maps");
+
+// Where a flow's client goes in the frame: the source of a client's segment, the
+// destination of a server's reply.
+enum flow_side {
+	FLOW_IS_SOURCE,
+	FLOW_IS_DESTINATION,
+};
+
+// Ethernet + IPv4 without options: the addresses, then the ports of the TCP header after
+// them, then TSecr of NOP NOP TS.
+#define FRAME_SADDR 26
+#define FRAME_DADDR 30
+#define FRAME_SPORT 34
+#define FRAME_DPORT 36
+#define FRAME_TSECR 62
+
+// restore_frame, then the next flow's client written into it. The checksums are left as
+// they are: the LB never verifies one, only updates it.
+static __always_inline int restore_flow_frame(struct xdp_md *ctx, __u32 cursor_key,
+					      enum flow_side side)
+{
+	__u32 zero = 0, *count, *cursor, index;
+	struct bench_flow *flow;
+	void *data, *data_end;
+
+	if (!restore_frame(ctx))
+		return 0;
+	count = bpf_map_lookup_elem(&bench_flow_count, &zero);
+	cursor = bpf_map_lookup_elem(&bench_flow_cursor, &cursor_key);
+	if (!count || !cursor || *count == 0)
+		return 0;
+	index = *cursor;
+	if (index >= *count)
+		index = 0;
+	*cursor = index + 1;
+	flow = bpf_map_lookup_elem(&bench_flows, &index);
+	if (!flow)
+		return 0;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + FRAME_TSECR + 2 > data_end)
+		return 0;
+	if (side == FLOW_IS_SOURCE) {
+		*(__be32 *)(data + FRAME_SADDR) = flow->addr;
+		*(__be16 *)(data + FRAME_SPORT) = flow->port;
+		*(__be16 *)(data + FRAME_TSECR) = flow->cookie;
+	} else {
+		*(__be32 *)(data + FRAME_DADDR) = flow->addr;
+		*(__be16 *)(data + FRAME_DPORT) = flow->port;
+	}
+	return 1;
+}
+
+SEC("xdp")
+int bench_flows_client_lb(struct xdp_md *ctx)
+{
+	if (!restore_flow_frame(ctx, CURSOR_SUBJECT, FLOW_IS_SOURCE))
+		return XDP_ABORTED;
+	return lb_process(ctx);
+}
+
+SEC("xdp")
+int bench_flows_client_trivial(struct xdp_md *ctx)
+{
+	if (!restore_flow_frame(ctx, CURSOR_TRIVIAL, FLOW_IS_SOURCE))
+		return XDP_ABORTED;
+	return XDP_TX;
+}
+
+SEC("xdp")
+int bench_flows_reply_lb(struct xdp_md *ctx)
+{
+	if (!restore_flow_frame(ctx, CURSOR_SUBJECT, FLOW_IS_DESTINATION))
+		return XDP_ABORTED;
+	return lb_process(ctx);
+}
+
+SEC("xdp")
+int bench_flows_reply_trivial(struct xdp_md *ctx)
+{
+	if (!restore_flow_frame(ctx, CURSOR_TRIVIAL, FLOW_IS_DESTINATION))
+		return XDP_ABORTED;
+	return XDP_TX;
+}
+
+// A connection table's key, as Katran's flow key: the 5-tuple.
+struct bench_five_tuple {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 protocol;
+	__u8 pad[3];
+};
+
+// One table shared by every CPU (no BPF_F_NO_COMMON_LRU), as the issue asks of the
+// fallback: the SYN-ACK that teaches it arrives on another CPU than the client's packets.
+// Userspace sizes it (all the flows, plus room for the CPUs' free lists, so that filling
+// it evicts nothing) and fills it.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1);
+	__type(key, struct bench_five_tuple);
+	__type(value, __u32);
+} bench_connections SEC(".maps");
+
+// The established client->server path of a connection-table LB, on the cheetah LB's own
+// steps (steering, lb_config, parse, vips, servers, MACs, accounting, send): where
+// client_fast decodes the cookie (SipHash, msb_restores, TSecr rewrite), it looks the
+// connection's 5-tuple up in bench_connections. A miss would be a new pick; the bench
+// fills the table first, so a miss is XDP_ABORTED (a void run).
+static __always_inline int katran_lru_client(struct xdp_md *ctx)
+{
+	struct bench_five_tuple tuple = {};
+	struct backend_info *backend;
+	struct server_info *server;
+	struct lb_config *config;
+	struct vip_key key = {};
+	struct vip_info *vip;
+	struct plain_tcp p;
+	__u32 zero = 0, id, *found;
+
+	if (steer_owner(ctx, &backend) != META_TO_VIP)
+		return XDP_ABORTED;
+	config = bpf_map_lookup_elem(&lb_config, &zero);
+	if (!config || !(config->flags & LB_FAST_PATH))
+		return XDP_ABORTED;
+	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
+		return XDP_ABORTED;
+	key.addr = p.ip->daddr;
+	key.port = p.tcp->dest;
+	key.protocol = IPPROTO_TCP;
+	vip = bpf_map_lookup_elem(&vips, &key);
+	if (!vip)
+		return XDP_ABORTED;
+	tuple.saddr = p.ip->saddr;
+	tuple.daddr = p.ip->daddr;
+	tuple.sport = p.tcp->source;
+	tuple.dport = p.tcp->dest;
+	tuple.protocol = IPPROTO_TCP;
+	found = bpf_map_lookup_elem(&bench_connections, &tuple);
+	if (!found)
+		return XDP_ABORTED;
+	id = *found;
+	server = bpf_map_lookup_elem(&servers, &id);
+	if (!server || !(server->flags & SERVER_EGRESS))
+		return XDP_ABORTED;
+	return forward_to_server(ctx, &p, config, vip, server, id, STAT_FAST_CLIENT_PICK);
+}
+
+SEC("xdp")
+int bench_flows_katran_lru(struct xdp_md *ctx)
+{
+	if (!restore_flow_frame(ctx, CURSOR_SUBJECT, FLOW_IS_SOURCE))
+		return XDP_ABORTED;
+	return katran_lru_client(ctx);
 }
 
 char LICENSE[] SEC("license") = "GPL";

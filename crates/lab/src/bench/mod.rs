@@ -7,7 +7,8 @@
 //! (the restore is timed alone and subtracted), in at least five runs whose median, min and
 //! max are reported in TSC ticks and ns. `--callgrind` adds instructions per packet counted
 //! by callgrind. The targets are printed as PASS/MISS lines; nothing asserts.
-//! `--xdp` times the in-kernel path instead (the `xdp` module).
+//! `--xdp` times the in-kernel path instead (the `xdp` module, with the per-stage breakdown
+//! of `xdp_stages`); `--xdp-flows` times it against the number of flows (`xdp_flows`).
 //!
 //! `docs/benchmarks.md` has the commands and the results on the reference machine.
 
@@ -27,6 +28,9 @@ mod summary;
 mod timing;
 mod trace;
 mod xdp;
+mod xdp_flows;
+mod xdp_flows_plot;
+mod xdp_stages;
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -113,9 +117,21 @@ pub struct Args {
     /// and --markdown.
     #[arg(long)]
     xdp: bool,
-    /// With --xdp: timed runs of each program per row.
+    /// With --xdp: timed runs of each program per row (and per stage of the breakdown);
+    /// with --xdp-flows: at least this many per point.
     #[arg(long, default_value_t = 100_000)]
     xdp_runs: u32,
+    /// Time the in-kernel path against the number of distinct flows instead (1 to 10^7:
+    /// the cookie paths and a Katran-style LRU connection table; root; see
+    /// bench/xdp_flows.rs). Uses --xdp-runs, --servers, --core, --realtime and --markdown.
+    #[arg(long)]
+    xdp_flows: bool,
+    /// With --xdp-flows: the largest flow count timed (points are 1, 10^2, 10^3 .. 10^7).
+    #[arg(long, default_value_t = 10_000_000)]
+    xdp_flows_max: u32,
+    /// With --xdp-flows: also draw the curves into this PNG.
+    #[arg(long)]
+    xdp_flows_plot: Option<std::path::PathBuf>,
 }
 
 impl Args {
@@ -159,6 +175,17 @@ impl Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.xdp_flows {
+        return xdp_flows::run(xdp_flows::Options {
+            runs: args.xdp_runs,
+            servers: args.servers,
+            core: args.core,
+            realtime: args.realtime,
+            markdown: args.markdown,
+            max_flows: args.xdp_flows_max,
+            plot: args.xdp_flows_plot,
+        });
+    }
     if args.xdp {
         return xdp::run(xdp::Options {
             runs: args.xdp_runs,

@@ -41,17 +41,17 @@ use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
 use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, ProgramInput};
 
-use super::affinity;
 use super::lab::SECRET;
+use super::{affinity, xdp_flows, xdp_stages};
 
 static BENCH_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_bench.o"));
 
 /// `BENCH_FRAME_MAX` of bpf/xdp_bench.c.
 const BENCH_FRAME_MAX: usize = 256;
-const XDP_TX: u32 = 3;
-const XDP_REDIRECT: u32 = 4;
+pub(super) const XDP_TX: u32 = 3;
+pub(super) const XDP_REDIRECT: u32 = 4;
 /// Untimed runs of each program before a row's timed ones.
-const WARM_UP_RUNS: u32 = 1_000;
+pub(super) const WARM_UP_RUNS: u32 = 1_000;
 /// The targets, ns per packet net of the trivial program.
 const ESTABLISHED_TARGET_NS: f64 = 40.0;
 const SERVER_TO_CLIENT_TARGET_NS: f64 = 45.0;
@@ -60,7 +60,7 @@ const ESTABLISHED_OVER_HASH_TARGET: f64 = 1.2;
 const CLIENT_PORT: u16 = 40_000;
 const CLIENT_TS: u32 = 0x0102_0304;
 /// The servers' clocks: every server's MSB is this (imported into the clock table).
-const SERVER_MSB: u16 = 0x1234;
+pub(super) const SERVER_MSB: u16 = 0x1234;
 const GATEWAY_MAC: Mac = [0x02, 0xc9, 0x00, 0x00, 0x00, 0x01];
 const SERVER_INTERFACE: &str = "xb-srv";
 const CLIENT_INTERFACE: &str = "xb-cli";
@@ -75,24 +75,24 @@ pub struct Options {
 
 /// One interface of the bench's namespace.
 #[derive(Clone, Copy)]
-struct Port {
-    ifindex: u32,
+pub(super) struct Port {
+    pub(super) ifindex: u32,
 }
 
-struct Ports {
-    servers: Port,
-    clients: Port,
+pub(super) struct Ports {
+    pub(super) servers: Port,
+    pub(super) clients: Port,
 }
 
 /// An LB configuration the rows of which share one loaded program and its maps.
-struct Setup {
+pub(super) struct Setup {
     label: &'static str,
     mode: Mode,
     forwarding: Forwarding,
     policy: PolicyKind,
 }
 
-const SETUPS: [Setup; 3] = [
+pub(super) const SETUPS: [Setup; 3] = [
     Setup {
         label: "cheetah",
         mode: Mode::Cheetah,
@@ -114,7 +114,7 @@ const SETUPS: [Setup; 3] = [
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Path {
+pub(super) enum Path {
     ClientToServer,
     ServerToClient,
     /// Only the next-hop lookup every server->client packet makes (bench_fib), to say
@@ -128,13 +128,13 @@ struct Timings {
     trivial: Vec<u32>,
 }
 
-struct Spread {
-    median: f64,
-    p10: f64,
-    p90: f64,
+pub(super) struct Spread {
+    pub(super) median: f64,
+    pub(super) p10: f64,
+    pub(super) p90: f64,
 }
 
-fn spread(mut values: Vec<f64>) -> Spread {
+pub(super) fn spread(mut values: Vec<f64>) -> Spread {
     values.sort_by(f64::total_cmp);
     let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
     Spread {
@@ -165,28 +165,11 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     // first one.
     let jit = read_setting("/proc/sys/net/core/bpf_jit_enable");
     let ports = enter_new_namespace()?;
-    let core = options.core.unwrap_or_else(affinity::default_core);
-    let (pin, mut placement) = match affinity::pin_to(core) {
-        Ok(pin) => (Some(pin), format!("pinned to core {core}")),
-        Err(e) => (None, format!("NOT pinned ({e})")),
-    };
-    let rt = if options.realtime {
-        match affinity::realtime() {
-            Ok(rt) => {
-                placement.push_str(", SCHED_FIFO");
-                Some(rt)
-            }
-            Err(e) => {
-                placement.push_str(&format!(", SCHED_FIFO refused ({e})"));
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let (pin, rt, placement) = place(options.core, options.realtime);
     let mut rows = Vec::new();
-    for setup in &SETUPS {
-        let bench = Bench::load(setup, options.servers)?;
+    let mut breakdowns = Vec::new();
+    for (n, setup) in SETUPS.iter().enumerate() {
+        let bench = Bench::load(setup, options.servers, 0)?;
         let paths: &[Path] = if setup.mode == Mode::Cheetah && setup.forwarding == Forwarding::L2 {
             &[Path::ClientToServer, Path::ServerToClient, Path::FibLookup]
         } else {
@@ -196,6 +179,17 @@ pub fn run(options: Options) -> anyhow::Result<()> {
             let row = bench.row(setup, path, &ports, options.runs)?;
             eprintln!("{}", row_line(&row));
             rows.push(row);
+        }
+        // The first setup (cheetah, l2) is the one the targets are about.
+        if n == 0 {
+            for direction in [Path::ClientToServer, Path::ServerToClient] {
+                breakdowns.push(xdp_stages::breakdown(
+                    &bench,
+                    direction,
+                    &ports,
+                    options.runs,
+                )?);
+            }
         }
     }
     if let Some(rt) = rt {
@@ -210,22 +204,63 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         options.runs
     );
     print!("{}", render(&rows, options.markdown));
+    for breakdown in &breakdowns {
+        print!("\n{}", xdp_stages::render(breakdown, options.markdown));
+    }
     Ok(())
 }
 
-struct Bench {
-    program: SteeringProgram,
-    plane: ControlPlane,
+/// Pins the thread to `core` (or the default core) and, if asked, makes it SCHED_FIFO:
+/// the guards to release afterwards, and a note of what was obtained.
+pub(super) fn place(
+    core: Option<usize>,
+    realtime: bool,
+) -> (Option<affinity::Pinned>, Option<affinity::Realtime>, String) {
+    let core = core.unwrap_or_else(affinity::default_core);
+    let (pin, mut placement) = match affinity::pin_to(core) {
+        Ok(pin) => (Some(pin), format!("pinned to core {core}")),
+        Err(e) => (None, format!("NOT pinned ({e})")),
+    };
+    let rt = if realtime {
+        match affinity::realtime() {
+            Ok(rt) => {
+                placement.push_str(", SCHED_FIFO");
+                Some(rt)
+            }
+            Err(e) => {
+                placement.push_str(&format!(", SCHED_FIFO refused ({e})"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    (pin, rt, placement)
+}
+
+pub(super) struct Bench {
+    pub(super) program: SteeringProgram,
+    pub(super) plane: ControlPlane,
     config: LbConfig,
 }
 
 impl Bench {
-    fn load(setup: &Setup, servers: u16) -> anyhow::Result<Self> {
-        let object = ObjectBuilder::default()
+    /// Loads bpf/xdp_bench.c with its flow maps sized for `flows` flows (xdp_flows.rs; 0
+    /// when the bench cycles over no flows) and publishes `setup`'s tables into it.
+    pub(super) fn load(setup: &Setup, servers: u16, flows: u32) -> anyhow::Result<Self> {
+        let mut open = ObjectBuilder::default()
             .open_memory(BENCH_OBJECT)
-            .context("cannot open the embedded bpf/xdp_bench.c")?
-            .load()
-            .context("the kernel refused bpf/xdp_bench.c")?;
+            .context("cannot open the embedded bpf/xdp_bench.c")?;
+        for mut map in open.maps_mut() {
+            let entries = match map.name().to_str() {
+                Some("bench_flows") => flows.max(1),
+                Some("bench_connections") => xdp_flows::connection_table_size(flows),
+                _ => continue,
+            };
+            map.set_max_entries(entries)
+                .context("cannot size the bench's flow maps")?;
+        }
+        let object = open.load().context("the kernel refused bpf/xdp_bench.c")?;
         let program = SteeringProgram::from_object(object);
         let config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
         let words = program.clock_words()?;
@@ -271,7 +306,7 @@ impl Bench {
     /// The row's frame, made and checked by the core: a server segment and the client's
     /// ACK echoing what the core made of it. Returns the frame, the packet's ingress and
     /// the counter its fast path moves.
-    fn frame(&self, direction: Path) -> anyhow::Result<(Vec<u8>, u32)> {
+    pub(super) fn frame(&self, direction: Path) -> anyhow::Result<(Vec<u8>, u32)> {
         let mut worker = self.worker();
         let now = 10 * cheetah_core::types::NANOS_PER_SEC;
         let client = testkit::client_ip(7);
@@ -402,16 +437,8 @@ impl Bench {
         })
     }
 
-    /// Runs `subject` and bench_trivial alternately on `frame` (after untimed warm-up
-    /// runs): their durations, and the first action of `subject` that was not `expected`.
-    fn time(
-        &self,
-        subject: &str,
-        frame: &[u8],
-        ingress: u32,
-        runs: u32,
-        expected: u32,
-    ) -> anyhow::Result<(Timings, Option<u32>)> {
+    /// Puts `frame` into bench_frame, the pristine copy every bench program starts from.
+    pub(super) fn write_frame(&self, frame: &[u8]) -> anyhow::Result<()> {
         ensure!(
             frame.len() <= BENCH_FRAME_MAX,
             "frame too long for bench_frame"
@@ -422,6 +449,20 @@ impl Bench {
         map(self.program.object(), "bench_frame")?
             .update(&0u32.to_ne_bytes(), &value, MapFlags::ANY)
             .context("cannot write bench_frame")?;
+        Ok(())
+    }
+
+    /// Runs `subject` and bench_trivial alternately on `frame` (after untimed warm-up
+    /// runs): their durations, and the first action of `subject` that was not `expected`.
+    fn time(
+        &self,
+        subject: &str,
+        frame: &[u8],
+        ingress: u32,
+        runs: u32,
+        expected: u32,
+    ) -> anyhow::Result<(Timings, Option<u32>)> {
+        self.write_frame(frame)?;
         let subject = program(self.program.object(), subject)?;
         let trivial = program(self.program.object(), "bench_trivial")?;
         let mut timings = Timings {
@@ -448,7 +489,7 @@ impl Bench {
 /// the kernel's duration in ns.
 // `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
 #[allow(clippy::field_reassign_with_default)]
-fn test_run(
+pub(super) fn test_run(
     program: &libbpf_rs::ProgramMut<'_>,
     frame: &[u8],
     ingress: u32,
@@ -476,14 +517,17 @@ fn xdp_md(len: u32, ingress: u32) -> [u8; 24] {
     md
 }
 
-fn map<'a>(object: &'a Object, name: &str) -> anyhow::Result<libbpf_rs::Map<'a>> {
+pub(super) fn map<'a>(object: &'a Object, name: &str) -> anyhow::Result<libbpf_rs::Map<'a>> {
     object
         .maps()
         .find(|m| m.name() == name)
         .with_context(|| format!("map {name} is missing from bpf/xdp_bench.c"))
 }
 
-fn program<'a>(object: &'a Object, name: &str) -> anyhow::Result<libbpf_rs::ProgramMut<'a>> {
+pub(super) fn program<'a>(
+    object: &'a Object,
+    name: &str,
+) -> anyhow::Result<libbpf_rs::ProgramMut<'a>> {
     object
         .progs_mut()
         .find(|p| p.name() == name)
@@ -491,7 +535,7 @@ fn program<'a>(object: &'a Object, name: &str) -> anyhow::Result<libbpf_rs::Prog
 }
 
 /// A `stats` counter summed over the CPUs.
-fn stat(object: &Object, index: u32) -> anyhow::Result<u64> {
+pub(super) fn stat(object: &Object, index: u32) -> anyhow::Result<u64> {
     let values = map(object, "stats")?
         .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
         .context("cannot read stats")?
@@ -553,7 +597,7 @@ fn ifindex(name: &str) -> anyhow::Result<Port> {
 /// IPv4 forwarding (what `cheetah run` sets for the FIB lookups), a veth facing the
 /// servers' subnet and one facing the clients through a gateway whose neighbour entry is
 /// static, so every server->client run finds its next hop in the kernel.
-fn enter_new_namespace() -> anyhow::Result<Ports> {
+pub(super) fn enter_new_namespace() -> anyhow::Result<Ports> {
     // SAFETY: unshare only changes this thread's namespaces; the process has no other yet.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
         bail!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
@@ -601,13 +645,13 @@ fn enter_new_namespace() -> anyhow::Result<Ports> {
     })
 }
 
-fn read_setting(path: &str) -> String {
+pub(super) fn read_setting(path: &str) -> String {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
 }
 
-fn machine_note(placement: &str, jit: &str) -> String {
+pub(super) fn machine_note(placement: &str, jit: &str) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
