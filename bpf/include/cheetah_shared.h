@@ -56,6 +56,9 @@ enum xdp_stat {
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a reply with SYN, FIN or RST: handshake and close bookkeeping
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
 	STAT_UP_OTHER,          // anything else: unknown VIP port, pool not published, reply on the client side
+	// A reply the in-kernel path looked up in next_hops without a usable answer: it asked
+	// bpf_fib_lookup instead (whatever the FIB then said).
+	STAT_NEXT_HOP_MISS,
 	STAT_COUNT,
 };
 
@@ -150,5 +153,23 @@ struct server_traffic {
 // MSB, whose two low bytes in memory are the packet's (network order).
 #define MSB_KNOWN (1u << 16)
 #define MSB_BEYOND_IDLE_LIMIT (1u << 17)
+
+// Key of the next_hops LPM trie: an IPv4 prefix (struct bpf_lpm_trie_key's layout).
+struct next_hop_key {
+	__u32 prefixlen;
+	__u32 addr; // network byte order
+};
+
+// Value of next_hops: what bpf_fib_lookup would answer for every destination of the
+// prefix, filled by userspace from the kernel's routes and neighbours
+// (crates/daemon/src/dataplane/next_hops.rs). An ifindex of 0 is "no answer here": the
+// prefix needs the FIB (a route the map does not mirror, or a neighbour not resolved).
+#define MAX_NEXT_HOPS 16384
+struct next_hop {
+	__u32 ifindex; // egress interface; 0 = ask bpf_fib_lookup
+	__u32 mtu;     // an IP packet longer than this needs the FIB's answer (FRAG_NEEDED)
+	__u8 dmac[6];  // the neighbour's MAC (the gateway's, or the destination's on-link)
+	__u8 smac[6];  // the egress interface's MAC
+};
 
 #endif

@@ -142,4 +142,15 @@ struct {
 	__type(value, struct server_traffic);
 } server_traffic SEC(".maps");
 
+// IPv4 prefix -> the next hop toward a client there (cheetah_shared.h struct next_hop):
+// the kernel's FIB and neighbour answers, mirrored by userspace so that a server's reply
+// costs one trie lookup instead of bpf_fib_lookup.
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MAX_NEXT_HOPS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct next_hop_key);
+	__type(value, struct next_hop);
+} next_hops SEC(".maps");
+
 #endif

@@ -424,6 +424,16 @@ impl Collector for DaemonCollector {
         )?;
         family(
             e,
+            "cheetah_xdp_next_hop_misses",
+            "Server replies the in-kernel path found no next hop for in the next_hops map (datapath = xdp), so it asked the kernel's FIB (bpf_fib_lookup) instead.",
+            MetricType::Counter,
+            [(
+                Labels::new(),
+                Count(state.steering.next_hop_miss.load(Relaxed)),
+            )],
+        )?;
+        family(
+            e,
             "cheetah_snapshot_generation",
             "Generation of the published table snapshot (moves with every control change).",
             MetricType::Gauge,
