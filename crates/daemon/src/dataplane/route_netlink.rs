@@ -50,6 +50,8 @@ const NDA_LLADDR: u16 = 2;
 
 const FRA_PRIORITY: u16 = 6;
 const FRA_TABLE: u16 = 15;
+const FRA_SUPPRESS_IFGROUP: u16 = 13;
+const FRA_SUPPRESS_PREFIXLEN: u16 = 14;
 const FRA_PROTOCOL: u16 = 21;
 const FR_ACT_TO_TBL: u8 = 1;
 
@@ -211,7 +213,12 @@ impl RouteSocket {
         }
         request[8..12].copy_from_slice(&RTM_F_CLONED.to_ne_bytes());
         for body in self.dump(RTM_GETROUTE, RTM_NEWROUTE, &request)? {
-            kernel.exceptions.extend(parse_route(&body));
+            // The kernel lists the routes too (with exceptions below them): only an
+            // exception is marked cloned.
+            let route = parse_route(&body);
+            kernel
+                .exceptions
+                .extend(route.filter(|r| r.flags & RTM_F_CLONED != 0));
         }
         let mut request = [0u8; 12];
         request[0] = libc::AF_INET as u8;
@@ -445,6 +452,8 @@ fn parse_rule(body: &[u8]) -> Option<Rule> {
             FRA_PRIORITY => rule.priority = u32_of(value)?,
             FRA_TABLE => rule.table = u32_of(value)?,
             FRA_PROTOCOL => {}
+            // -1 is "no suppressor", as the kernel lists its default rules.
+            FRA_SUPPRESS_IFGROUP | FRA_SUPPRESS_PREFIXLEN if u32_of(value) == Some(u32::MAX) => {}
             // A selector (iif, oif, fwmark, uid range, ports, ...) or a suppressor.
             _ => rule.plain = false,
         }
