@@ -39,6 +39,17 @@ static __always_inline int restore_frame(struct xdp_md *ctx)
 	return bpf_xdp_store_bytes(ctx, 0, frame->bytes, len) == 0;
 }
 
+static __always_inline struct iphdr *bench_ip(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+
+	if ((void *)(ip + 1) > data_end)
+		return NULL;
+	return ip;
+}
+
 SEC("xdp")
 int bench_lb(struct xdp_md *ctx)
 {
@@ -60,18 +71,64 @@ int bench_trivial(struct xdp_md *ctx)
 SEC("xdp")
 int bench_fib(struct xdp_md *ctx)
 {
-	void *data, *data_end;
 	struct bpf_fib_lookup fib;
 	struct iphdr *ip;
 
 	if (!restore_frame(ctx))
 		return XDP_ABORTED;
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	ip = data + sizeof(struct ethhdr);
-	if ((void *)(ip + 1) > data_end)
+	ip = bench_ip(ctx);
+	if (!ip)
 		return XDP_ABORTED;
 	if (fib_toward_client(ctx, ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
+		return XDP_ABORTED;
+	return XDP_TX;
+}
+
+// The same server->client frame's next-hop lookup in the LB's next_hops trie alone
+// (lib/next_hop.h's hit), and, for comparison, in a HASH map keyed by the /32 address (what
+// a map filled on demand per client would be): what the LPM trie costs.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_NEXT_HOPS);
+	__type(key, __u32);
+	__type(value, struct next_hop);
+} bench_hop_by_address SEC(".maps");
+
+
+SEC("xdp")
+int bench_next_hop_trie(struct xdp_md *ctx)
+{
+	struct next_hop_key key = { .prefixlen = 32 };
+	struct next_hop *hop;
+	struct iphdr *ip;
+
+	if (!restore_frame(ctx))
+		return XDP_ABORTED;
+	ip = bench_ip(ctx);
+	if (!ip)
+		return XDP_ABORTED;
+	key.addr = ip->daddr;
+	hop = bpf_map_lookup_elem(&next_hops, &key);
+	if (!hop || !hop->ifindex)
+		return XDP_ABORTED;
+	return XDP_TX;
+}
+
+SEC("xdp")
+int bench_next_hop_hash(struct xdp_md *ctx)
+{
+	struct next_hop *hop;
+	struct iphdr *ip;
+	__u32 daddr;
+
+	if (!restore_frame(ctx))
+		return XDP_ABORTED;
+	ip = bench_ip(ctx);
+	if (!ip)
+		return XDP_ABORTED;
+	daddr = ip->daddr;
+	hop = bpf_map_lookup_elem(&bench_hop_by_address, &daddr);
+	if (!hop || !hop->ifindex)
 		return XDP_ABORTED;
 	return XDP_TX;
 }

@@ -33,9 +33,11 @@ use cheetah_core::testkit::{self, options, TcpFrame};
 use cheetah_core::types::{Mac, ServerId};
 use cheetah_core::verdict::Verdict;
 use cheetah_core::wire::tcp::flags;
+use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
-    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE, STAT_FAST_SERVER_PLAIN,
+    Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE,
+    STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_MISS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -117,9 +119,17 @@ const SETUPS: [Setup; 3] = [
 enum Path {
     ClientToServer,
     ServerToClient,
-    /// Only the next-hop lookup every server->client packet makes (bench_fib), to say
-    /// how much of that path it is.
+    /// Server->client with `next_hops` empty: the next hop from `bpf_fib_lookup`, as
+    /// every reply toward a client the map does not cover.
+    NextHopMiss,
+    /// Only the `bpf_fib_lookup` a next-hop miss makes (bench_fib), to say how much of
+    /// that path it is.
     FibLookup,
+    /// Only the `next_hops` trie lookup a hit makes (bench_next_hop_trie).
+    NextHopTrie,
+    /// The same answer from a HASH map keyed by the /32 address (bench_next_hop_hash):
+    /// what the trie costs beside the cheapest alternative.
+    NextHopHash,
 }
 
 /// Per-run durations of one row, in the kernel's ns.
@@ -188,7 +198,14 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     for setup in &SETUPS {
         let bench = Bench::load(setup, options.servers)?;
         let paths: &[Path] = if setup.mode == Mode::Cheetah && setup.forwarding == Forwarding::L2 {
-            &[Path::ClientToServer, Path::ServerToClient, Path::FibLookup]
+            &[
+                Path::ClientToServer,
+                Path::ServerToClient,
+                Path::NextHopMiss,
+                Path::FibLookup,
+                Path::NextHopTrie,
+                Path::NextHopHash,
+            ]
         } else {
             &[Path::ClientToServer, Path::ServerToClient]
         };
@@ -254,6 +271,9 @@ impl Bench {
                 fast_path: true,
             },
         )?;
+        // As `cheetah run` keeps it: every reply's next hop from the map, unless a row
+        // empties it.
+        NextHopMirror::new()?.refresh(&program)?;
         Ok(Bench {
             program,
             plane,
@@ -332,8 +352,8 @@ impl Bench {
 
     fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
         let direction = match path {
-            Path::FibLookup => Path::ServerToClient,
-            other => other,
+            Path::ClientToServer => Path::ClientToServer,
+            _ => Path::ServerToClient,
         };
         let (frame, cookie_stat) = self.frame(direction)?;
         let fast_stat = match (setup.mode, cookie_stat) {
@@ -346,15 +366,33 @@ impl Bench {
             Path::ClientToServer => ("bench_lb", XDP_TX),
             Path::ServerToClient if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
             Path::ServerToClient => ("bench_lb", XDP_REDIRECT),
+            Path::NextHopMiss if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
+            Path::NextHopMiss => ("bench_lb", XDP_REDIRECT),
             Path::FibLookup => ("bench_fib", XDP_TX),
+            Path::NextHopTrie => ("bench_next_hop_trie", XDP_TX),
+            Path::NextHopHash => ("bench_next_hop_hash", XDP_TX),
         };
+        match path {
+            Path::NextHopMiss => clear_next_hops(&self.program)?,
+            Path::NextHopHash => self.fill_hop_by_address(&frame)?,
+            _ => {}
+        }
         let before = stat(self.program.object(), fast_stat)?;
-        let (timings, wrong_action) = self.time(subject, &frame, ingress, runs, expected_action)?;
+        let misses_before = stat(self.program.object(), STAT_NEXT_HOP_MISS)?;
+        let timed = self.time(subject, &frame, ingress, runs, expected_action);
+        if path == Path::NextHopMiss {
+            // Back to what the other rows expect (a fresh mirror rewrites every entry).
+            NextHopMirror::new()?.refresh(&self.program)?;
+        }
+        let (timings, wrong_action) = timed?;
         let moved = stat(self.program.object(), fast_stat)? - before;
+        let misses = stat(self.program.object(), STAT_NEXT_HOP_MISS)? - misses_before;
         let label = match path {
             Path::FibLookup => "bpf_fib_lookup alone (server->client frame)".to_string(),
+            Path::NextHopTrie => "next_hops trie lookup alone (same frame)".to_string(),
+            Path::NextHopHash => "/32 HASH lookup alone (comparison)".to_string(),
             _ => format!(
-                "{} {} ({})",
+                "{} {} ({}){}",
                 match path {
                     Path::ClientToServer => "established client->server",
                     _ => "server->client",
@@ -363,13 +401,20 @@ impl Bench {
                 match setup.forwarding {
                     Forwarding::L2 => "l2",
                     Forwarding::Nat => "nat",
+                },
+                if path == Path::NextHopMiss {
+                    ", next-hop miss"
+                } else {
+                    ""
                 }
             ),
         };
-        // bench_fib runs no LB: nothing to count.
-        let expected_moves = match path {
-            Path::FibLookup => 0,
-            _ => u64::from(WARM_UP_RUNS + runs),
+        let all_runs = u64::from(WARM_UP_RUNS + runs);
+        // The lookup-alone programs run no LB: nothing to count.
+        let (expected_moves, expected_misses) = match path {
+            Path::FibLookup | Path::NextHopTrie | Path::NextHopHash => (0, 0),
+            Path::NextHopMiss => (all_runs, all_runs),
+            Path::ClientToServer | Path::ServerToClient => (all_runs, 0),
         };
         let result = if let Some(action) = wrong_action {
             Err(format!(
@@ -378,6 +423,10 @@ impl Bench {
         } else if moved != expected_moves {
             Err(format!(
                 "void: the fast path's counter moved {moved} times in {expected_moves} runs"
+            ))
+        } else if misses != expected_misses {
+            Err(format!(
+                "void: STAT_NEXT_HOP_MISS moved {misses} times, not {expected_misses}"
             ))
         } else {
             let diff = timings
@@ -400,6 +449,27 @@ impl Bench {
             frame_len: frame.len(),
             result,
         })
+    }
+
+    /// Puts the answer `next_hops` gives for `frame`'s destination into
+    /// bench_hop_by_address, under the destination's address.
+    fn fill_hop_by_address(&self, frame: &[u8]) -> anyhow::Result<()> {
+        let daddr: [u8; 4] = frame
+            .get(30..34)
+            .context("frame too short for IPv4")?
+            .try_into()?;
+        let key = NextHopKey {
+            prefixlen: 32,
+            addr: daddr,
+        };
+        // A lookup in an LPM trie from userspace is a longest-prefix match too.
+        let hop = map(self.program.object(), "next_hops")?
+            .lookup(&key.to_bytes(), MapFlags::ANY)
+            .context("cannot read next_hops")?
+            .context("next_hops has no entry for the bench's client")?;
+        map(self.program.object(), "bench_hop_by_address")?
+            .update(&daddr, &hop, MapFlags::ANY)
+            .context("cannot write bench_hop_by_address")
     }
 
     /// Runs `subject` and bench_trivial alternately on `frame` (after untimed warm-up
@@ -488,6 +558,16 @@ fn program<'a>(object: &'a Object, name: &str) -> anyhow::Result<libbpf_rs::Prog
         .progs_mut()
         .find(|p| p.name() == name)
         .with_context(|| format!("program {name} is missing from bpf/xdp_bench.c"))
+}
+
+/// Empties the program's `next_hops`: every reply's next hop from `bpf_fib_lookup`.
+fn clear_next_hops(program: &SteeringProgram) -> anyhow::Result<()> {
+    let map = program.try_map("next_hops")?;
+    let keys: Vec<Vec<u8>> = map.keys().collect();
+    for key in keys {
+        map.delete(&key).context("cannot delete from next_hops")?;
+    }
+    Ok(())
 }
 
 /// A `stats` counter summed over the CPUs.
