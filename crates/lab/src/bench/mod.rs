@@ -116,6 +116,10 @@ pub struct Args {
     /// With --xdp: timed runs of each program per row.
     #[arg(long, default_value_t = 100_000)]
     xdp_runs: u32,
+    /// With --xdp: extra /32 routes through the clients' gateway around the bench's client
+    /// (10.2.0.0/16), so that the next_hops trie is deep where the client's lookup goes.
+    #[arg(long, default_value_t = 0)]
+    xdp_routes: u32,
 }
 
 impl Args {
@@ -162,6 +166,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.xdp {
         return xdp::run(xdp::Options {
             runs: args.xdp_runs,
+            routes: args.xdp_routes,
             servers: args.servers,
             core: args.core,
             realtime: args.realtime,

@@ -69,6 +69,9 @@ const CLIENT_INTERFACE: &str = "xb-cli";
 
 pub struct Options {
     pub runs: u32,
+    /// Extra /32 routes in 10.2.0.0/16 (through the clients' gateway): more entries in the
+    /// next_hops trie, around the bench's client.
+    pub routes: u32,
     pub servers: u16,
     pub core: Option<usize>,
     pub realtime: bool,
@@ -174,7 +177,11 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     // Read before entering the namespace: some of net.core's sysctls exist only in the
     // first one.
     let jit = read_setting("/proc/sys/net/core/bpf_jit_enable");
-    let ports = enter_new_namespace()?;
+    ensure!(
+        options.routes < 65_000,
+        "--xdp-routes must be below 65000 (10.2.0.0/16 holds them)"
+    );
+    let ports = enter_new_namespace(options.routes)?;
     let core = options.core.unwrap_or_else(affinity::default_core);
     let (pin, mut placement) = match affinity::pin_to(core) {
         Ok(pin) => (Some(pin), format!("pinned to core {core}")),
@@ -223,8 +230,8 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     }
     println!("{}", machine_note(&placement, &jit));
     println!(
-        "runs: {} per program per row (alternating lb, trivial), BPF_PROG_TEST_RUN repeat = 1, after {WARM_UP_RUNS} untimed runs of each",
-        options.runs
+        "runs: {} per program per row (alternating lb, trivial), BPF_PROG_TEST_RUN repeat = 1, after {WARM_UP_RUNS} untimed runs of each; {} extra /32 routes around the client",
+        options.runs, options.routes
     );
     print!("{}", render(&rows, options.markdown));
     Ok(())
@@ -633,7 +640,7 @@ fn ifindex(name: &str) -> anyhow::Result<Port> {
 /// IPv4 forwarding (what `cheetah run` sets for the FIB lookups), a veth facing the
 /// servers' subnet and one facing the clients through a gateway whose neighbour entry is
 /// static, so every server->client run finds its next hop in the kernel.
-fn enter_new_namespace() -> anyhow::Result<Ports> {
+fn enter_new_namespace(routes: u32) -> anyhow::Result<Ports> {
     // SAFETY: unshare only changes this thread's namespaces; the process has no other yet.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
         bail!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
@@ -675,10 +682,43 @@ fn enter_new_namespace() -> anyhow::Result<Ports> {
         "dev",
         CLIENT_INTERFACE,
     ])?;
+    add_client_routes(routes)?;
     Ok(Ports {
         servers: ifindex(SERVER_INTERFACE)?,
         clients: ifindex(CLIENT_INTERFACE)?,
     })
+}
+
+/// `count` /32 routes through the clients' gateway in 10.2.0.0/16, from 10.2.0.1 up,
+/// skipping the bench's client (10.2.0.7, whose lookup must stay the default route's).
+fn add_client_routes(count: u32) -> anyhow::Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    let client = testkit::client_ip(7);
+    let batch: String = (1u32..)
+        .map(|n| 0x0a02_0000 | n)
+        .filter(|&addr| addr != client)
+        .take(count as usize)
+        .map(|addr| {
+            format!(
+                "route add {}/32 via 10.7.0.2 dev {CLIENT_INTERFACE}\n",
+                std::net::Ipv4Addr::from(addr)
+            )
+        })
+        .collect();
+    let mut child = Command::new("ip")
+        .args(["-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot run ip (iproute2)")?;
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), batch.as_bytes())?;
+    drop(child.stdin.take());
+    ensure!(
+        child.wait()?.success(),
+        "ip -batch: adding the routes failed"
+    );
+    Ok(())
 }
 
 fn read_setting(path: &str) -> String {
