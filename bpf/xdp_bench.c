@@ -109,7 +109,7 @@ int bench_next_hop_trie(struct xdp_md *ctx)
 		return XDP_ABORTED;
 	key.addr = ip->daddr;
 	hop = bpf_map_lookup_elem(&next_hops, &key);
-	if (!hop || !hop->ifindex)
+	if (!hop || hop->kind != NEXT_HOP_KNOWN)
 		return XDP_ABORTED;
 	return XDP_TX;
 }
@@ -128,7 +128,7 @@ int bench_next_hop_hash(struct xdp_md *ctx)
 		return XDP_ABORTED;
 	daddr = ip->daddr;
 	hop = bpf_map_lookup_elem(&bench_hop_by_address, &daddr);
-	if (!hop || !hop->ifindex)
+	if (!hop || hop->kind != NEXT_HOP_KNOWN)
 		return XDP_ABORTED;
 	return XDP_TX;
 }

@@ -160,13 +160,17 @@ struct next_hop_key {
 	__u32 addr; // network byte order
 };
 
-// Value of next_hops: what bpf_fib_lookup would answer for every destination of the
-// prefix, filled by userspace from the kernel's routes and neighbours
-// (crates/daemon/src/dataplane/next_hops.rs). An ifindex of 0 is "no answer here": the
-// prefix needs the FIB (a route the map does not mirror, or a neighbour not resolved).
+// Value of next_hops (and of next_hop_hosts): what bpf_fib_lookup would answer for every
+// destination of the prefix, filled by userspace from the kernel's routes and neighbours
+// (crates/daemon/src/dataplane/next_hops.rs). The trie holds routes only, so it stays
+// shallow; an on-link route's hosts, one MAC each, are in the next_hop_hosts hash.
 #define MAX_NEXT_HOPS 16384
+#define NEXT_HOP_FIB 0     // no answer here: ask bpf_fib_lookup
+#define NEXT_HOP_KNOWN 1   // this entry is the answer
+#define NEXT_HOP_ON_LINK 2 // an on-link route: the host's entry in next_hop_hosts, else the FIB
 struct next_hop {
-	__u32 ifindex; // egress interface; 0 = ask bpf_fib_lookup
+	__u32 kind;    // NEXT_HOP_*
+	__u32 ifindex; // egress interface
 	__u32 mtu;     // an IP packet longer than this needs the FIB's answer (FRAG_NEEDED)
 	__u8 dmac[6];  // the neighbour's MAC (the gateway's, or the destination's on-link)
 	__u8 smac[6];  // the egress interface's MAC

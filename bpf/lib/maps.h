@@ -153,4 +153,14 @@ struct {
 	__type(value, struct next_hop);
 } next_hops SEC(".maps");
 
+// Destination address (network byte order) -> its next hop, for the hosts of on-link
+// routes (a NEXT_HOP_ON_LINK entry of next_hops) whose neighbour entry is usable: one /32
+// each would make the trie deep around them, and a trie lookup costs with its depth.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_NEXT_HOPS);
+	__type(key, __u32);
+	__type(value, struct next_hop);
+} next_hop_hosts SEC(".maps");
+
 #endif

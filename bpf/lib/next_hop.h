@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 //
 // The next hop of a server's reply toward its client. The control plane mirrors the
-// kernel's routes and neighbours into next_hops (crates/daemon/src/dataplane/next_hops.rs),
-// so a reply usually costs one trie lookup; bpf_fib_lookup (about half of the reply
-// path's time) runs only where the map has no answer. Both give the same answer: the map
+// kernel's routes and neighbours into next_hops and next_hop_hosts
+// (crates/daemon/src/dataplane/next_hops.rs), so a reply costs one lookup in a trie of
+// routes (plus one hash lookup toward an on-link host); bpf_fib_lookup (about half of the
+// reply path's time) runs only where the maps have no answer. Both give the same answer: the map
 // holds a positive entry only where the FIB's answer is known to be it, and "ask the FIB"
 // entries where a route or neighbour is one the map does not mirror.
 
@@ -29,8 +30,10 @@ static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const stru
 	struct next_hop *known = bpf_map_lookup_elem(&next_hops, &key);
 	struct bpf_fib_lookup fib;
 
+	if (known && known->kind == NEXT_HOP_ON_LINK)
+		known = bpf_map_lookup_elem(&next_hop_hosts, &ip->daddr);
 	// Longer than the route's MTU: the FIB's answer is FRAG_NEEDED, which it must give.
-	if (known && known->ifindex && bpf_ntohs(ip->tot_len) <= known->mtu) {
+	if (known && known->kind == NEXT_HOP_KNOWN && bpf_ntohs(ip->tot_len) <= known->mtu) {
 		*hop = *known;
 		return 1;
 	}

@@ -235,6 +235,27 @@ fn replies_take_their_next_hop_from_the_mirror_and_follow_a_new_gateway_mac() {
         moved.elapsed()
     );
 
+    // A client on the clients' own subnet (an on-link route): its own neighbour entry's
+    // MAC, from next_hop_hosts, once the kernel has one.
+    let on_link = Ipv4Addr::new(10, 7, 0, 9);
+    let (_, _, before, after) = reply(&program, servers, on_link);
+    assert_eq!(after.next_hop_miss, before.next_hop_miss + 1);
+    ip(&[
+        "neigh",
+        "replace",
+        "10.7.0.9",
+        "lladdr",
+        "02:c9:00:00:00:09",
+        "nud",
+        "reachable",
+        "dev",
+        CLIENT_INTERFACE,
+    ]);
+    mirror.refresh(&program).expect("mirror the next hops");
+    let (action, dst, before, after) = reply(&program, servers, on_link);
+    assert_eq!((action, dst), (XDP_REDIRECT, [0x02, 0xc9, 0, 0, 0, 9]));
+    assert_eq!(after.next_hop_miss, before.next_hop_miss);
+
     // A more specific route through a gateway without a neighbour entry: the map must not
     // answer with the default route's gateway. The FIB says NO_NEIGH; the reply goes up.
     ip(&[

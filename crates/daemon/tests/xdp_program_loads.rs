@@ -49,7 +49,7 @@ const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[
 const MAC_KEY: u32 = 8; // mac[6], pad
 const SERVER_TRAFFIC: u32 = 16; // packets, bytes
 const NEXT_HOP_KEY: u32 = 8; // prefixlen, addr
-const NEXT_HOP: u32 = 20; // ifindex, mtu, dmac[6], smac[6]
+const NEXT_HOP: u32 = 24; // kind, ifindex, mtu, dmac[6], smac[6]
 const MAX_NEXT_HOPS: u32 = 16384;
 const BPF_F_NO_PREALLOC: u32 = 1;
 
@@ -106,7 +106,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 16] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 17] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -169,6 +169,14 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             "next_hops",
             MapType::LpmTrie,
             NEXT_HOP_KEY,
+            NEXT_HOP,
+            MAX_NEXT_HOPS,
+            0,
+        ),
+        (
+            "next_hop_hosts",
+            MapType::Hash,
+            4,
             NEXT_HOP,
             MAX_NEXT_HOPS,
             0,

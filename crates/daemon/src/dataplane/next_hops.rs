@@ -37,7 +37,9 @@ use libbpf_rs::{MapCore, MapFlags};
 
 use super::route_netlink::{KernelRoutes, Link, Neighbour, Route, RouteSocket, CHANGE_GROUPS};
 use super::xdp::SteeringProgram;
-use super::xdp_layout::{Encode, NextHop, NextHopKey, MAX_NEXT_HOPS};
+use super::xdp_layout::{
+    Encode, NextHop, NextHopKey, MAX_NEXT_HOPS, NEXT_HOP_FIB, NEXT_HOP_KNOWN, NEXT_HOP_ON_LINK,
+};
 
 const RT_TABLE_MAIN: u32 = 254;
 const RT_TABLE_LOCAL: u32 = 255;
@@ -51,6 +53,7 @@ const NUD_USABLE: u16 = 0x02 /* REACHABLE */ | 0x04 /* STALE */ | 0x80 /* PERMAN
 
 /// "Ask bpf_fib_lookup".
 const ASK_FIB: NextHop = NextHop {
+    kind: NEXT_HOP_FIB,
     ifindex: 0,
     mtu: 0,
     dmac: [0; 6],
@@ -105,11 +108,40 @@ enum Answer {
     AskFib,
 }
 
-/// The map's wanted contents for this state of the kernel's routing.
-pub fn mirror(kernel: &KernelRoutes, loopback_forwards: bool) -> BTreeMap<NextHopKey, NextHop> {
+/// The wanted contents of the two maps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mirror {
+    /// `next_hops`: one entry per prefix of table local and of table main.
+    pub routes: BTreeMap<NextHopKey, NextHop>,
+    /// `next_hop_hosts`: the on-link hosts with a usable neighbour entry.
+    pub hosts: BTreeMap<[u8; 4], NextHop>,
+}
+
+impl Mirror {
+    /// What the kernel's XDP program answers for `addr` (as next_hop.h looks it up,
+    /// before the MTU check).
+    pub fn lookup(&self, addr: Ipv4Addr) -> Option<NextHop> {
+        let hop = self
+            .routes
+            .iter()
+            .filter(|(k, _)| {
+                Prefix::new(Ipv4Addr::from(k.addr), k.prefixlen as u8).contains(u32::from(addr))
+            })
+            .max_by_key(|(k, _)| k.prefixlen)
+            .map(|(_, v)| *v)?;
+        if hop.kind == NEXT_HOP_ON_LINK {
+            return self.hosts.get(&addr.octets()).copied();
+        }
+        Some(hop)
+    }
+}
+
+/// The maps' wanted contents for this state of the kernel's routing.
+pub fn mirror(kernel: &KernelRoutes, loopback_forwards: bool) -> Mirror {
     let mut entries = BTreeMap::new();
+    let mut hosts = BTreeMap::new();
     if !loopback_forwards || !default_rules(kernel) {
-        return entries;
+        return Mirror::default();
     }
     let local: Vec<Prefix> = kernel
         .routes
@@ -140,7 +172,11 @@ pub fn mirror(kernel: &KernelRoutes, loopback_forwards: bool) -> BTreeMap<NextHo
     for (prefix, answer) in &answers {
         let value = match answer {
             Answer::Known(hop) => *hop,
-            Answer::OnLink(_) | Answer::AskFib => ASK_FIB,
+            Answer::OnLink(_) => NextHop {
+                kind: NEXT_HOP_ON_LINK,
+                ..ASK_FIB
+            },
+            Answer::AskFib => ASK_FIB,
         };
         entries.entry(prefix.key()).or_insert(value);
     }
@@ -160,14 +196,20 @@ pub fn mirror(kernel: &KernelRoutes, loopback_forwards: bool) -> BTreeMap<NextHo
             continue;
         }
         if let (Some(link), Some(mac)) = (ethernet(kernel, *oif), neighbour.mac) {
-            let host = Prefix::new(neighbour.addr, 32);
-            entries.insert(host.key(), known(*oif, link, mac));
+            hosts.insert(neighbour.addr.octets(), known(*oif, link, mac));
         }
     }
     for exception in &kernel.exceptions {
-        entries.insert(Prefix::new(exception.dst, exception.dst_len).key(), ASK_FIB);
+        let host = Prefix::new(exception.dst, exception.dst_len);
+        if host.len == 32 {
+            hosts.remove(&host.addr.to_be_bytes());
+        }
+        entries.insert(host.key(), ASK_FIB);
     }
-    entries
+    Mirror {
+        routes: entries,
+        hosts,
+    }
 }
 
 /// The kernel's three rules as it makes them: local (0), main (32766), default (32767).
@@ -223,6 +265,7 @@ fn usable(neighbour: &Neighbour) -> bool {
 
 fn known(ifindex: u32, link: &Link, dmac: [u8; 6]) -> NextHop {
     NextHop {
+        kind: NEXT_HOP_KNOWN,
         ifindex,
         mtu: link.mtu,
         dmac,
@@ -230,13 +273,67 @@ fn known(ifindex: u32, link: &Link, dmac: [u8; 6]) -> NextHop {
     }
 }
 
-/// Keeps the program's `next_hops` equal to [`mirror`] of this network namespace.
+/// Keeps the program's `next_hops` and `next_hop_hosts` equal to [`mirror`] of this
+/// network namespace.
 pub struct NextHopMirror {
     changes: RouteSocket,
     dumps: RouteSocket,
-    published: BTreeMap<NextHopKey, NextHop>,
-    /// The first refresh replaces whatever the map holds.
-    first: bool,
+    routes: Published,
+    hosts: Published,
+}
+
+/// What one map holds, as key and value bytes: as written, or, before the first refresh,
+/// as found (values that match nothing wanted, so every kept key is rewritten).
+struct Published {
+    name: &'static str,
+    entries: Option<BTreeMap<Vec<u8>, Vec<u8>>>,
+}
+
+impl Published {
+    fn new(name: &'static str) -> Self {
+        Published {
+            name,
+            entries: None,
+        }
+    }
+
+    /// Deletes what is not wanted, then writes what changed. Deleting first errs on the
+    /// side of the FIB: until the new entries are in, their destinations ask it.
+    fn sync(
+        &mut self,
+        program: &SteeringProgram,
+        wanted: BTreeMap<Vec<u8>, Vec<u8>>,
+    ) -> anyhow::Result<()> {
+        let map = program.try_map(self.name)?;
+        let entries = self
+            .entries
+            .get_or_insert_with(|| map.keys().map(|k| (k, Vec::new())).collect());
+        let stale: Vec<Vec<u8>> = entries
+            .keys()
+            .filter(|k| !wanted.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in stale {
+            if let Err(e) = map.delete(&key) {
+                if e.kind() != libbpf_rs::ErrorKind::NotFound {
+                    return Err(e).with_context(|| format!("cannot delete from {}", self.name));
+                }
+            }
+            entries.remove(&key);
+        }
+        for (key, value) in wanted {
+            if entries.get(&key) != Some(&value) {
+                map.update(&key, &value, MapFlags::ANY)
+                    .with_context(|| format!("cannot update {}", self.name))?;
+                entries.insert(key, value);
+            }
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.entries.as_ref().map_or(0, BTreeMap::len)
+    }
 }
 
 impl NextHopMirror {
@@ -247,8 +344,8 @@ impl NextHopMirror {
             changes: RouteSocket::open(CHANGE_GROUPS)
                 .context("cannot subscribe to the kernel's routing changes (netlink)")?,
             dumps: RouteSocket::open(0).context("cannot open a netlink socket")?,
-            published: BTreeMap::new(),
-            first: true,
+            routes: Published::new("next_hops"),
+            hosts: Published::new("next_hop_hosts"),
         })
     }
 
@@ -257,8 +354,8 @@ impl NextHopMirror {
         self.changes.drain()
     }
 
-    /// Reads the kernel's routing and writes what changed into `next_hops`: the number of
-    /// entries the map now holds.
+    /// Reads the kernel's routing and writes what changed into the maps: the number of
+    /// entries they now hold.
     pub fn refresh(&mut self, program: &SteeringProgram) -> anyhow::Result<usize> {
         // Announcements up to now are covered by this reading.
         self.changes.drain();
@@ -267,54 +364,31 @@ impl NextHopMirror {
             .read_all()
             .context("cannot read the kernel's routes and neighbours (netlink)")?;
         let mut wanted = mirror(&kernel, loopback_forwards());
-        if wanted.len() > MAX_NEXT_HOPS {
+        if wanted.routes.len() > MAX_NEXT_HOPS || wanted.hosts.len() > MAX_NEXT_HOPS {
             // Too many to mirror: the FIB answers for every destination instead.
             tracing::warn!(
-                entries = wanted.len(),
+                routes = wanted.routes.len(),
+                hosts = wanted.hosts.len(),
                 limit = MAX_NEXT_HOPS,
-                "too many routes and neighbours to mirror in next_hops; bpf_fib_lookup answers every reply"
+                "too many routes or neighbours to mirror in next_hops; bpf_fib_lookup answers every reply"
             );
-            wanted.clear();
+            wanted = Mirror::default();
         }
-        let map = program.try_map("next_hops")?;
-        if self.first {
-            self.published = map
-                .keys()
-                .filter_map(|k| {
-                    let prefixlen = u32::from_ne_bytes(k.get(0..4)?.try_into().ok()?);
-                    let addr = k.get(4..8)?.try_into().ok()?;
-                    // A value that cannot equal any wanted one: every key is rewritten.
-                    Some((
-                        NextHopKey { prefixlen, addr },
-                        NextHop { mtu: 1, ..ASK_FIB },
-                    ))
-                })
-                .collect();
-            self.first = false;
-        }
-        // Stale keys first: until the new entries are in, their prefixes ask the FIB.
-        let stale: Vec<NextHopKey> = self
-            .published
-            .keys()
-            .filter(|k| !wanted.contains_key(k))
-            .copied()
+        // Either order is safe: a host entry no NEXT_HOP_ON_LINK route points to is never
+        // read, and an on-link host without its entry asks the FIB.
+        let hosts: BTreeMap<Vec<u8>, Vec<u8>> = wanted
+            .hosts
+            .iter()
+            .map(|(addr, hop)| (addr.to_vec(), hop.to_bytes()))
             .collect();
-        for key in stale {
-            if let Err(e) = map.delete(&key.to_bytes()) {
-                if e.kind() != libbpf_rs::ErrorKind::NotFound {
-                    return Err(e).context("cannot delete from next_hops");
-                }
-            }
-            self.published.remove(&key);
-        }
-        for (key, hop) in &wanted {
-            if self.published.get(key) != Some(hop) {
-                map.update(&key.to_bytes(), &hop.to_bytes(), MapFlags::ANY)
-                    .context("cannot update next_hops")?;
-                self.published.insert(*key, *hop);
-            }
-        }
-        Ok(self.published.len())
+        self.hosts.sync(program, hosts)?;
+        let routes = wanted
+            .routes
+            .iter()
+            .map(|(key, hop)| (key.to_bytes(), hop.to_bytes()))
+            .collect();
+        self.routes.sync(program, routes)?;
+        Ok(self.routes.len() + self.hosts.len())
     }
 }
 
@@ -426,32 +500,29 @@ mod tests {
         }
     }
 
-    /// The answer of the longest matching entry, as the LPM trie gives it.
-    fn lookup(entries: &BTreeMap<NextHopKey, NextHop>, addr: [u8; 4]) -> Option<NextHop> {
-        entries
-            .iter()
-            .filter(|(k, _)| {
-                Prefix::new(Ipv4Addr::from(k.addr), k.prefixlen as u8)
-                    .contains(u32::from(Ipv4Addr::from(addr)))
-            })
-            .max_by_key(|(k, _)| k.prefixlen)
-            .map(|(_, v)| *v)
+    /// The kernel's answer from the maps, if they have one (else the FIB answers).
+    fn lookup(mirror: &Mirror, addr: [u8; 4]) -> Option<NextHop> {
+        mirror
+            .lookup(Ipv4Addr::from(addr))
+            .filter(|hop| hop.kind == NEXT_HOP_KNOWN)
     }
 
     #[test]
     fn a_gateway_route_answers_and_on_link_hosts_get_their_own_entries() {
         let entries = mirror(&kernel(), true);
         let via_gateway = NextHop {
+            kind: NEXT_HOP_KNOWN,
             ifindex: ETH0,
             mtu: 1500,
             dmac: GW,
             smac: MAC0,
         };
-        assert_eq!(entries.get(&key([0; 4], 0)), Some(&via_gateway));
+        assert_eq!(entries.routes.get(&key([0; 4], 0)), Some(&via_gateway));
         assert_eq!(lookup(&entries, [198, 51, 100, 7]), Some(via_gateway));
         assert_eq!(
             lookup(&entries, [10, 1, 0, 5]),
             Some(NextHop {
+                kind: NEXT_HOP_KNOWN,
                 ifindex: ETH1,
                 mtu: 1500,
                 dmac: [2, 0, 0, 0, 1, 5],
@@ -467,7 +538,7 @@ mod tests {
             [10, 7, 0, 1],
             [127, 0, 0, 1],
         ] {
-            assert_eq!(lookup(&entries, addr), Some(ASK_FIB), "{addr:?}");
+            assert_eq!(lookup(&entries, addr), None, "{addr:?}");
         }
     }
 
@@ -488,21 +559,21 @@ mod tests {
         blackhole.oif = None;
         kernel.routes.push(blackhole);
         let entries = mirror(&kernel, true);
-        assert_eq!(lookup(&entries, [198, 51, 100, 7]), Some(ASK_FIB));
-        assert_eq!(lookup(&entries, [203, 0, 113, 7]), Some(ASK_FIB));
-        assert_ne!(lookup(&entries, [192, 0, 2, 7]), Some(ASK_FIB));
+        assert_eq!(lookup(&entries, [198, 51, 100, 7]), None);
+        assert_eq!(lookup(&entries, [203, 0, 113, 7]), None);
+        assert!(lookup(&entries, [192, 0, 2, 7]).is_some());
     }
 
     #[test]
     fn rules_beyond_the_defaults_or_no_forwarding_on_lo_leave_the_map_empty() {
         let mut kernel = kernel();
-        assert!(mirror(&kernel, false).is_empty());
+        assert_eq!(mirror(&kernel, false), Mirror::default());
         kernel.rules.push(Rule {
             priority: 100,
             table: 100,
             plain: false,
         });
-        assert!(mirror(&kernel, true).is_empty());
+        assert_eq!(mirror(&kernel, true), Mirror::default());
     }
 
     #[test]
@@ -518,11 +589,8 @@ mod tests {
         let mut second = route(RT_TABLE_MAIN, [0, 0, 0, 0], 0, ETH1, Some([10, 1, 0, 5]));
         second.unusual = false;
         let entries = mirror(&kernel, true);
-        assert_eq!(lookup(&entries, [192, 0, 2, 1]), Some(ASK_FIB));
+        assert_eq!(lookup(&entries, [192, 0, 2, 1]), None);
         kernel.routes.push(second);
-        assert_eq!(
-            lookup(&mirror(&kernel, true), [192, 0, 2, 2]),
-            Some(ASK_FIB)
-        );
+        assert_eq!(lookup(&mirror(&kernel, true), [192, 0, 2, 2]), None);
     }
 }

@@ -117,6 +117,9 @@ fn rust_side() -> BTreeMap<String, u64> {
             stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1,
         ),
         ("MAX_NEXT_HOPS", MAX_NEXT_HOPS),
+        ("NEXT_HOP_FIB", NEXT_HOP_FIB as usize),
+        ("NEXT_HOP_KNOWN", NEXT_HOP_KNOWN as usize),
+        ("NEXT_HOP_ON_LINK", NEXT_HOP_ON_LINK as usize),
         ("SERVER_ID_SPACE", SERVER_ID_SPACE),
         ("COOKIE_SPACE", COOKIE_SPACE),
         ("MAX_VIPS", MAX_VIPS),
@@ -185,6 +188,7 @@ fn rust_side() -> BTreeMap<String, u64> {
     values.extend(layout!(
         NextHop,
         "struct next_hop",
+        kind,
         ifindex,
         mtu,
         dmac,

@@ -52,6 +52,9 @@ pub const STAT_NEXT_HOP_MISS: u32 = 15;
 pub const STAT_COUNT: u32 = 16;
 
 pub const MAX_NEXT_HOPS: usize = 16384;
+pub const NEXT_HOP_FIB: u32 = 0;
+pub const NEXT_HOP_KNOWN: u32 = 1;
+pub const NEXT_HOP_ON_LINK: u32 = 2;
 
 /// The `reason` label of each `STAT_UP_*` counter, in index order.
 pub const UP_REASONS: [(u32, &str); 7] = [
@@ -257,10 +260,12 @@ impl Encode for NextHopKey {
     }
 }
 
-/// `struct next_hop`: `ifindex` 0 means "ask `bpf_fib_lookup`".
+/// `struct next_hop`: `kind` says whether it is the answer (`NEXT_HOP_KNOWN`), sends the
+/// kernel to `next_hop_hosts` (`NEXT_HOP_ON_LINK`) or to `bpf_fib_lookup` (`NEXT_HOP_FIB`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NextHop {
+    pub kind: u32,
     pub ifindex: u32,
     pub mtu: u32,
     pub dmac: Mac,
@@ -270,6 +275,7 @@ pub struct NextHop {
 impl Encode for NextHop {
     fn to_bytes(&self) -> Vec<u8> {
         Bytes::of::<Self>()
+            .put(offset_of!(Self, kind), &self.kind.to_ne_bytes())
             .put(offset_of!(Self, ifindex), &self.ifindex.to_ne_bytes())
             .put(offset_of!(Self, mtu), &self.mtu.to_ne_bytes())
             .put(offset_of!(Self, dmac), &self.dmac)

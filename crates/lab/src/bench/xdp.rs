@@ -567,12 +567,16 @@ fn program<'a>(object: &'a Object, name: &str) -> anyhow::Result<libbpf_rs::Prog
         .with_context(|| format!("program {name} is missing from bpf/xdp_bench.c"))
 }
 
-/// Empties the program's `next_hops`: every reply's next hop from `bpf_fib_lookup`.
+/// Empties the program's `next_hops` and `next_hop_hosts`: every reply's next hop from
+/// `bpf_fib_lookup`.
 fn clear_next_hops(program: &SteeringProgram) -> anyhow::Result<()> {
-    let map = program.try_map("next_hops")?;
-    let keys: Vec<Vec<u8>> = map.keys().collect();
-    for key in keys {
-        map.delete(&key).context("cannot delete from next_hops")?;
+    for name in ["next_hops", "next_hop_hosts"] {
+        let map = program.try_map(name)?;
+        let keys: Vec<Vec<u8>> = map.keys().collect();
+        for key in keys {
+            map.delete(&key)
+                .with_context(|| format!("cannot delete from {name}"))?;
+        }
     }
     Ok(())
 }
