@@ -28,6 +28,7 @@
 //! | `cheetah_fail_open_events` (counter) | |
 //! | `cheetah_xdp_packets` (counter) | `outcome` |
 //! | `cheetah_xdp_to_userspace` (counter) | `reason` |
+//! | `cheetah_xdp_next_hop_misses` (counter) | |
 //! | `cheetah_snapshot_generation` (gauge) | |
 //! | `cheetah_echoes_beyond_idle_limit` (counter) | |
 //! | `cheetah_server_clock_resets` (counter) | |
