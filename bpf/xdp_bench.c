@@ -50,6 +50,17 @@ static __always_inline int restore_frame(struct xdp_md *ctx)
 	return bpf_xdp_store_bytes(ctx, 0, frame->bytes, len) == 0;
 }
 
+static __always_inline struct iphdr *bench_ip(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+
+	if ((void *)(ip + 1) > data_end)
+		return NULL;
+	return ip;
+}
+
 SEC("xdp")
 int bench_lb(struct xdp_md *ctx)
 {
@@ -82,16 +93,13 @@ int bench_trivial(struct xdp_md *ctx)
 SEC("xdp")
 int bench_fib(struct xdp_md *ctx)
 {
-	void *data, *data_end;
 	struct bpf_fib_lookup fib;
 	struct iphdr *ip;
 
 	if (!restore_frame(ctx))
 		return XDP_ABORTED;
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	ip = data + sizeof(struct ethhdr);
-	if ((void *)(ip + 1) > data_end)
+	ip = bench_ip(ctx);
+	if (!ip)
 		return XDP_ABORTED;
 	if (fib_toward_client(ctx, ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return XDP_ABORTED;
@@ -193,8 +201,8 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 //   3 the sender: server_macs[src MAC], vips[(saddr, sport, 6)], servers[id]
 //   4 flags and NOP NOP TS checks, msb_seen and the clock check
 //   5 SipHash finish and cookie encode
-//   6 bpf_fib_lookup toward the client
-//   7 TSval rewrite with its checksum, MACs from the FIB's answer
+//   6 the next hop toward the client (lib/next_hop.h: the next_hops map, the FIB on a miss)
+//   7 TSval rewrite with its checksum, MACs from the next hop
 //   8 server_traffic[id] and the stats counter
 // The whole path (bench_lb) adds send_out (bpf_redirect here).
 static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
@@ -204,8 +212,8 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	struct backend_info *backend;
 	struct msb_seen_words *seen;
 	struct server_info *server;
-	struct bpf_fib_lookup fib;
 	struct lb_config *config;
+	struct next_hop hop;
 	struct vip_info *vip;
 	struct plain_tcp p;
 	__u32 zero = 0, id = 0;
@@ -253,13 +261,13 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	SINK(cookie);
 	STAGE_DONE(5);
 
-	if (fib_toward_client(ctx, p.ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
+	if (!next_hop_toward_client(ctx, p.ip, &hop))
 		return XDP_ABORTED;
 	STAGE_DONE(6);
 
 	csum_replace_high_half((__u16 *)&p.ts->tsval, &p.tcp->check, cookie);
-	__builtin_memcpy(p.eth->h_dest, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(p.eth->h_source, fib.smac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_dest, hop.dmac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_source, hop.smac, ETH_ALEN);
 	STAGE_DONE(7);
 
 	add_server_traffic(id, p.ip);
@@ -492,6 +500,54 @@ int bench_flows_katran_lru(struct xdp_md *ctx)
 	if (!restore_flow_frame(ctx, CURSOR_SUBJECT, FLOW_IS_SOURCE))
 		return XDP_ABORTED;
 	return katran_lru_client(ctx);
+}
+
+// The same server->client frame's next-hop lookup in the LB's next_hops trie alone
+// (lib/next_hop.h's hit), and, for comparison, in a HASH map keyed by the /32 address (what
+// a map filled on demand per client would be): what the LPM trie costs.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_NEXT_HOPS);
+	__type(key, __u32);
+	__type(value, struct next_hop);
+} bench_hop_by_address SEC(".maps");
+
+SEC("xdp")
+int bench_next_hop_trie(struct xdp_md *ctx)
+{
+	struct next_hop_key key = { .prefixlen = 32 };
+	struct next_hop *hop;
+	struct iphdr *ip;
+
+	if (!restore_frame(ctx))
+		return XDP_ABORTED;
+	ip = bench_ip(ctx);
+	if (!ip)
+		return XDP_ABORTED;
+	key.addr = ip->daddr;
+	hop = bpf_map_lookup_elem(&next_hops, &key);
+	if (!hop || hop->kind != NEXT_HOP_KNOWN)
+		return XDP_ABORTED;
+	return XDP_TX;
+}
+
+SEC("xdp")
+int bench_next_hop_hash(struct xdp_md *ctx)
+{
+	struct next_hop *hop;
+	struct iphdr *ip;
+	__u32 daddr;
+
+	if (!restore_frame(ctx))
+		return XDP_ABORTED;
+	ip = bench_ip(ctx);
+	if (!ip)
+		return XDP_ABORTED;
+	daddr = ip->daddr;
+	hop = bpf_map_lookup_elem(&bench_hop_by_address, &daddr);
+	if (!hop || hop->kind != NEXT_HOP_KNOWN)
+		return XDP_ABORTED;
+	return XDP_TX;
 }
 
 char LICENSE[] SEC("license") = "GPL";

@@ -56,6 +56,9 @@ enum xdp_stat {
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a reply with SYN, FIN or RST: handshake and close bookkeeping
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
 	STAT_UP_OTHER,          // anything else: unknown VIP port, pool not published, reply on the client side
+	// A reply the in-kernel path looked up in next_hops without a usable answer: it asked
+	// bpf_fib_lookup instead (whatever the FIB then said).
+	STAT_NEXT_HOP_MISS,
 	STAT_COUNT,
 };
 
@@ -150,5 +153,27 @@ struct server_traffic {
 // MSB, whose two low bytes in memory are the packet's (network order).
 #define MSB_KNOWN (1u << 16)
 #define MSB_BEYOND_IDLE_LIMIT (1u << 17)
+
+// Key of the next_hops LPM trie: an IPv4 prefix (struct bpf_lpm_trie_key's layout).
+struct next_hop_key {
+	__u32 prefixlen;
+	__u32 addr; // network byte order
+};
+
+// Value of next_hops (and of next_hop_hosts): what bpf_fib_lookup would answer for every
+// destination of the prefix, filled by userspace from the kernel's routes and neighbours
+// (crates/daemon/src/dataplane/next_hops.rs). The trie holds routes only, so it stays
+// shallow; an on-link route's hosts, one MAC each, are in the next_hop_hosts hash.
+#define MAX_NEXT_HOPS 16384
+#define NEXT_HOP_FIB 0     // no answer here: ask bpf_fib_lookup
+#define NEXT_HOP_KNOWN 1   // this entry is the answer
+#define NEXT_HOP_ON_LINK 2 // an on-link route: the host's entry in next_hop_hosts, else the FIB
+struct next_hop {
+	__u32 kind;    // NEXT_HOP_*
+	__u32 ifindex; // egress interface
+	__u32 mtu;     // an IP packet longer than this needs the FIB's answer (FRAG_NEEDED)
+	__u8 dmac[6];  // the neighbour's MAC (the gateway's, or the destination's on-link)
+	__u8 smac[6];  // the egress interface's MAC
+};
 
 #endif

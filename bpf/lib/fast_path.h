@@ -23,6 +23,7 @@
 #include "cookie.h"
 #include "csum.h"
 #include "maps.h"
+#include "next_hop.h"
 #include "parse.h"
 #include "siphash.h"
 #include "stats.h"
@@ -199,7 +200,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 				      const struct backend_info *backend)
 {
 	__u32 ingress = ctx->ingress_ifindex;
-	struct bpf_fib_lookup fib;
+	struct next_hop hop;
 	struct server_info *server;
 	struct vip_info *vip;
 	struct plain_tcp p;
@@ -242,9 +243,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		cookie = cookie_encode(layout, id, hash, msb);
 	}
 
-	// Before any byte changes: a miss hands the packet up as it came, with the
-	// metadata steering writes for the worker's neighbour lookup.
-	if (fib_toward_client(ctx, p.ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
+	// Before any byte changes: no next hop (map and FIB both) hands the packet up as it
+	// came, with the metadata steering writes for the worker's neighbour lookup.
+	if (!next_hop_toward_client(ctx, p.ip, &hop))
 		return hand_up(STAT_UP_NEXT_HOP);
 
 	if (cheetah) {
@@ -263,11 +264,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		if (p.tcp->source != vip->port)
 			csum_set_tcp_port(&p.tcp->check, &p.tcp->source, vip->port);
 	}
-	__builtin_memcpy(p.eth->h_dest, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(p.eth->h_source, fib.smac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_dest, hop.dmac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_source, hop.smac, ETH_ALEN);
 	add_server_traffic(id, p.ip);
 	count(stat);
-	return send_out(ctx, fib.ifindex);
+	return send_out(ctx, hop.ifindex);
 }
 
 #endif

@@ -142,4 +142,25 @@ struct {
 	__type(value, struct server_traffic);
 } server_traffic SEC(".maps");
 
+// IPv4 prefix -> the next hop toward a client there (cheetah_shared.h struct next_hop):
+// the kernel's FIB and neighbour answers, mirrored by userspace so that a server's reply
+// costs one trie lookup instead of bpf_fib_lookup.
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MAX_NEXT_HOPS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct next_hop_key);
+	__type(value, struct next_hop);
+} next_hops SEC(".maps");
+
+// Destination address (network byte order) -> its next hop, for the hosts of on-link
+// routes (a NEXT_HOP_ON_LINK entry of next_hops) whose neighbour entry is usable: one /32
+// each would make the trie deep around them, and a trie lookup costs with its depth.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_NEXT_HOPS);
+	__type(key, __u32);
+	__type(value, struct next_hop);
+} next_hop_hosts SEC(".maps");
+
 #endif

@@ -28,6 +28,7 @@
 //! | `cheetah_fail_open_events` (counter) | |
 //! | `cheetah_xdp_packets` (counter) | `outcome` |
 //! | `cheetah_xdp_to_userspace` (counter) | `reason` |
+//! | `cheetah_xdp_next_hop_misses` (counter) | |
 //! | `cheetah_snapshot_generation` (gauge) | |
 //! | `cheetah_echoes_beyond_idle_limit` (counter) | |
 //! | `cheetah_server_clock_resets` (counter) | |
@@ -421,6 +422,16 @@ impl Collector for DaemonCollector {
                 .steering
                 .to_userspace()
                 .map(|(reason, n)| (vec![("reason", reason.to_string())], Count(n))),
+        )?;
+        family(
+            e,
+            "cheetah_xdp_next_hop_misses",
+            "Server replies the in-kernel path found no next hop for in the next_hops map (datapath = xdp), so it asked the kernel's FIB (bpf_fib_lookup) instead.",
+            MetricType::Counter,
+            [(
+                Labels::new(),
+                Count(state.steering.next_hop_miss.load(Relaxed)),
+            )],
         )?;
         family(
             e,

@@ -14,6 +14,7 @@ use cheetah_core::tables::SlotState;
 use cheetah_core::types::ServerId;
 
 use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
+use crate::dataplane::next_hops::NextHopMirror;
 use crate::dataplane::sides::{log_sides, InterfaceSides, SideSource};
 use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
@@ -159,6 +160,9 @@ pub struct DataPlane {
     /// Keeps the XDP program's tables (`xdp_tables.rs`) in step with the core's.
     publisher: Publisher,
     fast_path: bool,
+    /// Keeps the XDP program's `next_hops` equal to the kernel's routes and neighbours
+    /// (`next_hops.rs`); only with the in-kernel path, which alone reads it.
+    next_hops: Option<NextHopMirror>,
     /// Turns forwarding on `lo` off again (if the start turned it on) when the data
     /// plane is dropped, after the workers stopped.
     _loopback_forwarding: host::LoopbackForwarding,
@@ -236,6 +240,24 @@ impl DataPlane {
             fast_path,
         )?;
         state.steering.fast_path.store(fast_path, Ordering::Relaxed);
+        // Before the program is attached too: the first replies find their next hops
+        // without bpf_fib_lookup (which answers on a miss anyway).
+        let next_hops = if fast_path {
+            let mut mirror = NextHopMirror::new()?;
+            match mirror.refresh(&steering) {
+                Ok(entries) => tracing::info!(
+                    entries,
+                    "next hops toward clients mirrored from the kernel's routes and neighbours"
+                ),
+                Err(e) => tracing::warn!(
+                    error = %format!("{e:#}"),
+                    "cannot mirror the next hops yet; bpf_fib_lookup answers meanwhile"
+                ),
+            }
+            Some(mirror)
+        } else {
+            None
+        };
         let mut statuses = Vec::new();
         for iface in &interfaces {
             let mode = steering.attach(&iface.name, iface.ifindex, daemon.xdp_mode)?;
@@ -294,6 +316,7 @@ impl DataPlane {
             sides,
             publisher,
             fast_path,
+            next_hops,
             _loopback_forwarding: loopback_forwarding,
         })
     }
@@ -318,6 +341,15 @@ impl DataPlane {
                 kernel_traffic.fold(&self.steering, &state.shared);
             }
             let every_second = rounds.is_multiple_of(20);
+            // On every routing change the kernel announces (seen within one round), and
+            // every second for what it does not announce (docs/dataplane.md "Next hops").
+            if let Some(mirror) = &mut self.next_hops {
+                if mirror.changed() || every_second {
+                    if let Err(e) = mirror.refresh(&self.steering) {
+                        tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's next hops");
+                    }
+                }
+            }
             if every_second {
                 state.steering.store(&self.steering.stats());
                 // Addresses come and go without a snapshot change (DHCP, an operator).

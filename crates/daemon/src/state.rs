@@ -54,6 +54,8 @@ pub struct SteeringCounters {
     pub no_socket: AtomicU64,
     pub passed_to_host: AtomicU64,
     pub no_metadata_room: AtomicU64,
+    /// Replies whose next hop the kernel asked `bpf_fib_lookup` for, not in `next_hops`.
+    pub next_hop_miss: AtomicU64,
     /// The in-kernel path is on: its packets are reported as a worker of their own.
     pub fast_path: AtomicBool,
     fast: [AtomicU64; FAST_BUNDLES.len()],
@@ -67,6 +69,7 @@ impl SteeringCounters {
         self.no_socket.store(stats.no_socket, Relaxed);
         self.passed_to_host.store(stats.passed_to_host, Relaxed);
         self.no_metadata_room.store(stats.no_metadata_room, Relaxed);
+        self.next_hop_miss.store(stats.next_hop_miss, Relaxed);
         for (cell, value) in self.fast.iter().zip(stats.fast) {
             cell.store(value, Relaxed);
         }

@@ -25,6 +25,11 @@
 //! (`STAT_UP_CLOCK`) is sent once more after the core learnt it, as the next segment of
 //! that connection would be: the kernel must then handle it.
 //!
+//! Every suite runs twice: with the program's `next_hops` map empty (every reply's next hop
+//! from `bpf_fib_lookup`) and mirrored from the namespace's routes and neighbours by the
+//! daemon's `NextHopMirror`; the bytes must be the core's either way, and each reply the
+//! kernel handles must have taken its next hop from where the run says.
+//!
 //! The test cannot pass by handing everything up: in each cheetah and hash suite the
 //! established client vectors and the replies listed in `MUST_BE_HANDLED_IN_KERNEL` must
 //! have been handled by the kernel.
@@ -46,6 +51,7 @@ use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{parse_mac, Mac, ServerId};
 use cheetah_core::verdict::Verdict;
+use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::{ClockWords, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::*;
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
@@ -273,6 +279,8 @@ struct KernelRun {
     passed: bool,
     /// Server ids whose `server_traffic` moved.
     traffic: Vec<u16>,
+    /// `STAT_NEXT_HOP_MISS` moved: the next hop came from `bpf_fib_lookup`, not the map.
+    next_hop_miss: bool,
 }
 
 impl KernelRun {
@@ -377,6 +385,7 @@ fn after_egress(
 #[allow(clippy::too_many_arguments)]
 fn judge(
     report: &mut SuiteReport,
+    next_hops: NextHops,
     topology: &Topology,
     config: &LbConfig,
     what: &str,
@@ -434,6 +443,19 @@ fn judge(
             verdict_name(verdict)
         ));
     }
+    // Every client of the vectors is behind the namespace's default route, whose gateway
+    // is resolved: the map answers, or, empty, leaves it to the FIB.
+    let toward_client = stat == STAT_FAST_SERVER_COOKIE || stat == STAT_FAST_SERVER_PLAIN;
+    if toward_client && kernel.next_hop_miss != (next_hops == NextHops::Empty) {
+        fail(format!(
+            "next_hops {next_hops:?}, but the reply's next hop {} the map",
+            if kernel.next_hop_miss {
+                "missed"
+            } else {
+                "came from"
+            }
+        ));
+    }
     if kernel.action != action || kernel.frame != expected {
         fail(format!(
             "kernel {} differs from the core's {} ({} expected):\n   kernel {}\n   core   {}",
@@ -458,9 +480,19 @@ fn judge(
     report.handled.push(what.to_string());
 }
 
-fn run_suite(topology: &Topology, suite: &Suite) -> SuiteReport {
+/// Whether the program's `next_hops` map is filled for a run of the suites: results must
+/// not depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NextHops {
+    /// Every reply's next hop from `bpf_fib_lookup`.
+    Empty,
+    /// Mirrored from the namespace's routes and neighbours, as `cheetah run` does.
+    Mirrored,
+}
+
+fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteReport {
     let mut report = SuiteReport::default();
-    let program = Kernel::load(topology);
+    let program = Kernel::load(topology, next_hops);
     for vector in &suite.file.vector {
         let (plane, mut worker) = program.fresh_pipeline(suite, vector);
         let mut packets: Vec<(String, u64, &str, &str)> = vector
@@ -494,6 +526,7 @@ fn run_suite(topology: &Topology, suite: &Suite) -> SuiteReport {
                 match &kernel {
                     Some(kernel) => judge(
                         report,
+                        next_hops,
                         topology,
                         &suite.config,
                         what,
@@ -569,9 +602,13 @@ fn every_vector_gives_the_cores_bytes_in_the_kernel_or_goes_up_unchanged() {
     let mut failures = Vec::new();
     let mut unhandled = Vec::new();
     let mut summary = String::new();
-    for dir in &dirs {
-        let suite = load_suite(dir);
-        let report = run_suite(&topology, &suite);
+    for (dir, next_hops) in dirs
+        .iter()
+        .flat_map(|dir| [NextHops::Empty, NextHops::Mirrored].map(|n| (dir, n)))
+    {
+        let mut suite = load_suite(dir);
+        suite.name = format!("{} [next_hops {next_hops:?}]", suite.name);
+        let report = run_suite(&topology, &suite, next_hops);
         let mut by_reason: BTreeMap<String, usize> = BTreeMap::new();
         for up in &report.up {
             let reason = up
@@ -632,8 +669,15 @@ struct Kernel {
 }
 
 impl Kernel {
-    fn load(topology: &Topology) -> Self {
+    fn load(topology: &Topology, next_hops: NextHops) -> Self {
         let program = SteeringProgram::load().expect("the verifier refused bpf/xdp_lb.c");
+        if next_hops == NextHops::Mirrored {
+            // In this thread, so from this thread's namespace.
+            let entries = NextHopMirror::new()
+                .and_then(|mut mirror| mirror.refresh(&program))
+                .expect("mirror the namespace's next hops");
+            assert!(entries > 0, "nothing to mirror in the test's namespace");
+        }
         // As `cheetah run` does at start: every interface gets a slot (so steering writes
         // its metadata), and the host's own addresses are known.
         program
@@ -751,6 +795,7 @@ impl Kernel {
             up,
             passed: stats_after.passed_to_host != stats_before.passed_to_host,
             traffic,
+            next_hop_miss: stats_after.next_hop_miss != stats_before.next_hop_miss,
         }
     }
 }

@@ -27,7 +27,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 15;
+const STAT_COUNT: u32 = 16;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
 const STAT_FAST_SERVER_COOKIE: u32 = 6;
@@ -48,6 +48,10 @@ const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64] = 172, aligned to
 const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[6]
 const MAC_KEY: u32 = 8; // mac[6], pad
 const SERVER_TRAFFIC: u32 = 16; // packets, bytes
+const NEXT_HOP_KEY: u32 = 8; // prefixlen, addr
+const NEXT_HOP: u32 = 24; // kind, ifindex, mtu, dmac[6], smac[6]
+const MAX_NEXT_HOPS: u32 = 16384;
+const BPF_F_NO_PREALLOC: u32 = 1;
 
 fn is_root() -> bool {
     // SAFETY: no arguments, no memory.
@@ -102,7 +106,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 15] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 17] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -161,6 +165,22 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             SERVER_ID_SPACE,
             0,
         ),
+        (
+            "next_hops",
+            MapType::LpmTrie,
+            NEXT_HOP_KEY,
+            NEXT_HOP,
+            MAX_NEXT_HOPS,
+            0,
+        ),
+        (
+            "next_hop_hosts",
+            MapType::Hash,
+            4,
+            NEXT_HOP,
+            MAX_NEXT_HOPS,
+            0,
+        ),
     ];
     for (name, kind, key_size, value_size, max_entries, flags) in expected {
         let map = map(&object, name);
@@ -169,6 +189,10 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         assert_eq!(map.value_size(), value_size, "{name}: value size");
         assert_eq!(map.max_entries(), max_entries, "{name}: max_entries");
         let info = map.info().expect("map info");
+        if kind == MapType::LpmTrie {
+            // The kernel refuses an LPM trie without it.
+            assert_eq!(info.info.map_flags & BPF_F_NO_PREALLOC, BPF_F_NO_PREALLOC);
+        }
         assert_eq!(
             info.info.map_flags & BPF_F_MMAPABLE,
             flags,

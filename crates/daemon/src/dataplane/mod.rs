@@ -7,6 +7,8 @@ pub mod host_addrs;
 pub mod io_counters;
 pub mod meta;
 pub mod neighbour;
+pub mod next_hops;
+pub mod route_netlink;
 #[cfg(test)]
 mod shared_layout_tests;
 pub mod sides;

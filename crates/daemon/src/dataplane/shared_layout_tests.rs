@@ -111,10 +111,15 @@ fn rust_side() -> BTreeMap<String, u64> {
         ),
         ("STAT_UP_NEXT_HOP", STAT_UP_NEXT_HOP as usize),
         ("STAT_UP_OTHER", STAT_UP_OTHER as usize),
+        ("STAT_NEXT_HOP_MISS", STAT_NEXT_HOP_MISS as usize),
         (
             "STAT_COUNT",
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len(),
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1,
         ),
+        ("MAX_NEXT_HOPS", MAX_NEXT_HOPS),
+        ("NEXT_HOP_FIB", NEXT_HOP_FIB as usize),
+        ("NEXT_HOP_KNOWN", NEXT_HOP_KNOWN as usize),
+        ("NEXT_HOP_ON_LINK", NEXT_HOP_ON_LINK as usize),
         ("SERVER_ID_SPACE", SERVER_ID_SPACE),
         ("COOKIE_SPACE", COOKIE_SPACE),
         ("MAX_VIPS", MAX_VIPS),
@@ -179,6 +184,16 @@ fn rust_side() -> BTreeMap<String, u64> {
         src_mac
     ));
     values.extend(layout!(MacKey, "struct mac_key", mac, pad));
+    values.extend(layout!(NextHopKey, "struct next_hop_key", prefixlen, addr));
+    values.extend(layout!(
+        NextHop,
+        "struct next_hop",
+        kind,
+        ifindex,
+        mtu,
+        dmac,
+        smac
+    ));
     values.extend(layout!(
         ServerTraffic,
         "struct server_traffic",

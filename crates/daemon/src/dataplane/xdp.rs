@@ -14,7 +14,7 @@ use cheetah_core::cookie::CookieLayout;
 use cheetah_core::cookie::{MsbTable, SharedWords};
 use cheetah_core::types::ServerId;
 
-use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, UP_REASONS};
+use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, STAT_NEXT_HOP_MISS, UP_REASONS};
 
 use anyhow::{bail, Context};
 use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
@@ -57,6 +57,8 @@ pub struct SteeringStats {
     pub fast: [u64; 4],
     /// Packets the in-kernel path handed to userspace, by `xdp_layout::UP_REASONS`.
     pub up: [u64; 7],
+    /// Replies whose next hop the kernel asked `bpf_fib_lookup` for (not in `next_hops`).
+    pub next_hop_miss: u64,
 }
 
 pub struct SteeringProgram {
@@ -294,6 +296,7 @@ impl SteeringProgram {
             no_metadata_room: sum(STAT_NO_METADATA_ROOM),
             fast: FAST_BUNDLES.map(|(index, _)| sum(index)),
             up: UP_REASONS.map(|(index, _)| sum(index)),
+            next_hop_miss: sum(STAT_NEXT_HOP_MISS),
         }
     }
 

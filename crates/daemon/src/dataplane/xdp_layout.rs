@@ -47,7 +47,14 @@ pub const STAT_UP_CLOCK: u32 = 11;
 pub const STAT_UP_HANDSHAKE_OR_CLOSE: u32 = 12;
 pub const STAT_UP_NEXT_HOP: u32 = 13;
 pub const STAT_UP_OTHER: u32 = 14;
-pub const STAT_COUNT: u32 = 15;
+/// Replies whose next hop was not in `next_hops`: the kernel asked `bpf_fib_lookup`.
+pub const STAT_NEXT_HOP_MISS: u32 = 15;
+pub const STAT_COUNT: u32 = 16;
+
+pub const MAX_NEXT_HOPS: usize = 16384;
+pub const NEXT_HOP_FIB: u32 = 0;
+pub const NEXT_HOP_KNOWN: u32 = 1;
+pub const NEXT_HOP_ON_LINK: u32 = 2;
 
 /// The `reason` label of each `STAT_UP_*` counter, in index order.
 pub const UP_REASONS: [(u32, &str); 7] = [
@@ -232,6 +239,47 @@ impl Encode for BackendInfo {
         Bytes::of::<Self>()
             .put(offset_of!(Self, server), &self.server.to_ne_bytes())
             .put(offset_of!(Self, vip_index), &self.vip_index.to_ne_bytes())
+            .0
+    }
+}
+
+/// `struct next_hop_key`: an IPv4 prefix, as the LPM trie reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NextHopKey {
+    pub prefixlen: u32,
+    pub addr: [u8; 4],
+}
+
+impl Encode for NextHopKey {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, prefixlen), &self.prefixlen.to_ne_bytes())
+            .put(offset_of!(Self, addr), &self.addr)
+            .0
+    }
+}
+
+/// `struct next_hop`: `kind` says whether it is the answer (`NEXT_HOP_KNOWN`), sends the
+/// kernel to `next_hop_hosts` (`NEXT_HOP_ON_LINK`) or to `bpf_fib_lookup` (`NEXT_HOP_FIB`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NextHop {
+    pub kind: u32,
+    pub ifindex: u32,
+    pub mtu: u32,
+    pub dmac: Mac,
+    pub smac: Mac,
+}
+
+impl Encode for NextHop {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, kind), &self.kind.to_ne_bytes())
+            .put(offset_of!(Self, ifindex), &self.ifindex.to_ne_bytes())
+            .put(offset_of!(Self, mtu), &self.mtu.to_ne_bytes())
+            .put(offset_of!(Self, dmac), &self.dmac)
+            .put(offset_of!(Self, smac), &self.smac)
             .0
     }
 }

@@ -132,6 +132,10 @@ pub struct Args {
     /// With --xdp-flows: also draw the curves into this PNG.
     #[arg(long)]
     xdp_flows_plot: Option<std::path::PathBuf>,
+    /// With --xdp: extra /32 routes through the clients' gateway around the bench's client
+    /// (10.2.0.0/16), so that the next_hops trie is deep where the client's lookup goes.
+    #[arg(long, default_value_t = 0)]
+    xdp_routes: u32,
 }
 
 impl Args {
@@ -189,6 +193,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.xdp {
         return xdp::run(xdp::Options {
             runs: args.xdp_runs,
+            routes: args.xdp_routes,
             servers: args.servers,
             core: args.core,
             realtime: args.realtime,

@@ -33,9 +33,11 @@ use cheetah_core::testkit::{self, options, TcpFrame};
 use cheetah_core::types::{Mac, ServerId};
 use cheetah_core::verdict::Verdict;
 use cheetah_core::wire::tcp::flags;
+use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
-    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE, STAT_FAST_SERVER_PLAIN,
+    Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE,
+    STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_MISS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -67,6 +69,9 @@ const CLIENT_INTERFACE: &str = "xb-cli";
 
 pub struct Options {
     pub runs: u32,
+    /// Extra /32 routes in 10.2.0.0/16 (through the clients' gateway): more entries in the
+    /// next_hops trie, around the bench's client.
+    pub routes: u32,
     pub servers: u16,
     pub core: Option<usize>,
     pub realtime: bool,
@@ -117,9 +122,17 @@ pub(super) const SETUPS: [Setup; 3] = [
 pub(super) enum Path {
     ClientToServer,
     ServerToClient,
-    /// Only the next-hop lookup every server->client packet makes (bench_fib), to say
-    /// how much of that path it is.
+    /// Server->client with `next_hops` empty: the next hop from `bpf_fib_lookup`, as
+    /// every reply toward a client the map does not cover.
+    NextHopMiss,
+    /// Only the `bpf_fib_lookup` a next-hop miss makes (bench_fib), to say how much of
+    /// that path it is.
     FibLookup,
+    /// Only the `next_hops` trie lookup a hit makes (bench_next_hop_trie).
+    NextHopTrie,
+    /// The same answer from a HASH map keyed by the /32 address (bench_next_hop_hash):
+    /// what the trie costs beside the cheapest alternative.
+    NextHopHash,
 }
 
 /// Per-run durations of one row, in the kernel's ns.
@@ -164,14 +177,25 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     // Read before entering the namespace: some of net.core's sysctls exist only in the
     // first one.
     let jit = read_setting("/proc/sys/net/core/bpf_jit_enable");
-    let ports = enter_new_namespace()?;
+    ensure!(
+        options.routes < 65_000,
+        "--xdp-routes must be below 65000 (10.2.0.0/16 holds them)"
+    );
+    let ports = enter_new_namespace(options.routes)?;
     let (pin, rt, placement) = place(options.core, options.realtime);
     let mut rows = Vec::new();
     let mut breakdowns = Vec::new();
     for (n, setup) in SETUPS.iter().enumerate() {
         let bench = Bench::load(setup, options.servers, 0)?;
         let paths: &[Path] = if setup.mode == Mode::Cheetah && setup.forwarding == Forwarding::L2 {
-            &[Path::ClientToServer, Path::ServerToClient, Path::FibLookup]
+            &[
+                Path::ClientToServer,
+                Path::ServerToClient,
+                Path::NextHopMiss,
+                Path::FibLookup,
+                Path::NextHopTrie,
+                Path::NextHopHash,
+            ]
         } else {
             &[Path::ClientToServer, Path::ServerToClient]
         };
@@ -200,8 +224,8 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     }
     println!("{}", machine_note(&placement, &jit));
     println!(
-        "runs: {} per program per row (alternating lb, trivial), BPF_PROG_TEST_RUN repeat = 1, after {WARM_UP_RUNS} untimed runs of each",
-        options.runs
+        "runs: {} per program per row (alternating lb, trivial), BPF_PROG_TEST_RUN repeat = 1, after {WARM_UP_RUNS} untimed runs of each; {} extra /32 routes around the client",
+        options.runs, options.routes
     );
     print!("{}", render(&rows, options.markdown));
     for breakdown in &breakdowns {
@@ -289,6 +313,9 @@ impl Bench {
                 fast_path: true,
             },
         )?;
+        // As `cheetah run` keeps it: every reply's next hop from the map, unless a row
+        // empties it.
+        NextHopMirror::new()?.refresh(&program)?;
         Ok(Bench {
             program,
             plane,
@@ -367,8 +394,8 @@ impl Bench {
 
     fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
         let direction = match path {
-            Path::FibLookup => Path::ServerToClient,
-            other => other,
+            Path::ClientToServer => Path::ClientToServer,
+            _ => Path::ServerToClient,
         };
         let (frame, cookie_stat) = self.frame(direction)?;
         let fast_stat = match (setup.mode, cookie_stat) {
@@ -381,15 +408,33 @@ impl Bench {
             Path::ClientToServer => ("bench_lb", XDP_TX),
             Path::ServerToClient if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
             Path::ServerToClient => ("bench_lb", XDP_REDIRECT),
+            Path::NextHopMiss if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
+            Path::NextHopMiss => ("bench_lb", XDP_REDIRECT),
             Path::FibLookup => ("bench_fib", XDP_TX),
+            Path::NextHopTrie => ("bench_next_hop_trie", XDP_TX),
+            Path::NextHopHash => ("bench_next_hop_hash", XDP_TX),
         };
+        match path {
+            Path::NextHopMiss => clear_next_hops(&self.program)?,
+            Path::NextHopHash => self.fill_hop_by_address(&frame)?,
+            _ => {}
+        }
         let before = stat(self.program.object(), fast_stat)?;
-        let (timings, wrong_action) = self.time(subject, &frame, ingress, runs, expected_action)?;
+        let misses_before = stat(self.program.object(), STAT_NEXT_HOP_MISS)?;
+        let timed = self.time(subject, &frame, ingress, runs, expected_action);
+        if path == Path::NextHopMiss {
+            // Back to what the other rows expect (a fresh mirror rewrites every entry).
+            NextHopMirror::new()?.refresh(&self.program)?;
+        }
+        let (timings, wrong_action) = timed?;
         let moved = stat(self.program.object(), fast_stat)? - before;
+        let misses = stat(self.program.object(), STAT_NEXT_HOP_MISS)? - misses_before;
         let label = match path {
             Path::FibLookup => "bpf_fib_lookup alone (server->client frame)".to_string(),
+            Path::NextHopTrie => "next_hops trie lookup alone (same frame)".to_string(),
+            Path::NextHopHash => "/32 HASH lookup alone (comparison)".to_string(),
             _ => format!(
-                "{} {} ({})",
+                "{} {} ({}){}",
                 match path {
                     Path::ClientToServer => "established client->server",
                     _ => "server->client",
@@ -398,13 +443,20 @@ impl Bench {
                 match setup.forwarding {
                     Forwarding::L2 => "l2",
                     Forwarding::Nat => "nat",
+                },
+                if path == Path::NextHopMiss {
+                    ", next-hop miss"
+                } else {
+                    ""
                 }
             ),
         };
-        // bench_fib runs no LB: nothing to count.
-        let expected_moves = match path {
-            Path::FibLookup => 0,
-            _ => u64::from(WARM_UP_RUNS + runs),
+        let all_runs = u64::from(WARM_UP_RUNS + runs);
+        // The lookup-alone programs run no LB: nothing to count.
+        let (expected_moves, expected_misses) = match path {
+            Path::FibLookup | Path::NextHopTrie | Path::NextHopHash => (0, 0),
+            Path::NextHopMiss => (all_runs, all_runs),
+            Path::ClientToServer | Path::ServerToClient => (all_runs, 0),
         };
         let result = if let Some(action) = wrong_action {
             Err(format!(
@@ -413,6 +465,10 @@ impl Bench {
         } else if moved != expected_moves {
             Err(format!(
                 "void: the fast path's counter moved {moved} times in {expected_moves} runs"
+            ))
+        } else if misses != expected_misses {
+            Err(format!(
+                "void: STAT_NEXT_HOP_MISS moved {misses} times, not {expected_misses}"
             ))
         } else {
             let diff = timings
@@ -435,6 +491,27 @@ impl Bench {
             frame_len: frame.len(),
             result,
         })
+    }
+
+    /// Puts the answer `next_hops` gives for `frame`'s destination into
+    /// bench_hop_by_address, under the destination's address.
+    fn fill_hop_by_address(&self, frame: &[u8]) -> anyhow::Result<()> {
+        let daddr: [u8; 4] = frame
+            .get(30..34)
+            .context("frame too short for IPv4")?
+            .try_into()?;
+        let key = NextHopKey {
+            prefixlen: 32,
+            addr: daddr,
+        };
+        // A lookup in an LPM trie from userspace is a longest-prefix match too.
+        let hop = map(self.program.object(), "next_hops")?
+            .lookup(&key.to_bytes(), MapFlags::ANY)
+            .context("cannot read next_hops")?
+            .context("next_hops has no entry for the bench's client")?;
+        map(self.program.object(), "bench_hop_by_address")?
+            .update(&daddr, &hop, MapFlags::ANY)
+            .context("cannot write bench_hop_by_address")
     }
 
     /// Puts `frame` into bench_frame, the pristine copy every bench program starts from.
@@ -534,6 +611,20 @@ pub(super) fn program<'a>(
         .with_context(|| format!("program {name} is missing from bpf/xdp_bench.c"))
 }
 
+/// Empties the program's `next_hops` and `next_hop_hosts`: every reply's next hop from
+/// `bpf_fib_lookup`.
+fn clear_next_hops(program: &SteeringProgram) -> anyhow::Result<()> {
+    for name in ["next_hops", "next_hop_hosts"] {
+        let map = program.try_map(name)?;
+        let keys: Vec<Vec<u8>> = map.keys().collect();
+        for key in keys {
+            map.delete(&key)
+                .with_context(|| format!("cannot delete from {name}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// A `stats` counter summed over the CPUs.
 pub(super) fn stat(object: &Object, index: u32) -> anyhow::Result<u64> {
     let values = map(object, "stats")?
@@ -597,7 +688,7 @@ fn ifindex(name: &str) -> anyhow::Result<Port> {
 /// IPv4 forwarding (what `cheetah run` sets for the FIB lookups), a veth facing the
 /// servers' subnet and one facing the clients through a gateway whose neighbour entry is
 /// static, so every server->client run finds its next hop in the kernel.
-pub(super) fn enter_new_namespace() -> anyhow::Result<Ports> {
+pub(super) fn enter_new_namespace(routes: u32) -> anyhow::Result<Ports> {
     // SAFETY: unshare only changes this thread's namespaces; the process has no other yet.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
         bail!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
@@ -639,10 +730,43 @@ pub(super) fn enter_new_namespace() -> anyhow::Result<Ports> {
         "dev",
         CLIENT_INTERFACE,
     ])?;
+    add_client_routes(routes)?;
     Ok(Ports {
         servers: ifindex(SERVER_INTERFACE)?,
         clients: ifindex(CLIENT_INTERFACE)?,
     })
+}
+
+/// `count` /32 routes through the clients' gateway in 10.2.0.0/16, from 10.2.0.1 up,
+/// skipping the bench's client (10.2.0.7, whose lookup must stay the default route's).
+fn add_client_routes(count: u32) -> anyhow::Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    let client = testkit::client_ip(7);
+    let batch: String = (1u32..)
+        .map(|n| 0x0a02_0000 | n)
+        .filter(|&addr| addr != client)
+        .take(count as usize)
+        .map(|addr| {
+            format!(
+                "route add {}/32 via 10.7.0.2 dev {CLIENT_INTERFACE}\n",
+                std::net::Ipv4Addr::from(addr)
+            )
+        })
+        .collect();
+    let mut child = Command::new("ip")
+        .args(["-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot run ip (iproute2)")?;
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), batch.as_bytes())?;
+    drop(child.stdin.take());
+    ensure!(
+        child.wait()?.success(),
+        "ip -batch: adding the routes failed"
+    );
+    Ok(())
 }
 
 pub(super) fn read_setting(path: &str) -> String {

@@ -139,7 +139,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         .last()
         .context("no flow count up to --xdp-flows-max")?;
     let jit = read_setting("/proc/sys/net/core/bpf_jit_enable");
-    let ports = enter_new_namespace()?;
+    let ports = enter_new_namespace(0)?;
     let (pin, rt, placement) = place(options.core, options.realtime);
     let bench = Bench::load(&SETUPS[0], options.servers, largest)?;
     fill_flows(&bench, largest, options.servers)?;

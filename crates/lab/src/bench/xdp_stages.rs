@@ -32,8 +32,8 @@ const REPLY_STAGES: [&str; 8] = [
     "server_macs[src MAC], vips[(saddr, sport, 6)], servers[id]",
     "flags, NOP NOP TS, msb_seen + clock check",
     "siphash_finish, cookie encode",
-    "bpf_fib_lookup toward the client",
-    "TSval rewrite + TCP checksum, MACs from the FIB",
+    "next hop toward the client: the next_hops map (bpf_fib_lookup on a miss)",
+    "TSval rewrite + TCP checksum, MACs from the next hop",
     "server_traffic[id] + stats count (2 per-CPU lookups)",
 ];
 
