@@ -298,6 +298,11 @@ pub fn metric_highlights(text: &str) -> BTreeMap<String, f64> {
             // retransmit its SYN, which the policy may place on another server.
             "cheetah_io_tx_ring_full_total" => Some("io.tx_ring_full".into()),
             "cheetah_io_no_route_total" => Some("io.no_route".into()),
+            // What the XDP program handed to the workers instead of forwarding it itself,
+            // by reason: set against the packets, the share the kernel leaves to userspace.
+            "cheetah_xdp_to_userspace_total" => sample
+                .label("reason")
+                .map(|r| format!("xdp_to_userspace.{r}")),
             _ => None,
         };
         if let Some(key) = key {
@@ -412,6 +417,8 @@ cheetah_drops_total{worker=\"0\",reason=\"truncated_tcp\"} 0\n\
 cheetah_cookie_decode_failures_total{worker=\"0\"} 4\n\
 cheetah_server_new_connections_total{server=\"7\"} 12\n\
 cheetah_io_tx_ring_full_total{worker=\"1\"} 7\n\
+cheetah_xdp_to_userspace_total{reason=\"new_connection\"} 9\n\
+cheetah_xdp_to_userspace_total{reason=\"clock\"} 0\n\
 cheetah_packets_total{worker=\"0\",direction=\"rx\"} 99\n";
         let highlights = metric_highlights(text);
         assert_eq!(highlights["event.ts_msb_advanced"], 3.0);
@@ -421,6 +428,8 @@ cheetah_packets_total{worker=\"0\",direction=\"rx\"} 99\n";
         assert!(!highlights.contains_key("event.passed"));
         assert!(!highlights.contains_key("drop.truncated_tcp"));
         assert_eq!(highlights["io.tx_ring_full"], 7.0);
-        assert_eq!(highlights.len(), 5);
+        assert_eq!(highlights["xdp_to_userspace.new_connection"], 9.0);
+        assert!(!highlights.contains_key("xdp_to_userspace.clock"));
+        assert_eq!(highlights.len(), 6);
     }
 }
