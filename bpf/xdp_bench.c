@@ -119,11 +119,11 @@ int bench_fib(struct xdp_md *ctx)
 			return XDP_TX;                                                         \
 	} while (0)
 
-// lb_process() for an established client segment in cheetah mode (steer_owner, lb_config,
-// client_fast, forward_to_server), cut after stage `upto`:
-//   1 steering's classification (eth/IPv4 bounds, vip_addrs[daddr]) and lb_config
-//   2 parse_plain_tcp and the ACK / NOP NOP TS checks
-//   3 vips[(daddr, dport, 6)]
+// lb_process() for an established client segment in cheetah mode (lb_config,
+// parse_plain_tcp, client_vip, client_fast, forward_to_server), cut after stage `upto`:
+//   1 lb_config and parse_plain_tcp (eth/IPv4/TCP bounds and layout)
+//   2 vips[(daddr, dport, 6)]: the segment's VIP, which is also its classification
+//   3 the ACK / NOP NOP TS checks
 //   4 SipHash finish and cookie unmask
 //   5 servers[id] and msb_restores[unmasked] (the decode's two reads)
 //   6 TSecr rewrite with its checksum, both MACs
@@ -131,11 +131,9 @@ int bench_fib(struct xdp_md *ctx)
 // The whole path (bench_lb) adds send_out (XDP_TX here).
 static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 {
-	struct backend_info *backend;
 	struct cookie_layout layout;
 	struct server_info *server;
 	struct lb_config *config;
-	struct vip_key key = {};
 	struct vip_info *vip;
 	struct plain_tcp p;
 	__u16 unmasked = 0, restored = 0;
@@ -145,24 +143,19 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 	if (!restore_frame(ctx))
 		return XDP_ABORTED;
 
-	if (steer_owner(ctx, &backend) != META_TO_VIP)
-		return XDP_ABORTED;
 	config = bpf_map_lookup_elem(&lb_config, &zero);
 	if (!config || !(config->flags & LB_FAST_PATH) || config->mode != LB_MODE_CHEETAH)
 		return XDP_ABORTED;
-	STAGE_DONE(1);
-
 	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
 		return XDP_ABORTED;
-	if ((tcp_flags(p.tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK || !plain_has_nop_nop_ts(&p))
+	STAGE_DONE(1);
+
+	vip = client_vip(&p);
+	if (!vip)
 		return XDP_ABORTED;
 	STAGE_DONE(2);
 
-	key.addr = p.ip->daddr;
-	key.port = p.tcp->dest;
-	key.protocol = IPPROTO_TCP;
-	vip = bpf_map_lookup_elem(&vips, &key);
-	if (!vip)
+	if ((tcp_flags(p.tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK || !plain_has_nop_nop_ts(&p))
 		return XDP_ABORTED;
 	STAGE_DONE(3);
 
@@ -194,10 +187,10 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 	return XDP_TX;
 }
 
-// lb_process() for a server's reply in cheetah mode with l2 forwarding (steer_owner,
-// lb_config, reply_fast), cut after stage `upto`:
-//   1 steering's classification (vip_addrs[daddr] missed, vip_addrs[saddr]) and lb_config
-//   2 server_side[ingress] and parse_plain_tcp
+// lb_process() for a server's reply in cheetah mode with l2 forwarding (lb_config,
+// parse_plain_tcp, client_vip, steer_owner, reply_fast), cut after stage `upto`:
+//   1 lb_config, parse_plain_tcp and client_vip: vips[(daddr, dport, 6)] missed
+//   2 steering's classification (vip_addrs[daddr] missed, vip_addrs[saddr]), server_side[ingress]
 //   3 the sender: server_macs[src MAC], vips[(saddr, sport, 6)], servers[id]
 //   4 flags and NOP NOP TS checks, msb_seen and the clock check
 //   5 SipHash finish and cookie encode
@@ -223,17 +216,19 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	if (!restore_frame(ctx))
 		return XDP_ABORTED;
 
-	if (steer_owner(ctx, &backend) != META_FROM_SERVER)
-		return XDP_ABORTED;
 	config = bpf_map_lookup_elem(&lb_config, &zero);
 	if (!config || !(config->flags & LB_FAST_PATH) || config->mode != LB_MODE_CHEETAH ||
 	    config->forwarding != LB_FORWARDING_L2)
 		return XDP_ABORTED;
+	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
+		return XDP_ABORTED;
+	if (client_vip(&p))
+		return XDP_ABORTED;
 	STAGE_DONE(1);
 
-	if (!bpf_map_lookup_elem(&server_side, &ingress))
+	if (steer_owner(ctx, &backend) != META_FROM_SERVER)
 		return XDP_ABORTED;
-	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
+	if (!bpf_map_lookup_elem(&server_side, &ingress))
 		return XDP_ABORTED;
 	STAGE_DONE(2);
 

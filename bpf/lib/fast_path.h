@@ -90,25 +90,34 @@ static __always_inline int forward_to_server(struct xdp_md *ctx, const struct pl
 	return send_out(ctx, server->egress_ifindex);
 }
 
-// fast_path.rs `client_fast` for a segment to a VIP address (vip_addrs said so).
-static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config)
+// The TCP VIP a plain segment is addressed to (NULL: none). The client path's first
+// and only hash lookup: a hit is a VIP's segment, so steering's vip_addrs is not asked.
+static __always_inline struct vip_info *client_vip(const struct plain_tcp *p)
 {
-	struct plain_tcp p;
-	enum plain_refusal refusal = parse_plain_tcp(ctx, &p);
 	struct vip_key key = {};
-	struct server_info *server;
-	struct vip_info *vip;
-	__u32 id, stat;
-	__u64 hash;
 
+	key.addr = p->ip->daddr;
+	key.port = p->tcp->dest;
+	key.protocol = IPPROTO_TCP;
+	return bpf_map_lookup_elem(&vips, &key);
+}
+
+// Why a segment to a VIP address that client_vip did not find goes up: as the core's
+// client_fast refuses it (not the plain layout, or no TCP VIP on that port).
+static __always_inline int client_not_found(enum plain_refusal refusal)
+{
 	if (refusal != PLAIN_OK)
 		return hand_up_refused(refusal);
-	key.addr = p.ip->daddr;
-	key.port = p.tcp->dest;
-	key.protocol = IPPROTO_TCP;
-	vip = bpf_map_lookup_elem(&vips, &key);
-	if (!vip)
-		return hand_up(STAT_UP_OTHER);
+	return hand_up(STAT_UP_OTHER);
+}
+
+// fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip).
+static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config,
+				       const struct plain_tcp *p, const struct vip_info *vip)
+{
+	struct server_info *server;
+	__u32 id, stat;
+	__u64 hash;
 
 	if (config->mode == LB_MODE_CHEETAH) {
 		struct cookie_layout layout = layout_of(config);
@@ -116,15 +125,15 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 
 		// A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC
 		// 7323), so userspace routes it like one without timestamps.
-		if ((tcp_flags(p.tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
+		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
 			return hand_up(STAT_UP_NEW_CONNECTION);
-		if (!plain_has_nop_nop_ts(&p))
+		if (!plain_has_nop_nop_ts(p))
 			return hand_up(STAT_UP_LAYOUT);
 		// The VIP's side of the id was hashed by userspace (the packet's destination is
 		// the VIP's address and port: that is how it was found).
-		hash = siphash_finish(vip->hash_prefix, p.ip->saddr, p.tcp->source);
+		hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
 		// The cookie is TSecr's high half.
-		unmasked = cookie_unmask(layout, bpf_ntohs(*(__be16 *)&p.ts->tsecr), hash);
+		unmasked = cookie_unmask(layout, bpf_ntohs(*(__be16 *)&p->ts->tsecr), hash);
 		id = cookie_server(layout, unmasked);
 		server = bpf_map_lookup_elem(&servers, &id);
 		if (!server || !(server->flags & SERVER_FORWARDS))
@@ -135,7 +144,7 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 			return hand_up(STAT_UP_NEXT_HOP);
 		// Only the MSB changes: the cookie becomes the server's own MSB, which the table
 		// keeps in network byte order.
-		csum_replace_high_half_in_network_order((__u16 *)&p.ts->tsecr, &p.tcp->check,
+		csum_replace_high_half_in_network_order((__u16 *)&p->ts->tsecr, &p->tcp->check,
 							restored);
 		stat = STAT_FAST_CLIENT_COOKIE;
 	} else if (config->mode == LB_MODE_HASH) {
@@ -146,10 +155,10 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 
 		if (pool_len == 0 || pool_len > MAX_HASH_POOL)
 			return hand_up(STAT_UP_OTHER);
-		hash = siphash_finish(vip->hash_prefix, p.ip->saddr, p.tcp->source);
+		hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
 		slot = hash % pool_len;
 		// The verifier cannot bound a remainder; the mask gives it the array's bound,
-		// and the empty asm keeps clang from dropping the mask it knows is a no-op.
+		// and the empty asm keeps clang from dropping the mask it knows is a no-op->
 		asm volatile("" : "+r"(slot));
 		id = vip->pool[slot & (MAX_HASH_POOL - 1)];
 		server = bpf_map_lookup_elem(&servers, &id);
@@ -160,7 +169,7 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 		// Maglev's table is not in a map in this stage.
 		return hand_up(STAT_UP_OTHER);
 	}
-	return forward_to_server(ctx, &p, config, vip, server, id, stat);
+	return forward_to_server(ctx, p, config, vip, server, id, stat);
 }
 
 // Who sent a reply and for which VIP: l2 by the server's MAC and the VIP's address and
@@ -195,16 +204,16 @@ static __always_inline struct vip_info *reply_sender(const struct plain_tcp *p,
 }
 
 // fast_path.rs `reply_fast` for a server's reply (steering said so: from a VIP address,
-// or from a NAT backend to a client); `backend` is its backends entry with NAT.
+// or from a NAT backend to a client); `backend` is its backends entry with NAT. `p` is
+// the frame as parse_plain_tcp left it, `refusal` what it said (lb_process parsed it).
 static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config *config,
-				      const struct backend_info *backend)
+				      const struct backend_info *backend,
+				      const struct plain_tcp *p, enum plain_refusal refusal)
 {
 	__u32 ingress = ctx->ingress_ifindex;
 	struct next_hop hop;
 	struct server_info *server;
 	struct vip_info *vip;
-	struct plain_tcp p;
-	enum plain_refusal refusal;
 	__u16 cookie = 0;
 	__u32 id = 0, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
@@ -213,10 +222,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	// for userspace to drop.
 	if (!bpf_map_lookup_elem(&server_side, &ingress))
 		return hand_up(STAT_UP_OTHER);
-	refusal = parse_plain_tcp(ctx, &p);
 	if (refusal != PLAIN_OK)
 		return hand_up_refused(refusal);
-	vip = reply_sender(&p, config, backend, &id);
+	vip = reply_sender(p, config, backend, &id);
 	if (!vip)
 		return hand_up(STAT_UP_OTHER);
 	server = bpf_map_lookup_elem(&servers, &id);
@@ -230,27 +238,27 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		__u16 msb;
 		__u64 hash;
 
-		if (tcp_flags(p.tcp) & (TCP_SYN | TCP_FIN | TCP_RST))
+		if (tcp_flags(p->tcp) & (TCP_SYN | TCP_FIN | TCP_RST))
 			return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
-		if (!plain_has_nop_nop_ts(&p))
+		if (!plain_has_nop_nop_ts(p))
 			return hand_up(STAT_UP_LAYOUT);
-		msb = bpf_ntohl(p.ts->tsval) >> 16;
+		msb = bpf_ntohl(p->ts->tsval) >> 16;
 		seen = bpf_map_lookup_elem(&msb_seen, &zero);
 		if (!seen || !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
 			return hand_up(STAT_UP_CLOCK);
 		// The connection's hash: its client is the reply's destination.
-		hash = siphash_finish(vip->hash_prefix, p.ip->daddr, p.tcp->dest);
+		hash = siphash_finish(vip->hash_prefix, p->ip->daddr, p->tcp->dest);
 		cookie = cookie_encode(layout, id, hash, msb);
 	}
 
 	// Before any byte changes: no next hop (map and FIB both) hands the packet up as it
 	// came, with the metadata steering writes for the worker's neighbour lookup.
-	if (!next_hop_toward_client(ctx, p.ip, &hop))
+	if (!next_hop_toward_client(ctx, p->ip, &hop))
 		return hand_up(STAT_UP_NEXT_HOP);
 
 	if (cheetah) {
 		// The cookie takes the place of the MSB; the low half stays.
-		csum_replace_high_half((__u16 *)&p.ts->tsval, &p.tcp->check, cookie);
+		csum_replace_high_half((__u16 *)&p->ts->tsval, &p->tcp->check, cookie);
 		stat = STAT_FAST_SERVER_COOKIE;
 	} else {
 		stat = STAT_FAST_SERVER_PLAIN;
@@ -258,15 +266,15 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	// server_reply.rs `reply_leaves_as_vip`: with NAT the reply leaves from the VIP's
 	// address and port (the client knows no other), not the server's.
 	if (config->forwarding == LB_FORWARDING_NAT) {
-		__be32 old = csum_set_ipv4_addr(&p.ip->check, &p.ip->saddr, vip->addr);
+		__be32 old = csum_set_ipv4_addr(&p->ip->check, &p->ip->saddr, vip->addr);
 
-		csum_tcp_address_changed(&p.tcp->check, old, vip->addr);
-		if (p.tcp->source != vip->port)
-			csum_set_tcp_port(&p.tcp->check, &p.tcp->source, vip->port);
+		csum_tcp_address_changed(&p->tcp->check, old, vip->addr);
+		if (p->tcp->source != vip->port)
+			csum_set_tcp_port(&p->tcp->check, &p->tcp->source, vip->port);
 	}
-	__builtin_memcpy(p.eth->h_dest, hop.dmac, ETH_ALEN);
-	__builtin_memcpy(p.eth->h_source, hop.smac, ETH_ALEN);
-	add_server_traffic(id, p.ip);
+	__builtin_memcpy(p->eth->h_dest, hop.dmac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_source, hop.smac, ETH_ALEN);
+	add_server_traffic(id, p->ip);
 	count(stat);
 	return send_out(ctx, hop.ifindex);
 }

@@ -22,20 +22,38 @@
 
 static __always_inline int lb_process(struct xdp_md *ctx)
 {
+	enum plain_refusal refusal = PLAIN_LAYOUT;
 	struct backend_info *backend;
+	struct vip_info *vip = NULL;
 	struct lb_config *config;
-	__u32 owner = steer_owner(ctx, &backend);
-	__u32 zero = 0;
-	int action;
+	// Set on every path: clang may carry its fields in registers the verifier must see written.
+	struct plain_tcp p = {};
+	__u32 zero = 0, owner;
+	int fast, action;
 
+	config = bpf_map_lookup_elem(&lb_config, &zero);
+	fast = config && (config->flags & LB_FAST_PATH);
+	if (fast) {
+		// A client's segment is recognised by its VIP (address, port) alone: vips only
+		// holds what vip_addrs holds (the publisher keeps it so), so a hit is a packet
+		// steering would call META_TO_VIP, and one hash lookup replaces two.
+		refusal = parse_plain_tcp(ctx, &p);
+		if (refusal == PLAIN_OK)
+			vip = client_vip(&p);
+		if (vip) {
+			action = client_fast(ctx, config, &p, vip);
+			if (action != LB_HAND_UP)
+				return action;
+		}
+	}
+	owner = steer_owner(ctx, &backend);
 	if (!owner)
 		return pass();
-	config = bpf_map_lookup_elem(&lb_config, &zero);
-	if (config && (config->flags & LB_FAST_PATH)) {
+	if (fast && !vip) {
 		if (owner & META_TO_VIP)
-			action = client_fast(ctx, config);
+			action = client_not_found(refusal);
 		else
-			action = reply_fast(ctx, config, backend);
+			action = reply_fast(ctx, config, backend, &p, refusal);
 		if (action != LB_HAND_UP)
 			return action;
 	}

@@ -207,7 +207,13 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
 #[derive(Clone, Copy)]
 enum Kind {
     Hash,
-    Array { entries: usize, value_size: usize },
+    /// A hash map's new and changed entries only; its stale keys stay until a later
+    /// `Hash` pass.
+    HashAdditions,
+    Array {
+        entries: usize,
+        value_size: usize,
+    },
 }
 
 /// Writes [`Wanted`] into a program's maps, remembering what it wrote so that the next
@@ -242,7 +248,7 @@ impl Publisher {
             entries,
             value_size,
         };
-        let maps: [(&str, Kind, &Entries, Option<&Entries>); 7] = [
+        let maps: [(&str, Kind, &Entries, Option<&Entries>); 8] = [
             (
                 "servers",
                 array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
@@ -273,13 +279,22 @@ impl Publisher {
                 &wanted.server_side,
                 last.as_ref().map(|l| &l.server_side),
             ),
+            // The program takes a vips hit for a VIP's packet without asking vip_addrs
+            // (lib/lb.h), so vips never holds an address vip_addrs lacks: new addresses
+            // go in before vips, stale ones leave after it.
+            (
+                "vip_addrs",
+                Kind::HashAdditions,
+                &wanted.vip_addrs,
+                last.as_ref().map(|l| &l.vip_addrs),
+            ),
             (
                 "vips",
                 Kind::Hash,
                 &wanted.vips,
                 last.as_ref().map(|l| &l.vips),
             ),
-            // Last: a VIP's packets are the LB's once its tables are in place.
+            // Last: a removed VIP's address leaves after its vips entry.
             (
                 "vip_addrs",
                 Kind::Hash,
@@ -322,6 +337,7 @@ fn sync(
         }
     }
     match kind {
+        Kind::HashAdditions => {}
         Kind::Hash => {
             let stale: Vec<Vec<u8>> = map.keys().filter(|k| !entries.contains_key(k)).collect();
             for key in stale {

@@ -18,17 +18,17 @@ use super::xdp::{
 
 /// What each stage program adds to the one before it: lib/… names as in bpf/xdp_bench.c.
 const CLIENT_STAGES: [&str; 7] = [
-    "steering: eth/IPv4 bounds, vip_addrs[daddr]; lb_config",
-    "parse_plain_tcp, ACK and NOP NOP TS checks",
-    "vips[(daddr, dport, 6)] hash lookup",
+    "lb_config, parse_plain_tcp",
+    "vips[(daddr, dport, 6)] hash lookup (the classification too)",
+    "ACK and NOP NOP TS checks",
     "siphash_finish, cookie unmask",
     "servers[id], msb_restores[unmasked] (decode)",
     "TSecr rewrite + TCP checksum, both MACs",
     "server_traffic[id] + stats count (2 per-CPU lookups)",
 ];
 const REPLY_STAGES: [&str; 8] = [
-    "steering: eth/IPv4 bounds, vip_addrs[daddr] miss, vip_addrs[saddr]; lb_config",
-    "server_side[ingress], parse_plain_tcp",
+    "lb_config, parse_plain_tcp, vips[(daddr, dport, 6)] miss",
+    "steering: vip_addrs[daddr] miss, vip_addrs[saddr]; server_side[ingress]",
     "server_macs[src MAC], vips[(saddr, sport, 6)], servers[id]",
     "flags, NOP NOP TS, msb_seen + clock check",
     "siphash_finish, cookie encode",
