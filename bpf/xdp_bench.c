@@ -228,7 +228,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 
 	if (steer_owner(ctx, &backend) != META_FROM_SERVER)
 		return XDP_ABORTED;
-	if (!bpf_map_lookup_elem(&server_side, &ingress))
+	if (!on_server_side(ingress))
 		return XDP_ABORTED;
 	STAGE_DONE(2);
 

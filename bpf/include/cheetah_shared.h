@@ -16,6 +16,9 @@
 // entries.
 #define MAX_QUEUES 64
 #define MAX_INTERFACES 16
+// Entries of server_side: the interface with ifindex i is recorded at i % SERVER_SIDE_SLOTS
+// (a power of two).
+#define SERVER_SIDE_SLOTS 1024
 // Entries of host_addrs: the LB host's own IPv4 addresses.
 #define MAX_HOST_ADDRS 256
 

@@ -61,6 +61,15 @@ static __always_inline void add_server_traffic(__u32 server, const struct iphdr 
 	}
 }
 
+// Whether replies are taken from the interface `ifindex` (server_side, maps.h).
+static __always_inline int on_server_side(__u32 ifindex)
+{
+	__u32 slot = ifindex & (SERVER_SIDE_SLOTS - 1);
+	__u32 *owner = bpf_map_lookup_elem(&server_side, &slot);
+
+	return owner && *owner == ifindex;
+}
+
 static __always_inline int send_out(struct xdp_md *ctx, __u32 egress_ifindex)
 {
 	if (egress_ifindex == ctx->ingress_ifindex)
@@ -220,7 +229,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 
 	// Only the servers' side carries replies (sides.rs): what only claims to be one is
 	// for userspace to drop.
-	if (!bpf_map_lookup_elem(&server_side, &ingress))
+	if (!on_server_side(ingress))
 		return hand_up(STAT_UP_OTHER);
 	if (refusal != PLAIN_OK)
 		return hand_up_refused(refusal);

@@ -104,11 +104,12 @@ struct {
 	__type(value, __u32);
 } server_macs SEC(".maps");
 
-// ifindex -> unused: present when the interface faces the servers, the only side replies
-// are taken from.
+// ifindex % SERVER_SIDE_SLOTS -> that ifindex when the interface faces the servers, the only
+// side replies are taken from (0: none). An array, so the reply path's test is an inlined
+// read rather than a hash lookup; the ifindex stored says which interface owns the slot.
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_INTERFACES);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SERVER_SIDE_SLOTS);
 	__type(key, __u32);
 	__type(value, __u32);
 } server_side SEC(".maps");

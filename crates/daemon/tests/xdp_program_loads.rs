@@ -22,6 +22,7 @@ const PROGRAM_NAME: &str = "cheetah_lb";
 // cheetah_shared.h
 const MAX_QUEUES: u32 = 64;
 const MAX_INTERFACES: u32 = 16;
+const SERVER_SIDE_SLOTS: u32 = 1024;
 const MAX_HOST_ADDRS: u32 = 256;
 const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
@@ -139,7 +140,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         ("server_macs", MapType::Hash, MAC_KEY, 4, SERVER_ID_SPACE, 0),
-        ("server_side", MapType::Hash, 4, 4, MAX_INTERFACES, 0),
+        ("server_side", MapType::Array, 4, 4, SERVER_SIDE_SLOTS, 0),
         // One entry each, every word in it (an array's entries are 8 bytes apart).
         (
             "msb_seen",
@@ -487,8 +488,8 @@ fn a_server_reply_gets_its_cookie_in_the_kernel() {
     put(
         &object,
         "server_side",
+        &(LOOPBACK_IFINDEX % SERVER_SIDE_SLOTS).to_ne_bytes(),
         &LOOPBACK_IFINDEX.to_ne_bytes(),
-        &0u32.to_ne_bytes(),
     );
     let mut mac_key = [0u8; MAC_KEY as usize];
     mac_key[..6].copy_from_slice(&server_mac);

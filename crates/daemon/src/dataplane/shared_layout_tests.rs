@@ -46,6 +46,7 @@ fn rust_side() -> BTreeMap<String, u64> {
     let values: Vec<(&str, usize)> = vec![
         ("MAX_QUEUES", MAX_QUEUES as usize),
         ("MAX_INTERFACES", MAX_INTERFACES),
+        ("SERVER_SIDE_SLOTS", SERVER_SIDE_SLOTS),
         ("MAX_HOST_ADDRS", MAX_HOST_ADDRS),
         ("META_MAGIC", MAGIC as usize),
         ("META_TO_VIP", TO_VIP as usize),

@@ -10,6 +10,8 @@ use cheetah_core::lb::Bundle;
 use cheetah_core::types::Mac;
 
 pub const SERVER_ID_SPACE: usize = 16384;
+/// `SERVER_SIDE_SLOTS`: entries of `server_side`, indexed by ifindex modulo this.
+pub const SERVER_SIDE_SLOTS: usize = 1024;
 pub const COOKIE_SPACE: usize = 65536;
 pub const MAX_VIPS: usize = 4096;
 pub const MAX_HASH_POOL: usize = 64;

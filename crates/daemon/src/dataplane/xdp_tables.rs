@@ -195,8 +195,13 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
 
     for (iface, side) in publication.interfaces.iter().zip(publication.sides) {
         if *side == Ingress::ServerSide {
-            let key = iface.ifindex.to_ne_bytes().to_vec();
-            wanted.server_side.insert(key, 1u32.to_ne_bytes().to_vec());
+            let slot = iface.ifindex as usize % SERVER_SIDE_SLOTS;
+            // Two servers' side interfaces in one slot: the first keeps it, the other's
+            // replies go to userspace (still handled, only not in the kernel).
+            wanted
+                .server_side
+                .entry(array_key(slot))
+                .or_insert_with(|| iface.ifindex.to_ne_bytes().to_vec());
         }
     }
     wanted
@@ -275,7 +280,7 @@ impl Publisher {
             ),
             (
                 "server_side",
-                Kind::Hash,
+                array(SERVER_SIDE_SLOTS, std::mem::size_of::<u32>()),
                 &wanted.server_side,
                 last.as_ref().map(|l| &l.server_side),
             ),
@@ -571,8 +576,9 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     #[test]
     fn only_server_side_interfaces_take_replies() {
         let wanted = wanted_of(&plane(""), true);
-        let keys: Vec<&Vec<u8>> = wanted.server_side.keys().collect();
-        assert_eq!(keys, [&11u32.to_ne_bytes().to_vec()]);
+        let entries: Vec<(&Vec<u8>, &Vec<u8>)> = wanted.server_side.iter().collect();
+        let ifindex = 11u32.to_ne_bytes().to_vec();
+        assert_eq!(entries, [(&ifindex, &ifindex)]);
     }
 
     #[test]
