@@ -18,23 +18,12 @@ use cheetah_core::types::ServerId;
 use cheetah_daemon::health::prober::Prober;
 use cheetah_daemon::{Clock, DaemonState};
 
-fn is_root() -> bool {
-    // SAFETY: no arguments, no memory.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+#[path = "shared/root.rs"]
+mod root;
+use root::is_root;
+#[path = "shared/ip_command.rs"]
+mod ip_command;
+use ip_command::ip;
 
 /// This thread, alone, in a new network namespace with `lo` up and `hc0` holding
 /// 10.55.0.1/24, one end of a veth whose other end has no address: nobody answers for

@@ -7,7 +7,6 @@
 
 use std::net::Ipv4Addr;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cheetah_core::config::{Forwarding, Mode};
@@ -25,6 +24,13 @@ use cheetah_daemon::dataplane::xdp_layout::UP_REASONS;
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use cheetah_daemon::dataplane::Interface;
 
+#[path = "shared/root.rs"]
+mod root;
+use root::is_root;
+#[path = "shared/ip_command.rs"]
+mod ip_command;
+use ip_command::ip;
+
 const SERVER_INTERFACE: &str = "xn-srv";
 const CLIENT_INTERFACE: &str = "xn-cli";
 const SERVER_INTERFACE_MAC: Mac = [0x02, 0x1c, 0x00, 0x00, 0x00, 0x05];
@@ -36,24 +42,6 @@ const MOVED_GATEWAY_MAC: Mac = [0x02, 0xc9, 0x00, 0x00, 0x00, 0x02];
 /// announces is in the map within one round of its loop, anything else within a second.
 const REFRESH_BOUND: Duration = Duration::from_secs(1);
 const XDP_REDIRECT: u32 = 4;
-
-fn is_root() -> bool {
-    // SAFETY: no arguments, no memory.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn mac_text(mac: &Mac) -> String {
     mac.map(|b| format!("{b:02x}")).join(":")

@@ -42,7 +42,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use cheetah_core::config::{LbConfig, Mode};
@@ -58,6 +57,13 @@ use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use cheetah_daemon::dataplane::Interface;
 use libbpf_rs::ProgramInput;
 use serde::Deserialize;
+
+#[path = "shared/root.rs"]
+mod root;
+use root::is_root;
+#[path = "shared/ip_command.rs"]
+mod ip_command;
+use ip_command::ip;
 
 // --- The vector files (the subset of crates/core/tests/vectors.rs's format read here) ----
 
@@ -148,24 +154,6 @@ struct Topology {
 
 const SERVER_INTERFACE: &str = "xp-srv";
 const CLIENT_INTERFACE: &str = "xp-cli";
-
-fn is_root() -> bool {
-    // SAFETY: no arguments, no memory.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// The interfaces' MACs, set when they are made: sysfs (`Interface::discover`) shows the
 /// namespace it was mounted in, not this thread's.

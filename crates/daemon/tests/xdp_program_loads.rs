@@ -15,6 +15,13 @@ use cheetah_core::wire::{checksum, Ipv4Packet, TcpSegment};
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use libbpf_rs::{MapCore, MapFlags, MapType, Object, ObjectBuilder};
 
+#[path = "shared/root.rs"]
+mod root;
+use root::is_root;
+#[path = "shared/ip_command.rs"]
+mod ip_command;
+use ip_command::ip;
+
 /// The object `cheetah run` embeds (crates/daemon/build.rs).
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_lb.o"));
 const PROGRAM_NAME: &str = "cheetah_lb";
@@ -53,11 +60,6 @@ const NEXT_HOP_KEY: u32 = 8; // prefixlen, addr
 const NEXT_HOP: u32 = 24; // kind, ifindex, mtu, dmac[6], smac[6]
 const MAX_NEXT_HOPS: u32 = 16384;
 const BPF_F_NO_PREALLOC: u32 = 1;
-
-fn is_root() -> bool {
-    // SAFETY: no arguments, no memory.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn load() -> Object {
     ObjectBuilder::default()
@@ -419,19 +421,6 @@ fn an_established_client_segment_is_forwarded_in_the_kernel() {
             }
         }
     }
-}
-
-fn ip(args: &[&str]) {
-    let out = std::process::Command::new("ip")
-        .args(args)
-        .output()
-        .expect("ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A server's established reply with NOP NOP TS, its MSB the newest seen: the kernel asks

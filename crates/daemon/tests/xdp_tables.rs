@@ -20,6 +20,10 @@ use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use cheetah_daemon::dataplane::Interface;
 use libbpf_rs::{MapCore, MapFlags};
 
+#[path = "shared/root.rs"]
+mod root;
+use root::is_root;
+
 /// `enum xdp_action`.
 const XDP_TX: u32 = 3;
 const LOOPBACK: u32 = 1;
@@ -28,11 +32,6 @@ const ROUTES_VIA_LO: &str =
     "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
 lo\t00000000\t00000000\t0001\t0\t0\t0\t00000000\t0\t0\t0
 ";
-
-fn is_root() -> bool {
-    // SAFETY: no arguments, no memory.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn stat(program: &SteeringProgram, index: u32) -> u64 {
     program
