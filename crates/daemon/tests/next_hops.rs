@@ -29,13 +29,21 @@ mod root;
 use root::is_root;
 #[path = "shared/ip_command.rs"]
 mod ip_command;
+#[path = "shared/lb_namespace.rs"]
+mod lb_namespace;
 use ip_command::ip;
+use lb_namespace::{enter_lb_namespace, interface, Veth};
 
-const SERVER_INTERFACE: &str = "xn-srv";
-const CLIENT_INTERFACE: &str = "xn-cli";
-const SERVER_INTERFACE_MAC: Mac = [0x02, 0x1c, 0x00, 0x00, 0x00, 0x05];
-const CLIENT_INTERFACE_MAC: Mac = [0x02, 0x1c, 0x00, 0x00, 0x00, 0x0c];
-const GATEWAY: &str = "10.7.0.2";
+const SERVERS: Veth = Veth {
+    name: "xn-srv",
+    mac: [0x02, 0x1c, 0x00, 0x00, 0x00, 0x05],
+    peer: "xn-srv-p",
+};
+const CLIENTS: Veth = Veth {
+    name: "xn-cli",
+    mac: [0x02, 0x1c, 0x00, 0x00, 0x00, 0x0c],
+    peer: "xn-cli-p",
+};
 const GATEWAY_MAC: Mac = [0x02, 0xc9, 0x00, 0x00, 0x00, 0x01];
 const MOVED_GATEWAY_MAC: Mac = [0x02, 0xc9, 0x00, 0x00, 0x00, 0x02];
 /// What `cheetah run` promises (docs/dataplane.md "Next hops"): a change the kernel
@@ -43,73 +51,11 @@ const MOVED_GATEWAY_MAC: Mac = [0x02, 0xc9, 0x00, 0x00, 0x00, 0x02];
 const REFRESH_BOUND: Duration = Duration::from_secs(1);
 const XDP_REDIRECT: u32 = 4;
 
-fn mac_text(mac: &Mac) -> String {
-    mac.map(|b| format!("{b:02x}")).join(":")
-}
-
-fn interface(name: &str, mac: Mac, slot: u32) -> Interface {
-    let cname = std::ffi::CString::new(name).unwrap();
-    // SAFETY: a valid NUL-terminated string.
-    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-    assert_ne!(ifindex, 0, "interface {name}");
-    Interface {
-        name: name.to_string(),
-        ifindex,
-        mac,
-        slot,
-        queues: 1,
-    }
-}
-
-fn set_gateway_mac(mac: &Mac) {
-    ip(&[
-        "neigh",
-        "replace",
-        GATEWAY,
-        "lladdr",
-        &mac_text(mac),
-        "nud",
-        "permanent",
-        "dev",
-        CLIENT_INTERFACE,
-    ]);
-}
-
 /// This thread in a namespace of its own: `lo` forwarding (as `cheetah run` sets it), the
 /// servers behind one veth, the clients behind a gateway on the other.
 fn enter_new_namespace() -> [Interface; 2] {
-    // SAFETY: unshare only changes this thread's namespaces.
-    let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-    assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
-    ip(&["link", "set", "lo", "up"]);
-    std::fs::write("/proc/sys/net/ipv4/conf/lo/forwarding", "1").unwrap();
-    for (name, mac, peer) in [
-        (SERVER_INTERFACE, SERVER_INTERFACE_MAC, "xn-srv-p"),
-        (CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, "xn-cli-p"),
-    ] {
-        let mac = mac_text(&mac);
-        ip(&[
-            "link", "add", name, "address", &mac, "type", "veth", "peer", "name", peer,
-        ]);
-        ip(&["link", "set", name, "up"]);
-        ip(&["link", "set", peer, "up"]);
-    }
-    ip(&["addr", "add", "10.1.255.254/16", "dev", SERVER_INTERFACE]);
-    ip(&["addr", "add", "10.7.0.1/24", "dev", CLIENT_INTERFACE]);
-    set_gateway_mac(&GATEWAY_MAC);
-    ip(&[
-        "route",
-        "add",
-        "default",
-        "via",
-        GATEWAY,
-        "dev",
-        CLIENT_INTERFACE,
-    ]);
-    [
-        interface(SERVER_INTERFACE, SERVER_INTERFACE_MAC, 0),
-        interface(CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, 1),
-    ]
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    [interface(&SERVERS, 0), interface(&CLIENTS, 1)]
 }
 
 /// The program with a plain-hash l2 LB published (replies need no clock), as `cheetah
@@ -197,7 +143,7 @@ fn replies_take_their_next_hop_from_the_mirror_and_follow_a_new_gateway_mac() {
     );
 
     // The gateway's MAC moves: the kernel announces it, the mirror follows.
-    set_gateway_mac(&MOVED_GATEWAY_MAC);
+    lb_namespace::set_gateway_mac(CLIENTS.name, &MOVED_GATEWAY_MAC);
     let moved = Instant::now();
     loop {
         // What `cheetah run` does each round of its loop (and once a second regardless).
@@ -237,7 +183,7 @@ fn replies_take_their_next_hop_from_the_mirror_and_follow_a_new_gateway_mac() {
         "nud",
         "reachable",
         "dev",
-        CLIENT_INTERFACE,
+        CLIENTS.name,
     ]);
     mirror.refresh(&program).expect("mirror the next hops");
     let (action, dst, before, after) = reply(&program, servers, on_link);
@@ -253,7 +199,7 @@ fn replies_take_their_next_hop_from_the_mirror_and_follow_a_new_gateway_mac() {
         "via",
         "10.7.0.3",
         "dev",
-        CLIENT_INTERFACE,
+        CLIENTS.name,
     ]);
     let started = Instant::now();
     while !mirror.changed() && started.elapsed() < REFRESH_BOUND {
@@ -274,7 +220,7 @@ fn replies_take_their_next_hop_from_the_mirror_and_follow_a_new_gateway_mac() {
         "nud",
         "reachable",
         "dev",
-        CLIENT_INTERFACE,
+        CLIENTS.name,
     ]);
     mirror.refresh(&program).expect("mirror the next hops");
     let (action, dst, before, after) = reply(&program, servers, Ipv4Addr::new(10, 2, 9, 7));

@@ -54,7 +54,6 @@ use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::{ClockWords, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::*;
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
-use cheetah_daemon::dataplane::Interface;
 use libbpf_rs::ProgramInput;
 use serde::Deserialize;
 
@@ -63,7 +62,9 @@ mod root;
 use root::is_root;
 #[path = "shared/ip_command.rs"]
 mod ip_command;
-use ip_command::ip;
+#[path = "shared/lb_namespace.rs"]
+mod lb_namespace;
+use lb_namespace::{enter_lb_namespace, interface, Veth};
 
 // --- The vector files (the subset of crates/core/tests/vectors.rs's format read here) ----
 
@@ -152,41 +153,23 @@ struct Topology {
     clients: Port,
 }
 
-const SERVER_INTERFACE: &str = "xp-srv";
-const CLIENT_INTERFACE: &str = "xp-cli";
-
-/// The interfaces' MACs, set when they are made: sysfs (`Interface::discover`) shows the
+/// The interfaces' MACs are set when they are made: sysfs (`Interface::discover`) shows the
 /// namespace it was mounted in, not this thread's.
-const SERVER_INTERFACE_MAC: Mac = [0x02, 0x1b, 0x00, 0x00, 0x00, 0x05];
-const CLIENT_INTERFACE_MAC: Mac = [0x02, 0x1b, 0x00, 0x00, 0x00, 0x0c];
+const SERVERS: Veth = Veth {
+    name: "xp-srv",
+    mac: [0x02, 0x1b, 0x00, 0x00, 0x00, 0x05],
+    peer: "xp-srv-p",
+};
+const CLIENTS: Veth = Veth {
+    name: "xp-cli",
+    mac: [0x02, 0x1b, 0x00, 0x00, 0x00, 0x0c],
+    peer: "xp-cli-p",
+};
 
-fn mac_text(mac: &Mac) -> String {
-    mac.map(|b| format!("{b:02x}")).join(":")
-}
-
-fn interface(name: &str, mac: Mac, slot: u32) -> Interface {
-    let cname = std::ffi::CString::new(name).unwrap();
-    // SAFETY: a valid NUL-terminated string.
-    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-    assert_ne!(
-        ifindex,
-        0,
-        "interface {name}: {}",
-        std::io::Error::last_os_error()
-    );
-    Interface {
-        name: name.to_string(),
-        ifindex,
-        mac,
-        slot,
-        queues: 1,
-    }
-}
-
-fn port(name: &str, mac: Mac) -> Port {
+fn port(veth: &Veth) -> Port {
     Port {
-        ifindex: interface(name, mac, 0).ifindex,
-        mac,
+        ifindex: interface(veth, 0).ifindex,
+        mac: veth.mac,
     }
 }
 
@@ -194,48 +177,10 @@ fn port(name: &str, mac: Mac) -> Port {
 /// forwarding on `lo` (what `cheetah run` sets for the FIB lookups), and two veth pairs:
 /// the servers' subnet behind one, the clients behind a gateway on the other.
 fn enter_new_namespace() -> Topology {
-    // SAFETY: unshare only changes this thread's namespaces.
-    let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-    assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
-    ip(&["link", "set", "lo", "up"]);
-    std::fs::write("/proc/sys/net/ipv4/conf/lo/forwarding", "1").unwrap();
-    for (name, mac, peer) in [
-        (SERVER_INTERFACE, SERVER_INTERFACE_MAC, "xp-srv-p"),
-        (CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, "xp-cli-p"),
-    ] {
-        let mac = mac_text(&mac);
-        ip(&[
-            "link", "add", name, "address", &mac, "type", "veth", "peer", "name", peer,
-        ]);
-        ip(&["link", "set", name, "up"]);
-        ip(&["link", "set", peer, "up"]);
-    }
-    ip(&["addr", "add", "10.1.255.254/16", "dev", SERVER_INTERFACE]);
-    ip(&["addr", "add", "10.7.0.1/24", "dev", CLIENT_INTERFACE]);
-    let gateway_mac = mac_text(&GATEWAY_MAC);
-    ip(&[
-        "neigh",
-        "replace",
-        "10.7.0.2",
-        "lladdr",
-        &gateway_mac,
-        "nud",
-        "permanent",
-        "dev",
-        CLIENT_INTERFACE,
-    ]);
-    ip(&[
-        "route",
-        "add",
-        "default",
-        "via",
-        "10.7.0.2",
-        "dev",
-        CLIENT_INTERFACE,
-    ]);
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
     Topology {
-        servers: port(SERVER_INTERFACE, SERVER_INTERFACE_MAC),
-        clients: port(CLIENT_INTERFACE, CLIENT_INTERFACE_MAC),
+        servers: port(&SERVERS),
+        clients: port(&CLIENTS),
     }
 }
 
@@ -699,10 +644,7 @@ impl Kernel {
             .collect();
         plane.shared().msb.import(&msb, 0);
         let snapshot = plane.shared().snapshot.load();
-        let interfaces = [
-            interface(SERVER_INTERFACE, SERVER_INTERFACE_MAC, 0),
-            interface(CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, 1),
-        ];
+        let interfaces = [interface(&SERVERS, 0), interface(&CLIENTS, 1)];
         let publication = Publication {
             snapshot: &snapshot,
             layout: plane.shared().layout(),
