@@ -2,6 +2,9 @@
 //! crates/core/tests/vectors.rs's format the XDP tests read, and the hex both print
 //! (included by path, `#[path]`).
 
+// The differential runner reads the frames only, the parity test every field.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 
 use cheetah_core::config::LbConfig;
