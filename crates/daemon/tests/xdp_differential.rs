@@ -392,12 +392,12 @@ fn judge(
 
 // --- The run -----------------------------------------------------------------------------
 
-fn env_u64(name: &str) -> Option<String> {
+fn env_value(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 fn seed() -> u64 {
-    match env_u64("CHEETAH_XDP_FUZZ_SEED").as_deref() {
+    match env_value("CHEETAH_XDP_FUZZ_SEED").as_deref() {
         None => DEFAULT_SEED,
         Some("random") => std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -426,7 +426,7 @@ fn the_kernel_does_what_the_core_does_or_hands_the_frame_up_unchanged() {
         return;
     }
     let seed = seed();
-    let inputs: u64 = env_u64("CHEETAH_XDP_FUZZ_INPUTS").map_or(CI_INPUTS, |v| {
+    let inputs: u64 = env_value("CHEETAH_XDP_FUZZ_INPUTS").map_or(CI_INPUTS, |v| {
         v.replace('_', "")
             .parse()
             .unwrap_or_else(|_| panic!("CHEETAH_XDP_FUZZ_INPUTS={v}: not a count"))
