@@ -40,22 +40,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use cheetah_core::config::{LbConfig, Mode};
-use cheetah_core::hash::Secret;
-use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
-use cheetah_core::tables::ControlPlane;
-use cheetah_core::types::{parse_mac, Mac, ServerId};
+use cheetah_core::lb::{Ingress, Worker};
+use cheetah_core::types::ServerId;
 use cheetah_core::verdict::Verdict;
-use cheetah_daemon::dataplane::next_hops::NextHopMirror;
-use cheetah_daemon::dataplane::xdp::{ClockWords, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::*;
-use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
-use libbpf_rs::ProgramInput;
-use serde::Deserialize;
 
 #[path = "shared/root.rs"]
 mod root;
@@ -64,42 +54,18 @@ use root::is_root;
 mod ip_command;
 #[path = "shared/lb_namespace.rs"]
 mod lb_namespace;
-use lb_namespace::{enter_lb_namespace, interface, Veth};
-
-// --- The vector files (the subset of crates/core/tests/vectors.rs's format read here) ----
-
-#[derive(Deserialize)]
-struct VectorFile {
-    #[serde(default)]
-    removed_servers: Vec<u16>,
-    vector: Vec<Vector>,
-}
-
-#[derive(Deserialize)]
-struct Vector {
-    name: String,
-    now_ns: u64,
-    #[serde(default)]
-    msb_state: Vec<MsbEntry>,
-    #[serde(default)]
-    prelude: Vec<PreludePacket>,
-    packet_in: String,
-    verdict: String,
-    packet_out: String,
-}
-
-#[derive(Deserialize)]
-struct MsbEntry {
-    server: u16,
-    msb: u16,
-}
-
-#[derive(Deserialize)]
-struct PreludePacket {
-    now_ns: u64,
-    packet_in: String,
-    verdict: String,
-}
+#[path = "shared/lb_topology.rs"]
+mod lb_topology;
+use lb_topology::{enter_new_namespace, Topology};
+#[path = "shared/vectors.rs"]
+mod vectors;
+use vectors::{hex, load_suite, suite_dirs, unhex, verdict_name, Suite};
+#[path = "shared/xdp_kernel.rs"]
+mod xdp_kernel;
+use xdp_kernel::{action_name, Kernel, KernelRun, NextHops, ETH_HLEN, XDP_DROP, XDP_PASS};
+#[path = "shared/egress.rs"]
+mod egress;
+use egress::after_egress;
 
 /// Per mode, the vectors the kernel must handle itself wherever a suite has them (a reply
 /// whose clock was unknown counts when its second sending was handled).
@@ -133,57 +99,6 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
     ),
 ];
 
-// --- The namespace ------------------------------------------------------------------------
-
-/// The client gateway's MAC: what the FIB answers for every client address.
-const GATEWAY_MAC: Mac = [0x02, 0xc9, 0x00, 0x00, 0x00, 0x01];
-
-#[derive(Clone, Copy, Debug)]
-struct Port {
-    ifindex: u32,
-    mac: Mac,
-}
-
-/// The LB's two interfaces in the test's namespace.
-struct Topology {
-    /// Faces the servers (10.1.0.0/16); every vector arrives here, as the core runs every
-    /// vector with `Ingress::ServerSide`.
-    servers: Port,
-    /// Faces the clients: the default route, through a gateway with a static neighbour entry.
-    clients: Port,
-}
-
-/// The interfaces' MACs are set when they are made: sysfs (`Interface::discover`) shows the
-/// namespace it was mounted in, not this thread's.
-const SERVERS: Veth = Veth {
-    name: "xp-srv",
-    mac: [0x02, 0x1b, 0x00, 0x00, 0x00, 0x05],
-    peer: "xp-srv-p",
-};
-const CLIENTS: Veth = Veth {
-    name: "xp-cli",
-    mac: [0x02, 0x1b, 0x00, 0x00, 0x00, 0x0c],
-    peer: "xp-cli-p",
-};
-
-fn port(veth: &Veth) -> Port {
-    Port {
-        ifindex: interface(veth, 0).ifindex,
-        mac: veth.mac,
-    }
-}
-
-/// Moves this thread, alone, to a new network namespace with `lo` up, IPv4
-/// forwarding on `lo` (what `cheetah run` sets for the FIB lookups), and two veth pairs:
-/// the servers' subnet behind one, the clients behind a gateway on the other.
-fn enter_new_namespace() -> Topology {
-    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
-    Topology {
-        servers: port(&SERVERS),
-        clients: port(&CLIENTS),
-    }
-}
-
 // --- One suite ----------------------------------------------------------------------------
 
 #[derive(Default)]
@@ -197,121 +112,6 @@ struct SuiteReport {
     /// interface delivers either): the core alone sees them.
     not_runnable: Vec<String>,
     failures: Vec<String>,
-}
-
-/// What one packet did in the kernel.
-struct KernelRun {
-    action: u32,
-    /// The frame after the program, without the metadata it may have put in front.
-    frame: Vec<u8>,
-    /// The `STAT_FAST_*` counters that moved, as `xdp_layout::FAST_BUNDLES` indices.
-    fast: Vec<u32>,
-    /// The `STAT_UP_*` reasons that moved (`xdp_layout::UP_REASONS`).
-    up: Vec<&'static str>,
-    /// Steering passed it to the host (not the LB's: ARP, IPv6, ...).
-    passed: bool,
-    /// Server ids whose `server_traffic` moved.
-    traffic: Vec<u16>,
-    /// `STAT_NEXT_HOP_MISS` moved: the next hop came from `bpf_fib_lookup`, not the map.
-    next_hop_miss: bool,
-}
-
-impl KernelRun {
-    fn fast_name(&self) -> String {
-        self.fast
-            .iter()
-            .map(|&i| format!("{:?}", FAST_BUNDLES[i as usize].1))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// Why it went up, or what steering did with a packet the fast path did not look at
-    /// (no socket is bound here, so steering drops what the LB owns).
-    fn up_name(&self) -> String {
-        match (&self.up[..], self.passed) {
-            ([], true) => "passed".into(),
-            ([], false) => "steered".into(),
-            (up, _) => up.join(","),
-        }
-    }
-}
-
-/// The shortest frame `BPF_PROG_TEST_RUN` takes (`bpf_test_init`).
-const ETH_HLEN: usize = 14;
-const XDP_ABORTED: u32 = 0;
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
-const XDP_REDIRECT: u32 = 4;
-
-fn action_name(action: u32) -> &'static str {
-    match action {
-        XDP_ABORTED => "XDP_ABORTED",
-        XDP_DROP => "XDP_DROP",
-        XDP_PASS => "XDP_PASS",
-        XDP_TX => "XDP_TX",
-        XDP_REDIRECT => "XDP_REDIRECT",
-        _ => "unknown action",
-    }
-}
-
-fn verdict_name(verdict: Verdict) -> String {
-    match verdict {
-        Verdict::ToServer(server) => format!("to_server:{}", server.0),
-        Verdict::ToClient => "to_client".into(),
-        Verdict::ToAllServers { vip } => format!("to_all_servers:{vip}"),
-        Verdict::Pass => "pass".into(),
-        Verdict::Drop(reason) => format!("drop:{}", reason.name()),
-    }
-}
-
-struct Suite {
-    name: String,
-    config: LbConfig,
-    secret: Secret,
-    file: VectorFile,
-}
-
-fn load_suite(dir: &Path) -> Suite {
-    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-    let config = LbConfig::from_toml(&read(&dir.join("config.toml")))
-        .unwrap_or_else(|e| panic!("{name}/config.toml: {e}"));
-    let secret = Secret::from_hex(&read(&dir.join("secret.hex")))
-        .unwrap_or_else(|| panic!("{name}/secret.hex: not 32 hex digits"));
-    let file: VectorFile = toml::from_str(&read(&dir.join("vectors.toml")))
-        .unwrap_or_else(|e| panic!("{name}/vectors.toml: {e}"));
-    Suite {
-        name,
-        config,
-        secret,
-        file,
-    }
-}
-
-/// The frame the AF_XDP worker would send for the core's verdict: the core leaves the
-/// Ethernet addresses to the worker's egress step (`worker_loop.rs`).
-fn after_egress(
-    topology: &Topology,
-    config: &LbConfig,
-    verdict: Verdict,
-    core_out: &[u8],
-) -> Option<(u32, Vec<u8>)> {
-    let mut frame = core_out.to_vec();
-    let (action, dst, src) = match verdict {
-        Verdict::ToServer(id) => {
-            let server = config.servers.iter().find(|s| s.id == id.0)?;
-            (
-                XDP_TX,
-                parse_mac(server.mac.as_deref()?)?,
-                topology.servers.mac,
-            )
-        }
-        Verdict::ToClient => (XDP_REDIRECT, GATEWAY_MAC, topology.clients.mac),
-        _ => return None,
-    };
-    frame[0..6].copy_from_slice(&dst);
-    frame[6..12].copy_from_slice(&src);
-    Some((action, frame))
 }
 
 /// Checks one packet's kernel run against the core's, and files it as handled or up.
@@ -355,7 +155,9 @@ fn judge(
         report.up.push(format!("{what} ({})", kernel.up_name()));
         return;
     }
-    let Some((action, expected)) = after_egress(topology, config, verdict, core_out) else {
+    let Some((action, expected)) =
+        after_egress(topology, config, topology.servers, verdict, core_out)
+    else {
         fail(format!(
             "handled by the kernel ({}, {}), but the core says {}",
             kernel.fast_name(),
@@ -403,31 +205,30 @@ fn judge(
         Verdict::ToServer(id) => Some(id.0),
         _ => None,
     };
-    if kernel.traffic.len() != 1 || server.is_some_and(|id| kernel.traffic != [id]) {
+    let traffic: Vec<u16> = kernel.traffic.iter().map(|moved| moved.server).collect();
+    if traffic.len() != 1 || server.is_some_and(|id| traffic != [id]) {
         fail(format!(
-            "server_traffic moved for servers {:?}; the core's verdict is {}",
-            kernel.traffic,
+            "server_traffic moved for servers {traffic:?}; the core's verdict is {}",
             verdict_name(verdict)
         ));
     }
     report.handled.push(what.to_string());
 }
 
-/// Whether the program's `next_hops` map is filled for a run of the suites: results must
-/// not depend on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum NextHops {
-    /// Every reply's next hop from `bpf_fib_lookup`.
-    Empty,
-    /// Mirrored from the namespace's routes and neighbours, as `cheetah run` does.
-    Mirrored,
-}
-
 fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteReport {
     let mut report = SuiteReport::default();
     let program = Kernel::load(topology, next_hops);
+    let every_id: Vec<ServerId> = (0..ServerId::SPACE as u32)
+        .map(|id| ServerId(id as u16))
+        .collect();
     for vector in &suite.file.vector {
-        let (plane, mut worker) = program.fresh_pipeline(suite, vector);
+        let (plane, mut worker) = program.pipeline(
+            topology,
+            &suite.config,
+            &suite.secret,
+            &suite.file.removed_servers,
+            &vector.msb_import(),
+        );
         let mut packets: Vec<(String, u64, &str, &str)> = vector
             .prelude
             .iter()
@@ -452,8 +253,8 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
             let packet_in = unhex(packet_in);
             let send = |report: &mut SuiteReport, worker: &mut Worker, what: &str| {
                 // Kernel first, then the core: the order a packet meets them.
-                let kernel =
-                    (packet_in.len() >= ETH_HLEN).then(|| program.run(topology, &packet_in));
+                let kernel = (packet_in.len() >= ETH_HLEN)
+                    .then(|| program.run(topology.servers, &packet_in, &every_id));
                 let mut core_out = packet_in.clone();
                 let verdict = worker.process(&mut core_out, *now, Ingress::ServerSide);
                 match &kernel {
@@ -525,13 +326,7 @@ fn every_vector_gives_the_cores_bytes_in_the_kernel_or_goes_up_unchanged() {
         return;
     }
     let topology = enter_new_namespace();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(vectors_dir())
-        .expect("testdata/vectors")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("vectors.toml").exists())
-        .collect();
-    dirs.sort();
-    assert!(!dirs.is_empty(), "no suite under testdata/vectors");
+    let dirs = suite_dirs();
     let mut failures = Vec::new();
     let mut unhandled = Vec::new();
     let mut summary = String::new();
@@ -592,164 +387,5 @@ fn every_vector_gives_the_cores_bytes_in_the_kernel_or_goes_up_unchanged() {
     );
 }
 
-// --- The kernel side --------------------------------------------------------------------
-
-/// The loaded program (not attached: `BPF_PROG_TEST_RUN` needs no attachment) and its
-/// clock words, shared with every pipeline made for the suite's vectors.
-struct Kernel {
-    program: SteeringProgram,
-    words: ClockWords,
-}
-
-impl Kernel {
-    fn load(topology: &Topology, next_hops: NextHops) -> Self {
-        let program = SteeringProgram::load().expect("the verifier refused bpf/xdp_lb.c");
-        if next_hops == NextHops::Mirrored {
-            // In this thread, so from this thread's namespace.
-            let entries = NextHopMirror::new()
-                .and_then(|mut mirror| mirror.refresh(&program))
-                .expect("mirror the namespace's next hops");
-            assert!(entries > 0, "nothing to mirror in the test's namespace");
-        }
-        // As `cheetah run` does at start: every interface gets a slot (so steering writes
-        // its metadata), and the host's own addresses are known.
-        program
-            .set_interface_slot(topology.servers.ifindex, 0)
-            .unwrap();
-        program
-            .set_interface_slot(topology.clients.ifindex, 1)
-            .unwrap();
-        program
-            .set_host_addrs(&[Ipv4Addr::new(10, 1, 255, 254), Ipv4Addr::new(10, 7, 0, 1)])
-            .unwrap();
-        let words = program.clock_words().expect("mmap the clock words");
-        Kernel { program, words }
-    }
-
-    /// A fresh core pipeline for `vector`, as crates/core/tests/vectors.rs makes it, over
-    /// the kernel's clock words (which `MsbTable::with_words` clears), and the kernel's
-    /// maps published from its tables.
-    fn fresh_pipeline(&self, suite: &Suite, vector: &Vector) -> (ControlPlane, Worker) {
-        let words = self.words;
-        let mut plane =
-            ControlPlane::new_with_msb(&suite.config, &suite.secret, &|layout| words.table(layout))
-                .expect("suite config is valid");
-        for id in &suite.file.removed_servers {
-            plane.remove_server(*id, 0).expect("removable server");
-        }
-        let msb: Vec<_> = vector
-            .msb_state
-            .iter()
-            .map(|e| (ServerId(e.server), u32::from(e.msb) << 16))
-            .collect();
-        plane.shared().msb.import(&msb, 0);
-        let snapshot = plane.shared().snapshot.load();
-        let interfaces = [interface(&SERVERS, 0), interface(&CLIENTS, 1)];
-        let publication = Publication {
-            snapshot: &snapshot,
-            layout: plane.shared().layout(),
-            interfaces: &interfaces,
-            sides: &[Ingress::ServerSide, Ingress::ClientSide],
-            fast_path: true,
-        };
-        // This thread's namespace's tables: /proc/net is the process's first thread's.
-        let routes = read(Path::new("/proc/thread-self/net/route"));
-        let neighbours = read(Path::new("/proc/thread-self/net/arp"));
-        Publisher::new()
-            .write(&self.program, wanted(&publication, &routes, &neighbours))
-            .expect("publish the tables");
-        let worker = Worker::new(
-            Arc::clone(plane.shared()),
-            WorkerConfig::new(0, 1, &suite.config),
-        );
-        (plane, worker)
-    }
-
-    /// One packet through the program as received on the servers' interface.
-    // `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
-    #[allow(clippy::field_reassign_with_default)]
-    fn run(&self, topology: &Topology, packet: &[u8]) -> KernelRun {
-        let stats_before = self.program.stats();
-        let ids: Vec<ServerId> = (0..ServerId::SPACE as u32)
-            .map(|id| ServerId(id as u16))
-            .collect();
-        let traffic_before = self.program.server_traffic(&ids).unwrap();
-        let mut context = [0u8; 24];
-        // struct xdp_md: data 0, data_end, data_meta 0, ingress_ifindex, rx_queue_index 0,
-        // egress_ifindex 0.
-        context[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
-        context[12..16].copy_from_slice(&topology.servers.ifindex.to_ne_bytes());
-        let mut context_out = [0u8; 24];
-        let mut data_out = vec![0u8; packet.len() + 256];
-        let mut input = ProgramInput::default();
-        input.data_in = Some(packet);
-        input.data_out = Some(&mut data_out);
-        input.context_in = Some(&mut context);
-        input.context_out = Some(&mut context_out);
-        input.repeat = 1;
-        let output = self
-            .program
-            .object()
-            .progs_mut()
-            .find(|p| p.name() == "cheetah_lb")
-            .expect("program cheetah_lb")
-            .test_run(input)
-            .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on {} bytes: {e}", packet.len()));
-        let action = output.return_value;
-        let data = output.data.expect("data out").to_vec();
-        // The context out says where the frame starts after the metadata steering put in
-        // front of it (`data` is the metadata's length).
-        let meta = u32::from_ne_bytes(context_out[0..4].try_into().unwrap()) as usize;
-        let frame = data[meta.min(data.len())..].to_vec();
-        let stats_after = self.program.stats();
-        let fast = (0..FAST_BUNDLES.len() as u32)
-            .filter(|&i| stats_after.fast[i as usize] != stats_before.fast[i as usize])
-            .collect();
-        let up = UP_REASONS
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| stats_after.up[*i] != stats_before.up[*i])
-            .map(|(_, (_, reason))| *reason)
-            .collect();
-        let traffic_after = self.program.server_traffic(&ids).unwrap();
-        let traffic = ids
-            .iter()
-            .zip(traffic_before.iter().zip(&traffic_after))
-            .filter(|(_, (before, after))| before != after)
-            .map(|(id, _)| id.0)
-            .collect();
-        KernelRun {
-            action,
-            frame,
-            fast,
-            up,
-            passed: stats_after.passed_to_host != stats_before.passed_to_host,
-            traffic,
-            next_hop_miss: stats_after.next_hop_miss != stats_before.next_hop_miss,
-        }
-    }
-}
-
 /// `UP_REASONS`' label of `STAT_UP_CLOCK`: the one reason a second sending can change.
 const CLOCK: &str = "clock";
-
-// --- Helpers ------------------------------------------------------------------------------
-
-fn vectors_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/vectors")
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
-        .collect()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}

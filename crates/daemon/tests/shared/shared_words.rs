@@ -1,0 +1,152 @@
+//! The words the kernel and the core both operate on: every map of the XDP program that is
+//! one `BPF_F_MMAPABLE` array entry (the clock table's `msb_seen` and `msb_restores` today,
+//! and any table later made the same way), mapped here a second time so a test can see
+//! what one packet changed in them, and put them back as they were (included by path,
+//! `#[path]`).
+//!
+//! The maps are found by their shape, not their names, so a table that moves into the
+//! kernel is covered without changing the test.
+
+use std::os::fd::{AsFd, AsRawFd};
+
+use libbpf_rs::libbpf_sys::BPF_F_MMAPABLE;
+use libbpf_rs::{MapCore, MapType};
+
+use cheetah_daemon::dataplane::xdp::SteeringProgram;
+
+struct Mapping {
+    name: String,
+    at: *mut u8,
+    len: usize,
+    mapped: usize,
+}
+
+/// The shared words as they were at the last [`SharedWords::settle`], and the live mappings.
+pub struct SharedWords {
+    maps: Vec<Mapping>,
+    settled: Vec<Vec<u8>>,
+}
+
+/// A copy of every shared map's words.
+pub type Words = Vec<Vec<u8>>;
+
+impl SharedWords {
+    pub fn of(program: &SteeringProgram) -> Self {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let maps: Vec<Mapping> = program
+            .object()
+            .maps()
+            .filter(|map| {
+                map.map_type() == MapType::Array
+                    && map.max_entries() == 1
+                    && map
+                        .info()
+                        .is_ok_and(|i| i.info.map_flags & BPF_F_MMAPABLE != 0)
+            })
+            .map(|map| {
+                let len = map.value_size() as usize;
+                let mapped = len.div_ceil(page) * page;
+                // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose first
+                // `len` bytes are its one value; the kernel refuses the call otherwise.
+                let at = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        mapped,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED,
+                        map.as_fd().as_raw_fd(),
+                        0,
+                    )
+                };
+                assert_ne!(
+                    at,
+                    libc::MAP_FAILED,
+                    "mmap {}: {}",
+                    map.name().to_string_lossy(),
+                    std::io::Error::last_os_error()
+                );
+                Mapping {
+                    name: map.name().to_string_lossy().into_owned(),
+                    at: at.cast(),
+                    len,
+                    mapped,
+                }
+            })
+            .collect();
+        assert!(
+            maps.iter().any(|m| m.name == "msb_restores"),
+            "the clock table's words are not a one-entry mmapable map any more"
+        );
+        let mut words = SharedWords {
+            maps,
+            settled: Vec::new(),
+        };
+        words.settle();
+        words
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.maps.iter().map(|m| m.name.as_str()).collect()
+    }
+
+    fn live(&self, map: &Mapping) -> &[u8] {
+        // SAFETY: `len` bytes of a live mapping; only this thread's syscalls and the core
+        // (also this thread) write them, never while this slice is read.
+        unsafe { std::slice::from_raw_parts(map.at, map.len) }
+    }
+
+    /// Takes the words as they are now as the reference of [`changed`](Self::changed).
+    pub fn settle(&mut self) {
+        self.settled = self.copy();
+    }
+
+    pub fn copy(&self) -> Words {
+        self.maps.iter().map(|m| self.live(m).to_vec()).collect()
+    }
+
+    /// The maps whose words differ from the settled ones (name and first differing word).
+    pub fn changed(&self) -> Vec<String> {
+        self.differences(&self.settled)
+    }
+
+    /// The maps whose words differ from `words` (name and first differing word).
+    pub fn differences(&self, words: &Words) -> Vec<String> {
+        self.maps
+            .iter()
+            .zip(words)
+            .filter_map(|(map, old)| {
+                let live = self.live(map);
+                (live != &old[..]).then(|| {
+                    let at = live.iter().zip(old).position(|(a, b)| a != b).unwrap() / 4;
+                    let word = |bytes: &[u8]| {
+                        u32::from_ne_bytes(bytes[at * 4..at * 4 + 4].try_into().unwrap())
+                    };
+                    format!(
+                        "{} word {at}: {:#010x} instead of {:#010x}",
+                        map.name,
+                        word(live),
+                        word(old)
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Puts the settled words back.
+    pub fn restore_settled(&self) {
+        for (map, words) in self.maps.iter().zip(&self.settled) {
+            // SAFETY: as `live`, writing: no reader holds a slice of it now.
+            unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), map.at, map.len) };
+        }
+    }
+}
+
+impl Drop for SharedWords {
+    fn drop(&mut self) {
+        for map in &self.maps {
+            // SAFETY: mapped by `of`, unmapped once.
+            unsafe { libc::munmap(map.at.cast(), map.mapped) };
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The XDP program (bpf/xdp_lb.c) as the tests that hold it to the core run it: loaded
+//! (not attached: `BPF_PROG_TEST_RUN` needs no attachment), its maps published from a core
+//! pipeline's tables by the daemon's publisher, the core's clock table over the program's
+//! mmapped clock words, and one packet at a time through `BPF_PROG_TEST_RUN` with what
+//! each run moved: the action, the frame, the `STAT_*` counters and `server_traffic`
+//! (included by path, `#[path]`, with `lb_topology.rs`, `lb_namespace.rs`, `vectors.rs`).
+
+// Each test binary that includes this file reads the part of a run it checks.
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::sync::Arc;
+
+use cheetah_core::config::LbConfig;
+use cheetah_core::hash::Secret;
+use cheetah_core::lb::{Worker, WorkerConfig};
+use cheetah_core::tables::ControlPlane;
+use cheetah_core::types::ServerId;
+use cheetah_daemon::dataplane::next_hops::NextHopMirror;
+use cheetah_daemon::dataplane::xdp::{ClockWords, SteeringProgram};
+use cheetah_daemon::dataplane::xdp_layout::*;
+use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
+use libbpf_rs::ProgramInput;
+
+use super::lb_topology::{Port, Topology};
+use super::vectors::read;
+
+/// The shortest frame `BPF_PROG_TEST_RUN` takes (`bpf_test_init`).
+pub const ETH_HLEN: usize = 14;
+pub const XDP_ABORTED: u32 = 0;
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
+pub fn action_name(action: u32) -> &'static str {
+    match action {
+        XDP_ABORTED => "XDP_ABORTED",
+        XDP_DROP => "XDP_DROP",
+        XDP_PASS => "XDP_PASS",
+        XDP_TX => "XDP_TX",
+        XDP_REDIRECT => "XDP_REDIRECT",
+        _ => "unknown action",
+    }
+}
+
+/// Whether the program's `next_hops` map is filled: results must not depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NextHops {
+    /// Every reply's next hop from `bpf_fib_lookup`.
+    Empty,
+    /// Mirrored from the namespace's routes and neighbours, as `cheetah run` does.
+    Mirrored,
+}
+
+/// What `server_traffic` counted for one server during a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrafficMoved {
+    pub server: u16,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// What one packet did in the kernel.
+pub struct KernelRun {
+    pub action: u32,
+    /// The frame after the program, without the metadata it may have put in front.
+    pub frame: Vec<u8>,
+    /// The `STAT_FAST_*` counters that moved, as `xdp_layout::FAST_BUNDLES` indices.
+    pub fast: Vec<u32>,
+    /// The `STAT_UP_*` reasons that moved (`xdp_layout::UP_REASONS`).
+    pub up: Vec<&'static str>,
+    /// Steering passed it to the host (not the LB's: ARP, IPv6, ...).
+    pub passed: bool,
+    /// The steering counters that moved (`passed`, `to_socket`, `no_socket`,
+    /// `no_metadata_room`): what steering did with a packet the fast path did not keep.
+    pub steered: Vec<&'static str>,
+    /// The servers (of the ids asked for) whose `server_traffic` moved, and by how much.
+    pub traffic: Vec<TrafficMoved>,
+    /// `STAT_NEXT_HOP_MISS` moved: the next hop came from `bpf_fib_lookup`, not the map.
+    pub next_hop_miss: bool,
+}
+
+impl KernelRun {
+    pub fn fast_name(&self) -> String {
+        self.fast
+            .iter()
+            .map(|&i| format!("{:?}", FAST_BUNDLES[i as usize].1))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Why it went up, or what steering did with a packet the fast path did not look at
+    /// (no socket is bound here, so steering drops what the LB owns).
+    pub fn up_name(&self) -> String {
+        match (&self.up[..], self.passed) {
+            ([], true) => "passed".into(),
+            ([], false) => "steered".into(),
+            (up, _) => up.join(","),
+        }
+    }
+}
+
+/// The loaded program and its clock words, shared with every pipeline made over it.
+pub struct Kernel {
+    pub program: SteeringProgram,
+    pub words: ClockWords,
+}
+
+impl Kernel {
+    pub fn load(topology: &Topology, next_hops: NextHops) -> Self {
+        let program = SteeringProgram::load().expect("the verifier refused bpf/xdp_lb.c");
+        if next_hops == NextHops::Mirrored {
+            // In this thread, so from this thread's namespace.
+            let entries = NextHopMirror::new()
+                .and_then(|mut mirror| mirror.refresh(&program))
+                .expect("mirror the namespace's next hops");
+            assert!(entries > 0, "nothing to mirror in the test's namespace");
+        }
+        // As `cheetah run` does at start: every interface gets a slot (so steering writes
+        // its metadata), and the host's own addresses are known.
+        program
+            .set_interface_slot(topology.servers.ifindex, 0)
+            .unwrap();
+        program
+            .set_interface_slot(topology.clients.ifindex, 1)
+            .unwrap();
+        program
+            .set_host_addrs(&[Ipv4Addr::new(10, 1, 255, 254), Ipv4Addr::new(10, 7, 0, 1)])
+            .unwrap();
+        let words = program.clock_words().expect("mmap the clock words");
+        Kernel { program, words }
+    }
+
+    /// A fresh core pipeline for `config`, as crates/core/tests/vectors.rs makes it, over
+    /// the kernel's clock words (which `MsbTable::with_words` clears): `removed` servers
+    /// removed, the clocks of `msb` imported at time 0, and the kernel's maps published
+    /// from its tables.
+    pub fn pipeline(
+        &self,
+        topology: &Topology,
+        config: &LbConfig,
+        secret: &Secret,
+        removed: &[u16],
+        msb: &[(ServerId, u32)],
+    ) -> (ControlPlane, Worker) {
+        let words = self.words;
+        let mut plane = ControlPlane::new_with_msb(config, secret, &|layout| words.table(layout))
+            .expect("suite config is valid");
+        for id in removed {
+            plane.remove_server(*id, 0).expect("removable server");
+        }
+        plane.shared().msb.import(msb, 0);
+        let snapshot = plane.shared().snapshot.load();
+        let (interfaces, sides) = topology.interfaces();
+        let publication = Publication {
+            snapshot: &snapshot,
+            layout: plane.shared().layout(),
+            interfaces: &interfaces,
+            sides: &sides,
+            fast_path: true,
+        };
+        // This thread's namespace's tables: /proc/net is the process's first thread's.
+        let routes = read(Path::new("/proc/thread-self/net/route"));
+        let neighbours = read(Path::new("/proc/thread-self/net/arp"));
+        Publisher::new()
+            .write(&self.program, wanted(&publication, &routes, &neighbours))
+            .expect("publish the tables");
+        let worker = Worker::new(Arc::clone(plane.shared()), WorkerConfig::new(0, 1, config));
+        (plane, worker)
+    }
+
+    /// One packet through the program as received on `ingress`; `server_traffic` is read
+    /// for `traffic_ids` only (each id is a lookup).
+    // `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
+    #[allow(clippy::field_reassign_with_default)]
+    pub fn run(&self, ingress: Port, packet: &[u8], traffic_ids: &[ServerId]) -> KernelRun {
+        let stats_before = self.program.stats();
+        let traffic_before = self.program.server_traffic(traffic_ids).unwrap();
+        let mut context = [0u8; 24];
+        // struct xdp_md: data 0, data_end, data_meta 0, ingress_ifindex, rx_queue_index 0,
+        // egress_ifindex 0.
+        context[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
+        context[12..16].copy_from_slice(&ingress.ifindex.to_ne_bytes());
+        let mut context_out = [0u8; 24];
+        let mut data_out = vec![0u8; packet.len() + 256];
+        let mut input = ProgramInput::default();
+        input.data_in = Some(packet);
+        input.data_out = Some(&mut data_out);
+        input.context_in = Some(&mut context);
+        input.context_out = Some(&mut context_out);
+        input.repeat = 1;
+        let output = self
+            .program
+            .object()
+            .progs_mut()
+            .find(|p| p.name() == "cheetah_lb")
+            .expect("program cheetah_lb")
+            .test_run(input)
+            .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on {} bytes: {e}", packet.len()));
+        let action = output.return_value;
+        let data = output.data.expect("data out").to_vec();
+        // The context out says where the frame starts after the metadata steering put in
+        // front of it (`data` is the metadata's length).
+        let meta = u32::from_ne_bytes(context_out[0..4].try_into().unwrap()) as usize;
+        let frame = data[meta.min(data.len())..].to_vec();
+        let stats_after = self.program.stats();
+        let fast = (0..FAST_BUNDLES.len() as u32)
+            .filter(|&i| stats_after.fast[i as usize] != stats_before.fast[i as usize])
+            .collect();
+        let up = UP_REASONS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| stats_after.up[*i] != stats_before.up[*i])
+            .map(|(_, (_, reason))| *reason)
+            .collect();
+        let steered = [
+            (
+                "passed",
+                stats_before.passed_to_host,
+                stats_after.passed_to_host,
+            ),
+            ("to_socket", stats_before.to_socket, stats_after.to_socket),
+            ("no_socket", stats_before.no_socket, stats_after.no_socket),
+            (
+                "no_metadata_room",
+                stats_before.no_metadata_room,
+                stats_after.no_metadata_room,
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, before, after)| before != after)
+        .map(|(name, _, _)| name)
+        .collect();
+        let traffic_after = self.program.server_traffic(traffic_ids).unwrap();
+        let traffic = traffic_ids
+            .iter()
+            .zip(traffic_before.iter().zip(&traffic_after))
+            .filter(|(_, (before, after))| before != after)
+            .map(|(id, (before, after))| TrafficMoved {
+                server: id.0,
+                packets: after.packets.wrapping_sub(before.packets),
+                bytes: after.bytes.wrapping_sub(before.bytes),
+            })
+            .collect();
+        KernelRun {
+            action,
+            frame,
+            fast,
+            up,
+            passed: stats_after.passed_to_host != stats_before.passed_to_host,
+            steered,
+            traffic,
+            next_hop_miss: stats_after.next_hop_miss != stats_before.next_hop_miss,
+        }
+    }
+}
