@@ -9,6 +9,10 @@
 //   receives real frames at the rate one CPU can make them. It rewrites the whole frame
 //   every time because a live frame's page comes back from the receiver as the receiver
 //   left it.
+// - With `via_cpumap`, traffic_send hands the frame to the LB's CPU through the cpumap
+//   `traffic_cpus` instead, and traffic_hop, run there by the cpumap's kernel thread,
+//   sends it out of the sender's veth: the veth's transmit then schedules the LB end's
+//   NAPI on the LB's CPU (a veth's NAPI runs where the frames were transmitted).
 // - traffic_sink, on the sender's veth, drops what the LB sent back and counts it per CPU
 //   in `received` (the veth's own `ethtool -S` counters count it too).
 
@@ -28,6 +32,8 @@ struct traffic_config {
 	__u32 flows;   // frames in use in traffic_frames
 	__u32 len;     // bytes of each
 	__u32 ifindex; // the sender's veth
+	__u32 via_cpumap;
+	__u32 lb_cpu; // traffic_cpus' entry, with via_cpumap
 };
 
 struct {
@@ -50,6 +56,13 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } traffic_cursor SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_CPUMAP);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, struct bpf_cpumap_val);
+} traffic_cpus SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -78,6 +91,19 @@ int traffic_send(struct xdp_md *ctx)
 	if (len == 0 || len > TRAFFIC_FRAME_MAX)
 		return XDP_ABORTED;
 	if (bpf_xdp_store_bytes(ctx, 0, frame->bytes, len))
+		return XDP_ABORTED;
+	if (config->via_cpumap)
+		return bpf_redirect_map(&traffic_cpus, config->lb_cpu, 0);
+	return bpf_redirect(config->ifindex, 0);
+}
+
+SEC("xdp/cpumap")
+int traffic_hop(struct xdp_md *ctx)
+{
+	__u32 zero = 0;
+	struct traffic_config *config = bpf_map_lookup_elem(&traffic_config, &zero);
+
+	if (!config)
 		return XDP_ABORTED;
 	return bpf_redirect(config->ifindex, 0);
 }

@@ -22,33 +22,37 @@ fn both_live_runs_are_well_formed() {
         eprintln!("SKIPPED: cheetah bench --xdp-live needs 2 CPUs");
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_cheetah"))
-        .args(["bench", "--xdp-live", "--xdp-live-prefix", "p2"])
-        .args(["--xdp-live-seconds", "1", "--xdp-live-warm-up", "0.5"])
-        .args(["--xdp-live-flows", "64", "--markdown"])
-        .output()
-        .expect("cannot run the cheetah binary");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "`cheetah bench --xdp-live` failed: {stderr}\n{stdout}"
-    );
-    for program in ["xdp_reflect", "cheetah_lb"] {
-        let row = stdout
-            .lines()
-            .find(|line| line.starts_with(&format!("| {program} |")))
-            .unwrap_or_else(|| panic!("no row for {program} in:\n{stdout}"));
-        let verdict = row.rsplit('|').nth(1).unwrap().trim();
+    // Both ways of putting the LB's veth NAPI on the LB's CPU.
+    for steer in ["napi-thread", "cpumap"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cheetah"))
+            .args(["bench", "--xdp-live", "--xdp-live-prefix", "p2"])
+            .args(["--xdp-live-steer", steer])
+            .args(["--xdp-live-seconds", "1", "--xdp-live-warm-up", "0.5"])
+            .args(["--xdp-live-flows", "64", "--markdown"])
+            .output()
+            .expect("cannot run the cheetah binary");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
-            verdict == "valid" || verdict.starts_with("void (load)"),
-            "the {program} run is void for another reason than load: {verdict}\n{stdout}"
+            out.status.success(),
+            "`cheetah bench --xdp-live --xdp-live-steer {steer}` failed: {stderr}\n{stdout}"
+        );
+        for program in ["xdp_reflect", "cheetah_lb"] {
+            let row = stdout
+                .lines()
+                .find(|line| line.starts_with(&format!("| {program} |")))
+                .unwrap_or_else(|| panic!("no row for {program} in:\n{stdout}"));
+            let verdict = row.rsplit('|').nth(1).unwrap().trim();
+            assert!(
+                verdict == "valid" || verdict.starts_with("void (load)"),
+                "{steer}: the {program} run is void for another reason than load: {verdict}\n{stdout}"
+            );
+        }
+        assert!(
+            stdout.contains("target cheetah_lb >= 0.7x the reflector"),
+            "no target line in:\n{stdout}"
         );
     }
-    assert!(
-        stdout.contains("target cheetah_lb >= 0.7x the reflector"),
-        "no target line in:\n{stdout}"
-    );
     let namespaces = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(
         !String::from_utf8_lossy(&namespaces.stdout).contains("p2-xl-"),

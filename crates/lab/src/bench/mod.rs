@@ -169,6 +169,10 @@ pub struct Args {
     /// it is SCHED_FIFO, so that other processes on its CPU do not take it away).
     #[arg(long)]
     xdp_live_fair: bool,
+    /// With --xdp-live: how the LB's veth NAPI is put on the LB's CPU: napi-thread
+    /// (threaded NAPI, pinned) or cpumap (the sender's frames cross to that CPU first).
+    #[arg(long, value_enum, default_value = "napi-thread")]
+    xdp_live_steer: xdp_live::Steer,
 }
 
 impl Args {
@@ -225,6 +229,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.xdp_live {
         return xdp_live::run(xdp_live::Options {
+            steer: args.xdp_live_steer,
             seconds: args.xdp_live_seconds,
             warm_up: args.xdp_live_warm_up,
             flows: args.xdp_live_flows,

@@ -2,23 +2,25 @@
 //! with one CPU, against a trivial XDP_TX reflector on the same veth, fed by the same
 //! sender in the same invocation.
 //!
-//! The network is `xdp_live_net`'s: the LB's end of one veth in a namespace of its own,
-//! its NAPI in a thread pinned to the LB's CPU; the sender's end in another namespace,
-//! with the sender pinned to the other CPU. The sender is the kernel's own XDP traffic
-//! generator (BPF_PROG_TEST_RUN with BPF_F_TEST_XDP_LIVE_FRAMES, bpf/xdp_traffic.c's
-//! traffic_send), sending the core's own client ACKs (NOP NOP TS echoing a valid cookie)
-//! of `--xdp-live-flows` connections from as many source ports. Two runs of the same
-//! length follow each other: bpf/xdp_reflect.c's xdp_reflect on the LB's end, then
-//! cheetah_lb (bpf/xdp_lb.c, the program `cheetah run` loads) with its maps filled by the
-//! daemon's publisher, so every frame takes the established client->server cookie path
-//! and goes back out (XDP_TX, the server's MAC) to the sender's end, where traffic_sink
-//! counts and drops it.
+//! The network is `xdp_live_net`'s: the LB's end of one veth in a namespace of its own, its
+//! NAPI put on the LB's CPU (threaded NAPI pinned there, or a cpumap hop:
+//! `--xdp-live-steer`); the sender's end in another namespace, the sender pinned to the
+//! other CPU. The sender is the kernel's own XDP traffic generator (BPF_PROG_TEST_RUN with
+//! BPF_F_TEST_XDP_LIVE_FRAMES, bpf/xdp_traffic.c's traffic_send), sending the core's own
+//! client ACKs (NOP NOP TS echoing a valid cookie) of `--xdp-live-flows` connections from
+//! as many source ports. Two runs of the same length follow each other: bpf/xdp_reflect.c's
+//! xdp_reflect on the LB's end, then cheetah_lb (bpf/xdp_lb.c, the program `cheetah run`
+//! loads) with its maps filled by the daemon's publisher, so every frame takes the
+//! established client->server cookie path and goes back out (XDP_TX, to the server's MAC)
+//! to the sender's end, where traffic_sink counts and drops it. Unless `--xdp-live-fair`,
+//! the sender and the LB's thread are SCHED_FIFO: other processes on a shared machine then
+//! get only what the scheduler keeps for them (5% of each CPU).
 //!
-//! A run is void unless the LB's CPU was >= 95% busy in the kernel (system + irq +
-//! softirq of its `/proc/stat` line: the sender outran it), the program ran on that CPU
-//! (its per-CPU counters), packets were counted at both ends, and the program's own
-//! counter says it handled them (cheetah's STAT_FAST_CLIENT_COOKIE, the reflector's
-//! `seen`). A void run is printed as void, never as a result.
+//! A run is void unless packets were counted at both ends, the program's own counter says
+//! it handled them (cheetah's STAT_FAST_CLIENT_COOKIE, the reflector's `seen`), it ran on
+//! the LB's CPU (its per-CPU counters) and that CPU was >= 95% busy in the kernel
+//! (system + irq + softirq of its `/proc/stat` line, the condition that the sender
+//! loads it). A void run is printed as void, never as a result.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd};
@@ -49,14 +51,28 @@ const MIN_LOAD: f64 = 0.95;
 const TARGET_RATIO: f64 = 0.7;
 /// Share of a run's packets that must have been handled where the run says.
 const MIN_HANDLED: f64 = 0.99;
-/// Sender runs per BPF_PROG_TEST_RUN call (some 40 ms; each call sets up its page pool
-/// anew, which costs more than sending 4096 frames), and frames per batch.
-const FRAMES_PER_CALL: u32 = 1 << 16;
+/// Sender runs per BPF_PROG_TEST_RUN call: as good as endless (minutes), because every
+/// call of an XDP program puts it into the kernel's XDP dispatcher and takes it out again,
+/// each time waiting for an RCU grace period: calls of 2^16 frames (40 ms) left the LB
+/// idle about 20 ms after each. The sender is paused by a signal instead, which ends the
+/// call (EINTR). And frames per batch.
+const FRAMES_PER_CALL: u32 = 1 << 30;
 const BATCH: u32 = 64;
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
 const FIRST_CLIENT_PORT: u16 = 20_000;
 
+/// How the LB's veth NAPI is made to run on the LB's CPU (`xdp_live_net`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Steer {
+    /// Threaded NAPI at the LB's end, its thread pinned to the LB's CPU.
+    NapiThread,
+    /// The sender's frames cross to the LB's CPU through a cpumap, whose thread transmits
+    /// them there (a cost on the LB's CPU that both runs pay).
+    Cpumap,
+}
+
 pub struct Options {
+    pub steer: Steer,
     pub seconds: f64,
     pub warm_up: f64,
     pub flows: u32,
@@ -123,7 +139,7 @@ pub(super) struct Run {
     pub(super) handled_on_lb_cpu: u64,
     pub(super) cpu: CpuTimes,
     pub(super) net_rx_softirqs: u64,
-    /// The LB's NAPI thread over the run.
+    /// The thread that runs the LB's NAPI (or raises it), over the run.
     pub(super) napi: ThreadTimes,
     pub(super) ns_per_run: Option<f64>,
     pub(super) void: Option<Void>,
@@ -198,6 +214,13 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     let gen_ifindex = xdp::interface(&net.gen_interface, [0; 6], 0)?.ifindex;
     let traffic = load(TRAFFIC_OBJECT, "bpf/xdp_traffic.c")?;
     attach(&traffic, "traffic_sink", gen_ifindex)?;
+    let lb_thread_name = match options.steer {
+        Steer::NapiThread => format!("napi/{}-", net.lb_interface),
+        Steer::Cpumap => {
+            let id = enter_cpumap(&traffic, lb_cpu)?;
+            format!("cpumap/{lb_cpu}/map:{id}")
+        }
+    };
 
     // The LB's end, where this thread stays.
     lb_namespace.enter()?;
@@ -218,7 +241,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 .map(|(frame, _)| frame)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    fill_traffic(&traffic, &frames, gen_ifindex)?;
+    fill_traffic(&traffic, &frames, gen_ifindex, options.steer, lb_cpu)?;
     let reflect = load(REFLECT_OBJECT, "bpf/xdp_reflect.c")?;
 
     let subjects: [(&'static str, &Object, &str); 2] = [
@@ -228,12 +251,18 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for (subject, object, program_name) in subjects {
         attach(object, program_name, lb_ifindex)?;
-        if runs.is_empty() {
+        if runs.is_empty() && options.steer == Steer::NapiThread {
             net.thread_lb_napi()?;
         }
-        let napi = xdp_live_net::pin_napi(&net.lb_interface, lb_cpu)?;
+        // The thread whose CPU time is the LB's: it runs the veth's NAPI, or (cpumap) the
+        // transmits that raise it as a softirq in its own context.
+        let lb_thread = xdp_live_net::kernel_thread(&lb_thread_name)?;
+        // A cpumap's thread is bound to its CPU by the kernel (and cannot be moved).
+        if options.steer == Steer::NapiThread {
+            xdp_live_net::pin(lb_thread, lb_cpu)?;
+        }
         if !options.fair {
-            xdp_live_net::realtime_napi(napi)?;
+            xdp_live_net::realtime(lb_thread)?;
         }
         let handled = |object: &Object| -> anyhow::Result<Vec<u64>> {
             if subject == "cheetah_lb" {
@@ -251,34 +280,37 @@ pub fn run(options: Options) -> anyhow::Result<()> {
             gen_ifindex,
             sender_cpu,
             lb_cpu,
-            napi,
+            lb_thread,
             &interrupted,
             || Ok((handled(object)?, ProgramRuns::read(program.as_fd())?)),
         )?;
         run.subject = subject;
         run.judge();
-        eprintln!(
-            "{subject}: {:.0} pps forwarded (NAPI thread {napi} on CPU {lb_cpu}); {}",
-            run.pps(),
-            run.void
-                .as_ref()
-                .map_or("valid".to_string(), ToString::to_string)
-        );
+        match &run.void {
+            None => eprintln!(
+                "{subject}: {:.0} pps forwarded (LB thread {lb_thread} on CPU {lb_cpu})",
+                run.pps()
+            ),
+            Some(void) => eprintln!("{subject}: {void}"),
+        }
         runs.push(run);
     }
     println!(
         "{}",
         xdp::machine_note(
             &format!(
-                "LB: NAPI thread of {} pinned to CPU {lb_cpu}{}; sender pinned to CPU {sender_cpu}",
-                net.lb_interface,
+                "LB: {} ({lb_thread_name}) pinned to CPU {lb_cpu}{}; sender pinned to CPU {sender_cpu}",
+                match options.steer {
+                    Steer::NapiThread => "threaded NAPI of the LB's veth",
+                    Steer::Cpumap => "frames handed over by a cpumap",
+                },
                 if options.fair { "" } else { ", SCHED_FIFO" }
             ),
             &jit
         )
     );
     println!(
-        "runs: {:.1} s each after {:.1} s of warm-up; sender: BPF_PROG_TEST_RUN live frames, {} flows (client ACKs with NOP NOP TS and a valid cookie), {FRAMES_PER_CALL} frames per call in batches of {BATCH}",
+        "runs: {:.1} s each after {:.1} s of warm-up; sender: BPF_PROG_TEST_RUN live frames, {} flows (client ACKs with NOP NOP TS and a valid cookie), one call per run in batches of {BATCH}",
         options.seconds, options.warm_up, options.flows
     );
     print!("{}", render(&runs, options.markdown));
@@ -303,6 +335,8 @@ fn measure(
     program_counters: impl Fn() -> anyhow::Result<(Vec<u64>, ProgramRuns)>,
 ) -> anyhow::Result<Run> {
     let control = SenderControl::default();
+    // A handler, so that the signal that pauses the sender only ends its system call.
+    signal_hook::flag::register(libc::SIGUSR1, Arc::clone(&control.signalled))?;
     std::thread::scope(|scope| -> anyhow::Result<Run> {
         let sender = scope.spawn(|| -> anyhow::Result<()> {
             gen_namespace.enter()?;
@@ -312,6 +346,10 @@ fn measure(
                 affinity::realtime().context("cannot make the sender SCHED_FIFO")?;
             }
             let program = find_program(traffic, "traffic_send")?;
+            // SAFETY: pthread_self has no preconditions.
+            control
+                .thread
+                .store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
             while !control.stop.load(Ordering::Relaxed) && !interrupted.load(Ordering::Relaxed) {
                 if control.paused.load(Ordering::Acquire) {
                     control.idle.store(true, Ordering::Release);
@@ -338,6 +376,9 @@ fn measure(
             Ok(after.since(&before, after_times.since(&before_times), lb_cpu, seconds))
         })();
         control.stop.store(true, Ordering::Relaxed);
+        if !sender.is_finished() {
+            let _ = control.pause(&sender);
+        }
         sender
             .join()
             .map_err(|_| anyhow::anyhow!("the sender thread panicked"))??;
@@ -351,6 +392,9 @@ struct SenderControl {
     paused: AtomicBool,
     /// The sender saw `paused` and sends nothing.
     idle: AtomicBool,
+    /// The sender's pthread_t, to signal it.
+    thread: std::sync::atomic::AtomicU64,
+    signalled: Arc<AtomicBool>,
 }
 
 /// Time for frames already sent to cross the LB and reach the sink.
@@ -363,7 +407,15 @@ impl SenderControl {
         self.paused.store(true, Ordering::Release);
         while !self.idle.load(Ordering::Acquire) {
             ensure!(!sender.is_finished(), "the sender stopped early");
-            std::thread::sleep(Duration::from_micros(200));
+            // Again and again: a signal that lands just before the sender enters its
+            // call does not end that call.
+            let thread = self.thread.load(Ordering::Acquire);
+            if thread != 0 {
+                // SAFETY: the sender thread is alive (not finished, checked above) and
+                // handles SIGUSR1.
+                unsafe { libc::pthread_kill(thread as libc::pthread_t, libc::SIGUSR1) };
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
         std::thread::sleep(DRAIN);
         Ok(())
@@ -535,8 +587,30 @@ fn per_cpu(object: &Object, map: &str, index: u32) -> anyhow::Result<Vec<u64>> {
         .collect())
 }
 
-/// Puts the flows' frames into traffic_send's maps.
-fn fill_traffic(traffic: &Object, frames: &[Vec<u8>], gen_ifindex: u32) -> anyhow::Result<()> {
+/// Puts traffic_hop into the cpumap's entry for `lb_cpu` (which starts the entry's kernel
+/// thread on that CPU): the map's id, which names the thread.
+fn enter_cpumap(traffic: &Object, lb_cpu: usize) -> anyhow::Result<u32> {
+    let hop = find_program(traffic, "traffic_hop")?;
+    let mut value = Vec::new();
+    value.extend_from_slice(&CPUMAP_QUEUE.to_ne_bytes());
+    value.extend_from_slice(&hop.as_fd().as_raw_fd().to_ne_bytes());
+    let cpus = xdp::map(traffic, "traffic_cpus")?;
+    cpus.update(&(lb_cpu as u32).to_ne_bytes(), &value, MapFlags::ANY)
+        .context("cannot put traffic_hop into the cpumap")?;
+    Ok(cpus.info().context("cannot read the cpumap's id")?.info.id)
+}
+
+/// Frames the cpumap queues toward the LB's CPU.
+const CPUMAP_QUEUE: u32 = 2048;
+
+/// Puts the flows' frames into traffic_send's maps, and how to send them.
+fn fill_traffic(
+    traffic: &Object,
+    frames: &[Vec<u8>],
+    gen_ifindex: u32,
+    steer: Steer,
+    lb_cpu: usize,
+) -> anyhow::Result<()> {
     let len = frames[0].len();
     ensure!(
         len <= TRAFFIC_FRAME_MAX && frames.iter().all(|f| f.len() == len),
@@ -550,7 +624,13 @@ fn fill_traffic(traffic: &Object, frames: &[Vec<u8>], gen_ifindex: u32) -> anyho
             .context("cannot write traffic_frames")?;
     }
     let mut config = Vec::new();
-    for word in [frames.len() as u32, len as u32, gen_ifindex] {
+    for word in [
+        frames.len() as u32,
+        len as u32,
+        gen_ifindex,
+        u32::from(steer == Steer::Cpumap),
+        lb_cpu as u32,
+    ] {
         config.extend_from_slice(&word.to_ne_bytes());
     }
     xdp::map(traffic, "traffic_config")?
@@ -565,7 +645,7 @@ fn render(runs: &[Run], markdown: bool) -> String {
         "pps forwarded",
         "offered pps (ring full)",
         "LB CPU busy (kernel, others' user)",
-        "NAPI thread running (+ waiting)",
+        "LB thread running (+ waiting), sleeps/s",
         "NET_RX softirqs",
         "bpf_stats ns/run",
         "LB CPU ns/packet",
@@ -602,9 +682,10 @@ fn render(runs: &[Run], markdown: bool) -> String {
                 run.cpu.share(run.cpu.user) * 100.0
             ),
             format!(
-                "{:.1}% (+{:.1}%)",
+                "{:.1}% (+{:.1}%), {:.0}",
                 run.napi.running_ns as f64 / (run.seconds * 1e7),
-                run.napi.waiting_ns as f64 / (run.seconds * 1e7)
+                run.napi.waiting_ns as f64 / (run.seconds * 1e7),
+                run.napi.sleeps as f64 / run.seconds
             ),
             run.net_rx_softirqs.to_string(),
             run.ns_per_run.map_or("-".into(), |ns| format!("{ns:.0}")),

@@ -4,10 +4,12 @@
 //! early return).
 //!
 //! Where the XDP program runs: a veth has no IRQ, and its receive NAPI is scheduled on the
-//! CPU that transmits into it, the sender's. Threaded NAPI (`/sys/class/net/<dev>/threaded`)
-//! moves the LB end's NAPI into a kernel thread, `napi/<dev>-<id>`, which [`pin_napi`]
-//! pins to the LB's CPU; the bench then checks where the program ran from its per-CPU
-//! counters.
+//! CPU that transmits into it. Two ways to make that the LB's CPU (`--xdp-live-steer`):
+//! threaded NAPI (`/sys/class/net/<dev>/threaded`) moves the LB end's NAPI into a kernel
+//! thread, `napi/<dev>-<id>`, which the bench pins to the LB's CPU; or the sender hands its
+//! frames to a cpumap's kernel thread on the LB's CPU (`cpumap/<cpu>/map:<id>`), which
+//! transmits them there. Either way the bench checks where the program ran from its
+//! per-CPU counters.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -137,26 +139,38 @@ impl Namespace {
     }
 }
 
-/// Pins the LB end's NAPI thread to `cpu`: its pid. The thread is found by its name,
-/// `napi/<interface>-<napi id>`.
-pub(super) fn pin_napi(interface: &str, cpu: usize) -> anyhow::Result<i32> {
-    let wanted = format!("napi/{interface}-");
+/// The one kernel thread whose name is `name`, or begins with it if `name` ends in `-`.
+/// `/proc/<pid>/comm` shows a kernel thread's whole name on Linux 6.18, and only its
+/// first 15 bytes on older kernels: either matches.
+pub(super) fn kernel_thread(name: &str) -> anyhow::Result<i32> {
+    let short: String = name.chars().take(15).collect();
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc")?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
         let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
-        if comm.trim_end().starts_with(&wanted) {
+        let comm = comm.trim_end();
+        let named = if name.ends_with('-') {
+            comm.starts_with(&short)
+        } else {
+            comm == name || comm == short
+        };
+        if named {
             found.push(pid);
         }
     }
     let [pid] = found[..] else {
         bail!(
-            "expected one NAPI thread named {wanted}<id> (threaded NAPI on {interface}), found {}",
+            "expected one kernel thread named {name}, found {}",
             found.len()
         );
     };
+    Ok(pid)
+}
+
+/// Pins thread `pid` to `cpu` (an online CPU).
+pub(super) fn pin(pid: i32, cpu: usize) -> anyhow::Result<()> {
     // SAFETY: cpu_set_t is plain data, zeroed is the empty set, and cpu < CPU_SETSIZE is
     // checked by the caller (it is an online CPU).
     unsafe {
@@ -164,24 +178,24 @@ pub(super) fn pin_napi(interface: &str, cpu: usize) -> anyhow::Result<i32> {
         libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
             bail!(
-                "cannot pin the NAPI thread {pid} to CPU {cpu}: {}",
+                "cannot pin thread {pid} to CPU {cpu}: {}",
                 std::io::Error::last_os_error()
             );
         }
     }
-    Ok(pid)
+    Ok(())
 }
 
-/// Makes the NAPI thread SCHED_FIFO, so that the other processes on the LB's CPU (builds
-/// on a shared machine) do not take the CPU from it while it has frames to process: the
-/// scheduler then leaves them only what it keeps for them when realtime threads would
-/// starve them (the fair server, 5% by default on Linux 6.18).
-pub(super) fn realtime_napi(pid: i32) -> anyhow::Result<()> {
+/// Makes the thread that runs the LB's XDP program SCHED_FIFO, so that the other
+/// processes on the LB's CPU (builds on a shared machine) do not take the CPU from it while
+/// it has frames to process: the scheduler then leaves them only what it keeps for them
+/// when realtime threads would starve them (the fair server, 5% by default on Linux 6.18).
+pub(super) fn realtime(pid: i32) -> anyhow::Result<()> {
     let param = libc::sched_param { sched_priority: 50 };
     // SAFETY: sched_setscheduler reads the one sched_param we pass.
     if unsafe { libc::sched_setscheduler(pid, libc::SCHED_FIFO, &param) } != 0 {
         bail!(
-            "cannot make the NAPI thread {pid} SCHED_FIFO: {}",
+            "cannot make thread {pid} SCHED_FIFO: {}",
             std::io::Error::last_os_error()
         );
     }

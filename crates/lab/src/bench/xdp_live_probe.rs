@@ -95,11 +95,13 @@ fn parse_net_rx(text: &str) -> anyhow::Result<Vec<u64>> {
 }
 
 /// A thread's time on a CPU and waiting for one (`/proc/<pid>/schedstat`, ns): together,
-/// the time it had work.
+/// the time it had work; and how often it went to sleep (`voluntary_ctxt_switches` of
+/// `/proc/<pid>/status`).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct ThreadTimes {
     pub(super) running_ns: u64,
     pub(super) waiting_ns: u64,
+    pub(super) sleeps: u64,
 }
 
 impl ThreadTimes {
@@ -107,9 +109,17 @@ impl ThreadTimes {
         let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
             .with_context(|| format!("cannot read /proc/{pid}/schedstat"))?;
         let mut words = text.split_whitespace().map(|w| w.parse().unwrap_or(0));
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+        let sleeps = status
+            .lines()
+            .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|count| count.trim().parse().ok())
+            .unwrap_or(0);
         Ok(ThreadTimes {
             running_ns: words.next().unwrap_or(0),
             waiting_ns: words.next().unwrap_or(0),
+            sleeps,
         })
     }
 
@@ -117,6 +127,7 @@ impl ThreadTimes {
         ThreadTimes {
             running_ns: self.running_ns - before.running_ns,
             waiting_ns: self.waiting_ns - before.waiting_ns,
+            sleeps: self.sleeps - before.sleeps,
         }
     }
 }
