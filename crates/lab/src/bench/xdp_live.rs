@@ -293,6 +293,19 @@ pub fn run(options: Options) -> anyhow::Result<()> {
             ),
             Some(void) => eprintln!("{subject}: {void}"),
         }
+        if matches!(run.void, Some(Void::NoPackets(_) | Void::NotHandled(_))) {
+            // What the program and the veths did instead.
+            if subject == "cheetah_lb" {
+                eprintln!("  cheetah_lb's counters: {:?}", cheetah.program.stats());
+            }
+            let moved: Vec<String> = net
+                .counters(true)?
+                .into_iter()
+                .filter(|(name, value)| *value > 0 && name.contains("xdp"))
+                .map(|(name, value)| format!("{name} {value}"))
+                .collect();
+            eprintln!("  the LB's veth since it was made: {}", moved.join(", "));
+        }
         runs.push(run);
     }
     println!(
