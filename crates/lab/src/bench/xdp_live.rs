@@ -51,11 +51,11 @@ const MIN_LOAD: f64 = 0.95;
 const TARGET_RATIO: f64 = 0.7;
 /// Share of a run's packets that must have been handled where the run says.
 const MIN_HANDLED: f64 = 0.99;
-/// Sender runs per BPF_PROG_TEST_RUN call: as good as endless (minutes), because every
-/// call of an XDP program puts it into the kernel's XDP dispatcher and takes it out again,
-/// each time waiting for an RCU grace period: calls of 2^16 frames (40 ms) left the LB
-/// idle about 20 ms after each. The sender is paused by a signal instead, which ends the
-/// call (EINTR). And frames per batch.
+/// Sender runs per BPF_PROG_TEST_RUN call: as good as endless (minutes). A call costs
+/// some 20-25 ms besides its frames (likely the kernel entering the program into its XDP
+/// dispatcher and taking it out again, each a wait for RCU): calls of 2^16 frames left the
+/// LB idle about a third of the time. The sender is paused by a signal instead, which ends
+/// the call (EINTR). And frames per batch.
 const FRAMES_PER_CALL: u32 = 1 << 30;
 const BATCH: u32 = 64;
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
