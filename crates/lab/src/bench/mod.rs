@@ -8,7 +8,9 @@
 //! max are reported in TSC ticks and ns. `--callgrind` adds instructions per packet counted
 //! by callgrind. The targets are printed as PASS/MISS lines; nothing asserts.
 //! `--xdp` times the in-kernel path instead (the `xdp` module, with the per-stage breakdown
-//! of `xdp_stages`); `--xdp-flows` times it against the number of flows (`xdp_flows`).
+//! of `xdp_stages`); `--xdp-flows` times it against the number of flows (`xdp_flows`);
+//! `--xdp-live` counts the packets per second it forwards on a veth with one CPU, against
+//! an XDP_TX reflector (`xdp_live`).
 //!
 //! `docs/benchmarks.md` has the commands and the results on the reference machine.
 
@@ -30,6 +32,9 @@ mod trace;
 mod xdp;
 mod xdp_flows;
 mod xdp_flows_plot;
+mod xdp_live;
+mod xdp_live_net;
+mod xdp_live_probe;
 mod xdp_stages;
 
 use std::str::FromStr;
@@ -136,6 +141,38 @@ pub struct Args {
     /// (10.2.0.0/16), so that the next_hops trie is deep where the client's lookup goes.
     #[arg(long, default_value_t = 0)]
     xdp_routes: u32,
+    /// Count the packets per second the LB's XDP program forwards on a veth with one CPU,
+    /// against an XDP_TX reflector on the same veth with the same sender (root; see
+    /// bench/xdp_live.rs). Uses --servers and --markdown.
+    #[arg(long)]
+    xdp_live: bool,
+    /// With --xdp-live: seconds each program is measured.
+    #[arg(long, default_value_t = 5.0)]
+    xdp_live_seconds: f64,
+    /// With --xdp-live: seconds of traffic before each measurement.
+    #[arg(long, default_value_t = 1.0)]
+    xdp_live_warm_up: f64,
+    /// With --xdp-live: connections (client source ports) the sender cycles over.
+    #[arg(long, default_value_t = 1_024)]
+    xdp_live_flows: u32,
+    /// With --xdp-live: the CPU the LB's veth NAPI (and so its XDP program) runs on
+    /// (default: the last one).
+    #[arg(long)]
+    xdp_live_lb_cpu: Option<usize>,
+    /// With --xdp-live: the CPU the sender runs on (default: 0).
+    #[arg(long)]
+    xdp_live_sender_cpu: Option<usize>,
+    /// With --xdp-live: prefix of its namespaces and interfaces (at most 3 characters).
+    #[arg(long, default_value = "xl")]
+    xdp_live_prefix: String,
+    /// With --xdp-live: leave the LB's NAPI thread under the normal scheduler (by default
+    /// it is SCHED_FIFO, so that other processes on its CPU do not take it away).
+    #[arg(long)]
+    xdp_live_fair: bool,
+    /// With --xdp-live: how the LB's veth NAPI is put on the LB's CPU: napi-thread
+    /// (threaded NAPI, pinned) or cpumap (the sender's frames cross to that CPU first).
+    #[arg(long, value_enum, default_value = "napi-thread")]
+    xdp_live_steer: xdp_live::Steer,
 }
 
 impl Args {
@@ -188,6 +225,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             markdown: args.markdown,
             max_flows: args.xdp_flows_max,
             plot: args.xdp_flows_plot,
+        });
+    }
+    if args.xdp_live {
+        return xdp_live::run(xdp_live::Options {
+            steer: args.xdp_live_steer,
+            seconds: args.xdp_live_seconds,
+            warm_up: args.xdp_live_warm_up,
+            flows: args.xdp_live_flows,
+            lb_cpu: args.xdp_live_lb_cpu,
+            sender_cpu: args.xdp_live_sender_cpu,
+            servers: args.servers,
+            prefix: args.xdp_live_prefix,
+            fair: args.xdp_live_fair,
+            markdown: args.markdown,
         });
     }
     if args.xdp {

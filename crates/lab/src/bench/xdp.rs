@@ -285,7 +285,30 @@ impl Bench {
                 .context("cannot size the bench's flow maps")?;
         }
         let object = open.load().context("the kernel refused bpf/xdp_bench.c")?;
-        let program = SteeringProgram::from_object(object);
+        // What `cheetah run` publishes, for the bench's two interfaces.
+        let interfaces = [
+            interface(SERVER_INTERFACE, SERVER_INTERFACE_MAC, 0)?,
+            interface(CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, 1)?,
+        ];
+        Self::publish(
+            SteeringProgram::from_object(object),
+            setup,
+            servers,
+            &interfaces,
+            &[Ingress::ServerSide, Ingress::ClientSide],
+        )
+    }
+
+    /// Fills `program`'s maps as `cheetah run` would for `setup` with `servers` servers on
+    /// `interfaces` (beside each its side), every server's clock known, and keeps the
+    /// control plane whose clock table is the program's.
+    pub(super) fn publish(
+        program: SteeringProgram,
+        setup: &Setup,
+        servers: u16,
+        interfaces: &[Interface],
+        sides: &[Ingress],
+    ) -> anyhow::Result<Self> {
         let config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
         let words = program.clock_words()?;
         let plane = ControlPlane::new_with_msb(&config, &SECRET, &|layout| words.table(layout))
@@ -294,12 +317,7 @@ impl Bench {
             .map(|id| (ServerId(id), u32::from(SERVER_MSB) << 16))
             .collect();
         plane.shared().msb.import(&clocks, 0);
-        // What `cheetah run` publishes, for the bench's two interfaces.
-        let interfaces = [
-            interface(SERVER_INTERFACE, SERVER_INTERFACE_MAC, 0)?,
-            interface(CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, 1)?,
-        ];
-        for interface in &interfaces {
+        for interface in interfaces {
             program.set_interface_slot(interface.ifindex, interface.slot)?;
         }
         let snapshot = plane.shared().snapshot.load();
@@ -308,8 +326,8 @@ impl Bench {
             &Publication {
                 snapshot: &snapshot,
                 layout: plane.shared().layout(),
-                interfaces: &interfaces,
-                sides: &[Ingress::ServerSide, Ingress::ClientSide],
+                interfaces,
+                sides,
                 fast_path: true,
             },
         )?;
@@ -334,13 +352,22 @@ impl Bench {
     /// ACK echoing what the core made of it. Returns the frame, the packet's ingress and
     /// the counter its fast path moves.
     pub(super) fn frame(&self, direction: Path) -> anyhow::Result<(Vec<u8>, u32)> {
+        self.frame_of_port(direction, CLIENT_PORT)
+    }
+
+    /// [`Bench::frame`] for the connection from the client's port `client_port`.
+    pub(super) fn frame_of_port(
+        &self,
+        direction: Path,
+        client_port: u16,
+    ) -> anyhow::Result<(Vec<u8>, u32)> {
         let mut worker = self.worker();
         let now = 10 * cheetah_core::types::NANOS_PER_SEC;
         let client = testkit::client_ip(7);
         // Which server the client's connection is on: the one the core picks for its SYN.
         let mut syn = TcpFrame::from_client(
             client,
-            CLIENT_PORT,
+            client_port,
             flags::SYN,
             options::linux_syn(CLIENT_TS, 0),
         )
@@ -352,14 +379,14 @@ impl Bench {
             Forwarding::L2 => TcpFrame::from_server_l2(
                 server.0,
                 client,
-                CLIENT_PORT,
+                client_port,
                 flags::ACK | flags::PSH,
                 options::nop_nop_ts(u32::from(SERVER_MSB) << 16 | 0x5678, CLIENT_TS),
             ),
             Forwarding::Nat => TcpFrame::from_server_nat(
                 server.0,
                 client,
-                CLIENT_PORT,
+                client_port,
                 flags::ACK | flags::PSH,
                 options::nop_nop_ts(u32::from(SERVER_MSB) << 16 | 0x5678, CLIENT_TS),
             ),
@@ -377,7 +404,7 @@ impl Bench {
         let (tsval, _) = testkit::timestamps(&seen_by_client).context("no timestamps")?;
         let ack = TcpFrame::from_client(
             client,
-            CLIENT_PORT,
+            client_port,
             flags::ACK,
             options::nop_nop_ts(CLIENT_TS + 1, tsval),
         )
@@ -637,7 +664,7 @@ pub(super) fn stat(object: &Object, index: u32) -> anyhow::Result<u64> {
         .sum())
 }
 
-fn ip(args: &[&str]) -> anyhow::Result<()> {
+pub(super) fn ip(args: &[&str]) -> anyhow::Result<()> {
     let out = Command::new("ip")
         .args(args)
         .output()
@@ -660,7 +687,7 @@ fn mac_text(mac: &Mac) -> String {
     mac.map(|b| format!("{b:02x}")).join(":")
 }
 
-fn interface(name: &str, mac: Mac, slot: u32) -> anyhow::Result<Interface> {
+pub(super) fn interface(name: &str, mac: Mac, slot: u32) -> anyhow::Result<Interface> {
     let cname = std::ffi::CString::new(name)?;
     // SAFETY: a valid NUL-terminated string.
     let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };

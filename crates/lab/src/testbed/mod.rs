@@ -11,7 +11,7 @@ pub(crate) mod clocks;
 pub mod inject;
 mod lbconf;
 mod lifecycle;
-mod netns;
+pub(crate) mod netns;
 mod network;
 mod nginx;
 mod plan;
@@ -19,7 +19,7 @@ pub mod pool;
 pub mod ready;
 mod reboot;
 mod server_clock;
-mod shell;
+pub(crate) mod shell;
 pub mod status;
 pub mod veth_xdp;
 
