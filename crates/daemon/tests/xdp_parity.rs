@@ -30,9 +30,16 @@
 //! daemon's `NextHopMirror`; the bytes must be the core's either way, and each reply the
 //! kernel handles must have taken its next hop from where the run says.
 //!
+//! A client SYN the kernel places by the VIP's policy is held to the core's pick: each CPU's
+//! policy state is seeded as the core's worker 0 of 1 starts (`PolicySeeds::AsWorker`, the
+//! worker's generator seed), the handshake table is the core's (its words are the program's
+//! `handshakes` array) and the kernel's clock is set to the core's `now` before each packet,
+//! so the server it picked must be the core's (its `server_traffic` moved, `opened` by one,
+//! and the bytes are the core's for that server).
+//!
 //! The test cannot pass by handing everything up: in each cheetah and hash suite the
-//! established client vectors and the replies listed in `MUST_BE_HANDLED_IN_KERNEL` must
-//! have been handled by the kernel.
+//! established client vectors, the SYNs and the replies listed in `MUST_BE_HANDLED_IN_KERNEL`
+//! must have been handled by the kernel.
 //!
 //! The namespace is the test thread's own (`unshare`), so it and its interfaces go away
 //! with the thread whatever happens; the publisher is given the routes and neighbours of
@@ -50,9 +57,11 @@ use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{parse_mac, Mac, ServerId};
 use cheetah_core::verdict::Verdict;
+use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
-use cheetah_daemon::dataplane::xdp::{ClockWords, SteeringProgram};
+use cheetah_daemon::dataplane::xdp::{KernelWords, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::*;
+use cheetah_daemon::dataplane::xdp_policy::PolicySeeds;
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::ProgramInput;
 use serde::Deserialize;
@@ -120,6 +129,15 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-data",
             "server-data-msb-ffff",
             "server-data-id-9000",
+            "syn-linux",
+            "syn-apple",
+            "syn-mss-nop-ws-sackok-ts",
+            "syn-mss-nop-nop-ts",
+            "syn-skips-removed-server",
+            "server-syn-ack",
+            "server-syn-ack-apple-layout",
+            "server-syn-ack-mss-nop-ws-sackok-ts",
+            "server-syn-ack-mss-nop-nop-ts",
         ],
     ),
     (
@@ -212,6 +230,8 @@ struct KernelRun {
     passed: bool,
     /// Server ids whose `server_traffic` moved.
     traffic: Vec<u16>,
+    /// Server ids whose `server_traffic.opened` moved, and by how much.
+    opened: Vec<(u16, u64)>,
     /// `STAT_NEXT_HOP_MISS` moved: the next hop came from `bpf_fib_lookup`, not the map.
     next_hop_miss: bool,
 }
@@ -365,8 +385,11 @@ fn judge(
         return;
     };
     let stat = FAST_BUNDLES[kernel.fast[0] as usize].0;
+    let syn = stat == STAT_FAST_CLIENT_SYN || stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED;
     let direction_ok = match verdict {
-        Verdict::ToServer(_) => stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK,
+        Verdict::ToServer(_) => {
+            stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK || syn
+        }
         _ => stat == STAT_FAST_SERVER_COOKIE || stat == STAT_FAST_SERVER_PLAIN,
     };
     if !direction_ok {
@@ -403,6 +426,18 @@ fn judge(
         Verdict::ToServer(id) => Some(id.0),
         _ => None,
     };
+    // A SYN the kernel placed: the policy's pick is the core's, counted as opened there.
+    let opened_expected: Vec<(u16, u64)> = match (syn, server) {
+        (true, Some(id)) => vec![(id, 1)],
+        _ => Vec::new(),
+    };
+    if kernel.opened != opened_expected {
+        fail(format!(
+            "server_traffic.opened moved {:?}; expected {opened_expected:?} for the core's {}",
+            kernel.opened,
+            verdict_name(verdict)
+        ));
+    }
     if kernel.traffic.len() != 1 || server.is_some_and(|id| kernel.traffic != [id]) {
         fail(format!(
             "server_traffic moved for servers {:?}; the core's verdict is {}",
@@ -453,7 +488,7 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
             let send = |report: &mut SuiteReport, worker: &mut Worker, what: &str| {
                 // Kernel first, then the core: the order a packet meets them.
                 let kernel =
-                    (packet_in.len() >= ETH_HLEN).then(|| program.run(topology, &packet_in));
+                    (packet_in.len() >= ETH_HLEN).then(|| program.run(topology, &packet_in, *now));
                 let mut core_out = packet_in.clone();
                 let verdict = worker.process(&mut core_out, *now, Ingress::ServerSide);
                 match &kernel {
@@ -598,7 +633,7 @@ fn every_vector_gives_the_cores_bytes_in_the_kernel_or_goes_up_unchanged() {
 /// clock words, shared with every pipeline made for the suite's vectors.
 struct Kernel {
     program: SteeringProgram,
-    words: ClockWords,
+    words: KernelWords,
 }
 
 impl Kernel {
@@ -622,18 +657,21 @@ impl Kernel {
         program
             .set_host_addrs(&[Ipv4Addr::new(10, 1, 255, 254), Ipv4Addr::new(10, 7, 0, 1)])
             .unwrap();
-        let words = program.clock_words().expect("mmap the clock words");
+        let words = program
+            .kernel_words()
+            .expect("mmap the clock and handshake words");
         Kernel { program, words }
     }
 
     /// A fresh core pipeline for `vector`, as crates/core/tests/vectors.rs makes it, over
-    /// the kernel's clock words (which `MsbTable::with_words` clears), and the kernel's
-    /// maps published from its tables.
+    /// the kernel's clock and handshake words (which the tables clear), and the kernel's
+    /// maps published from its tables, every CPU's policy state that of the core's worker.
     fn fresh_pipeline(&self, suite: &Suite, vector: &Vector) -> (ControlPlane, Worker) {
         let words = self.words;
-        let mut plane =
-            ControlPlane::new_with_msb(&suite.config, &suite.secret, &|layout| words.table(layout))
-                .expect("suite config is valid");
+        let mut plane = ControlPlane::new_with_tables(&suite.config, &suite.secret, &|layout| {
+            words.tables(layout)
+        })
+        .expect("suite config is valid");
         for id in &suite.file.removed_servers {
             plane.remove_server(*id, 0).expect("removable server");
         }
@@ -655,20 +693,30 @@ impl Kernel {
         // This thread's namespace's tables: /proc/net is the process's first thread's.
         let routes = read(Path::new("/proc/thread-self/net/route"));
         let neighbours = read(Path::new("/proc/thread-self/net/arp"));
-        Publisher::new()
+        let worker_config = WorkerConfig::new(0, 1, &suite.config);
+        let mut publisher = Publisher::with_policy_seeds(PolicySeeds::AsWorker {
+            index: worker_config.index,
+            workers: worker_config.workers,
+            rng_seed: worker_config.seed,
+        });
+        publisher
             .write(&self.program, wanted(&publication, &routes, &neighbours))
             .expect("publish the tables");
-        let worker = Worker::new(
-            Arc::clone(plane.shared()),
-            WorkerConfig::new(0, 1, &suite.config),
-        );
+        publisher
+            .seed_policies(&self.program, &snapshot)
+            .expect("seed the policies");
+        let worker = Worker::new(Arc::clone(plane.shared()), worker_config);
         (plane, worker)
     }
 
-    /// One packet through the program as received on the servers' interface.
+    /// One packet through the program as received on the servers' interface, the kernel's
+    /// clock set to the core's `now`.
     // `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
     #[allow(clippy::field_reassign_with_default)]
-    fn run(&self, topology: &Topology, packet: &[u8]) -> KernelRun {
+    fn run(&self, topology: &Topology, packet: &[u8], now: u64) -> KernelRun {
+        self.program
+            .set_clock_base(monotonic_ns().wrapping_sub(now))
+            .expect("set the kernel's clock");
         let stats_before = self.program.stats();
         let ids: Vec<ServerId> = (0..ServerId::SPACE as u32)
             .map(|id| ServerId(id as u16))
@@ -718,6 +766,12 @@ impl Kernel {
             .filter(|(_, (before, after))| before != after)
             .map(|(id, _)| id.0)
             .collect();
+        let opened = ids
+            .iter()
+            .zip(traffic_before.iter().zip(&traffic_after))
+            .filter(|(_, (before, after))| before.opened != after.opened)
+            .map(|(id, (before, after))| (id.0, after.opened.wrapping_sub(before.opened)))
+            .collect();
         KernelRun {
             action,
             frame,
@@ -725,6 +779,7 @@ impl Kernel {
             up,
             passed: stats_after.passed_to_host != stats_before.passed_to_host,
             traffic,
+            opened,
             next_hop_miss: stats_after.next_hop_miss != stats_before.next_hop_miss,
         }
     }

@@ -113,6 +113,18 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("STAT_UP_NEXT_HOP", STAT_UP_NEXT_HOP as usize),
         ("STAT_UP_OTHER", STAT_UP_OTHER as usize),
         ("STAT_NEXT_HOP_MISS", STAT_NEXT_HOP_MISS as usize),
+        ("STAT_FAST_CLIENT_SYN", STAT_FAST_CLIENT_SYN as usize),
+        (
+            "STAT_FAST_CLIENT_SYN_RETRANSMITTED",
+            STAT_FAST_CLIENT_SYN_RETRANSMITTED as usize,
+        ),
+        ("KERNEL_POLICY_NONE", KERNEL_POLICY_NONE as usize),
+        ("KERNEL_POLICY_RR", KERNEL_POLICY_RR as usize),
+        ("KERNEL_POLICY_WRR", KERNEL_POLICY_WRR as usize),
+        ("KERNEL_POLICY_RANDOM", KERNEL_POLICY_RANDOM as usize),
+        ("KERNEL_POLICY_HASH", KERNEL_POLICY_HASH as usize),
+        ("HANDSHAKE_SLOTS", HANDSHAKE_SLOTS),
+        ("HANDSHAKE_RETRY_SLOTS", HANDSHAKE_RETRY_SLOTS),
         (
             "STAT_COUNT",
             stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1,
@@ -140,6 +152,12 @@ fn rust_side() -> BTreeMap<String, u64> {
     // Sizes the core's clock table and the kernel's arrays must share.
     assert_eq!(SERVER_ID_SPACE, ServerId::SPACE);
     assert_eq!(COOKIE_SPACE, COOKIES);
+    // The kernel's handshake table is the core's default one.
+    assert_eq!(HANDSHAKE_SLOTS, cheetah_core::lb::handshakes::DEFAULT_SLOTS);
+    assert_eq!(
+        HANDSHAKE_RETRY_SLOTS,
+        cheetah_core::lb::handshakes::RETRY_SLOTS
+    );
     let mut values: Vec<(String, usize)> = values
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))
@@ -173,7 +191,9 @@ fn rust_side() -> BTreeMap<String, u64> {
         backend_port,
         index,
         pool_len,
-        pool
+        pool,
+        policy,
+        pad
     ));
     values.extend(layout!(
         ServerInfo,
@@ -199,8 +219,27 @@ fn rust_side() -> BTreeMap<String, u64> {
         ServerTraffic,
         "struct server_traffic",
         packets,
-        bytes
+        bytes,
+        opened,
+        closed
     ));
+    values.extend(layout!(VipWeights, "struct vip_weights", total, weight));
+    values.extend(layout!(
+        PolicyState,
+        "struct policy_state",
+        rr_position,
+        pad,
+        wrr_steps,
+        wrr_base
+    ));
+    values.extend(layout!(PolicyRngState, "struct policy_rng", s));
+    values.extend(layout!(
+        HandshakeWords,
+        "struct handshake_words",
+        slot,
+        retry
+    ));
+    values.extend(layout!(LbClock, "struct lb_clock", monotonic_base_ns));
     values
         .into_iter()
         .map(|(name, value)| (name, value as u64))

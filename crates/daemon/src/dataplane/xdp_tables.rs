@@ -1,7 +1,8 @@
 //! Publishes the core's tables into the XDP program's maps, so its in-kernel path
 //! (`bpf/lib/fast_path.h`) forwards exactly as the core would, and its steering knows the
-//! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `servers`,
-//! `server_macs`, `backends` and `server_side`.
+//! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `vip_weights`,
+//! `servers`, `server_macs`, `backends` and `server_side`; and, on every new snapshot, the
+//! per-CPU policy state the kernel's SYN path starts from (`xdp_policy.rs`).
 //!
 //! [`wanted`] works out every map's entries from a snapshot, the LB's interfaces and their
 //! sides, and the kernel's routes and neighbours (a server's egress is resolved by the same
@@ -17,12 +18,14 @@ use anyhow::Context;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::lb::Ingress;
+use cheetah_core::policy::PolicyKind;
 use cheetah_core::tables::{SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::egress;
 use super::xdp::SteeringProgram;
 use super::xdp_layout::*;
+use super::xdp_policy::{PolicySeeder, PolicySeeds};
 use super::Interface;
 
 /// What the XDP program is told about the LB at one moment.
@@ -45,6 +48,7 @@ pub struct Wanted {
     pub vip_addrs: Entries,
     pub vips: Entries,
     pub vips_by_index: Entries,
+    pub vip_weights: Entries,
     pub servers: Entries,
     pub server_macs: Entries,
     pub backends: Entries,
@@ -59,6 +63,25 @@ pub const NO_VIP: u16 = u16::MAX;
 
 fn array_key(index: usize) -> Vec<u8> {
     (index as u32).to_ne_bytes().to_vec()
+}
+
+/// The policy the kernel places a VIP's SYNs by (`vip_info.policy`): the ones it runs as
+/// the core does, for a pool it holds (1 to MAX_HASH_POOL servers); NONE leaves them to
+/// userspace (maglev, pow2, least-loaded, awrr, an empty or bigger pool).
+pub fn kernel_policy(kind: PolicyKind, pool_len: usize) -> u8 {
+    if pool_len == 0 || pool_len > MAX_HASH_POOL {
+        return KERNEL_POLICY_NONE;
+    }
+    match kind {
+        PolicyKind::RoundRobin => KERNEL_POLICY_RR,
+        PolicyKind::WeightedRoundRobin => KERNEL_POLICY_WRR,
+        PolicyKind::Random => KERNEL_POLICY_RANDOM,
+        PolicyKind::Hash => KERNEL_POLICY_HASH,
+        PolicyKind::Maglev
+        | PolicyKind::PowerOfTwo
+        | PolicyKind::LeastLoaded
+        | PolicyKind::AutoWeightedRoundRobin => KERNEL_POLICY_NONE,
+    }
 }
 
 /// The maps' entries for `publication`, with `routes` and `neighbours` as
@@ -116,9 +139,25 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
                 0
             },
             pool: [0; MAX_HASH_POOL],
+            policy: kernel_policy(vip.policy, pool.len()),
+            pad: [0; 3],
         };
         for (slot, id) in info.pool.iter_mut().zip(pool) {
             *slot = id.0;
+        }
+        if info.policy == KERNEL_POLICY_WRR {
+            // As SmoothWeights takes them: a weight of 0 counts as 1.
+            let mut weights = VipWeights {
+                total: 0,
+                weight: [0; MAX_HASH_POOL],
+            };
+            for (slot, weight) in weights.weight.iter_mut().zip(&vip.pool.weights) {
+                *slot = (*weight).max(1);
+                weights.total += i64::from(*slot);
+            }
+            wanted
+                .vip_weights
+                .insert(array_key(index), weights.to_bytes());
         }
         let key = VipKey {
             addr: addr.octets(),
@@ -222,15 +261,35 @@ enum Kind {
 }
 
 /// Writes [`Wanted`] into a program's maps, remembering what it wrote so that the next
-/// call writes only the difference.
+/// call writes only the difference; and seeds the kernel's per-CPU policy state.
 #[derive(Default)]
 pub struct Publisher {
     last: Option<Wanted>,
+    policies: PolicySeeder,
 }
 
 impl Publisher {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A publisher whose CPUs' policy instances start as `seeds` says.
+    pub fn with_policy_seeds(seeds: PolicySeeds) -> Self {
+        Publisher {
+            last: None,
+            policies: PolicySeeder::new(seeds),
+        }
+    }
+
+    /// Seeds the kernel's per-CPU instance of every VIP policy `snapshot` changed since
+    /// the last call (`xdp_policy.rs`); [`publish`](Self::publish) does it after writing
+    /// the maps.
+    pub fn seed_policies(
+        &mut self,
+        program: &SteeringProgram,
+        snapshot: &Snapshot,
+    ) -> anyhow::Result<()> {
+        self.policies.seed(program, snapshot)
     }
 
     /// Publishes `publication` into `program`'s maps (attached or not), reading the
@@ -243,7 +302,8 @@ impl Publisher {
         let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
         let neighbours = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
         let wanted = wanted(publication, &routes, &neighbours);
-        self.write(program, wanted)
+        self.write(program, wanted)?;
+        self.seed_policies(program, publication.snapshot)
     }
 
     /// Writes `wanted`: every map but `lb_config` first, then `lb_config`.
@@ -253,12 +313,19 @@ impl Publisher {
             entries,
             value_size,
         };
-        let maps: [(&str, Kind, &Entries, Option<&Entries>); 8] = [
+        let maps: [(&str, Kind, &Entries, Option<&Entries>); 9] = [
             (
                 "servers",
                 array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
                 &wanted.servers,
                 last.as_ref().map(|l| &l.servers),
+            ),
+            // Before the VIPs that name their policy wrr.
+            (
+                "vip_weights",
+                array(MAX_VIPS, std::mem::size_of::<VipWeights>()),
+                &wanted.vip_weights,
+                last.as_ref().map(|l| &l.vip_weights),
             ),
             (
                 "vips_by_index",

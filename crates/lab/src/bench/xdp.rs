@@ -287,8 +287,8 @@ impl Bench {
         let object = open.load().context("the kernel refused bpf/xdp_bench.c")?;
         let program = SteeringProgram::from_object(object);
         let config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
-        let words = program.clock_words()?;
-        let plane = ControlPlane::new_with_msb(&config, &SECRET, &|layout| words.table(layout))
+        let words = program.kernel_words()?;
+        let plane = ControlPlane::new_with_tables(&config, &SECRET, &|layout| words.tables(layout))
             .map_err(anyhow::Error::msg)?;
         let clocks: Vec<(ServerId, u32)> = (1..=servers)
             .map(|id| (ServerId(id), u32::from(SERVER_MSB) << 16))

@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// The VIP policies the kernel runs for a SYN (vip_info.policy), each the core's
+// (crates/core/src/policy/) step for step, so that a kernel instance seeded with a core
+// instance's state picks what the core would: rr.rs, wrr.rs (SmoothWeights), random.rs
+// (Xoshiro256++ and Lemire's `uniform_below`) and hash.rs.
+//
+// Each pick is split in two, as the in-kernel path is (decide, then commit): `*_decide`
+// only reads and returns the pool position and, in a local, what the state becomes;
+// `*_commit` writes it. Nothing is written for a SYN that goes up after all.
+
+#ifndef CHEETAH_LIB_POLICY_H
+#define CHEETAH_LIB_POLICY_H
+
+#include <linux/types.h>
+
+#include "cheetah_shared.h"
+
+// rr.rs `RoundRobin::pick`: the cursor's position (0 if it is beyond the pool, which only a
+// cursor seeded for another pool can be), and the cursor moves one on.
+static __always_inline __u32 rr_decide(const struct policy_state *state, __u32 pool_len,
+				       __u32 *next)
+{
+	__u32 position = state->rr_position < pool_len ? state->rr_position : 0;
+
+	*next = position + 1 == pool_len ? 0 : position + 1;
+	return position;
+}
+
+// wrr.rs `SmoothWeights::next_position`: every credit grows by its weight, the first
+// greatest wins. The credits after this step are wrr_base[i] + (wrr_steps + 1) * weight[i]
+// (struct policy_state), in wrapping arithmetic whose result is the core's i64 credit.
+static __always_inline __u32 wrr_decide(const struct policy_state *state,
+					const struct vip_weights *weights, __u32 pool_len)
+{
+	__u64 steps = state->wrr_steps + 1;
+	__s64 best_credit = 0;
+	__u32 best = 0, i;
+
+	for (i = 0; i < MAX_HASH_POOL; i++) {
+		__s64 credit;
+
+		if (i >= pool_len)
+			break;
+		credit = (__s64)((__u64)state->wrr_base[i] + steps * weights->weight[i]);
+		if (i == 0 || credit > best_credit) {
+			best = i;
+			best_credit = credit;
+		}
+	}
+	return best;
+}
+
+// The winner pays the total weight back; every other credit's growth is the step count's.
+static __always_inline void wrr_commit(struct policy_state *state, __u32 position, __s64 total)
+{
+	state->wrr_steps += 1;
+	state->wrr_base[position & (MAX_HASH_POOL - 1)] -= total;
+}
+
+static __always_inline __u64 rotl64(__u64 x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+// rand_xoshiro's Xoshiro256PlusPlus::next_u64.
+static __always_inline __u64 xoshiro_next(struct policy_rng *rng)
+{
+	__u64 result = rotl64(rng->s[0] + rng->s[3], 23) + rng->s[0];
+	__u64 t = rng->s[1] << 17;
+
+	rng->s[2] ^= rng->s[0];
+	rng->s[3] ^= rng->s[1];
+	rng->s[1] ^= rng->s[2];
+	rng->s[0] ^= rng->s[3];
+	rng->s[2] ^= t;
+	rng->s[3] = rotl64(rng->s[3], 45);
+	return result;
+}
+
+// The high 64 bits of the 128-bit product x * bound, for bound < 2^32 (no 128-bit
+// arithmetic in BPF): x * bound = hi * 2^32 + lo with hi, lo < 2^64.
+static __always_inline __u64 mul_high(__u64 x, __u32 bound)
+{
+	__u64 lo = (x & 0xffffffff) * bound;
+	__u64 hi = (x >> 32) * bound;
+
+	return (hi + (lo >> 32)) >> 32;
+}
+
+// Draws the rejection loop of `uniform_below` may take before the kernel gives up and
+// hands the SYN up: a draw is rejected with probability < bound / 2^64 <= 2^-58.
+#define UNIFORM_BELOW_DRAWS 4
+
+// random.rs `uniform_below` (Lemire): a uniform position in 0..bound drawn from `rng`, a
+// local copy of the CPU's generator; -1 if UNIFORM_BELOW_DRAWS draws were all rejected.
+static __always_inline int uniform_below(struct policy_rng *rng, __u32 bound)
+{
+	__u64 x = xoshiro_next(rng);
+	__u64 biased;
+	int i;
+
+	if (x * bound < bound) {
+		// 2^64 mod bound: the draws below it would make low results one more likely.
+		biased = (0 - (__u64)bound) % bound;
+		for (i = 1; i < UNIFORM_BELOW_DRAWS; i++) {
+			if (x * bound >= biased)
+				break;
+			x = xoshiro_next(rng);
+		}
+		if (x * bound < biased)
+			return -1;
+	}
+	return (int)mul_high(x, bound);
+}
+
+#endif
