@@ -7,7 +7,9 @@
 //! kernel's handshake table must recognise the same ones the core's does. Then the fold
 //! (`KernelLoads`) must give the core's load totals what the core's own worker gave its
 //! own: +1 active and +1 new connection per pick, -1 active per retransmission's earlier
-//! pick.
+//! pick. A server's SYN-ACK to a SYN the kernel saw retried goes up, and the core, over the
+//! kernel's handshake words, moves the count the kernel booked; one to a SYN sent once is the
+//! kernel's, with the core's bytes.
 //!
 //! `BPF_PROG_TEST_RUN` runs the program on the calling CPU, and the policy state is per
 //! CPU: the test thread is pinned to one CPU, so every SYN advances the same state.
@@ -62,6 +64,7 @@ const RNG_SEED: u64 = 0x0bad_5eed_1234_5678;
 /// The core's `now` for every SYN (mid-way through a retry-filter unit of 2^30 ns).
 const NOW: u64 = 1_000_000_000_000 + (1 << 29);
 const XDP_TX: u32 = 3;
+const XDP_REDIRECT: u32 = 4;
 
 fn server_mac(id: u16) -> Mac {
     [0x02, 0x00, 0x00, 0x01, (id >> 8) as u8, id as u8]
@@ -105,34 +108,44 @@ fn be_words(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
         .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))
 }
 
-/// A Linux client's SYN (MSS SAckOK TS NOP WScale, Table 1's first row) to the VIP.
-fn syn(client: Ipv4Addr, port: u16, isn: u32) -> Vec<u8> {
+/// One end of a TCP segment: its MAC, address and port.
+#[derive(Clone, Copy)]
+struct End {
+    mac: Mac,
+    addr: Ipv4Addr,
+    port: u16,
+}
+
+/// A handshake segment with Linux's options (MSS SAckOK TS NOP WScale, Table 1's first
+/// row) from `from` to `to`.
+fn handshake_segment(from: End, to: End, flags: u8, seq: u32, ack: u32, tsval: u32) -> Vec<u8> {
+    let ts = tsval.to_be_bytes();
     let options = [
-        2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0x12, 0x34, 0x56, 0x78, 0, 0, 0, 0, 1, 3, 3, 7,
+        2, 4, 0x05, 0xb4, 4, 2, 8, 10, ts[0], ts[1], ts[2], ts[3], 0, 0, 0, 0, 1, 3, 3, 7,
     ];
     let tcp_len = 20 + options.len();
     let mut frame = Vec::new();
-    frame.extend_from_slice(&SERVERS.mac);
-    frame.extend_from_slice(&[0x02, 0xaa, 0, 0, 0, 1]);
+    frame.extend_from_slice(&to.mac);
+    frame.extend_from_slice(&from.mac);
     frame.extend_from_slice(&0x0800u16.to_be_bytes());
     let mut ip = vec![0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 6, 0, 0];
     ip[2..4].copy_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
-    ip.extend_from_slice(&client.octets());
-    ip.extend_from_slice(&VIP.octets());
+    ip.extend_from_slice(&from.addr.octets());
+    ip.extend_from_slice(&to.addr.octets());
     let ip_check = checksum(be_words(&ip));
     ip[10..12].copy_from_slice(&ip_check.to_be_bytes());
     let mut tcp = Vec::new();
-    tcp.extend_from_slice(&port.to_be_bytes());
-    tcp.extend_from_slice(&VIP_PORT.to_be_bytes());
-    tcp.extend_from_slice(&isn.to_be_bytes());
-    tcp.extend_from_slice(&[0, 0, 0, 0]);
+    tcp.extend_from_slice(&from.port.to_be_bytes());
+    tcp.extend_from_slice(&to.port.to_be_bytes());
+    tcp.extend_from_slice(&seq.to_be_bytes());
+    tcp.extend_from_slice(&ack.to_be_bytes());
     tcp.push(((tcp_len / 4) as u8) << 4);
-    tcp.push(0x02);
+    tcp.push(flags);
     tcp.extend_from_slice(&[0xfa, 0xf0, 0, 0, 0, 0]);
     tcp.extend_from_slice(&options);
     let mut pseudo = Vec::new();
-    pseudo.extend_from_slice(&client.octets());
-    pseudo.extend_from_slice(&VIP.octets());
+    pseudo.extend_from_slice(&from.addr.octets());
+    pseudo.extend_from_slice(&to.addr.octets());
     pseudo.extend_from_slice(&[0, 6]);
     pseudo.extend_from_slice(&(tcp_len as u16).to_be_bytes());
     pseudo.extend_from_slice(&tcp);
@@ -141,6 +154,27 @@ fn syn(client: Ipv4Addr, port: u16, isn: u32) -> Vec<u8> {
     frame.extend_from_slice(&ip);
     frame.extend_from_slice(&tcp);
     frame
+}
+
+const TCP_SYN: u8 = 0x02;
+const TCP_SYN_ACK: u8 = 0x12;
+
+fn vip_end(mac: Mac) -> End {
+    End {
+        mac,
+        addr: VIP,
+        port: VIP_PORT,
+    }
+}
+
+/// A client's SYN to the VIP.
+fn syn(client: Ipv4Addr, port: u16, isn: u32) -> Vec<u8> {
+    let from = End {
+        mac: [0x02, 0xaa, 0, 0, 0, 1],
+        addr: client,
+        port,
+    };
+    handshake_segment(from, vip_end(SERVERS.mac), TCP_SYN, isn, 0, 0x1234_5678)
 }
 
 /// The SYNs of the run, in order: client `i` from 10.7.(i / 250).(i % 250 + 1), a
@@ -197,17 +231,26 @@ struct Run {
     cpu_state_advanced: bool,
 }
 
-fn run_policy(config: &LbConfig) -> Run {
+/// The program loaded and published for `config`, with two planes over the config: the
+/// kernel's, its tables over the program's words and its loads what the fold gives them;
+/// and the core's, with tables of its own (the kernel books every SYN in its handshake
+/// table first, so a shared one would show the core each SYN as a retransmission) and its
+/// loads what its worker gives them. Every CPU's policy state is the core worker's.
+struct Lb {
+    program: SteeringProgram,
+    kernel_plane: ControlPlane,
+    core_plane: ControlPlane,
+    worker_config: WorkerConfig,
+    servers_ifindex: u32,
+}
+
+fn set_up(config: &LbConfig) -> Lb {
     let secret = Secret([0x5a; 16]);
     let program = SteeringProgram::load().expect("the verifier refused bpf/xdp_lb.c");
     let servers = interface(&SERVERS, 0);
     let clients = interface(&CLIENTS, 1);
     program.set_interface_slot(servers.ifindex, 0).unwrap();
     program.set_interface_slot(clients.ifindex, 1).unwrap();
-    // The kernel's plane: its tables over the program's words, its loads what the fold
-    // gives them. The core's plane: tables of its own (the kernel books every SYN in its
-    // handshake table first, so a shared one would show the core each SYN as a
-    // retransmission), its loads what its worker gives them.
     let words = program.kernel_words().unwrap();
     let kernel_plane =
         ControlPlane::new_with_tables(config, &secret, &|layout| words.tables(layout)).unwrap();
@@ -238,6 +281,29 @@ fn run_policy(config: &LbConfig) -> Run {
     program
         .set_clock_base(monotonic_ns().wrapping_sub(NOW))
         .unwrap();
+    Lb {
+        program,
+        kernel_plane,
+        core_plane,
+        worker_config,
+        servers_ifindex,
+    }
+}
+
+/// The server whose MAC a frame the kernel sent is addressed to.
+fn picked(frame: &[u8], servers: u16) -> u16 {
+    let dst: Mac = frame[0..6].try_into().unwrap();
+    (1..=servers).find(|id| server_mac(*id) == dst).unwrap_or(0)
+}
+
+fn run_policy(config: &LbConfig) -> Run {
+    let Lb {
+        program,
+        kernel_plane,
+        core_plane,
+        worker_config,
+        servers_ifindex,
+    } = set_up(config);
     let mut worker = Worker::new(Arc::clone(core_plane.shared()), worker_config);
 
     let cpu = pin_to_this_cpu();
@@ -266,11 +332,8 @@ fn run_policy(config: &LbConfig) -> Run {
             run.kernel_picks.push(0);
             continue;
         }
-        let dst: Mac = out[0..6].try_into().unwrap();
-        let pick = (1..=config.servers.len() as u16)
-            .find(|id| server_mac(*id) == dst)
-            .unwrap_or(0);
-        run.kernel_picks.push(pick);
+        run.kernel_picks
+            .push(picked(&out, config.servers.len() as u16));
         core_out[0..6].copy_from_slice(&server_mac(core_pick.0));
         core_out[6..12].copy_from_slice(&SERVERS.mac);
         if out != core_out {
@@ -394,4 +457,102 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         "the kernel's policies disagree with the core's:\n{}",
         failures.join("\n")
     );
+}
+
+#[test]
+fn a_syn_ack_after_a_retried_syn_goes_up_and_the_core_moves_the_count_the_kernel_booked() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return;
+    }
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    let config = config("rr", 7, &[]);
+    let lb = set_up(&config);
+    // The core's worker over the kernel's tables: it sees the SYNs the kernel booked.
+    let mut worker = Worker::new(Arc::clone(lb.kernel_plane.shared()), lb.worker_config);
+    pin_to_this_cpu();
+    // Every server's clock known, as after its first replies: no SYN-ACK waits for it.
+    let msb = 0x0042u32;
+    let clocks: Vec<(ServerId, u32)> = (1..=7).map(|id| (ServerId(id), msb << 16)).collect();
+    lb.kernel_plane.shared().msb.import(&clocks, 0);
+    let servers = config.servers.len() as u16;
+    let client = |host: u8| End {
+        mac: GATEWAY_MAC,
+        addr: Ipv4Addr::new(10, 7, 9, host),
+        port: 50_000,
+    };
+    let syn_ack = |server: u16, to: End, isn: u32| {
+        let from = vip_end(server_mac(server));
+        let to = End {
+            mac: SERVERS.mac,
+            ..to
+        };
+        handshake_segment(
+            from,
+            to,
+            TCP_SYN_ACK,
+            7,
+            isn.wrapping_add(1),
+            msb << 16 | 0x0123,
+        )
+    };
+
+    // Client 1's SYN, retransmitted: two picks, the second holding the count.
+    let isn = 0x0c0f_fee0;
+    let first_syn = syn(client(1).addr, client(1).port, isn);
+    let (_, first) = lb.program.test_run(&first_syn, lb.servers_ifindex).unwrap();
+    let (_, second) = lb.program.test_run(&first_syn, lb.servers_ifindex).unwrap();
+    let (first, second) = (picked(&first, servers), picked(&second, servers));
+    assert!(
+        first != 0 && second != 0 && first != second,
+        "rr picks {first} then {second}"
+    );
+    // The first pick answers first: its SYN-ACK goes up, untouched.
+    let answer = syn_ack(first, client(1), isn);
+    let stats = lb.program.stats();
+    let (action, out) = lb.program.test_run(&answer, lb.servers_ifindex).unwrap();
+    let up = lb.program.stats().up;
+    // UP_REASONS: handshake_or_close at 4.
+    assert_eq!(
+        up[4] - stats.up[4],
+        1,
+        "a SYN-ACK after a retried SYN goes up"
+    );
+    assert!(
+        action != XDP_TX && action != XDP_REDIRECT,
+        "action {action}"
+    );
+    assert!(out.ends_with(&answer), "its bytes unchanged");
+    // Userspace finds the kernel's booking and moves the count to the server that answered.
+    let mut core_out = answer.clone();
+    let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+    assert_eq!(verdict, Verdict::ToClient);
+    assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
+
+    // Client 2's SYN, sent once: its SYN-ACK is the kernel's, with the core's bytes.
+    let isn = 0x0bad_cafe;
+    let (_, out) = lb
+        .program
+        .test_run(
+            &syn(client(2).addr, client(2).port, isn),
+            lb.servers_ifindex,
+        )
+        .unwrap();
+    let server = picked(&out, servers);
+    let answer = syn_ack(server, client(2), isn);
+    let stats = lb.program.stats();
+    let (action, out) = lb.program.test_run(&answer, lb.servers_ifindex).unwrap();
+    let fast = lb.program.stats().fast;
+    // FAST_BUNDLES: ServerCookie at 2.
+    assert_eq!(fast[2] - stats.fast[2], 1, "the kernel handled the SYN-ACK");
+    assert_eq!(action, XDP_REDIRECT);
+    let mut core_out = answer.clone();
+    assert_eq!(
+        worker.process(&mut core_out, NOW, Ingress::ServerSide),
+        Verdict::ToClient
+    );
+    core_out[0..6].copy_from_slice(&GATEWAY_MAC);
+    core_out[6..12].copy_from_slice(&CLIENTS.mac);
+    assert_eq!(out, core_out, "the core's bytes (cookie in TSval)");
+    assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
 }
