@@ -12,7 +12,9 @@
 #ifndef CHEETAH_LIB_POLICY_H
 #define CHEETAH_LIB_POLICY_H
 
+#include <linux/bpf.h>
 #include <linux/types.h>
+#include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
 
@@ -27,28 +29,47 @@ static __always_inline __u32 rr_decide(const struct policy_state *state, __u32 p
 	return position;
 }
 
+// One position of wrr_decide's scan (a bpf_loop callback).
+struct wrr_scan {
+	const struct policy_state *state;
+	const struct vip_weights *weights;
+	__u64 steps;
+	__s64 best_credit;
+	__u32 best;
+};
+
+static long wrr_scan_position(__u32 i, void *context)
+{
+	struct wrr_scan *scan = context;
+	__s64 credit;
+
+	if (i >= MAX_HASH_POOL)
+		return 1;
+	credit = (__s64)((__u64)scan->state->wrr_base[i] + scan->steps * scan->weights->weight[i]);
+	if (i == 0 || credit > scan->best_credit) {
+		scan->best = i;
+		scan->best_credit = credit;
+	}
+	return 0;
+}
+
 // wrr.rs `SmoothWeights::next_position`: every credit grows by its weight, the first
 // greatest wins. The credits after this step are wrr_base[i] + (wrr_steps + 1) * weight[i]
 // (struct policy_state), in wrapping arithmetic whose result is the core's i64 credit.
+// The scan is a bpf_loop (its callback verified once): as a bounded loop, every way out of
+// it (one per pool size) had the verifier walk the rest of the program again, which the
+// bench's wrappers around the LB took past the verifier's million steps.
 static __always_inline __u32 wrr_decide(const struct policy_state *state,
 					const struct vip_weights *weights, __u32 pool_len)
 {
-	__u64 steps = state->wrr_steps + 1;
-	__s64 best_credit = 0;
-	__u32 best = 0, i;
+	struct wrr_scan scan = {
+		.state = state,
+		.weights = weights,
+		.steps = state->wrr_steps + 1,
+	};
 
-	for (i = 0; i < MAX_HASH_POOL; i++) {
-		__s64 credit;
-
-		if (i >= pool_len)
-			break;
-		credit = (__s64)((__u64)state->wrr_base[i] + steps * weights->weight[i]);
-		if (i == 0 || credit > best_credit) {
-			best = i;
-			best_credit = credit;
-		}
-	}
-	return best;
+	bpf_loop(pool_len, wrr_scan_position, &scan, 0);
+	return scan.best;
 }
 
 // The winner pays the total weight back; every other credit's growth is the step count's.

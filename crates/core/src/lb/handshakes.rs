@@ -194,6 +194,12 @@ impl HandshakeTable {
         }
     }
 
+    /// Forgets whatever SYN the slot of `flow_hash` holds (a bench replays one SYN as a
+    /// new one every time).
+    pub fn forget(&self, flow_hash: u64) {
+        self.slot(flow_hash).store(0, Relaxed);
+    }
+
     #[inline]
     fn retry_mark(&self, flow_hash: u64) -> &AtomicU16 {
         // Bits the slot index and the fingerprint use least.
