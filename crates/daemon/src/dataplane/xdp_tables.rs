@@ -618,6 +618,65 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     }
 
     #[test]
+    fn the_kernel_runs_rr_wrr_random_and_hash_for_pools_it_holds() {
+        use PolicyKind::*;
+        for (kind, expected) in [
+            (RoundRobin, KERNEL_POLICY_RR),
+            (WeightedRoundRobin, KERNEL_POLICY_WRR),
+            (Random, KERNEL_POLICY_RANDOM),
+            (Hash, KERNEL_POLICY_HASH),
+            (Maglev, KERNEL_POLICY_NONE),
+            (PowerOfTwo, KERNEL_POLICY_NONE),
+            (LeastLoaded, KERNEL_POLICY_NONE),
+            (AutoWeightedRoundRobin, KERNEL_POLICY_NONE),
+        ] {
+            assert_eq!(kernel_policy(kind, 3), expected, "{kind}");
+            assert_eq!(kernel_policy(kind, MAX_HASH_POOL), expected, "{kind}");
+            assert_eq!(kernel_policy(kind, 0), KERNEL_POLICY_NONE, "{kind}");
+            assert_eq!(
+                kernel_policy(kind, MAX_HASH_POOL + 1),
+                KERNEL_POLICY_NONE,
+                "{kind}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_wrr_vip_carries_its_policy_and_its_weights() {
+        let config = LbConfig::from_toml(
+            r#"
+            [[servers]]
+            id = 1
+            dip = "10.20.0.11"
+            mac = "02:ce:00:00:02:01"
+            [[servers]]
+            id = 2
+            dip = "10.20.0.12"
+            mac = "02:ce:00:00:02:02"
+            [[vips]]
+            address = "10.0.0.100"
+            port = 80
+            policy = "wrr"
+            servers = [1, 2]
+            [vips.weights]
+            "2" = 5
+            "#,
+        )
+        .unwrap();
+        let plane = ControlPlane::new(&config, &Secret([5; 16])).unwrap();
+        let wanted = wanted_of(&plane, true);
+        let info = &wanted.vips_by_index[&array_key(0)];
+        assert_eq!(info[offset_of!(VipInfo, policy)], KERNEL_POLICY_WRR);
+        let weights = &wanted.vip_weights[&array_key(0)];
+        let word = |at: usize| u32::from_ne_bytes(weights[at..at + 4].try_into().unwrap());
+        let first = offset_of!(VipWeights, weight);
+        assert_eq!((word(first), word(first + 4)), (1, 5));
+        assert_eq!(weights[..8], 6i64.to_ne_bytes(), "the total");
+        // Not a wrr VIP: no weights.
+        assert!(wanted_of(&self::plane(""), true).vip_weights.is_empty());
+    }
+
+    #[test]
     fn l2_servers_are_found_by_mac_and_nat_backends_by_address() {
         let l2 = wanted_of(&plane(""), true);
         let key = MacKey {
