@@ -128,7 +128,8 @@ struct vip_info {
 	__u16 pool_len;       // servers in pool; 0 = not published (left to userspace)
 	__u16 pool[MAX_HASH_POOL];
 	__u8 policy;          // cheetah mode: KERNEL_POLICY_* the kernel places a SYN by
-	__u8 pad[3];
+	__u8 load_metric;     // pow2: LOAD_METRIC_* the pool's loads are compared under
+	__u8 pad[2];
 };
 
 // vip_info.policy: the VIP policies the kernel runs for a SYN (crates/core/src/policy/),
@@ -139,6 +140,21 @@ struct vip_info {
 #define KERNEL_POLICY_WRR 2
 #define KERNEL_POLICY_RANDOM 3
 #define KERNEL_POLICY_HASH 4
+// Power of two choices over the loads userspace publishes (server_loads), under the
+// metrics it publishes: active connections and reported load.
+#define KERNEL_POLICY_POW2 5
+#define LOAD_METRIC_ACTIVE 0
+#define LOAD_METRIC_REPORTED 1
+
+// Value of the server_loads array (by server id): what the core's LoadView::load gives
+// for the server under each metric the kernel compares, from the load totals at
+// userspace's last publication (every 50 ms): `active` the active-connection estimate
+// (at least 0), `reported` the bits of the reported load (a non-negative f64, +0.0 for
+// zero, so that integers order as the floats do).
+struct server_load {
+	__u64 active;
+	__u64 reported;
+};
 
 // Value of the vip_weights array (by VIP index), for a wrr VIP: the configured weight of
 // each pool position (at least 1, as the core's SmoothWeights takes them) and their sum.

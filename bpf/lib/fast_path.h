@@ -199,6 +199,34 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	case KERNEL_POLICY_HASH:
 		position = hash % pool_len;
 		break;
+	case KERNEL_POLICY_POW2: {
+		const struct server_load *first_load, *second_load;
+		__u32 first, second, first_id, second_id;
+
+		// pow2.rs: one server is the pick, without a draw.
+		if (pool_len == 1) {
+			position = 0;
+			break;
+		}
+		cpu_rng = bpf_map_lookup_elem(&policy_rng, &zero);
+		if (!cpu_rng)
+			return hand_up(STAT_UP_OTHER);
+		rng = *cpu_rng;
+		if (!pow2_draw(&rng, pool_len, &first, &second))
+			return hand_up(STAT_UP_NEW_CONNECTION);
+		first_id = vip->pool[first & (MAX_HASH_POOL - 1)];
+		second_id = vip->pool[second & (MAX_HASH_POOL - 1)];
+		first_load = bpf_map_lookup_elem(&server_loads, &first_id);
+		second_load = bpf_map_lookup_elem(&server_loads, &second_id);
+		if (!first_load || !second_load)
+			return hand_up(STAT_UP_OTHER);
+		// On equal loads the first drawn wins.
+		position = load_under(second_load, vip->load_metric) <
+					   load_under(first_load, vip->load_metric) ?
+				   second :
+				   first;
+		break;
+	}
 	default:
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	}
@@ -219,7 +247,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		state->rr_position = next_rr;
 	else if (policy == KERNEL_POLICY_WRR)
 		wrr_commit(state, position, total);
-	else if (policy == KERNEL_POLICY_RANDOM)
+	// random, and pow2 when it drew.
+	if (cpu_rng)
 		*cpu_rng = rng;
 	traffic = bpf_map_lookup_elem(&server_traffic, &id);
 	if (traffic)

@@ -161,6 +161,15 @@ struct {
 	__type(value, struct policy_state);
 } policy_state SEC(".maps");
 
+// Server id -> its loads for pow2 (cheetah_shared.h struct server_load), published by
+// userspace from the core's load totals.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SERVER_ID_SPACE);
+	__type(key, __u32);
+	__type(value, struct server_load);
+} server_loads SEC(".maps");
+
 // This CPU's random generator for the random policy, seeded by userspace.
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -3,7 +3,8 @@
 // The VIP policies the kernel runs for a SYN (vip_info.policy), each the core's
 // (crates/core/src/policy/) step for step, so that a kernel instance seeded with a core
 // instance's state picks what the core would: rr.rs, wrr.rs (SmoothWeights), random.rs
-// (Xoshiro256++ and Lemire's `uniform_below`) and hash.rs.
+// (Xoshiro256++ and Lemire's `uniform_below`), hash.rs, and pow2.rs over the loads
+// userspace publishes (server_loads).
 //
 // Each pick is split in two, as the in-kernel path is (decide, then commit): `*_decide`
 // only reads and returns the pool position and, in a local, what the state becomes;
@@ -133,6 +134,31 @@ static __always_inline int uniform_below(struct policy_rng *rng, __u32 bound)
 			return -1;
 	}
 	return (int)mul_high(x, bound);
+}
+
+// pow2.rs `draw_two_positions`: two distinct uniform positions of 0..pool_len (>= 2), in
+// drawing order; 0 if uniform_below gave up.
+static __always_inline int pow2_draw(struct policy_rng *rng, __u32 pool_len, __u32 *first,
+				     __u32 *second)
+{
+	int a = uniform_below(rng, pool_len);
+	int b;
+
+	if (a < 0)
+		return 0;
+	// Uniform among the other positions: a draw that hits `a` stands for the last one.
+	b = uniform_below(rng, pool_len - 1);
+	if (b < 0)
+		return 0;
+	*first = a;
+	*second = b == a ? pool_len - 1 : b;
+	return 1;
+}
+
+// A server's load under `metric`, ordered as the core's f64 loads are.
+static __always_inline __u64 load_under(const struct server_load *load, __u32 metric)
+{
+	return metric == LOAD_METRIC_REPORTED ? load->reported : load->active;
 }
 
 #endif

@@ -344,6 +344,9 @@ impl DataPlane {
                 if let Err(e) = kernel_loads.fold(&self.steering, &state.shared) {
                     tracing::error!(error = %format!("{e:#}"), "cannot read the XDP program's server traffic");
                 }
+                if let Err(e) = kernel_loads.publish_loads(&self.steering, &state.shared) {
+                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's server loads");
+                }
             }
             let every_second = rounds.is_multiple_of(20);
             // On every routing change the kernel announces (seen within one round), and

@@ -22,7 +22,10 @@ use std::sync::Arc;
 use cheetah_core::config::LbConfig;
 use cheetah_core::hash::Secret;
 use cheetah_core::lb::{Counter, Ingress, SharedTables, Worker, WorkerConfig};
-use cheetah_core::policy::MERGE_INTERVAL;
+use cheetah_core::policy::pow2::PowerOfTwo;
+use cheetah_core::policy::{
+    PickContext, Policy, PolicyRng, ReportedLoad, WorkerLoads, MERGE_INTERVAL,
+};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{Mac, ServerId};
 use cheetah_core::verdict::Verdict;
@@ -32,6 +35,7 @@ use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::*;
 use cheetah_daemon::dataplane::xdp_policy::PolicySeeds;
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
+use rand_core::SeedableRng;
 
 #[path = "shared/root.rs"]
 mod root;
@@ -72,6 +76,11 @@ fn server_mac(id: u16) -> Mac {
 
 /// A cheetah-mode l2 config: one VIP of `policy` over servers 1..=n, with `weights`.
 fn config(policy: &str, n: u16, weights: &[(u16, u32)]) -> LbConfig {
+    config_with(policy, "", n, weights)
+}
+
+/// [`config`] with `vip_extra` lines in the VIP's table.
+fn config_with(policy: &str, vip_extra: &str, n: u16, weights: &[(u16, u32)]) -> LbConfig {
     let mut text = String::from(
         "mode = \"cheetah\"\nforwarding = \"l2\"\ncookie_epoch_bits = 4\nfallback_table_capacity = 4096\n",
     );
@@ -85,7 +94,7 @@ fn config(policy: &str, n: u16, weights: &[(u16, u32)]) -> LbConfig {
     }
     let members: Vec<String> = (1..=n).map(|id| id.to_string()).collect();
     text += &format!(
-        "[[vips]]\naddress = \"{VIP}\"\nport = {VIP_PORT}\npolicy = \"{policy}\"\nservers = [{}]\n[vips.weights]\n",
+        "[[vips]]\naddress = \"{VIP}\"\nport = {VIP_PORT}\npolicy = \"{policy}\"\n{vip_extra}\nservers = [{}]\n[vips.weights]\n",
         members.join(", ")
     );
     for (id, weight) in weights {
@@ -555,4 +564,86 @@ fn a_syn_ack_after_a_retried_syn_goes_up_and_the_core_moves_the_count_the_kernel
     core_out[6..12].copy_from_slice(&CLIENTS.mac);
     assert_eq!(out, core_out, "the core's bytes (cookie in TSval)");
     assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
+}
+
+#[test]
+fn kernel_pow2_picks_the_cores_servers_given_the_same_loads() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return;
+    }
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    let cases = [
+        ("pow2, active connections", config("pow2", 7, &[])),
+        (
+            "pow2, reported load",
+            config_with("pow2", "load_metric = \"reported\"", 7, &[]),
+        ),
+        (
+            "pow2, 64 servers",
+            config("pow2", MAX_HASH_POOL as u16, &[]),
+        ),
+        ("pow2, 1 server", config("pow2", 1, &[])),
+    ];
+    let mut failures = Vec::new();
+    for (name, config) in &cases {
+        let lb = set_up(config);
+        let shared = lb.kernel_plane.shared();
+        let servers = config.servers.len() as u16;
+        // Loads with ties (every third server shares its load with the one before).
+        let ids: Vec<ServerId> = (1..=servers).map(ServerId).collect();
+        for id in &ids {
+            let report = ReportedLoad {
+                load: Some(f64::from((id.0 * 7) % 5) * 0.25),
+                active_connections: Some(u64::from((id.0 * 13) % 9 / 2)),
+            };
+            shared.loads.report(*id, report).unwrap();
+        }
+        KernelLoads::default()
+            .publish_loads(&lb.program, shared)
+            .unwrap();
+        // The core's policy over a worker's view of the same totals, with the generator
+        // the kernel's CPUs were seeded from.
+        let mut view = WorkerLoads::new(Arc::clone(&shared.loads));
+        view.watch(&ids);
+        let pool = &shared.snapshot.load().vips[0].pool;
+        let mut rng = PolicyRng::seed_from_u64(lb.worker_config.seed);
+        pin_to_this_cpu();
+        let (mut kernel, mut core) = (Vec::new(), Vec::new());
+        for frame in syns().iter().take(CLIENTS_COUNT as usize) {
+            let (action, out) = lb.program.test_run(frame, lb.servers_ifindex).unwrap();
+            kernel.push(if action == XDP_TX {
+                picked(&out, servers)
+            } else {
+                0
+            });
+            let mut ctx = PickContext {
+                pool,
+                flow_hash: 0,
+                loads: view.view(),
+                rng: &mut rng,
+                now: NOW,
+            };
+            core.push(PowerOfTwo.pick(&mut ctx).unwrap().0);
+        }
+        let placed = kernel.iter().filter(|&&p| p != 0).count();
+        eprintln!(
+            "{name:<26} {} SYNs, {placed} placed in the kernel",
+            core.len()
+        );
+        if placed != core.len() {
+            failures.push(format!("{name}: {} SYNs went up", core.len() - placed));
+        }
+        if kernel != core {
+            failures.push(format!(
+                "{name}: the kernel picked other servers than the core: {}",
+                first_difference(&kernel, &core)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the kernel's pow2 disagrees with the core's:\n{}",
+        failures.join("\n")
+    );
 }

@@ -123,6 +123,9 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("KERNEL_POLICY_WRR", KERNEL_POLICY_WRR as usize),
         ("KERNEL_POLICY_RANDOM", KERNEL_POLICY_RANDOM as usize),
         ("KERNEL_POLICY_HASH", KERNEL_POLICY_HASH as usize),
+        ("KERNEL_POLICY_POW2", KERNEL_POLICY_POW2 as usize),
+        ("LOAD_METRIC_ACTIVE", LOAD_METRIC_ACTIVE as usize),
+        ("LOAD_METRIC_REPORTED", LOAD_METRIC_REPORTED as usize),
         ("HANDSHAKE_SLOTS", HANDSHAKE_SLOTS),
         ("HANDSHAKE_RETRY_SLOTS", HANDSHAKE_RETRY_SLOTS),
         (
@@ -193,6 +196,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         pool_len,
         pool,
         policy,
+        load_metric,
         pad
     ));
     values.extend(layout!(
@@ -240,6 +244,12 @@ fn rust_side() -> BTreeMap<String, u64> {
         retry
     ));
     values.extend(layout!(LbClock, "struct lb_clock", monotonic_base_ns));
+    values.extend(layout!(
+        ServerLoadValue,
+        "struct server_load",
+        active,
+        reported
+    ));
     values
         .into_iter()
         .map(|(name, value)| (name, value as u64))

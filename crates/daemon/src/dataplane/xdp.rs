@@ -17,8 +17,8 @@ use cheetah_core::lb::SharedTables;
 use cheetah_core::types::ServerId;
 
 use super::xdp_layout::{
-    Encode, HandshakeWords, LbClock, PolicyRngState, PolicyState, ServerTraffic, FAST_BUNDLES,
-    STAT_NEXT_HOP_MISS, UP_REASONS,
+    Encode, HandshakeWords, LbClock, PolicyRngState, PolicyState, ServerLoadValue, ServerTraffic,
+    FAST_BUNDLES, STAT_NEXT_HOP_MISS, UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -168,6 +168,17 @@ impl SteeringProgram {
         self.map("lb_clock")
             .update(&0u32.to_ne_bytes(), &value.to_bytes(), MapFlags::ANY)
             .context("cannot update lb_clock")
+    }
+
+    /// Sets what pow2 in the kernel compares for server `id` (`server_loads`).
+    pub fn set_server_load(&self, id: ServerId, load: &ServerLoadValue) -> anyhow::Result<()> {
+        self.map("server_loads")
+            .update(
+                &(id.0 as u32).to_ne_bytes(),
+                &load.to_bytes(),
+                MapFlags::ANY,
+            )
+            .context("cannot update server_loads")
     }
 
     /// This many CPUs have a share of each per-CPU map (libbpf's possible CPUs).

@@ -29,6 +29,10 @@ pub const KERNEL_POLICY_RR: u8 = 1;
 pub const KERNEL_POLICY_WRR: u8 = 2;
 pub const KERNEL_POLICY_RANDOM: u8 = 3;
 pub const KERNEL_POLICY_HASH: u8 = 4;
+pub const KERNEL_POLICY_POW2: u8 = 5;
+/// `vip_info.load_metric`: which of `struct server_load`'s loads pow2 compares.
+pub const LOAD_METRIC_ACTIVE: u8 = 0;
+pub const LOAD_METRIC_REPORTED: u8 = 1;
 
 /// The handshake table the kernel shares (`struct handshake_words`): the core's default
 /// size, and its retry filter.
@@ -169,7 +173,8 @@ pub struct VipInfo {
     pub pool_len: u16,
     pub pool: [u16; MAX_HASH_POOL],
     pub policy: u8,
-    pub pad: [u8; 3],
+    pub load_metric: u8,
+    pub pad: [u8; 2],
 }
 
 impl Encode for VipInfo {
@@ -189,6 +194,7 @@ impl Encode for VipInfo {
             .put(offset_of!(Self, pool_len), &self.pool_len.to_ne_bytes())
             .put(offset_of!(Self, pool), &pool)
             .put(offset_of!(Self, policy), &[self.policy])
+            .put(offset_of!(Self, load_metric), &[self.load_metric])
             .0
     }
 }
@@ -437,6 +443,24 @@ impl Encode for PolicyRngState {
 pub struct HandshakeWords {
     pub slot: [std::sync::atomic::AtomicU64; HANDSHAKE_SLOTS],
     pub retry: [std::sync::atomic::AtomicU16; HANDSHAKE_RETRY_SLOTS],
+}
+
+/// `struct server_load`: a server's loads as pow2 compares them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerLoadValue {
+    pub active: u64,
+    /// `f64::to_bits` of a non-negative load, +0.0 for zero.
+    pub reported: u64,
+}
+
+impl Encode for ServerLoadValue {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, active), &self.active.to_ne_bytes())
+            .put(offset_of!(Self, reported), &self.reported.to_ne_bytes())
+            .0
+    }
 }
 
 /// `struct lb_clock`.

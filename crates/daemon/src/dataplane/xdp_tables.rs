@@ -18,7 +18,7 @@ use anyhow::Context;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::lb::Ingress;
-use cheetah_core::policy::PolicyKind;
+use cheetah_core::policy::{LoadMetric, PolicyKind};
 use cheetah_core::tables::{SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
 
@@ -66,9 +66,10 @@ fn array_key(index: usize) -> Vec<u8> {
 }
 
 /// The policy the kernel places a VIP's SYNs by (`vip_info.policy`): the ones it runs as
-/// the core does, for a pool it holds (1 to MAX_HASH_POOL servers); NONE leaves them to
-/// userspace (maglev, pow2, least-loaded, awrr, an empty or bigger pool).
-pub fn kernel_policy(kind: PolicyKind, pool_len: usize) -> u8 {
+/// the core does, for a pool it holds (1 to MAX_HASH_POOL servers), pow2 under the metrics
+/// whose loads userspace publishes (`kernel_loads.rs`); NONE leaves them to userspace
+/// (maglev, least-loaded, awrr, pow2 on packet or byte rates, an empty or bigger pool).
+pub fn kernel_policy(kind: PolicyKind, metric: LoadMetric, pool_len: usize) -> u8 {
     if pool_len == 0 || pool_len > MAX_HASH_POOL {
         return KERNEL_POLICY_NONE;
     }
@@ -77,10 +78,20 @@ pub fn kernel_policy(kind: PolicyKind, pool_len: usize) -> u8 {
         PolicyKind::WeightedRoundRobin => KERNEL_POLICY_WRR,
         PolicyKind::Random => KERNEL_POLICY_RANDOM,
         PolicyKind::Hash => KERNEL_POLICY_HASH,
-        PolicyKind::Maglev
-        | PolicyKind::PowerOfTwo
+        PolicyKind::PowerOfTwo if kernel_load_metric(metric).is_some() => KERNEL_POLICY_POW2,
+        PolicyKind::PowerOfTwo
+        | PolicyKind::Maglev
         | PolicyKind::LeastLoaded
         | PolicyKind::AutoWeightedRoundRobin => KERNEL_POLICY_NONE,
+    }
+}
+
+/// `vip_info.load_metric` for `metric`, if userspace publishes its loads.
+pub fn kernel_load_metric(metric: LoadMetric) -> Option<u8> {
+    match metric {
+        LoadMetric::ActiveConnections => Some(LOAD_METRIC_ACTIVE),
+        LoadMetric::Reported => Some(LOAD_METRIC_REPORTED),
+        LoadMetric::Packets | LoadMetric::Bytes => None,
     }
 }
 
@@ -139,8 +150,9 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
                 0
             },
             pool: [0; MAX_HASH_POOL],
-            policy: kernel_policy(vip.policy, pool.len()),
-            pad: [0; 3],
+            policy: kernel_policy(vip.policy, vip.pool.metric, pool.len()),
+            load_metric: kernel_load_metric(vip.pool.metric).unwrap_or(0),
+            pad: [0; 2],
         };
         for (slot, id) in info.pool.iter_mut().zip(pool) {
             *slot = id.0;
@@ -620,24 +632,37 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     #[test]
     fn the_kernel_runs_rr_wrr_random_and_hash_for_pools_it_holds() {
         use PolicyKind::*;
+        let active = LoadMetric::ActiveConnections;
         for (kind, expected) in [
             (RoundRobin, KERNEL_POLICY_RR),
             (WeightedRoundRobin, KERNEL_POLICY_WRR),
             (Random, KERNEL_POLICY_RANDOM),
             (Hash, KERNEL_POLICY_HASH),
+            (PowerOfTwo, KERNEL_POLICY_POW2),
             (Maglev, KERNEL_POLICY_NONE),
-            (PowerOfTwo, KERNEL_POLICY_NONE),
             (LeastLoaded, KERNEL_POLICY_NONE),
             (AutoWeightedRoundRobin, KERNEL_POLICY_NONE),
         ] {
-            assert_eq!(kernel_policy(kind, 3), expected, "{kind}");
-            assert_eq!(kernel_policy(kind, MAX_HASH_POOL), expected, "{kind}");
-            assert_eq!(kernel_policy(kind, 0), KERNEL_POLICY_NONE, "{kind}");
+            assert_eq!(kernel_policy(kind, active, 3), expected, "{kind}");
             assert_eq!(
-                kernel_policy(kind, MAX_HASH_POOL + 1),
+                kernel_policy(kind, active, MAX_HASH_POOL),
+                expected,
+                "{kind}"
+            );
+            assert_eq!(kernel_policy(kind, active, 0), KERNEL_POLICY_NONE, "{kind}");
+            assert_eq!(
+                kernel_policy(kind, active, MAX_HASH_POOL + 1),
                 KERNEL_POLICY_NONE,
                 "{kind}"
             );
+        }
+        // pow2 on rates needs loads userspace does not publish.
+        assert_eq!(
+            kernel_policy(PowerOfTwo, LoadMetric::Reported, 3),
+            KERNEL_POLICY_POW2
+        );
+        for metric in [LoadMetric::Packets, LoadMetric::Bytes] {
+            assert_eq!(kernel_policy(PowerOfTwo, metric, 3), KERNEL_POLICY_NONE);
         }
     }
 

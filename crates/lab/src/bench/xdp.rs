@@ -92,7 +92,7 @@ pub(super) struct Ports {
 }
 
 /// The setups of the SYN rows: cheetah mode, one per policy the kernel runs.
-const SYN_SETUPS: [Setup; 4] = [
+const SYN_SETUPS: [Setup; 5] = [
     Setup {
         label: "rr",
         mode: Mode::Cheetah,
@@ -116,6 +116,13 @@ const SYN_SETUPS: [Setup; 4] = [
         mode: Mode::Cheetah,
         forwarding: Forwarding::L2,
         policy: PolicyKind::Hash,
+    },
+    // Over the loads userspace publishes (all 0 here: the first drawn server wins).
+    Setup {
+        label: "pow2",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::PowerOfTwo,
     },
 ];
 
