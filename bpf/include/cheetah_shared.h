@@ -65,6 +65,11 @@ enum xdp_stat {
 	// The tables changed while the packet was being decided (lb_config.publish_seq): the
 	// kernel never acts on half a publication, userspace decides on a whole snapshot.
 	STAT_UP_PUBLISHING,
+	// Client SYNs the in-kernel path placed by the VIP's policy (core Bundle::ClientSyn),
+	// and those among them that retransmitted a SYN seen before, whose earlier pick's count
+	// was released (Bundle::ClientSynRetransmitted): one of the two per SYN.
+	STAT_FAST_CLIENT_SYN,
+	STAT_FAST_CLIENT_SYN_RETRANSMITTED,
 	STAT_COUNT,
 };
 
@@ -127,8 +132,78 @@ struct vip_info {
 	__u16 port;           // network byte order
 	__u16 backend_port;   // network byte order (nat: the servers' port)
 	__u16 index;          // the VIP's index in the tables snapshot
-	__u16 pool_len;       // hash mode: servers in pool; 0 = not published (left to userspace)
+	__u16 pool_len;       // servers in pool; 0 = not published (left to userspace)
 	__u16 pool[MAX_HASH_POOL];
+	__u8 policy;          // cheetah mode: KERNEL_POLICY_* the kernel places a SYN by
+	__u8 load_metric;     // pow2: LOAD_METRIC_* the pool's loads are compared under
+	__u8 pad[2];
+};
+
+// vip_info.policy: the VIP policies the kernel runs for a SYN (crates/core/src/policy/),
+// each bit for bit the core's. NONE (maglev, the load-aware policies, a pool bigger than
+// MAX_HASH_POOL) leaves the SYN to userspace.
+#define KERNEL_POLICY_NONE 0
+#define KERNEL_POLICY_RR 1
+#define KERNEL_POLICY_WRR 2
+#define KERNEL_POLICY_RANDOM 3
+#define KERNEL_POLICY_HASH 4
+// Power of two choices over the loads userspace publishes (server_loads), under the
+// metrics it publishes: active connections and reported load.
+#define KERNEL_POLICY_POW2 5
+#define LOAD_METRIC_ACTIVE 0
+#define LOAD_METRIC_REPORTED 1
+
+// Value of the server_loads array (by server id): what the core's LoadView::load gives
+// for the server under each metric the kernel compares, from the load totals at
+// userspace's last publication (every 50 ms): `active` the active-connection estimate
+// (at least 0), `reported` the bits of the reported load (a non-negative f64, +0.0 for
+// zero, so that integers order as the floats do).
+struct server_load {
+	__u64 active;
+	__u64 reported;
+};
+
+// Value of the vip_weights array (by VIP index), for a wrr VIP: the configured weight of
+// each pool position (at least 1, as the core's SmoothWeights takes them) and their sum.
+struct vip_weights {
+	__s64 total;
+	__u32 weight[MAX_HASH_POOL];
+};
+
+// Value of the per-CPU policy_state array (by VIP index): this CPU's instance of the
+// VIP's policy, seeded by userspace on every snapshot that changes the VIP's pool, policy
+// or weights (as a core worker rebuilds its instance), then advanced by the kernel.
+// rr: the core RoundRobin's cursor. wrr: the core SmoothWeights' credits, kept as
+// credit[i] = wrr_base[i] + wrr_steps * weight[i] (wrapping), so that a pick writes two
+// words, not every credit, and needs no weight once it has decided.
+struct policy_state {
+	__u32 rr_position;
+	__u32 pad;
+	__u64 wrr_steps;
+	__s64 wrr_base[MAX_HASH_POOL];
+};
+
+// Value of the per-CPU policy_rng array's one entry: the state of this CPU's Xoshiro256++
+// generator (core PolicyRng), which every random pick on the CPU draws from, as every
+// random pick of a core worker draws from its one generator.
+struct policy_rng {
+	__u64 s[4];
+};
+
+// The core's HandshakeTable (crates/core/src/lb/handshakes.rs), words shared with
+// userspace in the one entry of the mmapable handshakes array: `slot` the recent SYNs and
+// the server holding each one's load count, `retry` the filter of recent retries.
+#define HANDSHAKE_SLOTS (1 << 18)
+#define HANDSHAKE_RETRY_SLOTS (1 << 12)
+struct handshake_words {
+	__u64 slot[HANDSHAKE_SLOTS];
+	__u16 retry[HANDSHAKE_RETRY_SLOTS];
+};
+
+// The one entry of lb_clock: the CLOCK_MONOTONIC reading (bpf_ktime_get_ns) at which the
+// core's `now` was 0, so that the kernel's handshake bookkeeping uses the core's clock.
+struct lb_clock {
+	__u64 monotonic_base_ns;
 };
 
 // Value of the servers array, indexed by server id.
@@ -152,7 +227,9 @@ struct mac_key {
 // from each server, folded into the core's loads by userspace.
 struct server_traffic {
 	__u64 packets;
-	__u64 bytes; // IP bytes, as the core counts them
+	__u64 bytes;  // IP bytes, as the core counts them
+	__u64 opened; // connections the kernel placed on this server (a policy's pick for a SYN)
+	__u64 closed; // closes the kernel counted for this server (lb/closes.rs rules)
 };
 
 // The words of the clock table (core cookie/msb.rs) that the kernel reads, in two

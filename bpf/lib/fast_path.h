@@ -4,13 +4,14 @@
 // (crates/core/src/lb/fast_path.rs): a client's established segment to a VIP (cookie
 // decoded from TSecr, TSecr restored, toward the server; or, in hash mode, `pool[h % n]`)
 // and a server's reply (clock checked, cookie written into TSval, NAT undone, toward the
-// client). Each either forwards the packet itself, its bytes exactly what the core (plus
+// client); and, beyond the core's straight line, a client's SYN placed by the VIP's policy
+// as the core's general client path places it (syn_fast). Each either forwards the packet itself, its bytes exactly what the core (plus
 // the AF_XDP worker's egress step) would send, or returns LB_HAND_UP, having counted one
 // STAT_UP_* reason and changed no byte: userspace then decides, as it always did.
 //
-// The kernel takes less than the core's straight line, never more: whatever would change
-// state (a new connection's pick, a clock that moved, a handshake or close to book) or
-// that the maps do not answer (a server without a resolved egress, a FIB miss) goes up.
+// Whatever would change state the kernel does not share with the core (a clock that moved,
+// a close to book, a SYN-ACK that may move a load count), a policy it does not run, or
+// what the maps do not answer (a server without a resolved egress, a FIB miss) goes up.
 
 #ifndef CHEETAH_LIB_FAST_PATH_H
 #define CHEETAH_LIB_FAST_PATH_H
@@ -22,9 +23,11 @@
 #include "cheetah_shared.h"
 #include "cookie.h"
 #include "csum.h"
+#include "handshakes.h"
 #include "maps.h"
 #include "next_hop.h"
 #include "parse.h"
+#include "policy.h"
 #include "publish.h"
 #include "siphash.h"
 #include "stats.h"
@@ -62,6 +65,13 @@ static __always_inline void add_server_traffic(__u32 server, const struct iphdr 
 	}
 }
 
+// The core's `now` (the daemon's clock, ns since its start), for the handshake table's
+// retry marks; NULL clock: none published.
+static __always_inline __u64 core_now(const struct lb_clock *clock)
+{
+	return bpf_ktime_get_ns() - clock->monotonic_base_ns;
+}
+
 // Whether replies are taken from the interface `ifindex` (server_side, maps.h).
 static __always_inline int on_server_side(__u32 ifindex)
 {
@@ -88,26 +98,34 @@ struct toward_server {
 	__be16 backend_port;
 };
 
-// client_path.rs `forward_to_server_via`, plus the egress step the AF_XDP worker does
-// after it (source MAC = the egress interface's, egress.rs): the server's MAC, with NAT
-// its address and the VIP's backend port.
-static __always_inline int forward_to_server(struct xdp_md *ctx, const struct plain_tcp *p,
-					     const struct toward_server *to, __u32 stat)
+// client_path.rs `forward_to_server_via`'s bytes, plus the egress step the AF_XDP worker
+// does after it (source MAC = the egress interface's, egress.rs): the server's MAC, with
+// NAT its address and the VIP's backend port. `vip_port` and `backend_port` are the VIP's.
+static __always_inline void rewrite_toward_server(const struct plain_tcp *p, int nat,
+						  const struct server_info *server, __be16 vip_port,
+						  __be16 backend_port)
 {
-	const struct server_info *server = &to->server;
-
 	__builtin_memcpy(p->eth->h_dest, server->dst_mac, ETH_ALEN);
 	__builtin_memcpy(p->eth->h_source, server->src_mac, ETH_ALEN);
-	if (to->forwarding == LB_FORWARDING_NAT) {
+	if (nat) {
 		__be32 old = csum_set_ipv4_addr(&p->ip->check, &p->ip->daddr, server->dip);
 
 		csum_tcp_address_changed(&p->tcp->check, old, server->dip);
-		if (to->backend_port != to->vip_port)
-			csum_set_tcp_port(&p->tcp->check, &p->tcp->dest, to->backend_port);
+		if (backend_port != vip_port)
+			csum_set_tcp_port(&p->tcp->check, &p->tcp->dest, backend_port);
 	}
+}
+
+// client_path.rs `forward_to_server_via` (rewrite_toward_server), the traffic it counts,
+// and out.
+static __always_inline int forward_to_server(struct xdp_md *ctx, const struct plain_tcp *p,
+					     const struct toward_server *to, __u32 stat)
+{
+	rewrite_toward_server(p, to->forwarding == LB_FORWARDING_NAT, &to->server, to->vip_port,
+			      to->backend_port);
 	add_server_traffic(to->id, p->ip);
 	count(stat);
-	return send_out(ctx, server->egress_ifindex);
+	return send_out(ctx, to->server.egress_ifindex);
 }
 
 // The published state forwarding to server `id` (a servers entry) needs.
@@ -144,6 +162,136 @@ static __always_inline int client_not_found(enum plain_refusal refusal)
 	return hand_up(STAT_UP_OTHER);
 }
 
+// client_path.rs for a client SYN to a cheetah-mode VIP whose timestamp sits where Table 1
+// puts it: `pick_new` (the VIP's policy, +1 active and +1 new connection for the pick:
+// server_traffic.opened) and `count_once_per_handshake` (the handshake table; a retransmitted
+// SYN releases its earlier pick's count), then `forward_to_server`. A VIP whose policy the
+// kernel does not run (vip_info.policy), an empty or unpublished pool, or any other SYN
+// layout goes up as before.
+static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *config,
+				    __u32 seq, const struct plain_tcp *p,
+				    const struct vip_info *vip)
+{
+	__u32 index = vip->index, pool_len = vip->pool_len, policy = vip->policy;
+	__u32 zero = 0, position, next_rr = 0, id, previous, stat;
+	struct handshake_words *words;
+	struct server_traffic *traffic;
+	const struct server_info *server;
+	const struct vip_weights *weights;
+	struct policy_rng *cpu_rng = NULL;
+	struct policy_state *state;
+	struct server_info target;
+	struct lb_clock *clock;
+	struct policy_rng rng;
+	__be16 vip_port, backend_port;
+	__s64 total = 0;
+	__u64 hash, now;
+	int nat, drawn;
+
+	// Decide: every read, no write.
+	if (policy == KERNEL_POLICY_NONE || pool_len == 0 || pool_len > MAX_HASH_POOL ||
+	    !syn_timestamp_at(ctx, p))
+		return hand_up(STAT_UP_NEW_CONNECTION);
+	state = bpf_map_lookup_elem(&policy_state, &index);
+	words = bpf_map_lookup_elem(&handshakes, &zero);
+	clock = bpf_map_lookup_elem(&lb_clock, &zero);
+	if (!state || !words || !clock)
+		return hand_up(STAT_UP_OTHER);
+	hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
+	switch (policy) {
+	case KERNEL_POLICY_RR:
+		position = rr_decide(state, pool_len, &next_rr);
+		break;
+	case KERNEL_POLICY_WRR:
+		weights = bpf_map_lookup_elem(&vip_weights, &index);
+		if (!weights)
+			return hand_up(STAT_UP_OTHER);
+		position = wrr_decide(state, weights, pool_len);
+		total = weights->total;
+		break;
+	case KERNEL_POLICY_RANDOM:
+		cpu_rng = bpf_map_lookup_elem(&policy_rng, &zero);
+		if (!cpu_rng)
+			return hand_up(STAT_UP_OTHER);
+		rng = *cpu_rng;
+		drawn = uniform_below(&rng, pool_len);
+		if (drawn < 0)
+			return hand_up(STAT_UP_NEW_CONNECTION);
+		position = drawn;
+		break;
+	case KERNEL_POLICY_HASH:
+		position = hash % pool_len;
+		break;
+	case KERNEL_POLICY_POW2: {
+		const struct server_load *first_load, *second_load;
+		__u32 first, second, first_id, second_id;
+
+		// pow2.rs: one server is the pick, without a draw.
+		if (pool_len == 1) {
+			position = 0;
+			break;
+		}
+		cpu_rng = bpf_map_lookup_elem(&policy_rng, &zero);
+		if (!cpu_rng)
+			return hand_up(STAT_UP_OTHER);
+		rng = *cpu_rng;
+		if (!pow2_draw(&rng, pool_len, &first, &second))
+			return hand_up(STAT_UP_NEW_CONNECTION);
+		first_id = vip->pool[first & (MAX_HASH_POOL - 1)];
+		second_id = vip->pool[second & (MAX_HASH_POOL - 1)];
+		first_load = bpf_map_lookup_elem(&server_loads, &first_id);
+		second_load = bpf_map_lookup_elem(&server_loads, &second_id);
+		if (!first_load || !second_load)
+			return hand_up(STAT_UP_OTHER);
+		// On equal loads the first drawn wins.
+		position = load_under(second_load, vip->load_metric) <
+					   load_under(first_load, vip->load_metric) ?
+				   second :
+				   first;
+		break;
+	}
+	default:
+		return hand_up(STAT_UP_NEW_CONNECTION);
+	}
+	// The verifier cannot bound the positions; the mask gives it the array's bound.
+	asm volatile("" : "+r"(position));
+	id = vip->pool[position & (MAX_HASH_POOL - 1)];
+	server = bpf_map_lookup_elem(&servers, &id);
+	if (!server || !(server->flags & SERVER_EGRESS))
+		return hand_up(STAT_UP_NEXT_HOP);
+	target = *server;
+	vip_port = vip->port;
+	backend_port = vip->backend_port;
+	nat = config->forwarding == LB_FORWARDING_NAT;
+	now = core_now(clock);
+	if (!publish_unchanged(config, seq))
+		return hand_up(STAT_UP_PUBLISHING);
+	// Commit: the policy's state moves on, the pick is counted and booked, then the bytes.
+	if (policy == KERNEL_POLICY_RR)
+		state->rr_position = next_rr;
+	else if (policy == KERNEL_POLICY_WRR)
+		wrr_commit(state, position, total);
+	// random, and pow2 when it drew.
+	if (cpu_rng)
+		*cpu_rng = rng;
+	traffic = bpf_map_lookup_elem(&server_traffic, &id);
+	if (traffic)
+		traffic->opened += 1;
+	stat = STAT_FAST_CLIENT_SYN;
+	if (handshake_on_syn(words, hash, bpf_ntohl(p->tcp->seq), id, now, &previous)) {
+		// `loads.on_syn_retransmitted(previous)`: -1 active, as a counted close is, and
+		// so folded by userspace.
+		traffic = bpf_map_lookup_elem(&server_traffic, &previous);
+		if (traffic)
+			traffic->closed += 1;
+		stat = STAT_FAST_CLIENT_SYN_RETRANSMITTED;
+	}
+	rewrite_toward_server(p, nat, &target, vip_port, backend_port);
+	add_server_traffic(id, p->ip);
+	count(stat);
+	return send_out(ctx, target.egress_ifindex);
+}
+
 // fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip);
 // `seq` is what publish_begin said before lb_config and vip were read.
 static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config,
@@ -162,6 +310,8 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 
 		// A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC
 		// 7323), so userspace routes it like one without timestamps.
+		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) == TCP_SYN)
+			return syn_fast(ctx, config, seq, p, vip);
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
 			return hand_up(STAT_UP_NEW_CONNECTION);
 		if (!plain_has_nop_nop_ts(p))
@@ -258,6 +408,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	struct vip_info *vip;
 	__be32 vip_addr;
 	__be16 vip_port;
+	__be32 *tsval = &p->ts->tsval;
 	__u16 cookie = 0;
 	__u32 id = 0, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
@@ -283,16 +434,39 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		__u16 msb;
 		__u64 hash;
 
-		if (tcp_flags(p->tcp) & (TCP_SYN | TCP_FIN | TCP_RST))
+		__u8 flags = tcp_flags(p->tcp);
+
+		if (flags & (TCP_FIN | TCP_RST))
 			return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
-		if (!plain_has_nop_nop_ts(p))
-			return hand_up(STAT_UP_LAYOUT);
-		msb = bpf_ntohl(p->ts->tsval) >> 16;
+		if (flags & TCP_SYN) {
+			// SYN-ACKs: Table 1's layouts, TSval 2 bytes into the option.
+			__u32 at = syn_timestamp_at(ctx, p);
+
+			tsval = (__be32 *)((__u8 *)p->ts + at + 2);
+			if (!at || (void *)(tsval + 1) > (void *)(long)ctx->data_end)
+				return hand_up(STAT_UP_LAYOUT);
+		} else {
+			if (!plain_has_nop_nop_ts(p))
+				return hand_up(STAT_UP_LAYOUT);
+			tsval = &p->ts->tsval;
+		}
+		// The connection's hash: its client is the reply's destination.
+		hash = siphash_finish(vip->hash_prefix, p->ip->daddr, p->tcp->dest);
+		if (flags & TCP_SYN) {
+			struct handshake_words *words = bpf_map_lookup_elem(&handshakes, &zero);
+			struct lb_clock *clock = bpf_map_lookup_elem(&lb_clock, &zero);
+
+			// The answer to a recently retried SYN may have to move its load count
+			// (handshakes.rs `on_syn_ack`): userspace does that bookkeeping, as the
+			// core's straight line leaves it to its general server path.
+			if (!words || !clock ||
+			    handshake_retried_recently(words, hash, core_now(clock)))
+				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
+		}
+		msb = bpf_ntohl(*tsval) >> 16;
 		seen = bpf_map_lookup_elem(&msb_seen, &zero);
 		if (!seen || !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
 			return hand_up(STAT_UP_CLOCK);
-		// The connection's hash: its client is the reply's destination.
-		hash = siphash_finish(vip->hash_prefix, p->ip->daddr, p->tcp->dest);
 		cookie = cookie_encode(layout, id, hash, msb);
 	}
 
@@ -307,7 +481,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 
 	if (cheetah) {
 		// The cookie takes the place of the MSB; the low half stays.
-		csum_replace_high_half((__u16 *)&p->ts->tsval, &p->tcp->check, cookie);
+		csum_replace_high_half((__u16 *)tsval, &p->tcp->check, cookie);
 		stat = STAT_FAST_SERVER_COOKIE;
 	} else {
 		stat = STAT_FAST_SERVER_PLAIN;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 //
 // Every map of the LB's XDP program. Userspace (crates/daemon/src/dataplane) writes all
-// but stats and server_traffic, which it reads; the layouts of keys and values are in
+// but stats and server_traffic, which it reads (and seeds policy_state and policy_rng,
+// shares handshakes, msb_seen and msb_restores); the layouts of keys and values are in
 // cheetah_shared.h, mirrored in Rust and checked by shared_layout_tests.rs.
 
 #ifndef CHEETAH_LIB_MAPS_H
@@ -144,6 +145,58 @@ struct {
 	__type(key, __u32);
 	__type(value, struct server_traffic);
 } server_traffic SEC(".maps");
+
+// VIP index -> the weights of its pool positions (wrr VIPs only; cheetah_shared.h).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct vip_weights);
+} vip_weights SEC(".maps");
+
+// VIP index -> this CPU's rr cursor and wrr credits for it, seeded by userspace. Per CPU:
+// every SYN advances it, and a shared cursor would bounce its cache line between CPUs.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct policy_state);
+} policy_state SEC(".maps");
+
+// Server id -> its loads for pow2 (cheetah_shared.h struct server_load), published by
+// userspace from the core's load totals.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SERVER_ID_SPACE);
+	__type(key, __u32);
+	__type(value, struct server_load);
+} server_loads SEC(".maps");
+
+// This CPU's random generator for the random policy, seeded by userspace.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct policy_rng);
+} policy_rng SEC(".maps");
+
+// The core's HandshakeTable, mmapped by userspace (cheetah_shared.h struct
+// handshake_words): one entry holding every word, as msb_seen.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct handshake_words);
+} handshakes SEC(".maps");
+
+// Where the core's clock starts (cheetah_shared.h struct lb_clock), written by userspace.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_clock);
+} lb_clock SEC(".maps");
 
 // IPv4 prefix -> the next hop toward a client there (cheetah_shared.h struct next_hop):
 // the kernel's FIB and neighbour answers, mirrored by userspace so that a server's reply

@@ -93,6 +93,40 @@ static __always_inline int plain_has_nop_nop_ts(const struct plain_tcp *view)
 	return *(__be32 *)view->ts == bpf_htonl(NOP_NOP_TS);
 }
 
+// The SYN and SYN-ACK layouts of the paper's Table 1 (core wire/tcp_options.rs
+// `find_timestamp_fast`), as the little-endian loads of the option bytes the core compares:
+// value and mask of the first 8 bytes, and for the 12-byte layouts the next 4.
+#define SYN_MSS_SACKOK_TS 0x0a08020400000402ull // MSS SAckOK TS
+#define SYN_MSS_NOP_NOP_TS 0x0a08010100000402ull // MSS NOP NOP TS
+#define SYN_MSS_NOP_WS 0x0003030100000402ull     // MSS NOP WScale, then:
+#define SYN_THEN_NOP_NOP_TS 0x0a080101u          //   NOP NOP TS
+#define SYN_THEN_SACKOK_TS 0x0a080204u           //   SAckOK TS
+#define SYN_MASK_8 0xffffffff0000ffffull
+#define SYN_MASK_MSS_NOP_WS 0x00ffffff0000ffffull
+
+// Where a SYN's or SYN-ACK's timestamp option starts within its TCP options if it sits
+// where one of Table 1's layouts puts it (6 or 10), else 0: what the core's one wide
+// compare finds, so the kernel takes a SYN exactly when the core counts OptionsFastPath.
+static __always_inline __u32 syn_timestamp_at(struct xdp_md *ctx, const struct plain_tcp *view)
+{
+	void *data_end = (void *)(long)ctx->data_end;
+	__u8 *options = (__u8 *)view->ts;
+	__u32 options_len = view->tcp->doff * 4 - sizeof(struct tcphdr);
+	__u64 first;
+	__u32 next;
+
+	// parse_plain_tcp put the header within the frame, so this only tells the verifier.
+	if ((void *)(options + 12) > data_end || options_len < 16)
+		return 0;
+	first = *(__u64 *)options;
+	if ((first & SYN_MASK_8) == SYN_MSS_SACKOK_TS || (first & SYN_MASK_8) == SYN_MSS_NOP_NOP_TS)
+		return 6;
+	if (options_len < 20 || (first & SYN_MASK_MSS_NOP_WS) != SYN_MSS_NOP_WS)
+		return 0;
+	next = *(__u32 *)(options + 8);
+	return next == SYN_THEN_NOP_NOP_TS || next == SYN_THEN_SACKOK_TS ? 10 : 0;
+}
+
 // The TCP flags byte (CWR ECE URG ACK PSH RST SYN FIN).
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02

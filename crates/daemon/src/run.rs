@@ -1,6 +1,5 @@
 //! `cheetah run`: the load balancer daemon on real interfaces.
 
-use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,15 +9,14 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use cheetah_core::hash::Secret;
 use cheetah_core::lb::{Ingress, LbShared, Worker, WorkerConfig};
-use cheetah_core::tables::SlotState;
-use cheetah_core::types::ServerId;
 
 use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
+use crate::dataplane::kernel_loads::KernelLoads;
 use crate::dataplane::next_hops::NextHopMirror;
 use crate::dataplane::sides::{log_sides, InterfaceSides, SideSource};
 use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
-use crate::dataplane::xdp_layout::ServerTraffic;
+use crate::dataplane::xdp_policy::PolicySeeds;
 use crate::dataplane::xdp_tables::{Publication, Publisher};
 use crate::dataplane::xsk::WorkerPorts;
 use crate::dataplane::Interface;
@@ -84,10 +82,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Loaded before the control plane is built, whose clock table lives in the program's
     // msb_seen and msb_restores arrays: the kernel restores and learns from the same words.
     let steering = SteeringProgram::load()?;
-    let clock_words = steering.clock_words()?;
-    let plane = persister.restore_with_msb(&file.lb, &secret, &clock, &|layout| {
-        clock_words.table(layout)
+    let kernel_words = steering.kernel_words()?;
+    let plane = persister.restore_with_tables(&file.lb, &secret, &clock, &|layout| {
+        kernel_words.tables(layout)
     })?;
+    // The kernel's handshake bookkeeping keeps the core's time.
+    steering.set_clock_base(clock.monotonic_base_ns())?;
     let state = Arc::new(DaemonState::new(plane, clock, Some(persister)));
     // The API binds before anything touches the interfaces: a bad or busy address stops
     // the start with nothing changed.
@@ -230,7 +230,12 @@ impl DataPlane {
         // the restore fault injected the core turns its straight line off, and so must the
         // kernel, or the fault would hold only for the packets that reach the workers.
         let fast_path = daemon.datapath.fast_path() && !faults.contains(&Fault::SkipTsecrRestore);
-        let mut publisher = Publisher::new();
+        let mut seed = [0u8; 8];
+        let _ = crate::entropy::fill(&mut seed);
+        let seed = u64::from_ne_bytes(seed);
+        // The kernel's CPUs draw random picks too: from generators of their own, seeded
+        // apart from the workers' (`xdp_policy.rs`).
+        let mut publisher = Publisher::with_policy_seeds(PolicySeeds::PerCpu { rng_seed: !seed });
         publish(
             &mut publisher,
             &steering,
@@ -272,14 +277,12 @@ impl DataPlane {
         state.set_interfaces(statuses);
 
         let stop = Arc::new(AtomicBool::new(false));
-        let mut seed = [0u8; 8];
-        let _ = crate::entropy::fill(&mut seed);
         let mut threads = Vec::new();
         for (index, worker_ports) in ports.into_iter().enumerate() {
             let mut config = WorkerConfig::new(index, workers as usize, &file.lb);
             // Replays need fixed seeds; a live LB must not make the same random picks as
             // every other instance.
-            config.seed ^= u64::from_ne_bytes(seed);
+            config.seed ^= seed;
             let mut worker = Worker::new(Arc::clone(&state.shared), config);
             if faults.contains(&Fault::SkipTsecrRestore) {
                 worker.set_restore_tsecr(false);
@@ -333,12 +336,17 @@ impl DataPlane {
         let mut sides = self
             .side_source
             .sides(&self.interface_names, &state.shared.snapshot.load());
-        let mut kernel_traffic = KernelTraffic::default();
+        let mut kernel_loads = KernelLoads::default();
         while !term.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
             rounds += 1;
             if self.fast_path {
-                kernel_traffic.fold(&self.steering, &state.shared);
+                if let Err(e) = kernel_loads.fold(&self.steering, &state.shared) {
+                    tracing::error!(error = %format!("{e:#}"), "cannot read the XDP program's server traffic");
+                }
+                if let Err(e) = kernel_loads.publish_loads(&self.steering, &state.shared) {
+                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's server loads");
+                }
             }
             let every_second = rounds.is_multiple_of(20);
             // On every routing change the kernel announces (seen within one round), and
@@ -418,42 +426,6 @@ fn publish(
         fast_path,
     };
     publisher.publish(steering, &publication)
-}
-
-/// Folds what the XDP program's in-kernel path sent to or received from each server into
-/// the core's load totals, which the load-aware policies read at their workers' next
-/// merge: the per-CPU totals grow from 0 since the program was loaded, and each call adds
-/// what they grew by since the last.
-#[derive(Default)]
-struct KernelTraffic {
-    seen: HashMap<ServerId, ServerTraffic>,
-}
-
-impl KernelTraffic {
-    fn fold(&mut self, steering: &SteeringProgram, shared: &LbShared) {
-        let snapshot = shared.snapshot.load();
-        let ids: Vec<ServerId> = snapshot
-            .servers
-            .iter()
-            .filter(|(_, slot)| slot.state != SlotState::Free)
-            .map(|(id, _)| id)
-            .collect();
-        let totals = match steering.server_traffic(&ids) {
-            Ok(totals) => totals,
-            Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "cannot read the XDP program's server traffic");
-                return;
-            }
-        };
-        for (id, total) in ids.into_iter().zip(totals) {
-            let before = self.seen.insert(id, total).unwrap_or_default();
-            let packets = total.packets.wrapping_sub(before.packets);
-            let bytes = total.bytes.wrapping_sub(before.bytes);
-            if packets != 0 || bytes != 0 {
-                shared.loads.add_traffic(id, packets, bytes);
-            }
-        }
-    }
 }
 
 /// Puts the host's own IPv4 addresses, VIPs left out, into the XDP program's map, so that

@@ -309,7 +309,7 @@ mod tests {
     fn kernel_packets_count_under_every_counter_of_their_bundle() {
         let counters = SteeringCounters::default();
         let stats = SteeringStats {
-            fast: [10, 20, 30, 40],
+            fast: [10, 20, 30, 40, 100, 1000],
             up: [1, 2, 3, 4, 5, 6, 7, 8],
             ..SteeringStats::default()
         };
@@ -318,13 +318,17 @@ mod tests {
             .kernel_events()
             .map(|(c, n)| (c.name(), n))
             .collect();
-        assert_eq!(events["to_server"], 30, "client cookie + client pick");
+        assert_eq!(
+            events["to_server"], 1130,
+            "client cookie + client pick + SYNs (retransmitted or not)"
+        );
         assert_eq!(events["to_client"], 70, "server cookie + server plain");
         assert_eq!(events["fast_path"], 100);
         assert_eq!(events["cookie_routed"], 10);
         assert_eq!(events["cookies_inserted"], 30);
-        assert_eq!(events["options_fast_path"], 40);
-        assert_eq!(events["new_connections"], 0);
+        assert_eq!(events["options_fast_path"], 1140);
+        assert_eq!(events["new_connections"], 1100);
+        assert_eq!(events["syn_retransmissions"], 1000);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

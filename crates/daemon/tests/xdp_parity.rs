@@ -30,9 +30,16 @@
 //! daemon's `NextHopMirror`; the bytes must be the core's either way, and each reply the
 //! kernel handles must have taken its next hop from where the run says.
 //!
+//! A client SYN the kernel places by the VIP's policy is held to the core's pick: each CPU's
+//! policy state is seeded as the core's worker 0 of 1 starts (`PolicySeeds::AsWorker`, the
+//! worker's generator seed), the handshake table is the core's (its words are the program's
+//! `handshakes` array) and the kernel's clock is set to the core's `now` before each packet,
+//! so the server it picked must be the core's (its `server_traffic` moved, `opened` by one,
+//! and the bytes are the core's for that server).
+//!
 //! The test cannot pass by handing everything up: in each cheetah and hash suite the
-//! established client vectors and the replies listed in `MUST_BE_HANDLED_IN_KERNEL` must
-//! have been handled by the kernel.
+//! established client vectors, the SYNs and the replies listed in `MUST_BE_HANDLED_IN_KERNEL`
+//! must have been handled by the kernel.
 //!
 //! The namespace is the test thread's own (`unshare`), so it and its interfaces go away
 //! with the thread whatever happens; the publisher is given the routes and neighbours of
@@ -86,6 +93,15 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-data",
             "server-data-msb-ffff",
             "server-data-id-9000",
+            "syn-linux",
+            "syn-apple",
+            "syn-mss-nop-ws-sackok-ts",
+            "syn-mss-nop-nop-ts",
+            "syn-skips-removed-server",
+            "server-syn-ack",
+            "server-syn-ack-apple-layout",
+            "server-syn-ack-mss-nop-ws-sackok-ts",
+            "server-syn-ack-mss-nop-nop-ts",
         ],
     ),
     (
@@ -167,8 +183,11 @@ fn judge(
         return;
     };
     let stat = FAST_BUNDLES[kernel.fast[0] as usize].0;
+    let syn = stat == STAT_FAST_CLIENT_SYN || stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED;
     let direction_ok = match verdict {
-        Verdict::ToServer(_) => stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK,
+        Verdict::ToServer(_) => {
+            stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK || syn
+        }
         _ => stat == STAT_FAST_SERVER_COOKIE || stat == STAT_FAST_SERVER_PLAIN,
     };
     if !direction_ok {
@@ -205,6 +224,23 @@ fn judge(
         Verdict::ToServer(id) => Some(id.0),
         _ => None,
     };
+    // A SYN the kernel placed: the policy's pick is the core's, counted as opened there.
+    let opened: Vec<(u16, u64)> = kernel
+        .traffic
+        .iter()
+        .filter(|moved| moved.opened != 0)
+        .map(|moved| (moved.server, moved.opened))
+        .collect();
+    let opened_expected: Vec<(u16, u64)> = match (syn, server) {
+        (true, Some(id)) => vec![(id, 1)],
+        _ => Vec::new(),
+    };
+    if opened != opened_expected {
+        fail(format!(
+            "server_traffic.opened moved {opened:?}; expected {opened_expected:?} for the core's {}",
+            verdict_name(verdict)
+        ));
+    }
     let traffic: Vec<u16> = kernel.traffic.iter().map(|moved| moved.server).collect();
     if traffic.len() != 1 || server.is_some_and(|id| traffic != [id]) {
         fail(format!(
@@ -254,7 +290,7 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
             let send = |report: &mut SuiteReport, worker: &mut Worker, what: &str| {
                 // Kernel first, then the core: the order a packet meets them.
                 let kernel = (packet_in.len() >= ETH_HLEN)
-                    .then(|| program.run(topology.servers, &packet_in, &every_id));
+                    .then(|| program.run(topology.servers, &packet_in, &every_id, *now));
                 let mut core_out = packet_in.clone();
                 let verdict = worker.process(&mut core_out, *now, Ingress::ServerSide);
                 match &kernel {

@@ -35,7 +35,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 17;
+const STAT_COUNT: u32 = 19;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
 const STAT_FAST_SERVER_COOKIE: u32 = 6;
@@ -52,10 +52,16 @@ const BACKEND_KEY: u32 = 8; // addr, port, pad
 const BACKEND_INFO: u32 = 4; // server, vip_index
 const LB_CONFIG: u32 = 20; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq
 const VIP_KEY: u32 = 8; // addr, port, protocol, pad
-const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64] = 172, aligned to 8
+const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64], policy, pad[3]
 const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[6]
 const MAC_KEY: u32 = 8; // mac[6], pad
-const SERVER_TRAFFIC: u32 = 16; // packets, bytes
+const SERVER_TRAFFIC: u32 = 32; // packets, bytes, opened, closed
+const VIP_WEIGHTS: u32 = 264; // total, weight[64]
+const POLICY_STATE: u32 = 528; // rr_position, pad, wrr_steps, wrr_base[64]
+const POLICY_RNG: u32 = 32; // s[4]
+const HANDSHAKE_WORDS: u32 = 8 * (1 << 18) + 2 * (1 << 12); // slot[2^18], retry[2^12]
+const LB_CLOCK: u32 = 8; // monotonic_base_ns
+const SERVER_LOAD: u32 = 16; // active, reported
 const NEXT_HOP_KEY: u32 = 8; // prefixlen, addr
 const NEXT_HOP: u32 = 24; // kind, ifindex, mtu, dmac[6], smac[6]
 const MAX_NEXT_HOPS: u32 = 16384;
@@ -109,7 +115,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 17] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 23] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -168,6 +174,33 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             SERVER_ID_SPACE,
             0,
         ),
+        ("vip_weights", MapType::Array, 4, VIP_WEIGHTS, MAX_VIPS, 0),
+        (
+            "policy_state",
+            MapType::PercpuArray,
+            4,
+            POLICY_STATE,
+            MAX_VIPS,
+            0,
+        ),
+        ("policy_rng", MapType::PercpuArray, 4, POLICY_RNG, 1, 0),
+        (
+            "server_loads",
+            MapType::Array,
+            4,
+            SERVER_LOAD,
+            SERVER_ID_SPACE,
+            0,
+        ),
+        (
+            "handshakes",
+            MapType::Array,
+            4,
+            HANDSHAKE_WORDS,
+            1,
+            BPF_F_MMAPABLE,
+        ),
+        ("lb_clock", MapType::Array, 4, LB_CLOCK, 1, 0),
         (
             "next_hops",
             MapType::LpmTrie,

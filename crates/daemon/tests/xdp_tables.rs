@@ -78,10 +78,10 @@ fn the_kernel_forwards_by_the_published_tables_and_the_shared_clock() {
         return;
     }
     let program = SteeringProgram::load().unwrap();
-    let words = program.clock_words().unwrap();
+    let words = program.kernel_words().unwrap();
     let config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 3);
     let plane =
-        ControlPlane::new_with_msb(&config, &Secret([7; 16]), &|layout| words.table(layout))
+        ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout| words.tables(layout))
             .unwrap();
     let shared = plane.shared();
     let server = ServerId(2);

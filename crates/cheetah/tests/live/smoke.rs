@@ -55,7 +55,8 @@ fn scenario(forwarding: &str, prefix: &str, datapath: &str) {
 }
 
 /// With `datapath = "xdp"` the XDP program forwarded established packets itself, both
-/// ways (counted as worker `xdp` under the core's events); with `afxdp` it forwarded none.
+/// ways, and placed SYNs (counted as worker `xdp` under the core's events); with `afxdp` it
+/// forwarded none.
 fn the_kernel_forwarded_only_on_xdp(lb: &Lb, datapath: &str) {
     let metrics = lb.metrics();
     let kernel = |event: &str| {
@@ -74,14 +75,16 @@ fn the_kernel_forwarded_only_on_xdp(lb: &Lb, datapath: &str) {
         &["reason=\"next_hop\""],
     );
     eprintln!(
-        "datapath {datapath}: kernel to_server {} to_client {} cookie_routed {} cookies_inserted {}; handed up {up} ({up_next_hop} for want of a next hop); next-hop misses {next_hop_misses}",
+        "datapath {datapath}: kernel to_server {} to_client {} cookie_routed {} cookies_inserted {} new_connections {}; handed up {up} ({up_next_hop} for want of a next hop); next-hop misses {next_hop_misses}",
         kernel("to_server"),
         kernel("to_client"),
         kernel("cookie_routed"),
-        kernel("cookies_inserted")
+        kernel("cookies_inserted"),
+        kernel("new_connections")
     );
     if datapath == "xdp" {
-        for event in ["to_server", "to_client"] {
+        // The testbed's VIP is rr: the kernel places its SYNs itself.
+        for event in ["to_server", "to_client", "new_connections"] {
             assert!(
                 kernel(event) > 100.0,
                 "the kernel's {event}: {}\n{metrics}",

@@ -84,14 +84,23 @@ pub enum Bundle {
     ServerCookie,
     /// A server reply in a baseline mode (no cookie).
     ServerPlain,
+    /// A client SYN with its timestamp where Table 1 puts it, placed by the VIP's policy.
+    /// The core counts such a SYN counter by counter on its general path; only the XDP
+    /// program's in-kernel path counts it as a bundle (`STAT_FAST_CLIENT_SYN`).
+    ClientSyn,
+    /// [`ClientSyn`](Bundle::ClientSyn) for a SYN the handshake table recognised as
+    /// retransmitted (`STAT_FAST_CLIENT_SYN_RETRANSMITTED`).
+    ClientSynRetransmitted,
 }
 
 impl Bundle {
-    pub const ALL: [Bundle; 4] = [
+    pub const ALL: [Bundle; 6] = [
         Bundle::ClientCookie,
         Bundle::ClientPick,
         Bundle::ServerCookie,
         Bundle::ServerPlain,
+        Bundle::ClientSyn,
+        Bundle::ClientSynRetransmitted,
     ];
     const COUNT: usize = Self::ALL.len();
 
@@ -112,6 +121,17 @@ impl Bundle {
                 Counter::ToClient,
             ],
             Bundle::ServerPlain => &[Counter::FastPath, Counter::ToClient],
+            Bundle::ClientSyn => &[
+                Counter::OptionsFastPath,
+                Counter::NewConnections,
+                Counter::ToServer,
+            ],
+            Bundle::ClientSynRetransmitted => &[
+                Counter::OptionsFastPath,
+                Counter::NewConnections,
+                Counter::SynRetransmissions,
+                Counter::ToServer,
+            ],
         }
     }
 }

@@ -36,6 +36,7 @@
 //! that the common case (no retry) does not pay. A mark shared by two connections only
 //! makes the other's SYN-ACK read the table, which then decides as before.
 
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
 
 use crate::types::{Nanos, ServerId};
@@ -50,7 +51,7 @@ const HOLDER_SHIFT: u32 = 32;
 const HOLDER_MASK: u64 = 0x7fff;
 
 /// Slots of the recent-retry filter (two bytes each).
-const RETRY_SLOTS: usize = 1 << 12;
+pub const RETRY_SLOTS: usize = 1 << 12;
 /// The filter's clock: `now >> RETRY_UNIT_SHIFT`, units of 1.07 s.
 const RETRY_UNIT_SHIFT: u32 = 30;
 /// How long a retry mark lasts: 68.7 s, more than Linux waits for an answer after its
@@ -87,12 +88,61 @@ impl Handshake {
     }
 }
 
-/// Recent SYNs and the server holding each one's load count, shared by all workers.
+/// Recent SYNs and the server holding each one's load count, shared by all workers (and
+/// by the XDP program's in-kernel path, which books SYNs in the same words:
+/// [`with_words`](Self::with_words)).
 pub struct HandshakeTable {
-    slots: Box<[AtomicU64]>,
+    slots: Words<AtomicU64>,
     mask: usize,
     /// When each (hashed) connection last had a SYN retransmitted.
-    retries: Box<[AtomicU16]>,
+    retries: Words<AtomicU16>,
+}
+
+/// A table's words: owned (on the heap), or someone else's that live as long as the
+/// process (a memory-mapped BPF array). One pointer either way, read like a `Box`.
+struct Words<T: 'static> {
+    words: NonNull<[T]>,
+    owned: bool,
+}
+
+// SAFETY: the words are atomics, which any thread may share; an owned array is freed only
+// by the one `Words` that owns it.
+unsafe impl<T: Sync> Send for Words<T> {}
+unsafe impl<T: Sync> Sync for Words<T> {}
+
+impl<T> Words<T> {
+    fn owned(words: Box<[T]>) -> Self {
+        Words {
+            words: NonNull::from(Box::leak(words)),
+            owned: true,
+        }
+    }
+
+    fn borrowed(words: &'static [T]) -> Self {
+        Words {
+            words: NonNull::from(words),
+            owned: false,
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Words<T> {
+    type Target = [T];
+
+    #[inline(always)]
+    fn deref(&self) -> &[T] {
+        // SAFETY: `words` is live: owned and freed only in `drop`, or `'static`.
+        unsafe { self.words.as_ref() }
+    }
+}
+
+impl<T> Drop for Words<T> {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: made by `Box::leak` in `owned`, and dropped only here, once.
+            drop(unsafe { Box::from_raw(self.words.as_ptr()) });
+        }
+    }
 }
 
 impl Default for HandshakeTable {
@@ -106,10 +156,32 @@ impl HandshakeTable {
     pub fn with_slots(slots: usize) -> Self {
         let slots = slots.max(1).next_power_of_two();
         HandshakeTable {
-            slots: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            slots: Words::owned((0..slots).map(|_| AtomicU64::new(0)).collect()),
             mask: slots - 1,
-            retries: (0..RETRY_SLOTS).map(|_| AtomicU16::new(0)).collect(),
+            retries: Words::owned((0..RETRY_SLOTS).map(|_| AtomicU16::new(0)).collect()),
         }
+    }
+
+    /// A table over the caller's words, which live as long as the process: e.g. the XDP
+    /// program's mmapped `handshakes` array, so that the kernel and the workers book SYNs
+    /// in one table. `slots.len()` must be a power of two. The words are cleared: a table
+    /// starts knowing no SYN.
+    pub fn with_words(
+        slots: &'static [AtomicU64],
+        retries: &'static [AtomicU16; RETRY_SLOTS],
+    ) -> Self {
+        assert!(
+            slots.len().is_power_of_two(),
+            "a handshake table has a power of two of slots, not {}",
+            slots.len()
+        );
+        let table = HandshakeTable {
+            slots: Words::borrowed(slots),
+            mask: slots.len() - 1,
+            retries: Words::borrowed(retries),
+        };
+        table.clear();
+        table
     }
 
     /// Forgets every entry (tests and the fuzz harness reuse one table across runs).
@@ -120,6 +192,12 @@ impl HandshakeTable {
         for mark in self.retries.iter() {
             mark.store(0, Relaxed);
         }
+    }
+
+    /// Forgets whatever SYN the slot of `flow_hash` holds (a bench replays one SYN as a
+    /// new one every time).
+    pub fn forget(&self, flow_hash: u64) {
+        self.slot(flow_hash).store(0, Relaxed);
     }
 
     #[inline]
@@ -297,6 +375,21 @@ mod tests {
         assert_eq!(table.on_syn(KEY, B, NOW), None);
         table.clear();
         assert_eq!(table.on_syn(Handshake::new(!HASH, 7), A, NOW), None);
+    }
+
+    #[test]
+    fn a_table_over_borrowed_words_books_in_them() {
+        let slots: &'static [AtomicU64] =
+            Box::leak((0..64).map(|_| AtomicU64::new(u64::MAX)).collect());
+        let retries: &'static [AtomicU16; RETRY_SLOTS] =
+            Box::leak(Box::new(std::array::from_fn(|_| AtomicU16::new(1))));
+        let table = HandshakeTable::with_words(slots, retries);
+        assert!(slots.iter().all(|w| w.load(Relaxed) == 0), "cleared");
+        assert!(retries.iter().all(|w| w.load(Relaxed) == 0), "cleared");
+        table.on_syn(KEY, A, NOW);
+        assert_ne!(slots[HASH as usize & 63].load(Relaxed), 0);
+        assert_eq!(table.on_syn(KEY, B, NOW), Some(A));
+        assert!(retries.iter().any(|w| w.load(Relaxed) != 0));
     }
 
     #[test]

@@ -17,5 +17,5 @@ pub mod worker;
 
 pub use counters::{Bundle, Counter, WorkerCounters};
 pub use ingress::Ingress;
-pub use shared::LbShared;
+pub use shared::{LbShared, SharedTables};
 pub use worker::{Worker, WorkerConfig};

@@ -4,11 +4,29 @@ use std::sync::Arc;
 
 use super::closes::{self, CloseFilter};
 use super::fallback::FallbackTable;
-use super::handshakes::{self, HandshakeTable};
+use super::handshakes::HandshakeTable;
 use crate::cookie::{CookieLayout, MsbTable};
 use crate::hash::{FlowHasher, Secret};
 use crate::policy::SharedLoads;
 use crate::tables::{Snapshot, SnapshotCell};
+
+/// The tables of an [`LbShared`] that may live in memory the XDP program shares (the
+/// clock table's packet words, the handshake table), made for a plane by the caller of
+/// `ControlPlane::new_with_tables` for the config's cookie layout.
+pub struct SharedTables {
+    pub msb: MsbTable,
+    pub handshakes: HandshakeTable,
+}
+
+impl SharedTables {
+    /// Both tables in this process's own memory, at their default sizes.
+    pub fn new(layout: CookieLayout) -> Self {
+        SharedTables {
+            msb: MsbTable::new(layout),
+            handshakes: HandshakeTable::default(),
+        }
+    }
+}
 
 /// What all workers read (and, for loads, server clocks, handshakes, closes and the fallback
 /// table, write rarely): the published tables, the merged load counters, the per-server
@@ -39,12 +57,10 @@ impl LbShared {
         snapshot: Snapshot,
         fallback_capacity: usize,
     ) -> Self {
-        Self::with_sizes(
+        Self::with_tables(
             secret,
-            MsbTable::new(layout),
+            SharedTables::new(layout),
             snapshot,
-            handshakes::DEFAULT_SLOTS,
-            closes::DEFAULT_SLOTS,
             fallback_capacity,
         )
     }
@@ -58,23 +74,26 @@ impl LbShared {
         slots: usize,
         fallback_capacity: usize,
     ) -> Self {
-        let msb = MsbTable::new(layout);
-        Self::with_sizes(secret, msb, snapshot, slots, slots, fallback_capacity)
+        let tables = SharedTables {
+            msb: MsbTable::new(layout),
+            handshakes: HandshakeTable::with_slots(slots),
+        };
+        Self::with_sizes(secret, tables, snapshot, slots, fallback_capacity)
     }
 
-    /// [`new`](LbShared::new) with the clock table `msb` (e.g. one over words shared with
-    /// the XDP program, [`MsbTable::with_words`]); the cookie layout is `msb`'s.
-    pub fn with_msb(
+    /// [`new`](LbShared::new) with `tables` (e.g. over words shared with the XDP program,
+    /// [`MsbTable::with_words`], [`HandshakeTable::with_words`]); the cookie layout is
+    /// the clock table's.
+    pub fn with_tables(
         secret: &Secret,
-        msb: MsbTable,
+        tables: SharedTables,
         snapshot: Snapshot,
         fallback_capacity: usize,
     ) -> Self {
         Self::with_sizes(
             secret,
-            msb,
+            tables,
             snapshot,
-            handshakes::DEFAULT_SLOTS,
             closes::DEFAULT_SLOTS,
             fallback_capacity,
         )
@@ -82,18 +101,18 @@ impl LbShared {
 
     fn with_sizes(
         secret: &Secret,
-        msb: MsbTable,
+        tables: SharedTables,
         snapshot: Snapshot,
-        handshake_slots: usize,
         close_slots: usize,
         fallback_capacity: usize,
     ) -> Self {
+        let SharedTables { msb, handshakes } = tables;
         let layout = msb.layout();
         LbShared {
             snapshot: SnapshotCell::new(snapshot),
             loads: Arc::new(SharedLoads::new()),
             msb,
-            handshakes: HandshakeTable::with_slots(handshake_slots),
+            handshakes,
             closes: CloseFilter::with_slots(close_slots),
             fallback: FallbackTable::with_capacity(fallback_capacity),
             hasher: FlowHasher::new(secret),

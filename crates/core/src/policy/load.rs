@@ -169,6 +169,19 @@ impl SharedLoads {
         self.add(id, &delta);
     }
 
+    /// Adds what the XDP program's in-kernel path counted for `id` since the last call:
+    /// `opened` connections it placed there (each as a policy's pick: +1 active, +1 new
+    /// connection) and `closed` counts it released (each as a counted close or a
+    /// retransmitted SYN's earlier pick: -1 active), clamped as any worker's merge is.
+    pub fn add_kernel_counts(&self, id: ServerId, opened: u64, closed: u64) {
+        let delta = PendingDelta {
+            active: (opened as i64).wrapping_sub(closed as i64),
+            new_connections: opened,
+            ..PendingDelta::default()
+        };
+        self.add(id, &delta);
+    }
+
     /// Adds one worker's deltas to the totals of `id`.
     fn add(&self, id: ServerId, delta: &PendingDelta) {
         let server = &self.servers[id.index()];
@@ -597,6 +610,18 @@ mod tests {
         second.on_new_connection(A);
         assert_eq!(first.view().active_connections(A), 2);
         assert_eq!(second.view().active_connections(A), 2);
+    }
+
+    #[test]
+    fn kernel_counts_add_as_a_workers_picks_and_closes_do() {
+        let (shared, mut first, _) = two_workers();
+        shared.add_kernel_counts(A, 3, 1);
+        first.merge(MERGE_INTERVAL);
+        assert_eq!(first.view().active_connections(A), 2);
+        assert_eq!(shared.server(A).new_connections, 3);
+        // More released than opened: clamped at 0, as a worker's extra closes are.
+        shared.add_kernel_counts(A, 0, 5);
+        assert_eq!(shared.server(A).active_connections, 0);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Uniform random choice: every pool member is equally likely, independent of load.
 
-use rand_core::RngCore;
+use rand_core::{RngCore, SeedableRng};
+use rand_xoshiro::SplitMix64;
 
 use crate::policy::{PickContext, Policy, PolicyKind, PolicyRng};
 use crate::types::ServerId;
@@ -21,6 +22,15 @@ impl Policy for Random {
         }
         Some(servers[uniform_below(ctx.rng, servers.len())])
     }
+}
+
+/// The Xoshiro256++ state words of `PolicyRng::seed_from_u64(seed)`, for a generator kept
+/// elsewhere (the XDP program's, per CPU) that must draw what this one draws:
+/// `seed_from_u64` fills the state from SplitMix64, as little-endian words.
+pub fn rng_state(seed: u64) -> [u64; 4] {
+    let mut bytes = [0u8; 32];
+    SplitMix64::seed_from_u64(seed).fill_bytes(&mut bytes);
+    std::array::from_fn(|i| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().unwrap()))
 }
 
 /// A uniformly distributed integer in `0..bound` (`bound > 0`), without modulo bias.
@@ -89,6 +99,22 @@ mod tests {
             .count();
         // Expected a third (20_000), standard deviation ~115; modulo would give ~30_000.
         assert!((19_400..=20_600).contains(&low), "{low}");
+    }
+
+    #[test]
+    fn rng_state_is_the_state_seed_from_u64_starts_in() {
+        for seed in [0, 1, 0x5eed_0000, u64::MAX] {
+            let state = rng_state(seed);
+            let mut bytes = [0u8; 32];
+            for (i, word) in state.iter().enumerate() {
+                bytes[8 * i..8 * i + 8].copy_from_slice(&word.to_le_bytes());
+            }
+            let mut copy = PolicyRng::from_seed(bytes);
+            let mut original = PolicyRng::seed_from_u64(seed);
+            for _ in 0..100 {
+                assert_eq!(copy.next_u64(), original.next_u64(), "seed {seed}");
+            }
+        }
     }
 
     #[test]

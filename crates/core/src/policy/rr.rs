@@ -19,6 +19,14 @@ impl RoundRobin {
     }
 }
 
+impl RoundRobin {
+    /// The pool position the next pick takes (if it is in the pool): the state a copy of
+    /// this instance elsewhere (the XDP program's, per CPU) starts from.
+    pub fn cursor(&self) -> usize {
+        self.cursor
+    }
+}
+
 impl Policy for RoundRobin {
     fn kind(&self) -> PolicyKind {
         PolicyKind::RoundRobin

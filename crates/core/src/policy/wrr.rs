@@ -44,6 +44,12 @@ impl SmoothWeights {
         self.total = total;
     }
 
+    /// Each pool position's credit: with the weights, the whole state of the cycle (the
+    /// XDP program's copy starts from it).
+    pub fn credits(&self) -> &[i64] {
+        &self.credits
+    }
+
     /// Number of pool positions.
     pub fn len(&self) -> usize {
         self.weights.len()
@@ -97,6 +103,13 @@ impl WeightedRoundRobin {
         WeightedRoundRobin {
             weights: SmoothWeights::for_worker(&pool.weights, worker),
         }
+    }
+}
+
+impl WeightedRoundRobin {
+    /// The credit state of this instance's cycle.
+    pub fn smooth_weights(&self) -> &SmoothWeights {
+        &self.weights
     }
 }
 

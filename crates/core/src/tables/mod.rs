@@ -10,8 +10,8 @@ pub mod servers;
 pub mod snapshot;
 
 pub use control::{
-    ControlError, ControlPlane, ControlState, Health, MsbMaker, QuarantineRestore, SavedMember,
-    SavedServer, SavedServerState, SavedVip, ServerSpec,
+    ControlError, ControlPlane, ControlState, Health, QuarantineRestore, SavedMember, SavedServer,
+    SavedServerState, SavedVip, ServerSpec, TablesMaker,
 };
 pub use servers::{AllServers, ServerSlot, SlotState};
 pub use snapshot::{Snapshot, SnapshotCell, VipEntry, VipSlot};

@@ -5,6 +5,7 @@ pub mod egress;
 pub mod host;
 pub mod host_addrs;
 pub mod io_counters;
+pub mod kernel_loads;
 pub mod meta;
 pub mod neighbour;
 pub mod next_hops;
@@ -16,6 +17,7 @@ pub mod sides;
 pub mod worker_loop;
 pub mod xdp;
 pub mod xdp_layout;
+pub mod xdp_policy;
 pub mod xdp_tables;
 pub mod xsk;
 

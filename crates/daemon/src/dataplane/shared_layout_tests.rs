@@ -114,6 +114,21 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("STAT_UP_OTHER", STAT_UP_OTHER as usize),
         ("STAT_NEXT_HOP_MISS", STAT_NEXT_HOP_MISS as usize),
         ("STAT_UP_PUBLISHING", STAT_UP_PUBLISHING as usize),
+        ("STAT_FAST_CLIENT_SYN", STAT_FAST_CLIENT_SYN as usize),
+        (
+            "STAT_FAST_CLIENT_SYN_RETRANSMITTED",
+            STAT_FAST_CLIENT_SYN_RETRANSMITTED as usize,
+        ),
+        ("KERNEL_POLICY_NONE", KERNEL_POLICY_NONE as usize),
+        ("KERNEL_POLICY_RR", KERNEL_POLICY_RR as usize),
+        ("KERNEL_POLICY_WRR", KERNEL_POLICY_WRR as usize),
+        ("KERNEL_POLICY_RANDOM", KERNEL_POLICY_RANDOM as usize),
+        ("KERNEL_POLICY_HASH", KERNEL_POLICY_HASH as usize),
+        ("KERNEL_POLICY_POW2", KERNEL_POLICY_POW2 as usize),
+        ("LOAD_METRIC_ACTIVE", LOAD_METRIC_ACTIVE as usize),
+        ("LOAD_METRIC_REPORTED", LOAD_METRIC_REPORTED as usize),
+        ("HANDSHAKE_SLOTS", HANDSHAKE_SLOTS),
+        ("HANDSHAKE_RETRY_SLOTS", HANDSHAKE_RETRY_SLOTS),
         (
             "STAT_COUNT",
             stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1,
@@ -141,6 +156,12 @@ fn rust_side() -> BTreeMap<String, u64> {
     // Sizes the core's clock table and the kernel's arrays must share.
     assert_eq!(SERVER_ID_SPACE, ServerId::SPACE);
     assert_eq!(COOKIE_SPACE, COOKIES);
+    // The kernel's handshake table is the core's default one.
+    assert_eq!(HANDSHAKE_SLOTS, cheetah_core::lb::handshakes::DEFAULT_SLOTS);
+    assert_eq!(
+        HANDSHAKE_RETRY_SLOTS,
+        cheetah_core::lb::handshakes::RETRY_SLOTS
+    );
     let mut values: Vec<(String, usize)> = values
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))
@@ -175,7 +196,10 @@ fn rust_side() -> BTreeMap<String, u64> {
         backend_port,
         index,
         pool_len,
-        pool
+        pool,
+        policy,
+        load_metric,
+        pad
     ));
     values.extend(layout!(
         ServerInfo,
@@ -201,7 +225,32 @@ fn rust_side() -> BTreeMap<String, u64> {
         ServerTraffic,
         "struct server_traffic",
         packets,
-        bytes
+        bytes,
+        opened,
+        closed
+    ));
+    values.extend(layout!(VipWeights, "struct vip_weights", total, weight));
+    values.extend(layout!(
+        PolicyState,
+        "struct policy_state",
+        rr_position,
+        pad,
+        wrr_steps,
+        wrr_base
+    ));
+    values.extend(layout!(PolicyRngState, "struct policy_rng", s));
+    values.extend(layout!(
+        HandshakeWords,
+        "struct handshake_words",
+        slot,
+        retry
+    ));
+    values.extend(layout!(LbClock, "struct lb_clock", monotonic_base_ns));
+    values.extend(layout!(
+        ServerLoadValue,
+        "struct server_load",
+        active,
+        reported
     ));
     values
         .into_iter()

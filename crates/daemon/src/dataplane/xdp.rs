@@ -13,11 +13,14 @@ use std::sync::OnceLock;
 use cheetah_core::cookie::msb::COOKIES;
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::cookie::{MsbTable, SharedWords};
+use cheetah_core::lb::handshakes::HandshakeTable;
+use cheetah_core::lb::SharedTables;
 use cheetah_core::types::ServerId;
 
 use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
-    LbConfigValue, ServerTraffic, FAST_BUNDLES, STAT_NEXT_HOP_MISS, UP_REASONS,
+    Encode, HandshakeWords, LbClock, LbConfigValue, PolicyRngState, PolicyState, ServerLoadValue,
+    ServerTraffic, FAST_BUNDLES, STAT_NEXT_HOP_MISS, UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -58,7 +61,7 @@ pub struct SteeringStats {
     pub passed_to_host: u64,
     pub no_metadata_room: u64,
     /// Packets the in-kernel path handled, by `STAT_FAST_*` (`xdp_layout::FAST_BUNDLES`).
-    pub fast: [u64; 4],
+    pub fast: [u64; FAST_BUNDLES.len()],
     /// Packets the in-kernel path handed to userspace, by `xdp_layout::UP_REASONS`.
     pub up: [u64; UP_REASONS.len()],
     /// Replies whose next hop the kernel asked `bpf_fib_lookup` for (not in `next_hops`).
@@ -99,7 +102,7 @@ impl SteeringProgram {
             return Ok(seq.open());
         }
         const WORDS: usize = std::mem::size_of::<LbConfigValue>() / 4;
-        let words: &'static [AtomicU32; WORDS] = self.mmap_words("lb_config")?;
+        let words: &'static [AtomicU32; WORDS] = self.mmap_value("lb_config")?;
         let word = &words[std::mem::offset_of!(LbConfigValue, publish_seq) / 4];
         Ok(self
             .publish_seq
@@ -125,38 +128,41 @@ impl SteeringProgram {
             .with_context(|| format!("map {name} is missing from the XDP program"))
     }
 
-    /// The program's `msb_seen` and `msb_restores` arrays, mapped into this process for
-    /// the core's clock table (`MsbTable::with_words`): the kernel reads the words the
-    /// workers and the control thread write.
+    /// The program's `msb_seen`, `msb_restores` and `handshakes` arrays, mapped into this
+    /// process for the core's clock and handshake tables (`MsbTable::with_words`,
+    /// `HandshakeTable::with_words`): the kernel reads and writes the words the workers
+    /// and the control thread do.
     ///
-    /// The mappings are never unmapped: the table they back lives in the `LbShared` that
+    /// The mappings are never unmapped: the tables they back live in the `LbShared` that
     /// every thread holds until the process exits, so no point is safe to unmap them, and
     /// a mapping keeps its map alive even once the program object is gone. It is done once
-    /// per process (320 KiB).
-    pub fn clock_words(&self) -> anyhow::Result<ClockWords> {
-        Ok(ClockWords {
-            seen: self.mmap_words("msb_seen")?,
-            restores: self.mmap_words("msb_restores")?,
+    /// per process (320 KiB and 2 MiB).
+    pub fn kernel_words(&self) -> anyhow::Result<KernelWords> {
+        Ok(KernelWords {
+            seen: self.mmap_value("msb_seen")?,
+            restores: self.mmap_value("msb_restores")?,
+            handshakes: self.mmap_value("handshakes")?,
         })
     }
 
-    fn mmap_words<const N: usize>(&self, name: &str) -> anyhow::Result<&'static [AtomicU32; N]> {
+    /// The one value of the mmapable array `name`, as a `T` made of atomics.
+    fn mmap_value<T>(&self, name: &str) -> anyhow::Result<&'static T> {
         let map = self.try_map(name)?;
-        // One entry holding every word: an array's entries are 8 bytes apart, so N entries
-        // of 4 bytes would not be the contiguous words the table indexes.
-        if map.max_entries() != 1 || map.value_size() as usize != N * 4 {
+        let size = std::mem::size_of::<T>();
+        // One entry holding every word: an array's entries are 8 bytes apart, so one entry
+        // per word would not be the contiguous words the table indexes.
+        if map.max_entries() != 1 || map.value_size() as usize != size {
             bail!(
-                "map {name} holds {} values of {} bytes; mapping it as words needs one of {} (its {N} words)",
+                "map {name} holds {} values of {} bytes; mapping it needs one of {size}",
                 map.max_entries(),
                 map.value_size(),
-                N * 4
             );
         }
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let len = (N * 4).div_ceil(page) * page;
-        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose first N * 4 bytes
-        // are its one value, the N words; the kernel refuses the call for any other map.
+        let len = size.div_ceil(page) * page;
+        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose first `size` bytes
+        // are its one value; the kernel refuses the call for any other map.
         let at = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -171,9 +177,79 @@ impl SteeringProgram {
             return Err(std::io::Error::last_os_error())
                 .with_context(|| format!("cannot mmap the XDP program's {name} map"));
         }
-        // SAFETY: page-aligned, N * 4 bytes long, mapped for the rest of the process (see
-        // `clock_words`); AtomicU32 has u32's layout, and the kernel's accesses are atomic.
-        Ok(unsafe { &*(at as *const [AtomicU32; N]) })
+        // SAFETY: page-aligned, `size` bytes long, mapped for the rest of the process (see
+        // `kernel_words`); every `T` here is made of atomics with their integers' layout
+        // (the C struct's, by shared_layout_tests), and the kernel's accesses are atomic.
+        Ok(unsafe { &*(at as *const T) })
+    }
+
+    /// Tells the program where the core's clock starts (`struct lb_clock`): the
+    /// CLOCK_MONOTONIC reading at which the core's `now` was 0.
+    pub fn set_clock_base(&self, monotonic_base_ns: u64) -> anyhow::Result<()> {
+        let value = LbClock { monotonic_base_ns };
+        self.map("lb_clock")
+            .update(&0u32.to_ne_bytes(), &value.to_bytes(), MapFlags::ANY)
+            .context("cannot update lb_clock")
+    }
+
+    /// Sets what pow2 in the kernel compares for server `id` (`server_loads`).
+    pub fn set_server_load(&self, id: ServerId, load: &ServerLoadValue) -> anyhow::Result<()> {
+        self.map("server_loads")
+            .update(
+                &(id.0 as u32).to_ne_bytes(),
+                &load.to_bytes(),
+                MapFlags::ANY,
+            )
+            .context("cannot update server_loads")
+    }
+
+    /// This many CPUs have a share of each per-CPU map (libbpf's possible CPUs).
+    pub fn possible_cpus(&self) -> anyhow::Result<usize> {
+        libbpf_rs::num_possible_cpus().context("cannot count the possible CPUs")
+    }
+
+    /// Each CPU's instance of the policy of the VIP with index `vip` (`policy_state`).
+    pub fn policy_state(&self, vip: u16) -> anyhow::Result<Vec<PolicyState>> {
+        let per_cpu = self
+            .map("policy_state")
+            .lookup_percpu(&(vip as u32).to_ne_bytes(), MapFlags::ANY)
+            .context("cannot read policy_state")?
+            .unwrap_or_default();
+        Ok(per_cpu.iter().map(|v| PolicyState::read(v)).collect())
+    }
+
+    /// Sets each CPU's instance of the policy of the VIP with index `vip`, one per
+    /// possible CPU.
+    pub fn set_policy_state(&self, vip: u16, per_cpu: &[PolicyState]) -> anyhow::Result<()> {
+        let values: Vec<Vec<u8>> = per_cpu.iter().map(Encode::to_bytes).collect();
+        self.map("policy_state")
+            .update_percpu(&(vip as u32).to_ne_bytes(), &values, MapFlags::ANY)
+            .context("cannot update policy_state")
+    }
+
+    /// Each CPU's random generator (`policy_rng`).
+    pub fn policy_rng(&self) -> anyhow::Result<Vec<PolicyRngState>> {
+        let per_cpu = self
+            .map("policy_rng")
+            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .context("cannot read policy_rng")?
+            .unwrap_or_default();
+        Ok(per_cpu
+            .iter()
+            .map(|v| PolicyRngState {
+                s: std::array::from_fn(|i| {
+                    u64::from_ne_bytes(v[8 * i..8 * i + 8].try_into().unwrap())
+                }),
+            })
+            .collect())
+    }
+
+    /// Seeds each CPU's random generator, one state per possible CPU.
+    pub fn set_policy_rng(&self, per_cpu: &[PolicyRngState]) -> anyhow::Result<()> {
+        let values: Vec<Vec<u8>> = per_cpu.iter().map(Encode::to_bytes).collect();
+        self.map("policy_rng")
+            .update_percpu(&0u32.to_ne_bytes(), &values, MapFlags::ANY)
+            .context("cannot update policy_rng")
     }
 
     fn program(&self) -> libbpf_rs::Program<'_> {
@@ -334,33 +410,35 @@ impl SteeringProgram {
                     .lookup_percpu(&(id.0 as u32).to_ne_bytes(), MapFlags::ANY)
                     .context("cannot read the XDP program's server_traffic")?
                     .unwrap_or_default();
-                Ok(per_cpu.iter().map(|cpu| ServerTraffic::read(cpu)).fold(
-                    ServerTraffic::default(),
-                    |sum, cpu| ServerTraffic {
-                        packets: sum.packets.wrapping_add(cpu.packets),
-                        bytes: sum.bytes.wrapping_add(cpu.bytes),
-                    },
-                ))
+                Ok(per_cpu
+                    .iter()
+                    .map(|cpu| ServerTraffic::read(cpu))
+                    .fold(ServerTraffic::default(), ServerTraffic::wrapping_add))
             })
             .collect()
     }
 }
 
-/// The XDP program's clock words, mapped for the rest of the process.
+/// The XDP program's clock and handshake words, mapped for the rest of the process.
 #[derive(Clone, Copy)]
-pub struct ClockWords {
+pub struct KernelWords {
     seen: &'static [AtomicU32; ServerId::SPACE],
     restores: &'static [AtomicU32; COOKIES],
+    handshakes: &'static HandshakeWords,
 }
 
-impl ClockWords {
-    /// A clock table over these words (for `ControlPlane::new_with_msb`).
-    pub fn table(self, layout: CookieLayout) -> MsbTable {
-        MsbTable::with_words(
-            layout,
-            SharedWords::borrowed(self.seen),
-            SharedWords::borrowed(self.restores),
-        )
+impl KernelWords {
+    /// A clock table and a handshake table over these words (for
+    /// `ControlPlane::new_with_tables`), which they clear.
+    pub fn tables(self, layout: CookieLayout) -> SharedTables {
+        SharedTables {
+            msb: MsbTable::with_words(
+                layout,
+                SharedWords::borrowed(self.seen),
+                SharedWords::borrowed(self.restores),
+            ),
+            handshakes: HandshakeTable::with_words(&self.handshakes.slot, &self.handshakes.retry),
+        }
     }
 }
 

@@ -23,6 +23,22 @@ pub const LB_MODE_MAGLEV: u8 = 2;
 pub const LB_FORWARDING_L2: u8 = 0;
 pub const LB_FORWARDING_NAT: u8 = 1;
 
+/// `vip_info.policy`: the policy the kernel places a VIP's SYNs by (NONE: userspace).
+pub const KERNEL_POLICY_NONE: u8 = 0;
+pub const KERNEL_POLICY_RR: u8 = 1;
+pub const KERNEL_POLICY_WRR: u8 = 2;
+pub const KERNEL_POLICY_RANDOM: u8 = 3;
+pub const KERNEL_POLICY_HASH: u8 = 4;
+pub const KERNEL_POLICY_POW2: u8 = 5;
+/// `vip_info.load_metric`: which of `struct server_load`'s loads pow2 compares.
+pub const LOAD_METRIC_ACTIVE: u8 = 0;
+pub const LOAD_METRIC_REPORTED: u8 = 1;
+
+/// The handshake table the kernel shares (`struct handshake_words`): the core's default
+/// size, and its retry filter.
+pub const HANDSHAKE_SLOTS: usize = 1 << 18;
+pub const HANDSHAKE_RETRY_SLOTS: usize = 1 << 12;
+
 pub const SERVER_FORWARDS: u32 = 1 << 0;
 pub const SERVER_EGRESS: u32 = 1 << 1;
 
@@ -34,11 +50,16 @@ pub const STAT_FAST_SERVER_COOKIE: u32 = 6;
 pub const STAT_FAST_SERVER_PLAIN: u32 = 7;
 /// Each `STAT_FAST_*` counter and the core bundle its packets stand for: metrics add it to
 /// every counter of the bundle (`Bundle::counters`), under the core's names.
-pub const FAST_BUNDLES: [(u32, Bundle); 4] = [
+pub const FAST_BUNDLES: [(u32, Bundle); 6] = [
     (STAT_FAST_CLIENT_COOKIE, Bundle::ClientCookie),
     (STAT_FAST_CLIENT_PICK, Bundle::ClientPick),
     (STAT_FAST_SERVER_COOKIE, Bundle::ServerCookie),
     (STAT_FAST_SERVER_PLAIN, Bundle::ServerPlain),
+    (STAT_FAST_CLIENT_SYN, Bundle::ClientSyn),
+    (
+        STAT_FAST_CLIENT_SYN_RETRANSMITTED,
+        Bundle::ClientSynRetransmitted,
+    ),
 ];
 
 /// Why the kernel handed a packet it looked at to userspace, one reason per packet.
@@ -53,7 +74,10 @@ pub const STAT_UP_OTHER: u32 = 14;
 pub const STAT_NEXT_HOP_MISS: u32 = 15;
 /// A packet that raced a publication (`lb_config.publish_seq` moved): handed up whole.
 pub const STAT_UP_PUBLISHING: u32 = 16;
-pub const STAT_COUNT: u32 = 17;
+/// Client SYNs the kernel placed by the VIP's policy (retransmitted ones apart).
+pub const STAT_FAST_CLIENT_SYN: u32 = 17;
+pub const STAT_FAST_CLIENT_SYN_RETRANSMITTED: u32 = 18;
+pub const STAT_COUNT: u32 = 19;
 
 pub const MAX_NEXT_HOPS: usize = 16384;
 pub const NEXT_HOP_FIB: u32 = 0;
@@ -159,6 +183,9 @@ pub struct VipInfo {
     pub index: u16,
     pub pool_len: u16,
     pub pool: [u16; MAX_HASH_POOL],
+    pub policy: u8,
+    pub load_metric: u8,
+    pub pad: [u8; 2],
 }
 
 impl Encode for VipInfo {
@@ -177,6 +204,8 @@ impl Encode for VipInfo {
             .put(offset_of!(Self, index), &self.index.to_ne_bytes())
             .put(offset_of!(Self, pool_len), &self.pool_len.to_ne_bytes())
             .put(offset_of!(Self, pool), &pool)
+            .put(offset_of!(Self, policy), &[self.policy])
+            .put(offset_of!(Self, load_metric), &[self.load_metric])
             .0
     }
 }
@@ -303,6 +332,8 @@ impl Encode for NextHop {
 pub struct ServerTraffic {
     pub packets: u64,
     pub bytes: u64,
+    pub opened: u64,
+    pub closed: u64,
 }
 
 impl ServerTraffic {
@@ -312,7 +343,147 @@ impl ServerTraffic {
         ServerTraffic {
             packets: word(offset_of!(Self, packets)),
             bytes: word(offset_of!(Self, bytes)),
+            opened: word(offset_of!(Self, opened)),
+            closed: word(offset_of!(Self, closed)),
         }
+    }
+
+    /// Field by field, wrapping: sums over CPUs, and differences since an earlier reading.
+    pub fn wrapping_add(self, other: Self) -> Self {
+        ServerTraffic {
+            packets: self.packets.wrapping_add(other.packets),
+            bytes: self.bytes.wrapping_add(other.bytes),
+            opened: self.opened.wrapping_add(other.opened),
+            closed: self.closed.wrapping_add(other.closed),
+        }
+    }
+
+    pub fn wrapping_sub(self, other: Self) -> Self {
+        ServerTraffic {
+            packets: self.packets.wrapping_sub(other.packets),
+            bytes: self.bytes.wrapping_sub(other.bytes),
+            opened: self.opened.wrapping_sub(other.opened),
+            closed: self.closed.wrapping_sub(other.closed),
+        }
+    }
+}
+
+/// `struct vip_weights`: a wrr VIP's weight per pool position (each at least 1) and their sum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VipWeights {
+    pub total: i64,
+    pub weight: [u32; MAX_HASH_POOL],
+}
+
+impl Encode for VipWeights {
+    fn to_bytes(&self) -> Vec<u8> {
+        let weight: Vec<u8> = self.weight.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, total), &self.total.to_ne_bytes())
+            .put(offset_of!(Self, weight), &weight)
+            .0
+    }
+}
+
+/// `struct policy_state`: one CPU's rr cursor and wrr credits for one VIP (credit[i] =
+/// wrr_base[i] + wrr_steps * weight[i]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyState {
+    pub rr_position: u32,
+    pub pad: u32,
+    pub wrr_steps: u64,
+    pub wrr_base: [i64; MAX_HASH_POOL],
+}
+
+impl Encode for PolicyState {
+    fn to_bytes(&self) -> Vec<u8> {
+        let base: Vec<u8> = self.wrr_base.iter().flat_map(|c| c.to_ne_bytes()).collect();
+        Bytes::of::<Self>()
+            .put(
+                offset_of!(Self, rr_position),
+                &self.rr_position.to_ne_bytes(),
+            )
+            .put(offset_of!(Self, wrr_steps), &self.wrr_steps.to_ne_bytes())
+            .put(offset_of!(Self, wrr_base), &base)
+            .0
+    }
+}
+
+impl PolicyState {
+    /// One CPU's value as the kernel returns it.
+    pub fn read(bytes: &[u8]) -> Self {
+        let word = |at: usize| u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap());
+        let base = offset_of!(Self, wrr_base);
+        PolicyState {
+            rr_position: u32::from_ne_bytes(bytes[..4].try_into().unwrap()),
+            pad: 0,
+            wrr_steps: word(offset_of!(Self, wrr_steps)),
+            wrr_base: std::array::from_fn(|i| word(base + 8 * i) as i64),
+        }
+    }
+
+    /// The wrr credits this state stands for, given the VIP's weights.
+    pub fn wrr_credits(&self, weights: &[u32]) -> Vec<i64> {
+        weights
+            .iter()
+            .zip(&self.wrr_base)
+            .map(|(&w, &base)| {
+                (base as u64).wrapping_add(self.wrr_steps.wrapping_mul(w as u64)) as i64
+            })
+            .collect()
+    }
+}
+
+/// `struct policy_rng`: one CPU's Xoshiro256++ state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyRngState {
+    pub s: [u64; 4],
+}
+
+impl Encode for PolicyRngState {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.s.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+}
+
+/// `struct handshake_words`: the handshake table's slots, then its retry filter.
+#[repr(C)]
+pub struct HandshakeWords {
+    pub slot: [std::sync::atomic::AtomicU64; HANDSHAKE_SLOTS],
+    pub retry: [std::sync::atomic::AtomicU16; HANDSHAKE_RETRY_SLOTS],
+}
+
+/// `struct server_load`: a server's loads as pow2 compares them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerLoadValue {
+    pub active: u64,
+    /// `f64::to_bits` of a non-negative load, +0.0 for zero.
+    pub reported: u64,
+}
+
+impl Encode for ServerLoadValue {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, active), &self.active.to_ne_bytes())
+            .put(offset_of!(Self, reported), &self.reported.to_ne_bytes())
+            .0
+    }
+}
+
+/// `struct lb_clock`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LbClock {
+    pub monotonic_base_ns: u64,
+}
+
+impl Encode for LbClock {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.monotonic_base_ns.to_ne_bytes().to_vec()
     }
 }
 
@@ -348,12 +519,16 @@ mod tests {
             pad: 9,
         };
         assert_eq!(key.to_bytes(), [10, 0, 0, 100, 0, 80, 6, 0]);
-        let info = ServerTraffic::read(&[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        let words: Vec<u8> = (1u8..=4).flat_map(|w| [w, 0, 0, 0, 0, 0, 0, 0]).collect();
+        let info = ServerTraffic::read(&words);
+        let word = |w: u8| u64::from_ne_bytes([w, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(
             info,
             ServerTraffic {
-                packets: u64::from_ne_bytes([1, 0, 0, 0, 0, 0, 0, 0]),
-                bytes: u64::from_ne_bytes([2, 0, 0, 0, 0, 0, 0, 0])
+                packets: word(1),
+                bytes: word(2),
+                opened: word(3),
+                closed: word(4),
             }
         );
     }

@@ -1,7 +1,8 @@
 //! Publishes the core's tables into the XDP program's maps, so its in-kernel path
 //! (`bpf/lib/fast_path.h`) forwards exactly as the core would, and its steering knows the
-//! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `servers`,
-//! `server_macs`, `backends` and `server_side`.
+//! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `vip_weights`,
+//! `servers`, `server_macs`, `backends` and `server_side`; and, on every new snapshot, the
+//! per-CPU policy state the kernel's SYN path starts from (`xdp_policy.rs`).
 //!
 //! [`wanted`] works out every map's entries from a snapshot, the LB's interfaces and their
 //! sides, and the kernel's routes and neighbours (a server's egress is resolved by the same
@@ -17,6 +18,7 @@ use anyhow::Context;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::lb::Ingress;
+use cheetah_core::policy::{LoadMetric, PolicyKind};
 use cheetah_core::tables::{SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
 
@@ -24,6 +26,7 @@ use super::egress;
 use super::publish_window::LazyWindow;
 use super::xdp::SteeringProgram;
 use super::xdp_layout::*;
+use super::xdp_policy::{PolicySeeder, PolicySeeds};
 use super::Interface;
 
 /// What the XDP program is told about the LB at one moment.
@@ -46,6 +49,7 @@ pub struct Wanted {
     pub vip_addrs: Entries,
     pub vips: Entries,
     pub vips_by_index: Entries,
+    pub vip_weights: Entries,
     pub servers: Entries,
     pub server_macs: Entries,
     pub backends: Entries,
@@ -60,6 +64,36 @@ pub const NO_VIP: u16 = u16::MAX;
 
 fn array_key(index: usize) -> Vec<u8> {
     (index as u32).to_ne_bytes().to_vec()
+}
+
+/// The policy the kernel places a VIP's SYNs by (`vip_info.policy`): the ones it runs as
+/// the core does, for a pool it holds (1 to MAX_HASH_POOL servers), pow2 under the metrics
+/// whose loads userspace publishes (`kernel_loads.rs`); NONE leaves them to userspace
+/// (maglev, least-loaded, awrr, pow2 on packet or byte rates, an empty or bigger pool).
+pub fn kernel_policy(kind: PolicyKind, metric: LoadMetric, pool_len: usize) -> u8 {
+    if pool_len == 0 || pool_len > MAX_HASH_POOL {
+        return KERNEL_POLICY_NONE;
+    }
+    match kind {
+        PolicyKind::RoundRobin => KERNEL_POLICY_RR,
+        PolicyKind::WeightedRoundRobin => KERNEL_POLICY_WRR,
+        PolicyKind::Random => KERNEL_POLICY_RANDOM,
+        PolicyKind::Hash => KERNEL_POLICY_HASH,
+        PolicyKind::PowerOfTwo if kernel_load_metric(metric).is_some() => KERNEL_POLICY_POW2,
+        PolicyKind::PowerOfTwo
+        | PolicyKind::Maglev
+        | PolicyKind::LeastLoaded
+        | PolicyKind::AutoWeightedRoundRobin => KERNEL_POLICY_NONE,
+    }
+}
+
+/// `vip_info.load_metric` for `metric`, if userspace publishes its loads.
+pub fn kernel_load_metric(metric: LoadMetric) -> Option<u8> {
+    match metric {
+        LoadMetric::ActiveConnections => Some(LOAD_METRIC_ACTIVE),
+        LoadMetric::Reported => Some(LOAD_METRIC_REPORTED),
+        LoadMetric::Packets | LoadMetric::Bytes => None,
+    }
 }
 
 /// The maps' entries for `publication`, with `routes` and `neighbours` as
@@ -117,9 +151,26 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
                 0
             },
             pool: [0; MAX_HASH_POOL],
+            policy: kernel_policy(vip.policy, vip.pool.metric, pool.len()),
+            load_metric: kernel_load_metric(vip.pool.metric).unwrap_or(0),
+            pad: [0; 2],
         };
         for (slot, id) in info.pool.iter_mut().zip(pool) {
             *slot = id.0;
+        }
+        if info.policy == KERNEL_POLICY_WRR {
+            // As SmoothWeights takes them: a weight of 0 counts as 1.
+            let mut weights = VipWeights {
+                total: 0,
+                weight: [0; MAX_HASH_POOL],
+            };
+            for (slot, weight) in weights.weight.iter_mut().zip(&vip.pool.weights) {
+                *slot = (*weight).max(1);
+                weights.total += i64::from(*slot);
+            }
+            wanted
+                .vip_weights
+                .insert(array_key(index), weights.to_bytes());
         }
         let key = VipKey {
             addr: addr.octets(),
@@ -223,15 +274,35 @@ enum Kind {
 }
 
 /// Writes [`Wanted`] into a program's maps, remembering what it wrote so that the next
-/// call writes only the difference.
+/// call writes only the difference; and seeds the kernel's per-CPU policy state.
 #[derive(Default)]
 pub struct Publisher {
     last: Option<Wanted>,
+    policies: PolicySeeder,
 }
 
 impl Publisher {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A publisher whose CPUs' policy instances start as `seeds` says.
+    pub fn with_policy_seeds(seeds: PolicySeeds) -> Self {
+        Publisher {
+            last: None,
+            policies: PolicySeeder::new(seeds),
+        }
+    }
+
+    /// Seeds the kernel's per-CPU instance of every VIP policy `snapshot` changed since
+    /// the last call (`xdp_policy.rs`); [`publish`](Self::publish) does it after writing
+    /// the maps.
+    pub fn seed_policies(
+        &mut self,
+        program: &SteeringProgram,
+        snapshot: &Snapshot,
+    ) -> anyhow::Result<()> {
+        self.policies.seed(program, snapshot)
     }
 
     /// Publishes `publication` into `program`'s maps (attached or not), reading the
@@ -244,7 +315,8 @@ impl Publisher {
         let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
         let neighbours = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
         let wanted = wanted(publication, &routes, &neighbours);
-        self.write(program, wanted)
+        self.write(program, wanted)?;
+        self.seed_policies(program, publication.snapshot)
     }
 
     /// Writes `wanted`: every map but `lb_config` first, then `lb_config`, all inside one
@@ -257,12 +329,19 @@ impl Publisher {
             entries,
             value_size,
         };
-        let maps: [(&str, Kind, &Entries, Option<&Entries>); 8] = [
+        let maps: [(&str, Kind, &Entries, Option<&Entries>); 9] = [
             (
                 "servers",
                 array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
                 &wanted.servers,
                 last.as_ref().map(|l| &l.servers),
+            ),
+            // Before the VIPs that name their policy wrr.
+            (
+                "vip_weights",
+                array(MAX_VIPS, std::mem::size_of::<VipWeights>()),
+                &wanted.vip_weights,
+                last.as_ref().map(|l| &l.vip_weights),
             ),
             (
                 "vips_by_index",
@@ -556,6 +635,78 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         );
         let first = offset_of!(VipInfo, pool);
         assert_eq!(info[first..first + 2], pool[0].0.to_ne_bytes());
+    }
+
+    #[test]
+    fn the_kernel_runs_rr_wrr_random_and_hash_for_pools_it_holds() {
+        use PolicyKind::*;
+        let active = LoadMetric::ActiveConnections;
+        for (kind, expected) in [
+            (RoundRobin, KERNEL_POLICY_RR),
+            (WeightedRoundRobin, KERNEL_POLICY_WRR),
+            (Random, KERNEL_POLICY_RANDOM),
+            (Hash, KERNEL_POLICY_HASH),
+            (PowerOfTwo, KERNEL_POLICY_POW2),
+            (Maglev, KERNEL_POLICY_NONE),
+            (LeastLoaded, KERNEL_POLICY_NONE),
+            (AutoWeightedRoundRobin, KERNEL_POLICY_NONE),
+        ] {
+            assert_eq!(kernel_policy(kind, active, 3), expected, "{kind}");
+            assert_eq!(
+                kernel_policy(kind, active, MAX_HASH_POOL),
+                expected,
+                "{kind}"
+            );
+            assert_eq!(kernel_policy(kind, active, 0), KERNEL_POLICY_NONE, "{kind}");
+            assert_eq!(
+                kernel_policy(kind, active, MAX_HASH_POOL + 1),
+                KERNEL_POLICY_NONE,
+                "{kind}"
+            );
+        }
+        // pow2 on rates needs loads userspace does not publish.
+        assert_eq!(
+            kernel_policy(PowerOfTwo, LoadMetric::Reported, 3),
+            KERNEL_POLICY_POW2
+        );
+        for metric in [LoadMetric::Packets, LoadMetric::Bytes] {
+            assert_eq!(kernel_policy(PowerOfTwo, metric, 3), KERNEL_POLICY_NONE);
+        }
+    }
+
+    #[test]
+    fn a_wrr_vip_carries_its_policy_and_its_weights() {
+        let config = LbConfig::from_toml(
+            r#"
+            [[servers]]
+            id = 1
+            dip = "10.20.0.11"
+            mac = "02:ce:00:00:02:01"
+            [[servers]]
+            id = 2
+            dip = "10.20.0.12"
+            mac = "02:ce:00:00:02:02"
+            [[vips]]
+            address = "10.0.0.100"
+            port = 80
+            policy = "wrr"
+            servers = [1, 2]
+            [vips.weights]
+            "2" = 5
+            "#,
+        )
+        .unwrap();
+        let plane = ControlPlane::new(&config, &Secret([5; 16])).unwrap();
+        let wanted = wanted_of(&plane, true);
+        let info = &wanted.vips_by_index[&array_key(0)];
+        assert_eq!(info[offset_of!(VipInfo, policy)], KERNEL_POLICY_WRR);
+        let weights = &wanted.vip_weights[&array_key(0)];
+        let word = |at: usize| u32::from_ne_bytes(weights[at..at + 4].try_into().unwrap());
+        let first = offset_of!(VipWeights, weight);
+        assert_eq!((word(first), word(first + 4)), (1, 5));
+        assert_eq!(weights[..8], 6i64.to_ne_bytes(), "the total");
+        // Not a wrr VIP: no weights.
+        assert!(wanted_of(&self::plane(""), true).vip_weights.is_empty());
     }
 
     #[test]

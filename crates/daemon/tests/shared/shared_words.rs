@@ -98,7 +98,19 @@ impl SharedWords {
 
     /// Takes the words as they are now as the reference of [`changed`](Self::changed).
     pub fn settle(&mut self) {
-        self.settled = self.copy();
+        // Into the buffers already there, and only where something moved: megabytes of
+        // fresh copies per input would cost the runner most of its time in page faults.
+        if self.settled.len() != self.maps.len() {
+            self.settled = self.copy();
+            return;
+        }
+        for (map, settled) in self.maps.iter().zip(&mut self.settled) {
+            // SAFETY: as `live`.
+            let live = unsafe { std::slice::from_raw_parts(map.at, map.len) };
+            if live != &settled[..] {
+                settled.copy_from_slice(live);
+            }
+        }
     }
 
     pub fn copy(&self) -> Words {
@@ -118,7 +130,7 @@ impl SharedWords {
             .filter_map(|(map, old)| {
                 let live = self.live(map);
                 (live != &old[..]).then(|| {
-                    let at = live.iter().zip(old).position(|(a, b)| a != b).unwrap() / 4;
+                    let at = first_difference(live, old) / 4;
                     let word = |bytes: &[u8]| {
                         u32::from_ne_bytes(bytes[at * 4..at * 4 + 4].try_into().unwrap())
                     };
@@ -149,4 +161,23 @@ impl Drop for SharedWords {
             unsafe { libc::munmap(map.at.cast(), map.mapped) };
         }
     }
+}
+
+/// The first byte at which `a` and `b` differ (they do): page by page with `memcmp`, then
+/// within the page, since a byte-wise search through megabytes costs a debug build
+/// milliseconds per input.
+fn first_difference(a: &[u8], b: &[u8]) -> usize {
+    const PAGE: usize = 4096;
+    let page = a
+        .chunks(PAGE)
+        .zip(b.chunks(PAGE))
+        .position(|(x, y)| x != y)
+        .expect("the words differ");
+    let start = page * PAGE;
+    start
+        + a[start..]
+            .iter()
+            .zip(&b[start..])
+            .position(|(x, y)| x != y)
+            .expect("the page differs")
 }

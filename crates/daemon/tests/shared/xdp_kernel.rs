@@ -17,9 +17,11 @@ use cheetah_core::hash::Secret;
 use cheetah_core::lb::{Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::ServerId;
+use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
-use cheetah_daemon::dataplane::xdp::{ClockWords, SteeringProgram};
+use cheetah_daemon::dataplane::xdp::{KernelWords, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::*;
+use cheetah_daemon::dataplane::xdp_policy::{PolicySeeder, PolicySeeds};
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::ProgramInput;
 
@@ -60,6 +62,10 @@ pub struct TrafficMoved {
     pub server: u16,
     pub packets: u64,
     pub bytes: u64,
+    /// Connections the kernel placed on the server (a SYN's pick).
+    pub opened: u64,
+    /// Load counts the kernel released for the server (a retransmitted SYN's earlier pick).
+    pub closed: u64,
 }
 
 /// What one packet did in the kernel.
@@ -102,10 +108,11 @@ impl KernelRun {
     }
 }
 
-/// The loaded program and its clock words, shared with every pipeline made over it.
+/// The loaded program and its clock and handshake words, shared with every pipeline made
+/// over it.
 pub struct Kernel {
     pub program: SteeringProgram,
-    pub words: ClockWords,
+    pub words: KernelWords,
 }
 
 impl Kernel {
@@ -129,14 +136,17 @@ impl Kernel {
         program
             .set_host_addrs(&[Ipv4Addr::new(10, 1, 255, 254), Ipv4Addr::new(10, 7, 0, 1)])
             .unwrap();
-        let words = program.clock_words().expect("mmap the clock words");
+        let words = program
+            .kernel_words()
+            .expect("mmap the clock and handshake words");
         Kernel { program, words }
     }
 
     /// A fresh core pipeline for `config`, as crates/core/tests/vectors.rs makes it, over
-    /// the kernel's clock words (which `MsbTable::with_words` clears): `removed` servers
+    /// the kernel's clock and handshake words (which the tables clear): `removed` servers
     /// removed, the clocks of `msb` imported at time 0, and the kernel's maps published
-    /// from its tables.
+    /// from its tables, every CPU's policy state that of the core's worker (worker 0 of 1,
+    /// its generator's seed), so that a SYN the kernel places must be the core's pick.
     pub fn pipeline(
         &self,
         topology: &Topology,
@@ -146,8 +156,9 @@ impl Kernel {
         msb: &[(ServerId, u32)],
     ) -> (ControlPlane, Worker) {
         let words = self.words;
-        let mut plane = ControlPlane::new_with_msb(config, secret, &|layout| words.table(layout))
-            .expect("suite config is valid");
+        let mut plane =
+            ControlPlane::new_with_tables(config, secret, &|layout| words.tables(layout))
+                .expect("suite config is valid");
         for id in removed {
             plane.remove_server(*id, 0).expect("removable server");
         }
@@ -164,18 +175,54 @@ impl Kernel {
         // This thread's namespace's tables: /proc/net is the process's first thread's.
         let routes = read(Path::new("/proc/thread-self/net/route"));
         let neighbours = read(Path::new("/proc/thread-self/net/arp"));
-        Publisher::new()
+        let worker_config = WorkerConfig::new(0, 1, config);
+        let mut publisher = Publisher::with_policy_seeds(PolicySeeds::AsWorker {
+            index: worker_config.index,
+            workers: worker_config.workers,
+            rng_seed: worker_config.seed,
+        });
+        publisher
             .write(&self.program, wanted(&publication, &routes, &neighbours))
             .expect("publish the tables");
-        let worker = Worker::new(Arc::clone(plane.shared()), WorkerConfig::new(0, 1, config));
+        publisher
+            .seed_policies(&self.program, &snapshot)
+            .expect("seed the policies");
+        let worker = Worker::new(Arc::clone(plane.shared()), worker_config);
         (plane, worker)
     }
 
-    /// One packet through the program as received on `ingress`; `server_traffic` is read
-    /// for `traffic_ids` only (each id is a lookup).
+    /// Both sides' policy state back to where `pipeline` left it: every CPU's seeded as the
+    /// core's worker 0 of 1 again, and a fresh worker over `plane`. After a SYN that only
+    /// one side placed (the kernel handed it up, or a mutated one the core placed where
+    /// the kernel would not), only that side's cursor or generator moved, and the next
+    /// pick would differ for that reason alone.
+    pub fn reset_policies(&self, config: &LbConfig, plane: &ControlPlane) -> Worker {
+        let worker_config = WorkerConfig::new(0, 1, config);
+        PolicySeeder::new(PolicySeeds::AsWorker {
+            index: worker_config.index,
+            workers: worker_config.workers,
+            rng_seed: worker_config.seed,
+        })
+        .seed(&self.program, &plane.shared().snapshot.load())
+        .expect("seed the policies");
+        Worker::new(Arc::clone(plane.shared()), worker_config)
+    }
+
+    /// One packet through the program as received on `ingress`, the kernel's clock set to
+    /// the core's `now`; `server_traffic` is read for `traffic_ids` only (each id is a
+    /// lookup).
     // `ProgramInput` is non-exhaustive: no struct literal outside libbpf-rs.
     #[allow(clippy::field_reassign_with_default)]
-    pub fn run(&self, ingress: Port, packet: &[u8], traffic_ids: &[ServerId]) -> KernelRun {
+    pub fn run(
+        &self,
+        ingress: Port,
+        packet: &[u8],
+        traffic_ids: &[ServerId],
+        now: u64,
+    ) -> KernelRun {
+        self.program
+            .set_clock_base(monotonic_ns().wrapping_sub(now))
+            .expect("set the kernel's clock");
         let stats_before = self.program.stats();
         let traffic_before = self.program.server_traffic(traffic_ids).unwrap();
         let mut context = [0u8; 24];
@@ -242,6 +289,8 @@ impl Kernel {
                 server: id.0,
                 packets: after.packets.wrapping_sub(before.packets),
                 bytes: after.bytes.wrapping_sub(before.bytes),
+                opened: after.opened.wrapping_sub(before.opened),
+                closed: after.closed.wrapping_sub(before.closed),
             })
             .collect();
         KernelRun {

@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context};
 use cheetah_core::config::{Forwarding, LbConfig, Mode};
+use cheetah_core::hash::FlowKey;
 use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
 use cheetah_core::policy::PolicyKind;
 use cheetah_core::tables::ControlPlane;
@@ -36,8 +37,8 @@ use cheetah_core::wire::tcp::flags;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
-    Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE,
-    STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_MISS,
+    Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_CLIENT_SYN,
+    STAT_FAST_SERVER_COOKIE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_MISS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -58,6 +59,7 @@ pub(super) const WARM_UP_RUNS: u32 = 1_000;
 const ESTABLISHED_TARGET_NS: f64 = 40.0;
 const SERVER_TO_CLIENT_TARGET_NS: f64 = 45.0;
 const ESTABLISHED_OVER_HASH_TARGET: f64 = 1.2;
+const SYN_TARGET_NS: f64 = 120.0;
 
 const CLIENT_PORT: u16 = 40_000;
 const CLIENT_TS: u32 = 0x0102_0304;
@@ -88,6 +90,41 @@ pub(super) struct Ports {
     pub(super) servers: Port,
     pub(super) clients: Port,
 }
+
+/// The setups of the SYN rows: cheetah mode, one per policy the kernel runs.
+const SYN_SETUPS: [Setup; 5] = [
+    Setup {
+        label: "rr",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::RoundRobin,
+    },
+    Setup {
+        label: "wrr",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::WeightedRoundRobin,
+    },
+    Setup {
+        label: "random",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::Random,
+    },
+    Setup {
+        label: "hash",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::Hash,
+    },
+    // Over the loads userspace publishes (all 0 here: the first drawn server wins).
+    Setup {
+        label: "pow2",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::PowerOfTwo,
+    },
+];
 
 /// An LB configuration the rows of which share one loaded program and its maps.
 pub(super) struct Setup {
@@ -133,6 +170,9 @@ pub(super) enum Path {
     /// The same answer from a HASH map keyed by the /32 address (bench_next_hop_hash):
     /// what the trie costs beside the cheapest alternative.
     NextHopHash,
+    /// A client's SYN placed by the VIP's policy, as a new connection every run (its
+    /// handshake-table slot is emptied before each run, out of the timed part).
+    Syn,
 }
 
 /// Per-run durations of one row, in the kernel's ns.
@@ -215,6 +255,12 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 )?);
             }
         }
+    }
+    for setup in &SYN_SETUPS {
+        let bench = Bench::load(setup, options.servers, 0)?;
+        let row = bench.row(setup, Path::Syn, &ports, options.runs)?;
+        eprintln!("{}", row_line(&row));
+        rows.push(row);
     }
     if let Some(rt) = rt {
         rt.release();
@@ -310,8 +356,8 @@ impl Bench {
         sides: &[Ingress],
     ) -> anyhow::Result<Self> {
         let config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
-        let words = program.clock_words()?;
-        let plane = ControlPlane::new_with_msb(&config, &SECRET, &|layout| words.table(layout))
+        let words = program.kernel_words()?;
+        let plane = ControlPlane::new_with_tables(&config, &SECRET, &|layout| words.tables(layout))
             .map_err(anyhow::Error::msg)?;
         let clocks: Vec<(ServerId, u32)> = (1..=servers)
             .map(|id| (ServerId(id), u32::from(SERVER_MSB) << 16))
@@ -419,12 +465,40 @@ impl Bench {
         Ok((ack, STAT_FAST_CLIENT_COOKIE))
     }
 
+    /// The bench's client SYN (Linux's layout), checked to be placed by the core, and the
+    /// hash its handshake-table slot is at.
+    fn syn_frame(&self) -> anyhow::Result<(Vec<u8>, u64)> {
+        let client = testkit::client_ip(7);
+        let syn = TcpFrame::from_client(
+            client,
+            CLIENT_PORT,
+            flags::SYN,
+            options::linux_syn(CLIENT_TS, 0),
+        )
+        .build();
+        let mut placed = syn.clone();
+        let now = 10 * cheetah_core::types::NANOS_PER_SEC;
+        let verdict = self.worker().process(&mut placed, now, Ingress::ServerSide);
+        ensure!(
+            matches!(verdict, Verdict::ToServer(_)),
+            "the core's verdict on the bench's SYN is {verdict:?}"
+        );
+        let key = FlowKey::tcp(client, CLIENT_PORT, testkit::VIP, testkit::VIP_PORT);
+        Ok((syn, self.plane.shared().hasher.hash(&key)))
+    }
+
     fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
         let direction = match path {
-            Path::ClientToServer => Path::ClientToServer,
+            Path::ClientToServer | Path::Syn => Path::ClientToServer,
             _ => Path::ServerToClient,
         };
-        let (frame, cookie_stat) = self.frame(direction)?;
+        let (frame, cookie_stat, syn_hash) = if path == Path::Syn {
+            let (frame, hash) = self.syn_frame()?;
+            (frame, STAT_FAST_CLIENT_SYN, Some(hash))
+        } else {
+            let (frame, stat) = self.frame(direction)?;
+            (frame, stat, None)
+        };
         let fast_stat = match (setup.mode, cookie_stat) {
             (Mode::Cheetah, stat) => stat,
             (_, STAT_FAST_CLIENT_COOKIE) => STAT_FAST_CLIENT_PICK,
@@ -432,7 +506,7 @@ impl Bench {
         };
         let ingress = ports.servers.ifindex;
         let (subject, expected_action) = match path {
-            Path::ClientToServer => ("bench_lb", XDP_TX),
+            Path::ClientToServer | Path::Syn => ("bench_lb", XDP_TX),
             Path::ServerToClient if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
             Path::ServerToClient => ("bench_lb", XDP_REDIRECT),
             Path::NextHopMiss if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
@@ -448,7 +522,14 @@ impl Bench {
         }
         let before = stat(self.program.object(), fast_stat)?;
         let misses_before = stat(self.program.object(), STAT_NEXT_HOP_MISS)?;
-        let timed = self.time(subject, &frame, ingress, runs, expected_action);
+        // A SYN is new every run: the slot the last run booked it in is emptied first.
+        let handshakes = &self.plane.shared().handshakes;
+        let before_run = || {
+            if let Some(hash) = syn_hash {
+                handshakes.forget(hash);
+            }
+        };
+        let timed = self.time(subject, &frame, ingress, runs, expected_action, &before_run);
         if path == Path::NextHopMiss {
             // Back to what the other rows expect (a fresh mirror rewrites every entry).
             NextHopMirror::new()?.refresh(&self.program)?;
@@ -460,6 +541,7 @@ impl Bench {
             Path::FibLookup => "bpf_fib_lookup alone (server->client frame)".to_string(),
             Path::NextHopTrie => "next_hops trie lookup alone (same frame)".to_string(),
             Path::NextHopHash => "/32 HASH lookup alone (comparison)".to_string(),
+            Path::Syn => format!("SYN, {} (l2)", setup.label),
             _ => format!(
                 "{} {} ({}){}",
                 match path {
@@ -483,7 +565,7 @@ impl Bench {
         let (expected_moves, expected_misses) = match path {
             Path::FibLookup | Path::NextHopTrie | Path::NextHopHash => (0, 0),
             Path::NextHopMiss => (all_runs, all_runs),
-            Path::ClientToServer | Path::ServerToClient => (all_runs, 0),
+            Path::ClientToServer | Path::ServerToClient | Path::Syn => (all_runs, 0),
         };
         let result = if let Some(action) = wrong_action {
             Err(format!(
@@ -565,6 +647,7 @@ impl Bench {
         ingress: u32,
         runs: u32,
         expected: u32,
+        before_run: &dyn Fn(),
     ) -> anyhow::Result<(Timings, Option<u32>)> {
         self.write_frame(frame)?;
         let subject = program(self.program.object(), subject)?;
@@ -575,6 +658,7 @@ impl Bench {
         };
         let mut wrong_action = None;
         for n in 0..WARM_UP_RUNS + runs {
+            before_run();
             let (action, subject_ns) = test_run(&subject, frame, ingress)?;
             let (_, trivial_ns) = test_run(&trivial, frame, ingress)?;
             if action != expected {
@@ -890,6 +974,16 @@ fn render(rows: &[Row], markdown: bool) -> String {
         line(cells);
     }
     let verdict = |pass: bool| if pass { "PASS" } else { "MISS" };
+    let slowest_syn = rows
+        .iter()
+        .filter(|r| r.path == Path::Syn)
+        .filter_map(|r| {
+            r.result
+                .as_ref()
+                .ok()
+                .map(|(_, _, net)| (net.median, &r.label))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0));
     let established = net_of(rows, Mode::Cheetah, Forwarding::L2, Path::ClientToServer);
     let reply = net_of(rows, Mode::Cheetah, Forwarding::L2, Path::ServerToClient);
     let hash = net_of(rows, Mode::Hash, Forwarding::L2, Path::ClientToServer);
@@ -898,6 +992,12 @@ fn render(rows: &[Row], markdown: bool) -> String {
         out.push_str(&format!(
             "target established client->server (l2) <= {ESTABLISHED_TARGET_NS} ns: {ns:.0} ns, {}\n",
             verdict(ns <= ESTABLISHED_TARGET_NS)
+        ));
+    }
+    if let Some((ns, label)) = slowest_syn {
+        out.push_str(&format!(
+            "target SYN <= {SYN_TARGET_NS} ns: slowest policy {ns:.0} ns ({label}), {}\n",
+            verdict(ns <= SYN_TARGET_NS)
         ));
     }
     if let Some(ns) = reply {

@@ -21,9 +21,10 @@ use super::snapshot::{Snapshot, VipEntry};
 use crate::config::{
     ConfigError, ConfiguredState, Forwarding, LbConfig, Mode, NatBackends, ValidVip,
 };
-use crate::cookie::{CookieLayout, MsbTable};
+use crate::cookie::CookieLayout;
 use crate::hash::Secret;
 use crate::lb::shared::LbShared;
+use crate::lb::SharedTables;
 use crate::policy::PoolSnapshot;
 use crate::types::{format_mac, Mac, Nanos, ServerId, NANOS_PER_SEC};
 pub use changes::ServerSpec;
@@ -33,9 +34,10 @@ pub use saved::{
     ControlState, QuarantineRestore, SavedMember, SavedServer, SavedServerState, SavedVip,
 };
 
-/// Makes the clock table of a new plane for its cookie layout: `&MsbTable::new`, or a table
-/// over words shared with the kernel. Called once per plane built.
-pub type MsbMaker<'a> = &'a dyn Fn(CookieLayout) -> MsbTable;
+/// Makes the clock and handshake tables of a new plane for its cookie layout:
+/// `&SharedTables::new`, or tables over words shared with the kernel. Called once per plane
+/// built.
+pub type TablesMaker<'a> = &'a dyn Fn(CookieLayout) -> SharedTables;
 
 /// A refused control request. `Invalid` names the field; the daemon maps the kinds to 400,
 /// 404 and 409.
@@ -100,15 +102,15 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Validates `config` and publishes its first snapshot.
     pub fn new(config: &LbConfig, secret: &Secret) -> Result<Self, ConfigError> {
-        Self::new_with_msb(config, secret, &MsbTable::new)
+        Self::new_with_tables(config, secret, &SharedTables::new)
     }
 
-    /// [`new`](ControlPlane::new) with the clock table `msb` makes for the config's cookie
-    /// layout (the daemon's is over the XDP program's words, [`MsbTable::with_words`]).
-    pub fn new_with_msb(
+    /// [`new`](ControlPlane::new) with the tables `tables` makes for the config's cookie
+    /// layout (the daemon's are over the XDP program's words).
+    pub fn new_with_tables(
         config: &LbConfig,
         secret: &Secret,
-        msb: MsbMaker,
+        tables: TablesMaker,
     ) -> Result<Self, ConfigError> {
         let (servers, vips) = config.validate()?;
         let servers = servers
@@ -129,7 +131,7 @@ impl ControlPlane {
                 )
             })
             .collect();
-        Ok(Self::publish_first(config, secret, servers, vips, msb))
+        Ok(Self::publish_first(config, secret, servers, vips, tables))
     }
 
     fn publish_first(
@@ -137,7 +139,7 @@ impl ControlPlane {
         secret: &Secret,
         servers: BTreeMap<ServerId, ServerRecord>,
         vips: Vec<ValidVip>,
-        msb: MsbMaker,
+        tables: TablesMaker,
     ) -> Self {
         let mut plane = ControlPlane {
             mode: config.mode,
@@ -146,9 +148,9 @@ impl ControlPlane {
             servers,
             vips,
             generation: 0,
-            shared: Arc::new(LbShared::with_msb(
+            shared: Arc::new(LbShared::with_tables(
                 secret,
-                msb(config.cookie_layout().expect("validated")),
+                tables(config.cookie_layout().expect("validated")),
                 Snapshot::empty(),
                 config.fallback_table_capacity,
             )),

@@ -6,12 +6,13 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use serde::{Deserialize, Serialize};
 
-use super::{ControlError, ControlPlane, Draft, MsbMaker, ServerRecord};
+use super::{ControlError, ControlPlane, Draft, ServerRecord, TablesMaker};
 use crate::config::{
     self, ConfigError, ConfiguredState, Forwarding, HealthConfig, LbConfig, ServerConfig, ValidVip,
 };
-use crate::cookie::{CookieLayout, MsbTable};
+use crate::cookie::CookieLayout;
 use crate::hash::Secret;
+use crate::lb::SharedTables;
 use crate::policy::{LoadMetric, PolicyKind};
 use crate::tables::SlotState;
 use crate::types::{format_mac, Nanos, ServerId, NANOS_PER_SEC};
@@ -139,17 +140,17 @@ impl ControlPlane {
         saved: &ControlState,
         now: Nanos,
     ) -> Result<Self, ControlError> {
-        Self::restore_with_msb(config, secret, saved, now, &MsbTable::new)
+        Self::restore_with_tables(config, secret, saved, now, &SharedTables::new)
     }
 
-    /// [`restore`](ControlPlane::restore) with the clock table `msb` makes
-    /// ([`ControlPlane::new_with_msb`]).
-    pub fn restore_with_msb(
+    /// [`restore`](ControlPlane::restore) with the tables `tables` makes
+    /// ([`ControlPlane::new_with_tables`]).
+    pub fn restore_with_tables(
         config: &LbConfig,
         secret: &Secret,
         saved: &ControlState,
         now: Nanos,
-        msb: MsbMaker,
+        tables: TablesMaker,
     ) -> Result<Self, ControlError> {
         // The config's own sections must still be valid (the daemon checks it anyway).
         config.validate()?;
@@ -240,7 +241,7 @@ impl ControlPlane {
             secret,
             draft.servers,
             draft.vips,
-            msb,
+            tables,
         ))
     }
 

@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// The core's HandshakeTable (crates/core/src/lb/handshakes.rs) over the words it shares
+// with userspace (cheetah_shared.h struct handshake_words): the same slots, fingerprints,
+// retry filter and clock units, so that a SYN booked by the kernel is known to the core's
+// workers and the reverse. The core's relaxed loads and stores are plain volatile accesses
+// here, its swap an atomic exchange.
+
+#ifndef CHEETAH_LIB_HANDSHAKES_H
+#define CHEETAH_LIB_HANDSHAKES_H
+
+#include <linux/types.h>
+
+#include "cheetah_shared.h"
+
+#define HANDSHAKE_VALID (1ull << 63)
+#define HANDSHAKE_HOLDER_SHIFT 32
+#define HANDSHAKE_HOLDER_MASK 0x7fffull
+// The retry filter's clock: now >> RETRY_UNIT_SHIFT; a mark lasts RETRY_MEMORY_UNITS.
+#define RETRY_UNIT_SHIFT 30
+#define RETRY_MEMORY_UNITS 64
+#define RETRY_MARKED 0x8000
+#define RETRY_UNIT_MASK 0x7fff
+
+static __always_inline __u64 handshake_fingerprint(__u64 flow_hash, __u32 client_isn)
+{
+	return (__u32)((__u32)(flow_hash >> 32) ^ client_isn);
+}
+
+static __always_inline __u32 handshake_retry_index(__u64 flow_hash)
+{
+	return (flow_hash >> 20) & (HANDSHAKE_RETRY_SLOTS - 1);
+}
+
+static __always_inline __u16 handshake_unit(__u64 now)
+{
+	return (now >> RETRY_UNIT_SHIFT) & RETRY_UNIT_MASK;
+}
+
+// `HandshakeTable::retried_recently`.
+static __always_inline int handshake_retried_recently(const struct handshake_words *words,
+						      __u64 flow_hash, __u64 now)
+{
+	__u16 mark = *(volatile const __u16 *)&words->retry[handshake_retry_index(flow_hash)];
+
+	return (mark & RETRY_MARKED) &&
+	       ((__u32)(handshake_unit(now) - (mark & RETRY_UNIT_MASK)) & RETRY_UNIT_MASK) <
+		       RETRY_MEMORY_UNITS;
+}
+
+// `HandshakeTable::on_syn`: the SYN of (flow_hash, client_isn) was given to `server`. If
+// the same SYN was seen before, returns 1 and the server it was given then in `previous`,
+// whose count the caller lowers.
+static __always_inline int handshake_on_syn(struct handshake_words *words, __u64 flow_hash,
+					    __u32 client_isn, __u32 server, __u64 now,
+					    __u32 *previous)
+{
+	__u64 fingerprint = handshake_fingerprint(flow_hash, client_isn);
+	__u64 entry = HANDSHAKE_VALID |
+		      (((__u64)server & HANDSHAKE_HOLDER_MASK) << HANDSHAKE_HOLDER_SHIFT) |
+		      fingerprint;
+	__u64 old = __sync_lock_test_and_set(&words->slot[flow_hash & (HANDSHAKE_SLOTS - 1)],
+					     entry);
+
+	if (!(old & HANDSHAKE_VALID) || (old & 0xffffffff) != fingerprint)
+		return 0;
+	*(volatile __u16 *)&words->retry[handshake_retry_index(flow_hash)] =
+		RETRY_MARKED | handshake_unit(now);
+	*previous = (old >> HANDSHAKE_HOLDER_SHIFT) & HANDSHAKE_HOLDER_MASK;
+	return 1;
+}
+
+#endif

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// The VIP policies the kernel runs for a SYN (vip_info.policy), each the core's
+// (crates/core/src/policy/) step for step, so that a kernel instance seeded with a core
+// instance's state picks what the core would: rr.rs, wrr.rs (SmoothWeights), random.rs
+// (Xoshiro256++ and Lemire's `uniform_below`), hash.rs, and pow2.rs over the loads
+// userspace publishes (server_loads).
+//
+// Each pick is split in two, as the in-kernel path is (decide, then commit): `*_decide`
+// only reads and returns the pool position and, in a local, what the state becomes;
+// `*_commit` writes it. Nothing is written for a SYN that goes up after all.
+
+#ifndef CHEETAH_LIB_POLICY_H
+#define CHEETAH_LIB_POLICY_H
+
+#include <linux/bpf.h>
+#include <linux/types.h>
+#include <bpf/bpf_helpers.h>
+
+#include "cheetah_shared.h"
+
+// rr.rs `RoundRobin::pick`: the cursor's position (0 if it is beyond the pool, which only a
+// cursor seeded for another pool can be), and the cursor moves one on.
+static __always_inline __u32 rr_decide(const struct policy_state *state, __u32 pool_len,
+				       __u32 *next)
+{
+	__u32 position = state->rr_position < pool_len ? state->rr_position : 0;
+
+	*next = position + 1 == pool_len ? 0 : position + 1;
+	return position;
+}
+
+// One position of wrr_decide's scan (a bpf_loop callback).
+struct wrr_scan {
+	const struct policy_state *state;
+	const struct vip_weights *weights;
+	__u64 steps;
+	__s64 best_credit;
+	__u32 best;
+};
+
+static long wrr_scan_position(__u32 i, void *context)
+{
+	struct wrr_scan *scan = context;
+	__s64 credit;
+
+	if (i >= MAX_HASH_POOL)
+		return 1;
+	credit = (__s64)((__u64)scan->state->wrr_base[i] + scan->steps * scan->weights->weight[i]);
+	if (i == 0 || credit > scan->best_credit) {
+		scan->best = i;
+		scan->best_credit = credit;
+	}
+	return 0;
+}
+
+// wrr.rs `SmoothWeights::next_position`: every credit grows by its weight, the first
+// greatest wins. The credits after this step are wrr_base[i] + (wrr_steps + 1) * weight[i]
+// (struct policy_state), in wrapping arithmetic whose result is the core's i64 credit.
+// The scan is a bpf_loop (its callback verified once): as a bounded loop, every way out of
+// it (one per pool size) had the verifier walk the rest of the program again, which the
+// bench's wrappers around the LB took past the verifier's million steps.
+static __always_inline __u32 wrr_decide(const struct policy_state *state,
+					const struct vip_weights *weights, __u32 pool_len)
+{
+	struct wrr_scan scan = {
+		.state = state,
+		.weights = weights,
+		.steps = state->wrr_steps + 1,
+	};
+
+	bpf_loop(pool_len, wrr_scan_position, &scan, 0);
+	return scan.best;
+}
+
+// The winner pays the total weight back; every other credit's growth is the step count's.
+static __always_inline void wrr_commit(struct policy_state *state, __u32 position, __s64 total)
+{
+	state->wrr_steps += 1;
+	state->wrr_base[position & (MAX_HASH_POOL - 1)] -= total;
+}
+
+static __always_inline __u64 rotl64(__u64 x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+// rand_xoshiro's Xoshiro256PlusPlus::next_u64.
+static __always_inline __u64 xoshiro_next(struct policy_rng *rng)
+{
+	__u64 result = rotl64(rng->s[0] + rng->s[3], 23) + rng->s[0];
+	__u64 t = rng->s[1] << 17;
+
+	rng->s[2] ^= rng->s[0];
+	rng->s[3] ^= rng->s[1];
+	rng->s[1] ^= rng->s[2];
+	rng->s[0] ^= rng->s[3];
+	rng->s[2] ^= t;
+	rng->s[3] = rotl64(rng->s[3], 45);
+	return result;
+}
+
+// The high 64 bits of the 128-bit product x * bound, for bound < 2^32 (no 128-bit
+// arithmetic in BPF): x * bound = hi * 2^32 + lo with hi, lo < 2^64.
+static __always_inline __u64 mul_high(__u64 x, __u32 bound)
+{
+	__u64 lo = (x & 0xffffffff) * bound;
+	__u64 hi = (x >> 32) * bound;
+
+	return (hi + (lo >> 32)) >> 32;
+}
+
+// Draws the rejection loop of `uniform_below` may take before the kernel gives up and
+// hands the SYN up: a draw is rejected with probability < bound / 2^64 <= 2^-58.
+#define UNIFORM_BELOW_DRAWS 4
+
+// random.rs `uniform_below` (Lemire): a uniform position in 0..bound drawn from `rng`, a
+// local copy of the CPU's generator; -1 if UNIFORM_BELOW_DRAWS draws were all rejected.
+static __always_inline int uniform_below(struct policy_rng *rng, __u32 bound)
+{
+	__u64 x = xoshiro_next(rng);
+	__u64 biased;
+	int i;
+
+	if (x * bound < bound) {
+		// 2^64 mod bound: the draws below it would make low results one more likely.
+		biased = (0 - (__u64)bound) % bound;
+		for (i = 1; i < UNIFORM_BELOW_DRAWS; i++) {
+			if (x * bound >= biased)
+				break;
+			x = xoshiro_next(rng);
+		}
+		if (x * bound < biased)
+			return -1;
+	}
+	return (int)mul_high(x, bound);
+}
+
+// pow2.rs `draw_two_positions`: two distinct uniform positions of 0..pool_len (>= 2), in
+// drawing order; 0 if uniform_below gave up.
+static __always_inline int pow2_draw(struct policy_rng *rng, __u32 pool_len, __u32 *first,
+				     __u32 *second)
+{
+	int a = uniform_below(rng, pool_len);
+	int b;
+
+	if (a < 0)
+		return 0;
+	// Uniform among the other positions: a draw that hits `a` stands for the last one.
+	b = uniform_below(rng, pool_len - 1);
+	if (b < 0)
+		return 0;
+	*first = a;
+	*second = b == a ? pool_len - 1 : b;
+	return 1;
+}
+
+// A server's load under `metric`, ordered as the core's f64 loads are.
+static __always_inline __u64 load_under(const struct server_load *load, __u32 metric)
+{
+	return metric == LOAD_METRIC_REPORTED ? load->reported : load->active;
+}
+
+#endif

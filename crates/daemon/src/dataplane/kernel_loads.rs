@@ -1,0 +1,87 @@
+//! Folds what the XDP program's in-kernel path counted per server (`server_traffic`) into
+//! the core's load totals, which the load-aware policies read at their workers' next
+//! merge: traffic as a worker's `on_packet`, each connection the kernel placed as a
+//! policy's pick (+1 active, +1 new connection), each count it released (a retransmitted
+//! SYN's earlier pick, a counted close) as -1 active, clamped as the core clamps. And the
+//! other way: the load totals pow2 in the kernel compares (`server_loads`).
+
+use std::collections::HashMap;
+
+use cheetah_core::lb::LbShared;
+use cheetah_core::tables::SlotState;
+use cheetah_core::types::ServerId;
+
+use super::xdp::SteeringProgram;
+use super::xdp_layout::{ServerLoadValue, ServerTraffic};
+
+/// The per-CPU totals grow from 0 since the program was loaded; each fold adds what they
+/// grew by since the last.
+#[derive(Default)]
+pub struct KernelLoads {
+    seen: HashMap<ServerId, ServerTraffic>,
+    published: HashMap<ServerId, ServerLoadValue>,
+}
+
+impl KernelLoads {
+    pub fn fold(&mut self, steering: &SteeringProgram, shared: &LbShared) -> anyhow::Result<()> {
+        let snapshot = shared.snapshot.load();
+        let ids: Vec<ServerId> = snapshot
+            .servers
+            .iter()
+            .filter(|(_, slot)| slot.state != SlotState::Free)
+            .map(|(id, _)| id)
+            .collect();
+        let totals = steering.server_traffic(&ids)?;
+        for (id, total) in ids.into_iter().zip(totals) {
+            let before = self.seen.insert(id, total).unwrap_or_default();
+            let grew = total.wrapping_sub(before);
+            if grew.packets != 0 || grew.bytes != 0 {
+                shared.loads.add_traffic(id, grew.packets, grew.bytes);
+            }
+            if grew.opened != 0 || grew.closed != 0 {
+                shared.loads.add_kernel_counts(id, grew.opened, grew.closed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes each allocated server's load totals for pow2 in the kernel, changed ones
+    /// only. What a core worker's pow2 compares is its own view: the totals at its last
+    /// merge (every 10 ms) plus its own picks since; the kernel compares the totals at the
+    /// last call (the daemon calls it every 50 ms, right after `fold`), without the picks
+    /// it made since: up to about 50 ms staler, which pow2 tolerates by design (two random
+    /// candidates, not the one least loaded, so stale loads do not herd).
+    pub fn publish_loads(
+        &mut self,
+        steering: &SteeringProgram,
+        shared: &LbShared,
+    ) -> anyhow::Result<()> {
+        let snapshot = shared.snapshot.load();
+        for (id, slot) in snapshot.servers.iter() {
+            if slot.state == SlotState::Free {
+                continue;
+            }
+            let value = server_load(shared, id);
+            if self.published.get(&id) != Some(&value) {
+                steering.set_server_load(id, &value)?;
+                self.published.insert(id, value);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `struct server_load` of `id`'s totals: what `LoadView::load` gives under each metric
+/// the kernel compares, in integers that order as those f64s do.
+pub fn server_load(shared: &LbShared, id: ServerId) -> ServerLoadValue {
+    let load = shared.loads.server(id);
+    let reported = if load.reported_load == 0.0 {
+        0
+    } else {
+        load.reported_load.to_bits()
+    };
+    ServerLoadValue {
+        active: load.active_connections,
+        reported,
+    }
+}

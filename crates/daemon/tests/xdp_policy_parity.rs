@@ -1,0 +1,649 @@
+//! The kernel's VIP policies (bpf/lib/policy.h, run by `syn_fast` in bpf/lib/fast_path.h)
+//! held to the core's: for rr, wrr (unequal weights), random (the same seed) and hash, a
+//! sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
+//! servers in the same order as the core's policy instance given the same initial state
+//! (every CPU seeded as the core's worker, `PolicySeeds::AsWorker`), with the core's bytes
+//! for each pick and the core's counters. Some SYNs are sent twice (a retransmission): the
+//! kernel's handshake table must recognise the same ones the core's does. Then the fold
+//! (`KernelLoads`) must give the core's load totals what the core's own worker gave its
+//! own: +1 active and +1 new connection per pick, -1 active per retransmission's earlier
+//! pick. A server's SYN-ACK to a SYN the kernel saw retried goes up, and the core, over the
+//! kernel's handshake words, moves the count the kernel booked; one to a SYN sent once is the
+//! kernel's, with the core's bytes.
+//!
+//! `BPF_PROG_TEST_RUN` runs the program on the calling CPU, and the policy state is per
+//! CPU: the test thread is pinned to one CPU, so every SYN advances the same state.
+//!
+//! Needs root (loads the XDP program, makes a network namespace of its own).
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use cheetah_core::config::LbConfig;
+use cheetah_core::hash::Secret;
+use cheetah_core::lb::{Counter, Ingress, SharedTables, Worker, WorkerConfig};
+use cheetah_core::policy::pow2::PowerOfTwo;
+use cheetah_core::policy::{
+    PickContext, Policy, PolicyRng, ReportedLoad, WorkerLoads, MERGE_INTERVAL,
+};
+use cheetah_core::tables::ControlPlane;
+use cheetah_core::types::{Mac, ServerId};
+use cheetah_core::verdict::Verdict;
+use cheetah_daemon::clock::monotonic_ns;
+use cheetah_daemon::dataplane::kernel_loads::KernelLoads;
+use cheetah_daemon::dataplane::xdp::SteeringProgram;
+use cheetah_daemon::dataplane::xdp_layout::*;
+use cheetah_daemon::dataplane::xdp_policy::PolicySeeds;
+use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
+use rand_core::SeedableRng;
+
+#[path = "shared/root.rs"]
+mod root;
+use root::is_root;
+#[path = "shared/ip_command.rs"]
+mod ip_command;
+#[path = "shared/lb_namespace.rs"]
+mod lb_namespace;
+use lb_namespace::{enter_lb_namespace, interface, Veth};
+
+const SERVERS: Veth = Veth {
+    name: "pp-srv",
+    mac: [0x02, 0x1b, 0x00, 0x00, 0x01, 0x05],
+    peer: "pp-srv-p",
+};
+const CLIENTS: Veth = Veth {
+    name: "pp-cli",
+    mac: [0x02, 0x1b, 0x00, 0x00, 0x01, 0x0c],
+    peer: "pp-cli-p",
+};
+const GATEWAY_MAC: Mac = [0x02, 0xc9, 0x00, 0x00, 0x01, 0x01];
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
+const VIP_PORT: u16 = 80;
+/// Distinct clients, each sending one SYN; every `RETRANSMIT_EVERY`th sends it twice.
+const CLIENTS_COUNT: u32 = 1200;
+const RETRANSMIT_EVERY: u32 = 50;
+/// Not the default worker seed: the kernel's generator must be seeded from the worker's.
+const RNG_SEED: u64 = 0x0bad_5eed_1234_5678;
+/// The core's `now` for every SYN (mid-way through a retry-filter unit of 2^30 ns).
+const NOW: u64 = 1_000_000_000_000 + (1 << 29);
+const XDP_TX: u32 = 3;
+const XDP_REDIRECT: u32 = 4;
+
+fn server_mac(id: u16) -> Mac {
+    [0x02, 0x00, 0x00, 0x01, (id >> 8) as u8, id as u8]
+}
+
+/// A cheetah-mode l2 config: one VIP of `policy` over servers 1..=n, with `weights`.
+fn config(policy: &str, n: u16, weights: &[(u16, u32)]) -> LbConfig {
+    config_with(policy, "", n, weights)
+}
+
+/// [`config`] with `vip_extra` lines in the VIP's table.
+fn config_with(policy: &str, vip_extra: &str, n: u16, weights: &[(u16, u32)]) -> LbConfig {
+    let mut text = String::from(
+        "mode = \"cheetah\"\nforwarding = \"l2\"\ncookie_epoch_bits = 4\nfallback_table_capacity = 4096\n",
+    );
+    for id in 1..=n {
+        let mac = server_mac(id).map(|b| format!("{b:02x}")).join(":");
+        text += &format!(
+            "[[servers]]\nid = {id}\ndip = \"10.1.{}.{}\"\nmac = \"{mac}\"\nstate = \"active\"\n",
+            id >> 8,
+            id & 0xff
+        );
+    }
+    let members: Vec<String> = (1..=n).map(|id| id.to_string()).collect();
+    text += &format!(
+        "[[vips]]\naddress = \"{VIP}\"\nport = {VIP_PORT}\npolicy = \"{policy}\"\n{vip_extra}\nservers = [{}]\n[vips.weights]\n",
+        members.join(", ")
+    );
+    for (id, weight) in weights {
+        text += &format!("\"{id}\" = {weight}\n");
+    }
+    LbConfig::from_toml(&text).unwrap_or_else(|e| panic!("{policy}: {e}"))
+}
+
+fn checksum(words: impl Iterator<Item = u16>) -> u16 {
+    let mut sum: u32 = words.map(u32::from).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+fn be_words(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
+    bytes
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))
+}
+
+/// One end of a TCP segment: its MAC, address and port.
+#[derive(Clone, Copy)]
+struct End {
+    mac: Mac,
+    addr: Ipv4Addr,
+    port: u16,
+}
+
+/// A handshake segment with Linux's options (MSS SAckOK TS NOP WScale, Table 1's first
+/// row) from `from` to `to`.
+fn handshake_segment(from: End, to: End, flags: u8, seq: u32, ack: u32, tsval: u32) -> Vec<u8> {
+    let ts = tsval.to_be_bytes();
+    let options = [
+        2, 4, 0x05, 0xb4, 4, 2, 8, 10, ts[0], ts[1], ts[2], ts[3], 0, 0, 0, 0, 1, 3, 3, 7,
+    ];
+    let tcp_len = 20 + options.len();
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&to.mac);
+    frame.extend_from_slice(&from.mac);
+    frame.extend_from_slice(&0x0800u16.to_be_bytes());
+    let mut ip = vec![0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 6, 0, 0];
+    ip[2..4].copy_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
+    ip.extend_from_slice(&from.addr.octets());
+    ip.extend_from_slice(&to.addr.octets());
+    let ip_check = checksum(be_words(&ip));
+    ip[10..12].copy_from_slice(&ip_check.to_be_bytes());
+    let mut tcp = Vec::new();
+    tcp.extend_from_slice(&from.port.to_be_bytes());
+    tcp.extend_from_slice(&to.port.to_be_bytes());
+    tcp.extend_from_slice(&seq.to_be_bytes());
+    tcp.extend_from_slice(&ack.to_be_bytes());
+    tcp.push(((tcp_len / 4) as u8) << 4);
+    tcp.push(flags);
+    tcp.extend_from_slice(&[0xfa, 0xf0, 0, 0, 0, 0]);
+    tcp.extend_from_slice(&options);
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&from.addr.octets());
+    pseudo.extend_from_slice(&to.addr.octets());
+    pseudo.extend_from_slice(&[0, 6]);
+    pseudo.extend_from_slice(&(tcp_len as u16).to_be_bytes());
+    pseudo.extend_from_slice(&tcp);
+    let tcp_check = checksum(be_words(&pseudo));
+    tcp[16..18].copy_from_slice(&tcp_check.to_be_bytes());
+    frame.extend_from_slice(&ip);
+    frame.extend_from_slice(&tcp);
+    frame
+}
+
+const TCP_SYN: u8 = 0x02;
+const TCP_SYN_ACK: u8 = 0x12;
+
+fn vip_end(mac: Mac) -> End {
+    End {
+        mac,
+        addr: VIP,
+        port: VIP_PORT,
+    }
+}
+
+/// A client's SYN to the VIP.
+fn syn(client: Ipv4Addr, port: u16, isn: u32) -> Vec<u8> {
+    let from = End {
+        mac: [0x02, 0xaa, 0, 0, 0, 1],
+        addr: client,
+        port,
+    };
+    handshake_segment(from, vip_end(SERVERS.mac), TCP_SYN, isn, 0, 0x1234_5678)
+}
+
+/// The SYNs of the run, in order: client `i` from 10.7.(i / 250).(i % 250 + 1), a
+/// retransmission (the same SYN) after every `RETRANSMIT_EVERY`th.
+fn syns() -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for i in 0..CLIENTS_COUNT {
+        let client = Ipv4Addr::new(10, 7, 1 + (i / 250) as u8, (i % 250 + 1) as u8);
+        let frame = syn(
+            client,
+            40_000 + (i % 20_000) as u16,
+            0x1000_0000 ^ i.wrapping_mul(2_654_435_761),
+        );
+        out.push(frame.clone());
+        if i % RETRANSMIT_EVERY == 0 {
+            out.push(frame);
+        }
+    }
+    out
+}
+
+/// Pins this thread to the CPU it runs on: the kernel's policy state is per CPU.
+fn pin_to_this_cpu() -> usize {
+    // SAFETY: sched_getcpu has no preconditions; the set is a valid cpu_set_t.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        assert!(cpu >= 0, "sched_getcpu");
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(
+            rc,
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+        cpu as usize
+    }
+}
+
+/// What one policy's run gave.
+struct Run {
+    kernel_picks: Vec<u16>,
+    core_picks: Vec<u16>,
+    /// The kernel's SYN stats: placed, and recognised as retransmitted.
+    kernel_syns: (u64, u64),
+    /// The core worker's new_connections and syn_retransmissions.
+    core_syns: (u64, u64),
+    byte_mismatches: Vec<usize>,
+    /// Active connections and new connections per server, in the core's totals after the
+    /// worker merged, and in the kernel plane's totals after the fold.
+    core_loads: Vec<(u64, u64)>,
+    kernel_loads: Vec<(u64, u64)>,
+    cpu_state_advanced: bool,
+}
+
+/// The program loaded and published for `config`, with two planes over the config: the
+/// kernel's, its tables over the program's words and its loads what the fold gives them;
+/// and the core's, with tables of its own (the kernel books every SYN in its handshake
+/// table first, so a shared one would show the core each SYN as a retransmission) and its
+/// loads what its worker gives them. Every CPU's policy state is the core worker's.
+struct Lb {
+    program: SteeringProgram,
+    kernel_plane: ControlPlane,
+    core_plane: ControlPlane,
+    worker_config: WorkerConfig,
+    servers_ifindex: u32,
+}
+
+fn set_up(config: &LbConfig) -> Lb {
+    let secret = Secret([0x5a; 16]);
+    let program = SteeringProgram::load().expect("the verifier refused bpf/xdp_lb.c");
+    let servers = interface(&SERVERS, 0);
+    let clients = interface(&CLIENTS, 1);
+    program.set_interface_slot(servers.ifindex, 0).unwrap();
+    program.set_interface_slot(clients.ifindex, 1).unwrap();
+    let words = program.kernel_words().unwrap();
+    let kernel_plane =
+        ControlPlane::new_with_tables(config, &secret, &|layout| words.tables(layout)).unwrap();
+    let core_plane = ControlPlane::new_with_tables(config, &secret, &SharedTables::new).unwrap();
+    let snapshot = kernel_plane.shared().snapshot.load();
+    let servers_ifindex = servers.ifindex;
+    let interfaces = [servers, clients];
+    let publication = Publication {
+        snapshot: &snapshot,
+        layout: kernel_plane.shared().layout(),
+        interfaces: &interfaces,
+        sides: &[Ingress::ServerSide, Ingress::ClientSide],
+        fast_path: true,
+    };
+    let mut worker_config = WorkerConfig::new(0, 1, config);
+    worker_config.seed = RNG_SEED;
+    let mut publisher = Publisher::with_policy_seeds(PolicySeeds::AsWorker {
+        index: worker_config.index,
+        workers: worker_config.workers,
+        rng_seed: worker_config.seed,
+    });
+    let routes = std::fs::read_to_string("/proc/thread-self/net/route").unwrap();
+    let neighbours = std::fs::read_to_string("/proc/thread-self/net/arp").unwrap();
+    publisher
+        .write(&program, wanted(&publication, &routes, &neighbours))
+        .unwrap();
+    publisher.seed_policies(&program, &snapshot).unwrap();
+    program
+        .set_clock_base(monotonic_ns().wrapping_sub(NOW))
+        .unwrap();
+    Lb {
+        program,
+        kernel_plane,
+        core_plane,
+        worker_config,
+        servers_ifindex,
+    }
+}
+
+/// The server whose MAC a frame the kernel sent is addressed to.
+fn picked(frame: &[u8], servers: u16) -> u16 {
+    let dst: Mac = frame[0..6].try_into().unwrap();
+    (1..=servers).find(|id| server_mac(*id) == dst).unwrap_or(0)
+}
+
+fn run_policy(config: &LbConfig) -> Run {
+    let Lb {
+        program,
+        kernel_plane,
+        core_plane,
+        worker_config,
+        servers_ifindex,
+    } = set_up(config);
+    let mut worker = Worker::new(Arc::clone(core_plane.shared()), worker_config);
+
+    let cpu = pin_to_this_cpu();
+    let state_before = program.policy_state(0).unwrap()[cpu];
+    let rng_before = program.policy_rng().unwrap()[cpu];
+    let stats_before = program.stats();
+    let mut run = Run {
+        kernel_picks: Vec::new(),
+        core_picks: Vec::new(),
+        kernel_syns: (0, 0),
+        core_syns: (0, 0),
+        byte_mismatches: Vec::new(),
+        core_loads: Vec::new(),
+        kernel_loads: Vec::new(),
+        cpu_state_advanced: false,
+    };
+    for (n, frame) in syns().iter().enumerate() {
+        let (action, out) = program.test_run(frame, servers_ifindex).unwrap();
+        let mut core_out = frame.clone();
+        let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+        let Verdict::ToServer(core_pick) = verdict else {
+            panic!("SYN {n}: the core says {verdict:?}");
+        };
+        run.core_picks.push(core_pick.0);
+        if action != XDP_TX {
+            run.kernel_picks.push(0);
+            continue;
+        }
+        run.kernel_picks
+            .push(picked(&out, config.servers.len() as u16));
+        core_out[0..6].copy_from_slice(&server_mac(core_pick.0));
+        core_out[6..12].copy_from_slice(&SERVERS.mac);
+        if out != core_out {
+            run.byte_mismatches.push(n);
+        }
+    }
+    let stats = program.stats();
+    let kernel = |i: usize| stats.fast[i] - stats_before.fast[i];
+    // FAST_BUNDLES: ClientSyn at 4, ClientSynRetransmitted at 5.
+    run.kernel_syns = (kernel(4) + kernel(5), kernel(5));
+    let counters = worker.counters();
+    run.core_syns = (
+        counters.get(Counter::NewConnections),
+        counters.get(Counter::SynRetransmissions),
+    );
+    run.cpu_state_advanced = program.policy_state(0).unwrap()[cpu] != state_before
+        || program.policy_rng().unwrap()[cpu] != rng_before;
+
+    worker.tick(NOW + MERGE_INTERVAL);
+    KernelLoads::default()
+        .fold(&program, kernel_plane.shared())
+        .unwrap();
+    for id in 1..=config.servers.len() as u16 {
+        let load = |plane: &ControlPlane| {
+            let load = plane.shared().loads.server(ServerId(id));
+            (load.active_connections, load.new_connections)
+        };
+        run.core_loads.push(load(&core_plane));
+        run.kernel_loads.push(load(&kernel_plane));
+    }
+    run
+}
+
+/// The first place two pick sequences differ, for the failure message.
+fn first_difference(kernel: &[u16], core: &[u16]) -> String {
+    match kernel.iter().zip(core).position(|(k, c)| k != c) {
+        Some(at) => format!(
+            "first at SYN {at}: kernel {:?}, core {:?}",
+            &kernel[at..(at + 8).min(kernel.len())],
+            &core[at..(at + 8).min(core.len())]
+        ),
+        None => "none".into(),
+    }
+}
+
+#[test]
+fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return;
+    }
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    let wrr_weights = [(1, 5), (2, 1), (3, 3), (4, 2), (5, 7), (6, 1), (7, 4)];
+    let cases = [
+        ("rr", config("rr", 7, &[])),
+        ("wrr", config("wrr", 7, &wrr_weights)),
+        ("random", config("random", 7, &[])),
+        ("hash", config("hash", 7, &[])),
+        // The biggest pool the kernel holds.
+        (
+            "random, 64 servers",
+            config("random", MAX_HASH_POOL as u16, &[]),
+        ),
+        ("rr, 64 servers", config("rr", MAX_HASH_POOL as u16, &[])),
+    ];
+    let mut failures = Vec::new();
+    for (name, config) in &cases {
+        let run = run_policy(config);
+        let syns = run.core_picks.len();
+        let placed = run.kernel_picks.iter().filter(|&&p| p != 0).count();
+        eprintln!(
+            "{name:<20} {syns} SYNs, {placed} placed in the kernel; kernel SYN stats {:?}, core (new_connections, syn_retransmissions) {:?}",
+            run.kernel_syns, run.core_syns
+        );
+        let mut fail = |what: String| failures.push(format!("{name}: {what}"));
+        if placed != syns {
+            fail(format!("{} of {syns} SYNs went up", syns - placed));
+        }
+        if run.kernel_picks != run.core_picks {
+            fail(format!(
+                "the kernel picked other servers than the core: {}",
+                first_difference(&run.kernel_picks, &run.core_picks)
+            ));
+        }
+        if !run.byte_mismatches.is_empty() {
+            fail(format!(
+                "bytes differ from the core's for SYNs {:?}",
+                &run.byte_mismatches[..run.byte_mismatches.len().min(10)]
+            ));
+        }
+        if run.kernel_syns != run.core_syns {
+            fail(format!(
+                "kernel counted (SYNs, retransmitted) {:?}, the core {:?}",
+                run.kernel_syns, run.core_syns
+            ));
+        }
+        if run.kernel_loads != run.core_loads {
+            fail(format!(
+                "the fold gave (active, new) per server {:?}, the core's worker {:?}",
+                run.kernel_loads, run.core_loads
+            ));
+        }
+        let placed_total: u64 = run.kernel_loads.iter().map(|(_, new)| new).sum();
+        if placed_total != syns as u64 {
+            fail(format!(
+                "the fold counted {placed_total} new connections for {syns} kernel picks"
+            ));
+        }
+        if !run.cpu_state_advanced && !name.starts_with("hash") {
+            fail("this CPU's policy state did not move: the picks ran elsewhere".into());
+        }
+    }
+    // A pool the kernel does not hold goes up, counted as a new connection for userspace.
+    let big = config("rr", MAX_HASH_POOL as u16 + 1, &[]);
+    let run = run_policy(&big);
+    if run.kernel_picks.iter().any(|&p| p != 0) {
+        failures.push("a pool of 65 servers was placed in the kernel".into());
+    }
+    assert!(
+        failures.is_empty(),
+        "the kernel's policies disagree with the core's:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn a_syn_ack_after_a_retried_syn_goes_up_and_the_core_moves_the_count_the_kernel_booked() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return;
+    }
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    let config = config("rr", 7, &[]);
+    let lb = set_up(&config);
+    // The core's worker over the kernel's tables: it sees the SYNs the kernel booked.
+    let mut worker = Worker::new(Arc::clone(lb.kernel_plane.shared()), lb.worker_config);
+    pin_to_this_cpu();
+    // Every server's clock known, as after its first replies: no SYN-ACK waits for it.
+    let msb = 0x0042u32;
+    let clocks: Vec<(ServerId, u32)> = (1..=7).map(|id| (ServerId(id), msb << 16)).collect();
+    lb.kernel_plane.shared().msb.import(&clocks, 0);
+    let servers = config.servers.len() as u16;
+    let client = |host: u8| End {
+        mac: GATEWAY_MAC,
+        addr: Ipv4Addr::new(10, 7, 9, host),
+        port: 50_000,
+    };
+    let syn_ack = |server: u16, to: End, isn: u32| {
+        let from = vip_end(server_mac(server));
+        let to = End {
+            mac: SERVERS.mac,
+            ..to
+        };
+        handshake_segment(
+            from,
+            to,
+            TCP_SYN_ACK,
+            7,
+            isn.wrapping_add(1),
+            msb << 16 | 0x0123,
+        )
+    };
+
+    // Client 1's SYN, retransmitted: two picks, the second holding the count.
+    let isn = 0x0c0f_fee0;
+    let first_syn = syn(client(1).addr, client(1).port, isn);
+    let (_, first) = lb.program.test_run(&first_syn, lb.servers_ifindex).unwrap();
+    let (_, second) = lb.program.test_run(&first_syn, lb.servers_ifindex).unwrap();
+    let (first, second) = (picked(&first, servers), picked(&second, servers));
+    assert!(
+        first != 0 && second != 0 && first != second,
+        "rr picks {first} then {second}"
+    );
+    // The first pick answers first: its SYN-ACK goes up, untouched.
+    let answer = syn_ack(first, client(1), isn);
+    let stats = lb.program.stats();
+    let (action, out) = lb.program.test_run(&answer, lb.servers_ifindex).unwrap();
+    let up = lb.program.stats().up;
+    // UP_REASONS: handshake_or_close at 4.
+    assert_eq!(
+        up[4] - stats.up[4],
+        1,
+        "a SYN-ACK after a retried SYN goes up"
+    );
+    assert!(
+        action != XDP_TX && action != XDP_REDIRECT,
+        "action {action}"
+    );
+    assert!(out.ends_with(&answer), "its bytes unchanged");
+    // Userspace finds the kernel's booking and moves the count to the server that answered.
+    let mut core_out = answer.clone();
+    let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+    assert_eq!(verdict, Verdict::ToClient);
+    assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
+
+    // Client 2's SYN, sent once: its SYN-ACK is the kernel's, with the core's bytes.
+    let isn = 0x0bad_cafe;
+    let (_, out) = lb
+        .program
+        .test_run(
+            &syn(client(2).addr, client(2).port, isn),
+            lb.servers_ifindex,
+        )
+        .unwrap();
+    let server = picked(&out, servers);
+    let answer = syn_ack(server, client(2), isn);
+    let stats = lb.program.stats();
+    let (action, out) = lb.program.test_run(&answer, lb.servers_ifindex).unwrap();
+    let fast = lb.program.stats().fast;
+    // FAST_BUNDLES: ServerCookie at 2.
+    assert_eq!(fast[2] - stats.fast[2], 1, "the kernel handled the SYN-ACK");
+    assert_eq!(action, XDP_REDIRECT);
+    let mut core_out = answer.clone();
+    assert_eq!(
+        worker.process(&mut core_out, NOW, Ingress::ServerSide),
+        Verdict::ToClient
+    );
+    core_out[0..6].copy_from_slice(&GATEWAY_MAC);
+    core_out[6..12].copy_from_slice(&CLIENTS.mac);
+    assert_eq!(out, core_out, "the core's bytes (cookie in TSval)");
+    assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
+}
+
+#[test]
+fn kernel_pow2_picks_the_cores_servers_given_the_same_loads() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return;
+    }
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    let cases = [
+        ("pow2, active connections", config("pow2", 7, &[])),
+        (
+            "pow2, reported load",
+            config_with("pow2", "load_metric = \"reported\"", 7, &[]),
+        ),
+        (
+            "pow2, 64 servers",
+            config("pow2", MAX_HASH_POOL as u16, &[]),
+        ),
+        ("pow2, 1 server", config("pow2", 1, &[])),
+    ];
+    let mut failures = Vec::new();
+    for (name, config) in &cases {
+        let lb = set_up(config);
+        let shared = lb.kernel_plane.shared();
+        let servers = config.servers.len() as u16;
+        // Loads with ties (every third server shares its load with the one before).
+        let ids: Vec<ServerId> = (1..=servers).map(ServerId).collect();
+        for id in &ids {
+            let report = ReportedLoad {
+                load: Some(f64::from((id.0 * 7) % 5) * 0.25),
+                active_connections: Some(u64::from((id.0 * 13) % 9 / 2)),
+            };
+            shared.loads.report(*id, report).unwrap();
+        }
+        KernelLoads::default()
+            .publish_loads(&lb.program, shared)
+            .unwrap();
+        // The core's policy over a worker's view of the same totals, with the generator
+        // the kernel's CPUs were seeded from.
+        let mut view = WorkerLoads::new(Arc::clone(&shared.loads));
+        view.watch(&ids);
+        let pool = &shared.snapshot.load().vips[0].pool;
+        let mut rng = PolicyRng::seed_from_u64(lb.worker_config.seed);
+        pin_to_this_cpu();
+        let (mut kernel, mut core) = (Vec::new(), Vec::new());
+        for frame in syns().iter().take(CLIENTS_COUNT as usize) {
+            let (action, out) = lb.program.test_run(frame, lb.servers_ifindex).unwrap();
+            kernel.push(if action == XDP_TX {
+                picked(&out, servers)
+            } else {
+                0
+            });
+            let mut ctx = PickContext {
+                pool,
+                flow_hash: 0,
+                loads: view.view(),
+                rng: &mut rng,
+                now: NOW,
+            };
+            core.push(PowerOfTwo.pick(&mut ctx).unwrap().0);
+        }
+        let placed = kernel.iter().filter(|&&p| p != 0).count();
+        eprintln!(
+            "{name:<26} {} SYNs, {placed} placed in the kernel",
+            core.len()
+        );
+        if placed != core.len() {
+            failures.push(format!("{name}: {} SYNs went up", core.len() - placed));
+        }
+        if kernel != core {
+            failures.push(format!(
+                "{name}: the kernel picked other servers than the core: {}",
+                first_difference(&kernel, &core)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the kernel's pow2 disagrees with the core's:\n{}",
+        failures.join("\n")
+    );
+}
