@@ -169,6 +169,18 @@ impl SharedLoads {
         self.add(id, &delta);
     }
 
+    /// Adds `closes` server closes no worker counted (the XDP program's fast path counts
+    /// those it forwards, by lb/closes.rs's rules, in the close filter it shares with the
+    /// workers) to `id`'s active count: one down each, clamped at 0 as a worker's merged
+    /// closes are.
+    pub fn add_closes(&self, id: ServerId, closes: u64) {
+        let delta = PendingDelta {
+            active: -i64::try_from(closes).unwrap_or(i64::MAX),
+            ..PendingDelta::default()
+        };
+        self.add(id, &delta);
+    }
+
     /// Adds one worker's deltas to the totals of `id`.
     fn add(&self, id: ServerId, delta: &PendingDelta) {
         let server = &self.servers[id.index()];
