@@ -181,6 +181,23 @@ fn from_server(nat: bool, server: u16, flags: u8, options: Vec<u8>) -> TcpFrame 
     }
 }
 
+/// Where a server's FIN sits: after the data of [`server_fin`], which starts at the
+/// testkit's server sequence number.
+const SERVER_FIN_SEQ: u32 = 2000 + SERVER_FIN_DATA.len() as u32;
+const SERVER_FIN_DATA: &[u8] = b"bye\r\n";
+
+/// Server 2's FIN-ACK with its last data (the close is one past the data).
+fn server_fin(nat: bool) -> Vec<u8> {
+    from_server(
+        nat,
+        2,
+        flags::FIN | flags::ACK,
+        options::nop_nop_ts(SERVER_TS + 3, CLIENT_TS + 2),
+    )
+    .with_payload(SERVER_FIN_DATA)
+    .build()
+}
+
 fn client_ack(tsecr: u32) -> Vec<u8> {
     from_client(
         flags::ACK | flags::PSH,
@@ -494,6 +511,50 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
             "Server 2's RST without options: nothing to put a cookie in.",
             from_server(nat, 2, flags::RST, Vec::new()).build(),
         ),
+        input(
+            "server-rst-timestamped",
+            "Server 2's RST-ACK with NOP NOP TS (Linux aborting a connection that negotiated timestamps): cookie inserted, connection counted closed.",
+            from_server(
+                nat,
+                2,
+                flags::RST | flags::ACK,
+                options::nop_nop_ts(SERVER_TS + 3, CLIENT_TS + 2),
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "server-fin-retransmitted",
+            "Server 2's FIN-ACK sent again, its data acknowledged meanwhile: the close is counted once, at the first.",
+            TcpFrame {
+                seq: SERVER_FIN_SEQ,
+                ..from_server(
+                    nat,
+                    2,
+                    flags::FIN | flags::ACK,
+                    options::nop_nop_ts(SERVER_TS + 4, CLIENT_TS + 2),
+                )
+            }
+            .build(),
+        )
+        .msb(2, M)
+        .after(server_fin(nat)),
+        input(
+            "server-rst-after-fin",
+            "Server 2's RST one past its FIN: the same close, not counted again.",
+            TcpFrame {
+                seq: SERVER_FIN_SEQ + 1,
+                ..from_server(
+                    nat,
+                    2,
+                    flags::RST | flags::ACK,
+                    options::nop_nop_ts(SERVER_TS + 4, CLIENT_TS + 2),
+                )
+            }
+            .build(),
+        )
+        .msb(2, M)
+        .after(server_fin(nat)),
         input(
             "icmp-frag-needed-cookie",
             "ICMP fragmentation-needed quoting IP, TCP and options of a packet carrying server 2's cookie: routed to server 2, quoted TSval restored.",
