@@ -62,6 +62,11 @@ enum xdp_stat {
 	// A reply the in-kernel path looked up in next_hops without a usable answer: it asked
 	// bpf_fib_lookup instead (whatever the FIB then said).
 	STAT_NEXT_HOP_MISS,
+	// A server's FIN, or RST with a timestamp, handled in the kernel (lb/closes.rs): the
+	// core's ServerCookie bundle plus its `server_closes` (the first close of its
+	// connection: server_traffic.closed went up) or `duplicate_closes` (already counted).
+	STAT_FAST_SERVER_CLOSE,
+	STAT_FAST_SERVER_DUPLICATE_CLOSE,
 	STAT_COUNT,
 };
 
@@ -145,7 +150,17 @@ struct mac_key {
 // from each server, folded into the core's loads by userspace.
 struct server_traffic {
 	__u64 packets;
-	__u64 bytes; // IP bytes, as the core counts them
+	__u64 bytes;  // IP bytes, as the core counts them
+	__u64 opened; // connections the kernel placed on this server (a policy's pick for a SYN)
+	__u64 closed; // closes the kernel counted for this server (lb/closes.rs rules)
+};
+
+// The core's close filter (lb/closes.rs CloseFilter, DEFAULT_SLOTS words) as the one
+// entry of the mmapable closes array, shared with userspace like the clock words: slot
+// `flow hash & (CLOSE_SLOTS - 1)` holds the tag of the last close counted there (0: none).
+#define CLOSE_SLOTS 65536
+struct close_words {
+	__u32 word[CLOSE_SLOTS];
 };
 
 // The words of the clock table (core cookie/msb.rs) that the kernel reads, in two

@@ -9,8 +9,10 @@
 // STAT_UP_* reason and changed no byte: userspace then decides, as it always did.
 //
 // The kernel takes less than the core's straight line, never more: whatever would change
-// state (a new connection's pick, a clock that moved, a handshake or close to book) or
-// that the maps do not answer (a server without a resolved egress, a FIB miss) goes up.
+// state it does not share with userspace (a new connection's pick, a clock that moved, a
+// handshake to book) or that the maps do not answer (a server without a resolved egress,
+// a FIB miss) goes up. A server's close is booked in the kernel, in the close filter it
+// shares with the core (closes.h).
 
 #ifndef CHEETAH_LIB_FAST_PATH_H
 #define CHEETAH_LIB_FAST_PATH_H
@@ -20,6 +22,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
+#include "closes.h"
 #include "cookie.h"
 #include "csum.h"
 #include "maps.h"
@@ -50,14 +53,17 @@ static __always_inline struct cookie_layout layout_of(const struct lb_config *co
 	return layout;
 }
 
-// The core's `loads.on_packet(server, IP bytes)`, folded into its loads by userspace.
-static __always_inline void add_server_traffic(__u32 server, const struct iphdr *ip)
+// The core's `loads.on_packet(server, IP bytes)`, and with `closed` its counted close
+// (`loads.on_server_close`), folded into its loads by userspace.
+static __always_inline void add_server_traffic(__u32 server, const struct iphdr *ip, int closed)
 {
 	struct server_traffic *traffic = bpf_map_lookup_elem(&server_traffic, &server);
 
 	if (traffic) {
 		traffic->packets += 1;
 		traffic->bytes += bpf_ntohs(ip->tot_len);
+		if (closed)
+			traffic->closed += 1;
 	}
 }
 
@@ -94,7 +100,7 @@ static __always_inline int forward_to_server(struct xdp_md *ctx, const struct pl
 		if (vip->backend_port != vip->port)
 			csum_set_tcp_port(&p->tcp->check, &p->tcp->dest, vip->backend_port);
 	}
-	add_server_traffic(id, p->ip);
+	add_server_traffic(id, p->ip, 0);
 	count(stat);
 	return send_out(ctx, server->egress_ifindex);
 }
@@ -223,6 +229,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	struct next_hop hop;
 	struct server_info *server;
 	struct vip_info *vip;
+	// A FIN or an RST (cheetah mode): its close, and whether it is the first (closes.h).
+	struct close close = {};
+	int is_close = 0, first_close = 0;
 	__u16 cookie = 0;
 	__u32 id = 0, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
@@ -243,12 +252,17 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	if (cheetah) {
 		struct cookie_layout layout = layout_of(config);
 		struct msb_seen_words *seen;
+		__u8 flags = tcp_flags(p->tcp);
 		__u32 zero = 0;
 		__u16 msb;
 		__u64 hash;
 
-		if (tcp_flags(p->tcp) & (TCP_SYN | TCP_FIN | TCP_RST))
+		// A SYN-ACK's handshake bookkeeping is userspace's.
+		if (flags & TCP_SYN)
 			return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
+		// Also for a FIN or RST: the core's straight line takes a reply only with NOP NOP
+		// TS, so the closes it counts here are stamped ones (an RST without a timestamp
+		// goes up, and the core counts it as such).
 		if (!plain_has_nop_nop_ts(p))
 			return hand_up(STAT_UP_LAYOUT);
 		msb = bpf_ntohl(p->ts->tsval) >> 16;
@@ -258,6 +272,20 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		// The connection's hash: its client is the reply's destination.
 		hash = siphash_finish(vip->hash_prefix, p->ip->daddr, p->tcp->dest);
 		cookie = cookie_encode(layout, id, hash, msb);
+		// closes.rs `on_server_close`, filed under the cookie's hash. Cheetah mode only:
+		// the baselines place no connection by a policy, so they count no close either.
+		if (flags & (TCP_FIN | TCP_RST)) {
+			struct close_words *words = bpf_map_lookup_elem(&closes, &zero);
+			// parse_plain_tcp proved IP + TCP header <= total length.
+			__u32 data_len = bpf_ntohs(p->ip->tot_len) - sizeof(struct iphdr) -
+					 p->tcp->doff * 4;
+
+			if (!words)
+				return hand_up(STAT_UP_OTHER);
+			is_close = 1;
+			first_close = close_seen(words, hash, flags, bpf_ntohl(p->tcp->seq),
+						 data_len, &close);
+		}
 	}
 
 	// Before any byte changes: no next hop (map and FIB both) hands the packet up as it
@@ -265,10 +293,16 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	if (!next_hop_toward_client(ctx, p->ip, &hop))
 		return hand_up(STAT_UP_NEXT_HOP);
 
+	// PUBLISH CHECK
 	if (cheetah) {
 		// The cookie takes the place of the MSB; the low half stays.
 		csum_replace_high_half((__u16 *)&p->ts->tsval, &p->tcp->check, cookie);
 		stat = STAT_FAST_SERVER_COOKIE;
+		if (is_close) {
+			if (first_close)
+				close_record(&close);
+			stat = first_close ? STAT_FAST_SERVER_CLOSE : STAT_FAST_SERVER_DUPLICATE_CLOSE;
+		}
 	} else {
 		stat = STAT_FAST_SERVER_PLAIN;
 	}
@@ -283,7 +317,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	}
 	__builtin_memcpy(p->eth->h_dest, hop.dmac, ETH_ALEN);
 	__builtin_memcpy(p->eth->h_source, hop.smac, ETH_ALEN);
-	add_server_traffic(id, p->ip);
+	add_server_traffic(id, p->ip, first_close);
 	count(stat);
 	return send_out(ctx, hop.ifindex);
 }

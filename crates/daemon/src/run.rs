@@ -85,9 +85,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // msb_seen and msb_restores arrays: the kernel restores and learns from the same words.
     let steering = SteeringProgram::load()?;
     let clock_words = steering.clock_words()?;
-    let plane = persister.restore_with_msb(&file.lb, &secret, &clock, &|layout| {
+    let mut plane = persister.restore_with_msb(&file.lb, &secret, &clock, &|layout| {
         clock_words.table(layout)
     })?;
+    // Likewise the close filter lives in the program's closes array: a close counted in
+    // the kernel is a duplicate for the workers, and the other way round.
+    if plane
+        .share_closes(steering.close_words()?.filter())
+        .is_err()
+    {
+        bail!("the close filter must be shared with the XDP program before the workers start");
+    }
     let state = Arc::new(DaemonState::new(plane, clock, Some(persister)));
     // The API binds before anything touches the interfaces: a bad or busy address stops
     // the start with nothing changed.
@@ -420,17 +428,17 @@ fn publish(
     publisher.publish(steering, &publication)
 }
 
-/// Folds what the XDP program's in-kernel path sent to or received from each server into
-/// the core's load totals, which the load-aware policies read at their workers' next
-/// merge: the per-CPU totals grow from 0 since the program was loaded, and each call adds
-/// what they grew by since the last.
+/// Folds what the XDP program's in-kernel path sent to or received from each server, and
+/// the closes it counted, into the core's load totals, which the load-aware policies read
+/// at their workers' next merge: the per-CPU totals grow from 0 since the program was
+/// loaded, and each call adds what they grew by since the last.
 #[derive(Default)]
-struct KernelTraffic {
+pub struct KernelTraffic {
     seen: HashMap<ServerId, ServerTraffic>,
 }
 
 impl KernelTraffic {
-    fn fold(&mut self, steering: &SteeringProgram, shared: &LbShared) {
+    pub fn fold(&mut self, steering: &SteeringProgram, shared: &LbShared) {
         let snapshot = shared.snapshot.load();
         let ids: Vec<ServerId> = snapshot
             .servers
@@ -447,10 +455,13 @@ impl KernelTraffic {
         };
         for (id, total) in ids.into_iter().zip(totals) {
             let before = self.seen.insert(id, total).unwrap_or_default();
-            let packets = total.packets.wrapping_sub(before.packets);
-            let bytes = total.bytes.wrapping_sub(before.bytes);
-            if packets != 0 || bytes != 0 {
-                shared.loads.add_traffic(id, packets, bytes);
+            let grown = total.since(before);
+            if grown.packets != 0 || grown.bytes != 0 {
+                shared.loads.add_traffic(id, grown.packets, grown.bytes);
+            }
+            // As the core's counted close: one active connection down, clamped at 0.
+            if grown.closed != 0 {
+                shared.loads.add_closes(id, grown.closed);
             }
         }
     }

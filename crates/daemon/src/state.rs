@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::xdp::SteeringStats;
-use crate::dataplane::xdp_layout::{FAST_BUNDLES, UP_REASONS};
+use crate::dataplane::xdp_layout::{FAST_BUNDLES, FAST_CLOSES, UP_REASONS};
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
 use crate::health::{self, HealthBook, Readiness};
@@ -60,6 +60,7 @@ pub struct SteeringCounters {
     pub fast_path: AtomicBool,
     fast: [AtomicU64; FAST_BUNDLES.len()],
     up: [AtomicU64; UP_REASONS.len()],
+    closes: [AtomicU64; FAST_CLOSES.len()],
 }
 
 impl SteeringCounters {
@@ -76,19 +77,29 @@ impl SteeringCounters {
         for (cell, value) in self.up.iter().zip(stats.up) {
             cell.store(value, Relaxed);
         }
+        for (cell, value) in self.closes.iter().zip(stats.closes) {
+            cell.store(value, Relaxed);
+        }
     }
 
     /// The in-kernel path's packets as the core's counters: each packet of a bundle in
     /// every counter of the bundle (`Bundle::counters`), as a worker counts its own.
     pub fn kernel_events(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
         Counter::ALL.iter().map(move |counter| {
-            let sum = FAST_BUNDLES
+            let bundles = FAST_BUNDLES
                 .iter()
                 .zip(&self.fast)
                 .filter(|((_, bundle), _)| bundle.counters().contains(counter))
-                .map(|(_, cell)| cell.load(Relaxed))
-                .fold(0, u64::wrapping_add);
-            (*counter, sum)
+                .map(|(_, cell)| cell.load(Relaxed));
+            // A close handled in the kernel is its bundle's counters plus its close counter.
+            let closes = FAST_CLOSES
+                .iter()
+                .zip(&self.closes)
+                .filter(|((_, bundle, close), _)| {
+                    bundle.counters().contains(counter) || close == counter
+                })
+                .map(|(_, cell)| cell.load(Relaxed));
+            (*counter, bundles.chain(closes).fold(0, u64::wrapping_add))
         })
     }
 

@@ -21,6 +21,15 @@
 //! * it went up (anything else: a `STAT_UP_*` reason, or plain steering): its bytes must be
 //!   unchanged (the metadata the program puts in front is not part of the frame).
 //!
+//! The core's close filter is built over the program's mmapped `closes` words, as in
+//! `cheetah run`. A server's FIN or stamped RST the kernel handled must have made the
+//! core's decision (a first close or a duplicate, the kernel's `STAT_FAST_SERVER_*CLOSE`
+//! against the worker's `server_closes`/`duplicate_closes`) and left the filter's words as
+//! the core leaves them: the words are put back as they were before the kernel's run
+//! before the core sees the packet, so both decide from the same state. A first close must
+//! also have moved the server's `server_traffic.closed`. A packet that went up must have
+//! left the words alone.
+//!
 //! A reply that went up because the kernel did not know its server's clock yet
 //! (`STAT_UP_CLOCK`) is sent once more after the core learnt it, as the next segment of
 //! that connection would be: the kernel must then handle it.
@@ -42,16 +51,17 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use cheetah_core::config::{LbConfig, Mode};
 use cheetah_core::hash::Secret;
-use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
+use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{parse_mac, Mac, ServerId};
 use cheetah_core::verdict::Verdict;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
-use cheetah_daemon::dataplane::xdp::{ClockWords, SteeringProgram};
+use cheetah_daemon::dataplane::xdp::{ClockWords, CloseWords, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::*;
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::ProgramInput;
@@ -120,6 +130,10 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-data",
             "server-data-msb-ffff",
             "server-data-id-9000",
+            "server-fin",
+            "server-rst-timestamped",
+            "server-fin-retransmitted",
+            "server-rst-after-fin",
         ],
     ),
     (
@@ -206,12 +220,19 @@ struct KernelRun {
     frame: Vec<u8>,
     /// The `STAT_FAST_*` counters that moved, as `xdp_layout::FAST_BUNDLES` indices.
     fast: Vec<u32>,
+    /// The close `STAT_FAST_*` counters that moved, as `xdp_layout::FAST_CLOSES` indices.
+    closes: Vec<usize>,
     /// The `STAT_UP_*` reasons that moved (`xdp_layout::UP_REASONS`).
     up: Vec<&'static str>,
     /// Steering passed it to the host (not the LB's: ARP, IPv6, ...).
     passed: bool,
     /// Server ids whose `server_traffic` moved.
     traffic: Vec<u16>,
+    /// How much `server_traffic.closed` moved, over all servers.
+    closed: u64,
+    /// The close filter's words after the run, and before it.
+    close_words: Vec<u32>,
+    close_words_before: Vec<u32>,
     /// `STAT_NEXT_HOP_MISS` moved: the next hop came from `bpf_fib_lookup`, not the map.
     next_hop_miss: bool,
 }
@@ -221,8 +242,27 @@ impl KernelRun {
         self.fast
             .iter()
             .map(|&i| format!("{:?}", FAST_BUNDLES[i as usize].1))
+            .chain(
+                self.closes
+                    .iter()
+                    .map(|&i| format!("{:?}", FAST_CLOSES[i].2)),
+            )
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// Handled in the kernel: a `STAT_FAST_*` counter moved.
+    fn handled(&self) -> bool {
+        !self.fast.is_empty() || !self.closes.is_empty()
+    }
+
+    /// The `STAT_FAST_*` counter that moved (one, by `judge`'s first check).
+    fn fast_stat(&self) -> u32 {
+        match (self.fast.first(), self.closes.first()) {
+            (Some(&i), _) => FAST_BUNDLES[i as usize].0,
+            (None, Some(&i)) => FAST_CLOSES[i].0,
+            (None, None) => unreachable!("handled"),
+        }
     }
 
     /// Why it went up, or what steering did with a packet the fast path did not look at
@@ -324,11 +364,11 @@ fn judge(
     what: &str,
     packet_in: &[u8],
     kernel: &KernelRun,
-    verdict: Verdict,
-    core_out: &[u8],
+    core: &CoreRun,
 ) {
+    let (verdict, core_out) = (core.verdict, &core.frame[..]);
     let mut fail = |message: String| report.failures.push(format!("{what}: {message}"));
-    if kernel.fast.len() + kernel.up.len() > 1 {
+    if kernel.fast.len() + kernel.closes.len() + kernel.up.len() > 1 {
         fail(format!(
             "more than one fast-path counter moved: {} {}",
             kernel.fast_name(),
@@ -336,7 +376,13 @@ fn judge(
         ));
         return;
     }
-    if kernel.fast.is_empty() {
+    if !kernel.handled() {
+        if kernel.close_words != kernel.close_words_before {
+            fail(format!(
+                "went up ({}) but wrote the close filter",
+                kernel.up_name()
+            ));
+        }
         if kernel.frame != packet_in {
             fail(format!(
                 "went up ({}, {}) with its bytes changed:\n   in  {}\n   out {}",
@@ -364,10 +410,17 @@ fn judge(
         ));
         return;
     };
-    let stat = FAST_BUNDLES[kernel.fast[0] as usize].0;
+    let stat = kernel.fast_stat();
+    let toward_client = [
+        STAT_FAST_SERVER_COOKIE,
+        STAT_FAST_SERVER_PLAIN,
+        STAT_FAST_SERVER_CLOSE,
+        STAT_FAST_SERVER_DUPLICATE_CLOSE,
+    ]
+    .contains(&stat);
     let direction_ok = match verdict {
         Verdict::ToServer(_) => stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK,
-        _ => stat == STAT_FAST_SERVER_COOKIE || stat == STAT_FAST_SERVER_PLAIN,
+        _ => toward_client,
     };
     if !direction_ok {
         fail(format!(
@@ -376,9 +429,27 @@ fn judge(
             verdict_name(verdict)
         ));
     }
+    // The close bookkeeping: the core's decision, the core's words, and a first close
+    // folded into the server's load.
+    let kernel_close = kernel.closes.first().map(|&i| FAST_CLOSES[i].2);
+    if kernel_close != core.close {
+        fail(format!(
+            "the kernel counted the close as {kernel_close:?}, the core as {:?}",
+            core.close
+        ));
+    }
+    if kernel.close_words != core.close_words {
+        fail("the close filter's words differ from those the core leaves".into());
+    }
+    let first_close = u64::from(kernel_close == Some(Counter::ServerCloses));
+    if kernel.closed != first_close {
+        fail(format!(
+            "server_traffic.closed moved by {} for {kernel_close:?}",
+            kernel.closed
+        ));
+    }
     // Every client of the vectors is behind the namespace's default route, whose gateway
     // is resolved: the map answers, or, empty, leaves it to the FIB.
-    let toward_client = stat == STAT_FAST_SERVER_COOKIE || stat == STAT_FAST_SERVER_PLAIN;
     if toward_client && kernel.next_hop_miss != (next_hops == NextHops::Empty) {
         fail(format!(
             "next_hops {next_hops:?}, but the reply's next hop {} the map",
@@ -451,11 +522,14 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
         for (n, (what, now, packet_in, expected_verdict)) in packets.iter().enumerate() {
             let packet_in = unhex(packet_in);
             let send = |report: &mut SuiteReport, worker: &mut Worker, what: &str| {
-                // Kernel first, then the core: the order a packet meets them.
+                // Kernel first, then the core: the order a packet meets them. The core
+                // decides from the close filter as it was before the kernel's run.
                 let kernel =
                     (packet_in.len() >= ETH_HLEN).then(|| program.run(topology, &packet_in));
-                let mut core_out = packet_in.clone();
-                let verdict = worker.process(&mut core_out, *now, Ingress::ServerSide);
+                if let Some(kernel) = &kernel {
+                    program.set_close_words(&kernel.close_words_before);
+                }
+                let core = CoreRun::of(worker, &packet_in, *now, &program);
                 match &kernel {
                     Some(kernel) => judge(
                         report,
@@ -465,12 +539,11 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
                         what,
                         &packet_in,
                         kernel,
-                        verdict,
-                        &core_out,
+                        &core,
                     ),
                     None => report.not_runnable.push(what.to_string()),
                 }
-                (kernel, verdict, core_out)
+                (kernel, core.verdict, core.frame)
             };
             let (kernel, verdict, core_out) = send(&mut report, &mut worker, what);
             // The core is the reference only while it still gives the files' answer.
@@ -592,13 +665,44 @@ fn every_vector_gives_the_cores_bytes_in_the_kernel_or_goes_up_unchanged() {
     );
 }
 
+/// What one packet did in the core.
+struct CoreRun {
+    verdict: Verdict,
+    frame: Vec<u8>,
+    /// The close counter the worker bumped, if any.
+    close: Option<Counter>,
+    /// The close filter's words after the run.
+    close_words: Vec<u32>,
+}
+
+impl CoreRun {
+    fn of(worker: &mut Worker, packet_in: &[u8], now: u64, kernel: &Kernel) -> Self {
+        const CLOSES: [Counter; 2] = [Counter::ServerCloses, Counter::DuplicateCloses];
+        let before = CLOSES.map(|c| worker.counters().get(c));
+        let mut frame = packet_in.to_vec();
+        let verdict = worker.process(&mut frame, now, Ingress::ServerSide);
+        let close = CLOSES
+            .iter()
+            .zip(before)
+            .find(|(c, before)| worker.counters().get(**c) != *before)
+            .map(|(c, _)| *c);
+        CoreRun {
+            verdict,
+            frame,
+            close,
+            close_words: kernel.close_words(),
+        }
+    }
+}
+
 // --- The kernel side --------------------------------------------------------------------
 
 /// The loaded program (not attached: `BPF_PROG_TEST_RUN` needs no attachment) and its
-/// clock words, shared with every pipeline made for the suite's vectors.
+/// clock and close filter words, shared with every pipeline made for the suite's vectors.
 struct Kernel {
     program: SteeringProgram,
     words: ClockWords,
+    closes: CloseWords,
 }
 
 impl Kernel {
@@ -623,7 +727,28 @@ impl Kernel {
             .set_host_addrs(&[Ipv4Addr::new(10, 1, 255, 254), Ipv4Addr::new(10, 7, 0, 1)])
             .unwrap();
         let words = program.clock_words().expect("mmap the clock words");
-        Kernel { program, words }
+        let closes = program
+            .close_words()
+            .expect("mmap the close filter's words");
+        Kernel {
+            program,
+            words,
+            closes,
+        }
+    }
+
+    fn close_words(&self) -> Vec<u32> {
+        self.closes
+            .words()
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    fn set_close_words(&self, words: &[u32]) {
+        for (word, value) in self.closes.words().iter().zip(words) {
+            word.store(*value, Ordering::Relaxed);
+        }
     }
 
     /// A fresh core pipeline for `vector`, as crates/core/tests/vectors.rs makes it, over
@@ -634,6 +759,10 @@ impl Kernel {
         let mut plane =
             ControlPlane::new_with_msb(&suite.config, &suite.secret, &|layout| words.table(layout))
                 .expect("suite config is valid");
+        // As `cheetah run`: the core's close filter over the kernel's words (cleared).
+        if plane.share_closes(self.closes.filter()).is_err() {
+            panic!("the new plane's shared state is already handed out");
+        }
         for id in &suite.file.removed_servers {
             plane.remove_server(*id, 0).expect("removable server");
         }
@@ -674,6 +803,7 @@ impl Kernel {
             .map(|id| ServerId(id as u16))
             .collect();
         let traffic_before = self.program.server_traffic(&ids).unwrap();
+        let close_words_before = self.close_words();
         let mut context = [0u8; 24];
         // struct xdp_md: data 0, data_end, data_meta 0, ingress_ifindex, rx_queue_index 0,
         // egress_ifindex 0.
@@ -718,13 +848,25 @@ impl Kernel {
             .filter(|(_, (before, after))| before != after)
             .map(|(id, _)| id.0)
             .collect();
+        let closed = traffic_before
+            .iter()
+            .zip(&traffic_after)
+            .map(|(before, after)| after.since(*before).closed)
+            .sum();
+        let closes = (0..FAST_CLOSES.len())
+            .filter(|&i| stats_after.closes[i] != stats_before.closes[i])
+            .collect();
         KernelRun {
             action,
             frame,
             fast,
+            closes,
             up,
             passed: stats_after.passed_to_host != stats_before.passed_to_host,
             traffic,
+            closed,
+            close_words: self.close_words(),
+            close_words_before,
             next_hop_miss: stats_after.next_hop_miss != stats_before.next_hop_miss,
         }
     }

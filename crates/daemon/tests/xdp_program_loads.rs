@@ -35,7 +35,8 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 16;
+const STAT_COUNT: u32 = 18;
+const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
 const STAT_FAST_SERVER_COOKIE: u32 = 6;
@@ -55,7 +56,7 @@ const VIP_KEY: u32 = 8; // addr, port, protocol, pad
 const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64] = 172, aligned to 8
 const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[6]
 const MAC_KEY: u32 = 8; // mac[6], pad
-const SERVER_TRAFFIC: u32 = 16; // packets, bytes
+const SERVER_TRAFFIC: u32 = 32; // packets, bytes, opened, closed
 const NEXT_HOP_KEY: u32 = 8; // prefixlen, addr
 const NEXT_HOP: u32 = 24; // kind, ifindex, mtu, dmac[6], smac[6]
 const MAX_NEXT_HOPS: u32 = 16384;
@@ -109,7 +110,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 17] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 18] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -157,6 +158,15 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             MapType::Array,
             4,
             4 * COOKIE_SPACE,
+            1,
+            BPF_F_MMAPABLE,
+        ),
+        // The core's close filter, DEFAULT_SLOTS words (lb/closes.rs).
+        (
+            "closes",
+            MapType::Array,
+            4,
+            4 * CLOSE_SLOTS,
             1,
             BPF_F_MMAPABLE,
         ),

@@ -113,10 +113,16 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("STAT_UP_NEXT_HOP", STAT_UP_NEXT_HOP as usize),
         ("STAT_UP_OTHER", STAT_UP_OTHER as usize),
         ("STAT_NEXT_HOP_MISS", STAT_NEXT_HOP_MISS as usize),
+        ("STAT_FAST_SERVER_CLOSE", STAT_FAST_SERVER_CLOSE as usize),
+        (
+            "STAT_FAST_SERVER_DUPLICATE_CLOSE",
+            STAT_FAST_SERVER_DUPLICATE_CLOSE as usize,
+        ),
         (
             "STAT_COUNT",
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1,
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1 + FAST_CLOSES.len(),
         ),
+        ("CLOSE_SLOTS", CLOSE_SLOTS),
         ("MAX_NEXT_HOPS", MAX_NEXT_HOPS),
         ("NEXT_HOP_FIB", NEXT_HOP_FIB as usize),
         ("NEXT_HOP_KNOWN", NEXT_HOP_KNOWN as usize),
@@ -140,6 +146,7 @@ fn rust_side() -> BTreeMap<String, u64> {
     // Sizes the core's clock table and the kernel's arrays must share.
     assert_eq!(SERVER_ID_SPACE, ServerId::SPACE);
     assert_eq!(COOKIE_SPACE, COOKIES);
+    assert_eq!(CLOSE_SLOTS, cheetah_core::lb::closes::DEFAULT_SLOTS);
     let mut values: Vec<(String, usize)> = values
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))
@@ -199,8 +206,11 @@ fn rust_side() -> BTreeMap<String, u64> {
         ServerTraffic,
         "struct server_traffic",
         packets,
-        bytes
+        bytes,
+        opened,
+        closed
     ));
+    values.extend(layout!(CloseWords, "struct close_words", word));
     values
         .into_iter()
         .map(|(name, value)| (name, value as u64))

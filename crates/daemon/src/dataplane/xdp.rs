@@ -12,9 +12,10 @@ use std::sync::atomic::AtomicU32;
 use cheetah_core::cookie::msb::COOKIES;
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::cookie::{MsbTable, SharedWords};
+use cheetah_core::lb::closes::{CloseFilter, DEFAULT_SLOTS as CLOSE_SLOTS};
 use cheetah_core::types::ServerId;
 
-use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, STAT_NEXT_HOP_MISS, UP_REASONS};
+use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, FAST_CLOSES, STAT_NEXT_HOP_MISS, UP_REASONS};
 
 use anyhow::{bail, Context};
 use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
@@ -57,6 +58,8 @@ pub struct SteeringStats {
     pub fast: [u64; 4],
     /// Packets the in-kernel path handed to userspace, by `xdp_layout::UP_REASONS`.
     pub up: [u64; 7],
+    /// Server closes the in-kernel path handled, by `xdp_layout::FAST_CLOSES`.
+    pub closes: [u64; 2],
     /// Replies whose next hop the kernel asked `bpf_fib_lookup` for (not in `next_hops`).
     pub next_hop_miss: u64,
 }
@@ -116,13 +119,22 @@ impl SteeringProgram {
         })
     }
 
+    /// The program's `closes` array, mapped into this process for the core's close filter
+    /// (`CloseFilter::with_words`), so that the kernel and the workers count each close
+    /// once between them. Mapped for the rest of the process, as the clock words are.
+    pub fn close_words(&self) -> anyhow::Result<CloseWords> {
+        Ok(CloseWords {
+            words: self.mmap_words("closes")?,
+        })
+    }
+
     fn mmap_words<const N: usize>(&self, name: &str) -> anyhow::Result<&'static [AtomicU32; N]> {
         let map = self.try_map(name)?;
         // One entry holding every word: an array's entries are 8 bytes apart, so N entries
         // of 4 bytes would not be the contiguous words the table indexes.
         if map.max_entries() != 1 || map.value_size() as usize != N * 4 {
             bail!(
-                "map {name} holds {} values of {} bytes; the clock table needs one of {} (its {N} words)",
+                "map {name} holds {} values of {} bytes; the table over it needs one of {} (its {N} words)",
                 map.max_entries(),
                 map.value_size(),
                 N * 4
@@ -296,6 +308,7 @@ impl SteeringProgram {
             no_metadata_room: sum(STAT_NO_METADATA_ROOM),
             fast: FAST_BUNDLES.map(|(index, _)| sum(index)),
             up: UP_REASONS.map(|(index, _)| sum(index)),
+            closes: FAST_CLOSES.map(|(index, _, _)| sum(index)),
             next_hop_miss: sum(STAT_NEXT_HOP_MISS),
         }
     }
@@ -310,13 +323,10 @@ impl SteeringProgram {
                     .lookup_percpu(&(id.0 as u32).to_ne_bytes(), MapFlags::ANY)
                     .context("cannot read the XDP program's server_traffic")?
                     .unwrap_or_default();
-                Ok(per_cpu.iter().map(|cpu| ServerTraffic::read(cpu)).fold(
-                    ServerTraffic::default(),
-                    |sum, cpu| ServerTraffic {
-                        packets: sum.packets.wrapping_add(cpu.packets),
-                        bytes: sum.bytes.wrapping_add(cpu.bytes),
-                    },
-                ))
+                Ok(per_cpu
+                    .iter()
+                    .map(|cpu| ServerTraffic::read(cpu))
+                    .fold(ServerTraffic::default(), ServerTraffic::plus))
             })
             .collect()
     }
@@ -337,6 +347,24 @@ impl ClockWords {
             SharedWords::borrowed(self.seen),
             SharedWords::borrowed(self.restores),
         )
+    }
+}
+
+/// The XDP program's close filter words, mapped for the rest of the process.
+#[derive(Clone, Copy)]
+pub struct CloseWords {
+    words: &'static [AtomicU32; CLOSE_SLOTS],
+}
+
+impl CloseWords {
+    /// A close filter over these words (for `ControlPlane::share_closes`); it clears them.
+    pub fn filter(self) -> CloseFilter {
+        CloseFilter::with_words(SharedWords::borrowed(self.words))
+    }
+
+    /// The words, as the kernel sees them (tests compare the two sides' filters).
+    pub fn words(self) -> &'static [AtomicU32; CLOSE_SLOTS] {
+        self.words
     }
 }
 

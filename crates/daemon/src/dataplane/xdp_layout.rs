@@ -6,7 +6,7 @@
 
 use std::mem::{offset_of, size_of};
 
-use cheetah_core::lb::Bundle;
+use cheetah_core::lb::{Bundle, Counter};
 use cheetah_core::types::Mac;
 
 pub const SERVER_ID_SPACE: usize = 16384;
@@ -51,7 +51,29 @@ pub const STAT_UP_NEXT_HOP: u32 = 13;
 pub const STAT_UP_OTHER: u32 = 14;
 /// Replies whose next hop was not in `next_hops`: the kernel asked `bpf_fib_lookup`.
 pub const STAT_NEXT_HOP_MISS: u32 = 15;
-pub const STAT_COUNT: u32 = 16;
+/// A server's FIN or stamped RST handled in the kernel: the first of its connection, or
+/// one already counted (lb/closes.rs).
+pub const STAT_FAST_SERVER_CLOSE: u32 = 16;
+pub const STAT_FAST_SERVER_DUPLICATE_CLOSE: u32 = 17;
+pub const STAT_COUNT: u32 = 18;
+
+/// Each close `STAT_FAST_*` counter and what the core counts for such a packet on its
+/// straight line: the bundle, and the close counter `on_server_close` bumps.
+pub const FAST_CLOSES: [(u32, Bundle, Counter); 2] = [
+    (
+        STAT_FAST_SERVER_CLOSE,
+        Bundle::ServerCookie,
+        Counter::ServerCloses,
+    ),
+    (
+        STAT_FAST_SERVER_DUPLICATE_CLOSE,
+        Bundle::ServerCookie,
+        Counter::DuplicateCloses,
+    ),
+];
+
+/// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
+pub const CLOSE_SLOTS: usize = 65536;
 
 pub const MAX_NEXT_HOPS: usize = 16384;
 pub const NEXT_HOP_FIB: u32 = 0;
@@ -292,6 +314,8 @@ impl Encode for NextHop {
 pub struct ServerTraffic {
     pub packets: u64,
     pub bytes: u64,
+    pub opened: u64,
+    pub closed: u64,
 }
 
 impl ServerTraffic {
@@ -301,8 +325,37 @@ impl ServerTraffic {
         ServerTraffic {
             packets: word(offset_of!(Self, packets)),
             bytes: word(offset_of!(Self, bytes)),
+            opened: word(offset_of!(Self, opened)),
+            closed: word(offset_of!(Self, closed)),
         }
     }
+
+    /// Field by field (wrapping, as the per-CPU counters do): a sum over CPUs, or, with
+    /// `other` negated by [`ServerTraffic::since`], a difference.
+    pub fn plus(self, other: Self) -> Self {
+        ServerTraffic {
+            packets: self.packets.wrapping_add(other.packets),
+            bytes: self.bytes.wrapping_add(other.bytes),
+            opened: self.opened.wrapping_add(other.opened),
+            closed: self.closed.wrapping_add(other.closed),
+        }
+    }
+
+    /// What the counters grew by since `before`.
+    pub fn since(self, before: Self) -> Self {
+        ServerTraffic {
+            packets: self.packets.wrapping_sub(before.packets),
+            bytes: self.bytes.wrapping_sub(before.bytes),
+            opened: self.opened.wrapping_sub(before.opened),
+            closed: self.closed.wrapping_sub(before.closed),
+        }
+    }
+}
+
+/// `struct close_words`: the one value of `closes`, the close filter's words.
+#[repr(C)]
+pub struct CloseWords {
+    pub word: [u32; CLOSE_SLOTS],
 }
 
 #[cfg(test)]
@@ -335,12 +388,19 @@ mod tests {
             pad: 9,
         };
         assert_eq!(key.to_bytes(), [10, 0, 0, 100, 0, 80, 6, 0]);
-        let info = ServerTraffic::read(&[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        let mut bytes = [0u8; 32];
+        for (i, word) in bytes.chunks_mut(8).enumerate() {
+            word[0] = i as u8 + 1;
+        }
+        let info = ServerTraffic::read(&bytes);
+        let word = |n: u8| u64::from_ne_bytes([n, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(
             info,
             ServerTraffic {
-                packets: u64::from_ne_bytes([1, 0, 0, 0, 0, 0, 0, 0]),
-                bytes: u64::from_ne_bytes([2, 0, 0, 0, 0, 0, 0, 0])
+                packets: word(1),
+                bytes: word(2),
+                opened: word(3),
+                closed: word(4),
             }
         );
     }
