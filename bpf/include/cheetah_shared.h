@@ -67,6 +67,13 @@ enum xdp_stat {
 	// connection: server_traffic.closed went up) or `duplicate_closes` (already counted).
 	STAT_FAST_SERVER_CLOSE,
 	STAT_FAST_SERVER_DUPLICATE_CLOSE,
+	// An ICMP error routed in the kernel by the cookie it quotes (lb/icmp_path.rs): the
+	// core's `icmp_routed_by_cookie` and `to_server`.
+	STAT_FAST_ICMP_COOKIE,
+	// An ICMP error to a VIP whose quote has no cookie where the kernel looks (NOP NOP TS
+	// after a whole TCP header): userspace routes it by the fallback table or copies it to
+	// every server of the VIP.
+	STAT_UP_ICMP,
 	STAT_COUNT,
 };
 

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::xdp::SteeringStats;
-use crate::dataplane::xdp_layout::{FAST_BUNDLES, FAST_CLOSES, UP_REASONS};
+use crate::dataplane::xdp_layout::{FAST_BUNDLES, FAST_EVENTS, UP_REASONS};
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
 use crate::health::{self, HealthBook, Readiness};
@@ -60,7 +60,7 @@ pub struct SteeringCounters {
     pub fast_path: AtomicBool,
     fast: [AtomicU64; FAST_BUNDLES.len()],
     up: [AtomicU64; UP_REASONS.len()],
-    closes: [AtomicU64; FAST_CLOSES.len()],
+    events: [AtomicU64; FAST_EVENTS.len()],
 }
 
 impl SteeringCounters {
@@ -77,7 +77,7 @@ impl SteeringCounters {
         for (cell, value) in self.up.iter().zip(stats.up) {
             cell.store(value, Relaxed);
         }
-        for (cell, value) in self.closes.iter().zip(stats.closes) {
+        for (cell, value) in self.events.iter().zip(stats.events) {
             cell.store(value, Relaxed);
         }
     }
@@ -91,15 +91,12 @@ impl SteeringCounters {
                 .zip(&self.fast)
                 .filter(|((_, bundle), _)| bundle.counters().contains(counter))
                 .map(|(_, cell)| cell.load(Relaxed));
-            // A close handled in the kernel is its bundle's counters plus its close counter.
-            let closes = FAST_CLOSES
+            let events = FAST_EVENTS
                 .iter()
-                .zip(&self.closes)
-                .filter(|((_, bundle, close), _)| {
-                    bundle.counters().contains(counter) || close == counter
-                })
+                .zip(&self.events)
+                .filter(|((_, counters), _)| counters.contains(counter))
                 .map(|(_, cell)| cell.load(Relaxed));
-            (*counter, bundles.chain(closes).fold(0, u64::wrapping_add))
+            (*counter, bundles.chain(events).fold(0, u64::wrapping_add))
         })
     }
 
@@ -321,7 +318,9 @@ mod tests {
         let counters = SteeringCounters::default();
         let stats = SteeringStats {
             fast: [10, 20, 30, 40],
-            up: [1, 2, 3, 4, 5, 6, 7],
+            up: [1, 2, 3, 4, 5, 6, 7, 8],
+            // A first close, a duplicate close, an ICMP error by its cookie.
+            events: [100, 200, 400],
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -329,16 +328,26 @@ mod tests {
             .kernel_events()
             .map(|(c, n)| (c.name(), n))
             .collect();
-        assert_eq!(events["to_server"], 30, "client cookie + client pick");
-        assert_eq!(events["to_client"], 70, "server cookie + server plain");
-        assert_eq!(events["fast_path"], 100);
+        assert_eq!(
+            events["to_server"], 430,
+            "client cookie + client pick + ICMP"
+        );
+        assert_eq!(
+            events["to_client"], 370,
+            "server cookie + server plain + closes"
+        );
+        assert_eq!(events["fast_path"], 400);
         assert_eq!(events["cookie_routed"], 10);
-        assert_eq!(events["cookies_inserted"], 30);
-        assert_eq!(events["options_fast_path"], 40);
+        assert_eq!(events["cookies_inserted"], 330);
+        assert_eq!(events["options_fast_path"], 340);
+        assert_eq!(events["server_closes"], 100);
+        assert_eq!(events["duplicate_closes"], 200);
+        assert_eq!(events["icmp_routed_by_cookie"], 400);
         assert_eq!(events["new_connections"], 0);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));
+        assert_eq!(up[7], ("icmp", 8));
     }
 
     #[test]

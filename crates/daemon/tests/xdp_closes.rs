@@ -104,13 +104,13 @@ impl Lb {
         }
     }
 
-    /// The kernel's run of `frame`: whether it was handled, and which close stat moved
-    /// (`FAST_CLOSES` order: first, duplicate).
+    /// The kernel's run of `frame`, which must handle it: how much each close stat moved
+    /// (`FAST_EVENTS` order: first, duplicate).
     fn kernel(&self, frame: &[u8]) -> [u64; 2] {
-        let before = self.program.stats().closes;
+        let before = self.program.stats().events;
         let (action, _) = self.program.test_run(frame, self.servers_ifindex).unwrap();
         assert_eq!(action, XDP_REDIRECT, "the kernel handles the close");
-        let after = self.program.stats().closes;
+        let after = self.program.stats().events;
         [after[0] - before[0], after[1] - before[1]]
     }
 

@@ -21,14 +21,19 @@
 //! * it went up (anything else: a `STAT_UP_*` reason, or plain steering): its bytes must be
 //!   unchanged (the metadata the program puts in front is not part of the frame).
 //!
+//! A packet the kernel handled must also have been counted as the core counts it: the
+//! core counters its `STAT_FAST_*` stands for (`Bundle::counters`, or
+//! `xdp_layout::FAST_EVENTS`) are exactly those the worker's counters moved by (its
+//! housekeeping counters aside).
+//!
 //! The core's close filter is built over the program's mmapped `closes` words, as in
 //! `cheetah run`. A server's FIN or stamped RST the kernel handled must have made the
-//! core's decision (a first close or a duplicate, the kernel's `STAT_FAST_SERVER_*CLOSE`
-//! against the worker's `server_closes`/`duplicate_closes`) and left the filter's words as
-//! the core leaves them: the words are put back as they were before the kernel's run
-//! before the core sees the packet, so both decide from the same state. A first close must
-//! also have moved the server's `server_traffic.closed`. A packet that went up must have
-//! left the words alone.
+//! core's decision (a first close or a duplicate: `server_closes` or `duplicate_closes`
+//! among the counters above) and left the filter's words as the core leaves them: the
+//! words are put back as they were before the kernel's run before the core sees the
+//! packet, so both decide from the same state. A first close must also have moved the
+//! server's `server_traffic.closed`. A packet that went up must have left the words
+//! alone.
 //!
 //! A reply that went up because the kernel did not know its server's clock yet
 //! (`STAT_UP_CLOCK`) is sent once more after the core learnt it, as the next segment of
@@ -134,6 +139,7 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-rst-timestamped",
             "server-fin-retransmitted",
             "server-rst-after-fin",
+            "icmp-frag-needed-cookie",
         ],
     ),
     (
@@ -220,8 +226,8 @@ struct KernelRun {
     frame: Vec<u8>,
     /// The `STAT_FAST_*` counters that moved, as `xdp_layout::FAST_BUNDLES` indices.
     fast: Vec<u32>,
-    /// The close `STAT_FAST_*` counters that moved, as `xdp_layout::FAST_CLOSES` indices.
-    closes: Vec<usize>,
+    /// The other `STAT_FAST_*` counters that moved, as `xdp_layout::FAST_EVENTS` indices.
+    events: Vec<usize>,
     /// The `STAT_UP_*` reasons that moved (`xdp_layout::UP_REASONS`).
     up: Vec<&'static str>,
     /// Steering passed it to the host (not the LB's: ARP, IPv6, ...).
@@ -243,9 +249,9 @@ impl KernelRun {
             .iter()
             .map(|&i| format!("{:?}", FAST_BUNDLES[i as usize].1))
             .chain(
-                self.closes
+                self.events
                     .iter()
-                    .map(|&i| format!("{:?}", FAST_CLOSES[i].2)),
+                    .map(|&i| format!("{:?}", FAST_EVENTS[i].1)),
             )
             .collect::<Vec<_>>()
             .join(",")
@@ -253,16 +259,32 @@ impl KernelRun {
 
     /// Handled in the kernel: a `STAT_FAST_*` counter moved.
     fn handled(&self) -> bool {
-        !self.fast.is_empty() || !self.closes.is_empty()
+        !self.fast.is_empty() || !self.events.is_empty()
     }
 
     /// The `STAT_FAST_*` counter that moved (one, by `judge`'s first check).
     fn fast_stat(&self) -> u32 {
-        match (self.fast.first(), self.closes.first()) {
+        match (self.fast.first(), self.events.first()) {
             (Some(&i), _) => FAST_BUNDLES[i as usize].0,
-            (None, Some(&i)) => FAST_CLOSES[i].0,
+            (None, Some(&i)) => FAST_EVENTS[i].0,
             (None, None) => unreachable!("handled"),
         }
+    }
+
+    /// The core counters the `STAT_FAST_*` counter that moved stands for.
+    fn counted(&self) -> Vec<Counter> {
+        let mut counted: Vec<Counter> = self
+            .fast
+            .iter()
+            .flat_map(|&i| FAST_BUNDLES[i as usize].1.counters().iter().copied())
+            .chain(
+                self.events
+                    .iter()
+                    .flat_map(|&i| FAST_EVENTS[i].1.iter().copied()),
+            )
+            .collect();
+        counted.sort_by_key(|c| *c as u8);
+        counted
     }
 
     /// Why it went up, or what steering did with a packet the fast path did not look at
@@ -368,7 +390,7 @@ fn judge(
 ) {
     let (verdict, core_out) = (core.verdict, &core.frame[..]);
     let mut fail = |message: String| report.failures.push(format!("{what}: {message}"));
-    if kernel.fast.len() + kernel.closes.len() + kernel.up.len() > 1 {
+    if kernel.fast.len() + kernel.events.len() + kernel.up.len() > 1 {
         fail(format!(
             "more than one fast-path counter moved: {} {}",
             kernel.fast_name(),
@@ -418,8 +440,11 @@ fn judge(
         STAT_FAST_SERVER_DUPLICATE_CLOSE,
     ]
     .contains(&stat);
+    let icmp = stat == STAT_FAST_ICMP_COOKIE;
     let direction_ok = match verdict {
-        Verdict::ToServer(_) => stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK,
+        Verdict::ToServer(_) => {
+            stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK || icmp
+        }
         _ => toward_client,
     };
     if !direction_ok {
@@ -429,23 +454,24 @@ fn judge(
             verdict_name(verdict)
         ));
     }
-    // The close bookkeeping: the core's decision, the core's words, and a first close
-    // folded into the server's load.
-    let kernel_close = kernel.closes.first().map(|&i| FAST_CLOSES[i].2);
-    if kernel_close != core.close {
+    // The core's counts (a close's decision among them), the core's close filter words,
+    // and a first close folded into the server's load.
+    if kernel.counted() != core.counted {
         fail(format!(
-            "the kernel counted the close as {kernel_close:?}, the core as {:?}",
-            core.close
+            "the kernel counted {:?}, the core {:?}",
+            kernel.counted(),
+            core.counted
         ));
     }
     if kernel.close_words != core.close_words {
         fail("the close filter's words differ from those the core leaves".into());
     }
-    let first_close = u64::from(kernel_close == Some(Counter::ServerCloses));
+    let first_close = u64::from(kernel.counted().contains(&Counter::ServerCloses));
     if kernel.closed != first_close {
         fail(format!(
-            "server_traffic.closed moved by {} for {kernel_close:?}",
-            kernel.closed
+            "server_traffic.closed moved by {} for {}",
+            kernel.closed,
+            kernel.fast_name()
         ));
     }
     // Every client of the vectors is behind the namespace's default route, whose gateway
@@ -474,7 +500,13 @@ fn judge(
         Verdict::ToServer(id) => Some(id.0),
         _ => None,
     };
-    if kernel.traffic.len() != 1 || server.is_some_and(|id| kernel.traffic != [id]) {
+    // An ICMP error counts toward no server's load in the core.
+    let traffic_ok = if icmp {
+        kernel.traffic.is_empty()
+    } else {
+        kernel.traffic.len() == 1 && server.is_none_or(|id| kernel.traffic == [id])
+    };
+    if !traffic_ok {
         fail(format!(
             "server_traffic moved for servers {:?}; the core's verdict is {}",
             kernel.traffic,
@@ -669,27 +701,37 @@ fn every_vector_gives_the_cores_bytes_in_the_kernel_or_goes_up_unchanged() {
 struct CoreRun {
     verdict: Verdict,
     frame: Vec<u8>,
-    /// The close counter the worker bumped, if any.
-    close: Option<Counter>,
+    /// The counters the worker bumped for it (not its housekeeping ones), in order.
+    counted: Vec<Counter>,
     /// The close filter's words after the run.
     close_words: Vec<u32>,
 }
 
 impl CoreRun {
     fn of(worker: &mut Worker, packet_in: &[u8], now: u64, kernel: &Kernel) -> Self {
-        const CLOSES: [Counter; 2] = [Counter::ServerCloses, Counter::DuplicateCloses];
-        let before = CLOSES.map(|c| worker.counters().get(c));
+        // Per-packet counters only: a worker also counts its merges and reloads.
+        let counters: Vec<Counter> = Counter::ALL
+            .iter()
+            .copied()
+            .filter(|c| ![Counter::LoadMerges, Counter::SnapshotReloads].contains(c))
+            .collect();
+        let read = |worker: &Worker| -> Vec<u64> {
+            counters.iter().map(|c| worker.counters().get(*c)).collect()
+        };
+        let before = read(worker);
         let mut frame = packet_in.to_vec();
         let verdict = worker.process(&mut frame, now, Ingress::ServerSide);
-        let close = CLOSES
+        let counted = counters
             .iter()
-            .zip(before)
-            .find(|(c, before)| worker.counters().get(**c) != *before)
-            .map(|(c, _)| *c);
+            .zip(read(worker).iter().zip(before))
+            .flat_map(|(c, (after, before))| {
+                std::iter::repeat_n(*c, after.wrapping_sub(before) as usize)
+            })
+            .collect();
         CoreRun {
             verdict,
             frame,
-            close,
+            counted,
             close_words: kernel.close_words(),
         }
     }
@@ -853,14 +895,14 @@ impl Kernel {
             .zip(&traffic_after)
             .map(|(before, after)| after.since(*before).closed)
             .sum();
-        let closes = (0..FAST_CLOSES.len())
-            .filter(|&i| stats_after.closes[i] != stats_before.closes[i])
+        let events = (0..FAST_EVENTS.len())
+            .filter(|&i| stats_after.events[i] != stats_before.events[i])
             .collect();
         KernelRun {
             action,
             frame,
             fast,
-            closes,
+            events,
             up,
             passed: stats_after.passed_to_host != stats_before.passed_to_host,
             traffic,

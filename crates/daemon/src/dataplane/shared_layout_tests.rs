@@ -118,9 +118,11 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_FAST_SERVER_DUPLICATE_CLOSE",
             STAT_FAST_SERVER_DUPLICATE_CLOSE as usize,
         ),
+        ("STAT_FAST_ICMP_COOKIE", STAT_FAST_ICMP_COOKIE as usize),
+        ("STAT_UP_ICMP", STAT_UP_ICMP as usize),
         (
             "STAT_COUNT",
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1 + FAST_CLOSES.len(),
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1 + FAST_EVENTS.len(),
         ),
         ("CLOSE_SLOTS", CLOSE_SLOTS),
         ("MAX_NEXT_HOPS", MAX_NEXT_HOPS),

@@ -15,7 +15,7 @@ use cheetah_core::cookie::{MsbTable, SharedWords};
 use cheetah_core::lb::closes::{CloseFilter, DEFAULT_SLOTS as CLOSE_SLOTS};
 use cheetah_core::types::ServerId;
 
-use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, FAST_CLOSES, STAT_NEXT_HOP_MISS, UP_REASONS};
+use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, FAST_EVENTS, STAT_NEXT_HOP_MISS, UP_REASONS};
 
 use anyhow::{bail, Context};
 use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
@@ -57,9 +57,10 @@ pub struct SteeringStats {
     /// Packets the in-kernel path handled, by `STAT_FAST_*` (`xdp_layout::FAST_BUNDLES`).
     pub fast: [u64; 4],
     /// Packets the in-kernel path handed to userspace, by `xdp_layout::UP_REASONS`.
-    pub up: [u64; 7],
-    /// Server closes the in-kernel path handled, by `xdp_layout::FAST_CLOSES`.
-    pub closes: [u64; 2],
+    pub up: [u64; 8],
+    /// Packets the in-kernel path handled that are no single bundle (closes, ICMP
+    /// errors), by `xdp_layout::FAST_EVENTS`.
+    pub events: [u64; 3],
     /// Replies whose next hop the kernel asked `bpf_fib_lookup` for (not in `next_hops`).
     pub next_hop_miss: u64,
 }
@@ -308,7 +309,7 @@ impl SteeringProgram {
             no_metadata_room: sum(STAT_NO_METADATA_ROOM),
             fast: FAST_BUNDLES.map(|(index, _)| sum(index)),
             up: UP_REASONS.map(|(index, _)| sum(index)),
-            closes: FAST_CLOSES.map(|(index, _, _)| sum(index)),
+            events: FAST_EVENTS.map(|(index, _)| sum(index)),
             next_hop_miss: sum(STAT_NEXT_HOP_MISS),
         }
     }

@@ -55,20 +55,42 @@ pub const STAT_NEXT_HOP_MISS: u32 = 15;
 /// one already counted (lb/closes.rs).
 pub const STAT_FAST_SERVER_CLOSE: u32 = 16;
 pub const STAT_FAST_SERVER_DUPLICATE_CLOSE: u32 = 17;
-pub const STAT_COUNT: u32 = 18;
+/// An ICMP error routed in the kernel by its quoted cookie.
+pub const STAT_FAST_ICMP_COOKIE: u32 = 18;
+/// An ICMP error whose quote has no cookie where the kernel looks: userspace routes it by
+/// the fallback table or copies it to every server.
+pub const STAT_UP_ICMP: u32 = 19;
+pub const STAT_COUNT: u32 = 20;
 
-/// Each close `STAT_FAST_*` counter and what the core counts for such a packet on its
-/// straight line: the bundle, and the close counter `on_server_close` bumps.
-pub const FAST_CLOSES: [(u32, Bundle, Counter); 2] = [
+/// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
+/// of its packets stands for (what the core counts for that packet): metrics add it to
+/// each, under the core's names.
+pub const FAST_EVENTS: [(u32, &[Counter]); 3] = [
+    // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
-        Bundle::ServerCookie,
-        Counter::ServerCloses,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::ServerCloses,
+        ],
     ),
     (
         STAT_FAST_SERVER_DUPLICATE_CLOSE,
-        Bundle::ServerCookie,
-        Counter::DuplicateCloses,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::DuplicateCloses,
+        ],
+    ),
+    // `client_icmp`'s count, and its verdict's.
+    (
+        STAT_FAST_ICMP_COOKIE,
+        &[Counter::IcmpRoutedByCookie, Counter::ToServer],
     ),
 ];
 
@@ -81,7 +103,7 @@ pub const NEXT_HOP_KNOWN: u32 = 1;
 pub const NEXT_HOP_ON_LINK: u32 = 2;
 
 /// The `reason` label of each `STAT_UP_*` counter, in index order.
-pub const UP_REASONS: [(u32, &str); 7] = [
+pub const UP_REASONS: [(u32, &str); 8] = [
     (STAT_UP_NEW_CONNECTION, "new_connection"),
     (STAT_UP_LAYOUT, "layout"),
     (STAT_UP_COOKIE, "cookie"),
@@ -89,6 +111,7 @@ pub const UP_REASONS: [(u32, &str); 7] = [
     (STAT_UP_HANDSHAKE_OR_CLOSE, "handshake_or_close"),
     (STAT_UP_NEXT_HOP, "next_hop"),
     (STAT_UP_OTHER, "other"),
+    (STAT_UP_ICMP, "icmp"),
 ];
 
 /// A value the kernel reads as bytes.
@@ -361,6 +384,19 @@ pub struct CloseWords {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_close_handled_in_the_kernel_counts_as_the_cores_straight_line_does() {
+        for (stat, close) in [
+            (STAT_FAST_SERVER_CLOSE, Counter::ServerCloses),
+            (STAT_FAST_SERVER_DUPLICATE_CLOSE, Counter::DuplicateCloses),
+        ] {
+            let (_, counters) = FAST_EVENTS.iter().find(|(s, _)| *s == stat).unwrap();
+            let mut expected = Bundle::ServerCookie.counters().to_vec();
+            expected.push(close);
+            assert_eq!(*counters, &expected[..]);
+        }
+    }
 
     #[test]
     fn values_are_their_fields_at_their_offsets() {
