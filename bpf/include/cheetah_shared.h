@@ -70,6 +70,8 @@ enum xdp_stat {
 	// An ICMP error routed in the kernel by the cookie it quotes (lb/icmp_path.rs): the
 	// core's `icmp_routed_by_cookie` and `to_server`.
 	STAT_FAST_ICMP_COOKIE,
+	// An ICMP error routed in the kernel by hash mode's pick: the core's `to_server`.
+	STAT_FAST_ICMP_PICK,
 	// An ICMP error to a VIP whose quote has no cookie where the kernel looks (NOP NOP TS
 	// after a whole TCP header): userspace routes it by the fallback table or copies it to
 	// every server of the VIP.

@@ -12,8 +12,9 @@
 // The kernel takes the straight case only: an untagged IPv4 frame without IP options
 // carrying an error (destination unreachable, time exceeded, parameter problem) that
 // quotes a VIP's TCP segment with a whole TCP header whose options start NOP NOP TS, in
-// cheetah mode, whose cookie names a forwarding server with a known, recent clock. The
-// rest goes up, unchanged: a quote without a cookie where the kernel looks (8 bytes of TCP
+// cheetah mode, whose cookie names a forwarding server with a known, recent clock; and in
+// hash mode with l2 forwarding, any such error, to `pool[h % n]` of the quoted connection
+// as the core picks it (nothing in the quote changes then). The rest goes up, unchanged: a quote without a cookie where the kernel looks (8 bytes of TCP
 // only, or other options) as STAT_UP_ICMP, since userspace may have to route it by the
 // fallback table or copy it to every server of the VIP; the others by the usual reasons.
 
@@ -83,9 +84,25 @@ static __always_inline void icmp_quoted_tcp_u32_changed(struct icmp_error *icmp,
 		       bpf_htons(csum_update_u32(bpf_ntohs(tcp->check), old, new)));
 }
 
+// Hash mode's pick for the quoted connection (`baseline_pick`, as client_fast's): its
+// server id, or -1 when the pool is not in the kernel.
+static __always_inline long icmp_hash_pick(const struct vip_info *vip, __be32 client,
+					   __be16 client_port)
+{
+	__u32 pool_len = vip->pool_len;
+	__u64 slot;
+
+	if (pool_len == 0 || pool_len > MAX_HASH_POOL)
+		return -1;
+	slot = siphash_finish(vip->hash_prefix, client, client_port) % pool_len;
+	// The verifier cannot bound a remainder; the mask gives it the array's bound.
+	asm volatile("" : "+r"(slot));
+	return vip->pool[slot & (MAX_HASH_POOL - 1)];
+}
+
 // lb/icmp_path.rs `client_icmp` for a packet to a VIP address that is not TCP (steering's
-// META_TO_VIP): forwards an ICMP error to the server its quoted cookie names, or hands the
-// packet up having counted why.
+// META_TO_VIP): forwards an ICMP error to the server its quoted cookie names (or, in hash
+// mode, the pool's pick), or hands the packet up having counted why.
 static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config *config)
 {
 	void *data = (void *)(long)ctx->data;
@@ -129,7 +146,26 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	key.port = quoted_tcp->source;
 	key.protocol = IPPROTO_TCP;
 	vip = bpf_map_lookup_elem(&vips, &key);
-	if (!vip || config->mode != LB_MODE_CHEETAH)
+	if (!vip)
+		return hand_up(STAT_UP_OTHER);
+	if (config->mode == LB_MODE_HASH && config->forwarding == LB_FORWARDING_L2) {
+		// `rewrite_for_server` in l2 changes only the destination MAC.
+		long picked = icmp_hash_pick(vip, quoted_ip->daddr, quoted_tcp->dest);
+
+		if (picked < 0)
+			return hand_up(STAT_UP_OTHER);
+		id = picked;
+		server = bpf_map_lookup_elem(&servers, &id);
+		if (!server || !(server->flags & SERVER_EGRESS))
+			return hand_up(STAT_UP_NEXT_HOP);
+		// PUBLISH CHECK
+		__builtin_memcpy(eth->h_dest, server->dst_mac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, server->src_mac, ETH_ALEN);
+		count(STAT_FAST_ICMP_PICK);
+		return send_out(ctx, server->egress_ifindex);
+	}
+	// Maglev's table, and hash mode's NAT rewrite of the quote, are userspace's.
+	if (config->mode != LB_MODE_CHEETAH)
 		return hand_up(STAT_UP_OTHER);
 	// The cookie, where the kernel looks for it: a whole TCP header within the quote
 	// (which ends with the IP packet), its options starting NOP NOP TS.

@@ -766,6 +766,26 @@ fn baseline_inputs() -> Vec<Input> {
             .build(),
         ),
     ];
+    // More connections, so that a pick by the wrong hash shows (each a pick of 1 in n).
+    inputs.extend((1..=3).map(|n| {
+        let port = CLIENT_PORT + n;
+        let quoted = TcpFrame {
+            dst_port: port,
+            ..TcpFrame::from_server_l2(
+                2,
+                client(),
+                port,
+                flags::ACK,
+                options::nop_nop_ts(SERVER_TS, CLIENT_TS),
+            )
+        }
+        .build();
+        input(
+            format!("icmp-frag-needed-port-{port}"),
+            "ICMP fragmentation-needed about another connection of the client: routed by the hash of its ports.",
+            testkit::icmp_frag_needed(ROUTER, &quoted, 28),
+        )
+    }));
     inputs.extend(malformed_common());
     inputs
 }

@@ -319,8 +319,8 @@ mod tests {
         let stats = SteeringStats {
             fast: [10, 20, 30, 40],
             up: [1, 2, 3, 4, 5, 6, 7, 8],
-            // A first close, a duplicate close, an ICMP error by its cookie.
-            events: [100, 200, 400],
+            // A first close, a duplicate close, an ICMP error by its cookie, by a pick.
+            events: [100, 200, 400, 800],
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -329,8 +329,8 @@ mod tests {
             .map(|(c, n)| (c.name(), n))
             .collect();
         assert_eq!(
-            events["to_server"], 430,
-            "client cookie + client pick + ICMP"
+            events["to_server"], 1230,
+            "client cookie + client pick + ICMP (cookie, pick)"
         );
         assert_eq!(
             events["to_client"], 370,

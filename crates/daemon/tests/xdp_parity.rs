@@ -149,6 +149,10 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "established-ack",
             "established-bad-tcp-checksum",
             "server-syn-ack",
+            "icmp-frag-needed",
+            "icmp-frag-needed-port-40001",
+            "icmp-frag-needed-port-40002",
+            "icmp-frag-needed-port-40003",
         ],
     ),
 ];
@@ -440,7 +444,7 @@ fn judge(
         STAT_FAST_SERVER_DUPLICATE_CLOSE,
     ]
     .contains(&stat);
-    let icmp = stat == STAT_FAST_ICMP_COOKIE;
+    let icmp = stat == STAT_FAST_ICMP_COOKIE || stat == STAT_FAST_ICMP_PICK;
     let direction_ok = match verdict {
         Verdict::ToServer(_) => {
             stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK || icmp

@@ -119,6 +119,7 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_FAST_SERVER_DUPLICATE_CLOSE as usize,
         ),
         ("STAT_FAST_ICMP_COOKIE", STAT_FAST_ICMP_COOKIE as usize),
+        ("STAT_FAST_ICMP_PICK", STAT_FAST_ICMP_PICK as usize),
         ("STAT_UP_ICMP", STAT_UP_ICMP as usize),
         (
             "STAT_COUNT",

@@ -60,7 +60,7 @@ pub struct SteeringStats {
     pub up: [u64; 8],
     /// Packets the in-kernel path handled that are no single bundle (closes, ICMP
     /// errors), by `xdp_layout::FAST_EVENTS`.
-    pub events: [u64; 3],
+    pub events: [u64; 4],
     /// Replies whose next hop the kernel asked `bpf_fib_lookup` for (not in `next_hops`).
     pub next_hop_miss: u64,
 }

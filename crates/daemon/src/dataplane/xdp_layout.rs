@@ -57,15 +57,17 @@ pub const STAT_FAST_SERVER_CLOSE: u32 = 16;
 pub const STAT_FAST_SERVER_DUPLICATE_CLOSE: u32 = 17;
 /// An ICMP error routed in the kernel by its quoted cookie.
 pub const STAT_FAST_ICMP_COOKIE: u32 = 18;
+/// An ICMP error routed in the kernel by hash mode's pick.
+pub const STAT_FAST_ICMP_PICK: u32 = 19;
 /// An ICMP error whose quote has no cookie where the kernel looks: userspace routes it by
 /// the fallback table or copies it to every server.
-pub const STAT_UP_ICMP: u32 = 19;
-pub const STAT_COUNT: u32 = 20;
+pub const STAT_UP_ICMP: u32 = 20;
+pub const STAT_COUNT: u32 = 21;
 
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 3] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 4] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -92,6 +94,8 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 3] = [
         STAT_FAST_ICMP_COOKIE,
         &[Counter::IcmpRoutedByCookie, Counter::ToServer],
     ),
+    // Hash mode counts only the verdict.
+    (STAT_FAST_ICMP_PICK, &[Counter::ToServer]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
