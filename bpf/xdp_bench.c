@@ -182,7 +182,7 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 	__builtin_memcpy(p.eth->h_source, server->src_mac, ETH_ALEN);
 	STAGE_DONE(6);
 
-	add_server_traffic(id, p.ip);
+	add_server_traffic(id, p.ip, 0);
 	count(STAT_FAST_CLIENT_COOKIE);
 	return XDP_TX;
 }
@@ -265,7 +265,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	__builtin_memcpy(p.eth->h_source, hop.smac, ETH_ALEN);
 	STAGE_DONE(7);
 
-	add_server_traffic(id, p.ip);
+	add_server_traffic(id, p.ip, 0);
 	count(STAT_FAST_SERVER_COOKIE);
 	return XDP_TX;
 }

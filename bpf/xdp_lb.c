@@ -5,7 +5,8 @@
 // with it on ([daemon] datapath = "xdp"), it forwards established client segments and
 // server replies itself, byte for byte as the core would (lib/fast_path.h), and steers the
 // rest. The program is lib/lb.h's `lb_process`; the library under lib/ is split by
-// concern: parse.h, csum.h, siphash.h, cookie.h, maps.h, stats.h, steer.h, fast_path.h.
+// concern: parse.h, csum.h, siphash.h, cookie.h, closes.h, maps.h, stats.h, steer.h,
+// next_hop.h, fast_path.h, icmp_path.h.
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>

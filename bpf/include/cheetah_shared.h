@@ -56,7 +56,7 @@ enum xdp_stat {
 	STAT_UP_LAYOUT,         // not the straight line's layout (VLAN, IP options, fragment, no NOP NOP TS)
 	STAT_UP_COOKIE,         // cookie names no forwarding server, an unknown clock, or is beyond the idle limit
 	STAT_UP_CLOCK,          // a reply whose MSB is not the newest seen: the clock learns in userspace
-	STAT_UP_HANDSHAKE_OR_CLOSE, // a reply with SYN, FIN or RST: handshake and close bookkeeping
+	STAT_UP_HANDSHAKE_OR_CLOSE, // a reply with SYN: handshake bookkeeping (closes are the kernel's)
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
 	STAT_UP_OTHER,          // anything else: unknown VIP port, pool not published, reply on the client side
 	// A reply the in-kernel path looked up in next_hops without a usable answer: it asked
@@ -70,6 +70,20 @@ enum xdp_stat {
 	// was released (Bundle::ClientSynRetransmitted): one of the two per SYN.
 	STAT_FAST_CLIENT_SYN,
 	STAT_FAST_CLIENT_SYN_RETRANSMITTED,
+	// A server's FIN, or RST with a timestamp, handled in the kernel (lb/closes.rs): the
+	// core's ServerCookie bundle plus its `server_closes` (the first close of its
+	// connection: server_traffic.closed went up) or `duplicate_closes` (already counted).
+	STAT_FAST_SERVER_CLOSE,
+	STAT_FAST_SERVER_DUPLICATE_CLOSE,
+	// An ICMP error routed in the kernel by the cookie it quotes (lb/icmp_path.rs): the
+	// core's `icmp_routed_by_cookie` and `to_server`.
+	STAT_FAST_ICMP_COOKIE,
+	// An ICMP error routed in the kernel by hash mode's pick: the core's `to_server`.
+	STAT_FAST_ICMP_PICK,
+	// An ICMP error to a VIP whose quote has no cookie where the kernel looks (NOP NOP TS
+	// after a whole TCP header): userspace routes it by the fallback table or copies it to
+	// every server of the VIP.
+	STAT_UP_ICMP,
 	STAT_COUNT,
 };
 
@@ -230,6 +244,14 @@ struct server_traffic {
 	__u64 bytes;  // IP bytes, as the core counts them
 	__u64 opened; // connections the kernel placed on this server (a policy's pick for a SYN)
 	__u64 closed; // closes the kernel counted for this server (lb/closes.rs rules)
+};
+
+// The core's close filter (lb/closes.rs CloseFilter, DEFAULT_SLOTS words) as the one
+// entry of the mmapable closes array, shared with userspace like the clock words: slot
+// `flow hash & (CLOSE_SLOTS - 1)` holds the tag of the last close counted there (0: none).
+#define CLOSE_SLOTS 65536
+struct close_words {
+	__u32 word[CLOSE_SLOTS];
 };
 
 // The words of the clock table (core cookie/msb.rs) that the kernel reads, in two

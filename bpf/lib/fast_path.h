@@ -10,8 +10,9 @@
 // STAT_UP_* reason and changed no byte: userspace then decides, as it always did.
 //
 // Whatever would change state the kernel does not share with the core (a clock that moved,
-// a close to book, a SYN-ACK that may move a load count), a policy it does not run, or
-// what the maps do not answer (a server without a resolved egress, a FIB miss) goes up.
+// a SYN-ACK that may move a load count), a policy it does not run, or what the maps do not
+// answer (a server without a resolved egress, a FIB miss) goes up. A server's close is
+// booked in the kernel, in the close filter it shares with the core (closes.h).
 
 #ifndef CHEETAH_LIB_FAST_PATH_H
 #define CHEETAH_LIB_FAST_PATH_H
@@ -21,6 +22,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
+#include "closes.h"
 #include "cookie.h"
 #include "csum.h"
 #include "handshakes.h"
@@ -54,14 +56,17 @@ static __always_inline struct cookie_layout layout_of(const struct lb_config *co
 	return layout;
 }
 
-// The core's `loads.on_packet(server, IP bytes)`, folded into its loads by userspace.
-static __always_inline void add_server_traffic(__u32 server, const struct iphdr *ip)
+// The core's `loads.on_packet(server, IP bytes)`, and with `closed` its counted close
+// (`loads.on_server_close`), folded into its loads by userspace.
+static __always_inline void add_server_traffic(__u32 server, const struct iphdr *ip, int closed)
 {
 	struct server_traffic *traffic = bpf_map_lookup_elem(&server_traffic, &server);
 
 	if (traffic) {
 		traffic->packets += 1;
 		traffic->bytes += bpf_ntohs(ip->tot_len);
+		if (closed)
+			traffic->closed += 1;
 	}
 }
 
@@ -123,7 +128,7 @@ static __always_inline int forward_to_server(struct xdp_md *ctx, const struct pl
 {
 	rewrite_toward_server(p, to->forwarding == LB_FORWARDING_NAT, &to->server, to->vip_port,
 			      to->backend_port);
-	add_server_traffic(to->id, p->ip);
+	add_server_traffic(to->id, p->ip, 0);
 	count(stat);
 	return send_out(ctx, to->server.egress_ifindex);
 }
@@ -287,7 +292,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		stat = STAT_FAST_CLIENT_SYN_RETRANSMITTED;
 	}
 	rewrite_toward_server(p, nat, &target, vip_port, backend_port);
-	add_server_traffic(id, p->ip);
+	add_server_traffic(id, p->ip, 0);
 	count(stat);
 	return send_out(ctx, target.egress_ifindex);
 }
@@ -409,6 +414,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	__be32 vip_addr;
 	__be16 vip_port;
 	__be32 *tsval = &p->ts->tsval;
+	// A FIN or an RST (cheetah mode): its close, and whether it is the first (closes.h).
+	struct close close = {};
+	int is_close = 0, first_close = 0;
 	__u16 cookie = 0;
 	__u32 id = 0, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
@@ -430,22 +438,25 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	if (cheetah) {
 		struct cookie_layout layout = layout_of(config);
 		struct msb_seen_words *seen;
+		__u8 flags = tcp_flags(p->tcp);
 		__u32 zero = 0;
 		__u16 msb;
 		__u64 hash;
 
-		__u8 flags = tcp_flags(p->tcp);
-
-		if (flags & (TCP_FIN | TCP_RST))
-			return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 		if (flags & TCP_SYN) {
-			// SYN-ACKs: Table 1's layouts, TSval 2 bytes into the option.
+			// SYN-ACKs: Table 1's layouts, TSval 2 bytes into the option. One that also
+			// closes is left to userspace whole.
 			__u32 at = syn_timestamp_at(ctx, p);
 
+			if (flags & (TCP_FIN | TCP_RST))
+				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			tsval = (__be32 *)((__u8 *)p->ts + at + 2);
 			if (!at || (void *)(tsval + 1) > (void *)(long)ctx->data_end)
 				return hand_up(STAT_UP_LAYOUT);
 		} else {
+			// Also for a FIN or RST: the core's straight line takes a reply only with
+			// NOP NOP TS, so the closes it counts here are stamped ones (an RST without
+			// a timestamp goes up, and the core counts it as such).
 			if (!plain_has_nop_nop_ts(p))
 				return hand_up(STAT_UP_LAYOUT);
 			tsval = &p->ts->tsval;
@@ -468,6 +479,20 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		if (!seen || !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
 			return hand_up(STAT_UP_CLOCK);
 		cookie = cookie_encode(layout, id, hash, msb);
+		// closes.rs `on_server_close`, filed under the cookie's hash. Cheetah mode only:
+		// the baselines place no connection by a policy, so they count no close either.
+		if (flags & (TCP_FIN | TCP_RST)) {
+			struct close_words *words = bpf_map_lookup_elem(&closes, &zero);
+			// parse_plain_tcp proved IP + TCP header <= total length.
+			__u32 data_len = bpf_ntohs(p->ip->tot_len) - sizeof(struct iphdr) -
+					 p->tcp->doff * 4;
+
+			if (!words)
+				return hand_up(STAT_UP_OTHER);
+			is_close = 1;
+			first_close = close_seen(words, hash, flags, bpf_ntohl(p->tcp->seq),
+						 data_len, &close);
+		}
 	}
 
 	// Before any byte changes: no next hop (map and FIB both) hands the packet up as it
@@ -483,6 +508,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		// The cookie takes the place of the MSB; the low half stays.
 		csum_replace_high_half((__u16 *)tsval, &p->tcp->check, cookie);
 		stat = STAT_FAST_SERVER_COOKIE;
+		if (is_close) {
+			if (first_close)
+				close_record(&close);
+			stat = first_close ? STAT_FAST_SERVER_CLOSE : STAT_FAST_SERVER_DUPLICATE_CLOSE;
+		}
 	} else {
 		stat = STAT_FAST_SERVER_PLAIN;
 	}
@@ -497,7 +527,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	}
 	__builtin_memcpy(p->eth->h_dest, hop.dmac, ETH_ALEN);
 	__builtin_memcpy(p->eth->h_source, hop.smac, ETH_ALEN);
-	add_server_traffic(id, p->ip);
+	add_server_traffic(id, p->ip, first_close);
 	count(stat);
 	return send_out(ctx, hop.ifindex);
 }

@@ -7,7 +7,8 @@
 // server's reply, or the host's). With lb_config's LB_FAST_PATH set, the kernel forwards
 // what the core's straight line would (fast_path.h); everything else, and everything when
 // the flag is clear (lb_config as loaded is all zero), goes to the AF_XDP sockets exactly
-// as before (steer.h).
+// as before (steer.h). A packet to a VIP address that is not TCP may be an ICMP error the
+// kernel routes by its quoted cookie (icmp_path.h).
 
 #ifndef CHEETAH_LIB_LB_H
 #define CHEETAH_LIB_LB_H
@@ -17,6 +18,7 @@
 
 #include "cheetah_shared.h"
 #include "fast_path.h"
+#include "icmp_path.h"
 #include "maps.h"
 #include "publish.h"
 #include "steer.h"
@@ -53,7 +55,9 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 	if (!owner)
 		return pass();
 	if (fast && !vip) {
-		if (owner & META_TO_VIP)
+		if (owner & META_TO_VIP && refusal == PLAIN_NOT_TCP)
+			action = icmp_fast(ctx, config, seq);
+		else if (owner & META_TO_VIP)
 			action = client_not_found(refusal);
 		else
 			action = reply_fast(ctx, config, seq, backend, &p, refusal);

@@ -181,6 +181,23 @@ fn from_server(nat: bool, server: u16, flags: u8, options: Vec<u8>) -> TcpFrame 
     }
 }
 
+/// Where a server's FIN sits: after the data of [`server_fin`], which starts at the
+/// testkit's server sequence number.
+const SERVER_FIN_SEQ: u32 = 2000 + SERVER_FIN_DATA.len() as u32;
+const SERVER_FIN_DATA: &[u8] = b"bye\r\n";
+
+/// Server 2's FIN-ACK with its last data (the close is one past the data).
+fn server_fin(nat: bool) -> Vec<u8> {
+    from_server(
+        nat,
+        2,
+        flags::FIN | flags::ACK,
+        options::nop_nop_ts(SERVER_TS + 3, CLIENT_TS + 2),
+    )
+    .with_payload(SERVER_FIN_DATA)
+    .build()
+}
+
 fn client_ack(tsecr: u32) -> Vec<u8> {
     from_client(
         flags::ACK | flags::PSH,
@@ -495,6 +512,50 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
             from_server(nat, 2, flags::RST, Vec::new()).build(),
         ),
         input(
+            "server-rst-timestamped",
+            "Server 2's RST-ACK with NOP NOP TS (Linux aborting a connection that negotiated timestamps): cookie inserted, connection counted closed.",
+            from_server(
+                nat,
+                2,
+                flags::RST | flags::ACK,
+                options::nop_nop_ts(SERVER_TS + 3, CLIENT_TS + 2),
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "server-fin-retransmitted",
+            "Server 2's FIN-ACK sent again, its data acknowledged meanwhile: the close is counted once, at the first.",
+            TcpFrame {
+                seq: SERVER_FIN_SEQ,
+                ..from_server(
+                    nat,
+                    2,
+                    flags::FIN | flags::ACK,
+                    options::nop_nop_ts(SERVER_TS + 4, CLIENT_TS + 2),
+                )
+            }
+            .build(),
+        )
+        .msb(2, M)
+        .after(server_fin(nat)),
+        input(
+            "server-rst-after-fin",
+            "Server 2's RST one past its FIN: the same close, not counted again.",
+            TcpFrame {
+                seq: SERVER_FIN_SEQ + 1,
+                ..from_server(
+                    nat,
+                    2,
+                    flags::RST | flags::ACK,
+                    options::nop_nop_ts(SERVER_TS + 4, CLIENT_TS + 2),
+                )
+            }
+            .build(),
+        )
+        .msb(2, M)
+        .after(server_fin(nat)),
+        input(
             "icmp-frag-needed-cookie",
             "ICMP fragmentation-needed quoting IP, TCP and options of a packet carrying server 2's cookie: routed to server 2, quoted TSval restored.",
             testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 20 + 32 + 8),
@@ -705,6 +766,26 @@ fn baseline_inputs() -> Vec<Input> {
             .build(),
         ),
     ];
+    // More connections, so that a pick by the wrong hash shows (each a pick of 1 in n).
+    inputs.extend((1..=3).map(|n| {
+        let port = CLIENT_PORT + n;
+        let quoted = TcpFrame {
+            dst_port: port,
+            ..TcpFrame::from_server_l2(
+                2,
+                client(),
+                port,
+                flags::ACK,
+                options::nop_nop_ts(SERVER_TS, CLIENT_TS),
+            )
+        }
+        .build();
+        input(
+            format!("icmp-frag-needed-port-{port}"),
+            "ICMP fragmentation-needed about another connection of the client: routed by the hash of its ports.",
+            testkit::icmp_frag_needed(ROUTER, &quoted, 28),
+        )
+    }));
     inputs.extend(malformed_common());
     inputs
 }

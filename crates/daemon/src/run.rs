@@ -83,9 +83,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // msb_seen and msb_restores arrays: the kernel restores and learns from the same words.
     let steering = SteeringProgram::load()?;
     let kernel_words = steering.kernel_words()?;
-    let plane = persister.restore_with_tables(&file.lb, &secret, &clock, &|layout| {
+    let mut plane = persister.restore_with_tables(&file.lb, &secret, &clock, &|layout| {
         kernel_words.tables(layout)
     })?;
+    // Likewise the close filter lives in the program's closes array: a close counted in
+    // the kernel is a duplicate for the workers, and the other way round.
+    if plane
+        .share_closes(steering.close_words()?.filter())
+        .is_err()
+    {
+        bail!("the close filter must be shared with the XDP program before the workers start");
+    }
     // The kernel's handshake bookkeeping keeps the core's time.
     steering.set_clock_base(clock.monotonic_base_ns())?;
     let state = Arc::new(DaemonState::new(plane, clock, Some(persister)));

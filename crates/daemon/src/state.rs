@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::xdp::SteeringStats;
-use crate::dataplane::xdp_layout::{FAST_BUNDLES, UP_REASONS};
+use crate::dataplane::xdp_layout::{FAST_BUNDLES, FAST_EVENTS, UP_REASONS};
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
 use crate::health::{self, HealthBook, Readiness};
@@ -60,6 +60,7 @@ pub struct SteeringCounters {
     pub fast_path: AtomicBool,
     fast: [AtomicU64; FAST_BUNDLES.len()],
     up: [AtomicU64; UP_REASONS.len()],
+    events: [AtomicU64; FAST_EVENTS.len()],
 }
 
 impl SteeringCounters {
@@ -76,19 +77,26 @@ impl SteeringCounters {
         for (cell, value) in self.up.iter().zip(stats.up) {
             cell.store(value, Relaxed);
         }
+        for (cell, value) in self.events.iter().zip(stats.events) {
+            cell.store(value, Relaxed);
+        }
     }
 
     /// The in-kernel path's packets as the core's counters: each packet of a bundle in
     /// every counter of the bundle (`Bundle::counters`), as a worker counts its own.
     pub fn kernel_events(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
         Counter::ALL.iter().map(move |counter| {
-            let sum = FAST_BUNDLES
+            let bundles = FAST_BUNDLES
                 .iter()
                 .zip(&self.fast)
                 .filter(|((_, bundle), _)| bundle.counters().contains(counter))
-                .map(|(_, cell)| cell.load(Relaxed))
-                .fold(0, u64::wrapping_add);
-            (*counter, sum)
+                .map(|(_, cell)| cell.load(Relaxed));
+            let events = FAST_EVENTS
+                .iter()
+                .zip(&self.events)
+                .filter(|((_, counters), _)| counters.contains(counter))
+                .map(|(_, cell)| cell.load(Relaxed));
+            (*counter, bundles.chain(events).fold(0, u64::wrapping_add))
         })
     }
 
@@ -310,7 +318,9 @@ mod tests {
         let counters = SteeringCounters::default();
         let stats = SteeringStats {
             fast: [10, 20, 30, 40, 100, 1000],
-            up: [1, 2, 3, 4, 5, 6, 7, 8],
+            up: [1, 2, 3, 4, 5, 6, 7, 8, 9],
+            // A first close, a duplicate close, an ICMP error by its cookie, by a pick.
+            events: [100, 200, 400, 800],
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -319,19 +329,27 @@ mod tests {
             .map(|(c, n)| (c.name(), n))
             .collect();
         assert_eq!(
-            events["to_server"], 1130,
-            "client cookie + client pick + SYNs (retransmitted or not)"
+            events["to_server"], 2330,
+            "client cookie + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick)"
         );
-        assert_eq!(events["to_client"], 70, "server cookie + server plain");
-        assert_eq!(events["fast_path"], 100);
+        assert_eq!(
+            events["to_client"], 370,
+            "server cookie + server plain + closes"
+        );
+        assert_eq!(events["fast_path"], 400);
         assert_eq!(events["cookie_routed"], 10);
-        assert_eq!(events["cookies_inserted"], 30);
-        assert_eq!(events["options_fast_path"], 1140);
+        assert_eq!(events["cookies_inserted"], 330);
+        assert_eq!(events["options_fast_path"], 1440);
+        assert_eq!(events["server_closes"], 100);
+        assert_eq!(events["duplicate_closes"], 200);
+        assert_eq!(events["icmp_routed_by_cookie"], 400);
         assert_eq!(events["new_connections"], 1100);
         assert_eq!(events["syn_retransmissions"], 1000);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));
+        assert_eq!(up[7], ("publishing", 8));
+        assert_eq!(up[8], ("icmp", 9));
     }
 
     #[test]

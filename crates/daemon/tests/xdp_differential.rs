@@ -52,11 +52,14 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use cheetah_core::config::{Forwarding, LbConfig};
-use cheetah_core::lb::{Bundle, Counter, Ingress, Worker};
+use cheetah_core::lb::{Counter, Ingress, Worker};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{parse_mac, ServerId, NANOS_PER_SEC};
 use cheetah_core::verdict::{DropReason, Verdict};
-use cheetah_daemon::dataplane::xdp_layout::FAST_BUNDLES;
+use cheetah_daemon::dataplane::xdp_layout::{
+    STAT_FAST_CLIENT_SYN, STAT_FAST_CLIENT_SYN_RETRANSMITTED, STAT_FAST_ICMP_COOKIE,
+    STAT_FAST_ICMP_PICK, STAT_FAST_SERVER_CLOSE,
+};
 use rand_core::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -293,7 +296,7 @@ fn judge(
     kernel_wrote: &[String],
     core: &Core,
 ) -> Result<Outcome, String> {
-    if kernel.fast.is_empty() {
+    if !kernel.handled() {
         if kernel.frame != input {
             return Err("went up with its bytes changed".into());
         }
@@ -326,7 +329,7 @@ fn judge(
         };
         return Ok(Outcome::Up(reason));
     }
-    if kernel.fast.len() != 1 || !kernel.up.is_empty() || !kernel.steered.is_empty() {
+    if kernel.fast_moved() != 1 || !kernel.up.is_empty() || !kernel.steered.is_empty() {
         return Err(format!(
             "handled ({}) with other counters moving too: up {:?}, steering {:?}",
             kernel.fast_name(),
@@ -355,9 +358,10 @@ fn judge(
             action_name(action)
         ));
     }
-    let bundle = FAST_BUNDLES[kernel.fast[0] as usize].1;
-    let mut stands_for: Vec<String> = bundle
-        .counters()
+    let stat = kernel.fast_stat();
+    let name = kernel.fast_name();
+    let mut stands_for: Vec<String> = kernel
+        .counted()
         .iter()
         .map(|c| format!("{} +1", c.name()))
         .collect();
@@ -366,7 +370,7 @@ fn judge(
     core_moved.sort();
     if core_moved != stands_for {
         return Err(format!(
-            "counters: the kernel's {bundle:?} stands for {stands_for:?}, the core counted {core_moved:?}"
+            "counters: the kernel's {name} stands for {stands_for:?}, the core counted {core_moved:?}"
         ));
     }
     let total_len = u64::from(u16::from_be_bytes([input[16], input[17]]));
@@ -377,7 +381,14 @@ fn judge(
         .map(|t| (t.server, t.packets, t.bytes))
         .collect();
     let server = traffic_server(config, core.verdict, input);
-    if server.map(|id| vec![(id, 1, total_len)]) != Some(traffic.clone()) {
+    // An ICMP error counts toward no server's load in the core.
+    let icmp = stat == STAT_FAST_ICMP_COOKIE || stat == STAT_FAST_ICMP_PICK;
+    let traffic_expected = match server {
+        Some(_) if icmp => Some(Vec::new()),
+        Some(id) => Some(vec![(id, 1, total_len)]),
+        None => None,
+    };
+    if traffic_expected != Some(traffic.clone()) {
         return Err(format!(
             "server_traffic moved {traffic:?} (server, packets, bytes); the core counts one packet of {total_len} bytes for server {server:?}"
         ));
@@ -385,7 +396,7 @@ fn judge(
     // The load counts the kernel moved: a SYN's pick is opened on the core's server; a
     // retransmitted SYN releases one count, its earlier pick's (which one is the handshake
     // table's word, compared below with the core's).
-    let syn = matches!(bundle, Bundle::ClientSyn | Bundle::ClientSynRetransmitted);
+    let syn = stat == STAT_FAST_CLIENT_SYN || stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED;
     let opened: Vec<(u16, u64)> = kernel
         .traffic
         .iter()
@@ -397,10 +408,12 @@ fn judge(
         _ => Vec::new(),
     };
     let released: u64 = kernel.traffic.iter().map(|t| t.closed).sum();
-    let released_expected = u64::from(bundle == Bundle::ClientSynRetransmitted);
+    // A first close of a server's: one count down, on the server.
+    let released_expected = u64::from(stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED)
+        + u64::from(stat == STAT_FAST_SERVER_CLOSE);
     if opened != opened_expected || released != released_expected {
         return Err(format!(
-            "load counts: opened {opened:?}, released {released}; the core's {bundle:?} opens {opened_expected:?} and releases {released_expected}"
+            "load counts: opened {opened:?}, released {released}; the core's {name} opens {opened_expected:?} and releases {released_expected}"
         ));
     }
     if !core.words_differ.is_empty() {
@@ -409,7 +422,7 @@ fn judge(
             core.words_differ
         ));
     }
-    Ok(Outcome::Handled(format!("{bundle:?}")))
+    Ok(Outcome::Handled(name))
 }
 
 // --- The run -----------------------------------------------------------------------------
@@ -586,7 +599,7 @@ fn the_kernel_does_what_the_core_does_or_hands_the_frame_up_unchanged() {
 
             let kernel_run = kernel.run(topology.port(ingress), &input, &ids, now);
             let kernel_wrote = words.changed();
-            let handled = !kernel_run.fast.is_empty();
+            let handled = kernel_run.handled();
             let before = core_counts(&worker, &plane);
             let mut frame = input.clone();
             let (verdict, words_differ) = if handled && !kernel_wrote.is_empty() {

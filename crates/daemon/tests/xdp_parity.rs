@@ -21,6 +21,15 @@
 //! * it went up (anything else: a `STAT_UP_*` reason, or plain steering): its bytes must be
 //!   unchanged (the metadata the program puts in front is not part of the frame).
 //!
+//! The core's close filter is built over the program's mmapped `closes` words, as in
+//! `cheetah run`. A server's FIN or stamped RST the kernel handled must have made the
+//! core's decision (a first close or a duplicate: `server_closes` or `duplicate_closes`
+//! among the core's counters, which must be exactly those the kernel's `STAT_FAST_*`
+//! stands for) and left the filter's words as the core leaves them: the words are put
+//! back as they were before the kernel's run before the core sees the packet, so both
+//! decide from the same state. A first close must also have moved the server's
+//! `server_traffic.closed`. A packet that went up must have left the words alone.
+//!
 //! A reply that went up because the kernel did not know its server's clock yet
 //! (`STAT_UP_CLOCK`) is sent once more after the core learnt it, as the next segment of
 //! that connection would be: the kernel must then handle it.
@@ -49,7 +58,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use cheetah_core::config::{LbConfig, Mode};
-use cheetah_core::lb::{Ingress, Worker};
+use cheetah_core::lb::{Counter, Ingress, Worker};
 use cheetah_core::types::ServerId;
 use cheetah_core::verdict::Verdict;
 use cheetah_daemon::dataplane::xdp_layout::*;
@@ -64,6 +73,9 @@ mod lb_namespace;
 #[path = "shared/lb_topology.rs"]
 mod lb_topology;
 use lb_topology::{enter_new_namespace, Topology};
+#[path = "shared/shared_words.rs"]
+mod shared_words;
+use shared_words::SharedWords;
 #[path = "shared/vectors.rs"]
 mod vectors;
 use vectors::{hex, load_suite, suite_dirs, unhex, verdict_name, Suite};
@@ -102,6 +114,11 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-syn-ack-apple-layout",
             "server-syn-ack-mss-nop-ws-sackok-ts",
             "server-syn-ack-mss-nop-nop-ts",
+            "server-fin",
+            "server-rst-timestamped",
+            "server-fin-retransmitted",
+            "server-rst-after-fin",
+            "icmp-frag-needed-cookie",
         ],
     ),
     (
@@ -111,6 +128,10 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "established-ack",
             "established-bad-tcp-checksum",
             "server-syn-ack",
+            "icmp-frag-needed",
+            "icmp-frag-needed-port-40001",
+            "icmp-frag-needed-port-40002",
+            "icmp-frag-needed-port-40003",
         ],
     ),
 ];
@@ -140,11 +161,12 @@ fn judge(
     what: &str,
     packet_in: &[u8],
     kernel: &KernelRun,
-    verdict: Verdict,
-    core_out: &[u8],
+    words: &WordsRun,
+    core: &CoreRun,
 ) {
+    let (verdict, core_out) = (core.verdict, &core.frame[..]);
     let mut fail = |message: String| report.failures.push(format!("{what}: {message}"));
-    if kernel.fast.len() + kernel.up.len() > 1 {
+    if kernel.fast_moved() + kernel.up.len() > 1 {
         fail(format!(
             "more than one fast-path counter moved: {} {}",
             kernel.fast_name(),
@@ -152,7 +174,14 @@ fn judge(
         ));
         return;
     }
-    if kernel.fast.is_empty() {
+    if !kernel.handled() {
+        if !words.kernel_wrote.is_empty() {
+            fail(format!(
+                "went up ({}) but wrote shared words: {:?}",
+                kernel.up_name(),
+                words.kernel_wrote
+            ));
+        }
         if kernel.frame != packet_in {
             fail(format!(
                 "went up ({}, {}) with its bytes changed:\n   in  {}\n   out {}",
@@ -182,13 +211,21 @@ fn judge(
         ));
         return;
     };
-    let stat = FAST_BUNDLES[kernel.fast[0] as usize].0;
+    let stat = kernel.fast_stat();
     let syn = stat == STAT_FAST_CLIENT_SYN || stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED;
+    let toward_client = [
+        STAT_FAST_SERVER_COOKIE,
+        STAT_FAST_SERVER_PLAIN,
+        STAT_FAST_SERVER_CLOSE,
+        STAT_FAST_SERVER_DUPLICATE_CLOSE,
+    ]
+    .contains(&stat);
+    let icmp = stat == STAT_FAST_ICMP_COOKIE || stat == STAT_FAST_ICMP_PICK;
     let direction_ok = match verdict {
         Verdict::ToServer(_) => {
-            stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK || syn
+            stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK || syn || icmp
         }
-        _ => stat == STAT_FAST_SERVER_COOKIE || stat == STAT_FAST_SERVER_PLAIN,
+        _ => toward_client,
     };
     if !direction_ok {
         fail(format!(
@@ -197,9 +234,32 @@ fn judge(
             verdict_name(verdict)
         ));
     }
+    // The core's counts (a close's decision among them), the core's close filter words,
+    // and a first close folded into the server's load.
+    if kernel.counted() != core.counted {
+        fail(format!(
+            "the kernel counted {:?}, the core {:?}",
+            kernel.counted(),
+            core.counted
+        ));
+    }
+    if !words.differ.is_empty() {
+        fail(format!(
+            "shared words (clock, handshakes, closes) differ from those the core leaves: {:?}",
+            words.differ
+        ));
+    }
+    let first_close = u64::from(kernel.counted().contains(&Counter::ServerCloses));
+    let closed: u64 = kernel.traffic.iter().map(|moved| moved.closed).sum();
+    let released_by_syn = u64::from(stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED);
+    if closed != first_close + released_by_syn {
+        fail(format!(
+            "server_traffic.closed moved by {closed} for {}",
+            kernel.fast_name()
+        ));
+    }
     // Every client of the vectors is behind the namespace's default route, whose gateway
     // is resolved: the map answers, or, empty, leaves it to the FIB.
-    let toward_client = stat == STAT_FAST_SERVER_COOKIE || stat == STAT_FAST_SERVER_PLAIN;
     if toward_client && kernel.next_hop_miss != (next_hops == NextHops::Empty) {
         fail(format!(
             "next_hops {next_hops:?}, but the reply's next hop {} the map",
@@ -241,8 +301,21 @@ fn judge(
             verdict_name(verdict)
         ));
     }
-    let traffic: Vec<u16> = kernel.traffic.iter().map(|moved| moved.server).collect();
-    if traffic.len() != 1 || server.is_some_and(|id| traffic != [id]) {
+    // The packet's own traffic (a retransmitted SYN also releases its earlier pick's count,
+    // checked above).
+    let traffic: Vec<u16> = kernel
+        .traffic
+        .iter()
+        .filter(|moved| moved.packets != 0)
+        .map(|moved| moved.server)
+        .collect();
+    // An ICMP error counts toward no server's load in the core.
+    let traffic_ok = if icmp {
+        traffic.is_empty()
+    } else {
+        traffic.len() == 1 && server.is_none_or(|id| traffic == [id])
+    };
+    if !traffic_ok {
         fail(format!(
             "server_traffic moved for servers {traffic:?}; the core's verdict is {}",
             verdict_name(verdict)
@@ -251,9 +324,58 @@ fn judge(
     report.handled.push(what.to_string());
 }
 
+/// What one packet did in the core.
+struct CoreRun {
+    verdict: Verdict,
+    frame: Vec<u8>,
+    /// The counters the worker bumped for it (not its housekeeping ones), sorted.
+    counted: Vec<Counter>,
+}
+
+impl CoreRun {
+    fn of(worker: &mut Worker, packet_in: &[u8], now: u64) -> Self {
+        // Per-packet counters only: a worker also counts its merges and reloads.
+        let counters: Vec<Counter> = Counter::ALL
+            .iter()
+            .copied()
+            .filter(|c| ![Counter::LoadMerges, Counter::SnapshotReloads].contains(c))
+            .collect();
+        let read = |worker: &Worker| -> Vec<u64> {
+            counters.iter().map(|c| worker.counters().get(*c)).collect()
+        };
+        let before = read(worker);
+        let mut frame = packet_in.to_vec();
+        let verdict = worker.process(&mut frame, now, Ingress::ServerSide);
+        let mut counted: Vec<Counter> = counters
+            .iter()
+            .zip(read(worker).iter().zip(before))
+            .flat_map(|(c, (after, before))| {
+                std::iter::repeat_n(*c, after.wrapping_sub(before) as usize)
+            })
+            .collect();
+        counted.sort_by_key(|c| *c as u8);
+        CoreRun {
+            verdict,
+            frame,
+            counted,
+        }
+    }
+}
+
+/// What one packet did to the words kernel and core share (every one-entry mmapable map:
+/// the clock table, the handshake table, the close filter).
+struct WordsRun {
+    /// What the kernel's run changed.
+    kernel_wrote: Vec<String>,
+    /// Where the words the core left differ from those the kernel left, both having
+    /// started from the same.
+    differ: Vec<String>,
+}
+
 fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteReport {
     let mut report = SuiteReport::default();
     let program = Kernel::load(topology, next_hops);
+    let mut shared = SharedWords::of(&program.program);
     let every_id: Vec<ServerId> = (0..ServerId::SPACE as u32)
         .map(|id| ServerId(id as u16))
         .collect();
@@ -287,12 +409,20 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
         let main = packets.len() - 1;
         for (n, (what, now, packet_in, expected_verdict)) in packets.iter().enumerate() {
             let packet_in = unhex(packet_in);
-            let send = |report: &mut SuiteReport, worker: &mut Worker, what: &str| {
-                // Kernel first, then the core: the order a packet meets them.
+            let mut send = |report: &mut SuiteReport, worker: &mut Worker, what: &str| {
+                // Kernel first, then the core: the order a packet meets them. The core
+                // decides from the shared words as they were before the kernel's run.
+                shared.settle();
                 let kernel = (packet_in.len() >= ETH_HLEN)
                     .then(|| program.run(topology.servers, &packet_in, &every_id, *now));
-                let mut core_out = packet_in.clone();
-                let verdict = worker.process(&mut core_out, *now, Ingress::ServerSide);
+                let kernel_wrote = shared.changed();
+                let after_kernel = shared.copy();
+                shared.restore_settled();
+                let core = CoreRun::of(worker, &packet_in, *now);
+                let words = WordsRun {
+                    kernel_wrote,
+                    differ: shared.differences(&after_kernel),
+                };
                 match &kernel {
                     Some(kernel) => judge(
                         report,
@@ -302,12 +432,12 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
                         what,
                         &packet_in,
                         kernel,
-                        verdict,
-                        &core_out,
+                        &words,
+                        &core,
                     ),
                     None => report.not_runnable.push(what.to_string()),
                 }
-                (kernel, verdict, core_out)
+                (kernel, core.verdict, core.frame)
             };
             let (kernel, verdict, core_out) = send(&mut report, &mut worker, what);
             // The core is the reference only while it still gives the files' answer.

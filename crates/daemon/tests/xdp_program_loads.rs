@@ -35,7 +35,8 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 19;
+const STAT_COUNT: u32 = 24;
+const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
 const STAT_FAST_SERVER_COOKIE: u32 = 6;
@@ -115,7 +116,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 23] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 24] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -163,6 +164,15 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             MapType::Array,
             4,
             4 * COOKIE_SPACE,
+            1,
+            BPF_F_MMAPABLE,
+        ),
+        // The core's close filter, DEFAULT_SLOTS words (lb/closes.rs).
+        (
+            "closes",
+            MapType::Array,
+            4,
+            4 * CLOSE_SLOTS,
             1,
             BPF_F_MMAPABLE,
         ),

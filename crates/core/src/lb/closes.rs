@@ -59,6 +59,7 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use super::counters::Counter;
 use super::worker::WorkerState;
+use crate::cookie::SharedWords;
 use crate::types::ServerId;
 use crate::wire::tcp::flags::{FIN, RST, SYN};
 use crate::wire::TcpSegment;
@@ -98,10 +99,18 @@ impl Close {
 }
 
 /// The last close seen per slot, shared by all workers (the segments of one connection
-/// may reach several workers, and an RST after a FIN often takes another queue).
+/// may reach several workers, and an RST after a FIN often takes another queue) and, over
+/// the XDP program's mmapped `closes` words ([`CloseFilter::with_words`]), with the kernel,
+/// which runs the same algorithm on them (bpf/lib/closes.h).
 pub struct CloseFilter {
-    slots: Box<[AtomicU32]>,
+    slots: Slots,
     mask: usize,
+}
+
+/// The slots: the filter's own, of any size, or [`DEFAULT_SLOTS`] words it shares.
+enum Slots {
+    Owned(Box<[AtomicU32]>),
+    Shared(SharedWords<DEFAULT_SLOTS>),
 }
 
 impl Default for CloseFilter {
@@ -115,14 +124,36 @@ impl CloseFilter {
     pub fn with_slots(slots: usize) -> Self {
         let slots = slots.max(1).next_power_of_two();
         CloseFilter {
-            slots: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            slots: Slots::Owned((0..slots).map(|_| AtomicU32::new(0)).collect()),
             mask: slots - 1,
+        }
+    }
+
+    /// A filter of [`DEFAULT_SLOTS`] slots over `words` (e.g. the XDP program's mmapped
+    /// `closes` array, so that a close the kernel counted is not counted again by a worker,
+    /// nor the other way round). The words are cleared: a filter starts knowing no close.
+    pub fn with_words(words: SharedWords<DEFAULT_SLOTS>) -> Self {
+        let filter = CloseFilter {
+            slots: Slots::Shared(words),
+            mask: DEFAULT_SLOTS - 1,
+        };
+        filter.clear();
+        filter
+    }
+
+    /// Out of the straight line (`on_server_close` is cold), so the match costs nothing
+    /// that matters.
+    #[inline(always)]
+    fn slots(&self) -> &[AtomicU32] {
+        match &self.slots {
+            Slots::Owned(slots) => slots,
+            Slots::Shared(words) => &words[..],
         }
     }
 
     /// Forgets every close (tests, benchmarks and the fuzz harness reuse one filter).
     pub fn clear(&self) {
-        for slot in self.slots.iter() {
+        for slot in self.slots() {
             slot.store(0, Relaxed);
         }
     }
@@ -132,7 +163,7 @@ impl CloseFilter {
     #[inline]
     pub fn first(&self, close: Close) -> bool {
         let tag = close.tag();
-        let slot = &self.slots[close.flow_hash as usize & self.mask];
+        let slot = &self.slots()[close.flow_hash as usize & self.mask];
         if slot.load(Relaxed) == tag {
             return false;
         }
@@ -233,6 +264,24 @@ mod tests {
         assert!(filter.first(fin), "the slot was taken in between");
         filter.clear();
         assert!(filter.first(fin));
+    }
+
+    #[test]
+    fn a_filter_over_shared_words_writes_them_and_starts_empty() {
+        let words: &'static [AtomicU32; DEFAULT_SLOTS] =
+            Box::leak(Box::new(std::array::from_fn(|_| AtomicU32::new(7))));
+        let filter = CloseFilter::with_words(SharedWords::borrowed(words));
+        assert!(words.iter().all(|w| w.load(Relaxed) == 0), "cleared");
+        let fin = Close::of_segment(HASH, FIN, FIN_SEQ, 0);
+        assert!(filter.first(fin));
+        let slot = &words[HASH as usize & (DEFAULT_SLOTS - 1)];
+        assert_eq!(slot.load(Relaxed), (HASH >> 32) as u32 ^ FIN_SEQ);
+        // Another filter over the same words (the kernel's view) knows the close.
+        let other = CloseFilter {
+            slots: Slots::Shared(SharedWords::borrowed(words)),
+            mask: DEFAULT_SLOTS - 1,
+        };
+        assert!(!other.first(fin));
     }
 
     #[test]

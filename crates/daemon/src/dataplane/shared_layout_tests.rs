@@ -129,10 +129,19 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("LOAD_METRIC_REPORTED", LOAD_METRIC_REPORTED as usize),
         ("HANDSHAKE_SLOTS", HANDSHAKE_SLOTS),
         ("HANDSHAKE_RETRY_SLOTS", HANDSHAKE_RETRY_SLOTS),
+        ("STAT_FAST_SERVER_CLOSE", STAT_FAST_SERVER_CLOSE as usize),
+        (
+            "STAT_FAST_SERVER_DUPLICATE_CLOSE",
+            STAT_FAST_SERVER_DUPLICATE_CLOSE as usize,
+        ),
+        ("STAT_FAST_ICMP_COOKIE", STAT_FAST_ICMP_COOKIE as usize),
+        ("STAT_FAST_ICMP_PICK", STAT_FAST_ICMP_PICK as usize),
+        ("STAT_UP_ICMP", STAT_UP_ICMP as usize),
         (
             "STAT_COUNT",
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1,
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1 + FAST_EVENTS.len(),
         ),
+        ("CLOSE_SLOTS", CLOSE_SLOTS),
         ("MAX_NEXT_HOPS", MAX_NEXT_HOPS),
         ("NEXT_HOP_FIB", NEXT_HOP_FIB as usize),
         ("NEXT_HOP_KNOWN", NEXT_HOP_KNOWN as usize),
@@ -162,6 +171,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         HANDSHAKE_RETRY_SLOTS,
         cheetah_core::lb::handshakes::RETRY_SLOTS
     );
+    assert_eq!(CLOSE_SLOTS, cheetah_core::lb::closes::DEFAULT_SLOTS);
     let mut values: Vec<(String, usize)> = values
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))
@@ -252,6 +262,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         active,
         reported
     ));
+    values.extend(layout!(CloseWords, "struct close_words", word));
     values
         .into_iter()
         .map(|(name, value)| (name, value as u64))

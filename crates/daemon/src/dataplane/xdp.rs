@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 use cheetah_core::cookie::msb::COOKIES;
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::cookie::{MsbTable, SharedWords};
+use cheetah_core::lb::closes::{CloseFilter, DEFAULT_SLOTS as CLOSE_SLOTS};
 use cheetah_core::lb::handshakes::HandshakeTable;
 use cheetah_core::lb::SharedTables;
 use cheetah_core::types::ServerId;
@@ -20,7 +21,7 @@ use cheetah_core::types::ServerId;
 use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
     Encode, HandshakeWords, LbClock, LbConfigValue, PolicyRngState, PolicyState, ServerLoadValue,
-    ServerTraffic, FAST_BUNDLES, STAT_NEXT_HOP_MISS, UP_REASONS,
+    ServerTraffic, FAST_BUNDLES, FAST_EVENTS, STAT_NEXT_HOP_MISS, UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -64,6 +65,9 @@ pub struct SteeringStats {
     pub fast: [u64; FAST_BUNDLES.len()],
     /// Packets the in-kernel path handed to userspace, by `xdp_layout::UP_REASONS`.
     pub up: [u64; UP_REASONS.len()],
+    /// Packets the in-kernel path handled that are no single bundle (closes, ICMP
+    /// errors), by `xdp_layout::FAST_EVENTS`.
+    pub events: [u64; FAST_EVENTS.len()],
     /// Replies whose next hop the kernel asked `bpf_fib_lookup` for (not in `next_hops`).
     pub next_hop_miss: u64,
 }
@@ -142,6 +146,15 @@ impl SteeringProgram {
             seen: self.mmap_value("msb_seen")?,
             restores: self.mmap_value("msb_restores")?,
             handshakes: self.mmap_value("handshakes")?,
+        })
+    }
+
+    /// The program's `closes` array, mapped into this process for the core's close filter
+    /// (`CloseFilter::with_words`), so that the kernel and the workers count each close
+    /// once between them. Mapped for the rest of the process, as the clock words are.
+    pub fn close_words(&self) -> anyhow::Result<CloseWords> {
+        Ok(CloseWords {
+            words: self.mmap_value("closes")?,
         })
     }
 
@@ -396,6 +409,7 @@ impl SteeringProgram {
             no_metadata_room: sum(STAT_NO_METADATA_ROOM),
             fast: FAST_BUNDLES.map(|(index, _)| sum(index)),
             up: UP_REASONS.map(|(index, _)| sum(index)),
+            events: FAST_EVENTS.map(|(index, _)| sum(index)),
             next_hop_miss: sum(STAT_NEXT_HOP_MISS),
         }
     }
@@ -439,6 +453,24 @@ impl KernelWords {
             ),
             handshakes: HandshakeTable::with_words(&self.handshakes.slot, &self.handshakes.retry),
         }
+    }
+}
+
+/// The XDP program's close filter words, mapped for the rest of the process.
+#[derive(Clone, Copy)]
+pub struct CloseWords {
+    words: &'static [AtomicU32; CLOSE_SLOTS],
+}
+
+impl CloseWords {
+    /// A close filter over these words (for `ControlPlane::share_closes`); it clears them.
+    pub fn filter(self) -> CloseFilter {
+        CloseFilter::with_words(SharedWords::borrowed(self.words))
+    }
+
+    /// The words, as the kernel sees them (tests compare the two sides' filters).
+    pub fn words(self) -> &'static [AtomicU32; CLOSE_SLOTS] {
+        self.words
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::mem::{offset_of, size_of};
 
-use cheetah_core::lb::Bundle;
+use cheetah_core::lb::{Bundle, Counter};
 use cheetah_core::types::Mac;
 
 pub const SERVER_ID_SPACE: usize = 16384;
@@ -77,7 +77,55 @@ pub const STAT_UP_PUBLISHING: u32 = 16;
 /// Client SYNs the kernel placed by the VIP's policy (retransmitted ones apart).
 pub const STAT_FAST_CLIENT_SYN: u32 = 17;
 pub const STAT_FAST_CLIENT_SYN_RETRANSMITTED: u32 = 18;
-pub const STAT_COUNT: u32 = 19;
+/// A server's FIN or stamped RST handled in the kernel: the first of its connection, or
+/// one already counted (lb/closes.rs).
+pub const STAT_FAST_SERVER_CLOSE: u32 = 19;
+pub const STAT_FAST_SERVER_DUPLICATE_CLOSE: u32 = 20;
+/// An ICMP error routed in the kernel by its quoted cookie.
+pub const STAT_FAST_ICMP_COOKIE: u32 = 21;
+/// An ICMP error routed in the kernel by hash mode's pick.
+pub const STAT_FAST_ICMP_PICK: u32 = 22;
+/// An ICMP error whose quote has no cookie where the kernel looks: userspace routes it by
+/// the fallback table or copies it to every server.
+pub const STAT_UP_ICMP: u32 = 23;
+pub const STAT_COUNT: u32 = 24;
+
+/// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
+/// of its packets stands for (what the core counts for that packet): metrics add it to
+/// each, under the core's names.
+pub const FAST_EVENTS: [(u32, &[Counter]); 4] = [
+    // Bundle::ServerCookie, plus the close `on_server_close` counts.
+    (
+        STAT_FAST_SERVER_CLOSE,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::ServerCloses,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_DUPLICATE_CLOSE,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::DuplicateCloses,
+        ],
+    ),
+    // `client_icmp`'s count, and its verdict's.
+    (
+        STAT_FAST_ICMP_COOKIE,
+        &[Counter::IcmpRoutedByCookie, Counter::ToServer],
+    ),
+    // Hash mode counts only the verdict.
+    (STAT_FAST_ICMP_PICK, &[Counter::ToServer]),
+];
+
+/// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
+pub const CLOSE_SLOTS: usize = 65536;
 
 pub const MAX_NEXT_HOPS: usize = 16384;
 pub const NEXT_HOP_FIB: u32 = 0;
@@ -85,7 +133,7 @@ pub const NEXT_HOP_KNOWN: u32 = 1;
 pub const NEXT_HOP_ON_LINK: u32 = 2;
 
 /// The `reason` label of each `STAT_UP_*` counter, in index order.
-pub const UP_REASONS: [(u32, &str); 8] = [
+pub const UP_REASONS: [(u32, &str); 9] = [
     (STAT_UP_NEW_CONNECTION, "new_connection"),
     (STAT_UP_LAYOUT, "layout"),
     (STAT_UP_COOKIE, "cookie"),
@@ -94,6 +142,7 @@ pub const UP_REASONS: [(u32, &str); 8] = [
     (STAT_UP_NEXT_HOP, "next_hop"),
     (STAT_UP_OTHER, "other"),
     (STAT_UP_PUBLISHING, "publishing"),
+    (STAT_UP_ICMP, "icmp"),
 ];
 
 /// A value the kernel reads as bytes.
@@ -487,9 +536,28 @@ impl Encode for LbClock {
     }
 }
 
+/// `struct close_words`: the one value of `closes`, the close filter's words.
+#[repr(C)]
+pub struct CloseWords {
+    pub word: [u32; CLOSE_SLOTS],
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_close_handled_in_the_kernel_counts_as_the_cores_straight_line_does() {
+        for (stat, close) in [
+            (STAT_FAST_SERVER_CLOSE, Counter::ServerCloses),
+            (STAT_FAST_SERVER_DUPLICATE_CLOSE, Counter::DuplicateCloses),
+        ] {
+            let (_, counters) = FAST_EVENTS.iter().find(|(s, _)| *s == stat).unwrap();
+            let mut expected = Bundle::ServerCookie.counters().to_vec();
+            expected.push(close);
+            assert_eq!(*counters, &expected[..]);
+        }
+    }
 
     #[test]
     fn values_are_their_fields_at_their_offsets() {

@@ -86,6 +86,8 @@ impl SharedWords {
         words
     }
 
+    // The differential runner prints them; the parity test does not.
+    #[allow(dead_code)]
     pub fn names(&self) -> Vec<&str> {
         self.maps.iter().map(|m| m.name.as_str()).collect()
     }

@@ -10,16 +10,17 @@
 
 use std::net::Ipv4Addr;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use cheetah_core::config::LbConfig;
 use cheetah_core::hash::Secret;
-use cheetah_core::lb::{Worker, WorkerConfig};
+use cheetah_core::lb::{Counter, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::ServerId;
 use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
-use cheetah_daemon::dataplane::xdp::{KernelWords, SteeringProgram};
+use cheetah_daemon::dataplane::xdp::{CloseWords, KernelWords, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::*;
 use cheetah_daemon::dataplane::xdp_policy::{PolicySeeder, PolicySeeds};
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
@@ -75,6 +76,8 @@ pub struct KernelRun {
     pub frame: Vec<u8>,
     /// The `STAT_FAST_*` counters that moved, as `xdp_layout::FAST_BUNDLES` indices.
     pub fast: Vec<u32>,
+    /// The other `STAT_FAST_*` counters that moved, as `xdp_layout::FAST_EVENTS` indices.
+    pub events: Vec<usize>,
     /// The `STAT_UP_*` reasons that moved (`xdp_layout::UP_REASONS`).
     pub up: Vec<&'static str>,
     /// Steering passed it to the host (not the LB's: ARP, IPv6, ...).
@@ -93,8 +96,48 @@ impl KernelRun {
         self.fast
             .iter()
             .map(|&i| format!("{:?}", FAST_BUNDLES[i as usize].1))
+            .chain(
+                self.events
+                    .iter()
+                    .map(|&i| format!("{:?}", FAST_EVENTS[i].1)),
+            )
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// Handled in the kernel: a `STAT_FAST_*` counter moved.
+    pub fn handled(&self) -> bool {
+        !self.fast.is_empty() || !self.events.is_empty()
+    }
+
+    /// How many `STAT_FAST_*` counters moved (one, when it was handled).
+    pub fn fast_moved(&self) -> usize {
+        self.fast.len() + self.events.len()
+    }
+
+    /// The `STAT_FAST_*` counter that moved (the first, if several did).
+    pub fn fast_stat(&self) -> u32 {
+        match (self.fast.first(), self.events.first()) {
+            (Some(&i), _) => FAST_BUNDLES[i as usize].0,
+            (None, Some(&i)) => FAST_EVENTS[i].0,
+            (None, None) => panic!("not handled in the kernel"),
+        }
+    }
+
+    /// The core counters the `STAT_FAST_*` counters that moved stand for, sorted.
+    pub fn counted(&self) -> Vec<Counter> {
+        let mut counted: Vec<Counter> = self
+            .fast
+            .iter()
+            .flat_map(|&i| FAST_BUNDLES[i as usize].1.counters().iter().copied())
+            .chain(
+                self.events
+                    .iter()
+                    .flat_map(|&i| FAST_EVENTS[i].1.iter().copied()),
+            )
+            .collect();
+        counted.sort_by_key(|c| *c as u8);
+        counted
     }
 
     /// Why it went up, or what steering did with a packet the fast path did not look at
@@ -108,11 +151,12 @@ impl KernelRun {
     }
 }
 
-/// The loaded program and its clock and handshake words, shared with every pipeline made
-/// over it.
+/// The loaded program and its clock, handshake and close filter words, shared with every
+/// pipeline made over it.
 pub struct Kernel {
     pub program: SteeringProgram,
     pub words: KernelWords,
+    pub closes: CloseWords,
 }
 
 impl Kernel {
@@ -139,7 +183,30 @@ impl Kernel {
         let words = program
             .kernel_words()
             .expect("mmap the clock and handshake words");
-        Kernel { program, words }
+        let closes = program
+            .close_words()
+            .expect("mmap the close filter's words");
+        Kernel {
+            program,
+            words,
+            closes,
+        }
+    }
+
+    /// The close filter's words as they are now.
+    pub fn close_words(&self) -> Vec<u32> {
+        self.closes
+            .words()
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Puts the close filter's words back to `words`.
+    pub fn set_close_words(&self, words: &[u32]) {
+        for (word, value) in self.closes.words().iter().zip(words) {
+            word.store(*value, Ordering::Relaxed);
+        }
     }
 
     /// A fresh core pipeline for `config`, as crates/core/tests/vectors.rs makes it, over
@@ -159,6 +226,9 @@ impl Kernel {
         let mut plane =
             ControlPlane::new_with_tables(config, secret, &|layout| words.tables(layout))
                 .expect("suite config is valid");
+        if plane.share_closes(self.closes.filter()).is_err() {
+            panic!("the plane's close filter was shared before the kernel's words took its place");
+        }
         for id in removed {
             plane.remove_server(*id, 0).expect("removable server");
         }
@@ -256,6 +326,9 @@ impl Kernel {
         let fast = (0..FAST_BUNDLES.len() as u32)
             .filter(|&i| stats_after.fast[i as usize] != stats_before.fast[i as usize])
             .collect();
+        let events = (0..FAST_EVENTS.len())
+            .filter(|&i| stats_after.events[i] != stats_before.events[i])
+            .collect();
         let up = UP_REASONS
             .iter()
             .enumerate()
@@ -297,6 +370,7 @@ impl Kernel {
             action,
             frame,
             fast,
+            events,
             up,
             passed: stats_after.passed_to_host != stats_before.passed_to_host,
             steered,

@@ -38,7 +38,8 @@ use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
     Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_CLIENT_SYN,
-    STAT_FAST_SERVER_COOKIE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_MISS,
+    STAT_FAST_ICMP_COOKIE, STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE,
+    STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_MISS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -173,6 +174,13 @@ pub(super) enum Path {
     /// A client's SYN placed by the VIP's policy, as a new connection every run (its
     /// handshake-table slot is emptied before each run, out of the timed part).
     Syn,
+    /// A server's FIN-ACK toward the client: a reply plus the close filter's read (and,
+    /// on the first run only, its write). Every later run is a retransmission, a duplicate
+    /// close; a first close differs by one store to the slot's line, already read.
+    ServerFin,
+    /// An ICMP fragmentation-needed error from a router on the clients' side, quoting the
+    /// server segment the client got (the cookie in its TSval): to that server.
+    Icmp,
 }
 
 /// Per-run durations of one row, in the kernel's ns.
@@ -227,17 +235,24 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     let mut breakdowns = Vec::new();
     for (n, setup) in SETUPS.iter().enumerate() {
         let bench = Bench::load(setup, options.servers, 0)?;
-        let paths: &[Path] = if setup.mode == Mode::Cheetah && setup.forwarding == Forwarding::L2 {
-            &[
+        let paths: &[Path] = match (setup.mode, setup.forwarding) {
+            (Mode::Cheetah, Forwarding::L2) => &[
                 Path::ClientToServer,
                 Path::ServerToClient,
+                Path::ServerFin,
+                Path::Icmp,
                 Path::NextHopMiss,
                 Path::FibLookup,
                 Path::NextHopTrie,
                 Path::NextHopHash,
-            ]
-        } else {
-            &[Path::ClientToServer, Path::ServerToClient]
+            ],
+            (Mode::Cheetah, Forwarding::Nat) => &[
+                Path::ClientToServer,
+                Path::ServerToClient,
+                Path::ServerFin,
+                Path::Icmp,
+            ],
+            _ => &[Path::ClientToServer, Path::ServerToClient],
         };
         for &path in paths {
             let row = bench.row(setup, path, &ports, options.runs)?;
@@ -394,9 +409,10 @@ impl Bench {
         )
     }
 
-    /// The row's frame, made and checked by the core: a server segment and the client's
-    /// ACK echoing what the core made of it. Returns the frame, the packet's ingress and
-    /// the counter its fast path moves.
+    /// The row's frame, made and checked by the core: a server segment, the client's ACK
+    /// echoing what the core made of it, the server's FIN, or a router's ICMP error quoting
+    /// what the client got. Returns the frame and the counter its fast path moves (for a
+    /// FIN, the first close's; the duplicates' is [`STAT_FAST_SERVER_DUPLICATE_CLOSE`]).
     pub(super) fn frame(&self, direction: Path) -> anyhow::Result<(Vec<u8>, u32)> {
         self.frame_of_port(direction, CLIENT_PORT)
     }
@@ -437,6 +453,19 @@ impl Bench {
                 options::nop_nop_ts(u32::from(SERVER_MSB) << 16 | 0x5678, CLIENT_TS),
             ),
         };
+        if direction == Path::ServerFin {
+            let fin = TcpFrame {
+                flags: flags::FIN | flags::ACK,
+                ..reply_base
+            }
+            .build();
+            let verdict = worker.process(&mut fin.clone(), now, Ingress::ServerSide);
+            ensure!(
+                verdict == Verdict::ToClient,
+                "the core's verdict on the bench's server FIN is {verdict:?}"
+            );
+            return Ok((fin, STAT_FAST_SERVER_CLOSE));
+        }
         let reply = reply_base.with_payload(&[0x42; 100]).build();
         let mut seen_by_client = reply.clone();
         let verdict = worker.process(&mut seen_by_client, now, Ingress::ServerSide);
@@ -446,6 +475,19 @@ impl Bench {
         );
         if direction == Path::ServerToClient {
             return Ok((reply, STAT_FAST_SERVER_COOKIE));
+        }
+        if direction == Path::Icmp {
+            // The quote a Linux router sends: the IP header and the first 52 bytes of TCP
+            // (header and options), more than the cookie needs.
+            let router = u32::from(std::net::Ipv4Addr::new(10, 7, 0, 2));
+            let error = testkit::icmp_frag_needed(router, &seen_by_client, 20 + 32 + 20);
+            let verdict = worker.process(&mut error.clone(), now, Ingress::ClientSide);
+            ensure!(
+                verdict == Verdict::ToServer(server),
+                "the core routes the bench's ICMP error to {verdict:?}, not to server {}",
+                server.0
+            );
+            return Ok((error, STAT_FAST_ICMP_COOKIE));
         }
         let (tsval, _) = testkit::timestamps(&seen_by_client).context("no timestamps")?;
         let ack = TcpFrame::from_client(
@@ -490,6 +532,7 @@ impl Bench {
     fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
         let direction = match path {
             Path::ClientToServer | Path::Syn => Path::ClientToServer,
+            Path::ServerFin | Path::Icmp => path,
             _ => Path::ServerToClient,
         };
         let (frame, cookie_stat, syn_hash) = if path == Path::Syn {
@@ -504,11 +547,19 @@ impl Bench {
             (_, STAT_FAST_CLIENT_COOKIE) => STAT_FAST_CLIENT_PICK,
             _ => STAT_FAST_SERVER_PLAIN,
         };
-        let ingress = ports.servers.ifindex;
+        // An ICMP error comes from the clients' side; the rest from the servers'.
+        let ingress = match path {
+            Path::Icmp => ports.clients.ifindex,
+            _ => ports.servers.ifindex,
+        };
         let (subject, expected_action) = match path {
             Path::ClientToServer | Path::Syn => ("bench_lb", XDP_TX),
-            Path::ServerToClient if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
-            Path::ServerToClient => ("bench_lb", XDP_REDIRECT),
+            Path::ServerToClient | Path::ServerFin if ports.clients.ifindex == ingress => {
+                ("bench_lb", XDP_TX)
+            }
+            Path::ServerToClient | Path::ServerFin => ("bench_lb", XDP_REDIRECT),
+            Path::Icmp if ports.servers.ifindex == ingress => ("bench_lb", XDP_TX),
+            Path::Icmp => ("bench_lb", XDP_REDIRECT),
             Path::NextHopMiss if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
             Path::NextHopMiss => ("bench_lb", XDP_REDIRECT),
             Path::FibLookup => ("bench_fib", XDP_TX),
@@ -520,7 +571,15 @@ impl Bench {
             Path::NextHopHash => self.fill_hop_by_address(&frame)?,
             _ => {}
         }
-        let before = stat(self.program.object(), fast_stat)?;
+        // A FIN's first run is a first close, every later one a duplicate.
+        let fast_stats = match path {
+            Path::ServerFin => vec![STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_DUPLICATE_CLOSE],
+            _ => vec![fast_stat],
+        };
+        let fast_count = |program: &SteeringProgram| -> anyhow::Result<u64> {
+            fast_stats.iter().map(|&s| stat(program.object(), s)).sum()
+        };
+        let before = fast_count(&self.program)?;
         let misses_before = stat(self.program.object(), STAT_NEXT_HOP_MISS)?;
         // A SYN is new every run: the slot the last run booked it in is emptied first.
         let handshakes = &self.plane.shared().handshakes;
@@ -535,7 +594,7 @@ impl Bench {
             NextHopMirror::new()?.refresh(&self.program)?;
         }
         let (timings, wrong_action) = timed?;
-        let moved = stat(self.program.object(), fast_stat)? - before;
+        let moved = fast_count(&self.program)? - before;
         let misses = stat(self.program.object(), STAT_NEXT_HOP_MISS)? - misses_before;
         let label = match path {
             Path::FibLookup => "bpf_fib_lookup alone (server->client frame)".to_string(),
@@ -546,6 +605,8 @@ impl Bench {
                 "{} {} ({}){}",
                 match path {
                     Path::ClientToServer => "established client->server",
+                    Path::ServerFin => "server FIN",
+                    Path::Icmp => "ICMP error by cookie",
                     _ => "server->client",
                 },
                 setup.label,
@@ -565,7 +626,11 @@ impl Bench {
         let (expected_moves, expected_misses) = match path {
             Path::FibLookup | Path::NextHopTrie | Path::NextHopHash => (0, 0),
             Path::NextHopMiss => (all_runs, all_runs),
-            Path::ClientToServer | Path::ServerToClient | Path::Syn => (all_runs, 0),
+            Path::ClientToServer
+            | Path::ServerToClient
+            | Path::Syn
+            | Path::ServerFin
+            | Path::Icmp => (all_runs, 0),
         };
         let result = if let Some(action) = wrong_action {
             Err(format!(

@@ -23,6 +23,7 @@ use crate::config::{
 };
 use crate::cookie::CookieLayout;
 use crate::hash::Secret;
+use crate::lb::closes::CloseFilter;
 use crate::lb::shared::LbShared;
 use crate::lb::SharedTables;
 use crate::policy::PoolSnapshot;
@@ -163,6 +164,20 @@ impl ControlPlane {
 
     pub fn shared(&self) -> &Arc<LbShared> {
         &self.shared
+    }
+
+    /// Replaces the close filter with `closes` (the daemon's is over the XDP program's
+    /// words, [`CloseFilter::with_words`]), before anything else holds the shared state:
+    /// `Err(closes)` once it has been handed out, as a filter swapped under running workers
+    /// would split their closes between two filters.
+    pub fn share_closes(&mut self, closes: CloseFilter) -> Result<(), CloseFilter> {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => {
+                shared.closes = closes;
+                Ok(())
+            }
+            None => Err(closes),
+        }
     }
 
     /// The settings this LB started with (mode, forwarding, table sizes).

@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// ICMP errors toward a VIP routed by the cookie they quote, byte for byte
+// crates/core/src/lb/icmp_path.rs (`client_icmp` and `rewrite_for_server`): a router
+// between the LB and a client (e.g. "fragmentation needed") quotes the VIP's segment to
+// the client, whose TSval carries the cookie of the server that sent it. The error goes to
+// that server, the quoted TSval restored to what the server sent, and with NAT the outer
+// destination and the quoted source translated back to the server's address and port.
+// Every checksum the core updates (outer IP, ICMP, quoted IP, quoted TCP) is updated the
+// same way, in the same order, so even the two encodings of zero come out as the core's.
+//
+// The kernel takes the straight case only: an untagged IPv4 frame without IP options
+// carrying an error (destination unreachable, time exceeded, parameter problem) that
+// quotes a VIP's TCP segment with a whole TCP header whose options start NOP NOP TS, in
+// cheetah mode, whose cookie names a forwarding server with a known, recent clock; and in
+// hash mode with l2 forwarding, any such error, to `pool[h % n]` of the quoted connection
+// as the core picks it (nothing in the quote changes then). The rest goes up, unchanged: a quote without a cookie where the kernel looks (8 bytes of TCP
+// only, or other options) as STAT_UP_ICMP, since userspace may have to route it by the
+// fallback table or copy it to every server of the VIP; the others by the usual reasons.
+
+#ifndef CHEETAH_LIB_ICMP_PATH_H
+#define CHEETAH_LIB_ICMP_PATH_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "cheetah_shared.h"
+#include "cookie.h"
+#include "csum.h"
+#include "fast_path.h"
+#include "maps.h"
+#include "parse.h"
+#include "publish.h"
+#include "siphash.h"
+
+#define ICMP_HEADER_LEN 8
+#define ICMP_DEST_UNREACH 3
+#define ICMP_TIME_EXCEEDED 11
+#define ICMP_PARAMETERPROB 12
+// The quote the kernel looks into: the quoted IP header (no options) and the first 8 bytes
+// of TCP, the least RFC 792 promises; with the whole TCP header and NOP NOP TS, the cookie.
+#define ICMP_QUOTE_MIN (sizeof(struct iphdr) + 8)
+#define ICMP_QUOTE_WITH_TS (sizeof(struct iphdr) + TCP_WITH_TS_LEN)
+
+// The ICMP header's checksum word (`Embedded::write` keeps it as right or wrong as it was).
+struct icmp_error {
+	__u8 type;
+	__u8 code;
+	__u16 check;
+	__u32 rest;
+};
+
+// `Embedded::write` for a 16-bit field at an even offset from the ICMP header: `*field`
+// becomes `new` (network order) and the ICMP checksum follows.
+static __always_inline void icmp_write_u16(struct icmp_error *icmp, __u16 *field, __u16 new)
+{
+	__u16 old = *field;
+
+	*field = new;
+	icmp->check = bpf_htons(csum_update_u16(bpf_ntohs(icmp->check), bpf_ntohs(old),
+						bpf_ntohs(new)));
+}
+
+// The same for a 32-bit field.
+static __always_inline void icmp_write_u32(struct icmp_error *icmp, __be32 *field, __be32 new)
+{
+	__be32 old = *field;
+
+	*field = new;
+	icmp->check = bpf_htons(csum_update_u32(bpf_ntohs(icmp->check), bpf_ntohl(old),
+						bpf_ntohl(new)));
+}
+
+// `Embedded::update_tcp_checksum` for a changed 32-bit field (`old`, `new` in host order)
+// of the quoted TCP header, whose checksum the kernel's quote always holds.
+static __always_inline void icmp_quoted_tcp_u32_changed(struct icmp_error *icmp,
+							  struct tcphdr *tcp, __u32 old, __u32 new)
+{
+	icmp_write_u16(icmp, &tcp->check,
+		       bpf_htons(csum_update_u32(bpf_ntohs(tcp->check), old, new)));
+}
+
+// Hash mode's pick for the quoted connection (`baseline_pick`, as client_fast's): its
+// server id, or -1 when the pool is not in the kernel.
+static __always_inline long icmp_hash_pick(const struct vip_info *vip, __be32 client,
+					   __be16 client_port)
+{
+	__u32 pool_len = vip->pool_len;
+	__u64 slot;
+
+	if (pool_len == 0 || pool_len > MAX_HASH_POOL)
+		return -1;
+	slot = siphash_finish(vip->hash_prefix, client, client_port) % pool_len;
+	// The verifier cannot bound a remainder; the mask gives it the array's bound.
+	asm volatile("" : "+r"(slot));
+	return vip->pool[slot & (MAX_HASH_POOL - 1)];
+}
+
+// lb/icmp_path.rs `client_icmp` for a packet to a VIP address that is not TCP (steering's
+// META_TO_VIP): forwards an ICMP error to the server its quoted cookie names (or, in hash
+// mode, the pool's pick), or hands the packet up having counted why.
+static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config *config,
+				     __u32 seq)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct icmp_error *icmp = (void *)(ip + 1);
+	struct iphdr *quoted_ip = (void *)icmp + ICMP_HEADER_LEN;
+	struct tcphdr *quoted_tcp = (void *)(quoted_ip + 1);
+	struct nop_nop_ts *quoted_ts = (void *)(quoted_tcp + 1);
+	struct cookie_layout layout = layout_of(config);
+	struct server_info *server, target;
+	struct vip_info *vip;
+	struct vip_key key = {};
+	__be16 vip_port, backend_port;
+	int nat;
+	__u32 total_len, quote_len, id, old_tsval, new_tsval;
+	__u16 unmasked, restored;
+	__u64 hash;
+
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return hand_up(STAT_UP_LAYOUT);
+	if (ip->protocol != IPPROTO_ICMP)
+		return hand_up(STAT_UP_OTHER);
+	if ((void *)quoted_ip + ICMP_QUOTE_MIN > data_end)
+		return hand_up(STAT_UP_LAYOUT);
+	total_len = bpf_ntohs(ip->tot_len);
+	// No IP options and no fragment; the IP packet within the frame and holding the
+	// least quote (the core drops shorter ones as truncated).
+	if (*(__u8 *)ip != 0x45 || ip->frag_off & bpf_htons(0x3fff) ||
+	    total_len < sizeof(struct iphdr) + ICMP_HEADER_LEN + ICMP_QUOTE_MIN ||
+	    data + sizeof(struct ethhdr) + total_len > data_end)
+		return hand_up(STAT_UP_LAYOUT);
+	if (icmp->type != ICMP_DEST_UNREACH && icmp->type != ICMP_TIME_EXCEEDED &&
+	    icmp->type != ICMP_PARAMETERPROB)
+		return hand_up(STAT_UP_OTHER);
+	// The quoted packet went VIP -> client: a TCP segment from this very VIP address.
+	if (*(__u8 *)quoted_ip != 0x45)
+		return hand_up(STAT_UP_LAYOUT);
+	if (quoted_ip->protocol != IPPROTO_TCP || quoted_ip->saddr != ip->daddr)
+		return hand_up(STAT_UP_OTHER);
+	key.addr = quoted_ip->saddr;
+	key.port = quoted_tcp->source;
+	key.protocol = IPPROTO_TCP;
+	vip = bpf_map_lookup_elem(&vips, &key);
+	if (!vip)
+		return hand_up(STAT_UP_OTHER);
+	if (config->mode == LB_MODE_HASH && config->forwarding == LB_FORWARDING_L2) {
+		// `rewrite_for_server` in l2 changes only the destination MAC.
+		long picked = icmp_hash_pick(vip, quoted_ip->daddr, quoted_tcp->dest);
+
+		if (picked < 0)
+			return hand_up(STAT_UP_OTHER);
+		id = picked;
+		server = bpf_map_lookup_elem(&servers, &id);
+		if (!server || !(server->flags & SERVER_EGRESS))
+			return hand_up(STAT_UP_NEXT_HOP);
+		target = *server;
+		if (!publish_unchanged(config, seq))
+			return hand_up(STAT_UP_PUBLISHING);
+		__builtin_memcpy(eth->h_dest, target.dst_mac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, target.src_mac, ETH_ALEN);
+		count(STAT_FAST_ICMP_PICK);
+		return send_out(ctx, target.egress_ifindex);
+	}
+	// Maglev's table, and hash mode's NAT rewrite of the quote, are userspace's.
+	if (config->mode != LB_MODE_CHEETAH)
+		return hand_up(STAT_UP_OTHER);
+	// The cookie, where the kernel looks for it: a whole TCP header within the quote
+	// (which ends with the IP packet), its options starting NOP NOP TS.
+	quote_len = total_len - sizeof(struct iphdr) - ICMP_HEADER_LEN;
+	if ((void *)(quoted_ts + 1) > data_end || quote_len < ICMP_QUOTE_WITH_TS ||
+	    quoted_tcp->doff * 4 < TCP_WITH_TS_LEN ||
+	    sizeof(struct iphdr) + quoted_tcp->doff * 4 > quote_len ||
+	    *(__be32 *)quoted_ts != bpf_htonl(NOP_NOP_TS))
+		return hand_up(STAT_UP_ICMP);
+	// The connection's hash: its client is the quoted destination.
+	hash = siphash_finish(vip->hash_prefix, quoted_ip->daddr, quoted_tcp->dest);
+	old_tsval = bpf_ntohl(quoted_ts->tsval);
+	unmasked = cookie_unmask(layout, old_tsval >> 16, hash);
+	id = cookie_server(layout, unmasked);
+	server = bpf_map_lookup_elem(&servers, &id);
+	if (!server || !(server->flags & SERVER_FORWARDS))
+		return hand_up(STAT_UP_COOKIE);
+	// An unknown clock (the core then routes without restoring) or one beyond the idle
+	// limit (which the core counts) is the core's.
+	if (!cookie_restore(&msb_restores, unmasked, &restored))
+		return hand_up(STAT_UP_COOKIE);
+	if (!(server->flags & SERVER_EGRESS))
+		return hand_up(STAT_UP_NEXT_HOP);
+	target = *server;
+	vip_port = vip->port;
+	backend_port = vip->backend_port;
+	nat = config->forwarding == LB_FORWARDING_NAT;
+	if (!publish_unchanged(config, seq))
+		return hand_up(STAT_UP_PUBLISHING);
+	// The quoted TSval restored (the whole word written, as the core writes it, even when
+	// the MSB is the same), then the quoted TCP checksum; each change folded into the
+	// ICMP checksum.
+	new_tsval = (__u32)bpf_ntohs(restored) << 16 | (old_tsval & 0xffff);
+	icmp_write_u32(icmp, &quoted_ts->tsval, bpf_htonl(new_tsval));
+	icmp_quoted_tcp_u32_changed(icmp, quoted_tcp, old_tsval, new_tsval);
+	// `rewrite_for_server`: with NAT, the outer destination, the quoted source (and the
+	// quoted IP header checksum that covers it) and the quoted source port become the
+	// server's.
+	if (nat) {
+		__be32 dip = target.dip;
+		__u32 old_src = bpf_ntohl(quoted_ip->saddr);
+
+		csum_set_ipv4_addr(&ip->check, &ip->daddr, dip);
+		icmp_write_u32(icmp, &quoted_ip->saddr, dip);
+		icmp_write_u16(icmp, &quoted_ip->check,
+			       bpf_htons(csum_update_u32(bpf_ntohs(quoted_ip->check), old_src,
+							 bpf_ntohl(dip))));
+		icmp_quoted_tcp_u32_changed(icmp, quoted_tcp, old_src, bpf_ntohl(dip));
+		if (backend_port != vip_port) {
+			icmp_write_u16(icmp, &quoted_tcp->source, backend_port);
+			icmp_write_u16(icmp, &quoted_tcp->check,
+				       bpf_htons(csum_update_u16(bpf_ntohs(quoted_tcp->check),
+								 bpf_ntohs(vip_port),
+								 bpf_ntohs(backend_port))));
+		}
+	}
+	__builtin_memcpy(eth->h_dest, target.dst_mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, target.src_mac, ETH_ALEN);
+	count(STAT_FAST_ICMP_COOKIE);
+	return send_out(ctx, target.egress_ifindex);
+}
+
+#endif
