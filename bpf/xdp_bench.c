@@ -453,6 +453,7 @@ struct {
 static __always_inline int katran_lru_client(struct xdp_md *ctx)
 {
 	struct bench_five_tuple tuple = {};
+	struct toward_server to;
 	struct backend_info *backend;
 	struct server_info *server;
 	struct lb_config *config;
@@ -486,7 +487,8 @@ static __always_inline int katran_lru_client(struct xdp_md *ctx)
 	server = bpf_map_lookup_elem(&servers, &id);
 	if (!server || !(server->flags & SERVER_EGRESS))
 		return XDP_ABORTED;
-	return forward_to_server(ctx, &p, config, vip, server, id, STAT_FAST_CLIENT_PICK);
+	toward_server_of(&to, config, vip, server, id);
+	return forward_to_server(ctx, &p, &to, STAT_FAST_CLIENT_PICK);
 }
 
 SEC("xdp")

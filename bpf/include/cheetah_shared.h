@@ -62,6 +62,9 @@ enum xdp_stat {
 	// A reply the in-kernel path looked up in next_hops without a usable answer: it asked
 	// bpf_fib_lookup instead (whatever the FIB then said).
 	STAT_NEXT_HOP_MISS,
+	// The tables changed while the packet was being decided (lb_config.publish_seq): the
+	// kernel never acts on half a publication, userspace decides on a whole snapshot.
+	STAT_UP_PUBLISHING,
 	STAT_COUNT,
 };
 
@@ -103,6 +106,10 @@ struct lb_config {
 	__u16 id_mask; // (1 << id_bits) - 1
 	__u16 pad2;
 	__u32 generation; // the tables snapshot's generation these maps hold
+	// The publisher's seqlock (bpf/lib/publish.h): odd while any map userspace publishes
+	// into is being written, one more when done. Written only by userspace, through the
+	// map's mmap, with atomic stores.
+	__u32 publish_seq;
 };
 
 // Key of the vips map: a VIP's address, port and protocol.

@@ -25,6 +25,7 @@
 #include "maps.h"
 #include "next_hop.h"
 #include "parse.h"
+#include "publish.h"
 #include "siphash.h"
 #include "stats.h"
 #include "steer.h"
@@ -77,26 +78,49 @@ static __always_inline int send_out(struct xdp_md *ctx, __u32 egress_ifindex)
 	return bpf_redirect(egress_ifindex, 0);
 }
 
+// What forwarding a client's segment writes, read from the published maps before the
+// publish check (publish.h) so that nothing is read from them after it.
+struct toward_server {
+	struct server_info server; // a copy of the servers entry
+	__u32 id;
+	__u8 forwarding;           // lb_config's
+	__be16 vip_port;
+	__be16 backend_port;
+};
+
 // client_path.rs `forward_to_server_via`, plus the egress step the AF_XDP worker does
 // after it (source MAC = the egress interface's, egress.rs): the server's MAC, with NAT
 // its address and the VIP's backend port.
 static __always_inline int forward_to_server(struct xdp_md *ctx, const struct plain_tcp *p,
-					     const struct lb_config *config,
-					     const struct vip_info *vip,
-					     const struct server_info *server, __u32 id, __u32 stat)
+					     const struct toward_server *to, __u32 stat)
 {
+	const struct server_info *server = &to->server;
+
 	__builtin_memcpy(p->eth->h_dest, server->dst_mac, ETH_ALEN);
 	__builtin_memcpy(p->eth->h_source, server->src_mac, ETH_ALEN);
-	if (config->forwarding == LB_FORWARDING_NAT) {
+	if (to->forwarding == LB_FORWARDING_NAT) {
 		__be32 old = csum_set_ipv4_addr(&p->ip->check, &p->ip->daddr, server->dip);
 
 		csum_tcp_address_changed(&p->tcp->check, old, server->dip);
-		if (vip->backend_port != vip->port)
-			csum_set_tcp_port(&p->tcp->check, &p->tcp->dest, vip->backend_port);
+		if (to->backend_port != to->vip_port)
+			csum_set_tcp_port(&p->tcp->check, &p->tcp->dest, to->backend_port);
 	}
-	add_server_traffic(id, p->ip);
+	add_server_traffic(to->id, p->ip);
 	count(stat);
 	return send_out(ctx, server->egress_ifindex);
+}
+
+// The published state forwarding to server `id` (a servers entry) needs.
+static __always_inline void toward_server_of(struct toward_server *to,
+					     const struct lb_config *config,
+					     const struct vip_info *vip,
+					     const struct server_info *server, __u32 id)
+{
+	to->server = *server;
+	to->id = id;
+	to->forwarding = config->forwarding;
+	to->vip_port = vip->port;
+	to->backend_port = vip->backend_port;
 }
 
 // The TCP VIP a plain segment is addressed to (NULL: none). The client path's first
@@ -120,17 +144,21 @@ static __always_inline int client_not_found(enum plain_refusal refusal)
 	return hand_up(STAT_UP_OTHER);
 }
 
-// fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip).
+// fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip);
+// `seq` is what publish_begin said before lb_config and vip were read.
 static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config,
-				       const struct plain_tcp *p, const struct vip_info *vip)
+				       __u32 seq, const struct plain_tcp *p,
+				       const struct vip_info *vip)
 {
+	struct toward_server to;
 	struct server_info *server;
+	__u16 restored = 0;
 	__u32 id, stat;
 	__u64 hash;
 
 	if (config->mode == LB_MODE_CHEETAH) {
 		struct cookie_layout layout = layout_of(config);
-		__u16 unmasked, restored;
+		__u16 unmasked;
 
 		// A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC
 		// 7323), so userspace routes it like one without timestamps.
@@ -151,10 +179,6 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 			return hand_up(STAT_UP_COOKIE);
 		if (!(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
-		// Only the MSB changes: the cookie becomes the server's own MSB, which the table
-		// keeps in network byte order.
-		csum_replace_high_half_in_network_order((__u16 *)&p->ts->tsecr, &p->tcp->check,
-							restored);
 		stat = STAT_FAST_CLIENT_COOKIE;
 	} else if (config->mode == LB_MODE_HASH) {
 		// The baseline: this same path with `pool[h % n]` for the cookie stage, for every
@@ -178,7 +202,15 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 		// Maglev's table is not in a map in this stage.
 		return hand_up(STAT_UP_OTHER);
 	}
-	return forward_to_server(ctx, p, config, vip, server, id, stat);
+	toward_server_of(&to, config, vip, server, id);
+	if (!publish_unchanged(config, seq))
+		return hand_up(STAT_UP_PUBLISHING);
+	if (stat == STAT_FAST_CLIENT_COOKIE)
+		// Only the MSB changes: the cookie becomes the server's own MSB, which the table
+		// keeps in network byte order.
+		csum_replace_high_half_in_network_order((__u16 *)&p->ts->tsecr, &p->tcp->check,
+							restored);
+	return forward_to_server(ctx, p, &to, stat);
 }
 
 // Who sent a reply and for which VIP: l2 by the server's MAC and the VIP's address and
@@ -214,18 +246,22 @@ static __always_inline struct vip_info *reply_sender(const struct plain_tcp *p,
 
 // fast_path.rs `reply_fast` for a server's reply (steering said so: from a VIP address,
 // or from a NAT backend to a client); `backend` is its backends entry with NAT. `p` is
-// the frame as parse_plain_tcp left it, `refusal` what it said (lb_process parsed it).
+// the frame as parse_plain_tcp left it, `refusal` what it said (lb_process parsed it);
+// `seq` what publish_begin said before lb_config was read.
 static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config *config,
-				      const struct backend_info *backend,
+				      __u32 seq, const struct backend_info *backend,
 				      const struct plain_tcp *p, enum plain_refusal refusal)
 {
 	__u32 ingress = ctx->ingress_ifindex;
 	struct next_hop hop;
 	struct server_info *server;
 	struct vip_info *vip;
+	__be32 vip_addr;
+	__be16 vip_port;
 	__u16 cookie = 0;
 	__u32 id = 0, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
+	int nat = config->forwarding == LB_FORWARDING_NAT;
 
 	// Only the servers' side carries replies (sides.rs): what only claims to be one is
 	// for userspace to drop.
@@ -264,6 +300,10 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	// came, with the metadata steering writes for the worker's neighbour lookup.
 	if (!next_hop_toward_client(ctx, p->ip, &hop))
 		return hand_up(STAT_UP_NEXT_HOP);
+	vip_addr = vip->addr;
+	vip_port = vip->port;
+	if (!publish_unchanged(config, seq))
+		return hand_up(STAT_UP_PUBLISHING);
 
 	if (cheetah) {
 		// The cookie takes the place of the MSB; the low half stays.
@@ -274,12 +314,12 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	}
 	// server_reply.rs `reply_leaves_as_vip`: with NAT the reply leaves from the VIP's
 	// address and port (the client knows no other), not the server's.
-	if (config->forwarding == LB_FORWARDING_NAT) {
-		__be32 old = csum_set_ipv4_addr(&p->ip->check, &p->ip->saddr, vip->addr);
+	if (nat) {
+		__be32 old = csum_set_ipv4_addr(&p->ip->check, &p->ip->saddr, vip_addr);
 
-		csum_tcp_address_changed(&p->tcp->check, old, vip->addr);
-		if (p->tcp->source != vip->port)
-			csum_set_tcp_port(&p->tcp->check, &p->tcp->source, vip->port);
+		csum_tcp_address_changed(&p->tcp->check, old, vip_addr);
+		if (p->tcp->source != vip_port)
+			csum_set_tcp_port(&p->tcp->check, &p->tcp->source, vip_port);
 	}
 	__builtin_memcpy(p->eth->h_dest, hop.dmac, ETH_ALEN);
 	__builtin_memcpy(p->eth->h_source, hop.smac, ETH_ALEN);

@@ -18,6 +18,7 @@
 #include "cheetah_shared.h"
 #include "fast_path.h"
 #include "maps.h"
+#include "publish.h"
 #include "steer.h"
 
 static __always_inline int lb_process(struct xdp_md *ctx)
@@ -28,10 +29,12 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 	struct lb_config *config;
 	// Set on every path: clang may carry its fields in registers the verifier must see written.
 	struct plain_tcp p = {};
-	__u32 zero = 0, owner;
+	__u32 zero = 0, owner, seq = 0;
 	int fast, action;
 
 	config = bpf_map_lookup_elem(&lb_config, &zero);
+	if (config)
+		seq = publish_begin(config);
 	fast = config && (config->flags & LB_FAST_PATH);
 	if (fast) {
 		// A client's segment is recognised by its VIP (address, port) alone: vips only
@@ -41,7 +44,7 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		if (refusal == PLAIN_OK)
 			vip = client_vip(&p);
 		if (vip) {
-			action = client_fast(ctx, config, &p, vip);
+			action = client_fast(ctx, config, seq, &p, vip);
 			if (action != LB_HAND_UP)
 				return action;
 		}
@@ -53,7 +56,7 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		if (owner & META_TO_VIP)
 			action = client_not_found(refusal);
 		else
-			action = reply_fast(ctx, config, backend, &p, refusal);
+			action = reply_fast(ctx, config, seq, backend, &p, refusal);
 		if (action != LB_HAND_UP)
 			return action;
 	}

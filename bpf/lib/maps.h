@@ -64,10 +64,12 @@ struct {
 } stats SEC(".maps");
 
 // The in-kernel path's switch and the tables' mode, forwarding and cookie layout. All
-// zero (as loaded) is the fast path off: the program only steers.
+// zero (as loaded) is the fast path off: the program only steers. Mmapable, so that the
+// publisher can move publish_seq with atomic stores (publish.h).
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct lb_config);
 } lb_config SEC(".maps");

@@ -310,7 +310,7 @@ mod tests {
         let counters = SteeringCounters::default();
         let stats = SteeringStats {
             fast: [10, 20, 30, 40],
-            up: [1, 2, 3, 4, 5, 6, 7],
+            up: [1, 2, 3, 4, 5, 6, 7, 8],
             ..SteeringStats::default()
         };
         counters.store(&stats);

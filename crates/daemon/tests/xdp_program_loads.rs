@@ -35,7 +35,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 16;
+const STAT_COUNT: u32 = 17;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
 const STAT_FAST_SERVER_COOKIE: u32 = 6;
@@ -50,7 +50,7 @@ const LOOPBACK_IFINDEX: u32 = 1;
 /// Sizes of the shared structs, as the C compiler lays them out (cheetah_shared.h).
 const BACKEND_KEY: u32 = 8; // addr, port, pad
 const BACKEND_INFO: u32 = 4; // server, vip_index
-const LB_CONFIG: u32 = 16; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation
+const LB_CONFIG: u32 = 20; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq
 const VIP_KEY: u32 = 8; // addr, port, protocol, pad
 const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64] = 172, aligned to 8
 const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[6]
@@ -130,7 +130,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         ),
         ("host_addrs", MapType::Hash, 4, 4, MAX_HOST_ADDRS, 0),
         ("stats", MapType::PercpuArray, 4, 8, STAT_COUNT, 0),
-        ("lb_config", MapType::Array, 4, LB_CONFIG, 1, 0),
+        ("lb_config", MapType::Array, 4, LB_CONFIG, 1, BPF_F_MMAPABLE),
         ("vips", MapType::Hash, VIP_KEY, VIP_INFO, MAX_VIPS, 0),
         ("vips_by_index", MapType::Array, 4, VIP_INFO, MAX_VIPS, 0),
         (

@@ -8,6 +8,7 @@ pub mod io_counters;
 pub mod meta;
 pub mod neighbour;
 pub mod next_hops;
+pub mod publish_window;
 pub mod route_netlink;
 #[cfg(test)]
 mod shared_layout_tests;

@@ -36,6 +36,7 @@ use std::net::Ipv4Addr;
 use anyhow::Context;
 use libbpf_rs::{MapCore, MapFlags};
 
+use super::publish_window::LazyWindow;
 use super::route_netlink::{KernelRoutes, Link, Neighbour, Route, RouteSocket, CHANGE_GROUPS};
 use super::xdp::SteeringProgram;
 use super::xdp_layout::{
@@ -309,6 +310,7 @@ impl Published {
     fn sync(
         &mut self,
         program: &SteeringProgram,
+        window: &mut LazyWindow,
         wanted: BTreeMap<Vec<u8>, Vec<u8>>,
     ) -> anyhow::Result<()> {
         let map = program.try_map(self.name)?;
@@ -321,6 +323,7 @@ impl Published {
             .cloned()
             .collect();
         for key in stale {
+            window.before_write()?;
             if let Err(e) = map.delete(&key) {
                 if e.kind() != libbpf_rs::ErrorKind::NotFound {
                     return Err(e).with_context(|| format!("cannot delete from {}", self.name));
@@ -330,6 +333,7 @@ impl Published {
         }
         for (key, value) in wanted {
             if entries.get(&key) != Some(&value) {
+                window.before_write()?;
                 map.update(&key, &value, MapFlags::ANY)
                     .with_context(|| format!("cannot update {}", self.name))?;
                 entries.insert(key, value);
@@ -388,13 +392,15 @@ impl NextHopMirror {
             .iter()
             .map(|(addr, hop)| (addr.to_vec(), hop.to_bytes()))
             .collect();
-        self.hosts.sync(program, hosts)?;
+        // One window for both maps: a reply reads the trie, then the hosts.
+        let mut window = LazyWindow::new(program);
+        self.hosts.sync(program, &mut window, hosts)?;
         let routes = wanted
             .routes
             .iter()
             .map(|(key, hop)| (key.to_bytes(), hop.to_bytes()))
             .collect();
-        self.routes.sync(program, routes)?;
+        self.routes.sync(program, &mut window, routes)?;
         Ok(self.routes.len() + self.hosts.len())
     }
 }

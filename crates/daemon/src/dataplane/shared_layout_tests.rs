@@ -113,6 +113,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("STAT_UP_NEXT_HOP", STAT_UP_NEXT_HOP as usize),
         ("STAT_UP_OTHER", STAT_UP_OTHER as usize),
         ("STAT_NEXT_HOP_MISS", STAT_NEXT_HOP_MISS as usize),
+        ("STAT_UP_PUBLISHING", STAT_UP_PUBLISHING as usize),
         (
             "STAT_COUNT",
             stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1,
@@ -161,7 +162,8 @@ fn rust_side() -> BTreeMap<String, u64> {
         pad,
         id_mask,
         pad2,
-        generation
+        generation,
+        publish_seq
     ));
     values.extend(layout!(VipKey, "struct vip_key", addr, port, protocol, pad));
     values.extend(layout!(

@@ -8,13 +8,17 @@
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::AtomicU32;
+use std::sync::OnceLock;
 
 use cheetah_core::cookie::msb::COOKIES;
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::cookie::{MsbTable, SharedWords};
 use cheetah_core::types::ServerId;
 
-use super::xdp_layout::{ServerTraffic, FAST_BUNDLES, STAT_NEXT_HOP_MISS, UP_REASONS};
+use super::publish_window::{PublishSeq, PublishWindow};
+use super::xdp_layout::{
+    LbConfigValue, ServerTraffic, FAST_BUNDLES, STAT_NEXT_HOP_MISS, UP_REASONS,
+};
 
 use anyhow::{bail, Context};
 use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
@@ -56,13 +60,15 @@ pub struct SteeringStats {
     /// Packets the in-kernel path handled, by `STAT_FAST_*` (`xdp_layout::FAST_BUNDLES`).
     pub fast: [u64; 4],
     /// Packets the in-kernel path handed to userspace, by `xdp_layout::UP_REASONS`.
-    pub up: [u64; 7],
+    pub up: [u64; UP_REASONS.len()],
     /// Replies whose next hop the kernel asked `bpf_fib_lookup` for (not in `next_hops`).
     pub next_hop_miss: u64,
 }
 
 pub struct SteeringProgram {
     object: Object,
+    /// `lb_config.publish_seq`, mapped on first use (`publish_window`).
+    publish_seq: OnceLock<PublishSeq>,
 }
 
 impl SteeringProgram {
@@ -73,14 +79,32 @@ impl SteeringProgram {
         let object = open
             .load()
             .context("the kernel refused the XDP program (needs root, BPF and XDP support)")?;
-        Ok(SteeringProgram { object })
+        Ok(Self::from_object(object))
     }
 
     /// Another loaded object that carries the same maps (bpf/lib/maps.h), such as the
     /// bench's wrapper around `lb_process` (bpf/xdp_bench.c): the map methods and the
     /// publisher then fill its maps as they fill the LB's.
     pub fn from_object(object: Object) -> Self {
-        SteeringProgram { object }
+        SteeringProgram {
+            object,
+            publish_seq: OnceLock::new(),
+        }
+    }
+
+    /// Opens a window of the publisher's seqlock (`publish_window.rs`): every write to a
+    /// map the in-kernel path reads (the tables, the next hops) happens inside one.
+    pub fn publish_window(&self) -> anyhow::Result<PublishWindow<'_>> {
+        if let Some(seq) = self.publish_seq.get() {
+            return Ok(seq.open());
+        }
+        const WORDS: usize = std::mem::size_of::<LbConfigValue>() / 4;
+        let words: &'static [AtomicU32; WORDS] = self.mmap_words("lb_config")?;
+        let word = &words[std::mem::offset_of!(LbConfigValue, publish_seq) / 4];
+        Ok(self
+            .publish_seq
+            .get_or_init(|| PublishSeq::new(word))
+            .open())
     }
 
     /// The loaded object, for what only tests and the bench do with it
@@ -122,7 +146,7 @@ impl SteeringProgram {
         // of 4 bytes would not be the contiguous words the table indexes.
         if map.max_entries() != 1 || map.value_size() as usize != N * 4 {
             bail!(
-                "map {name} holds {} values of {} bytes; the clock table needs one of {} (its {N} words)",
+                "map {name} holds {} values of {} bytes; mapping it as words needs one of {} (its {N} words)",
                 map.max_entries(),
                 map.value_size(),
                 N * 4

@@ -51,7 +51,9 @@ pub const STAT_UP_NEXT_HOP: u32 = 13;
 pub const STAT_UP_OTHER: u32 = 14;
 /// Replies whose next hop was not in `next_hops`: the kernel asked `bpf_fib_lookup`.
 pub const STAT_NEXT_HOP_MISS: u32 = 15;
-pub const STAT_COUNT: u32 = 16;
+/// A packet that raced a publication (`lb_config.publish_seq` moved): handed up whole.
+pub const STAT_UP_PUBLISHING: u32 = 16;
+pub const STAT_COUNT: u32 = 17;
 
 pub const MAX_NEXT_HOPS: usize = 16384;
 pub const NEXT_HOP_FIB: u32 = 0;
@@ -59,7 +61,7 @@ pub const NEXT_HOP_KNOWN: u32 = 1;
 pub const NEXT_HOP_ON_LINK: u32 = 2;
 
 /// The `reason` label of each `STAT_UP_*` counter, in index order.
-pub const UP_REASONS: [(u32, &str); 7] = [
+pub const UP_REASONS: [(u32, &str); 8] = [
     (STAT_UP_NEW_CONNECTION, "new_connection"),
     (STAT_UP_LAYOUT, "layout"),
     (STAT_UP_COOKIE, "cookie"),
@@ -67,6 +69,7 @@ pub const UP_REASONS: [(u32, &str); 7] = [
     (STAT_UP_HANDSHAKE_OR_CLOSE, "handshake_or_close"),
     (STAT_UP_NEXT_HOP, "next_hop"),
     (STAT_UP_OTHER, "other"),
+    (STAT_UP_PUBLISHING, "publishing"),
 ];
 
 /// A value the kernel reads as bytes.
@@ -102,6 +105,10 @@ pub struct LbConfigValue {
     pub id_mask: u16,
     pub pad2: u16,
     pub generation: u32,
+    /// The publisher's seqlock word (bpf/lib/publish.h): written through the map's mmap by
+    /// [`PublishWindow`](super::publish_window::PublishWindow) only; an update of the whole
+    /// value must carry the word as it is.
+    pub publish_seq: u32,
 }
 
 impl Encode for LbConfigValue {
@@ -113,6 +120,10 @@ impl Encode for LbConfigValue {
             .put(offset_of!(Self, id_bits), &[self.id_bits])
             .put(offset_of!(Self, id_mask), &self.id_mask.to_ne_bytes())
             .put(offset_of!(Self, generation), &self.generation.to_ne_bytes())
+            .put(
+                offset_of!(Self, publish_seq),
+                &self.publish_seq.to_ne_bytes(),
+            )
             .0
     }
 }
@@ -320,14 +331,16 @@ mod tests {
             id_mask: 0x0fff,
             pad2: 0xffff,
             generation: 7,
+            publish_seq: 9,
         };
         let bytes = config.to_bytes();
-        assert_eq!(bytes.len(), 16);
+        assert_eq!(bytes.len(), 20);
         assert_eq!(bytes[..4], 1u32.to_ne_bytes());
         assert_eq!(bytes[4..8], [1, 1, 12, 0], "padding is written as zero");
         assert_eq!(bytes[8..10], 0x0fffu16.to_ne_bytes());
         assert_eq!(bytes[10..12], [0, 0]);
-        assert_eq!(bytes[12..], 7u32.to_ne_bytes());
+        assert_eq!(bytes[12..16], 7u32.to_ne_bytes());
+        assert_eq!(bytes[16..], 9u32.to_ne_bytes());
         let key = VipKey {
             addr: [10, 0, 0, 100],
             port: 80u16.to_be_bytes(),

@@ -21,6 +21,7 @@ use cheetah_core::tables::{SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::egress;
+use super::publish_window::LazyWindow;
 use super::xdp::SteeringProgram;
 use super::xdp_layout::*;
 use super::Interface;
@@ -246,8 +247,11 @@ impl Publisher {
         self.write(program, wanted)
     }
 
-    /// Writes `wanted`: every map but `lb_config` first, then `lb_config`.
+    /// Writes `wanted`: every map but `lb_config` first, then `lb_config`, all inside one
+    /// window of the publisher's seqlock (`publish_window.rs`), so that no packet acts on
+    /// half of it.
     pub fn write(&mut self, program: &SteeringProgram, wanted: Wanted) -> anyhow::Result<()> {
+        let mut window = LazyWindow::new(program);
         let last = self.last.take();
         let array = |entries: usize, value_size: usize| Kind::Array {
             entries,
@@ -308,17 +312,17 @@ impl Publisher {
             ),
         ];
         for (name, kind, entries, last) in maps {
-            sync(program, name, kind, entries, last)
+            sync(program, &mut window, name, kind, entries, last)
                 .with_context(|| format!("cannot update the XDP program's {name} map"))?;
         }
         if last.as_ref().map(|l| l.config) != Some(wanted.config) {
+            let config = LbConfigValue {
+                publish_seq: window.before_write()?,
+                ..wanted.config
+            };
             program
                 .try_map("lb_config")?
-                .update(
-                    &0u32.to_ne_bytes(),
-                    &wanted.config.to_bytes(),
-                    MapFlags::ANY,
-                )
+                .update(&0u32.to_ne_bytes(), &config.to_bytes(), MapFlags::ANY)
                 .context("cannot update the XDP program's lb_config")?;
         }
         self.last = Some(wanted);
@@ -330,6 +334,7 @@ impl Publisher {
 /// (`None`: unknown, so a hash map's keys are read and every array index is written).
 fn sync(
     program: &SteeringProgram,
+    window: &mut LazyWindow,
     name: &str,
     kind: Kind,
     entries: &Entries,
@@ -338,6 +343,7 @@ fn sync(
     let map = program.try_map(name)?;
     for (key, value) in entries {
         if last.and_then(|l| l.get(key)) != Some(value) {
+            window.before_write()?;
             map.update(key, value, MapFlags::ANY)?;
         }
     }
@@ -346,6 +352,7 @@ fn sync(
         Kind::Hash => {
             let stale: Vec<Vec<u8>> = map.keys().filter(|k| !entries.contains_key(k)).collect();
             for key in stale {
+                window.before_write()?;
                 map.delete(&key)?;
             }
         }
@@ -366,6 +373,7 @@ fn sync(
                     .collect(),
             };
             for key in stale {
+                window.before_write()?;
                 map.update(&key, &zero, MapFlags::ANY)?;
             }
         }

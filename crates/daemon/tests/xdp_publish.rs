@@ -1,0 +1,202 @@
+//! A change of the tables reaches the XDP program atomically (needs root; the program is
+//! loaded, not attached): while the publisher flips a VIP between two pools 10^4 times,
+//! whose servers also move to other addresses and MACs, packets run through the program
+//! without pause on another thread, and every one the kernel forwards leaves exactly as
+//! under one of the two publications, never as under half of each. What raced a
+//! publication is handed up unchanged (`STAT_UP_PUBLISHING`), for the AF_XDP workers to
+//! decide on one whole snapshot.
+//!
+//! Half a change is visible in the bytes: a pool of one publication with the servers of
+//! the other sends a connection to a server (`pool[h % n]`) at an address and MAC that
+//! neither publication gives it.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cheetah_core::config::LbConfig;
+use cheetah_core::hash::Secret;
+use cheetah_core::lb::Ingress;
+use cheetah_core::tables::ControlPlane;
+use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
+use cheetah_core::wire::tcp::flags::ACK;
+use cheetah_daemon::dataplane::xdp::SteeringProgram;
+use cheetah_daemon::dataplane::xdp_layout::STAT_UP_PUBLISHING;
+use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher, Wanted};
+use cheetah_daemon::dataplane::Interface;
+use libbpf_rs::{MapCore, MapFlags};
+
+#[path = "shared/root.rs"]
+mod root;
+use root::is_root;
+
+/// `enum xdp_action`.
+const XDP_TX: u32 = 3;
+const LOOPBACK: u32 = 1;
+/// Every address routed through `lo`, as `/proc/net/route` prints a default route.
+const ROUTES_VIA_LO: &str =
+    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+lo\t00000000\t00000000\t0001\t0\t0\t0\t00000000\t0\t0\t0
+";
+const FLIPS: usize = 10_000;
+const CLIENTS: u32 = 64;
+
+fn stat(program: &SteeringProgram, index: u32) -> u64 {
+    program
+        .try_map("stats")
+        .unwrap()
+        .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap()))
+        .sum()
+}
+
+/// Hash mode with NAT (the kernel picks `pool[h % n]` for every segment and writes the
+/// server's address and MAC): `pool` of servers 1-4, at addresses and MACs of `subnet`.
+fn tables(subnet: u8, pool: &[u16]) -> Wanted {
+    let servers: String = (1..=4u8)
+        .map(|id| {
+            format!(
+                "[[servers]]\nid = {id}\ndip = \"10.{subnet}.0.{id}\"\nmac = \"02:ce:00:00:{subnet:02x}:{id:02x}\"\n"
+            )
+        })
+        .collect();
+    let config = LbConfig::from_toml(&format!(
+        "mode = \"hash\"\nforwarding = \"nat\"\n{servers}\
+         [[vips]]\naddress = \"{}\"\nport = {VIP_PORT}\nservers = {pool:?}\n",
+        Ipv4Addr::from(VIP)
+    ))
+    .unwrap();
+    let plane = ControlPlane::new(&config, &Secret([7; 16])).unwrap();
+    let snapshot = plane.shared().snapshot.load();
+    let lo = Interface {
+        name: "lo".into(),
+        ifindex: LOOPBACK,
+        mac: [0; 6],
+        slot: 0,
+        queues: 1,
+    };
+    let publication = Publication {
+        snapshot: &snapshot,
+        layout: plane.layout(),
+        interfaces: &[lo],
+        sides: &[Ingress::ServerSide],
+        fast_path: true,
+    };
+    wanted(&publication, ROUTES_VIA_LO, "")
+}
+
+/// What the kernel sends for each frame under `tables`, published alone.
+fn outputs(program: &SteeringProgram, frames: &[Vec<u8>], tables: &Wanted) -> Vec<Vec<u8>> {
+    let mut publisher = Publisher::new();
+    publisher.write(program, tables.clone()).unwrap();
+    frames
+        .iter()
+        .map(|frame| {
+            let (verdict, bytes) = program.test_run(frame, LOOPBACK).unwrap();
+            assert_eq!(verdict, XDP_TX, "forwarded by the kernel, back out of lo");
+            assert!(testkit::checksums_valid(&bytes));
+            bytes
+        })
+        .collect()
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    first: u64,
+    second: u64,
+    handed_up: u64,
+    /// Forwarded bytes that match neither publication: (frame index, bytes).
+    mixed: Vec<(usize, Vec<u8>)>,
+}
+
+#[test]
+fn no_packet_sees_half_of_a_publication() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
+        return;
+    }
+    let program = SteeringProgram::load().unwrap();
+    // Other addresses, other MACs, another pool (of another size): almost every
+    // connection goes elsewhere, and a mix of the two is a third answer.
+    let first = tables(20, &[1, 2, 3, 4]);
+    let second = tables(21, &[3, 1, 2]);
+    let frames: Vec<Vec<u8>> = (0..CLIENTS)
+        .map(|n| {
+            TcpFrame::from_client(
+                testkit::client_ip(n),
+                40_000 + n as u16,
+                ACK,
+                options::nop_nop_ts(n, 0x1234_5678),
+            )
+            .build()
+        })
+        .collect();
+    let under_first = outputs(&program, &frames, &first);
+    let under_second = outputs(&program, &frames, &second);
+    let differ = (0..frames.len())
+        .filter(|&i| under_first[i] != under_second[i])
+        .count();
+    assert_eq!(differ, frames.len(), "every server moved address and MAC");
+
+    // Published by one publisher, which writes only what changed: the servers entries
+    // in place, then the VIP, then lb_config.
+    let mut publisher = Publisher::new();
+    publisher.write(&program, first.clone()).unwrap();
+    let raced_before = stat(&program, STAT_UP_PUBLISHING);
+    let stop = AtomicBool::new(false);
+    let seen = std::thread::scope(|scope| {
+        let traffic = scope.spawn(|| {
+            let mut seen = Seen::default();
+            while !stop.load(Ordering::Relaxed) {
+                for (i, frame) in frames.iter().enumerate() {
+                    let (_, bytes) = program.test_run(frame, LOOPBACK).unwrap();
+                    if bytes == under_first[i] {
+                        seen.first += 1;
+                    } else if bytes == under_second[i] {
+                        seen.second += 1;
+                    } else if bytes == *frame {
+                        seen.handed_up += 1;
+                    } else if seen.mixed.len() < 10 {
+                        seen.mixed.push((i, bytes));
+                    }
+                }
+            }
+            seen
+        });
+        for flip in 0..FLIPS {
+            let tables = if flip % 2 == 0 { &second } else { &first };
+            publisher.write(&program, tables.clone()).unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        traffic.join().unwrap()
+    });
+    let raced = stat(&program, STAT_UP_PUBLISHING) - raced_before;
+    eprintln!(
+        "{FLIPS} publications under traffic: {} packets as the first, {} as the second, \
+         {} handed up ({raced} for racing a publication), {} mixed",
+        seen.first,
+        seen.second,
+        seen.handed_up,
+        seen.mixed.len()
+    );
+    for (i, bytes) in &seen.mixed {
+        eprintln!(
+            "frame {i}: sent {:02x?}\n  first  {:02x?}\n  second {:02x?}",
+            &bytes[..42],
+            &under_first[*i][..42],
+            &under_second[*i][..42]
+        );
+    }
+    assert!(seen.mixed.is_empty(), "packets saw half a publication");
+    assert!(
+        seen.first > 0 && seen.second > 0,
+        "the traffic saw both publications"
+    );
+    assert!(
+        raced > 0,
+        "no packet raced a publication: the test did not exercise the race"
+    );
+    assert_eq!(raced, seen.handed_up, "every hand-up was for racing");
+}
