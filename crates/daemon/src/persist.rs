@@ -51,9 +51,10 @@ use std::sync::Mutex;
 
 use anyhow::{bail, Context};
 use cheetah_core::config::{ConfigError, LbConfig};
-use cheetah_core::cookie::{MsbTable, PersistedMsb};
+use cheetah_core::cookie::PersistedMsb;
 use cheetah_core::hash::Secret;
-use cheetah_core::tables::{ControlPlane, ControlState, MsbMaker, SavedServerState};
+use cheetah_core::lb::SharedTables;
+use cheetah_core::tables::{ControlPlane, ControlState, SavedServerState, TablesMaker};
 use cheetah_core::types::Nanos;
 use serde::{Deserialize, Serialize};
 
@@ -141,20 +142,20 @@ pub fn restore(
     now: Nanos,
     now_unix_ms: u64,
 ) -> Result<(ControlPlane, RestoreReport), ConfigError> {
-    restore_with_msb(config, secret, saved, now, now_unix_ms, &MsbTable::new)
+    restore_with_tables(config, secret, saved, now, now_unix_ms, &SharedTables::new)
 }
 
-/// [`restore`] with the clock table `msb` makes.
-pub fn restore_with_msb(
+/// [`restore`] with the tables `tables` makes.
+pub fn restore_with_tables(
     config: &LbConfig,
     secret: &Secret,
     saved: Option<&StateFile>,
     now: Nanos,
     now_unix_ms: u64,
-    msb: MsbMaker,
+    tables: TablesMaker,
 ) -> Result<(ControlPlane, RestoreReport), ConfigError> {
     let Some(saved) = saved else {
-        let plane = ControlPlane::new_with_msb(config, secret, msb)?;
+        let plane = ControlPlane::new_with_tables(config, secret, tables)?;
         let report = RestoreReport {
             tables: TablesFrom::Config,
             quarantine_kept: Vec::new(),
@@ -166,8 +167,8 @@ pub fn restore_with_msb(
     // The quarantine went on while the daemon was down (a clock that went back counts as
     // no time, which keeps ids retired longer, never shorter).
     let down_secs = now_unix_ms.saturating_sub(saved.saved_at_unix_ms) / 1000;
-    let mut tables = saved.tables.clone();
-    for server in &mut tables.servers {
+    let mut saved_tables = saved.tables.clone();
+    for server in &mut saved_tables.servers {
         if let Some(left) = &mut server.quarantine_left_secs {
             *left = left.saturating_sub(down_secs);
         }
@@ -181,7 +182,7 @@ pub fn restore_with_msb(
     };
     let mut plane = None;
     if saved.config_fingerprint == config_fingerprint(config) {
-        match ControlPlane::restore_with_msb(config, secret, &tables, now, msb) {
+        match ControlPlane::restore_with_tables(config, secret, &saved_tables, now, tables) {
             Ok(restored) => {
                 report.tables = TablesFrom::SavedState;
                 plane = Some(restored);
@@ -192,10 +193,10 @@ pub fn restore_with_msb(
     let plane = match plane {
         Some(plane) => plane,
         None => {
-            let mut plane = ControlPlane::new_with_msb(config, secret, msb)?;
+            let mut plane = ControlPlane::new_with_tables(config, secret, tables)?;
             // Removed servers' records are checked leniently (dip and MAC syntax only);
             // one that does not even parse cannot be quarantined again.
-            match plane.restore_quarantine(&tables, now) {
+            match plane.restore_quarantine(&saved_tables, now) {
                 Ok(q) => {
                     report.quarantine_kept = q.kept;
                     report.quarantine_overridden = q.overridden;
@@ -306,17 +307,17 @@ impl Persister {
         secret: &Secret,
         clock: &Clock,
     ) -> anyhow::Result<ControlPlane> {
-        self.restore_with_msb(config, secret, clock, &MsbTable::new)
+        self.restore_with_tables(config, secret, clock, &SharedTables::new)
     }
 
-    /// [`restore`](Persister::restore) with the clock table `msb` makes (the daemon's is
+    /// [`restore`](Persister::restore) with the tables `tables` makes (the daemon's are
     /// over the XDP program's words).
-    pub fn restore_with_msb(
+    pub fn restore_with_tables(
         &self,
         config: &LbConfig,
         secret: &Secret,
         clock: &Clock,
-        msb: MsbMaker,
+        tables: TablesMaker,
     ) -> anyhow::Result<ControlPlane> {
         let saved = self.load().unwrap_or_else(|e| {
             tracing::warn!(error = %format!("{e:#}"), "ignoring the state file: starting from the config");
@@ -329,9 +330,15 @@ impl Persister {
                 config.cookie_epoch_bits,
             )?;
         }
-        let (plane, report) =
-            restore_with_msb(config, secret, saved.as_ref(), clock.now(), unix_ms(), msb)
-                .map_err(anyhow::Error::msg)?;
+        let (plane, report) = restore_with_tables(
+            config,
+            secret,
+            saved.as_ref(),
+            clock.now(),
+            unix_ms(),
+            tables,
+        )
+        .map_err(anyhow::Error::msg)?;
         log_report(&self.path(), &report);
         match fallback_state::restore(&self.dir, plane.shared(), clock.now(), unix_ms()) {
             Restored::NoFile => {}

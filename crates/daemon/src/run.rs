@@ -82,12 +82,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let clock = Clock::start();
     let persister = Persister::new(&daemon.state_dir, &file.lb)?;
     // Loaded before the control plane is built, whose clock table lives in the program's
-    // msb_seen and msb_restores arrays: the kernel restores and learns from the same words.
-    let steering = SteeringProgram::load()?;
-    let clock_words = steering.clock_words()?;
-    let plane = persister.restore_with_msb(&file.lb, &secret, &clock, &|layout| {
-        clock_words.table(layout)
-    })?;
+    // msb_seen and msb_restores arrays and whose fallback table in its fallback array: the
+    // kernel restores, learns and looks flows up in the same words.
+    let steering = SteeringProgram::load(file.lb.fallback_table_capacity)?;
+    let words = steering.table_words()?;
+    let plane = persister
+        .restore_with_tables(&file.lb, &secret, &clock, &|layout, _| words.tables(layout))?;
     let state = Arc::new(DaemonState::new(plane, clock, Some(persister)));
     // The API binds before anything touches the interfaces: a bad or busy address stops
     // the start with nothing changed.
@@ -416,6 +416,8 @@ fn publish(
         interfaces,
         sides,
         fast_path,
+        fallback_sets: state.shared.fallback.sets(),
+        clock_base_ns: state.clock.monotonic_base_ns(),
     };
     publisher.publish(steering, &publication)
 }

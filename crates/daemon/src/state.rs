@@ -309,8 +309,8 @@ mod tests {
     fn kernel_packets_count_under_every_counter_of_their_bundle() {
         let counters = SteeringCounters::default();
         let stats = SteeringStats {
-            fast: [10, 20, 30, 40],
-            up: [1, 2, 3, 4, 5, 6, 7, 8],
+            fast: [10, 20, 30, 40, 50],
+            up: [1, 2, 3, 4, 5, 6, 7, 8, 9],
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -318,7 +318,12 @@ mod tests {
             .kernel_events()
             .map(|(c, n)| (c.name(), n))
             .collect();
-        assert_eq!(events["to_server"], 30, "client cookie + client pick");
+        assert_eq!(
+            events["to_server"], 80,
+            "client cookie + client pick + client fallback"
+        );
+        assert_eq!(events["fallback_hits"], 50);
+        assert_eq!(events["options_slow_path"], 50);
         assert_eq!(events["to_client"], 70, "server cookie + server plain");
         assert_eq!(events["fast_path"], 100);
         assert_eq!(events["cookie_routed"], 10);
@@ -328,6 +333,7 @@ mod tests {
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));
+        assert_eq!(up[8], ("fallback_miss", 9));
     }
 
     #[test]

@@ -46,12 +46,13 @@ use std::sync::Arc;
 
 use cheetah_core::config::{LbConfig, Mode};
 use cheetah_core::hash::Secret;
-use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
+use cheetah_core::lb::{Bundle, Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{parse_mac, Mac, ServerId};
 use cheetah_core::verdict::Verdict;
+use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
-use cheetah_daemon::dataplane::xdp::{ClockWords, SteeringProgram};
+use cheetah_daemon::dataplane::xdp::{SteeringProgram, TableWords};
 use cheetah_daemon::dataplane::xdp_layout::*;
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::ProgramInput;
@@ -117,6 +118,7 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "echo-wrap-behind",
             "echo-after-reply-advanced",
             "echo-id-9000",
+            "no-timestamps-ack-after-syn",
             "server-data",
             "server-data-msb-ffff",
             "server-data-id-9000",
@@ -326,6 +328,7 @@ fn judge(
     kernel: &KernelRun,
     verdict: Verdict,
     core_out: &[u8],
+    core_counts: &Counts,
 ) {
     let mut fail = |message: String| report.failures.push(format!("{what}: {message}"));
     if kernel.fast.len() + kernel.up.len() > 1 {
@@ -364,9 +367,14 @@ fn judge(
         ));
         return;
     };
-    let stat = FAST_BUNDLES[kernel.fast[0] as usize].0;
+    let (stat, bundle) = FAST_BUNDLES[kernel.fast[0] as usize];
     let direction_ok = match verdict {
-        Verdict::ToServer(_) => stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK,
+        Verdict::ToServer(_) => [
+            STAT_FAST_CLIENT_COOKIE,
+            STAT_FAST_CLIENT_PICK,
+            STAT_FAST_CLIENT_FALLBACK,
+        ]
+        .contains(&stat),
         _ => stat == STAT_FAST_SERVER_COOKIE || stat == STAT_FAST_SERVER_PLAIN,
     };
     if !direction_ok {
@@ -403,6 +411,14 @@ fn judge(
         Verdict::ToServer(id) => Some(id.0),
         _ => None,
     };
+    // The core counted exactly what the kernel's one counter stands for.
+    let expected_counts = counts_of_bundle(bundle);
+    if *core_counts != expected_counts {
+        fail(format!(
+            "counted as {} ({expected_counts:?}), but the core counted {core_counts:?}",
+            kernel.fast_name()
+        ));
+    }
     if kernel.traffic.len() != 1 || server.is_some_and(|id| kernel.traffic != [id]) {
         fail(format!(
             "server_traffic moved for servers {:?}; the core's verdict is {}",
@@ -425,9 +441,12 @@ enum NextHops {
 
 fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteReport {
     let mut report = SuiteReport::default();
-    let program = Kernel::load(topology, next_hops);
+    let program = Kernel::load(topology, next_hops, suite.config.fallback_table_capacity);
     for vector in &suite.file.vector {
-        let (plane, mut worker) = program.fresh_pipeline(suite, vector);
+        // The kernel's `now` about the vector's (a few ms later): the same time unit of the
+        // fallback table for all but a vector that sits at a unit's end.
+        let clock_base_ns = monotonic_ns() - vector.now_ns;
+        let (plane, mut worker) = program.fresh_pipeline(suite, vector, clock_base_ns);
         let mut packets: Vec<(String, u64, &str, &str)> = vector
             .prelude
             .iter()
@@ -455,7 +474,9 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
                 let kernel =
                     (packet_in.len() >= ETH_HLEN).then(|| program.run(topology, &packet_in));
                 let mut core_out = packet_in.clone();
+                let before = counts(worker);
                 let verdict = worker.process(&mut core_out, *now, Ingress::ServerSide);
+                let core_counts = counted_since(worker, &before);
                 match &kernel {
                     Some(kernel) => judge(
                         report,
@@ -467,6 +488,7 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
                         kernel,
                         verdict,
                         &core_out,
+                        &core_counts,
                     ),
                     None => report.not_runnable.push(what.to_string()),
                 }
@@ -595,15 +617,16 @@ fn every_vector_gives_the_cores_bytes_in_the_kernel_or_goes_up_unchanged() {
 // --- The kernel side --------------------------------------------------------------------
 
 /// The loaded program (not attached: `BPF_PROG_TEST_RUN` needs no attachment) and its
-/// clock words, shared with every pipeline made for the suite's vectors.
+/// clock and fallback words, shared with every pipeline made for the suite's vectors.
 struct Kernel {
     program: SteeringProgram,
-    words: ClockWords,
+    words: TableWords,
 }
 
 impl Kernel {
-    fn load(topology: &Topology, next_hops: NextHops) -> Self {
-        let program = SteeringProgram::load().expect("the verifier refused bpf/xdp_lb.c");
+    fn load(topology: &Topology, next_hops: NextHops, fallback_capacity: usize) -> Self {
+        let program =
+            SteeringProgram::load(fallback_capacity).expect("the verifier refused bpf/xdp_lb.c");
         if next_hops == NextHops::Mirrored {
             // In this thread, so from this thread's namespace.
             let entries = NextHopMirror::new()
@@ -622,18 +645,28 @@ impl Kernel {
         program
             .set_host_addrs(&[Ipv4Addr::new(10, 1, 255, 254), Ipv4Addr::new(10, 7, 0, 1)])
             .unwrap();
-        let words = program.clock_words().expect("mmap the clock words");
+        let words = program
+            .table_words()
+            .expect("mmap the clock and fallback words");
         Kernel { program, words }
     }
 
     /// A fresh core pipeline for `vector`, as crates/core/tests/vectors.rs makes it, over
-    /// the kernel's clock words (which `MsbTable::with_words` clears), and the kernel's
-    /// maps published from its tables.
-    fn fresh_pipeline(&self, suite: &Suite, vector: &Vector) -> (ControlPlane, Worker) {
+    /// the kernel's clock and fallback words (which `MsbTable::with_words` and
+    /// `FallbackTable::with_words` clear), and the kernel's maps published from its tables,
+    /// the kernel's clock at 0 at CLOCK_MONOTONIC `clock_base_ns`.
+    fn fresh_pipeline(
+        &self,
+        suite: &Suite,
+        vector: &Vector,
+        clock_base_ns: u64,
+    ) -> (ControlPlane, Worker) {
         let words = self.words;
         let mut plane =
-            ControlPlane::new_with_msb(&suite.config, &suite.secret, &|layout| words.table(layout))
-                .expect("suite config is valid");
+            ControlPlane::new_with_tables(&suite.config, &suite.secret, &|layout, _| {
+                words.tables(layout)
+            })
+            .expect("suite config is valid");
         for id in &suite.file.removed_servers {
             plane.remove_server(*id, 0).expect("removable server");
         }
@@ -643,6 +676,16 @@ impl Kernel {
             .map(|e| (ServerId(e.server), u32::from(e.msb) << 16))
             .collect();
         plane.shared().msb.import(&msb, 0);
+        self.publish(&plane, clock_base_ns);
+        let worker = Worker::new(
+            Arc::clone(plane.shared()),
+            WorkerConfig::new(0, 1, &suite.config),
+        );
+        (plane, worker)
+    }
+
+    /// Publishes `plane`'s tables into the kernel's maps, as `cheetah run` does.
+    fn publish(&self, plane: &ControlPlane, clock_base_ns: u64) {
         let snapshot = plane.shared().snapshot.load();
         let interfaces = [interface(&SERVERS, 0), interface(&CLIENTS, 1)];
         let publication = Publication {
@@ -651,6 +694,8 @@ impl Kernel {
             interfaces: &interfaces,
             sides: &[Ingress::ServerSide, Ingress::ClientSide],
             fast_path: true,
+            fallback_sets: plane.shared().fallback.sets(),
+            clock_base_ns,
         };
         // This thread's namespace's tables: /proc/net is the process's first thread's.
         let routes = read(Path::new("/proc/thread-self/net/route"));
@@ -658,11 +703,6 @@ impl Kernel {
         Publisher::new()
             .write(&self.program, wanted(&publication, &routes, &neighbours))
             .expect("publish the tables");
-        let worker = Worker::new(
-            Arc::clone(plane.shared()),
-            WorkerConfig::new(0, 1, &suite.config),
-        );
-        (plane, worker)
     }
 
     /// One packet through the program as received on the servers' interface.
@@ -735,6 +775,39 @@ const CLOCK: &str = "clock";
 
 // --- Helpers ------------------------------------------------------------------------------
 
+/// Every core counter's value (drops apart), in `Counter::ALL` order.
+type Counts = Vec<(Counter, u64)>;
+
+/// The worker's bookkeeping that depends on when a packet comes, not on what it is.
+const HOUSEKEEPING: [Counter; 2] = [Counter::LoadMerges, Counter::SnapshotReloads];
+
+fn counts(worker: &Worker) -> Counts {
+    Counter::ALL
+        .iter()
+        .filter(|c| !HOUSEKEEPING.contains(c))
+        .map(|&c| (c, worker.counters().get(c)))
+        .collect()
+}
+
+/// The counters that moved since `before`, by how much.
+fn counted_since(worker: &Worker, before: &Counts) -> Counts {
+    counts(worker)
+        .into_iter()
+        .zip(before)
+        .filter(|((_, now), (_, then))| now != then)
+        .map(|((c, now), (_, then))| (c, now - then))
+        .collect()
+}
+
+/// What one packet of `bundle` counts, in `Counter::ALL` order.
+fn counts_of_bundle(bundle: Bundle) -> Counts {
+    Counter::ALL
+        .iter()
+        .filter(|c| bundle.counters().contains(c))
+        .map(|&c| (c, 1))
+        .collect()
+}
+
 fn vectors_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/vectors")
 }
@@ -752,4 +825,135 @@ fn unhex(text: &str) -> Vec<u8> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+// --- The fallback table, one for the kernel and the core ----------------------------------
+
+/// The fallback table's time unit (2^30 ns, core lb/fallback.rs).
+const UNIT_SHIFT: u32 = 30;
+
+/// A client without timestamps, in l2-cheetah's vectors: its SYN (placed by Maglev through
+/// the core, which remembers it in the table over the kernel's words), then its ACK and a
+/// RST without ACK, both of the same flow, must be forwarded by the kernel from that table
+/// with the bytes and counters the core gives them, and the kernel's refresh of the flow's
+/// time must be the word the core writes. A flow the table does not know, and a flow
+/// whose server was removed, go up unchanged.
+#[test]
+fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_parity: needs root ***\n");
+        return;
+    }
+    let topology = enter_new_namespace();
+    let suite = load_suite(&vectors_dir().join("l2-cheetah"));
+    let vector = |name: &str| {
+        suite
+            .file
+            .vector
+            .iter()
+            .find(|v| v.name == name)
+            .unwrap_or_else(|| panic!("l2-cheetah has no vector {name}"))
+    };
+    let after_syn = vector("no-timestamps-ack-after-syn");
+    let syn = unhex(&after_syn.prelude[0].packet_in);
+    let ack = unhex(&after_syn.packet_in);
+    let rst = unhex(&vector("client-rst-without-timestamps").packet_in);
+    assert_eq!(ack[26..38], rst[26..38], "the ACK and the RST are one flow");
+    // The SYN five units before the segments; the kernel's clock mid-unit, so that a run
+    // of the test stays in one unit.
+    let unit = 1000u64;
+    let syn_at = (unit - 5) << UNIT_SHIFT;
+    let now = (unit << UNIT_SHIFT) + (1 << (UNIT_SHIFT - 1));
+    let kernel = Kernel::load(
+        &topology,
+        NextHops::Empty,
+        suite.config.fallback_table_capacity,
+    );
+    let clock_base_ns = monotonic_ns() - now;
+    let (mut plane, mut worker) = kernel.fresh_pipeline(&suite, after_syn, clock_base_ns);
+    // The reference: the same packets through a core alone, at the same times.
+    let reference_plane = ControlPlane::new(&suite.config, &suite.secret).unwrap();
+    let mut reference = Worker::new(
+        Arc::clone(reference_plane.shared()),
+        WorkerConfig::new(0, 1, &suite.config),
+    );
+    let fallback_index = FAST_BUNDLES
+        .iter()
+        .position(|(stat, _)| *stat == STAT_FAST_CLIENT_FALLBACK)
+        .unwrap() as u32;
+
+    // The SYN: a new connection, placed by the core, which remembers it.
+    let up = kernel.run(&topology, &syn);
+    assert_eq!((up.fast.len(), &up.up[..]), (0, &["new_connection"][..]));
+    assert_eq!(up.frame, syn, "a SYN goes up unchanged");
+    let placed = worker.process(&mut syn.clone(), syn_at, Ingress::ServerSide);
+    assert_eq!(
+        reference.process(&mut syn.clone(), syn_at, Ingress::ServerSide),
+        placed
+    );
+    let table = &plane.shared().fallback;
+    assert_eq!(table.len(), 1, "the core's SYN is in the kernel's words");
+    assert_eq!(table.export(now)[0].idle_units, 5);
+
+    // Its ACK and its RST: forwarded by the kernel from the core's entry.
+    for (what, segment) in [("ACK", &ack), ("RST without ACK", &rst)] {
+        let run = kernel.run(&topology, segment);
+        let mut core_out = segment.clone();
+        let before = counts(&reference);
+        let verdict = reference.process(&mut core_out, now, Ingress::ServerSide);
+        let core_counts = counted_since(&reference, &before);
+        assert_eq!(verdict, placed, "{what}: the core routes it by the table");
+        assert_eq!(
+            (&run.fast[..], &run.up[..]),
+            (&[fallback_index][..], &[][..] as &[&str]),
+            "{what}: handled in the kernel as a fallback hit"
+        );
+        let (action, expected) =
+            after_egress(&topology, &suite.config, verdict, &core_out).unwrap();
+        assert_eq!(run.action, action, "{what}");
+        assert_eq!(hex(&run.frame), hex(&expected), "{what}: the core's bytes");
+        assert_eq!(
+            core_counts,
+            counts_of_bundle(Bundle::ClientFallback),
+            "{what}: the bundle is what the core counts"
+        );
+        let Verdict::ToServer(server) = verdict else {
+            unreachable!()
+        };
+        assert_eq!(run.traffic, [server.0], "{what}: the server's traffic");
+        // The kernel refreshed the flow's time as the core's lookup did (the same word:
+        // the same flows with the same idle times, at any instant).
+        assert_eq!(
+            table.export(now),
+            reference_plane.shared().fallback.export(now),
+            "{what}: the kernel's refresh is the core's"
+        );
+        assert_eq!(table.export(now)[0].idle_units, 0, "{what}: refreshed");
+    }
+
+    // Another client port: not in the table. Up unchanged; the core asks Maglev.
+    let mut stranger = ack.clone();
+    stranger[34..36].copy_from_slice(&0x9c41u16.to_be_bytes());
+    let run = kernel.run(&topology, &stranger);
+    assert_eq!((run.fast.len(), &run.up[..]), (0, &["fallback_miss"][..]));
+    assert_eq!(run.frame, stranger, "a miss goes up unchanged");
+    let before = counts(&worker);
+    let verdict = worker.process(&mut stranger.clone(), now, Ingress::ServerSide);
+    assert!(matches!(verdict, Verdict::ToServer(_)), "{verdict:?}");
+    assert!(counted_since(&worker, &before).contains(&(Counter::FallbackMisses, 1)));
+
+    // Its server removed: the core drops the segment and forgets the flow; the kernel
+    // leaves both to it.
+    let Verdict::ToServer(server) = placed else {
+        panic!("the SYN was placed: {placed:?}")
+    };
+    plane.remove_server(server.0, now).unwrap();
+    kernel.publish(&plane, clock_base_ns);
+    worker.tick(now);
+    let run = kernel.run(&topology, &ack);
+    assert_eq!((run.fast.len(), &run.up[..]), (0, &["cookie"][..]));
+    assert_eq!(run.frame, ack, "goes up unchanged");
+    let verdict = worker.process(&mut ack.clone(), now, Ingress::ServerSide);
+    assert_eq!(verdict_name(verdict), "drop:fallback_server_removed");
+    assert!(plane.shared().fallback.is_empty());
 }

@@ -45,7 +45,10 @@ impl PublishSeq {
         let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner());
         // A locked add is a full barrier: the odd word is visible before any map write.
         let before = self.word.fetch_add(1, Ordering::SeqCst);
-        debug_assert!(before.is_multiple_of(2), "publish_seq was odd outside a window");
+        debug_assert!(
+            before.is_multiple_of(2),
+            "publish_seq was odd outside a window"
+        );
         PublishWindow {
             word: self.word,
             seq: before.wrapping_add(1),

@@ -7,12 +7,15 @@
 
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::OnceLock;
 
 use cheetah_core::cookie::msb::COOKIES;
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::cookie::{MsbTable, SharedWords};
+use cheetah_core::lb::fallback::{FallbackTable, WAYS};
+use cheetah_core::lb::handshakes::HandshakeTable;
+use cheetah_core::lb::SharedTables;
 use cheetah_core::types::ServerId;
 
 use super::publish_window::{PublishSeq, PublishWindow};
@@ -21,7 +24,7 @@ use super::xdp_layout::{
 };
 
 use anyhow::{bail, Context};
-use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
+use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, OpenObject, Xdp, XdpFlags};
 
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_lb.o"));
 
@@ -58,7 +61,7 @@ pub struct SteeringStats {
     pub passed_to_host: u64,
     pub no_metadata_room: u64,
     /// Packets the in-kernel path handled, by `STAT_FAST_*` (`xdp_layout::FAST_BUNDLES`).
-    pub fast: [u64; 4],
+    pub fast: [u64; FAST_BUNDLES.len()],
     /// Packets the in-kernel path handed to userspace, by `xdp_layout::UP_REASONS`.
     pub up: [u64; UP_REASONS.len()],
     /// Replies whose next hop the kernel asked `bpf_fib_lookup` for (not in `next_hops`).
@@ -72,10 +75,13 @@ pub struct SteeringProgram {
 }
 
 impl SteeringProgram {
-    pub fn load() -> anyhow::Result<Self> {
-        let open = ObjectBuilder::default()
+    /// Loads the program with a fallback table for `fallback_capacity` flows (the config's
+    /// `fallback_table_capacity`, rounded as `FallbackTable::rounded_capacity` says).
+    pub fn load(fallback_capacity: usize) -> anyhow::Result<Self> {
+        let mut open = ObjectBuilder::default()
             .open_memory(PROGRAM)
             .context("cannot open the embedded XDP program")?;
+        size_fallback(&mut open, fallback_capacity)?;
         let object = open
             .load()
             .context("the kernel refused the XDP program (needs root, BPF and XDP support)")?;
@@ -125,6 +131,15 @@ impl SteeringProgram {
             .with_context(|| format!("map {name} is missing from the XDP program"))
     }
 
+    /// Every word array the core's tables share with the program (`clock_words`,
+    /// `fallback_words`).
+    pub fn table_words(&self) -> anyhow::Result<TableWords> {
+        Ok(TableWords {
+            clock: self.clock_words()?,
+            fallback: self.fallback_words()?,
+        })
+    }
+
     /// The program's `msb_seen` and `msb_restores` arrays, mapped into this process for
     /// the core's clock table (`MsbTable::with_words`): the kernel reads the words the
     /// workers and the control thread write.
@@ -140,6 +155,29 @@ impl SteeringProgram {
         })
     }
 
+    /// The program's `fallback` array (one set of the table per entry), mapped into this
+    /// process for the core's fallback table (`FallbackTable::with_words`): the kernel
+    /// looks flows up in the words the workers insert into. Mapped for the rest of the
+    /// process, like the clock words.
+    pub fn fallback_words(&self) -> anyhow::Result<FallbackWords> {
+        let map = self.try_map("fallback")?;
+        let set_bytes = WAYS * 8;
+        if map.value_size() as usize != set_bytes {
+            bail!(
+                "map fallback holds values of {} bytes; a set of the fallback table is {set_bytes}",
+                map.value_size()
+            );
+        }
+        let words = map.max_entries() as usize * WAYS;
+        let at = self.mmap_bytes("fallback", words * 8)?;
+        // SAFETY: page-aligned, `words` * 8 bytes long (an array's 64-byte values are
+        // contiguous), mapped for the rest of the process; AtomicU64 has u64's layout, and
+        // the kernel's accesses are atomic.
+        Ok(FallbackWords {
+            words: unsafe { std::slice::from_raw_parts(at.cast::<AtomicU64>(), words) },
+        })
+    }
+
     fn mmap_words<const N: usize>(&self, name: &str) -> anyhow::Result<&'static [AtomicU32; N]> {
         let map = self.try_map(name)?;
         // One entry holding every word: an array's entries are 8 bytes apart, so N entries
@@ -152,11 +190,22 @@ impl SteeringProgram {
                 N * 4
             );
         }
+        let at = self.mmap_bytes(name, N * 4)?;
+        // SAFETY: page-aligned, N * 4 bytes long, mapped for the rest of the process (see
+        // `clock_words`); AtomicU32 has u32's layout, and the kernel's accesses are atomic.
+        Ok(unsafe { &*(at as *const [AtomicU32; N]) })
+    }
+
+    /// The first `bytes` bytes of the BPF_F_MMAPABLE array `name`, mapped shared and never
+    /// unmapped (see `clock_words`).
+    fn mmap_bytes(&self, name: &str, bytes: usize) -> anyhow::Result<*mut libc::c_void> {
+        let map = self.try_map(name)?;
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let len = (N * 4).div_ceil(page) * page;
-        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose first N * 4 bytes
-        // are its one value, the N words; the kernel refuses the call for any other map.
+        let len = bytes.div_ceil(page) * page;
+        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose values start at
+        // offset 0; the caller asks for no more bytes than its values hold, and the kernel
+        // refuses the call for any other map.
         let at = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -171,9 +220,7 @@ impl SteeringProgram {
             return Err(std::io::Error::last_os_error())
                 .with_context(|| format!("cannot mmap the XDP program's {name} map"));
         }
-        // SAFETY: page-aligned, N * 4 bytes long, mapped for the rest of the process (see
-        // `clock_words`); AtomicU32 has u32's layout, and the kernel's accesses are atomic.
-        Ok(unsafe { &*(at as *const [AtomicU32; N]) })
+        Ok(at)
     }
 
     fn program(&self) -> libbpf_rs::Program<'_> {
@@ -364,9 +411,61 @@ impl ClockWords {
     }
 }
 
+/// The XDP program's words that the core's shared tables live in.
+#[derive(Clone, Copy)]
+pub struct TableWords {
+    pub clock: ClockWords,
+    pub fallback: FallbackWords,
+}
+
+impl TableWords {
+    /// A plane's tables over these words (a `TablesMaker`'s answer): the clock and
+    /// fallback tables the kernel shares; the fallback map was sized when the program was
+    /// loaded, for the same config's capacity.
+    pub fn tables(self, layout: CookieLayout) -> SharedTables {
+        SharedTables {
+            msb: self.clock.table(layout),
+            handshakes: HandshakeTable::default(),
+            fallback: self.fallback.table(),
+        }
+    }
+}
+
+/// The XDP program's fallback table words, mapped for the rest of the process.
+#[derive(Clone, Copy)]
+pub struct FallbackWords {
+    words: &'static [AtomicU64],
+}
+
+impl FallbackWords {
+    /// A fallback table over these words (cleared), for a plane's `SharedTables`.
+    pub fn table(self) -> FallbackTable {
+        FallbackTable::with_words(self.words)
+    }
+
+    /// Flows the table holds: what the map was sized to at load time.
+    pub fn capacity(self) -> usize {
+        self.words.len()
+    }
+}
+
+/// Sizes the `fallback` map of an opened (not yet loaded) object that carries the LB's
+/// maps to hold `fallback_capacity` flows, rounded as the core's table rounds it.
+pub fn size_fallback(open: &mut OpenObject, fallback_capacity: usize) -> anyhow::Result<()> {
+    let sets = FallbackTable::rounded_capacity(fallback_capacity) / WAYS;
+    let sets = u32::try_from(sets).context("fallback_table_capacity: too big for a BPF map")?;
+    let mut map = open
+        .maps_mut()
+        .find(|m| m.name() == "fallback")
+        .context("map fallback is missing from the XDP program")?;
+    map.set_max_entries(sets)
+        .context("cannot size the XDP program's fallback map")
+}
+
 /// Takes any XDP program off `ifindex` (both modes).
 pub fn detach(ifname: &str, ifindex: u32) -> anyhow::Result<()> {
-    let program = SteeringProgram::load()?;
+    // The smallest table: only the program's fd is needed.
+    let program = SteeringProgram::load(WAYS)?;
     let prog = program.program();
     let xdp = Xdp::new(prog.as_fd());
     let native = xdp.detach(ifindex as i32, XdpFlags::DRV_MODE);

@@ -34,11 +34,12 @@ pub const STAT_FAST_SERVER_COOKIE: u32 = 6;
 pub const STAT_FAST_SERVER_PLAIN: u32 = 7;
 /// Each `STAT_FAST_*` counter and the core bundle its packets stand for: metrics add it to
 /// every counter of the bundle (`Bundle::counters`), under the core's names.
-pub const FAST_BUNDLES: [(u32, Bundle); 4] = [
+pub const FAST_BUNDLES: [(u32, Bundle); 5] = [
     (STAT_FAST_CLIENT_COOKIE, Bundle::ClientCookie),
     (STAT_FAST_CLIENT_PICK, Bundle::ClientPick),
     (STAT_FAST_SERVER_COOKIE, Bundle::ServerCookie),
     (STAT_FAST_SERVER_PLAIN, Bundle::ServerPlain),
+    (STAT_FAST_CLIENT_FALLBACK, Bundle::ClientFallback),
 ];
 
 /// Why the kernel handed a packet it looked at to userspace, one reason per packet.
@@ -53,7 +54,23 @@ pub const STAT_UP_OTHER: u32 = 14;
 pub const STAT_NEXT_HOP_MISS: u32 = 15;
 /// A packet that raced a publication (`lb_config.publish_seq` moved): handed up whole.
 pub const STAT_UP_PUBLISHING: u32 = 16;
-pub const STAT_COUNT: u32 = 17;
+/// A client segment without TCP options routed by the shared fallback table.
+pub const STAT_FAST_CLIENT_FALLBACK: u32 = 17;
+/// A client segment without TCP options the fallback table does not know (the core's
+/// Maglev decides).
+pub const STAT_UP_FALLBACK_MISS: u32 = 18;
+pub const STAT_COUNT: u32 = 19;
+
+/// Ways of a fallback table set (`FALLBACK_WAYS`): the core's `fallback::WAYS`.
+pub const FALLBACK_WAYS: usize = 8;
+
+/// `struct fallback_set`: one entry of the `fallback` map, one set of the core's table
+/// (read through the map's mmap, never as a value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FallbackSet {
+    pub way: [u64; FALLBACK_WAYS],
+}
 
 pub const MAX_NEXT_HOPS: usize = 16384;
 pub const NEXT_HOP_FIB: u32 = 0;
@@ -61,7 +78,7 @@ pub const NEXT_HOP_KNOWN: u32 = 1;
 pub const NEXT_HOP_ON_LINK: u32 = 2;
 
 /// The `reason` label of each `STAT_UP_*` counter, in index order.
-pub const UP_REASONS: [(u32, &str); 8] = [
+pub const UP_REASONS: [(u32, &str); 9] = [
     (STAT_UP_NEW_CONNECTION, "new_connection"),
     (STAT_UP_LAYOUT, "layout"),
     (STAT_UP_COOKIE, "cookie"),
@@ -70,6 +87,7 @@ pub const UP_REASONS: [(u32, &str); 8] = [
     (STAT_UP_NEXT_HOP, "next_hop"),
     (STAT_UP_OTHER, "other"),
     (STAT_UP_PUBLISHING, "publishing"),
+    (STAT_UP_FALLBACK_MISS, "fallback_miss"),
 ];
 
 /// A value the kernel reads as bytes.
@@ -109,6 +127,10 @@ pub struct LbConfigValue {
     /// [`PublishWindow`](super::publish_window::PublishWindow) only; an update of the whole
     /// value must carry the word as it is.
     pub publish_seq: u32,
+    /// The fallback table's sets - 1.
+    pub fallback_mask: u32,
+    /// CLOCK_MONOTONIC ns at which the daemon's clock read 0 (`Clock::monotonic_base_ns`).
+    pub clock_base_ns: u64,
 }
 
 impl Encode for LbConfigValue {
@@ -123,6 +145,14 @@ impl Encode for LbConfigValue {
             .put(
                 offset_of!(Self, publish_seq),
                 &self.publish_seq.to_ne_bytes(),
+            )
+            .put(
+                offset_of!(Self, fallback_mask),
+                &self.fallback_mask.to_ne_bytes(),
+            )
+            .put(
+                offset_of!(Self, clock_base_ns),
+                &self.clock_base_ns.to_ne_bytes(),
             )
             .0
     }
@@ -332,15 +362,19 @@ mod tests {
             pad2: 0xffff,
             generation: 7,
             publish_seq: 9,
+            fallback_mask: 0x3f,
+            clock_base_ns: 0x0102_0304_0506_0708,
         };
         let bytes = config.to_bytes();
-        assert_eq!(bytes.len(), 20);
+        assert_eq!(bytes.len(), 32);
         assert_eq!(bytes[..4], 1u32.to_ne_bytes());
         assert_eq!(bytes[4..8], [1, 1, 12, 0], "padding is written as zero");
         assert_eq!(bytes[8..10], 0x0fffu16.to_ne_bytes());
         assert_eq!(bytes[10..12], [0, 0]);
         assert_eq!(bytes[12..16], 7u32.to_ne_bytes());
-        assert_eq!(bytes[16..], 9u32.to_ne_bytes());
+        assert_eq!(bytes[16..20], 9u32.to_ne_bytes());
+        assert_eq!(bytes[20..24], 0x3fu32.to_ne_bytes());
+        assert_eq!(bytes[24..], 0x0102_0304_0506_0708u64.to_ne_bytes());
         let key = VipKey {
             addr: [10, 0, 0, 100],
             port: 80u16.to_be_bytes(),
