@@ -225,7 +225,7 @@ impl FallbackTable {
             words.len()
         );
         assert!(
-            words.as_ptr() as usize % SET_BYTES == 0,
+            (words.as_ptr() as usize).is_multiple_of(SET_BYTES),
             "fallback table words must be {SET_BYTES}-byte aligned"
         );
         let sets = words.len() / WAYS;
