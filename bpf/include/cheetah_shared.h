@@ -54,7 +54,7 @@ enum xdp_stat {
 	// decides and counts it): one reason per packet.
 	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
 	STAT_UP_LAYOUT,         // not the straight line's layout (VLAN, IP options, fragment, no NOP NOP TS)
-	STAT_UP_COOKIE,         // cookie names no forwarding server, an unknown clock, or is beyond the idle limit
+	STAT_UP_COOKIE,         // cookie (or fallback entry) names no forwarding server, an unknown clock, or is beyond the idle limit
 	STAT_UP_CLOCK,          // a reply whose MSB is not the newest seen: the clock learns in userspace
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a reply with SYN: handshake bookkeeping (closes are the kernel's)
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
@@ -84,6 +84,12 @@ enum xdp_stat {
 	// after a whole TCP header): userspace routes it by the fallback table or copies it to
 	// every server of the VIP.
 	STAT_UP_ICMP,
+	// A client segment without TCP options routed by the shared fallback table (core
+	// Bundle::ClientFallback).
+	STAT_FAST_CLIENT_FALLBACK,
+	// A client segment without TCP options that the fallback table does not know: the
+	// core sends it where the VIP's Maglev table points.
+	STAT_UP_FALLBACK_MISS,
 	STAT_COUNT,
 };
 
@@ -129,6 +135,12 @@ struct lb_config {
 	// into is being written, one more when done. Written only by userspace, through the
 	// map's mmap, with atomic stores.
 	__u32 publish_seq;
+	// The fallback table's sets - 1 (the fallback map holds fallback_mask + 1 sets).
+	__u32 fallback_mask;
+	// CLOCK_MONOTONIC at which the daemon's clock read 0: the core's `now` is
+	// bpf_ktime_get_ns() - clock_base_ns (the fallback path reads the coarse clock,
+	// bpf_ktime_get_coarse_ns: the same clock as of the last tick).
+	__u64 clock_base_ns;
 };
 
 // Key of the vips map: a VIP's address, port and protocol.
@@ -262,6 +274,15 @@ struct close_words {
 // MSB, whose two low bytes in memory are the packet's (network order).
 #define MSB_KNOWN (1u << 16)
 #define MSB_BEYOND_IDLE_LIMIT (1u << 17)
+
+// One set of the fallback table (core lb/fallback.rs), one entry of the fallback map: an
+// array's entries of 64 bytes are contiguous, so the mmapped map is the core's sets, and
+// one lookup reads the set's cache line. A word packs valid:1 | reserved:1 | server:14 |
+// time:16 | tag:32 (tag = the flow hash's high half, time = last use in 2^30 ns units).
+#define FALLBACK_WAYS 8
+struct fallback_set {
+	__u64 way[FALLBACK_WAYS];
+};
 
 // Key of the next_hops LPM trie: an IPv4 prefix (struct bpf_lpm_trie_key's layout).
 struct next_hop_key {

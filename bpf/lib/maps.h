@@ -149,6 +149,18 @@ struct {
 	__type(value, struct close_words);
 } closes SEC(".maps");
 
+// The fallback table's sets (cheetah_shared.h struct fallback_set), mmapped by userspace so
+// that the core's FallbackTable and the kernel share one table. Sized at load time to the
+// config's fallback_table_capacity / FALLBACK_WAYS (rounded up to a power of two); the
+// one entry here only makes the object loadable as it is.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct fallback_set);
+} fallback SEC(".maps");
+
 // Server id -> what the in-kernel path sent to or received from it, per CPU.
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

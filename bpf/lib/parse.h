@@ -4,7 +4,10 @@
 // without IP options or fragmentation carrying a TCP segment whose header has room for
 // NOP NOP TS, all within the frame. The checks are crates/core/src/lb/fast_path.rs
 // `plain_ipv4_tcp`, one for one, so the kernel takes exactly the frames the core's
-// straight line takes and hands every other one to userspace unchanged.
+// straight line takes and hands every other one to userspace unchanged. The same frame
+// with a TCP header of 20 bytes (no options: a client without timestamps) is told apart
+// (PLAIN_NO_OPTIONS) for the fallback table's path (fallback.h); the straight lines
+// refuse it as they refuse any other layout.
 
 #ifndef CHEETAH_LIB_PARSE_H
 #define CHEETAH_LIB_PARSE_H
@@ -50,6 +53,9 @@ enum plain_refusal {
 	PLAIN_OK,
 	PLAIN_NOT_TCP,
 	PLAIN_LAYOUT,
+	// The plain layout but a TCP header without options: eth, ip and tcp are set, ts is
+	// not. Not the straight line's layout (counted as PLAIN_LAYOUT there).
+	PLAIN_NO_OPTIONS,
 };
 
 // Fills `view` if the frame is the straight line's layout (core `plain_ipv4_tcp`).
@@ -67,7 +73,9 @@ static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 		return PLAIN_LAYOUT;
 	if (ip->protocol != IPPROTO_TCP)
 		return PLAIN_NOT_TCP;
-	if (data + PLAIN_HEADERS_LEN > data_end)
+	// The option-less header first: its frames (54 bytes and up) are shorter than the
+	// straight line's (66 and up), which is checked once the data offset says which.
+	if ((void *)(tcp + 1) > data_end)
 		return PLAIN_LAYOUT;
 	// Version 4 without IP options; no fragment (MF clear, offset 0; DF and the reserved
 	// bit are not looked at).
@@ -75,14 +83,23 @@ static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 		return PLAIN_LAYOUT;
 	header_len = tcp->doff * 4;
 	total_len = bpf_ntohs(ip->tot_len);
-	// IP + TCP_WITH_TS <= IP + header_len <= total_len <= frame: the TCP header with
-	// room for NOP NOP TS is within the IP packet, which is within the frame.
-	if (header_len < TCP_WITH_TS_LEN || sizeof(struct iphdr) + header_len > total_len ||
-	    data + sizeof(struct ethhdr) + total_len > data_end)
-		return PLAIN_LAYOUT;
 	view->eth = eth;
 	view->ip = ip;
 	view->tcp = tcp;
+	view->ts = NULL;
+	if (header_len == sizeof(struct tcphdr)) {
+		// IP + TCP <= total_len <= frame.
+		if (sizeof(struct iphdr) + sizeof(struct tcphdr) > total_len ||
+		    data + sizeof(struct ethhdr) + total_len > data_end)
+			return PLAIN_LAYOUT;
+		return PLAIN_NO_OPTIONS;
+	}
+	// IP + TCP_WITH_TS <= IP + header_len <= total_len <= frame: the TCP header with
+	// room for NOP NOP TS is within the IP packet, which is within the frame.
+	if (data + PLAIN_HEADERS_LEN > data_end || header_len < TCP_WITH_TS_LEN ||
+	    sizeof(struct iphdr) + header_len > total_len ||
+	    data + sizeof(struct ethhdr) + total_len > data_end)
+		return PLAIN_LAYOUT;
 	view->ts = (void *)(tcp + 1);
 	return PLAIN_OK;
 }

@@ -17,6 +17,7 @@ pub mod testkit;
 pub mod types;
 pub mod verdict;
 pub mod wire;
+pub mod words;
 
 pub use types::{Nanos, ServerId};
 pub use verdict::{DropReason, Verdict};

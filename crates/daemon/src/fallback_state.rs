@@ -171,6 +171,8 @@ mod tests {
     use super::*;
     use cheetah_core::cookie::CookieLayout;
     use cheetah_core::hash::Secret;
+    use cheetah_core::lb::fallback::FallbackTable;
+    use cheetah_core::lb::SharedTables;
     use cheetah_core::tables::Snapshot;
     use cheetah_core::types::NANOS_PER_SEC;
 
@@ -181,6 +183,52 @@ mod tests {
             Snapshot::empty(),
             capacity,
         )
+    }
+
+    /// A plane's shared state whose fallback table is over borrowed words, as the
+    /// daemon's is over the XDP program's mmapped `fallback` map.
+    fn shared_over_words(secret: u8, capacity: usize) -> LbShared {
+        #[repr(C, align(64))]
+        struct Set([std::sync::atomic::AtomicU64; 8]);
+        let sets: &'static [Set] = Box::leak(
+            (0..capacity / 8)
+                .map(|_| Set(Default::default()))
+                .collect::<Box<[Set]>>(),
+        );
+        // SAFETY: a set is 8 words, and the sets live for the rest of the test process.
+        let words = unsafe { std::slice::from_raw_parts(sets.as_ptr().cast(), capacity) };
+        let layout = CookieLayout::DEFAULT;
+        let tables = SharedTables {
+            fallback: FallbackTable::with_words(words),
+            ..SharedTables::new(layout, 8)
+        };
+        LbShared::with_tables(&Secret([secret; 16]), tables, Snapshot::empty())
+    }
+
+    #[test]
+    fn a_restart_takes_the_flows_back_into_words_shared_with_the_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = shared(1, 1024);
+        for n in 0..100u64 {
+            let hash = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            old.fallback
+                .insert(hash, ServerId((n % 7) as u16), n * NANOS_PER_SEC);
+        }
+        save(dir.path(), &encode(&old, 200 * NANOS_PER_SEC, 1_000_000)).unwrap();
+        let new = shared_over_words(1, 1024);
+        assert_eq!(
+            restore(dir.path(), &new, 0, 1_003_000),
+            Restored::Flows(100)
+        );
+        for n in 0..100u64 {
+            let hash = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            assert_eq!(new.fallback.peek(hash), Some(ServerId((n % 7) as u16)));
+        }
+        // And back out of them for the next restart.
+        assert_eq!(
+            encode(&new, 0, 1_004_000).len(),
+            encode(&old, 0, 1_004_000).len()
+        );
     }
 
     #[test]

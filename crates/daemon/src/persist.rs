@@ -167,8 +167,8 @@ pub fn restore_with_tables(
     // The quarantine went on while the daemon was down (a clock that went back counts as
     // no time, which keeps ids retired longer, never shorter).
     let down_secs = now_unix_ms.saturating_sub(saved.saved_at_unix_ms) / 1000;
-    let mut tables = saved.tables.clone();
-    for server in &mut tables.servers {
+    let mut saved_tables = saved.tables.clone();
+    for server in &mut saved_tables.servers {
         if let Some(left) = &mut server.quarantine_left_secs {
             *left = left.saturating_sub(down_secs);
         }
@@ -182,7 +182,7 @@ pub fn restore_with_tables(
     };
     let mut plane = None;
     if saved.config_fingerprint == config_fingerprint(config) {
-        match ControlPlane::restore_with_tables(config, secret, &tables, now, make_tables) {
+        match ControlPlane::restore_with_tables(config, secret, &saved_tables, now, make_tables) {
             Ok(restored) => {
                 report.tables = TablesFrom::SavedState;
                 plane = Some(restored);
@@ -196,7 +196,7 @@ pub fn restore_with_tables(
             let mut plane = ControlPlane::new_with_tables(config, secret, make_tables)?;
             // Removed servers' records are checked leniently (dip and MAC syntax only);
             // one that does not even parse cannot be quarantined again.
-            match plane.restore_quarantine(&tables, now) {
+            match plane.restore_quarantine(&saved_tables, now) {
                 Ok(q) => {
                     report.quarantine_kept = q.kept;
                     report.quarantine_overridden = q.overridden;

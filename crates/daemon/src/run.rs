@@ -80,10 +80,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let clock = Clock::start();
     let persister = Persister::new(&daemon.state_dir, &file.lb)?;
     // Loaded before the control plane is built, whose clock table lives in the program's
-    // msb_seen and msb_restores arrays: the kernel restores and learns from the same words.
-    let steering = SteeringProgram::load()?;
+    // msb_seen and msb_restores arrays, whose handshake table in its handshakes array and
+    // whose fallback table in its fallback array: the kernel restores, learns, books SYNs
+    // and looks flows up in the same words.
+    let steering = SteeringProgram::load(file.lb.fallback_table_capacity)?;
     let kernel_words = steering.kernel_words()?;
-    let mut plane = persister.restore_with_tables(&file.lb, &secret, &clock, &|layout| {
+    let mut plane = persister.restore_with_tables(&file.lb, &secret, &clock, &|layout, _| {
         kernel_words.tables(layout)
     })?;
     // Likewise the close filter lives in the program's closes array: a close counted in
@@ -432,6 +434,8 @@ fn publish(
         interfaces,
         sides,
         fast_path,
+        fallback_sets: state.shared.fallback.sets(),
+        clock_base_ns: state.clock.monotonic_base_ns(),
     };
     publisher.publish(steering, &publication)
 }

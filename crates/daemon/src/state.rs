@@ -317,8 +317,8 @@ mod tests {
     fn kernel_packets_count_under_every_counter_of_their_bundle() {
         let counters = SteeringCounters::default();
         let stats = SteeringStats {
-            fast: [10, 20, 30, 40, 100, 1000],
-            up: [1, 2, 3, 4, 5, 6, 7, 8, 9],
+            fast: [10, 20, 30, 40, 100, 1000, 50],
+            up: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             // A first close, a duplicate close, an ICMP error by its cookie, by a pick.
             events: [100, 200, 400, 800],
             ..SteeringStats::default()
@@ -329,9 +329,11 @@ mod tests {
             .map(|(c, n)| (c.name(), n))
             .collect();
         assert_eq!(
-            events["to_server"], 2330,
-            "client cookie + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick)"
+            events["to_server"], 2380,
+            "client cookie + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback"
         );
+        assert_eq!(events["fallback_hits"], 50);
+        assert_eq!(events["options_slow_path"], 50);
         assert_eq!(
             events["to_client"], 370,
             "server cookie + server plain + closes"
@@ -350,6 +352,7 @@ mod tests {
         assert_eq!(up[6], ("other", 7));
         assert_eq!(up[7], ("publishing", 8));
         assert_eq!(up[8], ("icmp", 9));
+        assert_eq!(up[9], ("fallback_miss", 10));
     }
 
     #[test]

@@ -19,8 +19,8 @@ use cheetah_core::types::Mac;
 use cheetah_core::wire::tcp::flags;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::{SteeringProgram, SteeringStats};
-use cheetah_daemon::dataplane::xdp_layout::STAT_UP_NEXT_HOP;
 use cheetah_daemon::dataplane::xdp_layout::UP_REASONS;
+use cheetah_daemon::dataplane::xdp_layout::{FALLBACK_WAYS, STAT_UP_NEXT_HOP};
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use cheetah_daemon::dataplane::Interface;
 
@@ -61,7 +61,7 @@ fn enter_new_namespace() -> [Interface; 2] {
 /// The program with a plain-hash l2 LB published (replies need no clock), as `cheetah
 /// run` publishes it.
 fn load(interfaces: &[Interface; 2]) -> (SteeringProgram, ControlPlane) {
-    let program = SteeringProgram::load().expect("the verifier refused bpf/xdp_lb.c");
+    let program = SteeringProgram::load(FALLBACK_WAYS).expect("the verifier refused bpf/xdp_lb.c");
     for interface in interfaces {
         program
             .set_interface_slot(interface.ifindex, interface.slot)
@@ -76,6 +76,8 @@ fn load(interfaces: &[Interface; 2]) -> (SteeringProgram, ControlPlane) {
         interfaces,
         sides: &[Ingress::ServerSide, Ingress::ClientSide],
         fast_path: true,
+        fallback_sets: plane.shared().fallback.sets(),
+        clock_base_ns: 0,
     };
     // This thread's namespace's tables: /proc/net is the process's first thread's.
     let routes = std::fs::read_to_string(Path::new("/proc/thread-self/net/route")).unwrap();

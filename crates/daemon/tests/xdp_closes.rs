@@ -61,11 +61,12 @@ struct Lb {
 impl Lb {
     fn new() -> Self {
         enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
-        let program = SteeringProgram::load().expect("the verifier refused bpf/xdp_lb.c");
+        let config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 3);
+        let program = SteeringProgram::load(config.fallback_table_capacity)
+            .expect("the verifier refused bpf/xdp_lb.c");
         let words = program.kernel_words().unwrap();
         let closes = program.close_words().unwrap();
-        let config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 3);
-        let mut plane = ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout| {
+        let mut plane = ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout, _| {
             words.tables(layout)
         })
         .unwrap();
@@ -85,6 +86,8 @@ impl Lb {
             interfaces: &[servers.clone(), clients],
             sides: &[Ingress::ServerSide, Ingress::ClientSide],
             fast_path: true,
+            fallback_sets: plane.shared().fallback.sets(),
+            clock_base_ns: 0,
         };
         // This thread's namespace's tables: /proc/net is the process's first thread's.
         let read = |path: &str| std::fs::read_to_string(Path::new(path)).unwrap();

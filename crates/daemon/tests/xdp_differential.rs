@@ -56,6 +56,7 @@ use cheetah_core::lb::{Counter, Ingress, Worker};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{parse_mac, ServerId, NANOS_PER_SEC};
 use cheetah_core::verdict::{DropReason, Verdict};
+use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::xdp_layout::{
     STAT_FAST_CLIENT_SYN, STAT_FAST_CLIENT_SYN_RETRANSMITTED, STAT_FAST_ICMP_COOKIE,
     STAT_FAST_ICMP_PICK, STAT_FAST_SERVER_CLOSE,
@@ -485,8 +486,14 @@ fn the_kernel_does_what_the_core_does_or_hands_the_frame_up_unchanged() {
         corpus.len(),
         everything.len()
     );
+    // One program for every suite: its fallback table sized for the largest of theirs.
+    let fallback_capacity = suites
+        .iter()
+        .map(|s| s.config.fallback_table_capacity)
+        .max()
+        .expect("suites");
     let mut kernels = [NextHops::Empty, NextHops::Mirrored].map(|n| {
-        let kernel = Kernel::load(&topology, n);
+        let kernel = Kernel::load(&topology, n, fallback_capacity);
         let words = SharedWords::of(&kernel.program);
         eprintln!(
             "xdp_differential: next_hops {n:?}: shared words compared: {}",
@@ -520,6 +527,9 @@ fn the_kernel_does_what_the_core_does_or_hands_the_frame_up_unchanged() {
             &suite.secret,
             &suite.file.removed_servers,
             &[],
+            // The fallback path's clock starts at the block's first `now`; its refreshes
+            // are not compared (the fallback map is no one-entry array).
+            monotonic_ns() - 10 * NANOS_PER_SEC,
         );
         let ids: Vec<ServerId> = suite
             .config

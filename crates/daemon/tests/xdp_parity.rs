@@ -58,9 +58,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use cheetah_core::config::{LbConfig, Mode};
-use cheetah_core::lb::{Counter, Ingress, Worker};
+use std::sync::Arc;
+
+use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
+use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::ServerId;
 use cheetah_core::verdict::Verdict;
+use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::xdp_layout::*;
 
 #[path = "shared/root.rs"]
@@ -119,6 +123,7 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-fin-retransmitted",
             "server-rst-after-fin",
             "icmp-frag-needed-cookie",
+            "no-timestamps-ack-after-syn",
         ],
     ),
     (
@@ -223,7 +228,14 @@ fn judge(
     let icmp = stat == STAT_FAST_ICMP_COOKIE || stat == STAT_FAST_ICMP_PICK;
     let direction_ok = match verdict {
         Verdict::ToServer(_) => {
-            stat == STAT_FAST_CLIENT_COOKIE || stat == STAT_FAST_CLIENT_PICK || syn || icmp
+            [
+                STAT_FAST_CLIENT_COOKIE,
+                STAT_FAST_CLIENT_PICK,
+                STAT_FAST_CLIENT_FALLBACK,
+            ]
+            .contains(&stat)
+                || syn
+                || icmp
         }
         _ => toward_client,
     };
@@ -374,7 +386,7 @@ struct WordsRun {
 
 fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteReport {
     let mut report = SuiteReport::default();
-    let program = Kernel::load(topology, next_hops);
+    let program = Kernel::load(topology, next_hops, suite.config.fallback_table_capacity);
     let mut shared = SharedWords::of(&program.program);
     let every_id: Vec<ServerId> = (0..ServerId::SPACE as u32)
         .map(|id| ServerId(id as u16))
@@ -386,6 +398,9 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
             &suite.secret,
             &suite.file.removed_servers,
             &vector.msb_import(),
+            // The fallback path's `now` about the vector's (a few ms later): the same time
+            // unit of the fallback table for all but a vector at a unit's end.
+            monotonic_ns() - vector.now_ns,
         );
         let mut packets: Vec<(String, u64, &str, &str)> = vector
             .prelude
@@ -555,3 +570,154 @@ fn every_vector_gives_the_cores_bytes_in_the_kernel_or_goes_up_unchanged() {
 
 /// `UP_REASONS`' label of `STAT_UP_CLOCK`: the one reason a second sending can change.
 const CLOCK: &str = "clock";
+
+// --- The fallback table, one for the kernel and the core ----------------------------------
+
+/// The fallback table's time unit (2^30 ns, core lb/fallback.rs).
+const UNIT_SHIFT: u32 = 30;
+
+/// A client without timestamps, in l2-cheetah's vectors: its SYN (placed by Maglev through
+/// the core, which remembers it in the table over the kernel's words), then its ACK and a
+/// RST without ACK, both of the same flow, must be forwarded by the kernel from that table
+/// with the bytes and counters the core gives them, and the kernel's refresh of the flow's
+/// time must be the word the core writes. A flow the table does not know, and a flow
+/// whose server was removed, go up unchanged.
+#[test]
+fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_parity: needs root ***\n");
+        return;
+    }
+    let topology = enter_new_namespace();
+    let dir = suite_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("l2-cheetah"))
+        .expect("the l2-cheetah vectors");
+    let suite = load_suite(&dir);
+    let vector = |name: &str| {
+        suite
+            .file
+            .vector
+            .iter()
+            .find(|v| v.name == name)
+            .unwrap_or_else(|| panic!("l2-cheetah has no vector {name}"))
+    };
+    let after_syn = vector("no-timestamps-ack-after-syn");
+    let syn = unhex(&after_syn.prelude[0].packet_in);
+    let ack = unhex(&after_syn.packet_in);
+    let rst = unhex(&vector("client-rst-without-timestamps").packet_in);
+    assert_eq!(ack[26..38], rst[26..38], "the ACK and the RST are one flow");
+    // The SYN five units before the segments; the kernel's clock mid-unit, so that a run
+    // of the test stays in one unit.
+    let unit = 1000u64;
+    let syn_at = (unit - 5) << UNIT_SHIFT;
+    let now = (unit << UNIT_SHIFT) + (1 << (UNIT_SHIFT - 1));
+    let kernel = Kernel::load(
+        &topology,
+        NextHops::Empty,
+        suite.config.fallback_table_capacity,
+    );
+    let clock_base_ns = monotonic_ns() - now;
+    let ids: Vec<ServerId> = suite
+        .config
+        .servers
+        .iter()
+        .map(|s| ServerId(s.id))
+        .collect();
+    let (mut plane, mut worker) = kernel.pipeline(
+        &topology,
+        &suite.config,
+        &suite.secret,
+        &suite.file.removed_servers,
+        &after_syn.msb_import(),
+        clock_base_ns,
+    );
+    // The reference: the same packets through a core alone, at the same times.
+    let reference_plane = ControlPlane::new(&suite.config, &suite.secret).unwrap();
+    let mut reference = Worker::new(
+        Arc::clone(reference_plane.shared()),
+        WorkerConfig::new(0, 1, &suite.config),
+    );
+
+    // The SYN: a new connection, placed by the core (Maglev: no timestamp), which
+    // remembers it.
+    let up = kernel.run(topology.servers, &syn, &ids, syn_at);
+    assert_eq!((up.fast_moved(), &up.up[..]), (0, &["new_connection"][..]));
+    assert_eq!(up.frame, syn, "a SYN goes up unchanged");
+    let placed = worker.process(&mut syn.clone(), syn_at, Ingress::ServerSide);
+    assert_eq!(
+        reference.process(&mut syn.clone(), syn_at, Ingress::ServerSide),
+        placed
+    );
+    let table = &plane.shared().fallback;
+    assert_eq!(table.len(), 1, "the core's SYN is in the kernel's words");
+    assert_eq!(table.export(now)[0].idle_units, 5);
+
+    // Its ACK and its RST: forwarded by the kernel from the core's entry.
+    for (what, segment) in [("ACK", &ack), ("RST without ACK", &rst)] {
+        let run = kernel.run(topology.servers, segment, &ids, now);
+        let core = CoreRun::of(&mut reference, segment, now);
+        assert_eq!(
+            core.verdict, placed,
+            "{what}: the core routes it by the table"
+        );
+        assert_eq!(
+            (run.fast_stat(), run.fast_moved(), &run.up[..]),
+            (STAT_FAST_CLIENT_FALLBACK, 1, &[][..] as &[&str]),
+            "{what}: handled in the kernel as a fallback hit"
+        );
+        let (action, expected) = after_egress(
+            &topology,
+            &suite.config,
+            topology.servers,
+            core.verdict,
+            &core.frame,
+        )
+        .unwrap();
+        assert_eq!(run.action, action, "{what}");
+        assert_eq!(hex(&run.frame), hex(&expected), "{what}: the core's bytes");
+        assert_eq!(run.counted(), core.counted, "{what}: what the core counts");
+        let Verdict::ToServer(server) = core.verdict else {
+            unreachable!()
+        };
+        let traffic: Vec<u16> = run.traffic.iter().map(|t| t.server).collect();
+        assert_eq!(traffic, [server.0], "{what}: the server's traffic");
+        // The kernel refreshed the flow's time as the core's lookup did (the same word:
+        // the same flows with the same idle times, at any instant).
+        assert_eq!(
+            table.export(now),
+            reference_plane.shared().fallback.export(now),
+            "{what}: the kernel's refresh is the core's"
+        );
+        assert_eq!(table.export(now)[0].idle_units, 0, "{what}: refreshed");
+    }
+
+    // Another client port: not in the table. Up unchanged; the core asks Maglev.
+    let mut stranger = ack.clone();
+    stranger[34..36].copy_from_slice(&0x9c41u16.to_be_bytes());
+    let run = kernel.run(topology.servers, &stranger, &ids, now);
+    assert_eq!((run.fast_moved(), &run.up[..]), (0, &["fallback_miss"][..]));
+    assert_eq!(run.frame, stranger, "a miss goes up unchanged");
+    let core = CoreRun::of(&mut worker, &stranger, now);
+    assert!(
+        matches!(core.verdict, Verdict::ToServer(_)),
+        "{:?}",
+        core.verdict
+    );
+    assert!(core.counted.contains(&Counter::FallbackMisses));
+
+    // Its server removed: the core drops the segment and forgets the flow; the kernel
+    // leaves both to it.
+    let Verdict::ToServer(server) = placed else {
+        panic!("the SYN was placed: {placed:?}")
+    };
+    plane.remove_server(server.0, now).unwrap();
+    kernel.publish(&topology, &plane, clock_base_ns);
+    worker.tick(now);
+    let run = kernel.run(topology.servers, &ack, &ids, now);
+    assert_eq!((run.fast_moved(), &run.up[..]), (0, &["cookie"][..]));
+    assert_eq!(run.frame, ack, "goes up unchanged");
+    let verdict = worker.process(&mut ack.clone(), now, Ingress::ServerSide);
+    assert_eq!(verdict_name(verdict), "drop:fallback_server_removed");
+    assert!(plane.shared().fallback.is_empty());
+}

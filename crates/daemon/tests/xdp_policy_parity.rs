@@ -255,14 +255,15 @@ struct Lb {
 
 fn set_up(config: &LbConfig) -> Lb {
     let secret = Secret([0x5a; 16]);
-    let program = SteeringProgram::load().expect("the verifier refused bpf/xdp_lb.c");
+    let program = SteeringProgram::load(config.fallback_table_capacity)
+        .expect("the verifier refused bpf/xdp_lb.c");
     let servers = interface(&SERVERS, 0);
     let clients = interface(&CLIENTS, 1);
     program.set_interface_slot(servers.ifindex, 0).unwrap();
     program.set_interface_slot(clients.ifindex, 1).unwrap();
     let words = program.kernel_words().unwrap();
     let kernel_plane =
-        ControlPlane::new_with_tables(config, &secret, &|layout| words.tables(layout)).unwrap();
+        ControlPlane::new_with_tables(config, &secret, &|layout, _| words.tables(layout)).unwrap();
     let core_plane = ControlPlane::new_with_tables(config, &secret, &SharedTables::new).unwrap();
     let snapshot = kernel_plane.shared().snapshot.load();
     let servers_ifindex = servers.ifindex;
@@ -273,6 +274,8 @@ fn set_up(config: &LbConfig) -> Lb {
         interfaces: &interfaces,
         sides: &[Ingress::ServerSide, Ingress::ClientSide],
         fast_path: true,
+        fallback_sets: kernel_plane.shared().fallback.sets(),
+        clock_base_ns: 0,
     };
     let mut worker_config = WorkerConfig::new(0, 1, config);
     worker_config.seed = RNG_SEED;

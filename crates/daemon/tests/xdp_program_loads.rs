@@ -35,7 +35,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 24;
+const STAT_COUNT: u32 = 26;
 const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
@@ -51,7 +51,8 @@ const LOOPBACK_IFINDEX: u32 = 1;
 /// Sizes of the shared structs, as the C compiler lays them out (cheetah_shared.h).
 const BACKEND_KEY: u32 = 8; // addr, port, pad
 const BACKEND_INFO: u32 = 4; // server, vip_index
-const LB_CONFIG: u32 = 20; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq
+const LB_CONFIG: u32 = 32; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq, fallback_mask, clock_base_ns
+const FALLBACK_SET: u32 = 64; // way[8]
 const VIP_KEY: u32 = 8; // addr, port, protocol, pad
 const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64], policy, pad[3]
 const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[6]
@@ -109,14 +110,17 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
         return;
     }
-    // The daemon's own loader takes it.
-    SteeringProgram::load().expect("SteeringProgram::load");
+    // The daemon's own loader takes it, and sizes the fallback table as the core rounds
+    // the config's capacity: 1000 flows -> 1024 -> 128 sets.
+    let sized = SteeringProgram::load(1000).expect("SteeringProgram::load");
+    assert_eq!(sized.try_map("fallback").unwrap().max_entries(), 128);
+    assert_eq!(sized.fallback_words().unwrap().capacity(), 1024);
 
     let object = load();
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 24] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 25] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -173,6 +177,15 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             MapType::Array,
             4,
             4 * CLOSE_SLOTS,
+            1,
+            BPF_F_MMAPABLE,
+        ),
+        // One set per entry, sized at load time (one entry as compiled).
+        (
+            "fallback",
+            MapType::Array,
+            4,
+            FALLBACK_SET,
             1,
             BPF_F_MMAPABLE,
         ),

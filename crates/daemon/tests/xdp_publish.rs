@@ -20,7 +20,7 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::wire::tcp::flags::ACK;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
-use cheetah_daemon::dataplane::xdp_layout::STAT_UP_PUBLISHING;
+use cheetah_daemon::dataplane::xdp_layout::{FALLBACK_WAYS, STAT_UP_PUBLISHING};
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher, Wanted};
 use cheetah_daemon::dataplane::Interface;
 use libbpf_rs::{MapCore, MapFlags};
@@ -83,6 +83,8 @@ fn tables(subnet: u8, pool: &[u16]) -> Wanted {
         interfaces: &[lo],
         sides: &[Ingress::ServerSide],
         fast_path: true,
+        fallback_sets: plane.shared().fallback.sets(),
+        clock_base_ns: 0,
     };
     wanted(&publication, ROUTES_VIA_LO, "")
 }
@@ -117,7 +119,7 @@ fn no_packet_sees_half_of_a_publication() {
         eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
         return;
     }
-    let program = SteeringProgram::load().unwrap();
+    let program = SteeringProgram::load(FALLBACK_WAYS).unwrap();
     // Other addresses, other MACs, another pool (of another size): almost every
     // connection goes elsewhere, and a mix of the two is a third answer.
     let first = tables(20, &[1, 2, 3, 4]);

@@ -65,6 +65,8 @@ fn publish(
         interfaces: &[lo],
         sides: &[Ingress::ServerSide],
         fast_path,
+        fallback_sets: plane.shared().fallback.sets(),
+        clock_base_ns: 0,
     };
     publisher
         .write(program, wanted(&publication, ROUTES_VIA_LO, ""))
@@ -77,11 +79,11 @@ fn the_kernel_forwards_by_the_published_tables_and_the_shared_clock() {
         eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
         return;
     }
-    let program = SteeringProgram::load().unwrap();
-    let words = program.kernel_words().unwrap();
     let config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 3);
+    let program = SteeringProgram::load(config.fallback_table_capacity).unwrap();
+    let words = program.kernel_words().unwrap();
     let plane =
-        ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout| words.tables(layout))
+        ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout, _| words.tables(layout))
             .unwrap();
     let shared = plane.shared();
     let server = ServerId(2);

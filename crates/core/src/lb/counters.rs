@@ -91,16 +91,22 @@ pub enum Bundle {
     /// [`ClientSyn`](Bundle::ClientSyn) for a SYN the handshake table recognised as
     /// retransmitted (`STAT_FAST_CLIENT_SYN_RETRANSMITTED`).
     ClientSynRetransmitted,
+    /// A client segment without a timestamp option (no TCP options at all) routed by the
+    /// shared fallback table. The core counts it counter by counter on its general path
+    /// (the option walk finds no timestamp); only the XDP program's in-kernel path counts
+    /// it as a bundle (`STAT_FAST_CLIENT_FALLBACK`).
+    ClientFallback,
 }
 
 impl Bundle {
-    pub const ALL: [Bundle; 6] = [
+    pub const ALL: [Bundle; 7] = [
         Bundle::ClientCookie,
         Bundle::ClientPick,
         Bundle::ServerCookie,
         Bundle::ServerPlain,
         Bundle::ClientSyn,
         Bundle::ClientSynRetransmitted,
+        Bundle::ClientFallback,
     ];
     const COUNT: usize = Self::ALL.len();
 
@@ -130,6 +136,11 @@ impl Bundle {
                 Counter::OptionsFastPath,
                 Counter::NewConnections,
                 Counter::SynRetransmissions,
+                Counter::ToServer,
+            ],
+            Bundle::ClientFallback => &[
+                Counter::OptionsSlowPath,
+                Counter::FallbackHits,
                 Counter::ToServer,
             ],
         }

@@ -73,6 +73,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::types::{Nanos, ServerId};
+use crate::words::Words;
 
 /// Default number of flows the table holds (8 MiB).
 pub const DEFAULT_CAPACITY: usize = 1 << 20;
@@ -97,9 +98,13 @@ const SERVER_SHIFT: u32 = 48;
 const SERVER_MASK: u64 = ServerId::MAX as u64;
 const VALID: u64 = 1 << 63;
 
-/// One set: a cache line of words.
+/// One set: a cache line of words. The XDP program's `fallback` map holds the same sets
+/// (`struct fallback_set`, bpf/include/cheetah_shared.h), one per entry.
 #[repr(C, align(64))]
 struct Set([AtomicU64; WAYS]);
+
+/// Bytes of a set: a word array handed to [`FallbackTable::with_words`] must be aligned to it.
+pub const SET_BYTES: usize = std::mem::size_of::<Set>();
 
 impl Set {
     fn empty() -> Self {
@@ -170,7 +175,7 @@ fn unit_of(word: u64) -> u64 {
 /// The caller passes the keyed flow hash of the connection (the same hash for the same
 /// connection every time); `now` is the pipeline's clock.
 pub struct FallbackTable {
-    sets: Box<[Set]>,
+    sets: Words<Set>,
     /// `sets.len() - 1`; the set count is a power of two.
     mask: usize,
 }
@@ -201,9 +206,39 @@ impl FallbackTable {
         );
         let sets = Self::rounded_capacity(capacity) / WAYS;
         FallbackTable {
-            sets: (0..sets).map(|_| Set::empty()).collect(),
+            sets: Words::owned((0..sets).map(|_| Set::empty()).collect()),
             mask: sets - 1,
         }
+    }
+
+    /// A table over the caller's words, which live as long as the process: the XDP
+    /// program's mmapped `fallback` array, so that the kernel looks flows up in the table
+    /// the workers fill. The words are cleared: a table starts knowing no flow.
+    ///
+    /// # Panics
+    /// Unless `words.len()` is a power of two of at least [`WAYS`] and at most
+    /// [`MAX_CAPACITY`], and the words start on a [`SET_BYTES`] boundary (a mapping does).
+    pub fn with_words(words: &'static [AtomicU64]) -> Self {
+        assert!(
+            words.len().is_power_of_two() && (WAYS..=MAX_CAPACITY).contains(&words.len()),
+            "a fallback table has a power of two of words in {WAYS}..={MAX_CAPACITY}, not {}",
+            words.len()
+        );
+        assert!(
+            (words.as_ptr() as usize).is_multiple_of(SET_BYTES),
+            "fallback table words must be {SET_BYTES}-byte aligned"
+        );
+        let sets = words.len() / WAYS;
+        // SAFETY: `Set` is `repr(C)` over `[AtomicU64; WAYS]`, so `sets` sets are exactly
+        // the `words.len()` words, which are aligned for it (checked above) and `'static`.
+        let sets_view: &'static [Set] =
+            unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<Set>(), sets) };
+        let table = FallbackTable {
+            sets: Words::borrowed(sets_view),
+            mask: sets - 1,
+        };
+        table.clear();
+        table
     }
 
     /// Number of flows the table holds before it starts evicting (at most; see the module
@@ -514,6 +549,41 @@ mod tests {
             Insert::Evicted
         );
         assert_eq!(table.peek(hash(1, 2)), None);
+    }
+
+    /// `count` words aligned to a set, that live for the rest of the test process.
+    fn leaked_words(count: usize) -> &'static [AtomicU64] {
+        let sets: &'static [Set] = Box::leak((0..count / WAYS).map(|_| Set::empty()).collect());
+        // SAFETY: a `Set` is `WAYS` words.
+        unsafe { std::slice::from_raw_parts(sets.as_ptr().cast::<AtomicU64>(), count) }
+    }
+
+    #[test]
+    fn a_table_over_borrowed_words_keeps_its_flows_in_them() {
+        let words = leaked_words(32);
+        words[9].store(0xdead, Relaxed);
+        let table = FallbackTable::with_words(words);
+        assert_eq!(table.sets(), 4);
+        assert!(table.is_empty(), "the words are cleared");
+        let h = hash(1, 77);
+        assert_eq!(table.insert(h, ServerId(12), at(3)), Insert::Added);
+        // Set 1, way 0: the word a lookup elsewhere (the XDP program) reads.
+        assert_eq!(words[WAYS].load(Relaxed), pack(77, ServerId(12), 3));
+        drop(table);
+        assert_eq!(words[WAYS].load(Relaxed), pack(77, ServerId(12), 3));
+        assert_eq!(FallbackTable::with_words(words).lookup(h, at(3)), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "power of two")]
+    fn borrowed_words_come_in_whole_sets() {
+        FallbackTable::with_words(&leaked_words(16)[..12]);
+    }
+
+    #[test]
+    #[should_panic(expected = "aligned")]
+    fn borrowed_words_start_on_a_set() {
+        FallbackTable::with_words(&leaked_words(24)[1..17]);
     }
 
     #[test]

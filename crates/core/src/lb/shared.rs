@@ -11,19 +11,24 @@ use crate::policy::SharedLoads;
 use crate::tables::{Snapshot, SnapshotCell};
 
 /// The tables of an [`LbShared`] that may live in memory the XDP program shares (the
-/// clock table's packet words, the handshake table), made for a plane by the caller of
-/// `ControlPlane::new_with_tables` for the config's cookie layout.
+/// clock table's packet words, the handshake table, the fallback table), made for a plane
+/// by the caller of `ControlPlane::new_with_tables` for the config's cookie layout and
+/// `fallback_table_capacity`.
 pub struct SharedTables {
     pub msb: MsbTable,
     pub handshakes: HandshakeTable,
+    pub fallback: FallbackTable,
 }
 
 impl SharedTables {
-    /// Both tables in this process's own memory, at their default sizes.
-    pub fn new(layout: CookieLayout) -> Self {
+    /// Every table in this process's own memory: the handshake table at its default size,
+    /// the fallback table for `fallback_capacity` flows (rounded as
+    /// [`FallbackTable::rounded_capacity`] says).
+    pub fn new(layout: CookieLayout, fallback_capacity: usize) -> Self {
         SharedTables {
             msb: MsbTable::new(layout),
             handshakes: HandshakeTable::default(),
+            fallback: FallbackTable::with_capacity(fallback_capacity),
         }
     }
 }
@@ -59,9 +64,8 @@ impl LbShared {
     ) -> Self {
         Self::with_tables(
             secret,
-            SharedTables::new(layout),
+            SharedTables::new(layout, fallback_capacity),
             snapshot,
-            fallback_capacity,
         )
     }
 
@@ -77,26 +81,16 @@ impl LbShared {
         let tables = SharedTables {
             msb: MsbTable::new(layout),
             handshakes: HandshakeTable::with_slots(slots),
+            fallback: FallbackTable::with_capacity(fallback_capacity),
         };
-        Self::with_sizes(secret, tables, snapshot, slots, fallback_capacity)
+        Self::with_sizes(secret, tables, snapshot, slots)
     }
 
     /// [`new`](LbShared::new) with `tables` (e.g. over words shared with the XDP program,
-    /// [`MsbTable::with_words`], [`HandshakeTable::with_words`]); the cookie layout is
-    /// the clock table's.
-    pub fn with_tables(
-        secret: &Secret,
-        tables: SharedTables,
-        snapshot: Snapshot,
-        fallback_capacity: usize,
-    ) -> Self {
-        Self::with_sizes(
-            secret,
-            tables,
-            snapshot,
-            closes::DEFAULT_SLOTS,
-            fallback_capacity,
-        )
+    /// [`MsbTable::with_words`], [`HandshakeTable::with_words`],
+    /// [`FallbackTable::with_words`]); the cookie layout is the clock table's.
+    pub fn with_tables(secret: &Secret, tables: SharedTables, snapshot: Snapshot) -> Self {
+        Self::with_sizes(secret, tables, snapshot, closes::DEFAULT_SLOTS)
     }
 
     fn with_sizes(
@@ -104,9 +98,12 @@ impl LbShared {
         tables: SharedTables,
         snapshot: Snapshot,
         close_slots: usize,
-        fallback_capacity: usize,
     ) -> Self {
-        let SharedTables { msb, handshakes } = tables;
+        let SharedTables {
+            msb,
+            handshakes,
+            fallback,
+        } = tables;
         let layout = msb.layout();
         LbShared {
             snapshot: SnapshotCell::new(snapshot),
@@ -114,7 +111,7 @@ impl LbShared {
             msb,
             handshakes,
             closes: CloseFilter::with_slots(close_slots),
-            fallback: FallbackTable::with_capacity(fallback_capacity),
+            fallback,
             hasher: FlowHasher::new(secret),
             secret_fingerprint: secret.fingerprint(layout),
         }

@@ -15,6 +15,7 @@ use super::xdp::{
 };
 use super::xdp_layout::*;
 use cheetah_core::cookie::msb::{BEYOND_IDLE_LIMIT, COOKIES, KNOWN};
+use cheetah_core::lb::fallback;
 use cheetah_core::types::ServerId;
 
 const HEADER: &str = concat!(
@@ -138,6 +139,11 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("STAT_FAST_ICMP_PICK", STAT_FAST_ICMP_PICK as usize),
         ("STAT_UP_ICMP", STAT_UP_ICMP as usize),
         (
+            "STAT_FAST_CLIENT_FALLBACK",
+            STAT_FAST_CLIENT_FALLBACK as usize,
+        ),
+        ("STAT_UP_FALLBACK_MISS", STAT_UP_FALLBACK_MISS as usize),
+        (
             "STAT_COUNT",
             stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1 + FAST_EVENTS.len(),
         ),
@@ -161,7 +167,11 @@ fn rust_side() -> BTreeMap<String, u64> {
         // The kernel reads the core's clock words as they are: the flags are the core's.
         ("MSB_KNOWN", KNOWN as usize),
         ("MSB_BEYOND_IDLE_LIMIT", BEYOND_IDLE_LIMIT as usize),
+        ("FALLBACK_WAYS", FALLBACK_WAYS),
     ];
+    // The kernel's fallback sets are the core's.
+    assert_eq!(FALLBACK_WAYS, fallback::WAYS);
+    assert_eq!(size_of::<FallbackSet>(), fallback::SET_BYTES);
     // Sizes the core's clock table and the kernel's arrays must share.
     assert_eq!(SERVER_ID_SPACE, ServerId::SPACE);
     assert_eq!(COOKIE_SPACE, COOKIES);
@@ -194,8 +204,11 @@ fn rust_side() -> BTreeMap<String, u64> {
         id_mask,
         pad2,
         generation,
-        publish_seq
+        publish_seq,
+        fallback_mask,
+        clock_base_ns
     ));
+    values.extend(layout!(FallbackSet, "struct fallback_set", way));
     values.extend(layout!(VipKey, "struct vip_key", addr, port, protocol, pad));
     values.extend(layout!(
         VipInfo,

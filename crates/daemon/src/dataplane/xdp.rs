@@ -7,13 +7,14 @@
 
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::OnceLock;
 
 use cheetah_core::cookie::msb::COOKIES;
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::cookie::{MsbTable, SharedWords};
 use cheetah_core::lb::closes::{CloseFilter, DEFAULT_SLOTS as CLOSE_SLOTS};
+use cheetah_core::lb::fallback::{FallbackTable, WAYS};
 use cheetah_core::lb::handshakes::HandshakeTable;
 use cheetah_core::lb::SharedTables;
 use cheetah_core::types::ServerId;
@@ -25,7 +26,7 @@ use super::xdp_layout::{
 };
 
 use anyhow::{bail, Context};
-use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
+use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, OpenObject, Xdp, XdpFlags};
 
 static PROGRAM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_lb.o"));
 
@@ -79,10 +80,13 @@ pub struct SteeringProgram {
 }
 
 impl SteeringProgram {
-    pub fn load() -> anyhow::Result<Self> {
-        let open = ObjectBuilder::default()
+    /// Loads the program with a fallback table for `fallback_capacity` flows (the config's
+    /// `fallback_table_capacity`, rounded as `FallbackTable::rounded_capacity` says).
+    pub fn load(fallback_capacity: usize) -> anyhow::Result<Self> {
+        let mut open = ObjectBuilder::default()
             .open_memory(PROGRAM)
             .context("cannot open the embedded XDP program")?;
+        size_fallback(&mut open, fallback_capacity)?;
         let object = open
             .load()
             .context("the kernel refused the XDP program (needs root, BPF and XDP support)")?;
@@ -146,6 +150,7 @@ impl SteeringProgram {
             seen: self.mmap_value("msb_seen")?,
             restores: self.mmap_value("msb_restores")?,
             handshakes: self.mmap_value("handshakes")?,
+            fallback: self.fallback_words()?,
         })
     }
 
@@ -155,6 +160,29 @@ impl SteeringProgram {
     pub fn close_words(&self) -> anyhow::Result<CloseWords> {
         Ok(CloseWords {
             words: self.mmap_value("closes")?,
+        })
+    }
+
+    /// The program's `fallback` array (one set of the table per entry), mapped into this
+    /// process for the core's fallback table (`FallbackTable::with_words`): the kernel
+    /// looks flows up in the words the workers insert into. Mapped for the rest of the
+    /// process, like the clock words.
+    pub fn fallback_words(&self) -> anyhow::Result<FallbackWords> {
+        let map = self.try_map("fallback")?;
+        let set_bytes = WAYS * 8;
+        if map.value_size() as usize != set_bytes {
+            bail!(
+                "map fallback holds values of {} bytes; a set of the fallback table is {set_bytes}",
+                map.value_size()
+            );
+        }
+        let words = map.max_entries() as usize * WAYS;
+        let at = self.mmap_bytes("fallback", words * 8)?;
+        // SAFETY: page-aligned, `words` * 8 bytes long (an array's 64-byte values are
+        // contiguous), mapped for the rest of the process; AtomicU64 has u64's layout, and
+        // the kernel's accesses are atomic.
+        Ok(FallbackWords {
+            words: unsafe { std::slice::from_raw_parts(at.cast::<AtomicU64>(), words) },
         })
     }
 
@@ -171,11 +199,23 @@ impl SteeringProgram {
                 map.value_size(),
             );
         }
+        let at = self.mmap_bytes(name, size)?;
+        // SAFETY: page-aligned, `size` bytes long, mapped for the rest of the process (see
+        // `kernel_words`); every `T` here is made of atomics with their integers' layout
+        // (the C struct's, by shared_layout_tests), and the kernel's accesses are atomic.
+        Ok(unsafe { &*(at as *const T) })
+    }
+
+    /// The first `bytes` bytes of the BPF_F_MMAPABLE array `name`, mapped shared and never
+    /// unmapped (see `kernel_words`).
+    fn mmap_bytes(&self, name: &str, bytes: usize) -> anyhow::Result<*mut libc::c_void> {
+        let map = self.try_map(name)?;
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let len = size.div_ceil(page) * page;
-        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose first `size` bytes
-        // are its one value; the kernel refuses the call for any other map.
+        let len = bytes.div_ceil(page) * page;
+        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose values start at
+        // offset 0; the caller asks for no more bytes than its values hold, and the kernel
+        // refuses the call for any other map.
         let at = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -190,10 +230,7 @@ impl SteeringProgram {
             return Err(std::io::Error::last_os_error())
                 .with_context(|| format!("cannot mmap the XDP program's {name} map"));
         }
-        // SAFETY: page-aligned, `size` bytes long, mapped for the rest of the process (see
-        // `kernel_words`); every `T` here is made of atomics with their integers' layout
-        // (the C struct's, by shared_layout_tests), and the kernel's accesses are atomic.
-        Ok(unsafe { &*(at as *const T) })
+        Ok(at)
     }
 
     /// Tells the program where the core's clock starts (`struct lb_clock`): the
@@ -439,11 +476,13 @@ pub struct KernelWords {
     seen: &'static [AtomicU32; ServerId::SPACE],
     restores: &'static [AtomicU32; COOKIES],
     handshakes: &'static HandshakeWords,
+    fallback: FallbackWords,
 }
 
 impl KernelWords {
-    /// A clock table and a handshake table over these words (for
-    /// `ControlPlane::new_with_tables`), which they clear.
+    /// A plane's clock, handshake and fallback tables over these words (a `TablesMaker`'s
+    /// answer, for `ControlPlane::new_with_tables`), which they clear. The fallback map was
+    /// sized when the program was loaded, for the same config's capacity.
     pub fn tables(self, layout: CookieLayout) -> SharedTables {
         SharedTables {
             msb: MsbTable::with_words(
@@ -452,7 +491,13 @@ impl KernelWords {
                 SharedWords::borrowed(self.restores),
             ),
             handshakes: HandshakeTable::with_words(&self.handshakes.slot, &self.handshakes.retry),
+            fallback: self.fallback.table(),
         }
+    }
+
+    /// Flows the shared fallback table holds.
+    pub fn fallback_capacity(self) -> usize {
+        self.fallback.capacity()
     }
 }
 
@@ -474,9 +519,41 @@ impl CloseWords {
     }
 }
 
+/// The XDP program's fallback table words, mapped for the rest of the process.
+#[derive(Clone, Copy)]
+pub struct FallbackWords {
+    words: &'static [AtomicU64],
+}
+
+impl FallbackWords {
+    /// A fallback table over these words (cleared), for a plane's `SharedTables`.
+    pub fn table(self) -> FallbackTable {
+        FallbackTable::with_words(self.words)
+    }
+
+    /// Flows the table holds: what the map was sized to at load time.
+    pub fn capacity(self) -> usize {
+        self.words.len()
+    }
+}
+
+/// Sizes the `fallback` map of an opened (not yet loaded) object that carries the LB's
+/// maps to hold `fallback_capacity` flows, rounded as the core's table rounds it.
+pub fn size_fallback(open: &mut OpenObject, fallback_capacity: usize) -> anyhow::Result<()> {
+    let sets = FallbackTable::rounded_capacity(fallback_capacity) / WAYS;
+    let sets = u32::try_from(sets).context("fallback_table_capacity: too big for a BPF map")?;
+    let mut map = open
+        .maps_mut()
+        .find(|m| m.name() == "fallback")
+        .context("map fallback is missing from the XDP program")?;
+    map.set_max_entries(sets)
+        .context("cannot size the XDP program's fallback map")
+}
+
 /// Takes any XDP program off `ifindex` (both modes).
 pub fn detach(ifname: &str, ifindex: u32) -> anyhow::Result<()> {
-    let program = SteeringProgram::load()?;
+    // The smallest table: only the program's fd is needed.
+    let program = SteeringProgram::load(WAYS)?;
     let prog = program.program();
     let xdp = Xdp::new(prog.as_fd());
     let native = xdp.detach(ifindex as i32, XdpFlags::DRV_MODE);

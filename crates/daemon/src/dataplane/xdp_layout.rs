@@ -50,7 +50,7 @@ pub const STAT_FAST_SERVER_COOKIE: u32 = 6;
 pub const STAT_FAST_SERVER_PLAIN: u32 = 7;
 /// Each `STAT_FAST_*` counter and the core bundle its packets stand for: metrics add it to
 /// every counter of the bundle (`Bundle::counters`), under the core's names.
-pub const FAST_BUNDLES: [(u32, Bundle); 6] = [
+pub const FAST_BUNDLES: [(u32, Bundle); 7] = [
     (STAT_FAST_CLIENT_COOKIE, Bundle::ClientCookie),
     (STAT_FAST_CLIENT_PICK, Bundle::ClientPick),
     (STAT_FAST_SERVER_COOKIE, Bundle::ServerCookie),
@@ -60,6 +60,7 @@ pub const FAST_BUNDLES: [(u32, Bundle); 6] = [
         STAT_FAST_CLIENT_SYN_RETRANSMITTED,
         Bundle::ClientSynRetransmitted,
     ),
+    (STAT_FAST_CLIENT_FALLBACK, Bundle::ClientFallback),
 ];
 
 /// Why the kernel handed a packet it looked at to userspace, one reason per packet.
@@ -88,7 +89,6 @@ pub const STAT_FAST_ICMP_PICK: u32 = 22;
 /// An ICMP error whose quote has no cookie where the kernel looks: userspace routes it by
 /// the fallback table or copies it to every server.
 pub const STAT_UP_ICMP: u32 = 23;
-pub const STAT_COUNT: u32 = 24;
 
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
@@ -126,6 +126,23 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 4] = [
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
 pub const CLOSE_SLOTS: usize = 65536;
+/// A client segment without TCP options routed by the shared fallback table.
+pub const STAT_FAST_CLIENT_FALLBACK: u32 = 24;
+/// A client segment without TCP options the fallback table does not know (the core's
+/// Maglev decides).
+pub const STAT_UP_FALLBACK_MISS: u32 = 25;
+pub const STAT_COUNT: u32 = 26;
+
+/// Ways of a fallback table set (`FALLBACK_WAYS`): the core's `fallback::WAYS`.
+pub const FALLBACK_WAYS: usize = 8;
+
+/// `struct fallback_set`: one entry of the `fallback` map, one set of the core's table
+/// (read through the map's mmap, never as a value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FallbackSet {
+    pub way: [u64; FALLBACK_WAYS],
+}
 
 pub const MAX_NEXT_HOPS: usize = 16384;
 pub const NEXT_HOP_FIB: u32 = 0;
@@ -133,7 +150,7 @@ pub const NEXT_HOP_KNOWN: u32 = 1;
 pub const NEXT_HOP_ON_LINK: u32 = 2;
 
 /// The `reason` label of each `STAT_UP_*` counter, in index order.
-pub const UP_REASONS: [(u32, &str); 9] = [
+pub const UP_REASONS: [(u32, &str); 10] = [
     (STAT_UP_NEW_CONNECTION, "new_connection"),
     (STAT_UP_LAYOUT, "layout"),
     (STAT_UP_COOKIE, "cookie"),
@@ -143,6 +160,7 @@ pub const UP_REASONS: [(u32, &str); 9] = [
     (STAT_UP_OTHER, "other"),
     (STAT_UP_PUBLISHING, "publishing"),
     (STAT_UP_ICMP, "icmp"),
+    (STAT_UP_FALLBACK_MISS, "fallback_miss"),
 ];
 
 /// A value the kernel reads as bytes.
@@ -182,6 +200,10 @@ pub struct LbConfigValue {
     /// [`PublishWindow`](super::publish_window::PublishWindow) only; an update of the whole
     /// value must carry the word as it is.
     pub publish_seq: u32,
+    /// The fallback table's sets - 1.
+    pub fallback_mask: u32,
+    /// CLOCK_MONOTONIC ns at which the daemon's clock read 0 (`Clock::monotonic_base_ns`).
+    pub clock_base_ns: u64,
 }
 
 impl Encode for LbConfigValue {
@@ -196,6 +218,14 @@ impl Encode for LbConfigValue {
             .put(
                 offset_of!(Self, publish_seq),
                 &self.publish_seq.to_ne_bytes(),
+            )
+            .put(
+                offset_of!(Self, fallback_mask),
+                &self.fallback_mask.to_ne_bytes(),
+            )
+            .put(
+                offset_of!(Self, clock_base_ns),
+                &self.clock_base_ns.to_ne_bytes(),
             )
             .0
     }
@@ -571,15 +601,19 @@ mod tests {
             pad2: 0xffff,
             generation: 7,
             publish_seq: 9,
+            fallback_mask: 0x3f,
+            clock_base_ns: 0x0102_0304_0506_0708,
         };
         let bytes = config.to_bytes();
-        assert_eq!(bytes.len(), 20);
+        assert_eq!(bytes.len(), 32);
         assert_eq!(bytes[..4], 1u32.to_ne_bytes());
         assert_eq!(bytes[4..8], [1, 1, 12, 0], "padding is written as zero");
         assert_eq!(bytes[8..10], 0x0fffu16.to_ne_bytes());
         assert_eq!(bytes[10..12], [0, 0]);
         assert_eq!(bytes[12..16], 7u32.to_ne_bytes());
-        assert_eq!(bytes[16..], 9u32.to_ne_bytes());
+        assert_eq!(bytes[16..20], 9u32.to_ne_bytes());
+        assert_eq!(bytes[20..24], 0x3fu32.to_ne_bytes());
+        assert_eq!(bytes[24..], 0x0102_0304_0506_0708u64.to_ne_bytes());
         let key = VipKey {
             addr: [10, 0, 0, 100],
             port: 80u16.to_be_bytes(),

@@ -38,6 +38,10 @@ pub struct Publication<'a> {
     pub sides: &'a [Ingress],
     /// `[daemon] datapath = "xdp"`: the program forwards what it can itself.
     pub fast_path: bool,
+    /// Sets of the shared fallback table (`FallbackTable::sets`; the `fallback` map's).
+    pub fallback_sets: usize,
+    /// CLOCK_MONOTONIC ns at which the core's `now` was 0 (`Clock::monotonic_base_ns`).
+    pub clock_base_ns: u64,
 }
 
 type Entries = BTreeMap<Vec<u8>, Vec<u8>>;
@@ -120,6 +124,8 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
         id_mask: ((1u32 << id_bits) - 1) as u16,
         // The program only compares it with what it read before: the low bits do.
         generation: snapshot.generation as u32,
+        fallback_mask: publication.fallback_sets.saturating_sub(1) as u32,
+        clock_base_ns: publication.clock_base_ns,
         ..LbConfigValue::default()
     };
     let mut wanted = Wanted {
@@ -537,6 +543,8 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             interfaces: &interfaces,
             sides: &[Ingress::ClientSide, Ingress::ServerSide],
             fast_path,
+            fallback_sets: 64,
+            clock_base_ns: 5,
         };
         wanted(&publication, ROUTES, ARP)
     }
@@ -564,6 +572,11 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         );
         assert_eq!((on.id_bits, on.id_mask), (12, 0x0fff));
         assert_eq!(on.generation as u64, plane.generation());
+        assert_eq!(
+            (on.fallback_mask, on.clock_base_ns),
+            (63, 5),
+            "the fallback table's sets - 1 and the clock's base"
+        );
         let off = wanted_of(&plane, false).config;
         assert_eq!(off.flags, 0, "datapath = afxdp: the program only steers");
         let hash = wanted_of(&self::plane("mode = \"hash\"\nforwarding = \"nat\""), true).config;
@@ -600,6 +613,8 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 interfaces: &interfaces,
                 sides: &[Ingress::ClientSide, Ingress::ServerSide],
                 fast_path: true,
+                fallback_sets: 64,
+                clock_base_ns: 5,
             };
             wanted(&publication, "", "")
         };

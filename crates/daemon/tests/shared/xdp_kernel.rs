@@ -160,8 +160,11 @@ pub struct Kernel {
 }
 
 impl Kernel {
-    pub fn load(topology: &Topology, next_hops: NextHops) -> Self {
-        let program = SteeringProgram::load().expect("the verifier refused bpf/xdp_lb.c");
+    /// The program with its fallback table sized for `fallback_capacity` flows (the
+    /// config's `fallback_table_capacity`, as `cheetah run` sizes it).
+    pub fn load(topology: &Topology, next_hops: NextHops, fallback_capacity: usize) -> Self {
+        let program =
+            SteeringProgram::load(fallback_capacity).expect("the verifier refused bpf/xdp_lb.c");
         if next_hops == NextHops::Mirrored {
             // In this thread, so from this thread's namespace.
             let entries = NextHopMirror::new()
@@ -212,8 +215,9 @@ impl Kernel {
     /// A fresh core pipeline for `config`, as crates/core/tests/vectors.rs makes it, over
     /// the kernel's clock and handshake words (which the tables clear): `removed` servers
     /// removed, the clocks of `msb` imported at time 0, and the kernel's maps published
-    /// from its tables, every CPU's policy state that of the core's worker (worker 0 of 1,
-    /// its generator's seed), so that a SYN the kernel places must be the core's pick.
+    /// from its tables (the fallback path's clock reading `now` at `clock_base_ns`), every
+    /// CPU's policy state that of the core's worker (worker 0 of 1, its generator's seed),
+    /// so that a SYN the kernel places must be the core's pick.
     pub fn pipeline(
         &self,
         topology: &Topology,
@@ -221,10 +225,11 @@ impl Kernel {
         secret: &Secret,
         removed: &[u16],
         msb: &[(ServerId, u32)],
+        clock_base_ns: u64,
     ) -> (ControlPlane, Worker) {
         let words = self.words;
         let mut plane =
-            ControlPlane::new_with_tables(config, secret, &|layout| words.tables(layout))
+            ControlPlane::new_with_tables(config, secret, &|layout, _| words.tables(layout))
                 .expect("suite config is valid");
         if plane.share_closes(self.closes.filter()).is_err() {
             panic!("the plane's close filter was shared before the kernel's words took its place");
@@ -234,6 +239,34 @@ impl Kernel {
         }
         plane.shared().msb.import(msb, 0);
         let snapshot = plane.shared().snapshot.load();
+        let worker_config = WorkerConfig::new(0, 1, config);
+        let mut publisher = Publisher::with_policy_seeds(PolicySeeds::AsWorker {
+            index: worker_config.index,
+            workers: worker_config.workers,
+            rng_seed: worker_config.seed,
+        });
+        self.publish_with(&mut publisher, topology, &plane, clock_base_ns);
+        publisher
+            .seed_policies(&self.program, &snapshot)
+            .expect("seed the policies");
+        let worker = Worker::new(Arc::clone(plane.shared()), worker_config);
+        (plane, worker)
+    }
+
+    /// Publishes `plane`'s tables into the kernel's maps again (after a change), the
+    /// fallback path's clock reading `now` at `clock_base_ns`.
+    pub fn publish(&self, topology: &Topology, plane: &ControlPlane, clock_base_ns: u64) {
+        self.publish_with(&mut Publisher::new(), topology, plane, clock_base_ns);
+    }
+
+    fn publish_with(
+        &self,
+        publisher: &mut Publisher,
+        topology: &Topology,
+        plane: &ControlPlane,
+        clock_base_ns: u64,
+    ) {
+        let snapshot = plane.shared().snapshot.load();
         let (interfaces, sides) = topology.interfaces();
         let publication = Publication {
             snapshot: &snapshot,
@@ -241,24 +274,15 @@ impl Kernel {
             interfaces: &interfaces,
             sides: &sides,
             fast_path: true,
+            fallback_sets: plane.shared().fallback.sets(),
+            clock_base_ns,
         };
         // This thread's namespace's tables: /proc/net is the process's first thread's.
         let routes = read(Path::new("/proc/thread-self/net/route"));
         let neighbours = read(Path::new("/proc/thread-self/net/arp"));
-        let worker_config = WorkerConfig::new(0, 1, config);
-        let mut publisher = Publisher::with_policy_seeds(PolicySeeds::AsWorker {
-            index: worker_config.index,
-            workers: worker_config.workers,
-            rng_seed: worker_config.seed,
-        });
         publisher
             .write(&self.program, wanted(&publication, &routes, &neighbours))
             .expect("publish the tables");
-        publisher
-            .seed_policies(&self.program, &snapshot)
-            .expect("seed the policies");
-        let worker = Worker::new(Arc::clone(plane.shared()), worker_config);
-        (plane, worker)
     }
 
     /// Both sides' policy state back to where `pipeline` left it: every CPU's seeded as the

@@ -127,7 +127,7 @@ pub struct Args {
     #[arg(long, default_value_t = 100_000)]
     xdp_runs: u32,
     /// Time the in-kernel path against the number of distinct flows instead (1 to 10^7:
-    /// the cookie paths and a Katran-style LRU connection table; root; see
+    /// the cookie paths, the fallback table and a Katran-style LRU connection table; root; see
     /// bench/xdp_flows.rs). Uses --xdp-runs, --servers, --core, --realtime and --markdown.
     #[arg(long)]
     xdp_flows: bool,

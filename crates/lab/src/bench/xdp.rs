@@ -34,12 +34,14 @@ use cheetah_core::testkit::{self, options, TcpFrame};
 use cheetah_core::types::{Mac, ServerId};
 use cheetah_core::verdict::Verdict;
 use cheetah_core::wire::tcp::flags;
+use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
-use cheetah_daemon::dataplane::xdp::SteeringProgram;
+use cheetah_daemon::dataplane::xdp::{size_fallback, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::{
-    Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_CLIENT_SYN,
-    STAT_FAST_ICMP_COOKIE, STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE,
+    Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
+    STAT_FAST_CLIENT_SYN, STAT_FAST_ICMP_COOKIE, STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE,
     STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_MISS,
+    STAT_UP_FALLBACK_MISS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -52,7 +54,10 @@ static BENCH_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_bench
 
 /// `BENCH_FRAME_MAX` of bpf/xdp_bench.c.
 const BENCH_FRAME_MAX: usize = 256;
+pub(super) const XDP_DROP: u32 = 1;
 pub(super) const XDP_TX: u32 = 3;
+/// The core's `now` when the bench's frames are made (and the kernel's, by its clock base).
+const FRAMES_AT: u64 = 10 * cheetah_core::types::NANOS_PER_SEC;
 pub(super) const XDP_REDIRECT: u32 = 4;
 /// Untimed runs of each program before a row's timed ones.
 pub(super) const WARM_UP_RUNS: u32 = 1_000;
@@ -181,6 +186,12 @@ pub(super) enum Path {
     /// An ICMP fragmentation-needed error from a router on the clients' side, quoting the
     /// server segment the client got (the cookie in its TSval): to that server.
     Icmp,
+    /// A client ACK without TCP options whose flow the fallback table knows (its SYN went
+    /// through the core): forwarded by the kernel from the table.
+    FallbackHit,
+    /// The same for a flow the table does not know: handed up (steered to a socket, none
+    /// bound here, so XDP_DROP), the time it takes the kernel to say so.
+    FallbackMiss,
 }
 
 /// Per-run durations of one row, in the kernel's ns.
@@ -245,6 +256,8 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 Path::FibLookup,
                 Path::NextHopTrie,
                 Path::NextHopHash,
+                Path::FallbackHit,
+                Path::FallbackMiss,
             ],
             (Mode::Cheetah, Forwarding::Nat) => &[
                 Path::ClientToServer,
@@ -327,15 +340,23 @@ pub(super) struct Bench {
     pub(super) program: SteeringProgram,
     pub(super) plane: ControlPlane,
     config: LbConfig,
+    /// CLOCK_MONOTONIC ns at which the kernel's `now` is 0 (`lb_config.clock_base_ns`).
+    pub(super) clock_base_ns: u64,
 }
 
 impl Bench {
     /// Loads bpf/xdp_bench.c with its flow maps sized for `flows` flows (xdp_flows.rs; 0
     /// when the bench cycles over no flows) and publishes `setup`'s tables into it.
     pub(super) fn load(setup: &Setup, servers: u16, flows: u32) -> anyhow::Result<Self> {
+        let mut config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
+        // Room for the flows the fallback curve fills in (xdp_flows.rs).
+        config.fallback_table_capacity = config
+            .fallback_table_capacity
+            .max(xdp_flows::fallback_table_size(flows));
         let mut open = ObjectBuilder::default()
             .open_memory(BENCH_OBJECT)
             .context("cannot open the embedded bpf/xdp_bench.c")?;
+        size_fallback(&mut open, config.fallback_table_capacity)?;
         for mut map in open.maps_mut() {
             let entries = match map.name().to_str() {
                 Some("bench_flows") => flows.max(1),
@@ -372,8 +393,9 @@ impl Bench {
     ) -> anyhow::Result<Self> {
         let config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
         let words = program.kernel_words()?;
-        let plane = ControlPlane::new_with_tables(&config, &SECRET, &|layout| words.tables(layout))
-            .map_err(anyhow::Error::msg)?;
+        let plane =
+            ControlPlane::new_with_tables(&config, &SECRET, &|layout, _| words.tables(layout))
+                .map_err(anyhow::Error::msg)?;
         let clocks: Vec<(ServerId, u32)> = (1..=servers)
             .map(|id| (ServerId(id), u32::from(SERVER_MSB) << 16))
             .collect();
@@ -382,6 +404,9 @@ impl Bench {
             program.set_interface_slot(interface.ifindex, interface.slot)?;
         }
         let snapshot = plane.shared().snapshot.load();
+        // The kernel's clock at the frames' `now` (FRAMES_AT), so a fallback hit refreshes
+        // its entry about once a second as in a live run.
+        let clock_base_ns = monotonic_ns() - FRAMES_AT;
         xdp_tables::publish(
             &program,
             &Publication {
@@ -390,6 +415,8 @@ impl Bench {
                 interfaces,
                 sides,
                 fast_path: true,
+                fallback_sets: plane.shared().fallback.sets(),
+                clock_base_ns,
             },
         )?;
         // As `cheetah run` keeps it: every reply's next hop from the map, unless a row
@@ -399,6 +426,7 @@ impl Bench {
             program,
             plane,
             config,
+            clock_base_ns,
         })
     }
 
@@ -424,8 +452,11 @@ impl Bench {
         client_port: u16,
     ) -> anyhow::Result<(Vec<u8>, u32)> {
         let mut worker = self.worker();
-        let now = 10 * cheetah_core::types::NANOS_PER_SEC;
-        let client = testkit::client_ip(7);
+        let now = FRAMES_AT;
+        let (client, _) = frame_client();
+        if let Path::FallbackHit | Path::FallbackMiss = direction {
+            return self.fallback_frame(&mut worker, direction, client, CLIENT_PORT);
+        }
         // Which server the client's connection is on: the one the core picks for its SYN.
         let mut syn = TcpFrame::from_client(
             client,
@@ -529,10 +560,46 @@ impl Bench {
         Ok((syn, self.plane.shared().hasher.hash(&key)))
     }
 
+    /// A client segment without TCP options of a connection whose SYN (without
+    /// timestamps) the core placed and remembered in the fallback table over the kernel's
+    /// words; for a miss, of another connection, which the table does not know. Returns
+    /// the frame and the counter the kernel moves for it.
+    pub(super) fn fallback_frame(
+        &self,
+        worker: &mut Worker,
+        direction: Path,
+        client: u32,
+        client_port: u16,
+    ) -> anyhow::Result<(Vec<u8>, u32)> {
+        let now = FRAMES_AT;
+        let mut syn =
+            TcpFrame::from_client(client, client_port, flags::SYN, options::windows_syn()).build();
+        let Verdict::ToServer(server) = worker.process(&mut syn, now, Ingress::ServerSide) else {
+            bail!("the core did not send the bench's SYN without timestamps to a server");
+        };
+        let port = match direction {
+            Path::FallbackMiss => client_port.wrapping_add(1),
+            _ => client_port,
+        };
+        let ack = TcpFrame::from_client(client, port, flags::ACK, Vec::new())
+            .with_payload(&[0x42; 100])
+            .build();
+        if direction == Path::FallbackMiss {
+            return Ok((ack, STAT_UP_FALLBACK_MISS));
+        }
+        let verdict = worker.process(&mut ack.clone(), now, Ingress::ServerSide);
+        ensure!(
+            verdict == Verdict::ToServer(server),
+            "the core routes the bench's ACK without options to {verdict:?}, not to server {}",
+            server.0
+        );
+        Ok((ack, STAT_FAST_CLIENT_FALLBACK))
+    }
+
     fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
         let direction = match path {
             Path::ClientToServer | Path::Syn => Path::ClientToServer,
-            Path::ServerFin | Path::Icmp => path,
+            Path::ServerFin | Path::Icmp | Path::FallbackHit | Path::FallbackMiss => path,
             _ => Path::ServerToClient,
         };
         let (frame, cookie_stat, syn_hash) = if path == Path::Syn {
@@ -565,6 +632,9 @@ impl Bench {
             Path::FibLookup => ("bench_fib", XDP_TX),
             Path::NextHopTrie => ("bench_next_hop_trie", XDP_TX),
             Path::NextHopHash => ("bench_next_hop_hash", XDP_TX),
+            Path::FallbackHit => ("bench_lb", XDP_TX),
+            // Handed up: steered to the queue's socket, none bound here.
+            Path::FallbackMiss => ("bench_lb", XDP_DROP),
         };
         match path {
             Path::NextHopMiss => clear_next_hops(&self.program)?,
@@ -601,6 +671,10 @@ impl Bench {
             Path::NextHopTrie => "next_hops trie lookup alone (same frame)".to_string(),
             Path::NextHopHash => "/32 HASH lookup alone (comparison)".to_string(),
             Path::Syn => format!("SYN, {} (l2)", setup.label),
+            Path::FallbackHit => "fallback hit (client without timestamps, l2)".to_string(),
+            Path::FallbackMiss => {
+                "fallback miss, handed up (client without timestamps, l2)".to_string()
+            }
             _ => format!(
                 "{} {} ({}){}",
                 match path {
@@ -630,7 +704,9 @@ impl Bench {
             | Path::ServerToClient
             | Path::Syn
             | Path::ServerFin
-            | Path::Icmp => (all_runs, 0),
+            | Path::Icmp
+            | Path::FallbackHit
+            | Path::FallbackMiss => (all_runs, 0),
         };
         let result = if let Some(action) = wrong_action {
             Err(format!(
@@ -736,6 +812,11 @@ impl Bench {
         }
         Ok((timings, wrong_action))
     }
+}
+
+/// The client (address, port) of the bench's frames.
+pub(super) fn frame_client() -> (u32, u16) {
+    (testkit::client_ip(7), CLIENT_PORT)
 }
 
 /// One `BPF_PROG_TEST_RUN` of `program` on `frame` as received on `ingress`: its action and

@@ -1,8 +1,17 @@
 //! `cheetah bench --xdp-flows`: the in-kernel path's cost against the number of distinct
-//! flows the packets cycle over (1 to 10^7), for the cookie paths (no state per flow) and
-//! for a connection-table path (`bench_flows_katran_lru` in bpf/xdp_bench.c: the 5-tuple
-//! looked up in an LRU hash shared by all CPUs, as Katran's connection table), which stands
-//! in for the fallback LRU of clients without timestamps that the kernel does not have yet.
+//! flows the packets cycle over (1 to 10^7), for the cookie paths (no state per flow), for
+//! the fallback table of clients without timestamps (bpf/lib/fallback.h: the core's
+//! set-associative table, shared by all CPUs), and for a connection-table path
+//! (`bench_flows_katran_lru` in bpf/xdp_bench.c: the 5-tuple looked up in an LRU hash
+//! shared by all CPUs, as Katran's connection table).
+//!
+//! The fallback curve sends a client ACK without TCP options for each flow; the table (over
+//! the kernel's words, sized to twice the largest N rounded up to a power of two) holds the
+//! N flows, inserted through the core at the kernel's current time. Its flows are the
+//! first N clients whose set still has a free way, so that no flow evicts another (a set
+//! holds 8; at half the capacity about 2% of the sets would overflow): the cursor then
+//! cycles over flows that are all in the table. While it is timed, `bench_flows` holds
+//! those clients (the other curves' are written back after).
 //!
 //! Flow i's client is 11.0.0.0 + i, port 1024 + i mod 60000; its cookie (the TSecr it
 //! echoes) is what the core's layout encodes for server 1 + i mod servers with the
@@ -19,15 +28,18 @@
 use std::path::PathBuf;
 
 use anyhow::{ensure, Context};
+use cheetah_core::lb::fallback::{FallbackTable, WAYS};
 use cheetah_core::types::ServerId;
+use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::xdp_layout::{
-    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE,
+    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
+    STAT_FAST_SERVER_COOKIE,
 };
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::xdp::{
-    enter_new_namespace, machine_note, map, place, program, read_setting, spread, stat, test_run,
-    Bench, Path, Spread, SERVER_MSB, SETUPS, WARM_UP_RUNS, XDP_REDIRECT, XDP_TX,
+    enter_new_namespace, frame_client, machine_note, map, place, program, read_setting, spread,
+    stat, test_run, Bench, Path, Spread, SERVER_MSB, SETUPS, WARM_UP_RUNS, XDP_REDIRECT, XDP_TX,
 };
 use super::xdp_flows_plot;
 
@@ -54,6 +66,16 @@ pub struct Options {
     pub plot: Option<PathBuf>,
 }
 
+/// The fallback table's capacity for `flows` flows: twice as many, rounded as the core
+/// rounds it (0: the config's).
+pub(super) fn fallback_table_size(flows: u32) -> usize {
+    if flows == 0 {
+        0
+    } else {
+        FallbackTable::rounded_capacity(2 * flows as usize)
+    }
+}
+
 /// bench_connections' size for `flows` flows: all of them and room for the per-CPU free
 /// lists of the kernel's LRU (LOCAL_FREE_TARGET, 128 per CPU), so filling it evicts none.
 pub(super) fn connection_table_size(flows: u32) -> u32 {
@@ -74,7 +96,7 @@ struct Curve {
     stat: u32,
 }
 
-const CURVES: [Curve; 3] = [
+const CURVES: [Curve; 4] = [
     Curve {
         label: "cheetah established client->server (l2)",
         subject: "bench_flows_client_lb",
@@ -90,6 +112,14 @@ const CURVES: [Curve; 3] = [
         direction: Path::ServerToClient,
         action: XDP_REDIRECT,
         stat: STAT_FAST_SERVER_COOKIE,
+    },
+    Curve {
+        label: "fallback table hit client->server (l2)",
+        subject: "bench_flows_client_lb",
+        trivial: "bench_flows_client_trivial",
+        direction: Path::FallbackHit,
+        action: XDP_TX,
+        stat: STAT_FAST_CLIENT_FALLBACK,
     },
     Curve {
         label: "Katran-style LRU client->server (l2)",
@@ -143,10 +173,16 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     let (pin, rt, placement) = place(options.core, options.realtime);
     let bench = Bench::load(&SETUPS[0], options.servers, largest)?;
     fill_flows(&bench, largest, options.servers)?;
+    let fallback_flows = fallback_flows(&bench, largest);
     let mut points = Vec::new();
     let mut in_table = 0;
     for &flows in &counts {
         fill_connections(&bench, in_table, flows, options.servers)?;
+        fill_fallback(
+            &bench,
+            &fallback_flows[in_table as usize..flows as usize],
+            options.servers,
+        );
         in_table = flows;
         // The table is filled up to this point's N only: at N it holds N flows (and the
         // smaller points' flows are among them).
@@ -156,7 +192,15 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         let runs = options.runs.max(flows);
         let nets = CURVES
             .iter()
-            .map(|curve| time_curve(&bench, curve, flows, runs, ports.servers.ifindex))
+            .map(|curve| {
+                if curve.direction != Path::FallbackHit {
+                    return time_curve(&bench, curve, flows, runs, ports.servers.ifindex);
+                }
+                write_flows(&bench, &fallback_flows[..flows as usize])?;
+                let net = time_curve(&bench, curve, flows, runs, ports.servers.ifindex);
+                fill_flows(&bench, flows, options.servers)?;
+                net
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let point = Point { flows, runs, nets };
         eprintln!("{}", point_line(&point));
@@ -170,9 +214,10 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     }
     println!("{}", machine_note(&placement, &jit));
     println!(
-        "runs: max(--xdp-runs = {}, N) pairs per point (alternating subject, trivial), BPF_PROG_TEST_RUN repeat = 1, after {WARM_UP_RUNS} untimed runs of each; connection table: {} entries, shared by all CPUs",
+        "runs: max(--xdp-runs = {}, N) pairs per point (alternating subject, trivial), BPF_PROG_TEST_RUN repeat = 1, after {WARM_UP_RUNS} untimed runs of each; connection table: {} entries, fallback table: {} flows, both shared by all CPUs",
         options.runs,
-        connection_table_size(largest)
+        connection_table_size(largest),
+        bench.plane.shared().fallback.capacity()
     );
     print!("{}", render(&points, options.markdown));
     if let Some(path) = &options.plot {
@@ -188,25 +233,85 @@ fn fill_flows(bench: &Bench, count: u32, servers: u16) -> anyhow::Result<()> {
     let layout = shared.layout();
     let snapshot = shared.snapshot.load();
     let prefix = snapshot.vip_hash_prefix(0);
-    let flows = map(bench.program.object(), "bench_flows")?;
-    for start in (0..count).step_by(BATCH) {
-        let end = count.min(start + BATCH as u32);
-        let mut keys = Vec::with_capacity((end - start) as usize * 4);
-        let mut values = Vec::with_capacity((end - start) as usize * 8);
-        for i in start..end {
+    let flows: Vec<FlowEntry> = (0..count)
+        .map(|i| {
             let (addr, port) = flow_client(i);
             let server = ServerId(1 + (i % u32::from(servers)) as u16);
             let cookie = layout.encode(server, prefix.finish(addr, port), SERVER_MSB);
-            keys.extend_from_slice(&i.to_ne_bytes());
+            (addr, port, cookie)
+        })
+        .collect();
+    write_flows(bench, &flows)
+}
+
+/// A `struct bench_flow`: client address, port, and the cookie its ACKs echo.
+type FlowEntry = (u32, u16, u16);
+
+/// Writes `flows` into bench_flows from index 0.
+fn write_flows(bench: &Bench, flows: &[FlowEntry]) -> anyhow::Result<()> {
+    let map = map(bench.program.object(), "bench_flows")?;
+    for (batch, chunk) in flows.chunks(BATCH).enumerate() {
+        let start = (batch * BATCH) as u32;
+        let mut keys = Vec::with_capacity(chunk.len() * 4);
+        let mut values = Vec::with_capacity(chunk.len() * 8);
+        for (n, (addr, port, cookie)) in chunk.iter().enumerate() {
+            keys.extend_from_slice(&(start + n as u32).to_ne_bytes());
             values.extend_from_slice(&addr.to_be_bytes());
             values.extend_from_slice(&port.to_be_bytes());
             values.extend_from_slice(&cookie.to_be_bytes());
         }
-        flows
-            .update_batch(&keys, &values, end - start, MapFlags::ANY, MapFlags::ANY)
-            .context("cannot fill bench_flows")?;
+        map.update_batch(
+            &keys,
+            &values,
+            chunk.len() as u32,
+            MapFlags::ANY,
+            MapFlags::ANY,
+        )
+        .context("cannot fill bench_flows")?;
     }
     Ok(())
+}
+
+/// The fallback curve's first `count` flows: the first clients whose set of the fallback
+/// table still has a free way once the earlier ones are in (see the module docs). Their
+/// cookie field is unused (an ACK without options has no TSecr).
+fn fallback_flows(bench: &Bench, count: u32) -> Vec<FlowEntry> {
+    let shared = bench.plane.shared();
+    let snapshot = shared.snapshot.load();
+    let prefix = snapshot.vip_hash_prefix(0);
+    let mask = shared.fallback.sets() as u64 - 1;
+    let mut used = vec![0u8; shared.fallback.sets()];
+    // The bench frame's own connection (`Bench::fallback_frame`) takes a way too.
+    let (client, port) = frame_client();
+    used[(prefix.finish(client, port) & mask) as usize] += 1;
+    let mut flows = Vec::with_capacity(count as usize);
+    for i in 0..MAX_FLOWS {
+        if flows.len() == count as usize {
+            break;
+        }
+        let (addr, port) = flow_client(i);
+        let set = &mut used[(prefix.finish(addr, port) & mask) as usize];
+        if usize::from(*set) < WAYS {
+            *set += 1;
+            flows.push((addr, port, 0));
+        }
+    }
+    flows
+}
+
+/// Inserts `flows` into the fallback table through the core, at the kernel's current time
+/// (its clock base is `FRAMES_AT` before the publication, xdp.rs).
+fn fill_fallback(bench: &Bench, flows: &[FlowEntry], servers: u16) {
+    let shared = bench.plane.shared();
+    let snapshot = shared.snapshot.load();
+    let prefix = snapshot.vip_hash_prefix(0);
+    let now = monotonic_ns() - bench.clock_base_ns;
+    for (n, (addr, port, _)) in flows.iter().enumerate() {
+        let server = ServerId(1 + (n as u32 % u32::from(servers)) as u16);
+        shared
+            .fallback
+            .insert(prefix.finish(*addr, *port), server, now);
+    }
 }
 
 /// Adds flows from..to to bench_connections: (client, VIP, 6) -> the flow's server.

@@ -9,10 +9,12 @@ use plotters::prelude::*;
 use super::xdp_flows::{curve_labels, Point};
 
 const SIZE: (u32, u32) = (1000, 620);
-/// Cheetah's two paths in green and blue, the connection table in red.
-const COLORS: [RGBColor; 3] = [
+/// Cheetah's two cookie paths in green and blue, its fallback table in orange, the
+/// Katran-style connection table in red (CURVES' order).
+const COLORS: [RGBColor; 4] = [
     RGBColor(44, 160, 44),
     RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
     RGBColor(214, 39, 40),
 ];
 

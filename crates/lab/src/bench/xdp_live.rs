@@ -227,7 +227,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     let lb_interface = xdp::interface(&net.lb_interface, cheetah_core::testkit::LB_MAC, 0)?;
     let lb_ifindex = lb_interface.ifindex;
     let cheetah = Bench::publish(
-        SteeringProgram::load()?,
+        SteeringProgram::load(cheetah_core::lb::fallback::DEFAULT_CAPACITY)?,
         &SETUPS[0],
         options.servers,
         &[lb_interface],

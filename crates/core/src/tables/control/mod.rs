@@ -35,10 +35,10 @@ pub use saved::{
     ControlState, QuarantineRestore, SavedMember, SavedServer, SavedServerState, SavedVip,
 };
 
-/// Makes the clock and handshake tables of a new plane for its cookie layout:
-/// `&SharedTables::new`, or tables over words shared with the kernel. Called once per plane
-/// built.
-pub type TablesMaker<'a> = &'a dyn Fn(CookieLayout) -> SharedTables;
+/// Makes the clock, handshake and fallback tables of a new plane for its cookie layout and
+/// `fallback_table_capacity`: `&SharedTables::new`, or tables over words shared with the
+/// kernel. Called once per plane built.
+pub type TablesMaker<'a> = &'a dyn Fn(CookieLayout, usize) -> SharedTables;
 
 /// A refused control request. `Invalid` names the field; the daemon maps the kinds to 400,
 /// 404 and 409.
@@ -151,9 +151,11 @@ impl ControlPlane {
             generation: 0,
             shared: Arc::new(LbShared::with_tables(
                 secret,
-                tables(config.cookie_layout().expect("validated")),
+                tables(
+                    config.cookie_layout().expect("validated"),
+                    config.fallback_table_capacity,
+                ),
                 Snapshot::empty(),
-                config.fallback_table_capacity,
             )),
             config: config.clone(),
             health: HealthOverlay::default(),
