@@ -205,25 +205,28 @@ mod tests {
         LbShared::with_tables(&Secret([secret; 16]), tables, Snapshot::empty())
     }
 
-    #[test]
-    fn a_restart_takes_the_flows_back_into_words_shared_with_the_kernel() {
-        let dir = tempfile::tempdir().unwrap();
+    /// 100 flows saved by an LB with key `1`, taken back by `new`, which must then hold them.
+    fn saved_flows_come_back_into(dir: &std::path::Path, new: &LbShared) -> LbShared {
         let old = shared(1, 1024);
         for n in 0..100u64 {
             let hash = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             old.fallback
                 .insert(hash, ServerId((n % 7) as u16), n * NANOS_PER_SEC);
         }
-        save(dir.path(), &encode(&old, 200 * NANOS_PER_SEC, 1_000_000)).unwrap();
-        let new = shared_over_words(1, 1024);
-        assert_eq!(
-            restore(dir.path(), &new, 0, 1_003_000),
-            Restored::Flows(100)
-        );
+        save(dir, &encode(&old, 200 * NANOS_PER_SEC, 1_000_000)).unwrap();
+        assert_eq!(restore(dir, new, 0, 1_003_000), Restored::Flows(100));
         for n in 0..100u64 {
             let hash = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             assert_eq!(new.fallback.peek(hash), Some(ServerId((n % 7) as u16)));
         }
+        old
+    }
+
+    #[test]
+    fn a_restart_takes_the_flows_back_into_words_shared_with_the_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        let new = shared_over_words(1, 1024);
+        let old = saved_flows_come_back_into(dir.path(), &new);
         // And back out of them for the next restart.
         assert_eq!(
             encode(&new, 0, 1_004_000).len(),
@@ -234,22 +237,8 @@ mod tests {
     #[test]
     fn the_flows_survive_a_restart_and_nothing_else_is_taken() {
         let dir = tempfile::tempdir().unwrap();
-        let old = shared(1, 1024);
-        for n in 0..100u64 {
-            let hash = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            old.fallback
-                .insert(hash, ServerId((n % 7) as u16), n * NANOS_PER_SEC);
-        }
-        save(dir.path(), &encode(&old, 200 * NANOS_PER_SEC, 1_000_000)).unwrap();
         let new = shared(1, 1024);
-        assert_eq!(
-            restore(dir.path(), &new, 0, 1_003_000),
-            Restored::Flows(100)
-        );
-        for n in 0..100u64 {
-            let hash = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            assert_eq!(new.fallback.peek(hash), Some(ServerId((n % 7) as u16)));
-        }
+        saved_flows_come_back_into(dir.path(), &new);
         // Another key: the file's flows are other connections.
         let other_key = shared(2, 1024);
         assert!(matches!(

@@ -36,10 +36,10 @@
 //! that the common case (no retry) does not pay. A mark shared by two connections only
 //! makes the other's SYN-ACK read the table, which then decides as before.
 
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
 
 use crate::types::{Nanos, ServerId};
+use crate::words::Words;
 
 /// 2 MiB of slots per LB process.
 pub const DEFAULT_SLOTS: usize = 1 << 18;
@@ -96,53 +96,6 @@ pub struct HandshakeTable {
     mask: usize,
     /// When each (hashed) connection last had a SYN retransmitted.
     retries: Words<AtomicU16>,
-}
-
-/// A table's words: owned (on the heap), or someone else's that live as long as the
-/// process (a memory-mapped BPF array). One pointer either way, read like a `Box`.
-struct Words<T: 'static> {
-    words: NonNull<[T]>,
-    owned: bool,
-}
-
-// SAFETY: the words are atomics, which any thread may share; an owned array is freed only
-// by the one `Words` that owns it.
-unsafe impl<T: Sync> Send for Words<T> {}
-unsafe impl<T: Sync> Sync for Words<T> {}
-
-impl<T> Words<T> {
-    fn owned(words: Box<[T]>) -> Self {
-        Words {
-            words: NonNull::from(Box::leak(words)),
-            owned: true,
-        }
-    }
-
-    fn borrowed(words: &'static [T]) -> Self {
-        Words {
-            words: NonNull::from(words),
-            owned: false,
-        }
-    }
-}
-
-impl<T> std::ops::Deref for Words<T> {
-    type Target = [T];
-
-    #[inline(always)]
-    fn deref(&self) -> &[T] {
-        // SAFETY: `words` is live: owned and freed only in `drop`, or `'static`.
-        unsafe { self.words.as_ref() }
-    }
-}
-
-impl<T> Drop for Words<T> {
-    fn drop(&mut self) {
-        if self.owned {
-            // SAFETY: made by `Box::leak` in `owned`, and dropped only here, once.
-            drop(unsafe { Box::from_raw(self.words.as_ptr()) });
-        }
-    }
 }
 
 impl Default for HandshakeTable {
