@@ -123,9 +123,16 @@ fn cold_start(forwarding: &str, prefix: &str) {
         3,
         "{what}: rr over 3 servers served {served:?}"
     );
+    // The kernel's counts reach the metrics once a second.
+    let spread = eventually(Duration::from_secs(3), || {
+        instances
+            .event_counts("new_connections")
+            .iter()
+            .all(|&n| n > 0.0)
+    });
     let new_connections = instances.event_counts("new_connections");
     assert!(
-        new_connections.iter().all(|&n| n > 0.0),
+        spread,
         "{what}: the router's ECMP did not spread connections over both instances: {new_connections:?}"
     );
     assert_no_unknown_clock(&instances, &what);

@@ -49,7 +49,12 @@ fn scenario(forwarding: &str, prefix: &str, datapath: &str) {
     requests_succeed_from_every_client(&testbed);
     cookies_name_the_answering_server(&testbed);
     add_and_drain_break_nothing(&testbed, &lb);
-    both_workers_forwarded(&lb);
+    // With `xdp` the kernel keeps SYNs, established segments, replies and closes: the
+    // workers see only what it hands up (a handful of packets here), so only the AF_XDP
+    // path can show that both queues' workers carried traffic.
+    if datapath == "afxdp" {
+        both_workers_forwarded(&lb);
+    }
     the_kernel_forwarded_only_on_xdp(&lb, datapath);
     kill_and_restart_break_nothing(&testbed, &mut lb);
 }
