@@ -465,8 +465,8 @@ impl Encode for VipWeights {
     }
 }
 
-/// `struct policy_state`: one CPU's rr cursor and wrr credits for one VIP (credit[i] =
-/// wrr_base[i] + wrr_steps * weight[i]).
+/// `struct policy_state`: one CPU's rr cursor and wrr credits for one VIP (`credit[i] =
+/// wrr_base[i] + wrr_steps * weight[i]`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyState {
