@@ -297,6 +297,35 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	return send_out(ctx, target.egress_ifindex);
 }
 
+// cookie_stage.rs `route_by_cookie`: the server an echoed cookie (`echoed`, the 16 bits
+// as a number) of the connection with hash `hash` names, with its id and the MSB the echo
+// restores to. NULL when the kernel leaves the packet to userspace, having counted why:
+// no forwarding server, an unknown clock or an echo beyond the idle limit (`cookie`), or
+// no resolved egress (`next_hop`). Client segments and ICMP errors decode alike.
+static __always_inline struct server_info *route_by_cookie(struct cookie_layout layout,
+							   __u16 echoed, __u64 hash, __u32 *id,
+							   __u16 *restored)
+{
+	__u16 unmasked = cookie_unmask(layout, echoed, hash);
+	struct server_info *server;
+
+	*id = cookie_server(layout, unmasked);
+	server = bpf_map_lookup_elem(&servers, id);
+	if (!server || !(server->flags & SERVER_FORWARDS)) {
+		hand_up(STAT_UP_COOKIE);
+		return NULL;
+	}
+	if (!cookie_restore(&msb_restores, unmasked, restored)) {
+		hand_up(STAT_UP_COOKIE);
+		return NULL;
+	}
+	if (!(server->flags & SERVER_EGRESS)) {
+		hand_up(STAT_UP_NEXT_HOP);
+		return NULL;
+	}
+	return server;
+}
+
 // fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip);
 // `seq` is what publish_begin said before lb_config and vip were read.
 static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config,
@@ -311,7 +340,6 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 
 	if (config->mode == LB_MODE_CHEETAH) {
 		struct cookie_layout layout = layout_of(config);
-		__u16 unmasked;
 
 		// A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC
 		// 7323), so userspace routes it like one without timestamps.
@@ -325,15 +353,10 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 		// the VIP's address and port: that is how it was found).
 		hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
 		// The cookie is TSecr's high half.
-		unmasked = cookie_unmask(layout, bpf_ntohs(*(__be16 *)&p->ts->tsecr), hash);
-		id = cookie_server(layout, unmasked);
-		server = bpf_map_lookup_elem(&servers, &id);
-		if (!server || !(server->flags & SERVER_FORWARDS))
-			return hand_up(STAT_UP_COOKIE);
-		if (!cookie_restore(&msb_restores, unmasked, &restored))
-			return hand_up(STAT_UP_COOKIE);
-		if (!(server->flags & SERVER_EGRESS))
-			return hand_up(STAT_UP_NEXT_HOP);
+		server = route_by_cookie(layout, bpf_ntohs(*(__be16 *)&p->ts->tsecr), hash, &id,
+					 &restored);
+		if (!server)
+			return LB_HAND_UP;
 		stat = STAT_FAST_CLIENT_COOKIE;
 	} else if (config->mode == LB_MODE_HASH) {
 		// The baseline: this same path with `pool[h % n]` for the cookie stage, for every

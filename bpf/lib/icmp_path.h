@@ -122,7 +122,7 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	__be16 vip_port, backend_port;
 	int nat;
 	__u32 total_len, quote_len, id, old_tsval, new_tsval;
-	__u16 unmasked, restored;
+	__u16 restored;
 	__u64 hash;
 
 	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
@@ -184,17 +184,11 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	// The connection's hash: its client is the quoted destination.
 	hash = siphash_finish(vip->hash_prefix, quoted_ip->daddr, quoted_tcp->dest);
 	old_tsval = bpf_ntohl(quoted_ts->tsval);
-	unmasked = cookie_unmask(layout, old_tsval >> 16, hash);
-	id = cookie_server(layout, unmasked);
-	server = bpf_map_lookup_elem(&servers, &id);
-	if (!server || !(server->flags & SERVER_FORWARDS))
-		return hand_up(STAT_UP_COOKIE);
 	// An unknown clock (the core then routes without restoring) or one beyond the idle
 	// limit (which the core counts) is the core's.
-	if (!cookie_restore(&msb_restores, unmasked, &restored))
-		return hand_up(STAT_UP_COOKIE);
-	if (!(server->flags & SERVER_EGRESS))
-		return hand_up(STAT_UP_NEXT_HOP);
+	server = route_by_cookie(layout, old_tsval >> 16, hash, &id, &restored);
+	if (!server)
+		return LB_HAND_UP;
 	target = *server;
 	vip_port = vip->port;
 	backend_port = vip->backend_port;
