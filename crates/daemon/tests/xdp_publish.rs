@@ -22,35 +22,16 @@ use cheetah_core::wire::tcp::flags::ACK;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{FALLBACK_WAYS, STAT_UP_PUBLISHING};
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher, Wanted};
-use cheetah_daemon::dataplane::Interface;
-use libbpf_rs::{MapCore, MapFlags};
 
 #[path = "shared/root.rs"]
 mod root;
 use root::is_root;
+#[path = "shared/on_loopback.rs"]
+mod on_loopback;
+use on_loopback::{lo, stat, LOOPBACK, ROUTES_VIA_LO, XDP_TX};
 
-/// `enum xdp_action`.
-const XDP_TX: u32 = 3;
-const LOOPBACK: u32 = 1;
-/// Every address routed through `lo`, as `/proc/net/route` prints a default route.
-const ROUTES_VIA_LO: &str =
-    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
-lo\t00000000\t00000000\t0001\t0\t0\t0\t00000000\t0\t0\t0
-";
 const FLIPS: usize = 10_000;
 const CLIENTS: u32 = 64;
-
-fn stat(program: &SteeringProgram, index: u32) -> u64 {
-    program
-        .try_map("stats")
-        .unwrap()
-        .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
-        .unwrap()
-        .unwrap()
-        .iter()
-        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap()))
-        .sum()
-}
 
 /// Hash mode with NAT (the kernel picks `pool[h % n]` for every segment and writes the
 /// server's address and MAC): `pool` of servers 1-4, at addresses and MACs of `subnet`.
@@ -70,13 +51,7 @@ fn tables(subnet: u8, pool: &[u16]) -> Wanted {
     .unwrap();
     let plane = ControlPlane::new(&config, &Secret([7; 16])).unwrap();
     let snapshot = plane.shared().snapshot.load();
-    let lo = Interface {
-        name: "lo".into(),
-        ifindex: LOOPBACK,
-        mac: [0; 6],
-        slot: 0,
-        queues: 1,
-    };
+    let lo = lo();
     let publication = Publication {
         snapshot: &snapshot,
         layout: plane.layout(),

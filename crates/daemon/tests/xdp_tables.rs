@@ -17,33 +17,14 @@ use cheetah_core::wire::tcp::flags::ACK;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{STAT_FAST_CLIENT_COOKIE, STAT_UP_COOKIE};
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
-use cheetah_daemon::dataplane::Interface;
 use libbpf_rs::{MapCore, MapFlags};
 
 #[path = "shared/root.rs"]
 mod root;
 use root::is_root;
-
-/// `enum xdp_action`.
-const XDP_TX: u32 = 3;
-const LOOPBACK: u32 = 1;
-/// Every address routed through `lo`, as `/proc/net/route` prints a default route.
-const ROUTES_VIA_LO: &str =
-    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
-lo\t00000000\t00000000\t0001\t0\t0\t0\t00000000\t0\t0\t0
-";
-
-fn stat(program: &SteeringProgram, index: u32) -> u64 {
-    program
-        .try_map("stats")
-        .unwrap()
-        .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
-        .unwrap()
-        .unwrap()
-        .iter()
-        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap()))
-        .sum()
-}
+#[path = "shared/on_loopback.rs"]
+mod on_loopback;
+use on_loopback::{lo, stat, LOOPBACK, ROUTES_VIA_LO, XDP_TX};
 
 fn publish(
     program: &SteeringProgram,
@@ -51,13 +32,7 @@ fn publish(
     publisher: &mut Publisher,
     fast_path: bool,
 ) {
-    let lo = Interface {
-        name: "lo".into(),
-        ifindex: LOOPBACK,
-        mac: [0; 6],
-        slot: 0,
-        queues: 1,
-    };
+    let lo = lo();
     let snapshot = plane.shared().snapshot.load();
     let publication = Publication {
         snapshot: &snapshot,
