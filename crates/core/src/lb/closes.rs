@@ -59,10 +59,10 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use super::counters::Counter;
 use super::worker::WorkerState;
-use crate::cookie::SharedWords;
 use crate::types::ServerId;
 use crate::wire::tcp::flags::{FIN, RST, SYN};
 use crate::wire::TcpSegment;
+use crate::words::Words;
 
 /// 256 KiB of slots per LB process.
 pub const DEFAULT_SLOTS: usize = 1 << 16;
@@ -103,14 +103,9 @@ impl Close {
 /// the XDP program's mmapped `closes` words ([`CloseFilter::with_words`]), with the kernel,
 /// which runs the same algorithm on them (bpf/lib/closes.h).
 pub struct CloseFilter {
-    slots: Slots,
+    /// The filter's own slots, of any size, or [`DEFAULT_SLOTS`] words it shares.
+    slots: Words<AtomicU32>,
     mask: usize,
-}
-
-/// The slots: the filter's own, of any size, or [`DEFAULT_SLOTS`] words it shares.
-enum Slots {
-    Owned(Box<[AtomicU32]>),
-    Shared(SharedWords<DEFAULT_SLOTS>),
 }
 
 impl Default for CloseFilter {
@@ -124,7 +119,7 @@ impl CloseFilter {
     pub fn with_slots(slots: usize) -> Self {
         let slots = slots.max(1).next_power_of_two();
         CloseFilter {
-            slots: Slots::Owned((0..slots).map(|_| AtomicU32::new(0)).collect()),
+            slots: Words::owned((0..slots).map(|_| AtomicU32::new(0)).collect()),
             mask: slots - 1,
         }
     }
@@ -132,23 +127,18 @@ impl CloseFilter {
     /// A filter of [`DEFAULT_SLOTS`] slots over `words` (e.g. the XDP program's mmapped
     /// `closes` array, so that a close the kernel counted is not counted again by a worker,
     /// nor the other way round). The words are cleared: a filter starts knowing no close.
-    pub fn with_words(words: SharedWords<DEFAULT_SLOTS>) -> Self {
+    pub fn with_words(words: &'static [AtomicU32; DEFAULT_SLOTS]) -> Self {
         let filter = CloseFilter {
-            slots: Slots::Shared(words),
+            slots: Words::borrowed(words),
             mask: DEFAULT_SLOTS - 1,
         };
         filter.clear();
         filter
     }
 
-    /// Out of the straight line (`on_server_close` is cold), so the match costs nothing
-    /// that matters.
     #[inline(always)]
     fn slots(&self) -> &[AtomicU32] {
-        match &self.slots {
-            Slots::Owned(slots) => slots,
-            Slots::Shared(words) => &words[..],
-        }
+        &self.slots
     }
 
     /// Forgets every close (tests, benchmarks and the fuzz harness reuse one filter).
@@ -270,7 +260,7 @@ mod tests {
     fn a_filter_over_shared_words_writes_them_and_starts_empty() {
         let words: &'static [AtomicU32; DEFAULT_SLOTS] =
             Box::leak(Box::new(std::array::from_fn(|_| AtomicU32::new(7))));
-        let filter = CloseFilter::with_words(SharedWords::borrowed(words));
+        let filter = CloseFilter::with_words(words);
         assert!(words.iter().all(|w| w.load(Relaxed) == 0), "cleared");
         let fin = Close::of_segment(HASH, FIN, FIN_SEQ, 0);
         assert!(filter.first(fin));
@@ -278,7 +268,7 @@ mod tests {
         assert_eq!(slot.load(Relaxed), (HASH >> 32) as u32 ^ FIN_SEQ);
         // Another filter over the same words (the kernel's view) knows the close.
         let other = CloseFilter {
-            slots: Slots::Shared(SharedWords::borrowed(words)),
+            slots: Words::borrowed(words),
             mask: DEFAULT_SLOTS - 1,
         };
         assert!(!other.first(fin));

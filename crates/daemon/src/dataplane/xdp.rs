@@ -510,7 +510,7 @@ pub struct CloseWords {
 impl CloseWords {
     /// A close filter over these words (for `ControlPlane::share_closes`); it clears them.
     pub fn filter(self) -> CloseFilter {
-        CloseFilter::with_words(SharedWords::borrowed(self.words))
+        CloseFilter::with_words(self.words)
     }
 
     /// The words, as the kernel sees them (tests compare the two sides' filters).
