@@ -139,7 +139,9 @@ struct lb_config {
 	__u32 fallback_mask;
 	// CLOCK_MONOTONIC at which the daemon's clock read 0: the core's `now` is
 	// bpf_ktime_get_ns() - clock_base_ns (the fallback path reads the coarse clock,
-	// bpf_ktime_get_coarse_ns: the same clock as of the last tick).
+	// bpf_ktime_get_coarse_ns: the same clock as of the last tick). Written by
+	// userspace's one setter (`SteeringProgram::set_clock_base`) through the map's mmap;
+	// a publisher's update of the whole value carries it as it is.
 	__u64 clock_base_ns;
 };
 
@@ -224,12 +226,6 @@ struct policy_rng {
 struct handshake_words {
 	__u64 slot[HANDSHAKE_SLOTS];
 	__u16 retry[HANDSHAKE_RETRY_SLOTS];
-};
-
-// The one entry of lb_clock: the CLOCK_MONOTONIC reading (bpf_ktime_get_ns) at which the
-// core's `now` was 0, so that the kernel's handshake bookkeeping uses the core's clock.
-struct lb_clock {
-	__u64 monotonic_base_ns;
 };
 
 // Value of the servers array, indexed by server id.

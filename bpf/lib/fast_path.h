@@ -71,10 +71,10 @@ static __always_inline void add_server_traffic(__u32 server, const struct iphdr 
 }
 
 // The core's `now` (the daemon's clock, ns since its start), for the handshake table's
-// retry marks; NULL clock: none published.
-static __always_inline __u64 core_now(const struct lb_clock *clock)
+// retry marks. The base is set once by the daemon, not by a publication: a plain read.
+static __always_inline __u64 core_now(const struct lb_config *config)
 {
-	return bpf_ktime_get_ns() - clock->monotonic_base_ns;
+	return bpf_ktime_get_ns() - config->clock_base_ns;
 }
 
 // Whether replies are taken from the interface `ifindex` (server_side, maps.h).
@@ -186,7 +186,6 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	struct policy_rng *cpu_rng = NULL;
 	struct policy_state *state;
 	struct server_info target;
-	struct lb_clock *clock;
 	struct policy_rng rng;
 	__be16 vip_port, backend_port;
 	__s64 total = 0;
@@ -199,8 +198,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	state = bpf_map_lookup_elem(&policy_state, &index);
 	words = bpf_map_lookup_elem(&handshakes, &zero);
-	clock = bpf_map_lookup_elem(&lb_clock, &zero);
-	if (!state || !words || !clock)
+	if (!state || !words)
 		return hand_up(STAT_UP_OTHER);
 	hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
 	switch (policy) {
@@ -268,7 +266,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	vip_port = vip->port;
 	backend_port = vip->backend_port;
 	nat = config->forwarding == LB_FORWARDING_NAT;
-	now = core_now(clock);
+	now = core_now(config);
 	if (!publish_unchanged(config, seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	// Commit: the policy's state moves on, the pick is counted and booked, then the bytes.
@@ -488,13 +486,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		hash = siphash_finish(vip->hash_prefix, p->ip->daddr, p->tcp->dest);
 		if (flags & TCP_SYN) {
 			struct handshake_words *words = bpf_map_lookup_elem(&handshakes, &zero);
-			struct lb_clock *clock = bpf_map_lookup_elem(&lb_clock, &zero);
 
 			// The answer to a recently retried SYN may have to move its load count
 			// (handshakes.rs `on_syn_ack`): userspace does that bookkeeping, as the
 			// core's straight line leaves it to its general server path.
-			if (!words || !clock ||
-			    handshake_retried_recently(words, hash, core_now(clock)))
+			if (!words || handshake_retried_recently(words, hash, core_now(config)))
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 		}
 		msb = bpf_ntohl(*tsval) >> 16;

@@ -213,14 +213,6 @@ struct {
 	__type(value, struct handshake_words);
 } handshakes SEC(".maps");
 
-// Where the core's clock starts (cheetah_shared.h struct lb_clock), written by userspace.
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct lb_clock);
-} lb_clock SEC(".maps");
-
 // IPv4 prefix -> the next hop toward a client there (cheetah_shared.h struct next_hop):
 // the kernel's FIB and neighbour answers, mirrored by userspace so that a server's reply
 // costs one trie lookup instead of bpf_fib_lookup.

@@ -435,7 +435,6 @@ fn publish(
         sides,
         fast_path,
         fallback_sets: state.shared.fallback.sets(),
-        clock_base_ns: state.clock.monotonic_base_ns(),
     };
     publisher.publish(steering, &publication)
 }

@@ -77,7 +77,6 @@ fn load(interfaces: &[Interface; 2]) -> (SteeringProgram, ControlPlane) {
         sides: &[Ingress::ServerSide, Ingress::ClientSide],
         fast_path: true,
         fallback_sets: plane.shared().fallback.sets(),
-        clock_base_ns: 0,
     };
     // This thread's namespace's tables: /proc/net is the process's first thread's.
     let routes = std::fs::read_to_string(Path::new("/proc/thread-self/net/route")).unwrap();

@@ -87,7 +87,6 @@ impl Lb {
             sides: &[Ingress::ServerSide, Ingress::ClientSide],
             fast_path: true,
             fallback_sets: plane.shared().fallback.sets(),
-            clock_base_ns: 0,
         };
         // This thread's namespace's tables: /proc/net is the process's first thread's.
         let read = |path: &str| std::fs::read_to_string(Path::new(path)).unwrap();

@@ -712,7 +712,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
         panic!("the SYN was placed: {placed:?}")
     };
     plane.remove_server(server.0, now).unwrap();
-    kernel.publish(&topology, &plane, clock_base_ns);
+    kernel.publish(&topology, &plane);
     worker.tick(now);
     let run = kernel.run(topology.servers, &ack, &ids, now);
     assert_eq!((run.fast_moved(), &run.up[..]), (0, &["cookie"][..]));

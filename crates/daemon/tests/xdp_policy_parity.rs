@@ -275,7 +275,6 @@ fn set_up(config: &LbConfig) -> Lb {
         sides: &[Ingress::ServerSide, Ingress::ClientSide],
         fast_path: true,
         fallback_sets: kernel_plane.shared().fallback.sets(),
-        clock_base_ns: 0,
     };
     let mut worker_config = WorkerConfig::new(0, 1, config);
     worker_config.seed = RNG_SEED;

@@ -62,7 +62,6 @@ const VIP_WEIGHTS: u32 = 264; // total, weight[64]
 const POLICY_STATE: u32 = 528; // rr_position, pad, wrr_steps, wrr_base[64]
 const POLICY_RNG: u32 = 32; // s[4]
 const HANDSHAKE_WORDS: u32 = 8 * (1 << 18) + 2 * (1 << 12); // slot[2^18], retry[2^12]
-const LB_CLOCK: u32 = 8; // monotonic_base_ns
 const SERVER_LOAD: u32 = 16; // active, reported
 const NEXT_HOP_KEY: u32 = 8; // prefixlen, addr
 const NEXT_HOP: u32 = 24; // kind, ifindex, mtu, dmac[6], smac[6]
@@ -120,7 +119,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 25] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 24] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -223,7 +222,6 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             1,
             BPF_F_MMAPABLE,
         ),
-        ("lb_clock", MapType::Array, 4, LB_CLOCK, 1, 0),
         (
             "next_hops",
             MapType::LpmTrie,

@@ -59,7 +59,6 @@ fn tables(subnet: u8, pool: &[u16]) -> Wanted {
         sides: &[Ingress::ServerSide],
         fast_path: true,
         fallback_sets: plane.shared().fallback.sets(),
-        clock_base_ns: 0,
     };
     wanted(&publication, ROUTES_VIA_LO, "")
 }

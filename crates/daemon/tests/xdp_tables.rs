@@ -41,7 +41,6 @@ fn publish(
         sides: &[Ingress::ServerSide],
         fast_path,
         fallback_sets: plane.shared().fallback.sets(),
-        clock_base_ns: 0,
     };
     publisher
         .write(program, wanted(&publication, ROUTES_VIA_LO, ""))

@@ -268,7 +268,6 @@ fn rust_side() -> BTreeMap<String, u64> {
         slot,
         retry
     ));
-    values.extend(layout!(LbClock, "struct lb_clock", monotonic_base_ns));
     values.extend(layout!(
         ServerLoadValue,
         "struct server_load",

@@ -7,7 +7,7 @@
 
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use cheetah_core::cookie::msb::COOKIES;
@@ -21,7 +21,7 @@ use cheetah_core::types::ServerId;
 
 use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
-    Encode, HandshakeWords, LbClock, LbConfigValue, PolicyRngState, PolicyState, ServerLoadValue,
+    Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, ServerLoadValue,
     ServerTraffic, FAST_BUNDLES, FAST_EVENTS, STAT_NEXT_HOP_MISS, UP_REASONS,
 };
 
@@ -233,13 +233,24 @@ impl SteeringProgram {
         Ok(at)
     }
 
-    /// Tells the program where the core's clock starts (`struct lb_clock`): the
-    /// CLOCK_MONOTONIC reading at which the core's `now` was 0.
+    /// Tells the program where the core's clock starts (`lb_config.clock_base_ns`): the
+    /// CLOCK_MONOTONIC reading at which the core's `now` was 0. The one writer of that
+    /// field; the publisher carries it over when it rewrites `lb_config`.
     pub fn set_clock_base(&self, monotonic_base_ns: u64) -> anyhow::Result<()> {
-        let value = LbClock { monotonic_base_ns };
-        self.map("lb_clock")
-            .update(&0u32.to_ne_bytes(), &value.to_bytes(), MapFlags::ANY)
-            .context("cannot update lb_clock")
+        self.clock_base_word()?.store(monotonic_base_ns, Relaxed);
+        Ok(())
+    }
+
+    /// Where the core's clock starts, as [`set_clock_base`](Self::set_clock_base) left it
+    /// (0 before any call).
+    pub fn clock_base(&self) -> anyhow::Result<u64> {
+        Ok(self.clock_base_word()?.load(Relaxed))
+    }
+
+    fn clock_base_word(&self) -> anyhow::Result<&'static AtomicU64> {
+        const WORDS: usize = std::mem::size_of::<LbConfigValue>() / 8;
+        let words: &'static [AtomicU64; WORDS] = self.mmap_value("lb_config")?;
+        Ok(&words[std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8])
     }
 
     /// Sets what pow2 in the kernel compares for server `id` (`server_loads`).

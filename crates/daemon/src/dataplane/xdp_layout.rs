@@ -202,7 +202,9 @@ pub struct LbConfigValue {
     pub publish_seq: u32,
     /// The fallback table's sets - 1.
     pub fallback_mask: u32,
-    /// CLOCK_MONOTONIC ns at which the daemon's clock read 0 (`Clock::monotonic_base_ns`).
+    /// CLOCK_MONOTONIC ns at which the daemon's clock read 0 (`Clock::monotonic_base_ns`):
+    /// set by `SteeringProgram::set_clock_base` alone; an update of the whole value must
+    /// carry it as it is.
     pub clock_base_ns: u64,
 }
 
@@ -550,19 +552,6 @@ impl Encode for ServerLoadValue {
             .put(offset_of!(Self, active), &self.active.to_ne_bytes())
             .put(offset_of!(Self, reported), &self.reported.to_ne_bytes())
             .0
-    }
-}
-
-/// `struct lb_clock`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LbClock {
-    pub monotonic_base_ns: u64,
-}
-
-impl Encode for LbClock {
-    fn to_bytes(&self) -> Vec<u8> {
-        self.monotonic_base_ns.to_ne_bytes().to_vec()
     }
 }
 

@@ -40,8 +40,6 @@ pub struct Publication<'a> {
     pub fast_path: bool,
     /// Sets of the shared fallback table (`FallbackTable::sets`; the `fallback` map's).
     pub fallback_sets: usize,
-    /// CLOCK_MONOTONIC ns at which the core's `now` was 0 (`Clock::monotonic_base_ns`).
-    pub clock_base_ns: u64,
 }
 
 type Entries = BTreeMap<Vec<u8>, Vec<u8>>;
@@ -125,7 +123,6 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
         // The program only compares it with what it read before: the low bits do.
         generation: snapshot.generation as u32,
         fallback_mask: publication.fallback_sets.saturating_sub(1) as u32,
-        clock_base_ns: publication.clock_base_ns,
         ..LbConfigValue::default()
     };
     let mut wanted = Wanted {
@@ -403,6 +400,7 @@ impl Publisher {
         if last.as_ref().map(|l| l.config) != Some(wanted.config) {
             let config = LbConfigValue {
                 publish_seq: window.before_write()?,
+                clock_base_ns: program.clock_base()?,
                 ..wanted.config
             };
             program
@@ -544,7 +542,6 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             sides: &[Ingress::ClientSide, Ingress::ServerSide],
             fast_path,
             fallback_sets: 64,
-            clock_base_ns: 5,
         };
         wanted(&publication, ROUTES, ARP)
     }
@@ -572,10 +569,10 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         );
         assert_eq!((on.id_bits, on.id_mask), (12, 0x0fff));
         assert_eq!(on.generation as u64, plane.generation());
+        assert_eq!(on.fallback_mask, 63, "the fallback table's sets - 1");
         assert_eq!(
-            (on.fallback_mask, on.clock_base_ns),
-            (63, 5),
-            "the fallback table's sets - 1 and the clock's base"
+            on.clock_base_ns, 0,
+            "the clock's base is not the publication's"
         );
         let off = wanted_of(&plane, false).config;
         assert_eq!(off.flags, 0, "datapath = afxdp: the program only steers");
@@ -614,7 +611,6 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 sides: &[Ingress::ClientSide, Ingress::ServerSide],
                 fast_path: true,
                 fallback_sets: 64,
-                clock_base_ns: 5,
             };
             wanted(&publication, "", "")
         };

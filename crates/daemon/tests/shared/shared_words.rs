@@ -38,7 +38,10 @@ impl SharedWords {
             .object()
             .maps()
             .filter(|map| {
-                map.map_type() == MapType::Array
+                // lb_config is mmapable for its publish word and clock base, which only
+                // userspace writes (the harness sets the clock per packet): not a table.
+                map.name() != "lb_config"
+                    && map.map_type() == MapType::Array
                     && map.max_entries() == 1
                     && map
                         .info()

@@ -245,7 +245,10 @@ impl Kernel {
             workers: worker_config.workers,
             rng_seed: worker_config.seed,
         });
-        self.publish_with(&mut publisher, topology, &plane, clock_base_ns);
+        self.program
+            .set_clock_base(clock_base_ns)
+            .expect("set the kernel's clock");
+        self.publish_with(&mut publisher, topology, &plane);
         publisher
             .seed_policies(&self.program, &snapshot)
             .expect("seed the policies");
@@ -253,19 +256,12 @@ impl Kernel {
         (plane, worker)
     }
 
-    /// Publishes `plane`'s tables into the kernel's maps again (after a change), the
-    /// fallback path's clock reading `now` at `clock_base_ns`.
-    pub fn publish(&self, topology: &Topology, plane: &ControlPlane, clock_base_ns: u64) {
-        self.publish_with(&mut Publisher::new(), topology, plane, clock_base_ns);
+    /// Publishes `plane`'s tables into the kernel's maps again (after a change).
+    pub fn publish(&self, topology: &Topology, plane: &ControlPlane) {
+        self.publish_with(&mut Publisher::new(), topology, plane);
     }
 
-    fn publish_with(
-        &self,
-        publisher: &mut Publisher,
-        topology: &Topology,
-        plane: &ControlPlane,
-        clock_base_ns: u64,
-    ) {
+    fn publish_with(&self, publisher: &mut Publisher, topology: &Topology, plane: &ControlPlane) {
         let snapshot = plane.shared().snapshot.load();
         let (interfaces, sides) = topology.interfaces();
         let publication = Publication {
@@ -275,7 +271,6 @@ impl Kernel {
             sides: &sides,
             fast_path: true,
             fallback_sets: plane.shared().fallback.sets(),
-            clock_base_ns,
         };
         // This thread's namespace's tables: /proc/net is the process's first thread's.
         let routes = read(Path::new("/proc/thread-self/net/route"));

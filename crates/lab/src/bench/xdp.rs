@@ -407,6 +407,7 @@ impl Bench {
         // The kernel's clock at the frames' `now` (FRAMES_AT), so a fallback hit refreshes
         // its entry about once a second as in a live run.
         let clock_base_ns = monotonic_ns() - FRAMES_AT;
+        program.set_clock_base(clock_base_ns)?;
         xdp_tables::publish(
             &program,
             &Publication {
@@ -416,7 +417,6 @@ impl Bench {
                 sides,
                 fast_path: true,
                 fallback_sets: plane.shared().fallback.sets(),
-                clock_base_ns,
             },
         )?;
         // As `cheetah run` keeps it: every reply's next hop from the map, unless a row
