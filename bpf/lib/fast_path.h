@@ -440,7 +440,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	struct close close = {};
 	int is_close = 0, first_close = 0;
 	// A reply whose MSB moved, learnt in the kernel (clock_learn.h).
-	struct clock_learning learning = {};
+	struct clock_learning learning;
 	int learns = 0;
 	__u16 cookie = 0;
 	__u32 id = 0, stat;
