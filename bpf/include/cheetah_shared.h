@@ -55,7 +55,7 @@ enum xdp_stat {
 	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
 	STAT_UP_LAYOUT,         // not the straight line's layout (VLAN, IP options, fragment, no NOP NOP TS)
 	STAT_UP_COOKIE,         // cookie (or fallback entry) names no forwarding server, an unknown clock, or is beyond the idle limit
-	STAT_UP_CLOCK,          // a reply whose MSB is not the newest seen: the clock learns in userspace
+	STAT_UP_CLOCK,          // a reply whose clock the core would not learn (backwards, ahead of real time, too fast: it counts and warns), or that raced another writer
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a reply with SYN: handshake bookkeeping (closes are the kernel's)
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
 	STAT_UP_OTHER,          // anything else: unknown VIP port, pool not published, reply on the client side

@@ -75,6 +75,7 @@ struct clock_learning {
 	__u32 current;    // the seen word the decision was made on
 	__u32 generation; // the estimate's generation read first
 	__u16 id_bits;
+	__u16 id_mask;
 	// The server's clock was known: the reply advanced it (else it is its first).
 	__u8 advanced;
 };
@@ -134,7 +135,7 @@ static __always_inline __u32 clock_restore_entry(__u32 estimate, __u16 epoch, __
 struct clock_publish_round {
 	struct msb_restore_words *restores;
 	__u32 estimate;
-	__u32 index;
+	__u32 id;       // the server id's bits of the unmasked cookie
 	__u16 id_bits;
 	__u16 epochs;
 };
@@ -143,7 +144,7 @@ struct clock_publish_round {
 static long clock_publish_entry(__u32 epoch, void *data)
 {
 	struct clock_publish_round *round = data;
-	__u32 at = ((epoch << round->id_bits) | round->index) & (COOKIE_SPACE - 1);
+	__u32 at = ((epoch << round->id_bits) | round->id) & (COOKIE_SPACE - 1);
 
 	*(volatile __u32 *)&round->restores->word[at] =
 		clock_restore_entry(round->estimate, epoch, round->epochs);
@@ -159,7 +160,7 @@ static __always_inline void clock_publish(const struct clock_learning *l,
 {
 	struct clock_publish_round round = {
 		.restores = restores,
-		.index = l->index,
+		.id = l->index & l->id_mask,
 		.id_bits = l->id_bits,
 		.epochs = 1 << (16 - l->id_bits),
 	};
@@ -229,6 +230,7 @@ static __always_inline int clock_learn_decide(struct clock_learning *l,
 	l->now_ms = now_ns / NANOS_PER_MS;
 	l->current = current;
 	l->id_bits = layout.id_bits;
+	l->id_mask = layout.id_mask;
 	// The core's order of reads: the generation, the anchor, the bound.
 	l->generation = *(volatile __u32 *)&clock->estimates[index] & MSB_GENERATION;
 	l->previous = *(volatile __u64 *)&clock->anchors[index];

@@ -9,10 +9,12 @@
 // the AF_XDP worker's egress step) would send, or returns LB_HAND_UP, having counted one
 // STAT_UP_* reason and changed no byte: userspace then decides, as it always did.
 //
-// Whatever would change state the kernel does not share with the core (a clock that moved,
-// a SYN-ACK that may move a load count), a policy it does not run, or what the maps do not
-// answer (a server without a resolved egress, a FIB miss) goes up. A server's close is
-// booked in the kernel, in the close filter it shares with the core (closes.h).
+// Whatever would change state the kernel does not share with the core (a SYN-ACK that may
+// move a load count), a policy it does not run, a server clock the core would not learn,
+// or what the maps do not answer (a server without a resolved egress, a FIB miss) goes up.
+// A server's close is booked in the kernel, in the close filter it shares with the core
+// (closes.h); a server's clock that moved forward is learnt there, in the clock words it
+// shares with the core (clock_learn.h).
 
 #ifndef CHEETAH_LIB_FAST_PATH_H
 #define CHEETAH_LIB_FAST_PATH_H
