@@ -17,9 +17,10 @@
 // the 64 bits around a 32-bit word (clock_cas32: clang 14 emits 32-bit BPF atomics only
 // with -mcpu=v3, which the program is not built for); its SeqCst loads are volatile loads,
 // its SeqCst stores of restore entries volatile stores followed by one fully ordered
-// atomic before the estimate is read again (what `publish` needs of them). The core's
-// loops that retry a lost compare-exchange are bounded here; where a bound runs out, see
-// clock_raise_estimate and clock_publish.
+// atomic before the estimate is read again (what `publish` needs of them), its Relaxed
+// adds to the count of writes atomic adds. The core's loops that retry a lost
+// compare-exchange are bounded here; where a bound runs out, see clock_raise_estimate and
+// clock_publish.
 
 #ifndef CHEETAH_LIB_CLOCK_LEARN_H
 #define CHEETAH_LIB_CLOCK_LEARN_H
@@ -171,9 +172,10 @@ static __always_inline void clock_publish(const struct clock_learning *l,
 		__u32 now;
 
 		bpf_loop(round.epochs, clock_publish_entry, &round, 0);
-		// The stores before the read, as the core's SeqCst ones are: a fully ordered
-		// atomic that changes nothing.
-		__sync_fetch_and_add(&l->clock->writes, 0);
+		// The stores before the read, as the core's SeqCst ones are: a compare-exchange
+		// that changes nothing (fully ordered, where an atomic add without fetch, as
+		// clang emits one whose result is unused, is not on every JIT).
+		__sync_val_compare_and_swap(&l->clock->writes, 0, 0);
 		now = *(volatile __u32 *)cell;
 		if (now == round.estimate)
 			return;
