@@ -55,7 +55,7 @@ enum xdp_stat {
 	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
 	STAT_UP_LAYOUT,         // not the straight line's layout (VLAN, IP options, fragment, no NOP NOP TS)
 	STAT_UP_COOKIE,         // cookie (or fallback entry) names no forwarding server, an unknown clock, or is beyond the idle limit
-	STAT_UP_CLOCK,          // a reply whose MSB is not the newest seen: the clock learns in userspace
+	STAT_UP_CLOCK,          // a reply whose clock the core would not learn (backwards, ahead of real time, too fast: it counts and warns), or that raced another writer
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a reply with SYN: handshake bookkeeping (closes are the kernel's)
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
 	STAT_UP_OTHER,          // anything else: unknown VIP port, pool not published, reply on the client side
@@ -90,6 +90,16 @@ enum xdp_stat {
 	// A client segment without TCP options that the fallback table does not know: the
 	// core sends it where the VIP's Maglev table points.
 	STAT_UP_FALLBACK_MISS,
+	// A reply whose MSB moved, learnt in the kernel (bpf/lib/clock_learn.h): what the
+	// packet's entry without the move stands for (STAT_FAST_SERVER_COOKIE, _CLOSE or
+	// _DUPLICATE_CLOSE) plus the core's `ts_msb_learned` (the server's first MSB) or
+	// `ts_msb_advanced`. Each LEARNED entry is followed by its ADVANCED one.
+	STAT_FAST_SERVER_COOKIE_LEARNED,
+	STAT_FAST_SERVER_COOKIE_ADVANCED,
+	STAT_FAST_SERVER_CLOSE_LEARNED,
+	STAT_FAST_SERVER_CLOSE_ADVANCED,
+	STAT_FAST_SERVER_DUPLICATE_CLOSE_LEARNED,
+	STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED,
 	STAT_COUNT,
 };
 
@@ -270,6 +280,28 @@ struct close_words {
 // MSB, whose two low bytes in memory are the packet's (network order).
 #define MSB_KNOWN (1u << 16)
 #define MSB_BEYOND_IDLE_LIMIT (1u << 17)
+
+// The rest of the clock table's words (core cookie/msb.rs `ClockWords`), the one entry of
+// the mmapable msb_clock array: what learning a reply reads and writes besides msb_seen
+// and msb_restores, so that the kernel learns a reply whose MSB moved (clock_learn.h) in
+// the very words the workers and health probes do. anchors and limits: `(LB ms as u32) <<
+// 32 | TSval`, or MSB_UNKNOWN_ANCHOR; estimates: `generation | MSB_KNOWN | M^`, the
+// generation counted in units of MSB_GENERATION_ONE; probed: 1 once a health probe
+// anchored the clock; writes: bumped on every write of an estimate (the persister's cue).
+#define MSB_GENERATION_ONE (1u << 17)
+#define MSB_UNKNOWN_ANCHOR 0xffffffffffffffffULL
+// The core's bounds on a reply's clock: ticks a minute, the slack in ticks, and the
+// share (1 >> shift) by which a server clock may run faster or slower than the LB's.
+#define MSB_MAX_TICKS_PER_MINUTE 65536
+#define MSB_TICK_SLACK 2000
+#define MSB_DRIFT_ALLOWANCE_SHIFT 11
+struct msb_clock_words {
+	__u64 anchors[SERVER_ID_SPACE];
+	__u64 limits[SERVER_ID_SPACE];
+	__u32 estimates[SERVER_ID_SPACE];
+	__u8 probed[SERVER_ID_SPACE];
+	__u64 writes;
+};
 
 // One set of the fallback table (core lb/fallback.rs), one entry of the fallback map: an
 // array's entries of 64 bytes are contiguous, so the mmapped map is the core's sets, and

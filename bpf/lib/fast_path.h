@@ -9,10 +9,12 @@
 // the AF_XDP worker's egress step) would send, or returns LB_HAND_UP, having counted one
 // STAT_UP_* reason and changed no byte: userspace then decides, as it always did.
 //
-// Whatever would change state the kernel does not share with the core (a clock that moved,
-// a SYN-ACK that may move a load count), a policy it does not run, or what the maps do not
-// answer (a server without a resolved egress, a FIB miss) goes up. A server's close is
-// booked in the kernel, in the close filter it shares with the core (closes.h).
+// Whatever would change state the kernel does not share with the core (a SYN-ACK that may
+// move a load count), a policy it does not run, a server clock the core would not learn,
+// or what the maps do not answer (a server without a resolved egress, a FIB miss) goes up.
+// A server's close is booked in the kernel, in the close filter it shares with the core
+// (closes.h); a server's clock that moved forward is learnt there, in the clock words it
+// shares with the core (clock_learn.h).
 
 #ifndef CHEETAH_LIB_FAST_PATH_H
 #define CHEETAH_LIB_FAST_PATH_H
@@ -22,6 +24,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
+#include "clock_learn.h"
 #include "closes.h"
 #include "cookie.h"
 #include "csum.h"
@@ -438,6 +441,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	// A FIN or an RST (cheetah mode): its close, and whether it is the first (closes.h).
 	struct close close = {};
 	int is_close = 0, first_close = 0;
+	// A reply whose MSB moved, learnt in the kernel (clock_learn.h).
+	struct clock_learning learning;
+	int learns = 0;
 	__u16 cookie = 0;
 	__u32 id = 0, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
@@ -460,7 +466,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		struct cookie_layout layout = layout_of(config);
 		struct msb_seen_words *seen;
 		__u8 flags = tcp_flags(p->tcp);
-		__u32 zero = 0;
+		__u32 zero = 0, seen_word;
 		__u16 msb;
 		__u64 hash;
 
@@ -495,8 +501,15 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		}
 		msb = bpf_ntohl(*tsval) >> 16;
 		seen = bpf_map_lookup_elem(&msb_seen, &zero);
-		if (!seen || !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
+		if (!seen)
 			return hand_up(STAT_UP_CLOCK);
+		seen_word = seen->word[id & (SERVER_ID_SPACE - 1)];
+		if (!cookie_clock_unchanged(seen_word, msb)) {
+			learns = clock_learn_decide(&learning, seen, id, bpf_ntohl(*tsval),
+						    seen_word, core_now(config), layout);
+			if (!learns)
+				return hand_up(STAT_UP_CLOCK);
+		}
 		cookie = cookie_encode(layout, id, hash, msb);
 		// closes.rs `on_server_close`, filed under the cookie's hash. Cheetah mode only:
 		// the baselines place no connection by a policy, so they count no close either.
@@ -522,6 +535,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	vip_port = vip->port;
 	if (!publish_unchanged(config, seq))
 		return hand_up(STAT_UP_PUBLISHING);
+	// The first write: a clock another writer moved meanwhile goes up, nothing written.
+	if (learns && !clock_learn_commit(&learning))
+		return hand_up(STAT_UP_CLOCK);
 
 	if (cheetah) {
 		// The cookie takes the place of the MSB; the low half stays.
@@ -532,6 +548,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 				close_record(&close);
 			stat = first_close ? STAT_FAST_SERVER_CLOSE : STAT_FAST_SERVER_DUPLICATE_CLOSE;
 		}
+		if (learns)
+			stat = clock_learnt_stat(stat, &learning);
 	} else {
 		stat = STAT_FAST_SERVER_PLAIN;
 	}

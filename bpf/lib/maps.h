@@ -138,6 +138,16 @@ struct {
 	__type(value, struct msb_restore_words);
 } msb_restores SEC(".maps");
 
+// The clock words learning writes (struct msb_clock_words), mmapped by userspace for the
+// core's MsbTable (`ClockWords`): a reply whose MSB moved is learnt by either side.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct msb_clock_words);
+} msb_clock SEC(".maps");
+
 // The close filter's words (struct close_words), mmapped by userspace for the core's
 // CloseFilter (`CloseFilter::with_words`): a close counted by either side is a duplicate
 // for the other. One entry holding every word, as msb_seen.

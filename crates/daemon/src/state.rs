@@ -319,8 +319,10 @@ mod tests {
         let stats = SteeringStats {
             fast: [10, 20, 30, 40, 100, 1000, 50],
             up: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
-            // A first close, a duplicate close, an ICMP error by its cookie, by a pick.
-            events: [100, 200, 400, 800],
+            // A first close, a duplicate close, an ICMP error by its cookie, by a pick; a
+            // reply that learnt its server's clock (first MSB, advance): a cookie, a first
+            // close, a duplicate close.
+            events: [100, 200, 400, 800, 3, 5, 7, 11, 13, 17],
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -335,15 +337,17 @@ mod tests {
         assert_eq!(events["fallback_hits"], 50);
         assert_eq!(events["options_slow_path"], 50);
         assert_eq!(
-            events["to_client"], 370,
-            "server cookie + server plain + closes"
+            events["to_client"], 426,
+            "server cookie + server plain + closes + replies that learnt a clock"
         );
-        assert_eq!(events["fast_path"], 400);
+        assert_eq!(events["fast_path"], 456);
         assert_eq!(events["cookie_routed"], 10);
-        assert_eq!(events["cookies_inserted"], 330);
-        assert_eq!(events["options_fast_path"], 1440);
-        assert_eq!(events["server_closes"], 100);
-        assert_eq!(events["duplicate_closes"], 200);
+        assert_eq!(events["cookies_inserted"], 386);
+        assert_eq!(events["options_fast_path"], 1496);
+        assert_eq!(events["server_closes"], 118);
+        assert_eq!(events["duplicate_closes"], 230);
+        assert_eq!(events["ts_msb_learned"], 23);
+        assert_eq!(events["ts_msb_advanced"], 33);
         assert_eq!(events["icmp_routed_by_cookie"], 400);
         assert_eq!(events["new_connections"], 1100);
         assert_eq!(events["syn_retransmissions"], 1000);

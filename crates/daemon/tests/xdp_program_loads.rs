@@ -35,7 +35,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 26;
+const STAT_COUNT: u32 = 32;
 const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
@@ -119,7 +119,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 24] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 25] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -167,6 +167,16 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             MapType::Array,
             4,
             4 * COOKIE_SPACE,
+            1,
+            BPF_F_MMAPABLE,
+        ),
+        // The rest of the clock table's words (struct msb_clock_words): anchors and
+        // limits (8 bytes a server), estimates (4), probed (1), the count of writes.
+        (
+            "msb_clock",
+            MapType::Array,
+            4,
+            (8 + 8 + 4 + 1) * SERVER_ID_SPACE + 8,
             1,
             BPF_F_MMAPABLE,
         ),

@@ -7,5 +7,5 @@
 pub mod msb;
 pub mod tcp_ts;
 
-pub use msb::{MsbLearn, MsbTable, PersistedMsb, PersistedMsbError, SharedWords};
+pub use msb::{ClockWords, MsbLearn, MsbTable, PersistedMsb, PersistedMsbError, SharedWords};
 pub use tcp_ts::{BadEpochBits, CookieLayout};

@@ -39,6 +39,7 @@ use std::sync::atomic::{
 
 use super::tcp_ts::{CookieLayout, Unmasked};
 use crate::types::{Nanos, ServerId, NANOS_PER_MS, NANOS_PER_SEC};
+use crate::words::Words;
 
 /// Set in a state once it is known; also in a restore entry once the MSB it holds is known.
 /// Public because the XDP program reads the same words (`MSB_KNOWN` in
@@ -48,7 +49,9 @@ pub const KNOWN: u32 = 1 << 16;
 /// an import, a forget). A writer that computed M^ from what it read earlier (a reply being
 /// learnt, the refresh) writes only if the generation is still the one it read first, so
 /// it can never put back what such a write replaced.
-const GENERATION_ONE: u32 = 1 << 17;
+/// Public, as the constants below, because the XDP program learns replies by the same
+/// rules (`MSB_*` in bpf/include/cheetah_shared.h).
+pub const GENERATION_ONE: u32 = 1 << 17;
 const GENERATION: u32 = !(GENERATION_ONE - 1);
 /// Set in a restore entry whose echo is certainly older than the layout's idle limit: the
 /// server's next segment may be dropped by the client's PAWS check. Counted, not dropped.
@@ -67,17 +70,18 @@ pub const MAX_TICKS_PER_MINUTE: u64 = 65_536;
 /// Allowance for network delay between the two TSvals, in ticks: how far a reply may be
 /// ahead of real time since the anchor it is bounded by (the anchor's own delay, the LB's
 /// batch clock, a server tick coarser than 1 ms).
-const TICK_SLACK: u64 = 2_000;
+pub const TICK_SLACK: u64 = 2_000;
 /// The estimate runs this much slower than the LB's clock (1/2048, about 490 ppm), so that
 /// a server clock that is a little slow does not put M^ ahead of the server: behind is what
 /// the restore window absorbs best. Linux's TCP clock is the host's monotonic clock,
 /// which NTP keeps within tens of ppm of the LB's.
-const DRIFT_ALLOWANCE_SHIFT: u32 = 11;
+pub const DRIFT_ALLOWANCE_SHIFT: u32 = 11;
 /// Anchors older than this are moved forward to their estimate by [`MsbTable::refresh`],
 /// so the 32-bit ms arithmetic of the estimate never wraps (it would after 24.8 days).
 const REANCHOR_AFTER_MS: u32 = 3_600_000;
 const WARNING_INTERVAL: Nanos = 60 * NANOS_PER_SEC;
-const UNKNOWN: u64 = u64::MAX;
+/// An anchor or limit word that holds none.
+pub const UNKNOWN: u64 = u64::MAX;
 const ID_SPACE: usize = ServerId::SPACE;
 /// Unmasked cookies, the index space of the restore entries.
 pub const COOKIES: usize = 1 << 16;
@@ -126,29 +130,15 @@ pub struct MsbTable {
     /// `KNOWN | newest MSB seen` per server id. Sized to the whole id space, so an id
     /// decoded from a cookie needs no bounds check.
     seen: SharedWords<ID_SPACE>,
-    /// `(LB ms as u32) << 32 | TSval` at the last advance of `seen` or probe answer (or
-    /// moved forward by [`MsbTable::refresh`]), or `UNKNOWN`. One word, so the pair is
-    /// always consistent.
-    anchors: Box<[AtomicU64; ID_SPACE]>,
-    /// The anchor replies are bounded by, in the same form: the last probe answer's, or,
-    /// while the server was never probed, the last learnt reply's; `UNKNOWN` when nothing
-    /// bounds them (a clock just imported). Carried forward by the refresh at the fastest
-    /// rate a server clock may run, so it never holds a real reply back.
-    limits: Box<[AtomicU64; ID_SPACE]>,
-    /// Whether a probe anchored the server's clock since the table was made (or the server
-    /// forgotten).
-    probed: Box<[AtomicBool; ID_SPACE]>,
-    /// `generation | KNOWN | M^`. A reply or the refresh only moves M^ forward; a probe,
-    /// an import or a forget sets it anywhere and bumps the generation.
-    estimates: Box<[AtomicU32; ID_SPACE]>,
+    /// The words only the clock's writers read (anchors, bounds, estimates): the core's
+    /// own, or the XDP program's, which learns replies in the kernel.
+    clock: Words<ClockWords>,
     /// Indexed by [`Unmasked`]: `KNOWN | BEYOND_IDLE_LIMIT? | the restored MSB in network
     /// byte order` (the value whose in-memory bytes are the packet's), 0 while the clock is
     /// unknown. Always `restore_entry` of the server's estimate once its writers are done
     /// (see [`MsbTable::publish`]).
     restores: SharedWords<COOKIES>,
     last_warning: Box<[AtomicU64; ID_SPACE]>,
-    /// Bumped on every write of an estimate, so a persister knows when to save.
-    writes: AtomicU64,
     echoes_beyond_idle_limit: AtomicU64,
     probe_resets: AtomicU64,
 }
@@ -161,34 +151,44 @@ impl Default for MsbTable {
 
 impl MsbTable {
     pub fn new(layout: CookieLayout) -> Self {
-        Self::with_words(layout, SharedWords::zeroed(), SharedWords::zeroed())
+        Self::with_words(
+            layout,
+            SharedWords::zeroed(),
+            SharedWords::zeroed(),
+            ClockWords::owned(),
+        )
     }
 
-    /// A table whose `seen` and `restores` words (the two a packet path reads) are the
-    /// caller's: e.g. the XDP program's mmapped arrays, so that the kernel's fast path and
-    /// the workers share one clock table. The words are cleared: a table starts knowing
+    /// A table whose words are the caller's: e.g. the XDP program's mmapped arrays, so
+    /// that the kernel's fast path and the workers share one clock table: `seen` and
+    /// `restores` (the two a packet path reads) and `clock` (what learning a reply
+    /// writes, which the kernel does too). The words are cleared: a table starts knowing
     /// no clock.
     pub fn with_words(
         layout: CookieLayout,
         seen: SharedWords<ID_SPACE>,
         restores: SharedWords<COOKIES>,
+        clock: Words<ClockWords>,
     ) -> Self {
         for word in seen.iter().chain(restores.iter()) {
             word.store(0, SeqCst);
         }
+        clock[0].clear();
         MsbTable {
             layout,
             seen,
-            anchors: atomics(|| AtomicU64::new(UNKNOWN)),
-            limits: atomics(|| AtomicU64::new(UNKNOWN)),
-            probed: atomics(|| AtomicBool::new(false)),
-            estimates: atomics(|| AtomicU32::new(0)),
+            clock,
             restores,
             last_warning: atomics(|| AtomicU64::new(0)),
-            writes: AtomicU64::new(0),
             echoes_beyond_idle_limit: AtomicU64::new(0),
             probe_resets: AtomicU64::new(0),
         }
+    }
+
+    /// The words learning writes (one table's, whoever owns them).
+    #[inline(always)]
+    fn clock(&self) -> &ClockWords {
+        &self.clock[0]
     }
 
     pub fn layout(&self) -> CookieLayout {
@@ -218,12 +218,12 @@ impl MsbTable {
         let index = server.index();
         let msb = (tsval >> 16) as u16;
         let now_ms = millis(now);
-        let generation = self.estimates[index].load(SeqCst) & GENERATION;
-        let previous = self.anchors[index].load(SeqCst);
+        let generation = self.clock().estimates[index].load(SeqCst) & GENERATION;
+        let previous = self.clock().anchors[index].load(SeqCst);
         let seen = &self.seen[index];
         let mut limit;
         loop {
-            limit = self.limits[index].load(SeqCst);
+            limit = self.clock().limits[index].load(SeqCst);
             if current & KNOWN != 0 {
                 let step = msb.wrapping_sub(current as u16) as i16;
                 if step == 0 || step == -1 {
@@ -250,13 +250,13 @@ impl MsbTable {
         }
         let here = anchor(now_ms, tsval);
         // A failed exchange means a newer anchor (a probe's, another reply's): keep it.
-        let _ = self.anchors[index].compare_exchange(previous, here, SeqCst, Relaxed);
-        if !self.probed[index].load(SeqCst) {
-            let _ = self.limits[index].compare_exchange(limit, here, SeqCst, Relaxed);
+        let _ = self.clock().anchors[index].compare_exchange(previous, here, SeqCst, Relaxed);
+        if !self.clock().probed[index].load(SeqCst) {
+            let _ = self.clock().limits[index].compare_exchange(limit, here, SeqCst, Relaxed);
         }
         // Anchored just now, the estimate is the MSB the server sent.
         self.raise_estimate(server, msb, generation, false);
-        self.writes.fetch_add(1, Relaxed);
+        self.clock().writes.fetch_add(1, Relaxed);
         if current & KNOWN == 0 {
             return MsbLearn::Learned;
         }
@@ -279,8 +279,8 @@ impl MsbTable {
         let msb = (tsval >> 16) as u16;
         let now_ms = millis(now);
         let current = self.seen[index].load(SeqCst);
-        let bound = match self.limits[index].load(SeqCst) {
-            UNKNOWN => self.anchors[index].load(SeqCst),
+        let bound = match self.clock().limits[index].load(SeqCst) {
+            UNKNOWN => self.clock().anchors[index].load(SeqCst),
             limit => limit,
         };
         let learnt = if current & KNOWN == 0 {
@@ -297,9 +297,9 @@ impl MsbTable {
         };
         // The order `learn_slow` relies on: the bound first, the estimate last.
         let here = anchor(now_ms, tsval);
-        self.probed[index].store(true, SeqCst);
-        self.limits[index].store(here, SeqCst);
-        self.anchors[index].store(here, SeqCst);
+        self.clock().probed[index].store(true, SeqCst);
+        self.clock().limits[index].store(here, SeqCst);
+        self.clock().anchors[index].store(here, SeqCst);
         if learnt == MsbLearn::Unchanged {
             return learnt;
         }
@@ -323,7 +323,7 @@ impl MsbTable {
     /// Whether a probe answer anchored `server`'s clock since the table was made or the
     /// server forgotten (an imported estimate or a reply does not count).
     pub fn probed(&self, server: ServerId) -> bool {
-        self.probed[server.index()].load(Relaxed)
+        self.clock().probed[server.index()].load(Relaxed)
     }
 
     /// Probe answers that moved a clock backwards or jumped it forwards.
@@ -385,7 +385,7 @@ impl MsbTable {
         generation: u32,
         only_if_known: bool,
     ) -> bool {
-        let cell = &self.estimates[server.index()];
+        let cell = &self.clock().estimates[server.index()];
         let mut current = cell.load(SeqCst);
         loop {
             if current & GENERATION != generation || (current & KNOWN == 0 && only_if_known) {
@@ -402,14 +402,14 @@ impl MsbTable {
             }
         }
         self.publish(server);
-        self.writes.fetch_add(1, Relaxed);
+        self.clock().writes.fetch_add(1, Relaxed);
         true
     }
 
     /// Sets the estimate of `server` to `value` (`KNOWN | M^`, or 0), wherever the current
     /// one is, in a new generation, and republishes its restore entries.
     fn set_estimate(&self, server: ServerId, value: u32) {
-        let cell = &self.estimates[server.index()];
+        let cell = &self.clock().estimates[server.index()];
         let mut current = cell.load(SeqCst);
         loop {
             let next = (current & GENERATION).wrapping_add(GENERATION_ONE) | value;
@@ -419,7 +419,7 @@ impl MsbTable {
             }
         }
         self.publish(server);
-        self.writes.fetch_add(1, Relaxed);
+        self.clock().writes.fetch_add(1, Relaxed);
     }
 
     /// Moves every known server's M^ to where its clock must be by `now`, so that a server
@@ -431,8 +431,8 @@ impl MsbTable {
         let mut moved = 0;
         for index in 0..ID_SPACE {
             let server = ServerId(index as u16);
-            let generation = self.estimates[index].load(SeqCst) & GENERATION;
-            let anchor_cell = &self.anchors[index];
+            let generation = self.clock().estimates[index].load(SeqCst) & GENERATION;
+            let anchor_cell = &self.clock().anchors[index];
             let anchor = anchor_cell.load(SeqCst);
             if anchor != UNKNOWN {
                 let m = estimate_msb(anchor, now_ms);
@@ -445,7 +445,7 @@ impl MsbTable {
                     let _ = anchor_cell.compare_exchange(anchor, young, SeqCst, Relaxed);
                 }
             }
-            let limit_cell = &self.limits[index];
+            let limit_cell = &self.clock().limits[index];
             let limit = limit_cell.load(SeqCst);
             if limit != UNKNOWN && elapsed_ms(limit, now_ms) > REANCHOR_AFTER_MS {
                 let young = self::anchor(now_ms, latest_tsval(limit, now_ms));
@@ -491,7 +491,7 @@ impl MsbTable {
     /// stores to the entries are then always of the last estimate. Costs 2^k fenced stores
     /// once a minute per server.
     fn publish(&self, server: ServerId) {
-        let estimate = &self.estimates[server.index()];
+        let estimate = &self.clock().estimates[server.index()];
         let mut published = estimate.load(SeqCst);
         loop {
             for epoch in 0..self.layout.epochs() {
@@ -508,7 +508,7 @@ impl MsbTable {
 
     /// M^: the MSB the restore entries of `server` are computed from.
     pub fn get(&self, server: ServerId) -> Option<u16> {
-        let current = self.estimates[server.index()].load(Relaxed);
+        let current = self.clock().estimates[server.index()].load(Relaxed);
         (current & KNOWN != 0).then_some(current as u16)
     }
 
@@ -516,16 +516,16 @@ impl MsbTable {
     pub fn forget(&self, server: ServerId) {
         let index = server.index();
         // The order `learn_slow` relies on, as in `learn_probe`.
-        self.probed[index].store(false, SeqCst);
-        self.limits[index].store(UNKNOWN, SeqCst);
-        self.anchors[index].store(UNKNOWN, SeqCst);
+        self.clock().probed[index].store(false, SeqCst);
+        self.clock().limits[index].store(UNKNOWN, SeqCst);
+        self.clock().anchors[index].store(UNKNOWN, SeqCst);
         self.seen[index].store(0, SeqCst);
         self.set_estimate(server, 0);
     }
 
     /// Number of writes so far; a persister saves when this moved.
     pub fn write_count(&self) -> u64 {
-        self.writes.load(Relaxed)
+        self.clock().writes.load(Relaxed)
     }
 
     /// Every known server's estimated TSval at `now`, for persisting across a restart.
@@ -533,8 +533,8 @@ impl MsbTable {
         let now_ms = millis(now);
         (0..ID_SPACE)
             .filter_map(|index| {
-                let anchor = self.anchors[index].load(Relaxed);
-                let known = self.estimates[index].load(Relaxed) & KNOWN != 0;
+                let anchor = self.clock().anchors[index].load(Relaxed);
+                let known = self.clock().estimates[index].load(Relaxed) & KNOWN != 0;
                 (anchor != UNKNOWN && known)
                     .then(|| (ServerId(index as u16), estimate_tsval(anchor, now_ms)))
             })
@@ -551,13 +551,13 @@ impl MsbTable {
             // Not a probe, and not a bound either: an imported estimate runs a little slow
             // by design, by an amount that grows with how long the server was quiet, so
             // the first reply after it re-anchors the bound (or the first probe does).
-            self.probed[index].store(false, SeqCst);
-            self.limits[index].store(UNKNOWN, SeqCst);
-            self.anchors[index].store(anchor(now_ms, tsval), SeqCst);
+            self.clock().probed[index].store(false, SeqCst);
+            self.clock().limits[index].store(UNKNOWN, SeqCst);
+            self.clock().anchors[index].store(anchor(now_ms, tsval), SeqCst);
             self.seen[index].store(KNOWN | msb as u32, SeqCst);
             self.set_estimate(server, KNOWN | msb as u32);
         }
-        self.writes.fetch_add(1, Relaxed);
+        self.clock().writes.fetch_add(1, Relaxed);
     }
 }
 
@@ -632,6 +632,63 @@ fn atomics<T, const N: usize>(make: impl FnMut() -> T) -> Box<[T; N]> {
         .collect::<Box<[_]>>()
         .try_into()
         .unwrap_or_else(|_| unreachable!("N atomics were made"))
+}
+
+/// The words of a clock table that learning reads and writes besides `seen` and the
+/// restore entries, per server id; laid out as the XDP program's `struct msb_clock_words`
+/// (bpf/include/cheetah_shared.h), so the kernel learns replies in the very same words
+/// (one entry of its mmapable `msb_clock` array).
+#[repr(C)]
+pub struct ClockWords {
+    /// `(LB ms as u32) << 32 | TSval` at the last advance of `seen` or probe answer (or
+    /// moved forward by [`MsbTable::refresh`]), or `UNKNOWN`. One word, so the pair is
+    /// always consistent.
+    pub anchors: [AtomicU64; ID_SPACE],
+    /// The anchor replies are bounded by, in the same form: the last probe answer's, or,
+    /// while the server was never probed, the last learnt reply's; `UNKNOWN` when nothing
+    /// bounds them (a clock just imported). Carried forward by the refresh at the fastest
+    /// rate a server clock may run, so it never holds a real reply back.
+    pub limits: [AtomicU64; ID_SPACE],
+    /// `generation | KNOWN | M^`. A reply or the refresh only moves M^ forward; a probe,
+    /// an import or a forget sets it anywhere and bumps the generation.
+    pub estimates: [AtomicU32; ID_SPACE],
+    /// Whether a probe anchored the server's clock since the table was made (or the server
+    /// forgotten).
+    pub probed: [AtomicBool; ID_SPACE],
+    /// Bumped on every write of an estimate, so a persister knows when to save.
+    pub writes: AtomicU64,
+}
+
+impl ClockWords {
+    /// Words on the heap, owned by the table they are given to (cleared by it).
+    pub fn owned() -> Words<ClockWords> {
+        Words::owned(Self::owned_words())
+    }
+
+    /// One set of words on the heap, zeroed in place: they are 336 KiB, too many to build
+    /// on a stack first.
+    pub fn owned_words() -> Box<[ClockWords]> {
+        let words = Box::<[ClockWords]>::new_zeroed_slice(1);
+        // SAFETY: all-zero bytes are valid atomics (integers and `false`).
+        unsafe { words.assume_init() }
+    }
+
+    /// Someone else's words that live as long as the process (the XDP program's mapped
+    /// `msb_clock`).
+    pub fn borrowed(words: &'static ClockWords) -> Words<ClockWords> {
+        Words::borrowed(std::slice::from_ref(words))
+    }
+
+    /// No clock known: what a table starts from.
+    fn clear(&self) {
+        for index in 0..ID_SPACE {
+            self.anchors[index].store(UNKNOWN, SeqCst);
+            self.limits[index].store(UNKNOWN, SeqCst);
+            self.estimates[index].store(0, SeqCst);
+            self.probed[index].store(false, SeqCst);
+        }
+        self.writes.store(0, SeqCst);
+    }
 }
 
 /// `N` words of a clock table: owned (on the heap), or someone else's that live as long as

@@ -14,7 +14,7 @@ use super::xdp::{
     STAT_TO_SOCKET,
 };
 use super::xdp_layout::*;
-use cheetah_core::cookie::msb::{BEYOND_IDLE_LIMIT, COOKIES, KNOWN};
+use cheetah_core::cookie::msb::{self, ClockWords, BEYOND_IDLE_LIMIT, COOKIES, KNOWN};
 use cheetah_core::lb::fallback;
 use cheetah_core::types::ServerId;
 
@@ -144,6 +144,30 @@ fn rust_side() -> BTreeMap<String, u64> {
         ),
         ("STAT_UP_FALLBACK_MISS", STAT_UP_FALLBACK_MISS as usize),
         (
+            "STAT_FAST_SERVER_COOKIE_LEARNED",
+            STAT_FAST_SERVER_COOKIE_LEARNED as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_COOKIE_ADVANCED",
+            STAT_FAST_SERVER_COOKIE_ADVANCED as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_CLOSE_LEARNED",
+            STAT_FAST_SERVER_CLOSE_LEARNED as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_CLOSE_ADVANCED",
+            STAT_FAST_SERVER_CLOSE_ADVANCED as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_DUPLICATE_CLOSE_LEARNED",
+            STAT_FAST_SERVER_DUPLICATE_CLOSE_LEARNED as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED",
+            STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED as usize,
+        ),
+        (
             "STAT_COUNT",
             stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1 + FAST_EVENTS.len(),
         ),
@@ -167,6 +191,18 @@ fn rust_side() -> BTreeMap<String, u64> {
         // The kernel reads the core's clock words as they are: the flags are the core's.
         ("MSB_KNOWN", KNOWN as usize),
         ("MSB_BEYOND_IDLE_LIMIT", BEYOND_IDLE_LIMIT as usize),
+        // The kernel learns a reply's clock by the core's rules, in its words.
+        ("MSB_GENERATION_ONE", msb::GENERATION_ONE as usize),
+        ("MSB_UNKNOWN_ANCHOR", msb::UNKNOWN as usize),
+        (
+            "MSB_MAX_TICKS_PER_MINUTE",
+            msb::MAX_TICKS_PER_MINUTE as usize,
+        ),
+        ("MSB_TICK_SLACK", msb::TICK_SLACK as usize),
+        (
+            "MSB_DRIFT_ALLOWANCE_SHIFT",
+            msb::DRIFT_ALLOWANCE_SHIFT as usize,
+        ),
         ("FALLBACK_WAYS", FALLBACK_WAYS),
     ];
     // The kernel's fallback sets are the core's.
@@ -275,6 +311,15 @@ fn rust_side() -> BTreeMap<String, u64> {
         reported
     ));
     values.extend(layout!(CloseWords, "struct close_words", word));
+    values.extend(layout!(
+        ClockWords,
+        "struct msb_clock_words",
+        anchors,
+        limits,
+        estimates,
+        probed,
+        writes
+    ));
     values
         .into_iter()
         .map(|(name, value)| (name, value as u64))

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use cheetah_core::cookie::msb::COOKIES;
 use cheetah_core::cookie::CookieLayout;
-use cheetah_core::cookie::{MsbTable, SharedWords};
+use cheetah_core::cookie::{ClockWords, MsbTable, SharedWords};
 use cheetah_core::lb::closes::{CloseFilter, DEFAULT_SLOTS as CLOSE_SLOTS};
 use cheetah_core::lb::fallback::{FallbackTable, WAYS};
 use cheetah_core::lb::handshakes::HandshakeTable;
@@ -77,6 +77,9 @@ pub struct SteeringProgram {
     object: Object,
     /// `lb_config.publish_seq`, mapped on first use (`publish_window`).
     publish_seq: OnceLock<PublishSeq>,
+    /// `lb_config.clock_base_ns`, mapped on first use (`set_clock_base`): once, since a
+    /// mapping is never unmapped and a test sets the clock before every packet.
+    clock_base: OnceLock<&'static AtomicU64>,
 }
 
 impl SteeringProgram {
@@ -100,6 +103,7 @@ impl SteeringProgram {
         SteeringProgram {
             object,
             publish_seq: OnceLock::new(),
+            clock_base: OnceLock::new(),
         }
     }
 
@@ -136,19 +140,20 @@ impl SteeringProgram {
             .with_context(|| format!("map {name} is missing from the XDP program"))
     }
 
-    /// The program's `msb_seen`, `msb_restores` and `handshakes` arrays, mapped into this
-    /// process for the core's clock and handshake tables (`MsbTable::with_words`,
-    /// `HandshakeTable::with_words`): the kernel reads and writes the words the workers
-    /// and the control thread do.
+    /// The program's `msb_seen`, `msb_restores`, `msb_clock` and `handshakes` arrays,
+    /// mapped into this process for the core's clock and handshake tables
+    /// (`MsbTable::with_words`, `HandshakeTable::with_words`): the kernel reads and writes
+    /// the words the workers and the control thread do.
     ///
     /// The mappings are never unmapped: the tables they back live in the `LbShared` that
     /// every thread holds until the process exits, so no point is safe to unmap them, and
     /// a mapping keeps its map alive even once the program object is gone. It is done once
-    /// per process (320 KiB and 2 MiB).
+    /// per process (320 KiB, 336 KiB and 2 MiB).
     pub fn kernel_words(&self) -> anyhow::Result<KernelWords> {
         Ok(KernelWords {
             seen: self.mmap_value("msb_seen")?,
             restores: self.mmap_value("msb_restores")?,
+            clock: self.mmap_value("msb_clock")?,
             handshakes: self.mmap_value("handshakes")?,
             fallback: self.fallback_words()?,
         })
@@ -248,9 +253,13 @@ impl SteeringProgram {
     }
 
     fn clock_base_word(&self) -> anyhow::Result<&'static AtomicU64> {
+        if let Some(word) = self.clock_base.get() {
+            return Ok(word);
+        }
         const WORDS: usize = std::mem::size_of::<LbConfigValue>() / 8;
         let words: &'static [AtomicU64; WORDS] = self.mmap_value("lb_config")?;
-        Ok(&words[std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8])
+        let word = &words[std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8];
+        Ok(self.clock_base.get_or_init(|| word))
     }
 
     /// Sets what pow2 in the kernel compares for server `id` (`server_loads`).
@@ -486,6 +495,7 @@ impl SteeringProgram {
 pub struct KernelWords {
     seen: &'static [AtomicU32; ServerId::SPACE],
     restores: &'static [AtomicU32; COOKIES],
+    clock: &'static ClockWords,
     handshakes: &'static HandshakeWords,
     fallback: FallbackWords,
 }
@@ -500,6 +510,7 @@ impl KernelWords {
                 layout,
                 SharedWords::borrowed(self.seen),
                 SharedWords::borrowed(self.restores),
+                ClockWords::borrowed(self.clock),
             ),
             handshakes: HandshakeTable::with_words(&self.handshakes.slot, &self.handshakes.retry),
             fallback: self.fallback.table(),

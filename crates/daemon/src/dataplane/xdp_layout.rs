@@ -93,7 +93,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 4] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 10] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -122,6 +122,72 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 4] = [
     ),
     // Hash mode counts only the verdict.
     (STAT_FAST_ICMP_PICK, &[Counter::ToServer]),
+    // A reply that learnt its server's clock: the entries above, plus what
+    // `learn_server_clock` counts.
+    (
+        STAT_FAST_SERVER_COOKIE_LEARNED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::MsbLearned,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_COOKIE_ADVANCED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::MsbAdvanced,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_CLOSE_LEARNED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::ServerCloses,
+            Counter::MsbLearned,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_CLOSE_ADVANCED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::ServerCloses,
+            Counter::MsbAdvanced,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_DUPLICATE_CLOSE_LEARNED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::DuplicateCloses,
+            Counter::MsbLearned,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::DuplicateCloses,
+            Counter::MsbAdvanced,
+        ],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -131,7 +197,16 @@ pub const STAT_FAST_CLIENT_FALLBACK: u32 = 24;
 /// A client segment without TCP options the fallback table does not know (the core's
 /// Maglev decides).
 pub const STAT_UP_FALLBACK_MISS: u32 = 25;
-pub const STAT_COUNT: u32 = 26;
+/// A reply whose MSB moved, learnt in the kernel (bpf/lib/clock_learn.h): the entry of the
+/// same reply without the move, plus `ts_msb_learned` (the server's first MSB) or
+/// `ts_msb_advanced`.
+pub const STAT_FAST_SERVER_COOKIE_LEARNED: u32 = 26;
+pub const STAT_FAST_SERVER_COOKIE_ADVANCED: u32 = 27;
+pub const STAT_FAST_SERVER_CLOSE_LEARNED: u32 = 28;
+pub const STAT_FAST_SERVER_CLOSE_ADVANCED: u32 = 29;
+pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_LEARNED: u32 = 30;
+pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED: u32 = 31;
+pub const STAT_COUNT: u32 = 32;
 
 /// Ways of a fallback table set (`FALLBACK_WAYS`): the core's `fallback::WAYS`.
 pub const FALLBACK_WAYS: usize = 8;

@@ -309,9 +309,6 @@ impl Kernel {
         traffic_ids: &[ServerId],
         now: u64,
     ) -> KernelRun {
-        self.program
-            .set_clock_base(monotonic_ns().wrapping_sub(now))
-            .expect("set the kernel's clock");
         let stats_before = self.program.stats();
         let traffic_before = self.program.server_traffic(traffic_ids).unwrap();
         let mut context = [0u8; 24];
@@ -327,6 +324,12 @@ impl Kernel {
         input.context_in = Some(&mut context);
         input.context_out = Some(&mut context_out);
         input.repeat = 1;
+        // Last, so that the program reads the core's `now` a few microseconds on, not the
+        // milliseconds reading every server's traffic takes (the clock table anchors in
+        // ms).
+        self.program
+            .set_clock_base(monotonic_ns().wrapping_sub(now))
+            .expect("set the kernel's clock");
         let output = self
             .program
             .object()

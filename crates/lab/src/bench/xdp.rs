@@ -40,8 +40,8 @@ use cheetah_daemon::dataplane::xdp::{size_fallback, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::{
     Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
     STAT_FAST_CLIENT_SYN, STAT_FAST_ICMP_COOKIE, STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE,
-    STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_MISS,
-    STAT_UP_FALLBACK_MISS,
+    STAT_FAST_SERVER_COOKIE_ADVANCED, STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN,
+    STAT_NEXT_HOP_MISS, STAT_UP_FALLBACK_MISS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -71,6 +71,10 @@ const CLIENT_PORT: u16 = 40_000;
 const CLIENT_TS: u32 = 0x0102_0304;
 /// The servers' clocks: every server's MSB is this (imported into the clock table).
 pub(super) const SERVER_MSB: u16 = 0x1234;
+/// The clock-advanced row: a server clock just before its MSB moves, and the TSval of the
+/// segment it sends 32 ticks later.
+const CLOCK_BEFORE_ADVANCE: u32 = (SERVER_MSB as u32) << 16 | 0xfff0;
+const CLOCK_ADVANCED: u32 = (SERVER_MSB as u32 + 1) << 16 | 0x0010;
 const GATEWAY_MAC: Mac = [0x02, 0xc9, 0x00, 0x00, 0x00, 0x01];
 const SERVER_INTERFACE: &str = "xb-srv";
 const CLIENT_INTERFACE: &str = "xb-cli";
@@ -192,6 +196,12 @@ pub(super) enum Path {
     /// The same for a flow the table does not know: handed up (steered to a socket, none
     /// bound here, so XDP_DROP), the time it takes the kernel to say so.
     FallbackMiss,
+    /// A server segment whose MSB is one past the server's newest (low half 0x0010 after
+    /// 0xfff0): the kernel learns the advance (clock_learn.h: the seen word, the anchor,
+    /// the estimate and its 2^k restore entries) and forwards it. Every run is an advance:
+    /// before each, untimed, every server's clock is imported back to the MSB before, at
+    /// the kernel's `now`.
+    ClockAdvanced,
 }
 
 /// Per-run durations of one row, in the kernel's ns.
@@ -250,6 +260,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
             (Mode::Cheetah, Forwarding::L2) => &[
                 Path::ClientToServer,
                 Path::ServerToClient,
+                Path::ClockAdvanced,
                 Path::ServerFin,
                 Path::Icmp,
                 Path::NextHopMiss,
@@ -430,6 +441,17 @@ impl Bench {
         })
     }
 
+    /// Every server's clock imported as `tsval` at the core's `now`.
+    fn import_clocks(&self, tsval: u32, now: u64) {
+        let clocks: Vec<(ServerId, u32)> = self
+            .config
+            .servers
+            .iter()
+            .map(|s| (ServerId(s.id), tsval))
+            .collect();
+        self.plane.shared().msb.import(&clocks, now);
+    }
+
     fn worker(&self) -> Worker {
         Worker::new(
             Arc::clone(self.plane.shared()),
@@ -484,6 +506,25 @@ impl Bench {
                 options::nop_nop_ts(u32::from(SERVER_MSB) << 16 | 0x5678, CLIENT_TS),
             ),
         };
+        if direction == Path::ClockAdvanced {
+            // The core learns the advance in the program's words: from the MSB before,
+            // then back to the bench's clocks.
+            self.import_clocks(CLOCK_BEFORE_ADVANCE, now);
+            let advance = TcpFrame {
+                options: options::nop_nop_ts(CLOCK_ADVANCED, CLIENT_TS),
+                ..reply_base
+            }
+            .with_payload(&[0x42; 100])
+            .build();
+            let verdict = worker.process(&mut advance.clone(), now, Ingress::ServerSide);
+            let advanced = self.plane.shared().msb.get(server);
+            self.import_clocks(u32::from(SERVER_MSB) << 16, 0);
+            ensure!(
+                verdict == Verdict::ToClient && advanced == Some(SERVER_MSB + 1),
+                "the core's verdict on the bench's advancing segment is {verdict:?}, its estimate {advanced:?}"
+            );
+            return Ok((advance, STAT_FAST_SERVER_COOKIE_ADVANCED));
+        }
         if direction == Path::ServerFin {
             let fin = TcpFrame {
                 flags: flags::FIN | flags::ACK,
@@ -599,7 +640,11 @@ impl Bench {
     fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
         let direction = match path {
             Path::ClientToServer | Path::Syn => Path::ClientToServer,
-            Path::ServerFin | Path::Icmp | Path::FallbackHit | Path::FallbackMiss => path,
+            Path::ServerFin
+            | Path::Icmp
+            | Path::FallbackHit
+            | Path::FallbackMiss
+            | Path::ClockAdvanced => path,
             _ => Path::ServerToClient,
         };
         let (frame, cookie_stat, syn_hash) = if path == Path::Syn {
@@ -621,10 +666,14 @@ impl Bench {
         };
         let (subject, expected_action) = match path {
             Path::ClientToServer | Path::Syn => ("bench_lb", XDP_TX),
-            Path::ServerToClient | Path::ServerFin if ports.clients.ifindex == ingress => {
+            Path::ServerToClient | Path::ServerFin | Path::ClockAdvanced
+                if ports.clients.ifindex == ingress =>
+            {
                 ("bench_lb", XDP_TX)
             }
-            Path::ServerToClient | Path::ServerFin => ("bench_lb", XDP_REDIRECT),
+            Path::ServerToClient | Path::ServerFin | Path::ClockAdvanced => {
+                ("bench_lb", XDP_REDIRECT)
+            }
             Path::Icmp if ports.servers.ifindex == ingress => ("bench_lb", XDP_TX),
             Path::Icmp => ("bench_lb", XDP_REDIRECT),
             Path::NextHopMiss if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
@@ -657,8 +706,17 @@ impl Bench {
             if let Some(hash) = syn_hash {
                 handshakes.forget(hash);
             }
+            if path == Path::ClockAdvanced {
+                // The MSB before the frame's, anchored at the kernel's `now` (32 ticks
+                // before the frame's TSval: no faster than real time).
+                let now = monotonic_ns() - self.clock_base_ns;
+                self.import_clocks(CLOCK_BEFORE_ADVANCE, now);
+            }
         };
         let timed = self.time(subject, &frame, ingress, runs, expected_action, &before_run);
+        if path == Path::ClockAdvanced {
+            self.import_clocks(u32::from(SERVER_MSB) << 16, 0);
+        }
         if path == Path::NextHopMiss {
             // Back to what the other rows expect (a fresh mirror rewrites every entry).
             NextHopMirror::new()?.refresh(&self.program)?;
@@ -680,6 +738,7 @@ impl Bench {
                 match path {
                     Path::ClientToServer => "established client->server",
                     Path::ServerFin => "server FIN",
+                    Path::ClockAdvanced => "server->client, clock advanced,",
                     Path::Icmp => "ICMP error by cookie",
                     _ => "server->client",
                 },
@@ -706,7 +765,8 @@ impl Bench {
             | Path::ServerFin
             | Path::Icmp
             | Path::FallbackHit
-            | Path::FallbackMiss => (all_runs, 0),
+            | Path::FallbackMiss
+            | Path::ClockAdvanced => (all_runs, 0),
         };
         let result = if let Some(action) = wrong_action {
             Err(format!(

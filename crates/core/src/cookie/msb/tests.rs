@@ -29,10 +29,15 @@ fn a_table_over_borrowed_words_keeps_its_clock_in_them() {
     // What the XDP program reads: the words it maps, written by the table.
     let seen: &'static [AtomicU32; ID_SPACE] = Box::leak(atomics(|| AtomicU32::new(7)));
     let restores: &'static [AtomicU32; COOKIES] = Box::leak(atomics(|| AtomicU32::new(7)));
+    let clock: &'static ClockWords = &Box::leak(ClockWords::owned_words())[0];
+    clock.anchors[A.index()].store(7, Relaxed);
+    clock.estimates[A.index()].store(7, Relaxed);
+    clock.probed[A.index()].store(true, Relaxed);
     let t = MsbTable::with_words(
         K4,
         SharedWords::borrowed(seen),
         SharedWords::borrowed(restores),
+        ClockWords::borrowed(clock),
     );
     assert!(
         seen.iter()
@@ -40,8 +45,20 @@ fn a_table_over_borrowed_words_keeps_its_clock_in_them() {
             .all(|w| w.load(Relaxed) == 0),
         "a new table knows no clock, whatever the words held"
     );
-    assert_eq!(t.learn(A, 0x1235_0000, 1), MsbLearn::Learned);
+    assert_eq!(clock.anchors[A.index()].load(Relaxed), UNKNOWN);
+    assert_eq!(clock.estimates[A.index()].load(Relaxed), 0);
+    assert!(!clock.probed[A.index()].load(Relaxed));
+    assert_eq!(t.learn(A, 0x1235_0000, 1_000_000), MsbLearn::Learned);
     assert_eq!(seen[A.index()].load(Relaxed), KNOWN | 0x1235);
+    // Learning a reply writes its anchor, bound and estimate into the borrowed words too:
+    // the kernel learns in the same ones.
+    assert_eq!(
+        clock.anchors[A.index()].load(Relaxed),
+        1 << 32 | 0x1235_0000
+    );
+    assert_eq!(clock.limits[A.index()].load(Relaxed), 1 << 32 | 0x1235_0000);
+    assert_eq!(clock.estimates[A.index()].load(Relaxed), KNOWN | 0x1235);
+    assert_eq!(clock.writes.load(Relaxed), t.write_count());
     let entry = restores[K4.unmasked(A, 0x5).0 as usize].load(Relaxed);
     assert_eq!(entry & (KNOWN | BEYOND_IDLE_LIMIT), KNOWN);
     // The entry's two low bytes in memory are the packet's: the MSB in network order.
@@ -56,7 +73,7 @@ fn a_table_over_borrowed_words_keeps_its_clock_in_them() {
 
 /// Every restore entry of `server` as `restore_entry` derives them from its estimate.
 fn assert_entries_follow_the_estimate(t: &MsbTable, server: ServerId) {
-    let estimate = t.estimates[server.index()].load(Relaxed);
+    let estimate = t.clock().estimates[server.index()].load(Relaxed);
     for epoch in 0..t.layout.epochs() {
         let unmasked = t.layout.unmasked(server, epoch);
         assert_eq!(
@@ -557,13 +574,13 @@ fn spoofed_replies_each_a_little_ahead_cannot_creep_past_real_time() {
         let mut worst = i32::MIN;
         for step in 1..=20_000u64 {
             let now_ms = step * 50;
-            let anchor = t.anchors[A.index()].load(Relaxed);
+            let anchor = t.clock().anchors[A.index()].load(Relaxed);
             let spoof = latest_tsval(anchor, now_ms as u32) + TICK_SLACK as u32 - 1;
             t.learn(A, spoof, ms(now_ms));
             if step % 20 == 0 {
                 t.refresh(ms(now_ms));
             }
-            let anchor = t.anchors[A.index()].load(Relaxed);
+            let anchor = t.clock().anchors[A.index()].load(Relaxed);
             let believed = latest_tsval(anchor, now_ms as u32);
             worst = worst.max(believed.wrapping_sub(clock_at(offset, now_ms)) as i32);
         }
