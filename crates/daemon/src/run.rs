@@ -15,6 +15,7 @@ use crate::dataplane::kernel_loads::KernelLoads;
 use crate::dataplane::next_hops::NextHopMirror;
 use crate::dataplane::sides::{log_sides, InterfaceSides, SideSource};
 use crate::dataplane::worker_loop::DataPath;
+use crate::dataplane::pin;
 use crate::dataplane::xdp::{self, SteeringProgram};
 use crate::dataplane::xdp_policy::PolicySeeds;
 use crate::dataplane::xdp_tables::{Publication, Publisher};
@@ -90,6 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let layout = file.lb.cookie_layout().map_err(anyhow::Error::msg)?;
     let pin_dir = pin_dir.for_key(&secret.fingerprint(layout));
     let steering = SteeringProgram::load_pinned(file.lb.fallback_table_capacity, &pin_dir)?;
+    pin::record(&daemon.state_dir, &pin_dir)?;
     // The times in kept handshake and fallback words are the earlier run's clock's: it
     // continues (same boot: a BPF filesystem does not outlive one).
     let clock = match steering.kept_clock_base()? {

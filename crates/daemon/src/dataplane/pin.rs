@@ -163,6 +163,41 @@ impl PinDir {
     }
 }
 
+/// The file in an LB's state directory that names its pin directory: the one place an
+/// operator or a testbed finds it (the default's name depends on the namespace, which may
+/// be gone by then).
+pub const RECORD_FILE: &str = "bpf_pin_dir";
+
+/// Writes `dir` into `state_dir`'s [`RECORD_FILE`].
+pub fn record(state_dir: &Path, dir: &PinDir) -> anyhow::Result<()> {
+    let path = state_dir.join(RECORD_FILE);
+    std::fs::write(&path, format!("{}\n", dir.path().display()))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Removes the pin directory `state_dir`'s [`RECORD_FILE`] names, and the record: what a
+/// testbed's teardown does for each LB, whose namespace goes too. Only a directory on a
+/// BPF filesystem is removed, whatever the file says. Returns what was removed.
+pub fn forget_recorded(state_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let path = state_dir.join(RECORD_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let dir = PinDir::new(text.trim()).with_context(|| format!("in {}", path.display()))?;
+    if dir.path().exists() && !is_bpffs(dir.path())? {
+        bail!(
+            "{} names {}, which is not on a BPF filesystem: not removed",
+            path.display(),
+            dir.path().display()
+        );
+    }
+    dir.forget()?;
+    std::fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+    Ok(Some(dir.path().to_path_buf()))
+}
+
 /// Mounts a BPF filesystem on [`DEFAULT_ROOT`] unless one is there. Refused in a mount
 /// namespace other than the host's: the mount would not outlive this process.
 pub fn mount_default_root() -> anyhow::Result<()> {
