@@ -419,10 +419,8 @@ mod tests {
         );
         assert!(daemon_error("interfaces = [\"a\"]\nframes_per_worker = 5")
             .contains("daemon.frames_per_worker"));
-        assert!(
-            daemon_error("interfaces = [\"a\"]\nbpf_pin_dir = \"pins\"")
-                .starts_with("daemon.bpf_pin_dir: `pins` must be an absolute path"),
-        );
+        assert!(daemon_error("interfaces = [\"a\"]\nbpf_pin_dir = \"pins\"")
+            .starts_with("daemon.bpf_pin_dir: `pins` must be an absolute path"),);
         let unknown = daemon_error("interfaces = [\"a\"]\nbusy = true");
         assert!(
             unknown.contains("daemon") && unknown.contains("busy"),

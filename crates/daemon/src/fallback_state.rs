@@ -262,9 +262,14 @@ mod tests {
             restore(dir.path(), &shared(1, 512), 0, 1_003_000),
             Restored::Flows(_)
         ));
+        // A table that holds flows already (a pinned map's, newer) takes none.
+        assert_eq!(restore(dir.path(), &new, 0, 1_003_000), Restored::Kept(100));
         // No file; a file cut short.
         let empty = tempfile::tempdir().unwrap();
-        assert_eq!(restore(empty.path(), &new, 0, 0), Restored::NoFile);
+        assert_eq!(
+            restore(empty.path(), &shared(1, 1024), 0, 0),
+            Restored::NoFile
+        );
         let bytes = fs::read(dir.path().join(FALLBACK_FILE)).unwrap();
         fs::write(dir.path().join(FALLBACK_FILE), &bytes[..bytes.len() - 5]).unwrap();
         assert!(matches!(

@@ -29,7 +29,7 @@ use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::pin::{PinDir, Pinned};
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
-    STAT_FAST_CLIENT_SYN, STAT_FAST_CLIENT_SYN_RETRANSMITTED, FAST_BUNDLES,
+    FAST_BUNDLES, STAT_FAST_CLIENT_SYN, STAT_FAST_CLIENT_SYN_RETRANSMITTED,
 };
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::{MapCore, MapFlags};
@@ -217,13 +217,16 @@ fn a_restart_over_pinned_maps_keeps_the_kernels_state() {
     let bpffs = TempBpffs::mount();
     let config = config(4096);
     let fingerprint = SECRET.fingerprint(config.cookie_layout().unwrap());
-    let pins = PinDir::new(bpffs.join("lb"))
-        .unwrap()
-        .for_key(&fingerprint);
+    let pins = PinDir::new(bpffs.join("lb")).unwrap().for_key(&fingerprint);
 
     let before = Lb::start(&config, Some(&pins));
     assert!(
-        before.program.pins().maps.values().all(|p| *p == Pinned::New),
+        before
+            .program
+            .pins()
+            .maps
+            .values()
+            .all(|p| *p == Pinned::New),
         "a first run pins fresh maps: {:?}",
         before.program.pins()
     );
@@ -299,7 +302,11 @@ fn a_restart_over_pinned_maps_keeps_the_kernels_state() {
         "the SYN booked before the restart is a retransmission for the kernel"
     );
     assert_eq!(
-        after.core(&syn(40_001), Ingress::ClientSide, Counter::SynRetransmissions),
+        after.core(
+            &syn(40_001),
+            Ingress::ClientSide,
+            Counter::SynRetransmissions
+        ),
         1,
         "and for the core's handshake table over the same words"
     );
@@ -322,7 +329,10 @@ fn a_restart_over_pinned_maps_keeps_the_kernels_state() {
         Some(Pinned::Replaced(why)) => assert!(why.contains("entries"), "{why}"),
         other => panic!("fallback: {other:?}"),
     }
-    assert!(report.kept(&["handshakes", "closes", "stats"]), "{report:?}");
+    assert!(
+        report.kept(&["handshakes", "closes", "stats"]),
+        "{report:?}"
+    );
     drop(resized);
 
     // Another key: every map the earlier key filled starts fresh.

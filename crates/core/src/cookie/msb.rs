@@ -559,7 +559,7 @@ impl MsbTable {
         (0..ID_SPACE)
             .filter_map(|index| {
                 let word = self.seen[index].load(SeqCst);
-                (word & KNOWN != 0).then(|| (ServerId(index as u16), (word & 0xffff) << 16))
+                (word & KNOWN != 0).then_some((ServerId(index as u16), (word & 0xffff) << 16))
             })
             .collect()
     }

@@ -23,8 +23,8 @@ use super::pin::{self, PinDir, PinReport};
 use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
     Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, ServerInfo,
-    ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, SERVER_FORWARDS,
-    STAT_NEXT_HOP_MISS, UP_REASONS,
+    ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, SERVER_FORWARDS, STAT_NEXT_HOP_MISS,
+    UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -79,6 +79,9 @@ pub struct SteeringProgram {
     object: Object,
     /// `lb_config.publish_seq`, mapped on first use (`publish_window`).
     publish_seq: OnceLock<PublishSeq>,
+    /// `lb_config.clock_base_ns`, mapped on first use: once, not per call (a mapping is
+    /// never unmapped, and a process may hold only `vm.max_map_count` of them).
+    clock_base: OnceLock<&'static AtomicU64>,
     /// Which maps an earlier run pinned and this one reused (`pin.rs`); empty unpinned.
     pins: PinReport,
 }
@@ -139,6 +142,7 @@ impl SteeringProgram {
         SteeringProgram {
             object,
             publish_seq: OnceLock::new(),
+            clock_base: OnceLock::new(),
             pins: PinReport::default(),
         }
     }
@@ -292,9 +296,13 @@ impl SteeringProgram {
     }
 
     fn clock_base_word(&self) -> anyhow::Result<&'static AtomicU64> {
+        if let Some(word) = self.clock_base.get() {
+            return Ok(word);
+        }
         const WORDS: usize = std::mem::size_of::<LbConfigValue>() / 8;
         let words: &'static [AtomicU64; WORDS] = self.mmap_value("lb_config")?;
-        Ok(&words[std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8])
+        let word = &words[std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8];
+        Ok(self.clock_base.get_or_init(|| word))
     }
 
     /// The address the `servers` map holds for `id` as it was last published, if it

@@ -767,7 +767,11 @@ fn kept_words_keep_their_clocks_and_the_newer_of_two_sources_wins() {
         SharedWords::borrowed(seen),
         SharedWords::borrowed(restores),
     );
-    assert_eq!(after.restore(A, 0x5), Some(0x1235), "the words still restore");
+    assert_eq!(
+        after.restore(A, 0x5),
+        Some(0x1235),
+        "the words still restore"
+    );
     let kept = after.kept_clocks();
     assert_eq!(kept, vec![(A, 0x1235_0000), (B, 0x2000_0000)]);
     // The state file, saved a while before the kill: A older than the words, B newer.
@@ -775,5 +779,8 @@ fn kept_words_keep_their_clocks_and_the_newer_of_two_sources_wins() {
     after.import_newer(&kept, 2 * SEC);
     assert_eq!(after.get(A), Some(0x1235), "the words' newer clock wins");
     assert_eq!(after.get(B), Some(0x2001), "the file's newer clock wins");
-    assert!(!after.export(2 * SEC).is_empty(), "adopted clocks are saved again");
+    assert!(
+        !after.export(2 * SEC).is_empty(),
+        "adopted clocks are saved again"
+    );
 }
