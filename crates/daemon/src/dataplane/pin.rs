@@ -130,9 +130,9 @@ impl PinDir {
     }
 
     /// Creates the directory on a BPF filesystem. Under [`DEFAULT_ROOT`] it mounts one
-    /// there first if there is none, when this process is in the host's mount namespace
-    /// (a mount made elsewhere, e.g. under `ip netns exec`, would vanish with the process,
-    /// and the pins with it).
+    /// there first if there is none, unless this process has a mount namespace of its own
+    /// (e.g. under `ip netns exec`), where the mount, and the pins with it, would vanish
+    /// with the process.
     pub fn create(&self) -> anyhow::Result<()> {
         if !on_bpffs(&self.path)? {
             let root = Path::new(DEFAULT_ROOT);
@@ -199,13 +199,13 @@ pub fn forget_recorded(state_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
 }
 
 /// Mounts a BPF filesystem on [`DEFAULT_ROOT`] unless one is there. Refused in a mount
-/// namespace other than the host's: the mount would not outlive this process.
+/// namespace of this process's own: the mount would not outlive it.
 pub fn mount_default_root() -> anyhow::Result<()> {
     let root = Path::new(DEFAULT_ROOT);
     if root.exists() && is_bpffs(root)? {
         return Ok(());
     }
-    if !in_host_mount_namespace() {
+    if in_private_mount_namespace() {
         bail!(
             "daemon.bpf_pin_dir: no BPF filesystem on {DEFAULT_ROOT}, and this process runs in a mount namespace of its own \
              (e.g. under `ip netns exec`), where one would vanish with it: mount it in the host first \
@@ -261,11 +261,21 @@ fn is_bpffs(path: &Path) -> anyhow::Result<bool> {
     Ok(stat.f_type as u64 == libc::BPF_FS_MAGIC as u64)
 }
 
-fn in_host_mount_namespace() -> bool {
+/// Whether this process has a mount namespace its parent does not share: what `ip netns
+/// exec` (and a systemd unit with private mounts) makes, where a mount is gone with the
+/// process. When the parent's cannot be read, a mount is tried (and may not outlive us).
+fn in_private_mount_namespace() -> bool {
     let inode = |p: &str| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
-    match (inode("/proc/self/ns/mnt"), inode("/proc/1/ns/mnt")) {
-        (Some(mine), Some(init)) => mine == init,
-        _ => false,
+    // SAFETY: getppid has no preconditions.
+    let parent = format!("/proc/{}/ns/mnt", unsafe { libc::getppid() });
+    match (inode("/proc/self/ns/mnt"), inode(&parent)) {
+        (Some(mine), Some(parents)) => mine != parents,
+        _ => {
+            tracing::warn!(
+                "cannot tell whether this process has a mount namespace of its own; if it has, the BPF filesystem mounted on {DEFAULT_ROOT} and the pins in it go with it"
+            );
+            false
+        }
     }
 }
 
