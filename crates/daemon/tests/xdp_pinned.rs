@@ -9,6 +9,7 @@
 //! * the `stats` counters go on from where they were; the core's clock continues;
 //! * the clocks in the words are kept, and a state file's older one does not move them
 //!   back;
+//! * the kernel's rr cursors go on (the VIP's policy, pool and weights did not change);
 //! * a publisher that starts knowing nothing removes what an earlier run left that is no
 //!   longer wanted;
 //! * a map whose definition changed (a new fallback table size), or everything under
@@ -127,9 +128,12 @@ impl Lb {
         let read = |path: &str| std::fs::read_to_string(Path::new(path)).unwrap();
         let routes = read("/proc/thread-self/net/route");
         let neighbours = read("/proc/thread-self/net/arp");
-        Publisher::new()
+        // As `cheetah run` publishes: the maps, then the kernel's policy state.
+        let mut publisher = Publisher::new();
+        publisher
             .write(&program, wanted(&publication, &routes, &neighbours))
             .unwrap();
+        publisher.seed_policies(&program, &snapshot).unwrap();
         let worker = Worker::new(
             Arc::clone(plane.shared()),
             WorkerConfig::new(0, 1, plane.config()),
@@ -247,6 +251,8 @@ fn a_restart_over_pinned_maps_keeps_the_kernels_state() {
         "the kernel books the SYN"
     );
     assert_eq!(before.kernel_close(&fin(40_100)), FIRST);
+    // Where the rr cursors are after the kernel's pick (its CPU's moved).
+    let cursors = before.program.policy_state(0).unwrap();
     // Something the next run no longer wants, as an earlier config's VIP would be.
     let vips = before.program.try_map("vips").unwrap();
     let stale_vip = vec![9u8; vips.key_size() as usize];
@@ -280,6 +286,11 @@ fn a_restart_over_pinned_maps_keeps_the_kernels_state() {
         after.program.stats(),
         stats,
         "the counters go on from where they were"
+    );
+    assert_eq!(
+        after.program.policy_state(0).unwrap(),
+        cursors,
+        "the VIP's rr cursors go on: its policy, pool and weights are the earlier run's"
     );
     assert_eq!(
         after.plane.shared().msb.get(SERVER),
