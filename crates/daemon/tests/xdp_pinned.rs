@@ -10,6 +10,7 @@
 //! * the clocks in the words are kept, and a state file's older one does not move them
 //!   back;
 //! * the kernel's rr cursors go on (the VIP's policy, pool and weights did not change);
+//! * the load fold starts from the pinned `server_traffic` totals, not from 0;
 //! * a publisher that starts knowing nothing removes what an earlier run left that is no
 //!   longer wanted;
 //! * a map whose definition changed (a new fallback table size), or everything under
@@ -27,6 +28,7 @@ use cheetah_core::testkit::{self, options, TcpFrame};
 use cheetah_core::types::{Mac, ServerId, NANOS_PER_SEC};
 use cheetah_core::wire::tcp::flags::{ACK, FIN, SYN};
 use cheetah_daemon::clock::monotonic_ns;
+use cheetah_daemon::dataplane::kernel_loads::KernelLoads;
 use cheetah_daemon::dataplane::pin::{PinDir, Pinned};
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
@@ -287,6 +289,17 @@ fn a_restart_over_pinned_maps_keeps_the_kernels_state() {
         stats,
         "the counters go on from where they were"
     );
+    // The earlier run's server_traffic was its own to fold: this run's loads start at 0.
+    let mut fold = KernelLoads::starting_at(&after.program).unwrap();
+    fold.fold(&after.program, after.plane.shared()).unwrap();
+    for id in 1..=3 {
+        let load = after.plane.shared().loads.server(ServerId(id));
+        assert_eq!(
+            (load.active_connections, load.new_connections, load.packets),
+            (0, 0, 0),
+            "server {id}: the earlier run's traffic folded again"
+        );
+    }
     assert_eq!(
         after.program.policy_state(0).unwrap(),
         cursors,

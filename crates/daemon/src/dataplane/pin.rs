@@ -467,6 +467,20 @@ mod tests {
     }
 
     #[test]
+    fn a_pin_dir_off_a_bpf_filesystem_is_refused_naming_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = PinDir::new(dir.path().join("pins"))
+            .unwrap()
+            .create()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("daemon.bpf_pin_dir: ") && e.contains("not on a BPF filesystem"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn the_rule_leaves_out_fd_maps_and_internal_maps() {
         assert!(pinned_by_rule("handshakes", MapType::Array));
         assert!(pinned_by_rule("stats", MapType::PercpuArray));
