@@ -196,7 +196,8 @@ impl SteeringProgram {
             handshakes: self.mmap_value("handshakes")?,
             fallback: self.fallback_words()?,
             kept_clocks: self.pins.kept(&["msb_seen", "msb_restores"]),
-            kept_handshakes: self.pins.kept(&["handshakes"]),
+            // Their times are the core clock's, whose base a fresh lb_config lost.
+            kept_handshakes: self.pins.kept(&["handshakes", "lb_config"]),
         })
     }
 
@@ -230,7 +231,7 @@ impl SteeringProgram {
         // the kernel's accesses are atomic.
         Ok(FallbackWords {
             words: unsafe { std::slice::from_raw_parts(at.cast::<AtomicU64>(), words) },
-            kept: self.pins.kept(&["fallback"]),
+            kept: self.pins.kept(&["fallback", "lb_config"]),
         })
     }
 
