@@ -91,6 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let layout = file.lb.cookie_layout().map_err(anyhow::Error::msg)?;
     let pin_dir = pin_dir.for_key(&secret.fingerprint(layout));
     let steering = SteeringProgram::load_pinned(file.lb.fallback_table_capacity, &pin_dir)?;
+    let unused_pins = pin::UnusedPins::new(&pin_dir, steering.pins());
     pin::record(&daemon.state_dir, &pin_dir)?;
     // The times in kept handshake and fallback words are the earlier run's clock's: it
     // continues (same boot: a BPF filesystem does not outlive one).
@@ -126,6 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let data_plane = DataPlane::start(steering, &file, &daemon, &state, &args.faults)?;
+    unused_pins.in_use();
     let saver = saver::spawn(Arc::clone(&state), Duration::from_secs(1))?;
     // After the XDP program is attached: it hands the probes' answers to the kernel.
     let prober = health::spawn(Arc::clone(&state))?;

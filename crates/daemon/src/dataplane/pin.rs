@@ -163,6 +163,38 @@ impl PinDir {
     }
 }
 
+/// Removes the pin directory of a start that pinned only fresh maps and fails before its
+/// program is attached (a missing interface, a busy API address): nothing uses those
+/// maps, and no later start should take them for an earlier run's state. An earlier
+/// run's kept maps are never removed.
+pub struct UnusedPins<'a> {
+    dir: Option<&'a PinDir>,
+}
+
+impl<'a> UnusedPins<'a> {
+    pub fn new(dir: &'a PinDir, report: &PinReport) -> Self {
+        let fresh = !report.maps.values().any(|p| *p == Pinned::Kept);
+        UnusedPins {
+            dir: fresh.then_some(dir),
+        }
+    }
+
+    /// The program is attached: its maps are in use, the pins stay.
+    pub fn in_use(mut self) {
+        self.dir = None;
+    }
+}
+
+impl Drop for UnusedPins<'_> {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir {
+            if let Err(e) = dir.forget() {
+                tracing::warn!(error = %format!("{e:#}"), "cannot remove the pins of a failed start");
+            }
+        }
+    }
+}
+
 /// The file in an LB's state directory that names its pin directory: the one place an
 /// operator or a testbed finds it (the default's name depends on the namespace, which may
 /// be gone by then).
