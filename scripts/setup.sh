@@ -38,6 +38,14 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq "${need_apt[@]}"
 fi
 
+# `cheetah run` pins its XDP maps under /run/cheetah/bpf by default ([daemon] bpf_pin_dir
+# in the README): a BPF filesystem there, mounted in the host, so that an LB started under
+# `ip netns exec` (which hides /sys/fs/bpf) finds its pins after a restart.
+if [ "$(id -u)" -eq 0 ] && [ "$(stat -f -c %T /run/cheetah/bpf 2>/dev/null)" != bpf_fs ]; then
+  mkdir -p /run/cheetah/bpf
+  mount -t bpf -o mode=0700 bpf /run/cheetah/bpf
+fi
+
 if ! command -v cargo >/dev/null; then
   if [ -x "$HOME/.cargo/bin/cargo" ]; then
     export PATH="$HOME/.cargo/bin:$PATH"

@@ -12,6 +12,12 @@
 
 #include <linux/types.h>
 
+// The layout of the pinned maps' contents (docs/dataplane.md "Pinned maps"): bump it when
+// any key or value below changes, or what a map's words mean does, so that `cheetah run`
+// starts fresh maps instead of reading an earlier build's pinned ones half-compatibly. A
+// change of a map's type, key or value size, entries or flags alone is caught anyway.
+#define CHEETAH_PIN_LAYOUT 1
+
 // The xsks map has MAX_QUEUES keys per interface slot, and interface_slots MAX_INTERFACES
 // entries.
 #define MAX_QUEUES 64
@@ -102,6 +108,9 @@ enum xdp_stat {
 	STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED,
 	STAT_COUNT,
 };
+// Entries of the stats map: room for counters appended later, so that an upgrade which
+// adds one keeps the map's definition, and so its pinned counters.
+#define STAT_SLOTS 64
 
 // Key of the backends map.
 struct backend_key {

@@ -57,9 +57,10 @@ struct {
 } host_addrs SEC(".maps");
 
 // enum xdp_stat -> packets, per CPU.
+_Static_assert(STAT_COUNT <= STAT_SLOTS, "enum xdp_stat outgrew the stats map");
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, STAT_COUNT);
+	__uint(max_entries, STAT_SLOTS);
 	__type(key, __u32);
 	__type(value, __u64);
 } stats SEC(".maps");

@@ -23,6 +23,16 @@ impl Clock {
         }
     }
 
+    /// The clock of an earlier process that started at CLOCK_MONOTONIC `base_ns`, going
+    /// on where it is (a restart over pinned maps, whose times are that clock's). A base
+    /// ahead of now (not this boot's) starts a new clock.
+    pub fn resume(base_ns: u64) -> Self {
+        if base_ns > monotonic_ns() {
+            return Self::start();
+        }
+        Clock { base_ns }
+    }
+
     #[inline]
     pub fn now(&self) -> Nanos {
         monotonic_ns().saturating_sub(self.base_ns)

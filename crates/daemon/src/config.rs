@@ -9,6 +9,7 @@ use cheetah_core::config::LbConfig;
 use cheetah_core::hash::Secret;
 use serde::Deserialize;
 
+use crate::dataplane::pin::PinDir;
 use crate::dataplane::xdp::XdpMode;
 
 pub struct FileConfig {
@@ -51,6 +52,12 @@ pub struct DaemonConfig {
     /// server's address through (`dataplane/sides.rs`).
     #[serde(default)]
     pub server_interfaces: Option<Vec<String>>,
+    /// Where the XDP program's maps are pinned, so that its state outlives the process
+    /// (`dataplane/pin.rs`): an absolute path on a BPF filesystem, one per LB instance;
+    /// default: one under `pin::DEFAULT_ROOT` named after the network namespace and the
+    /// interfaces.
+    #[serde(default)]
+    pub bpf_pin_dir: Option<PathBuf>,
 }
 
 /// `[daemon] datapath`.
@@ -132,7 +139,19 @@ impl DaemonConfig {
         if !(1024..=1 << 20).contains(&self.frames_per_worker) {
             bail!("daemon.frames_per_worker: must be between 1024 and 1048576");
         }
+        if let Some(dir) = &self.bpf_pin_dir {
+            PinDir::new(dir)?;
+        }
         Ok(())
+    }
+
+    /// The pin directory: `bpf_pin_dir`, or the default for this network namespace and
+    /// these interfaces (`PinDir::default_for`).
+    pub fn pin_dir(&self) -> anyhow::Result<PinDir> {
+        match &self.bpf_pin_dir {
+            Some(dir) => PinDir::new(dir),
+            None => PinDir::default_for(&self.interfaces),
+        }
     }
 }
 
@@ -400,6 +419,8 @@ mod tests {
         );
         assert!(daemon_error("interfaces = [\"a\"]\nframes_per_worker = 5")
             .contains("daemon.frames_per_worker"));
+        assert!(daemon_error("interfaces = [\"a\"]\nbpf_pin_dir = \"pins\"")
+            .starts_with("daemon.bpf_pin_dir: `pins` must be an absolute path"),);
         let unknown = daemon_error("interfaces = [\"a\"]\nbusy = true");
         assert!(
             unknown.contains("daemon") && unknown.contains("busy"),

@@ -46,6 +46,9 @@ pub enum Restored {
     Flows(usize),
     /// The file was not used (why).
     Refused(String),
+    /// The table already holds this many flows, newer than any file: an earlier run's
+    /// words, reused from a pinned map. The file is not read.
+    Kept(usize),
 }
 
 /// The table's flows as bytes of the file.
@@ -132,6 +135,10 @@ pub fn save(dir: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 /// Takes the flows of `dir/fallback.bin` into `shared`'s table (before any worker runs).
 /// The time since the save counts as idle time.
 pub fn restore(dir: &Path, shared: &LbShared, now: Nanos, now_unix_ms: u64) -> Restored {
+    let held = shared.fallback.len();
+    if held != 0 {
+        return Restored::Kept(held);
+    }
     let path = dir.join(FALLBACK_FILE);
     let bytes = match fs::read(&path) {
         Ok(bytes) => bytes,
@@ -255,9 +262,14 @@ mod tests {
             restore(dir.path(), &shared(1, 512), 0, 1_003_000),
             Restored::Flows(_)
         ));
+        // A table that holds flows already (a pinned map's, newer) takes none.
+        assert_eq!(restore(dir.path(), &new, 0, 1_003_000), Restored::Kept(100));
         // No file; a file cut short.
         let empty = tempfile::tempdir().unwrap();
-        assert_eq!(restore(empty.path(), &new, 0, 0), Restored::NoFile);
+        assert_eq!(
+            restore(empty.path(), &shared(1, 1024), 0, 0),
+            Restored::NoFile
+        );
         let bytes = fs::read(dir.path().join(FALLBACK_FILE)).unwrap();
         fs::write(dir.path().join(FALLBACK_FILE), &bytes[..bytes.len() - 5]).unwrap();
         assert!(matches!(

@@ -346,6 +346,10 @@ impl Persister {
                 flows,
                 "connections without a cookie restored into the fallback table"
             ),
+            Restored::Kept(flows) => tracing::info!(
+                flows,
+                "connections without a cookie kept in the pinned fallback table"
+            ),
             Restored::Refused(why) => tracing::warn!(
                 reason = %why,
                 "connections without a cookie not restored: Maglev places them"

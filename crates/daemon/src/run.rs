@@ -13,6 +13,7 @@ use cheetah_core::lb::{Ingress, LbShared, Worker, WorkerConfig};
 use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
 use crate::dataplane::kernel_loads::KernelLoads;
 use crate::dataplane::next_hops::NextHopMirror;
+use crate::dataplane::pin;
 use crate::dataplane::sides::{log_sides, InterfaceSides, SideSource};
 use crate::dataplane::worker_loop::DataPath;
 use crate::dataplane::xdp::{self, SteeringProgram};
@@ -65,29 +66,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(state_dir) = args.state_dir {
         daemon.state_dir = state_dir;
     }
+    let pin_dir = daemon.pin_dir()?;
     if args.unload {
         for name in &daemon.interfaces {
             let iface = Interface::discover(name, 0)?;
             xdp::detach(name, iface.ifindex)?;
             tracing::info!(interface = %name, "XDP program detached");
         }
+        // Without the program its state keeps no connection: the next start is fresh.
+        pin_dir.forget()?;
+        tracing::info!(dir = %pin_dir.path().display(), "pinned XDP maps removed");
         return Ok(());
     }
     let secret_path = file.secret_file.clone().context(
         "secret_file: required (a file with 32 hex digits; create it with --init-secret)",
     )?;
     let secret = load_or_create_secret(&secret_path, args.init_secret, file.lb.cookie_epoch_bits)?;
-    let clock = Clock::start();
     let persister = Persister::new(&daemon.state_dir, &file.lb)?;
     // Loaded before the control plane is built, whose clock table lives in the program's
     // msb_seen and msb_restores arrays, whose handshake table in its handshakes array and
     // whose fallback table in its fallback array: the kernel restores, learns, books SYNs
-    // and looks flows up in the same words.
-    let steering = SteeringProgram::load(file.lb.fallback_table_capacity)?;
+    // and looks flows up in the same words. Over the maps an earlier run pinned, if any
+    // (`pin.rs`): then those words are kept, not cleared.
+    let layout = file.lb.cookie_layout().map_err(anyhow::Error::msg)?;
+    let pin_dir = pin_dir.for_key(&secret.fingerprint(layout));
+    let steering = SteeringProgram::load_pinned(file.lb.fallback_table_capacity, &pin_dir)?;
+    let unused_pins = pin::UnusedPins::new(&pin_dir, steering.pins());
+    pin::record(&daemon.state_dir, &pin_dir)?;
+    // The times in kept handshake and fallback words are the earlier run's clock's: it
+    // continues (same boot: a BPF filesystem does not outlive one).
+    let clock = match steering.kept_clock_base()? {
+        Some(base) => Clock::resume(base),
+        None => Clock::start(),
+    };
     let kernel_words = steering.kernel_words()?;
+    // Read before the state file's import writes the same words.
+    let kept_clocks = kernel_words.kept_clocks(layout);
     let mut plane = persister.restore_with_tables(&file.lb, &secret, &clock, &|layout, _| {
         kernel_words.tables(layout)
     })?;
+    adopt_kept_clocks(&steering, &plane, &kept_clocks, clock.now())?;
     // Likewise the close filter lives in the program's closes array: a close counted in
     // the kernel is a duplicate for the workers, and the other way round.
     if plane
@@ -109,6 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let data_plane = DataPlane::start(steering, &file, &daemon, &state, &args.faults)?;
+    unused_pins.in_use();
     let saver = saver::spawn(Arc::clone(&state), Duration::from_secs(1))?;
     // After the XDP program is attached: it hands the probes' answers to the kernel.
     let prober = health::spawn(Arc::clone(&state))?;
@@ -211,9 +230,8 @@ impl DataPlane {
             .min(queues)
             .min(xdp::MAX_QUEUES);
 
-        for iface in &interfaces {
-            steering.set_interface_slot(iface.ifindex, iface.slot)?;
-        }
+        let slots: Vec<(u32, u32)> = interfaces.iter().map(|i| (i.ifindex, i.slot)).collect();
+        steering.set_interface_slots(&slots)?;
         sync_host_addrs(&steering, &state.shared)?;
 
         // Sockets go into the map before the program is attached (or replaces the previous
@@ -346,7 +364,7 @@ impl DataPlane {
         let mut sides = self
             .side_source
             .sides(&self.interface_names, &state.shared.snapshot.load());
-        let mut kernel_loads = KernelLoads::default();
+        let mut kernel_loads = KernelLoads::starting_at(&self.steering)?;
         while !term.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
             rounds += 1;
@@ -416,6 +434,44 @@ impl DataPlane {
         }
         Ok(())
     }
+}
+
+/// Merges the clocks an earlier run left in the pinned words with those the state file
+/// gave (`MsbTable::import_newer`: no estimate moves backwards), for the ids that still
+/// name the server they named then (same address in the pinned `servers` map, not yet
+/// republished); the others' words are an unknown server's clock, forgotten unless the
+/// state file gave the id a clock (checked against its own addresses).
+fn adopt_kept_clocks(
+    steering: &SteeringProgram,
+    plane: &cheetah_core::tables::ControlPlane,
+    kept: &[(cheetah_core::types::ServerId, u32)],
+    now: cheetah_core::types::Nanos,
+) -> anyhow::Result<()> {
+    if kept.is_empty() {
+        return Ok(());
+    }
+    let current: std::collections::HashMap<u16, Ipv4Addr> = plane
+        .servers(now)
+        .into_iter()
+        .filter(|s| s.state != cheetah_core::tables::SlotState::Free)
+        .map(|s| (s.id.0, s.dip))
+        .collect();
+    let msb = &plane.shared().msb;
+    let mut same = Vec::new();
+    for &(id, tsval) in kept {
+        match steering.published_server_dip(id)? {
+            Some(dip) if current.get(&id.0) == Some(&dip) => same.push((id, tsval)),
+            _ if msb.get(id).is_none() => msb.forget(id),
+            _ => {}
+        }
+    }
+    msb.import_newer(&same, now);
+    tracing::info!(
+        servers = same.len(),
+        forgotten = kept.len() - same.len(),
+        "server clocks kept from the pinned maps"
+    );
+    Ok(())
 }
 
 /// Publishes the current tables into the XDP program's maps (`xdp_tables.rs`).

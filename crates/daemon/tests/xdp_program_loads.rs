@@ -36,6 +36,7 @@ const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
 const STAT_COUNT: u32 = 32;
+const STAT_SLOTS: u32 = 64;
 const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
@@ -139,7 +140,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         ("host_addrs", MapType::Hash, 4, 4, MAX_HOST_ADDRS, 0),
-        ("stats", MapType::PercpuArray, 4, 8, STAT_COUNT, 0),
+        ("stats", MapType::PercpuArray, 4, 8, STAT_SLOTS, 0),
         ("lb_config", MapType::Array, 4, LB_CONFIG, 1, BPF_F_MMAPABLE),
         ("vips", MapType::Hash, VIP_KEY, VIP_INFO, MAX_VIPS, 0),
         ("vips_by_index", MapType::Array, 4, VIP_INFO, MAX_VIPS, 0),
@@ -269,6 +270,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
 }
 
 fn stat(object: &Object, index: u32) -> u64 {
+    assert!(index < STAT_COUNT, "stat {index} is no counter");
     map(object, "stats")
         .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
         .expect("stats lookup")

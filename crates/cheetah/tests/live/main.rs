@@ -14,6 +14,7 @@ mod forwarding;
 mod health;
 mod idle;
 mod multi;
+mod pinned;
 mod readd;
 mod server_clocks;
 mod smoke;

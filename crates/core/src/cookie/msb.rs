@@ -173,6 +173,21 @@ impl MsbTable {
         for word in seen.iter().chain(restores.iter()) {
             word.store(0, SeqCst);
         }
+        Self::with_kept_words(layout, seen, restores, clock)
+    }
+
+    /// [`with_words`](Self::with_words) over words an earlier process filled (pinned
+    /// maps): the kernel goes on restoring with `seen` and `restores`, while this table
+    /// knows no clock until the caller imports [`kept_clocks`](Self::kept_clocks) (with
+    /// [`import_newer`](Self::import_newer), after any other import). The learning words
+    /// (`clock`) start cleared: their anchors are in the earlier run's milliseconds, and
+    /// an import anchors each clock afresh anyway.
+    pub fn with_kept_words(
+        layout: CookieLayout,
+        seen: SharedWords<ID_SPACE>,
+        restores: SharedWords<COOKIES>,
+        clock: Words<ClockWords>,
+    ) -> Self {
         clock[0].clear();
         MsbTable {
             layout,
@@ -539,6 +554,34 @@ impl MsbTable {
                     .then(|| (ServerId(index as u16), estimate_tsval(anchor, now_ms)))
             })
             .collect()
+    }
+
+    /// The clocks the `seen` words hold, each as the first TSval of its MSB: what an
+    /// earlier process over the same words learnt, never ahead of the server's clock.
+    pub fn kept_clocks(&self) -> Vec<(ServerId, u32)> {
+        (0..ID_SPACE)
+            .filter_map(|index| {
+                let word = self.seen[index].load(SeqCst);
+                (word & KNOWN != 0).then_some((ServerId(index as u16), (word & 0xffff) << 16))
+            })
+            .collect()
+    }
+
+    /// [`import`](Self::import)s those of `values` whose MSB is ahead of the server's
+    /// current estimate, or whose server has none: two sources of clocks (the state file,
+    /// a pinned map's words) merged so that a restart never moves an estimate backwards.
+    pub fn import_newer(&self, values: &[(ServerId, u32)], now: Nanos) {
+        let newer: Vec<(ServerId, u32)> = values
+            .iter()
+            .copied()
+            .filter(|&(server, tsval)| match self.get(server) {
+                None => true,
+                Some(current) => ((tsval >> 16) as u16).wrapping_sub(current) as i16 > 0,
+            })
+            .collect();
+        if !newer.is_empty() {
+            self.import(&newer, now);
+        }
     }
 
     /// Sets each server's clock to the TSval it is estimated to show at `now` (a persisted

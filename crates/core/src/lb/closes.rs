@@ -128,12 +128,18 @@ impl CloseFilter {
     /// `closes` array, so that a close the kernel counted is not counted again by a worker,
     /// nor the other way round). The words are cleared: a filter starts knowing no close.
     pub fn with_words(words: &'static [AtomicU32; DEFAULT_SLOTS]) -> Self {
-        let filter = CloseFilter {
-            slots: Words::borrowed(words),
-            mask: DEFAULT_SLOTS - 1,
-        };
+        let filter = Self::with_kept_words(words);
         filter.clear();
         filter
+    }
+
+    /// [`with_words`](Self::with_words) knowing the closes the words hold: words an
+    /// earlier process filled (a pinned map), whose closes stay counted.
+    pub fn with_kept_words(words: &'static [AtomicU32; DEFAULT_SLOTS]) -> Self {
+        CloseFilter {
+            slots: Words::borrowed(words),
+            mask: DEFAULT_SLOTS - 1,
+        }
     }
 
     #[inline(always)]

@@ -219,6 +219,18 @@ impl FallbackTable {
     /// Unless `words.len()` is a power of two of at least [`WAYS`] and at most
     /// [`MAX_CAPACITY`], and the words start on a [`SET_BYTES`] boundary (a mapping does).
     pub fn with_words(words: &'static [AtomicU64]) -> Self {
+        let table = Self::with_kept_words(words);
+        table.clear();
+        table
+    }
+
+    /// [`with_words`](Self::with_words) knowing the flows the words hold: words an
+    /// earlier process filled (a pinned map). Their times are the core's clock's, which
+    /// must continue.
+    ///
+    /// # Panics
+    /// As [`with_words`](Self::with_words).
+    pub fn with_kept_words(words: &'static [AtomicU64]) -> Self {
         assert!(
             words.len().is_power_of_two() && (WAYS..=MAX_CAPACITY).contains(&words.len()),
             "a fallback table has a power of two of words in {WAYS}..={MAX_CAPACITY}, not {}",
@@ -233,12 +245,10 @@ impl FallbackTable {
         // the `words.len()` words, which are aligned for it (checked above) and `'static`.
         let sets_view: &'static [Set] =
             unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<Set>(), sets) };
-        let table = FallbackTable {
+        FallbackTable {
             sets: Words::borrowed(sets_view),
             mask: sets - 1,
-        };
-        table.clear();
-        table
+        }
     }
 
     /// Number of flows the table holds before it starts evicting (at most; see the module

@@ -123,18 +123,28 @@ impl HandshakeTable {
         slots: &'static [AtomicU64],
         retries: &'static [AtomicU16; RETRY_SLOTS],
     ) -> Self {
+        let table = Self::with_kept_words(slots, retries);
+        table.clear();
+        table
+    }
+
+    /// [`with_words`](Self::with_words) knowing the SYNs the words hold: words an earlier
+    /// process filled (a pinned map), so that a SYN retransmitted across a restart is
+    /// still a retransmission. Their times are the core's clock's, which must continue.
+    pub fn with_kept_words(
+        slots: &'static [AtomicU64],
+        retries: &'static [AtomicU16; RETRY_SLOTS],
+    ) -> Self {
         assert!(
             slots.len().is_power_of_two(),
             "a handshake table has a power of two of slots, not {}",
             slots.len()
         );
-        let table = HandshakeTable {
+        HandshakeTable {
             slots: Words::borrowed(slots),
             mask: slots.len() - 1,
             retries: Words::borrowed(retries),
-        };
-        table.clear();
-        table
+        }
     }
 
     /// Forgets every entry (tests and the fuzz harness reuse one table across runs).

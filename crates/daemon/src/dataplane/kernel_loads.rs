@@ -23,6 +23,18 @@ pub struct KernelLoads {
 }
 
 impl KernelLoads {
+    /// Folds from what `server_traffic` holds now: totals an earlier run left in a pinned
+    /// map were that run's to fold (its loads went with it), not this one's.
+    pub fn starting_at(steering: &SteeringProgram) -> anyhow::Result<Self> {
+        let mut loads = KernelLoads::default();
+        if steering.pins().kept(&["server_traffic"]) {
+            let ids: Vec<ServerId> = (0..ServerId::SPACE as u16).map(ServerId).collect();
+            let totals = steering.server_traffic(&ids)?;
+            loads.seen = ids.into_iter().zip(totals).collect();
+        }
+        Ok(loads)
+    }
+
     pub fn fold(&mut self, steering: &SteeringProgram, shared: &LbShared) -> anyhow::Result<()> {
         let snapshot = shared.snapshot.load();
         let ids: Vec<ServerId> = snapshot

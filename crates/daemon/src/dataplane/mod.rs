@@ -9,6 +9,7 @@ pub mod kernel_loads;
 pub mod meta;
 pub mod neighbour;
 pub mod next_hops;
+pub mod pin;
 pub mod publish_window;
 pub mod route_netlink;
 #[cfg(test)]

@@ -171,6 +171,8 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_COUNT",
             stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1 + FAST_EVENTS.len(),
         ),
+        ("STAT_SLOTS", STAT_SLOTS as usize),
+        ("CHEETAH_PIN_LAYOUT", PIN_LAYOUT as usize),
         ("CLOSE_SLOTS", CLOSE_SLOTS),
         ("MAX_NEXT_HOPS", MAX_NEXT_HOPS),
         ("NEXT_HOP_FIB", NEXT_HOP_FIB as usize),

@@ -19,10 +19,12 @@ use cheetah_core::lb::handshakes::HandshakeTable;
 use cheetah_core::lb::SharedTables;
 use cheetah_core::types::ServerId;
 
+use super::pin::{self, PinDir, PinReport};
 use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
-    Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, ServerLoadValue,
-    ServerTraffic, FAST_BUNDLES, FAST_EVENTS, STAT_NEXT_HOP_MISS, UP_REASONS,
+    Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, ServerInfo,
+    ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, SERVER_FORWARDS, STAT_NEXT_HOP_MISS,
+    UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -77,23 +79,60 @@ pub struct SteeringProgram {
     object: Object,
     /// `lb_config.publish_seq`, mapped on first use (`publish_window`).
     publish_seq: OnceLock<PublishSeq>,
-    /// `lb_config.clock_base_ns`, mapped on first use (`set_clock_base`): once, since a
-    /// mapping is never unmapped and a test sets the clock before every packet.
+    /// `lb_config.clock_base_ns`, mapped on first use: once, not per call (a mapping is
+    /// never unmapped, and a process may hold only `vm.max_map_count` of them).
     clock_base: OnceLock<&'static AtomicU64>,
+    /// Which maps an earlier run pinned and this one reused (`pin.rs`); empty unpinned.
+    pins: PinReport,
 }
 
 impl SteeringProgram {
     /// Loads the program with a fallback table for `fallback_capacity` flows (the config's
     /// `fallback_table_capacity`, rounded as `FallbackTable::rounded_capacity` says).
     pub fn load(fallback_capacity: usize) -> anyhow::Result<Self> {
+        Self::load_with(fallback_capacity, None)
+    }
+
+    /// [`load`](Self::load) over the maps pinned in `pins` (`pin.rs`): those an earlier
+    /// run left with this program's definitions are reused with what they hold, the rest
+    /// are created and pinned there.
+    pub fn load_pinned(fallback_capacity: usize, pins: &PinDir) -> anyhow::Result<Self> {
+        Self::load_with(fallback_capacity, Some(pins))
+    }
+
+    fn load_with(fallback_capacity: usize, pins: Option<&PinDir>) -> anyhow::Result<Self> {
         let mut open = ObjectBuilder::default()
             .open_memory(PROGRAM)
             .context("cannot open the embedded XDP program")?;
         size_fallback(&mut open, fallback_capacity)?;
+        // After every sizing: a map sized otherwise than its pinned one is replaced.
+        let report = match pins {
+            Some(dir) => pin::prepare(&mut open, dir)?,
+            None => PinReport::default(),
+        };
         let object = open
             .load()
             .context("the kernel refused the XDP program (needs root, BPF and XDP support)")?;
-        Ok(Self::from_object(object))
+        Ok(SteeringProgram {
+            pins: report,
+            ..Self::from_object(object)
+        })
+    }
+
+    /// Which maps were reused from an earlier run (`load_pinned`).
+    pub fn pins(&self) -> &PinReport {
+        &self.pins
+    }
+
+    /// The core clock's base an earlier run left in a reused `lb_config`
+    /// ([`set_clock_base`](Self::set_clock_base)): the clock to continue, so that the
+    /// times in the reused handshake and fallback words stay the core's. `None` when the
+    /// map is fresh.
+    pub fn kept_clock_base(&self) -> anyhow::Result<Option<u64>> {
+        if !self.pins.kept(&["lb_config"]) {
+            return Ok(None);
+        }
+        Ok(Some(self.clock_base()?).filter(|&base| base != 0))
     }
 
     /// Another loaded object that carries the same maps (bpf/lib/maps.h), such as the
@@ -104,6 +143,7 @@ impl SteeringProgram {
             object,
             publish_seq: OnceLock::new(),
             clock_base: OnceLock::new(),
+            pins: PinReport::default(),
         }
     }
 
@@ -156,6 +196,9 @@ impl SteeringProgram {
             clock: self.mmap_value("msb_clock")?,
             handshakes: self.mmap_value("handshakes")?,
             fallback: self.fallback_words()?,
+            kept_clocks: self.pins.kept(&["msb_seen", "msb_restores"]),
+            // Their times are the core clock's, whose base a fresh lb_config lost.
+            kept_handshakes: self.pins.kept(&["handshakes", "lb_config"]),
         })
     }
 
@@ -165,6 +208,7 @@ impl SteeringProgram {
     pub fn close_words(&self) -> anyhow::Result<CloseWords> {
         Ok(CloseWords {
             words: self.mmap_value("closes")?,
+            kept: self.pins.kept(&["closes"]),
         })
     }
 
@@ -188,6 +232,7 @@ impl SteeringProgram {
         // the kernel's accesses are atomic.
         Ok(FallbackWords {
             words: unsafe { std::slice::from_raw_parts(at.cast::<AtomicU64>(), words) },
+            kept: self.pins.kept(&["fallback", "lb_config"]),
         })
     }
 
@@ -262,6 +307,21 @@ impl SteeringProgram {
         Ok(self.clock_base.get_or_init(|| word))
     }
 
+    /// The address the `servers` map holds for `id` as it was last published, if it
+    /// forwards to one (read before this run publishes, it is the earlier run's).
+    pub fn published_server_dip(&self, id: ServerId) -> anyhow::Result<Option<Ipv4Addr>> {
+        let value = self
+            .try_map("servers")?
+            .lookup(&(id.0 as u32).to_ne_bytes(), MapFlags::ANY)
+            .context("cannot read servers")?;
+        Ok(value.and_then(|bytes| {
+            let at = |offset: usize| -> [u8; 4] { bytes[offset..offset + 4].try_into().unwrap() };
+            let flags = u32::from_ne_bytes(at(std::mem::offset_of!(ServerInfo, flags)));
+            (flags & SERVER_FORWARDS != 0)
+                .then(|| Ipv4Addr::from(at(std::mem::offset_of!(ServerInfo, dip))))
+        }))
+    }
+
     /// Sets what pow2 in the kernel compares for server `id` (`server_loads`).
     pub fn set_server_load(&self, id: ServerId, load: &ServerLoadValue) -> anyhow::Result<()> {
         self.map("server_loads")
@@ -333,6 +393,24 @@ impl SteeringProgram {
         self.map("interface_slots")
             .update(&ifindex.to_ne_bytes(), &slot.to_ne_bytes(), MapFlags::ANY)
             .context("cannot update interface_slots")
+    }
+
+    /// Makes `interface_slots` hold exactly `slots` (ifindex, slot): a pinned map may hold
+    /// an earlier run's interfaces.
+    pub fn set_interface_slots(&self, slots: &[(u32, u32)]) -> anyhow::Result<()> {
+        for &(ifindex, slot) in slots {
+            self.set_interface_slot(ifindex, slot)?;
+        }
+        let map = self.map("interface_slots");
+        let stale: Vec<Vec<u8>> = map
+            .keys()
+            .filter(|k| !slots.iter().any(|(i, _)| i.to_ne_bytes()[..] == k[..]))
+            .collect();
+        for key in stale {
+            map.delete(&key)
+                .context("cannot delete from interface_slots")?;
+        }
+        Ok(())
     }
 
     /// Replaces the set of the host's own addresses: a NAT backend's packet addressed to
@@ -498,23 +576,59 @@ pub struct KernelWords {
     clock: &'static ClockWords,
     handshakes: &'static HandshakeWords,
     fallback: FallbackWords,
+    /// The words are an earlier run's, reused from pinned maps: the tables keep them.
+    kept_clocks: bool,
+    kept_handshakes: bool,
 }
 
 impl KernelWords {
     /// A plane's clock, handshake and fallback tables over these words (a `TablesMaker`'s
-    /// answer, for `ControlPlane::new_with_tables`), which they clear. The fallback map was
+    /// answer, for `ControlPlane::new_with_tables`), which they clear, unless an earlier
+    /// run's pinned maps were reused: then they keep what the words hold (the clock table
+    /// learns those clocks from [`kept_clocks`](Self::kept_clocks)). The fallback map was
     /// sized when the program was loaded, for the same config's capacity.
     pub fn tables(self, layout: CookieLayout) -> SharedTables {
+        let (seen, restores, clock) = (
+            SharedWords::borrowed(self.seen),
+            SharedWords::borrowed(self.restores),
+            ClockWords::borrowed(self.clock),
+        );
+        let (slots, retries) = (&self.handshakes.slot, &self.handshakes.retry);
         SharedTables {
-            msb: MsbTable::with_words(
-                layout,
-                SharedWords::borrowed(self.seen),
-                SharedWords::borrowed(self.restores),
-                ClockWords::borrowed(self.clock),
-            ),
-            handshakes: HandshakeTable::with_words(&self.handshakes.slot, &self.handshakes.retry),
+            msb: if self.kept_clocks {
+                MsbTable::with_kept_words(layout, seen, restores, clock)
+            } else {
+                MsbTable::with_words(layout, seen, restores, clock)
+            },
+            handshakes: if self.kept_handshakes {
+                HandshakeTable::with_kept_words(slots, retries)
+            } else {
+                HandshakeTable::with_words(slots, retries)
+            },
             fallback: self.fallback.table(),
         }
+    }
+
+    /// The clocks an earlier run left in reused pinned words, as
+    /// `MsbTable::kept_clocks` gives them (empty when the words are fresh): read before a
+    /// state file's import overwrites them, for `MsbTable::import_newer` after it.
+    pub fn kept_clocks(self, layout: CookieLayout) -> Vec<(ServerId, u32)> {
+        if !self.kept_clocks {
+            return Vec::new();
+        }
+        MsbTable::with_kept_words(
+            layout,
+            SharedWords::borrowed(self.seen),
+            SharedWords::borrowed(self.restores),
+            ClockWords::borrowed(self.clock),
+        )
+        .kept_clocks()
+    }
+
+    /// Whether the fallback table's words are an earlier run's (then newer than any saved
+    /// file of its flows).
+    pub fn kept_fallback(self) -> bool {
+        self.fallback.kept
     }
 
     /// Flows the shared fallback table holds.
@@ -527,12 +641,19 @@ impl KernelWords {
 #[derive(Clone, Copy)]
 pub struct CloseWords {
     words: &'static [AtomicU32; CLOSE_SLOTS],
+    /// An earlier run's, reused from a pinned map: the filter keeps its closes.
+    kept: bool,
 }
 
 impl CloseWords {
-    /// A close filter over these words (for `ControlPlane::share_closes`); it clears them.
+    /// A close filter over these words (for `ControlPlane::share_closes`); it clears them
+    /// unless they are an earlier run's (pinned).
     pub fn filter(self) -> CloseFilter {
-        CloseFilter::with_words(self.words)
+        if self.kept {
+            CloseFilter::with_kept_words(self.words)
+        } else {
+            CloseFilter::with_words(self.words)
+        }
     }
 
     /// The words, as the kernel sees them (tests compare the two sides' filters).
@@ -545,12 +666,19 @@ impl CloseWords {
 #[derive(Clone, Copy)]
 pub struct FallbackWords {
     words: &'static [AtomicU64],
+    /// An earlier run's, reused from a pinned map: the table keeps its flows.
+    kept: bool,
 }
 
 impl FallbackWords {
-    /// A fallback table over these words (cleared), for a plane's `SharedTables`.
+    /// A fallback table over these words, for a plane's `SharedTables`: cleared, unless
+    /// they are an earlier run's (pinned).
     pub fn table(self) -> FallbackTable {
-        FallbackTable::with_words(self.words)
+        if self.kept {
+            FallbackTable::with_kept_words(self.words)
+        } else {
+            FallbackTable::with_words(self.words)
+        }
     }
 
     /// Flows the table holds: what the map was sized to at load time.

@@ -9,6 +9,8 @@ use std::mem::{offset_of, size_of};
 use cheetah_core::lb::{Bundle, Counter};
 use cheetah_core::types::Mac;
 
+/// `CHEETAH_PIN_LAYOUT`: the layout of the pinned maps' contents (`dataplane/pin.rs`).
+pub const PIN_LAYOUT: u32 = 1;
 pub const SERVER_ID_SPACE: usize = 16384;
 /// `SERVER_SIDE_SLOTS`: entries of `server_side`, indexed by ifindex modulo this.
 pub const SERVER_SIDE_SLOTS: usize = 1024;
@@ -207,6 +209,9 @@ pub const STAT_FAST_SERVER_CLOSE_ADVANCED: u32 = 29;
 pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_LEARNED: u32 = 30;
 pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED: u32 = 31;
 pub const STAT_COUNT: u32 = 32;
+/// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
+/// counters an upgrade appends.
+pub const STAT_SLOTS: u32 = 64;
 
 /// Ways of a fallback table set (`FALLBACK_WAYS`): the core's `fallback::WAYS`.
 pub const FALLBACK_WAYS: usize = 8;

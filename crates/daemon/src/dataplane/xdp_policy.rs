@@ -8,7 +8,8 @@
 //! A core worker rebuilds a VIP's instance only when the VIP's policy, pool or weights
 //! change (`Worker::install`), so cursors and credits carry on across snapshots; the
 //! seeder likewise seeds a VIP's state only when those changed at its index, and the
-//! generators once. A SYN the kernel places while a VIP is being seeded may land its
+//! generators once; over an earlier run's pinned maps, not even that for the VIPs (and
+//! generators) that run left as this one would seed them (`keep_seeded`). A SYN the kernel places while a VIP is being seeded may land its
 //! state change on either side of the seeding; either way the pick was one of the pool's.
 
 use cheetah_core::policy::random::rng_state;
@@ -71,6 +72,9 @@ pub struct PolicySeeder {
     /// By VIP index.
     seeded: Vec<Option<SeededFrom>>,
     rng_seeded: bool,
+    /// VIP indices whose state an earlier run seeded from what the next call would
+    /// (pinned maps, `keep_seeded`): taken as seeded by that call.
+    kept: Vec<usize>,
 }
 
 /// The state a core worker's instance of `policy` over `pool` starts in (the fields
@@ -108,7 +112,16 @@ impl PolicySeeder {
             seeds,
             seeded: Vec::new(),
             rng_seeded: false,
+            kept: Vec::new(),
         }
+    }
+
+    /// Leaves the state of VIP indices `kept` and, if `generators`, the generators as an
+    /// earlier run left them in pinned maps, at the next [`seed`](Self::seed): that run
+    /// seeded them from the policy, pool and weights the next call sees.
+    pub fn keep_seeded(&mut self, kept: Vec<usize>, generators: bool) {
+        self.kept = kept;
+        self.rng_seeded |= generators;
     }
 
     /// Seeds every VIP of `snapshot` whose policy, pool or weights changed at its index
@@ -135,6 +148,10 @@ impl PolicySeeder {
             if self.seeded[index].as_ref() == Some(&from) {
                 continue;
             }
+            if self.kept.contains(&index) {
+                self.seeded[index] = Some(from);
+                continue;
+            }
             let states: Vec<PolicyState> = (0..cpus)
                 .map(|cpu| {
                     let (worker, workers, _) = self.seeds.worker(cpu, cpus);
@@ -144,6 +161,7 @@ impl PolicySeeder {
             program.set_policy_state(index as u16, &states)?;
             self.seeded[index] = Some(from);
         }
+        self.kept.clear();
         Ok(())
     }
 }

@@ -328,6 +328,10 @@ impl Publisher {
     pub fn write(&mut self, program: &SteeringProgram, wanted: Wanted) -> anyhow::Result<()> {
         let mut window = LazyWindow::new(program);
         let last = self.last.take();
+        if last.is_none() {
+            self.policies
+                .keep_seeded(kept_policies(program, &wanted)?, kept_generators(program));
+        }
         let array = |entries: usize, value_size: usize| Kind::Array {
             entries,
             value_size,
@@ -411,6 +415,37 @@ impl Publisher {
         self.last = Some(wanted);
         Ok(())
     }
+}
+
+/// The VIP indices whose policy state an earlier run left in pinned maps seeded from what
+/// is wanted now: `vips_by_index` (policy, pool) and `vip_weights` hold exactly what this
+/// run publishes there, so their rr cursors and wrr credits go on instead of restarting.
+/// Read before the first write.
+fn kept_policies(program: &SteeringProgram, wanted: &Wanted) -> anyhow::Result<Vec<usize>> {
+    if !program
+        .pins()
+        .kept(&["policy_state", "vips_by_index", "vip_weights"])
+    {
+        return Ok(Vec::new());
+    }
+    let vips = program.try_map("vips_by_index")?;
+    let weights = program.try_map("vip_weights")?;
+    let no_weights = vec![0u8; weights.value_size() as usize];
+    let mut kept = Vec::new();
+    for (key, info) in &wanted.vips_by_index {
+        let wanted_weights = wanted.vip_weights.get(key).unwrap_or(&no_weights);
+        if vips.lookup(key, MapFlags::ANY)?.as_ref() == Some(info)
+            && weights.lookup(key, MapFlags::ANY)?.as_ref() == Some(wanted_weights)
+        {
+            kept.push(u32::from_ne_bytes(key[..4].try_into()?) as usize);
+        }
+    }
+    Ok(kept)
+}
+
+/// Whether the kernel's generators are an earlier run's (pinned): they go on.
+fn kept_generators(program: &SteeringProgram) -> bool {
+    program.pins().kept(&["policy_rng"])
 }
 
 /// Makes map `name` hold exactly `entries`. `last` is what this publisher wrote before

@@ -41,6 +41,9 @@ impl Topology {
             server.clock_offset = offset;
         }
         check_dir_is_usable(&topo.files.dir, &topo.prefix)?;
+        // The LBs run under `ip netns exec`, where no BPF filesystem can be mounted for
+        // good: their pins need one from the host (`[daemon] bpf_pin_dir`).
+        cheetah_daemon::dataplane::pin::mount_default_root()?;
         teardown(&topo.prefix, false)
             .with_context(|| format!("cannot remove the earlier testbed `{}`", topo.prefix))?;
         if let Err(error) = topo.build() {
@@ -198,6 +201,20 @@ fn prepare_dir(dir: &Path, prefix: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Removes the pin directory each LB state folder under `dir` records
+/// (`pin::RECORD_FILE`).
+fn forget_pinned_maps(dir: &Path) -> anyhow::Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        if entry.path().is_dir() {
+            cheetah_daemon::dataplane::pin::forget_recorded(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 fn empty_dir(dir: &Path) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let path = entry?.path();
@@ -238,6 +255,10 @@ pub fn teardown(prefix: &str, keep_dir: bool) -> anyhow::Result<()> {
     }
     let namespaces = netns::list(prefix)?;
     if let Err(e) = netns::kill_processes(&namespaces) {
+        failures.push(format!("{e:#}"));
+    }
+    // The LBs' pinned maps: nothing uses them once their namespaces go.
+    if let Err(e) = forget_pinned_maps(&state_dir(prefix)) {
         failures.push(format!("{e:#}"));
     }
     for namespace in &namespaces {

@@ -765,3 +765,42 @@ fn probe_resets_race(old_clock: u32, new_clock: u32, steps: u64) -> usize {
     assert_entries_follow_the_estimate(&t, A);
     resets
 }
+
+#[test]
+fn kept_words_keep_their_clocks_and_the_newer_of_two_sources_wins() {
+    let seen: &'static [AtomicU32; ID_SPACE] = Box::leak(atomics(|| AtomicU32::new(0)));
+    let restores: &'static [AtomicU32; COOKIES] = Box::leak(atomics(|| AtomicU32::new(0)));
+    let clock: &'static ClockWords = &Box::leak(ClockWords::owned_words())[0];
+    let before = MsbTable::with_words(
+        K4,
+        SharedWords::borrowed(seen),
+        SharedWords::borrowed(restores),
+        ClockWords::borrowed(clock),
+    );
+    const B: ServerId = ServerId(4);
+    assert_eq!(before.learn(A, 0x1235_0042, SEC), MsbLearn::Learned);
+    assert_eq!(before.learn(B, 0x2000_0000, SEC), MsbLearn::Learned);
+    // A restart over the same (pinned) words: nothing cleared, the kernel keeps restoring.
+    let after = MsbTable::with_kept_words(
+        K4,
+        SharedWords::borrowed(seen),
+        SharedWords::borrowed(restores),
+        ClockWords::borrowed(clock),
+    );
+    assert_eq!(
+        after.restore(A, 0x5),
+        Some(0x1235),
+        "the words still restore"
+    );
+    let kept = after.kept_clocks();
+    assert_eq!(kept, vec![(A, 0x1235_0000), (B, 0x2000_0000)]);
+    // The state file, saved a while before the kill: A older than the words, B newer.
+    after.import(&[(A, 0x1230_0000), (B, 0x2001_0000)], 2 * SEC);
+    after.import_newer(&kept, 2 * SEC);
+    assert_eq!(after.get(A), Some(0x1235), "the words' newer clock wins");
+    assert_eq!(after.get(B), Some(0x2001), "the file's newer clock wins");
+    assert!(
+        !after.export(2 * SEC).is_empty(),
+        "adopted clocks are saved again"
+    );
+}
