@@ -188,10 +188,10 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 }
 
 // lb_process() for a server's reply in cheetah mode with l2 forwarding (lb_config,
-// parse_plain_tcp, client_vip, steer_owner, reply_fast), cut after stage `upto`:
+// parse_plain_tcp, client_vip, reply_known, reply_fast), cut after stage `upto`:
 //   1 lb_config, parse_plain_tcp and client_vip: vips[(daddr, dport, 6)] missed
-//   2 steering's classification (vip_addrs[daddr] missed, vip_addrs[saddr]), server_side[ingress]
-//   3 the sender: server_macs[src MAC], vips[(saddr, sport, 6)], servers[id]
+//   2 the sender: server_side[ingress], reply_senders[(saddr, sport, src MAC)]
+//   3 steering's destination check: vip_addrs[daddr] missed
 //   4 flags and NOP NOP TS checks, msb_seen and the clock check
 //   5 SipHash finish and cookie encode
 //   6 the next hop toward the client (lib/next_hop.h: the next_hops map, the FIB on a miss)
@@ -200,14 +200,12 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 // The whole path (bench_lb) adds send_out (bpf_redirect here).
 static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 {
-	__u32 ingress = ctx->ingress_ifindex;
+	const struct reply_sender *sender;
 	struct cookie_layout layout;
-	struct backend_info *backend;
 	struct msb_seen_words *seen;
-	struct server_info *server;
+	struct reply_key key = {};
 	struct lb_config *config;
 	struct next_hop hop;
-	struct vip_info *vip;
 	struct plain_tcp p;
 	__u32 zero = 0, id = 0;
 	__u16 msb, cookie;
@@ -226,17 +224,19 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 		return XDP_ABORTED;
 	STAGE_DONE(1);
 
-	if (steer_owner(ctx, &backend) != META_FROM_SERVER)
+	if (!on_server_side(ctx->ingress_ifindex))
 		return XDP_ABORTED;
-	if (!on_server_side(ingress))
+	key.addr = p.ip->saddr;
+	key.port = p.tcp->source;
+	__builtin_memcpy(key.mac, p.eth->h_source, ETH_ALEN);
+	sender = bpf_map_lookup_elem(&reply_senders, &key);
+	if (!sender)
 		return XDP_ABORTED;
+	id = sender->server;
+	SINK(id);
 	STAGE_DONE(2);
 
-	vip = reply_sender(&p, config, backend, &id);
-	if (!vip)
-		return XDP_ABORTED;
-	server = bpf_map_lookup_elem(&servers, &id);
-	if (!server || !(server->flags & SERVER_FORWARDS))
+	if (bpf_map_lookup_elem(&vip_addrs, &p.ip->daddr))
 		return XDP_ABORTED;
 	STAGE_DONE(3);
 
@@ -251,7 +251,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	STAGE_DONE(4);
 
 	layout = layout_of(config);
-	hash = siphash_finish(vip->hash_prefix, p.ip->daddr, p.tcp->dest);
+	hash = siphash_finish(sender->hash_prefix, p.ip->daddr, p.tcp->dest);
 	cookie = cookie_encode(layout, id, hash, msb);
 	SINK(cookie);
 	STAGE_DONE(5);

@@ -90,6 +90,9 @@ enum xdp_stat {
 	// A client segment without TCP options that the fallback table does not know: the
 	// core sends it where the VIP's Maglev table points.
 	STAT_UP_FALLBACK_MISS,
+	// A segment steering called a server's reply with the in-kernel path on: one the
+	// reply_senders map did not know (reply_sender.h), whatever then became of it.
+	STAT_REPLY_BY_STEERING,
 	STAT_COUNT,
 };
 
@@ -244,6 +247,30 @@ struct mac_key {
 	__u8 mac[6];
 	__u16 pad;
 };
+
+// Key of the reply_senders map: what identifies a server's reply before any other lookup.
+// l2: the VIP's address and port (the reply's source) and the server's MAC (its source
+// MAC); nat: the backend's address and port (the reply's source), `mac` all zero.
+struct reply_key {
+	__u32 addr; // network byte order
+	__u16 port; // network byte order
+	__u8 mac[6];
+};
+
+// Value of the reply_senders map: everything the reply path reads about its sender, so
+// that one lookup replaces steering's and the sender's (vip_addrs, server_macs, vips or
+// backends and vips_by_index, servers). Only forwarding servers' entries are published:
+// anything else is found the old way (steering, then the sender's maps).
+struct reply_sender {
+	__u64 hash_prefix[4]; // the VIP's (vip_info.hash_prefix)
+	__u32 vip_addr;       // network byte order
+	__u16 vip_port;       // network byte order
+	__u16 server;         // the server's id
+};
+
+// Entries of reply_senders: one per (server, VIP of its pool) in l2, per NAT backend in
+// nat; the publisher stops at this many, and the rest are found the old way.
+#define MAX_REPLY_SENDERS 65536
 
 // Value of the per-CPU server_traffic array: what the in-kernel path sent to or received
 // from each server, folded into the core's loads by userspace.

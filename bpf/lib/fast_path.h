@@ -389,49 +389,14 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 	return forward_to_server(ctx, p, &to, stat);
 }
 
-// Who sent a reply and for which VIP: l2 by the server's MAC and the VIP's address and
-// port (its source), NAT by its backends entry. NULL: not a server's reply the maps know.
-static __always_inline struct vip_info *reply_sender(const struct plain_tcp *p,
-						     const struct lb_config *config,
-						     const struct backend_info *backend, __u32 *id)
-{
-	if (config->forwarding == LB_FORWARDING_NAT) {
-		__u32 index;
-
-		if (!backend)
-			return NULL;
-		*id = backend->server;
-		index = backend->vip_index;
-		return bpf_map_lookup_elem(&vips_by_index, &index);
-	} else {
-		struct mac_key mac = {};
-		struct vip_key key = {};
-		__u32 *server;
-
-		__builtin_memcpy(mac.mac, p->eth->h_source, ETH_ALEN);
-		server = bpf_map_lookup_elem(&server_macs, &mac);
-		if (!server)
-			return NULL;
-		*id = *server;
-		key.addr = p->ip->saddr;
-		key.port = p->tcp->source;
-		key.protocol = IPPROTO_TCP;
-		return bpf_map_lookup_elem(&vips, &key);
-	}
-}
-
-// fast_path.rs `reply_fast` for a server's reply (steering said so: from a VIP address,
-// or from a NAT backend to a client); `backend` is its backends entry with NAT. `p` is
-// the frame as parse_plain_tcp left it, `refusal` what it said (lb_process parsed it);
-// `seq` what publish_begin said before lb_config was read.
+// fast_path.rs `reply_fast` for a server's reply from `sender` (reply_sender.h found it:
+// a forwarding server, on the servers' side, in the plain layout). `p` is the frame as
+// parse_plain_tcp left it; `seq` what publish_begin said before lb_config was read.
 static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config *config,
-				      __u32 seq, const struct backend_info *backend,
-				      const struct plain_tcp *p, enum plain_refusal refusal)
+				      __u32 seq, const struct reply_sender *sender,
+				      const struct plain_tcp *p)
 {
-	__u32 ingress = ctx->ingress_ifindex;
 	struct next_hop hop;
-	struct server_info *server;
-	struct vip_info *vip;
 	__be32 vip_addr;
 	__be16 vip_port;
 	__be32 *tsval = &p->ts->tsval;
@@ -439,22 +404,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	struct close close = {};
 	int is_close = 0, first_close = 0;
 	__u16 cookie = 0;
-	__u32 id = 0, stat;
+	__u32 id = sender->server, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
 	int nat = config->forwarding == LB_FORWARDING_NAT;
-
-	// Only the servers' side carries replies (sides.rs): what only claims to be one is
-	// for userspace to drop.
-	if (!on_server_side(ingress))
-		return hand_up(STAT_UP_OTHER);
-	if (refusal != PLAIN_OK)
-		return hand_up_refused(refusal);
-	vip = reply_sender(p, config, backend, &id);
-	if (!vip)
-		return hand_up(STAT_UP_OTHER);
-	server = bpf_map_lookup_elem(&servers, &id);
-	if (!server || !(server->flags & SERVER_FORWARDS))
-		return hand_up(STAT_UP_OTHER);
 
 	if (cheetah) {
 		struct cookie_layout layout = layout_of(config);
@@ -483,7 +435,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			tsval = &p->ts->tsval;
 		}
 		// The connection's hash: its client is the reply's destination.
-		hash = siphash_finish(vip->hash_prefix, p->ip->daddr, p->tcp->dest);
+		hash = siphash_finish(sender->hash_prefix, p->ip->daddr, p->tcp->dest);
 		if (flags & TCP_SYN) {
 			struct handshake_words *words = bpf_map_lookup_elem(&handshakes, &zero);
 
@@ -518,8 +470,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	// came, with the metadata steering writes for the worker's neighbour lookup.
 	if (!next_hop_toward_client(ctx, p->ip, &hop))
 		return hand_up(STAT_UP_NEXT_HOP);
-	vip_addr = vip->addr;
-	vip_port = vip->port;
+	vip_addr = sender->vip_addr;
+	vip_port = sender->vip_port;
 	if (!publish_unchanged(config, seq))
 		return hand_up(STAT_UP_PUBLISHING);
 

@@ -4,8 +4,10 @@
 // and the bench wrapper (bpf/xdp_bench.c) runs exactly the same code.
 //
 // Every packet is first classified as steering always did (a VIP's client segment, a
-// server's reply, or the host's). With lb_config's LB_FAST_PATH set, the kernel forwards
-// what the core's straight line would (fast_path.h) and the client segments without
+// server's reply, or the host's); with the in-kernel path on, a client's segment by its
+// VIP and a server's reply the reply_senders map knows (reply_sender.h) skip steering's
+// lookups. With lb_config's LB_FAST_PATH set, the kernel forwards what the core's
+// straight line would (fast_path.h) and the client segments without
 // options the fallback table knows (fallback.h); everything else, and everything when
 // the flag is clear (lb_config as loaded is all zero), goes to the AF_XDP sockets exactly
 // as before (steer.h). A packet to a VIP address that is not TCP may be an ICMP error the
@@ -23,17 +25,20 @@
 #include "icmp_path.h"
 #include "maps.h"
 #include "publish.h"
+#include "reply_sender.h"
 #include "steer.h"
 
 static __always_inline int lb_process(struct xdp_md *ctx)
 {
 	enum plain_refusal refusal = PLAIN_LAYOUT;
+	const struct reply_sender *sender = NULL;
+	struct reply_sender by_steering;
 	struct backend_info *backend;
 	struct vip_info *vip = NULL;
 	struct lb_config *config;
 	// Set on every path: clang may carry its fields in registers the verifier must see written.
 	struct plain_tcp p = {};
-	__u32 zero = 0, owner, seq = 0;
+	__u32 zero = 0, owner = 0, seq = 0;
 	int fast, action;
 
 	config = bpf_map_lookup_elem(&lb_config, &zero);
@@ -55,20 +60,38 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 				action = client_fast(ctx, config, seq, &p, vip);
 			if (action != LB_HAND_UP)
 				return action;
+		} else if (refusal == PLAIN_OK) {
+			// A server's reply the reply_senders map knows needs no steering first.
+			sender = reply_known(ctx, config, &p);
 		}
 	}
-	owner = steer_owner(ctx, &backend);
-	if (!owner)
-		return pass();
-	if (fast && !vip) {
-		if (owner & META_TO_VIP && refusal == PLAIN_NOT_TCP)
-			action = icmp_fast(ctx, config, seq);
-		else if (owner & META_TO_VIP)
-			action = client_not_found(refusal);
-		else
-			action = reply_fast(ctx, config, seq, backend, &p, refusal);
-		if (action != LB_HAND_UP)
-			return action;
+	if (!sender) {
+		owner = steer_owner(ctx, &backend);
+		if (!owner)
+			return pass();
+		if (!fast || vip)
+			return steer_to_socket(ctx, owner);
+		if (owner & META_TO_VIP) {
+			if (refusal == PLAIN_NOT_TCP)
+				action = icmp_fast(ctx, config, seq);
+			else
+				action = client_not_found(refusal);
+			if (action != LB_HAND_UP)
+				return action;
+			return steer_to_socket(ctx, owner);
+		}
+		sender = reply_by_steering(ctx, config, backend, &p, refusal, &by_steering);
+		if (!sender)
+			return steer_to_socket(ctx, owner);
+	}
+	action = reply_fast(ctx, config, seq, sender, &p);
+	if (action != LB_HAND_UP)
+		return action;
+	if (!owner) {
+		// Found before steering ran: steered now, as it always was.
+		owner = steer_owner(ctx, &backend);
+		if (!owner)
+			return pass();
 	}
 	return steer_to_socket(ctx, owner);
 }

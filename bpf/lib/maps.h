@@ -107,6 +107,14 @@ struct {
 	__type(value, __u32);
 } server_macs SEC(".maps");
 
+// A server's reply -> its sender (cheetah_shared.h struct reply_key, struct reply_sender).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_REPLY_SENDERS);
+	__type(key, struct reply_key);
+	__type(value, struct reply_sender);
+} reply_senders SEC(".maps");
+
 // ifindex % SERVER_SIDE_SLOTS -> that ifindex when the interface faces the servers, the only
 // side replies are taken from (0: none). An array, so the reply path's test is an inlined
 // read rather than a hash lookup; the ifindex stored says which interface owns the slot.

@@ -35,7 +35,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 26;
+const STAT_COUNT: u32 = 27;
 const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
@@ -57,6 +57,10 @@ const VIP_KEY: u32 = 8; // addr, port, protocol, pad
 const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64], policy, pad[3]
 const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[6]
 const MAC_KEY: u32 = 8; // mac[6], pad
+const REPLY_KEY: u32 = 12; // addr, port, mac[6]
+const REPLY_SENDER: u32 = 40; // hash_prefix[4], vip_addr, vip_port, server
+const MAX_REPLY_SENDERS: u32 = 65536;
+const STAT_REPLY_BY_STEERING: u32 = 26;
 const SERVER_TRAFFIC: u32 = 32; // packets, bytes, opened, closed
 const VIP_WEIGHTS: u32 = 264; // total, weight[64]
 const POLICY_STATE: u32 = 528; // rr_position, pad, wrr_steps, wrr_base[64]
@@ -119,7 +123,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 24] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 25] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -152,6 +156,14 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         ("server_macs", MapType::Hash, MAC_KEY, 4, SERVER_ID_SPACE, 0),
+        (
+            "reply_senders",
+            MapType::Hash,
+            REPLY_KEY,
+            REPLY_SENDER,
+            MAX_REPLY_SENDERS,
+            0,
+        ),
         ("server_side", MapType::Array, 4, 4, SERVER_SIDE_SLOTS, 0),
         // One entry each, every word in it (an array's entries are 8 bytes apart).
         (
@@ -480,7 +492,11 @@ fn an_established_client_segment_is_forwarded_in_the_kernel() {
 /// A server's established reply with NOP NOP TS, its MSB the newest seen: the kernel asks
 /// the FIB for the way to the client (in a namespace of this test's thread, where the
 /// client sits behind `xr0` with a permanent neighbour entry), writes the cookie into
-/// TSval's high half and redirects it there with the neighbour's MAC.
+/// TSval's high half and redirects it there with the neighbour's MAC. Its sender is found
+/// either way the program knows: by steering and `server_macs`, or in one `reply_senders`
+/// lookup, with the same bytes; and `reply_senders` takes nothing that only claims to be
+/// the server's reply (another MAC, another port, to a VIP's address, or on the clients'
+/// side).
 #[test]
 fn a_server_reply_gets_its_cookie_in_the_kernel() {
     if !is_root() {
@@ -505,6 +521,21 @@ fn a_server_reply_gets_its_cookie_in_the_kernel() {
         &client_text,
         "lladdr",
         "02:00:00:00:c1:01",
+        "dev",
+        "xr0",
+        "nud",
+        "permanent",
+    ]);
+    // A way to the VIP's address too, so that a segment to it that only claims to be a
+    // reply would have a next hop if it were taken.
+    let vip_text = std::net::Ipv4Addr::from(VIP).to_string();
+    ip(&["route", "add", &format!("{vip_text}/32"), "dev", "xr0"]);
+    ip(&[
+        "neigh",
+        "replace",
+        &vip_text,
+        "lladdr",
+        "02:00:00:00:c1:02",
         "dev",
         "xr0",
         "nud",
@@ -568,4 +599,74 @@ fn a_server_reply_gets_its_cookie_in_the_kernel() {
     assert_eq!(bytes[0..6], client_mac, "the neighbour's MAC");
     assert_eq!(bytes[6..12], [0x02, 0, 0, 0, 0xee, 0x02], "xr0's MAC");
     assert!(testkit::checksums_valid(&bytes), "checksums still verify");
+    assert_eq!(
+        stat(&object, STAT_REPLY_BY_STEERING),
+        1,
+        "reply_senders is empty: found by steering"
+    );
+
+    // The same reply by reply_senders alone: the old way's server_macs entry gone.
+    let mut reply_key = [0u8; REPLY_KEY as usize];
+    reply_key[0..4].copy_from_slice(&VIP.to_be_bytes());
+    reply_key[4..6].copy_from_slice(&VIP_PORT.to_be_bytes());
+    reply_key[6..12].copy_from_slice(&server_mac);
+    let mut sender = [0u8; REPLY_SENDER as usize];
+    let prefix = hasher.vip_prefix(VIP, VIP_PORT, IPPROTO_TCP).state();
+    for (i, word) in prefix.iter().enumerate() {
+        sender[i * 8..i * 8 + 8].copy_from_slice(&word.to_ne_bytes());
+    }
+    sender[32..36].copy_from_slice(&VIP.to_be_bytes());
+    sender[36..38].copy_from_slice(&VIP_PORT.to_be_bytes());
+    sender[38..40].copy_from_slice(&server.0.to_ne_bytes());
+    put(&object, "reply_senders", &reply_key, &sender);
+    map(&object, "server_macs")
+        .delete(&mac_key)
+        .expect("delete server_macs");
+    let (verdict, by_map) = run(&mut object, &frame);
+    assert_eq!(verdict, XDP_REDIRECT);
+    assert_eq!(by_map, bytes, "the same bytes as the old way's");
+    assert_eq!(stat(&object, STAT_FAST_SERVER_COOKIE), written + 2);
+    assert_eq!(stat(&object, STAT_REPLY_BY_STEERING), 1, "not by steering");
+
+    // What only claims to be that reply is not taken (nor by the old way, which has no
+    // server_macs entry now): it goes up unchanged.
+    let claims = |change: &dyn Fn(&mut TcpFrame)| {
+        let mut claim = TcpFrame::from_server_l2(
+            server.0,
+            client,
+            client_port,
+            ACK,
+            options::nop_nop_ts(tsval, 77),
+        );
+        change(&mut claim);
+        claim.build()
+    };
+    let another_mac = claims(&|f| f.src_mac = testkit::server_mac(8));
+    let another_port = claims(&|f| f.src_port = VIP_PORT + 1);
+    let to_a_vip = claims(&|f| f.dst_ip = VIP);
+    for (what, claim) in [
+        ("another server's MAC", another_mac),
+        ("another source port", another_port),
+        ("to a VIP's address", to_a_vip),
+    ] {
+        let (verdict, out) = run(&mut object, &claim);
+        assert_eq!(verdict, XDP_DROP, "{what}: steered, no socket bound");
+        assert_eq!(out, claim, "{what}: unchanged");
+        assert_eq!(
+            stat(&object, STAT_FAST_SERVER_COOKIE),
+            written + 2,
+            "{what}: not handled in the kernel"
+        );
+    }
+    // The same reply on an interface that does not face the servers.
+    put(
+        &object,
+        "server_side",
+        &(LOOPBACK_IFINDEX % SERVER_SIDE_SLOTS).to_ne_bytes(),
+        &0u32.to_ne_bytes(),
+    );
+    let (verdict, out) = run(&mut object, &frame);
+    assert_eq!(verdict, XDP_DROP, "on the clients' side: steered");
+    assert_eq!(out, frame, "on the clients' side: unchanged");
+    assert_eq!(stat(&object, STAT_FAST_SERVER_COOKIE), written + 2);
 }

@@ -10,6 +10,7 @@ pub mod meta;
 pub mod neighbour;
 pub mod next_hops;
 pub mod publish_window;
+pub mod reply_senders;
 pub mod route_netlink;
 #[cfg(test)]
 mod shared_layout_tests;

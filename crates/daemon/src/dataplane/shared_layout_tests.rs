@@ -143,9 +143,11 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_FAST_CLIENT_FALLBACK as usize,
         ),
         ("STAT_UP_FALLBACK_MISS", STAT_UP_FALLBACK_MISS as usize),
+        ("STAT_REPLY_BY_STEERING", STAT_REPLY_BY_STEERING as usize),
         (
             "STAT_COUNT",
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1 + FAST_EVENTS.len(),
+            // The event counters: STAT_NEXT_HOP_MISS and STAT_REPLY_BY_STEERING.
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 2 + FAST_EVENTS.len(),
         ),
         ("CLOSE_SLOTS", CLOSE_SLOTS),
         ("MAX_NEXT_HOPS", MAX_NEXT_HOPS),
@@ -156,6 +158,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("COOKIE_SPACE", COOKIE_SPACE),
         ("MAX_VIPS", MAX_VIPS),
         ("MAX_HASH_POOL", MAX_HASH_POOL),
+        ("MAX_REPLY_SENDERS", MAX_REPLY_SENDERS),
         ("LB_FAST_PATH", LB_FAST_PATH as usize),
         ("LB_MODE_CHEETAH", LB_MODE_CHEETAH as usize),
         ("LB_MODE_HASH", LB_MODE_HASH as usize),
@@ -234,6 +237,15 @@ fn rust_side() -> BTreeMap<String, u64> {
         src_mac
     ));
     values.extend(layout!(MacKey, "struct mac_key", mac, pad));
+    values.extend(layout!(ReplyKey, "struct reply_key", addr, port, mac));
+    values.extend(layout!(
+        ReplySender,
+        "struct reply_sender",
+        hash_prefix,
+        vip_addr,
+        vip_port,
+        server
+    ));
     values.extend(layout!(NextHopKey, "struct next_hop_key", prefixlen, addr));
     values.extend(layout!(
         NextHop,

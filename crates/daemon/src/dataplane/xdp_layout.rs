@@ -15,6 +15,8 @@ pub const SERVER_SIDE_SLOTS: usize = 1024;
 pub const COOKIE_SPACE: usize = 65536;
 pub const MAX_VIPS: usize = 4096;
 pub const MAX_HASH_POOL: usize = 64;
+/// `MAX_REPLY_SENDERS`: entries of `reply_senders`; the publisher stops there.
+pub const MAX_REPLY_SENDERS: usize = 65536;
 
 pub const LB_FAST_PATH: u32 = 1 << 0;
 pub const LB_MODE_CHEETAH: u8 = 0;
@@ -131,7 +133,9 @@ pub const STAT_FAST_CLIENT_FALLBACK: u32 = 24;
 /// A client segment without TCP options the fallback table does not know (the core's
 /// Maglev decides).
 pub const STAT_UP_FALLBACK_MISS: u32 = 25;
-pub const STAT_COUNT: u32 = 26;
+/// Server replies `reply_senders` did not know, found by steering's lookups instead.
+pub const STAT_REPLY_BY_STEERING: u32 = 26;
+pub const STAT_COUNT: u32 = 27;
 
 /// Ways of a fallback table set (`FALLBACK_WAYS`): the core's `fallback::WAYS`.
 pub const FALLBACK_WAYS: usize = 8;
@@ -362,6 +366,53 @@ impl Encode for BackendInfo {
         Bytes::of::<Self>()
             .put(offset_of!(Self, server), &self.server.to_ne_bytes())
             .put(offset_of!(Self, vip_index), &self.vip_index.to_ne_bytes())
+            .0
+    }
+}
+
+/// `struct reply_key`: l2 the VIP's address and port and the server's MAC; nat the
+/// backend's address and port, `mac` zero (addresses and ports in network byte order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyKey {
+    pub addr: [u8; 4],
+    pub port: [u8; 2],
+    pub mac: Mac,
+}
+
+impl Encode for ReplyKey {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, addr), &self.addr)
+            .put(offset_of!(Self, port), &self.port)
+            .put(offset_of!(Self, mac), &self.mac)
+            .0
+    }
+}
+
+/// `struct reply_sender`: the server a reply comes from and what the reply path reads of
+/// the VIP it answers for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplySender {
+    pub hash_prefix: [u64; 4],
+    pub vip_addr: [u8; 4],
+    pub vip_port: [u8; 2],
+    pub server: u16,
+}
+
+impl Encode for ReplySender {
+    fn to_bytes(&self) -> Vec<u8> {
+        let prefix: Vec<u8> = self
+            .hash_prefix
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .collect();
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, hash_prefix), &prefix)
+            .put(offset_of!(Self, vip_addr), &self.vip_addr)
+            .put(offset_of!(Self, vip_port), &self.vip_port)
+            .put(offset_of!(Self, server), &self.server.to_ne_bytes())
             .0
     }
 }

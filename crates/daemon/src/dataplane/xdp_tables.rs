@@ -1,7 +1,7 @@
 //! Publishes the core's tables into the XDP program's maps, so its in-kernel path
 //! (`bpf/lib/fast_path.h`) forwards exactly as the core would, and its steering knows the
 //! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `vip_weights`,
-//! `servers`, `server_macs`, `backends` and `server_side`; and, on every new snapshot, the
+//! `servers`, `server_macs`, `backends`, `reply_senders` and `server_side`; and, on every new snapshot, the
 //! per-CPU policy state the kernel's SYN path starts from (`xdp_policy.rs`).
 //!
 //! [`wanted`] works out every map's entries from a snapshot, the LB's interfaces and their
@@ -24,6 +24,7 @@ use libbpf_rs::{MapCore, MapFlags};
 
 use super::egress;
 use super::publish_window::LazyWindow;
+use super::reply_senders;
 use super::xdp::SteeringProgram;
 use super::xdp_layout::*;
 use super::xdp_policy::{PolicySeeder, PolicySeeds};
@@ -55,6 +56,7 @@ pub struct Wanted {
     pub servers: Entries,
     pub server_macs: Entries,
     pub backends: Entries,
+    pub reply_senders: Entries,
     pub server_side: Entries,
 }
 
@@ -248,6 +250,8 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
         }
     }
 
+    wanted.reply_senders = reply_senders::entries(snapshot);
+
     for (iface, side) in publication.interfaces.iter().zip(publication.sides) {
         if *side == Ingress::ServerSide {
             let slot = iface.ifindex as usize % SERVER_SIDE_SLOTS;
@@ -332,7 +336,7 @@ impl Publisher {
             entries,
             value_size,
         };
-        let maps: [(&str, Kind, &Entries, Option<&Entries>); 9] = [
+        let maps: [(&str, Kind, &Entries, Option<&Entries>); 10] = [
             (
                 "servers",
                 array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
@@ -363,6 +367,12 @@ impl Publisher {
                 Kind::Hash,
                 &wanted.backends,
                 last.as_ref().map(|l| &l.backends),
+            ),
+            (
+                "reply_senders",
+                Kind::Hash,
+                &wanted.reply_senders,
+                last.as_ref().map(|l| &l.reply_senders),
             ),
             (
                 "server_side",

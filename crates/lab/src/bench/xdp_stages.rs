@@ -28,8 +28,8 @@ const CLIENT_STAGES: [&str; 7] = [
 ];
 const REPLY_STAGES: [&str; 8] = [
     "lb_config, parse_plain_tcp, vips[(daddr, dport, 6)] miss",
-    "steering: vip_addrs[daddr] miss, vip_addrs[saddr]; server_side[ingress]",
-    "server_macs[src MAC], vips[(saddr, sport, 6)], servers[id]",
+    "the sender: server_side[ingress], reply_senders[(saddr, sport, src MAC)]",
+    "steering's destination check: vip_addrs[daddr] miss",
     "flags, NOP NOP TS, msb_seen + clock check",
     "siphash_finish, cookie encode",
     "next hop toward the client: the next_hops map (bpf_fib_lookup on a miss)",

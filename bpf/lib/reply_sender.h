@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// Who sent a server's reply (fast_path.rs `reply_fast`'s sender: the server and the VIP it
+// answers for), found two ways that give the same answer:
+//
+// - reply_known: one reply_senders lookup, before steering. The publisher keeps there every
+//   forwarding server's (l2: MAC and VIP address and port of each VIP of its pool; nat: its
+//   backends), so a hit is a reply steering would call META_FROM_SERVER and the old way's
+//   maps would find, once the destination is checked as steering checks it.
+// - reply_by_steering: what the program always did, for what the map does not know (a
+//   server outside the VIP's pool, a removed server, a reply on the clients' side, an
+//   unusual layout): steering classified it, then server_macs and vips (l2) or its
+//   backends entry and vips_by_index (nat), then servers. Its hand-ups and the metadata
+//   steering writes stay exactly as before.
+
+#ifndef CHEETAH_LIB_REPLY_SENDER_H
+#define CHEETAH_LIB_REPLY_SENDER_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "cheetah_shared.h"
+#include "fast_path.h"
+#include "maps.h"
+#include "parse.h"
+
+// The sender of plain segment `p` (parse_plain_tcp said PLAIN_OK) if reply_senders knows it
+// and steering would take it as a server's reply the kernel may forward; NULL: find it the
+// old way (nothing was counted).
+static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx,
+							      const struct lb_config *config,
+							      const struct plain_tcp *p)
+{
+	struct reply_key key = {};
+	const struct reply_sender *sender;
+	__be32 client = p->ip->daddr;
+
+	// Only the servers' side carries replies (sides.rs).
+	if (!on_server_side(ctx->ingress_ifindex))
+		return NULL;
+	key.addr = p->ip->saddr;
+	key.port = p->tcp->source;
+	if (config->forwarding != LB_FORWARDING_NAT)
+		__builtin_memcpy(key.mac, p->eth->h_source, ETH_ALEN);
+	sender = bpf_map_lookup_elem(&reply_senders, &key);
+	if (!sender)
+		return NULL;
+	// Steering's tests of the destination: a segment to a VIP's address is a client's
+	// (the core drops what only claims to be a reply), and a NAT backend's segment to
+	// this host answers the host's health probe (steer.h steer_owner).
+	if (bpf_map_lookup_elem(&vip_addrs, &client))
+		return NULL;
+	if (config->forwarding == LB_FORWARDING_NAT && bpf_map_lookup_elem(&host_addrs, &client))
+		return NULL;
+	return sender;
+}
+
+// The sender of a segment steering called a server's reply (`backend`: its backends entry
+// with NAT; counted as STAT_REPLY_BY_STEERING), copied into `found`; NULL when the kernel leaves it to userspace, having
+// counted why: on the clients' side, not the plain layout, or no forwarding server.
+static __always_inline const struct reply_sender *
+reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
+		  const struct backend_info *backend, const struct plain_tcp *p,
+		  enum plain_refusal refusal, struct reply_sender *found)
+{
+	struct server_info *server;
+	struct vip_info *vip;
+	__u32 id;
+
+	count(STAT_REPLY_BY_STEERING);
+	// Only the servers' side carries replies (sides.rs): what only claims to be one is
+	// for userspace to drop.
+	if (!on_server_side(ctx->ingress_ifindex)) {
+		hand_up(STAT_UP_OTHER);
+		return NULL;
+	}
+	if (refusal != PLAIN_OK) {
+		hand_up_refused(refusal);
+		return NULL;
+	}
+	if (config->forwarding == LB_FORWARDING_NAT) {
+		__u32 index;
+
+		if (!backend) {
+			hand_up(STAT_UP_OTHER);
+			return NULL;
+		}
+		id = backend->server;
+		index = backend->vip_index;
+		vip = bpf_map_lookup_elem(&vips_by_index, &index);
+	} else {
+		struct mac_key mac = {};
+		struct vip_key key = {};
+		__u32 *by_mac;
+
+		__builtin_memcpy(mac.mac, p->eth->h_source, ETH_ALEN);
+		by_mac = bpf_map_lookup_elem(&server_macs, &mac);
+		if (!by_mac) {
+			hand_up(STAT_UP_OTHER);
+			return NULL;
+		}
+		id = *by_mac;
+		key.addr = p->ip->saddr;
+		key.port = p->tcp->source;
+		key.protocol = IPPROTO_TCP;
+		vip = bpf_map_lookup_elem(&vips, &key);
+	}
+	if (!vip) {
+		hand_up(STAT_UP_OTHER);
+		return NULL;
+	}
+	server = bpf_map_lookup_elem(&servers, &id);
+	if (!server || !(server->flags & SERVER_FORWARDS)) {
+		hand_up(STAT_UP_OTHER);
+		return NULL;
+	}
+	__builtin_memcpy(found->hash_prefix, vip->hash_prefix, sizeof(found->hash_prefix));
+	found->vip_addr = vip->addr;
+	found->vip_port = vip->port;
+	found->server = id;
+	return found;
+}
+
+#endif
