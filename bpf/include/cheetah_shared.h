@@ -146,6 +146,10 @@ struct lb_config {
 	// userspace's one setter (`SteeringProgram::set_clock_base`) through the map's mmap;
 	// a publisher's update of the whole value carries it as it is.
 	__u64 clock_base_ns;
+	// Bit (address & 63) set for every address of vip_addrs (address as a number: the
+	// core's vip_addr_bit): a clear bit says an address is no VIP's without a lookup
+	// (vip_addr_filter.h).
+	__u64 vip_addr_filter;
 };
 
 // Key of the vips map: a VIP's address, port and protocol.

@@ -27,6 +27,7 @@
 #include "publish.h"
 #include "reply_sender.h"
 #include "steer.h"
+#include "vip_addr_filter.h"
 
 static __always_inline int lb_process(struct xdp_md *ctx)
 {
@@ -48,9 +49,11 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 	if (fast) {
 		// A client's segment is recognised by its VIP (address, port) alone: vips only
 		// holds what vip_addrs holds (the publisher keeps it so), so a hit is a packet
-		// steering would call META_TO_VIP, and one hash lookup replaces two.
+		// steering would call META_TO_VIP, and one hash lookup replaces two; and an
+		// address the VIP filter says is no VIP's needs no lookup at all.
 		refusal = parse_plain_tcp(ctx, &p);
-		if (refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS)
+		if ((refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS) &&
+		    may_be_vip_addr(config, p.ip->daddr))
 			vip = client_vip(&p);
 		if (vip) {
 			// No options, so no timestamp: the fallback table routes it (fallback.h).

@@ -23,6 +23,7 @@
 #include "fast_path.h"
 #include "maps.h"
 #include "parse.h"
+#include "vip_addr_filter.h"
 
 // The sender of plain segment `p` (parse_plain_tcp said PLAIN_OK) if reply_senders knows it
 // and steering would take it as a server's reply the kernel may forward; NULL: find it the
@@ -48,7 +49,7 @@ static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx
 	// Steering's tests of the destination: a segment to a VIP's address is a client's
 	// (the core drops what only claims to be a reply), and a NAT backend's segment to
 	// this host answers the host's health probe (steer.h steer_owner).
-	if (bpf_map_lookup_elem(&vip_addrs, &client))
+	if (may_be_vip_addr(config, client) && bpf_map_lookup_elem(&vip_addrs, &client))
 		return NULL;
 	if (config->forwarding == LB_FORWARDING_NAT && bpf_map_lookup_elem(&host_addrs, &client))
 		return NULL;

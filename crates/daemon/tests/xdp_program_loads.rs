@@ -8,6 +8,7 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
+use cheetah_core::tables::vip_addr_bit;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::types::ServerId;
 use cheetah_core::wire::tcp::flags::ACK;
@@ -51,7 +52,7 @@ const LOOPBACK_IFINDEX: u32 = 1;
 /// Sizes of the shared structs, as the C compiler lays them out (cheetah_shared.h).
 const BACKEND_KEY: u32 = 8; // addr, port, pad
 const BACKEND_INFO: u32 = 4; // server, vip_index
-const LB_CONFIG: u32 = 32; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq, fallback_mask, clock_base_ns
+const LB_CONFIG: u32 = 40; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq, fallback_mask, clock_base_ns, vip_addr_filter
 const FALLBACK_SET: u32 = 64; // way[8]
 const VIP_KEY: u32 = 8; // addr, port, protocol, pad
 const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64], policy, pad[3]
@@ -329,6 +330,7 @@ fn publish(
     config[5] = nat as u8; // LB_FORWARDING_L2 or LB_FORWARDING_NAT
     config[6] = layout.id_bits();
     config[8..10].copy_from_slice(&layout.max_server_id().to_ne_bytes());
+    config[32..40].copy_from_slice(&vip_addr_bit(VIP).to_ne_bytes());
     put(object, "lb_config", &0u32.to_ne_bytes(), &config);
 
     let mut vip_key = [0u8; VIP_KEY as usize];

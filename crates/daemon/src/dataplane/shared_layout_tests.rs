@@ -209,7 +209,8 @@ fn rust_side() -> BTreeMap<String, u64> {
         generation,
         publish_seq,
         fallback_mask,
-        clock_base_ns
+        clock_base_ns,
+        vip_addr_filter
     ));
     values.extend(layout!(FallbackSet, "struct fallback_set", way));
     values.extend(layout!(VipKey, "struct vip_key", addr, port, protocol, pad));

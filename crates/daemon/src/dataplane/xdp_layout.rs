@@ -210,6 +210,8 @@ pub struct LbConfigValue {
     /// set by `SteeringProgram::set_clock_base` alone; an update of the whole value must
     /// carry it as it is.
     pub clock_base_ns: u64,
+    /// Bit `vip_addr_bit(a)` set for every address `a` of `vip_addrs`.
+    pub vip_addr_filter: u64,
 }
 
 impl Encode for LbConfigValue {
@@ -228,6 +230,10 @@ impl Encode for LbConfigValue {
             .put(
                 offset_of!(Self, fallback_mask),
                 &self.fallback_mask.to_ne_bytes(),
+            )
+            .put(
+                offset_of!(Self, vip_addr_filter),
+                &self.vip_addr_filter.to_ne_bytes(),
             )
             .put(
                 offset_of!(Self, clock_base_ns),
@@ -643,9 +649,10 @@ mod tests {
             publish_seq: 9,
             fallback_mask: 0x3f,
             clock_base_ns: 0x0102_0304_0506_0708,
+            vip_addr_filter: 0x1000_0000_0000_0001,
         };
         let bytes = config.to_bytes();
-        assert_eq!(bytes.len(), 32);
+        assert_eq!(bytes.len(), 40);
         assert_eq!(bytes[..4], 1u32.to_ne_bytes());
         assert_eq!(bytes[4..8], [1, 1, 12, 0], "padding is written as zero");
         assert_eq!(bytes[8..10], 0x0fffu16.to_ne_bytes());
@@ -653,7 +660,8 @@ mod tests {
         assert_eq!(bytes[12..16], 7u32.to_ne_bytes());
         assert_eq!(bytes[16..20], 9u32.to_ne_bytes());
         assert_eq!(bytes[20..24], 0x3fu32.to_ne_bytes());
-        assert_eq!(bytes[24..], 0x0102_0304_0506_0708u64.to_ne_bytes());
+        assert_eq!(bytes[24..32], 0x0102_0304_0506_0708u64.to_ne_bytes());
+        assert_eq!(bytes[32..], 0x1000_0000_0000_0001u64.to_ne_bytes());
         let key = VipKey {
             addr: [10, 0, 0, 100],
             port: 80u16.to_be_bytes(),

@@ -19,7 +19,7 @@ use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::lb::Ingress;
 use cheetah_core::policy::{LoadMetric, PolicyKind};
-use cheetah_core::tables::{SlotState, Snapshot};
+use cheetah_core::tables::{vip_addr_bit, SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::egress;
@@ -251,6 +251,10 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
     }
 
     wanted.reply_senders = reply_senders::entries(snapshot);
+    // Over what vip_addrs holds, so that a clear bit is never a VIP's address.
+    wanted.config.vip_addr_filter = wanted.vip_addrs.keys().fold(0, |filter, addr| {
+        filter | vip_addr_bit(u32::from_be_bytes(addr[..4].try_into().unwrap()))
+    });
 
     for (iface, side) in publication.interfaces.iter().zip(publication.sides) {
         if *side == Ingress::ServerSide {
