@@ -188,15 +188,15 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 }
 
 // lb_process() for a server's reply in cheetah mode with l2 forwarding (lb_config,
-// parse_plain_tcp, client_vip, reply_known, reply_fast), cut after stage `upto`:
-//   1 lb_config, parse_plain_tcp and client_vip: vips[(daddr, dport, 6)] missed
+// parse_plain_tcp, the VIP filter, reply_known, reply_fast), cut after stage `upto`:
+//   1 lb_config, parse_plain_tcp and the VIP filter: the destination is no VIP's address
+//     (so neither vips nor vip_addrs is asked)
 //   2 the sender: server_side[ingress], reply_senders[(saddr, sport, src MAC)]
-//   3 steering's destination check: vip_addrs[daddr] missed
-//   4 flags and NOP NOP TS checks, msb_seen and the clock check
-//   5 SipHash finish and cookie encode
-//   6 the next hop toward the client (lib/next_hop.h: the next_hops map, the FIB on a miss)
-//   7 TSval rewrite with its checksum, MACs from the next hop
-//   8 server_traffic[id] and the stats counter
+//   3 flags and NOP NOP TS checks, msb_seen and the clock check
+//   4 SipHash finish and cookie encode
+//   5 the next hop toward the client (lib/next_hop.h: the next_hops map, the FIB on a miss)
+//   6 TSval rewrite with its checksum, MACs from the next hop
+//   7 server_traffic[id] and the stats counter
 // The whole path (bench_lb) adds send_out (bpf_redirect here).
 static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 {
@@ -220,7 +220,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 		return XDP_ABORTED;
 	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
 		return XDP_ABORTED;
-	if (client_vip(&p))
+	if (may_be_vip_addr(config, p.ip->daddr))
 		return XDP_ABORTED;
 	STAGE_DONE(1);
 
@@ -236,10 +236,6 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	SINK(id);
 	STAGE_DONE(2);
 
-	if (bpf_map_lookup_elem(&vip_addrs, &p.ip->daddr))
-		return XDP_ABORTED;
-	STAGE_DONE(3);
-
 	if (tcp_flags(p.tcp) & (TCP_SYN | TCP_FIN | TCP_RST))
 		return XDP_ABORTED;
 	if (!plain_has_nop_nop_ts(&p))
@@ -248,22 +244,22 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	seen = bpf_map_lookup_elem(&msb_seen, &zero);
 	if (!seen || !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
 		return XDP_ABORTED;
-	STAGE_DONE(4);
+	STAGE_DONE(3);
 
 	layout = layout_of(config);
 	hash = siphash_finish(sender->hash_prefix, p.ip->daddr, p.tcp->dest);
 	cookie = cookie_encode(layout, id, hash, msb);
 	SINK(cookie);
-	STAGE_DONE(5);
+	STAGE_DONE(4);
 
 	if (!next_hop_toward_client(ctx, p.ip, &hop))
 		return XDP_ABORTED;
-	STAGE_DONE(6);
+	STAGE_DONE(5);
 
 	csum_replace_high_half((__u16 *)&p.ts->tsval, &p.tcp->check, cookie);
 	__builtin_memcpy(p.eth->h_dest, hop.dmac, ETH_ALEN);
 	__builtin_memcpy(p.eth->h_source, hop.smac, ETH_ALEN);
-	STAGE_DONE(7);
+	STAGE_DONE(6);
 
 	add_server_traffic(id, p.ip, 0);
 	count(STAT_FAST_SERVER_COOKIE);
@@ -295,7 +291,6 @@ REPLY_STAGE(4)
 REPLY_STAGE(5)
 REPLY_STAGE(6)
 REPLY_STAGE(7)
-REPLY_STAGE(8)
 
 // ---- Many flows -------------------------------------------------------------------------
 

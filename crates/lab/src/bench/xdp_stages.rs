@@ -26,10 +26,9 @@ const CLIENT_STAGES: [&str; 7] = [
     "TSecr rewrite + TCP checksum, both MACs",
     "server_traffic[id] + stats count (2 per-CPU lookups)",
 ];
-const REPLY_STAGES: [&str; 8] = [
-    "lb_config, parse_plain_tcp, vips[(daddr, dport, 6)] miss",
+const REPLY_STAGES: [&str; 7] = [
+    "lb_config, parse_plain_tcp, VIP filter: daddr no VIP's (no vips, no vip_addrs)",
     "the sender: server_side[ingress], reply_senders[(saddr, sport, src MAC)]",
-    "steering's destination check: vip_addrs[daddr] miss",
     "flags, NOP NOP TS, msb_seen + clock check",
     "siphash_finish, cookie encode",
     "next hop toward the client: the next_hops map (bpf_fib_lookup on a miss)",
