@@ -122,7 +122,9 @@ int bench_fib(struct xdp_md *ctx)
 // lb_process() for an established client segment in cheetah mode (lb_config,
 // parse_plain_tcp, client_vip, client_fast, forward_to_server), cut after stage `upto`:
 //   1 lb_config and parse_plain_tcp (eth/IPv4/TCP bounds and layout)
-//   2 vips[(daddr, dport, 6)]: the segment's VIP, which is also its classification
+//   2 the VIP filter, the ACK / NOP NOP TS checks and vip_slots[slot of (daddr, dport)]:
+//     the segment's VIP, which is also its classification
+//   3 (nothing since the checks moved into 2: kept so that the stages keep their numbers)
 //   3 the ACK / NOP NOP TS checks
 //   4 SipHash finish and cookie unmask
 //   5 servers[id] and msb_restores[unmasked] (the decode's two reads)
@@ -133,8 +135,8 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 {
 	struct cookie_layout layout;
 	struct server_info *server;
+	const struct vip_slot *slot;
 	struct lb_config *config;
-	struct vip_info *vip;
 	struct plain_tcp p;
 	__u16 unmasked = 0, restored = 0;
 	__u32 zero = 0, id = 0;
@@ -150,17 +152,16 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 		return XDP_ABORTED;
 	STAGE_DONE(1);
 
-	vip = client_vip(&p);
-	if (!vip)
+	if (!may_be_vip_addr(config, p.ip->daddr) || !established_with_timestamps(&p))
+		return XDP_ABORTED;
+	slot = vip_slot_at(p.ip->daddr, p.tcp->dest);
+	if (!slot)
 		return XDP_ABORTED;
 	STAGE_DONE(2);
-
-	if ((tcp_flags(p.tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK || !plain_has_nop_nop_ts(&p))
-		return XDP_ABORTED;
 	STAGE_DONE(3);
 
 	layout = layout_of(config);
-	hash = siphash_finish(vip->hash_prefix, p.ip->saddr, p.tcp->source);
+	hash = siphash_finish(slot->hash_prefix, p.ip->saddr, p.tcp->source);
 	unmasked = cookie_unmask(layout, bpf_ntohs(*(__be16 *)&p.ts->tsecr), hash);
 	id = cookie_server(layout, unmasked);
 	SINK(id);

@@ -174,6 +174,29 @@ struct vip_info {
 	__u8 pad[2];
 };
 
+// Entries of vip_slots: a VIP's (address, port) -> its slot by vip_slot_of (vip_slots.h),
+// a multiplicative hash to VIP_SLOT_BITS bits. Twice MAX_VIPS, so that most VIPs have a
+// slot of their own; one whose slot is taken is found in vips alone.
+#define VIP_SLOT_BITS 13
+#define VIP_SLOTS (1 << VIP_SLOT_BITS)
+#define VIP_SLOT_MULTIPLIER 0x9e3779b1u
+
+// Value of the vip_slots array: what a client's established segment needs of the VIP at
+// the slot (cheetah mode: its cookie's hash and its ports), and `tag` saying which
+// (address, port) it is: VIP_SLOT_USED | port << 32 | address, both as the packet carries
+// them (network byte order, read as numbers); 0 for an empty slot. Nothing a pool change
+// rewrites, so a publication rewrites a slot in place only when its VIP's secret or ports
+// change; one cache line.
+#define VIP_SLOT_USED (1ull << 48)
+struct vip_slot {
+	__u64 tag;
+	__u64 hash_prefix[4]; // vip_info.hash_prefix
+	__u16 port;           // network byte order
+	__u16 backend_port;   // network byte order
+	__u32 pad;
+	__u64 pad2[2];
+};
+
 // vip_info.policy: the VIP policies the kernel runs for a SYN (crates/core/src/policy/),
 // each bit for bit the core's. NONE (maglev, the load-aware policies, a pool bigger than
 // MAX_HASH_POOL) leaves the SYN to userspace.

@@ -324,6 +324,47 @@ static __always_inline struct server_info *route_by_cookie(struct cookie_layout 
 	return server;
 }
 
+// fast_path.rs `client_fast`'s cookie stage and forward, for an established segment `p`
+// with NOP NOP TS to a cheetah-mode VIP, of which it needs the hash prefix and the ports
+// (from vips or vip_slots).
+static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_config *config,
+					    __u32 seq, const struct plain_tcp *p,
+					    const __u64 hash_prefix[4], __be16 vip_port,
+					    __be16 backend_port)
+{
+	struct toward_server to;
+	struct server_info *server;
+	__u16 restored = 0;
+	__u32 id;
+	// The VIP's side of the id was hashed by userspace (the packet's destination is the
+	// VIP's address and port: that is how it was found).
+	__u64 hash = siphash_finish(hash_prefix, p->ip->saddr, p->tcp->source);
+
+	// The cookie is TSecr's high half.
+	server = route_by_cookie(layout_of(config), bpf_ntohs(*(__be16 *)&p->ts->tsecr), hash,
+				 &id, &restored);
+	if (!server)
+		return LB_HAND_UP;
+	to.server = *server;
+	to.id = id;
+	to.forwarding = config->forwarding;
+	to.vip_port = vip_port;
+	to.backend_port = backend_port;
+	if (!publish_unchanged(config, seq))
+		return hand_up(STAT_UP_PUBLISHING);
+	// Only the MSB changes: the cookie becomes the server's own MSB, which the table
+	// keeps in network byte order.
+	csum_replace_high_half_in_network_order((__u16 *)&p->ts->tsecr, &p->tcp->check,
+						restored);
+	return forward_to_server(ctx, p, &to, STAT_FAST_CLIENT_COOKIE);
+}
+
+// Whether `p` is what client_by_cookie takes in cheetah mode: ACK without SYN, NOP NOP TS.
+static __always_inline int established_with_timestamps(const struct plain_tcp *p)
+{
+	return (tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) == TCP_ACK && plain_has_nop_nop_ts(p);
+}
+
 // fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip);
 // `seq` is what publish_begin said before lb_config and vip were read.
 static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config,
@@ -332,13 +373,10 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 {
 	struct toward_server to;
 	struct server_info *server;
-	__u16 restored = 0;
 	__u32 id, stat;
 	__u64 hash;
 
 	if (config->mode == LB_MODE_CHEETAH) {
-		struct cookie_layout layout = layout_of(config);
-
 		// A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC
 		// 7323), so userspace routes it like one without timestamps.
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) == TCP_SYN)
@@ -347,15 +385,8 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 			return hand_up(STAT_UP_NEW_CONNECTION);
 		if (!plain_has_nop_nop_ts(p))
 			return hand_up(STAT_UP_LAYOUT);
-		// The VIP's side of the id was hashed by userspace (the packet's destination is
-		// the VIP's address and port: that is how it was found).
-		hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
-		// The cookie is TSecr's high half.
-		server = route_by_cookie(layout, bpf_ntohs(*(__be16 *)&p->ts->tsecr), hash, &id,
-					 &restored);
-		if (!server)
-			return LB_HAND_UP;
-		stat = STAT_FAST_CLIENT_COOKIE;
+		return client_by_cookie(ctx, config, seq, p, vip->hash_prefix, vip->port,
+					vip->backend_port);
 	} else if (config->mode == LB_MODE_HASH) {
 		// The baseline: this same path with `pool[h % n]` for the cookie stage, for every
 		// segment (SYN too), as the core's.
@@ -381,11 +412,6 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 	toward_server_of(&to, config, vip, server, id);
 	if (!publish_unchanged(config, seq))
 		return hand_up(STAT_UP_PUBLISHING);
-	if (stat == STAT_FAST_CLIENT_COOKIE)
-		// Only the MSB changes: the cookie becomes the server's own MSB, which the table
-		// keeps in network byte order.
-		csum_replace_high_half_in_network_order((__u16 *)&p->ts->tsecr, &p->tcp->check,
-							restored);
 	return forward_to_server(ctx, p, &to, stat);
 }
 

@@ -28,11 +28,13 @@
 #include "reply_sender.h"
 #include "steer.h"
 #include "vip_addr_filter.h"
+#include "vip_slots.h"
 
 static __always_inline int lb_process(struct xdp_md *ctx)
 {
 	enum plain_refusal refusal = PLAIN_LAYOUT;
 	const struct reply_sender *sender = NULL;
+	const struct vip_slot *slot = NULL;
 	struct reply_sender by_steering;
 	struct backend_info *backend;
 	struct vip_info *vip = NULL;
@@ -47,15 +49,27 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		seq = publish_begin(config);
 	fast = config && (config->flags & LB_FAST_PATH);
 	if (fast) {
-		// A client's segment is recognised by its VIP (address, port) alone: vips only
-		// holds what vip_addrs holds (the publisher keeps it so), so a hit is a packet
-		// steering would call META_TO_VIP, and one hash lookup replaces two; and an
-		// address the VIP filter says is no VIP's needs no lookup at all.
+		// A client's segment is recognised by its VIP (address, port) alone: vips and
+		// vip_slots only hold what vip_addrs holds (the publisher keeps it so), so a hit
+		// is a packet steering would call META_TO_VIP, and one lookup replaces two; an
+		// address the VIP filter says is no VIP's needs none at all. The commonest
+		// segment, a client's established one in cheetah mode, finds its VIP by an array
+		// read in vip_slots (vip_slots.h); any other, or one whose VIP has no slot, in vips.
 		refusal = parse_plain_tcp(ctx, &p);
 		if ((refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS) &&
-		    may_be_vip_addr(config, p.ip->daddr))
-			vip = client_vip(&p);
-		if (vip) {
+		    may_be_vip_addr(config, p.ip->daddr)) {
+			if (refusal == PLAIN_OK && config->mode == LB_MODE_CHEETAH &&
+			    established_with_timestamps(&p))
+				slot = vip_slot_at(p.ip->daddr, p.tcp->dest);
+			if (!slot)
+				vip = client_vip(&p);
+		}
+		if (slot) {
+			action = client_by_cookie(ctx, config, seq, &p, slot->hash_prefix, slot->port,
+						  slot->backend_port);
+			if (action != LB_HAND_UP)
+				return action;
+		} else if (vip) {
 			// No options, so no timestamp: the fallback table routes it (fallback.h).
 			if (refusal == PLAIN_NO_OPTIONS)
 				action = client_fallback(ctx, config, seq, &p, vip);
@@ -72,7 +86,7 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		owner = steer_owner(ctx, &backend);
 		if (!owner)
 			return pass();
-		if (!fast || vip)
+		if (!fast || vip || slot)
 			return steer_to_socket(ctx, owner);
 		if (owner & META_TO_VIP) {
 			if (refusal == PLAIN_NOT_TCP)

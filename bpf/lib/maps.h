@@ -91,6 +91,16 @@ struct {
 	__type(value, struct vip_info);
 } vips_by_index SEC(".maps");
 
+// The VIPs again, each at the slot its (address, port) hashes to (cheetah_shared.h struct
+// vip_slot): a client's established segment finds its VIP by an array read, not a hash
+// lookup.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, VIP_SLOTS);
+	__type(key, __u32);
+	__type(value, struct vip_slot);
+} vip_slots SEC(".maps");
+
 // Server id -> its state and where its packets go.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -61,6 +61,8 @@ const MAC_KEY: u32 = 8; // mac[6], pad
 const REPLY_KEY: u32 = 12; // addr, port, mac[6]
 const REPLY_SENDER: u32 = 40; // hash_prefix[4], vip_addr, vip_port, server
 const MAX_REPLY_SENDERS: u32 = 65536;
+const VIP_SLOT: u32 = 64; // tag, hash_prefix[4], port, backend_port, pad, pad2[2]
+const VIP_SLOTS: u32 = 8192;
 const STAT_REPLY_BY_STEERING: u32 = 26;
 const SERVER_TRAFFIC: u32 = 32; // packets, bytes, opened, closed
 const VIP_WEIGHTS: u32 = 264; // total, weight[64]
@@ -124,7 +126,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 25] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 26] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -148,6 +150,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         ("lb_config", MapType::Array, 4, LB_CONFIG, 1, BPF_F_MMAPABLE),
         ("vips", MapType::Hash, VIP_KEY, VIP_INFO, MAX_VIPS, 0),
         ("vips_by_index", MapType::Array, 4, VIP_INFO, MAX_VIPS, 0),
+        ("vip_slots", MapType::Array, 4, VIP_SLOT, VIP_SLOTS, 0),
         (
             "servers",
             MapType::Array,

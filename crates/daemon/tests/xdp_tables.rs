@@ -14,10 +14,11 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::types::{ServerId, NANOS_PER_SEC};
 use cheetah_core::wire::tcp::flags::ACK;
+use cheetah_daemon::dataplane::vip_slots;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
-    Encode, NextHop, NextHopKey, NEXT_HOP_KNOWN, STAT_FAST_CLIENT_COOKIE, STAT_FAST_SERVER_COOKIE,
-    STAT_REPLY_BY_STEERING, STAT_UP_COOKIE,
+    Encode, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, STAT_FAST_CLIENT_COOKIE,
+    STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_COOKIE, STAT_UP_OTHER,
 };
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::{MapCore, MapFlags};
@@ -191,4 +192,63 @@ fn a_nat_backends_reply_is_known_unless_it_answers_the_host() {
     assert_eq!(verdict, XDP_PASS, "the host's: passed to its kernel");
     assert_eq!(bytes, reply, "unchanged");
     assert_eq!(stat(&program, STAT_FAST_SERVER_COOKIE), written + 1);
+}
+
+/// A client's established segment finds its VIP in `vip_slots`, where the publisher put it
+/// by the same hash the kernel computes: with `vips`' entry gone the kernel still forwards
+/// it, and with the slot emptied too it no longer knows the VIP (goes up).
+#[test]
+fn a_client_segment_finds_its_vip_by_its_slot() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
+        return;
+    }
+    let config = testkit::config(Mode::Cheetah, Forwarding::L2, PolicyKind::RoundRobin, 3);
+    let program = SteeringProgram::load(config.fallback_table_capacity).unwrap();
+    let words = program.kernel_words().unwrap();
+    let plane =
+        ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout, _| words.tables(layout))
+            .unwrap();
+    let shared = plane.shared();
+    let server = ServerId(2);
+    let msb = 0x1234u16;
+    shared
+        .msb
+        .learn(server, (msb as u32) << 16 | 7, NANOS_PER_SEC);
+    let (client, client_port) = (testkit::client_ip(9), 40_000);
+    let hash = shared
+        .hasher
+        .hash(&FlowKey::tcp(client, client_port, VIP, VIP_PORT));
+    let cookie = plane.layout().encode(server, hash, msb);
+    let frame = TcpFrame::from_client(
+        client,
+        client_port,
+        ACK,
+        options::nop_nop_ts(99, (cookie as u32) << 16 | 0x5678),
+    )
+    .build();
+    publish(&program, &plane, &mut Publisher::new(), true);
+
+    let vips = program.try_map("vips").unwrap();
+    for key in vips.keys().collect::<Vec<_>>() {
+        vips.delete(&key).unwrap();
+    }
+    let routed = stat(&program, STAT_FAST_CLIENT_COOKIE);
+    let (verdict, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
+    assert_eq!(verdict, XDP_TX, "forwarded by its slot alone");
+    assert_eq!(stat(&program, STAT_FAST_CLIENT_COOKIE), routed + 1);
+    assert_eq!(bytes[0..6], testkit::server_mac(server.0));
+
+    let slot = vip_slots::slot_of(VIP.to_be_bytes(), VIP_PORT.to_be_bytes()) as u32;
+    let empty = vec![0u8; std::mem::size_of::<VipSlot>()];
+    program
+        .try_map("vip_slots")
+        .unwrap()
+        .update(&slot.to_ne_bytes(), &empty, MapFlags::ANY)
+        .unwrap();
+    let other = stat(&program, STAT_UP_OTHER);
+    let (_, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
+    assert_eq!(bytes, frame, "no VIP known: up, unchanged");
+    assert_eq!(stat(&program, STAT_UP_OTHER), other + 1);
+    assert_eq!(stat(&program, STAT_FAST_CLIENT_COOKIE), routed + 1);
 }

@@ -15,6 +15,7 @@ pub mod route_netlink;
 #[cfg(test)]
 mod shared_layout_tests;
 pub mod sides;
+pub mod vip_slots;
 pub mod worker_loop;
 pub mod xdp;
 pub mod xdp_layout;

@@ -159,6 +159,10 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("MAX_VIPS", MAX_VIPS),
         ("MAX_HASH_POOL", MAX_HASH_POOL),
         ("MAX_REPLY_SENDERS", MAX_REPLY_SENDERS),
+        ("VIP_SLOT_BITS", VIP_SLOT_BITS as usize),
+        ("VIP_SLOTS", VIP_SLOTS),
+        ("VIP_SLOT_MULTIPLIER", VIP_SLOT_MULTIPLIER as usize),
+        ("VIP_SLOT_USED", VIP_SLOT_USED as usize),
         ("LB_FAST_PATH", LB_FAST_PATH as usize),
         ("LB_MODE_CHEETAH", LB_MODE_CHEETAH as usize),
         ("LB_MODE_HASH", LB_MODE_HASH as usize),
@@ -239,6 +243,16 @@ fn rust_side() -> BTreeMap<String, u64> {
     ));
     values.extend(layout!(MacKey, "struct mac_key", mac, pad));
     values.extend(layout!(ReplyKey, "struct reply_key", addr, port, mac));
+    values.extend(layout!(
+        VipSlot,
+        "struct vip_slot",
+        tag,
+        hash_prefix,
+        port,
+        backend_port,
+        pad,
+        pad2
+    ));
     values.extend(layout!(
         ReplySender,
         "struct reply_sender",

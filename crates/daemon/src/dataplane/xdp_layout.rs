@@ -15,6 +15,11 @@ pub const SERVER_SIDE_SLOTS: usize = 1024;
 pub const COOKIE_SPACE: usize = 65536;
 pub const MAX_VIPS: usize = 4096;
 pub const MAX_HASH_POOL: usize = 64;
+/// `vip_slots` (`struct vip_slot`): `VIP_SLOTS` slots, a VIP's by a multiplicative hash.
+pub const VIP_SLOT_BITS: u32 = 13;
+pub const VIP_SLOTS: usize = 1 << VIP_SLOT_BITS;
+pub const VIP_SLOT_MULTIPLIER: u32 = 0x9e37_79b1;
+pub const VIP_SLOT_USED: u64 = 1 << 48;
 /// `MAX_REPLY_SENDERS`: entries of `reply_senders`; the publisher stops there.
 pub const MAX_REPLY_SENDERS: usize = 65536;
 
@@ -297,6 +302,34 @@ impl Encode for VipInfo {
             .put(offset_of!(Self, pool), &pool)
             .put(offset_of!(Self, policy), &[self.policy])
             .put(offset_of!(Self, load_metric), &[self.load_metric])
+            .0
+    }
+}
+
+/// `struct vip_slot` (`vip_slots.rs` fills it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipSlot {
+    pub tag: u64,
+    pub hash_prefix: [u64; 4],
+    pub port: [u8; 2],
+    pub backend_port: [u8; 2],
+    pub pad: u32,
+    pub pad2: [u64; 2],
+}
+
+impl Encode for VipSlot {
+    fn to_bytes(&self) -> Vec<u8> {
+        let prefix: Vec<u8> = self
+            .hash_prefix
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .collect();
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, tag), &self.tag.to_ne_bytes())
+            .put(offset_of!(Self, hash_prefix), &prefix)
+            .put(offset_of!(Self, port), &self.port)
+            .put(offset_of!(Self, backend_port), &self.backend_port)
             .0
     }
 }

@@ -1,7 +1,7 @@
 //! Publishes the core's tables into the XDP program's maps, so its in-kernel path
 //! (`bpf/lib/fast_path.h`) forwards exactly as the core would, and its steering knows the
 //! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `vip_weights`,
-//! `servers`, `server_macs`, `backends`, `reply_senders` and `server_side`; and, on every new snapshot, the
+//! `vip_slots`, `servers`, `server_macs`, `backends`, `reply_senders` and `server_side`; and, on every new snapshot, the
 //! per-CPU policy state the kernel's SYN path starts from (`xdp_policy.rs`).
 //!
 //! [`wanted`] works out every map's entries from a snapshot, the LB's interfaces and their
@@ -25,6 +25,7 @@ use libbpf_rs::{MapCore, MapFlags};
 use super::egress;
 use super::publish_window::LazyWindow;
 use super::reply_senders;
+use super::vip_slots;
 use super::xdp::SteeringProgram;
 use super::xdp_layout::*;
 use super::xdp_policy::{PolicySeeder, PolicySeeds};
@@ -52,6 +53,7 @@ pub struct Wanted {
     pub vip_addrs: Entries,
     pub vips: Entries,
     pub vips_by_index: Entries,
+    pub vip_slots: Entries,
     pub vip_weights: Entries,
     pub servers: Entries,
     pub server_macs: Entries,
@@ -250,6 +252,7 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
         }
     }
 
+    wanted.vip_slots = vip_slots::entries(&wanted.vips);
     wanted.reply_senders = reply_senders::entries(snapshot);
     // Over what vip_addrs holds, so that a clear bit is never a VIP's address.
     wanted.config.vip_addr_filter = wanted.vip_addrs.keys().fold(0, |filter, addr| {
@@ -340,7 +343,7 @@ impl Publisher {
             entries,
             value_size,
         };
-        let maps: [(&str, Kind, &Entries, Option<&Entries>); 10] = [
+        let maps: [(&str, Kind, &Entries, Option<&Entries>); 11] = [
             (
                 "servers",
                 array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
@@ -398,6 +401,13 @@ impl Publisher {
                 Kind::Hash,
                 &wanted.vips,
                 last.as_ref().map(|l| &l.vips),
+            ),
+            // What vips holds, again by slot.
+            (
+                "vip_slots",
+                array(VIP_SLOTS, std::mem::size_of::<VipSlot>()),
+                &wanted.vip_slots,
+                last.as_ref().map(|l| &l.vip_slots),
             ),
             // Last: a removed VIP's address leaves after its vips entry.
             (

@@ -164,6 +164,9 @@ pub(super) const SETUPS: [Setup; 3] = [
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Path {
     ClientToServer,
+    /// Client->server with `vip_slots` empty: the VIP from the `vips` hash map, as for a
+    /// VIP whose slot another took.
+    ClientVipByHash,
     ServerToClient,
     /// Server->client with `reply_senders` empty: the sender found the old way, by
     /// steering's lookups and the sender's maps, as a reply the map does not know.
@@ -252,6 +255,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         let paths: &[Path] = match (setup.mode, setup.forwarding) {
             (Mode::Cheetah, Forwarding::L2) => &[
                 Path::ClientToServer,
+                Path::ClientVipByHash,
                 Path::ServerToClient,
                 Path::ReplyBySteering,
                 Path::ServerFin,
@@ -602,7 +606,7 @@ impl Bench {
 
     fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
         let direction = match path {
-            Path::ClientToServer | Path::Syn => Path::ClientToServer,
+            Path::ClientToServer | Path::ClientVipByHash | Path::Syn => Path::ClientToServer,
             Path::ServerFin | Path::Icmp | Path::FallbackHit | Path::FallbackMiss => path,
             _ => Path::ServerToClient,
         };
@@ -624,7 +628,7 @@ impl Bench {
             _ => ports.servers.ifindex,
         };
         let (subject, expected_action) = match path {
-            Path::ClientToServer | Path::Syn => ("bench_lb", XDP_TX),
+            Path::ClientToServer | Path::ClientVipByHash | Path::Syn => ("bench_lb", XDP_TX),
             Path::ServerToClient | Path::ServerFin if ports.clients.ifindex == ingress => {
                 ("bench_lb", XDP_TX)
             }
@@ -642,7 +646,7 @@ impl Bench {
             // Handed up: steered to the queue's socket, none bound here.
             Path::FallbackMiss => ("bench_lb", XDP_DROP),
         };
-        let reply_senders = match path {
+        let emptied = match path {
             Path::NextHopMiss => {
                 clear_next_hops(&self.program)?;
                 None
@@ -651,7 +655,11 @@ impl Bench {
                 self.fill_hop_by_address(&frame)?;
                 None
             }
-            Path::ReplyBySteering => Some(take_entries(&self.program, "reply_senders")?),
+            Path::ReplyBySteering => Some((
+                "reply_senders",
+                take_entries(&self.program, "reply_senders")?,
+            )),
+            Path::ClientVipByHash => Some(("vip_slots", take_entries(&self.program, "vip_slots")?)),
             _ => None,
         };
         // A FIN's first run is a first close, every later one a duplicate.
@@ -677,8 +685,8 @@ impl Bench {
             // Back to what the other rows expect (a fresh mirror rewrites every entry).
             NextHopMirror::new()?.refresh(&self.program)?;
         }
-        if let Some(entries) = reply_senders {
-            put_entries(&self.program, "reply_senders", &entries)?;
+        if let Some((name, entries)) = emptied {
+            put_entries(&self.program, name, &entries)?;
         }
         let (timings, wrong_action) = timed?;
         let moved = fast_count(&self.program)? - before;
@@ -696,7 +704,7 @@ impl Bench {
             _ => format!(
                 "{} {} ({}){}",
                 match path {
-                    Path::ClientToServer => "established client->server",
+                    Path::ClientToServer | Path::ClientVipByHash => "established client->server",
                     Path::ServerFin => "server FIN",
                     Path::Icmp => "ICMP error by cookie",
                     _ => "server->client",
@@ -709,6 +717,7 @@ impl Bench {
                 match path {
                     Path::NextHopMiss => ", next-hop miss",
                     Path::ReplyBySteering => ", sender by steering (reply_senders empty)",
+                    Path::ClientVipByHash => ", VIP by hash (vip_slots empty)",
                     _ => "",
                 }
             ),
@@ -719,6 +728,7 @@ impl Bench {
             Path::FibLookup | Path::NextHopTrie | Path::NextHopHash => (0, 0),
             Path::NextHopMiss => (all_runs, all_runs),
             Path::ReplyBySteering
+            | Path::ClientVipByHash
             | Path::ClientToServer
             | Path::ServerToClient
             | Path::Syn
@@ -911,16 +921,23 @@ fn clear_next_hops(program: &SteeringProgram) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Empties map `name`: the entries it held, to put back with [`put_entries`].
+/// Empties map `name` (an array's values zeroed): the entries it held, to put back with
+/// [`put_entries`].
 fn take_entries(program: &SteeringProgram, name: &str) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let map = program.try_map(name)?;
+    let array = map.map_type() == libbpf_rs::MapType::Array;
     let mut entries = Vec::new();
     for key in map.keys().collect::<Vec<_>>() {
-        if let Some(value) = map.lookup(&key, MapFlags::ANY)? {
-            entries.push((key.clone(), value));
-        }
-        map.delete(&key)
-            .with_context(|| format!("cannot delete from {name}"))?;
+        let Some(value) = map.lookup(&key, MapFlags::ANY)? else {
+            continue;
+        };
+        let emptied = if array {
+            map.update(&key, &vec![0u8; value.len()], MapFlags::ANY)
+        } else {
+            map.delete(&key)
+        };
+        emptied.with_context(|| format!("cannot empty {name}"))?;
+        entries.push((key, value));
     }
     Ok(entries)
 }

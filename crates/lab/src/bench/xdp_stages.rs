@@ -19,8 +19,8 @@ use super::xdp::{
 /// What each stage program adds to the one before it: lib/… names as in bpf/xdp_bench.c.
 const CLIENT_STAGES: [&str; 7] = [
     "lb_config, parse_plain_tcp",
-    "vips[(daddr, dport, 6)] hash lookup (the classification too)",
-    "ACK and NOP NOP TS checks",
+    "VIP filter, ACK and NOP NOP TS checks, vip_slots[slot] (the classification too)",
+    "nothing (the checks are in 2)",
     "siphash_finish, cookie unmask",
     "servers[id], msb_restores[unmasked] (decode)",
     "TSecr rewrite + TCP checksum, both MACs",
