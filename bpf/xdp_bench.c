@@ -192,7 +192,7 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 // parse_plain_tcp, the VIP filter, reply_known, reply_fast), cut after stage `upto`:
 //   1 lb_config, parse_plain_tcp and the VIP filter: the destination is no VIP's address
 //     (so neither vips nor vip_addrs is asked)
-//   2 the sender: server_side[ingress], reply_senders[(saddr, sport, src MAC)]
+//   2 the sender: server_side[ingress], reply_senders[slot of (saddr, sport, src MAC)]
 //   3 flags and NOP NOP TS checks, msb_seen and the clock check
 //   4 SipHash finish and cookie encode
 //   5 the next hop toward the client (lib/next_hop.h: the next_hops map, the FIB on a miss)
@@ -204,7 +204,6 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	const struct reply_sender *sender;
 	struct cookie_layout layout;
 	struct msb_seen_words *seen;
-	struct reply_key key = {};
 	struct lb_config *config;
 	struct next_hop hop;
 	struct plain_tcp p;
@@ -227,10 +226,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 
 	if (!on_server_side(ctx->ingress_ifindex))
 		return XDP_ABORTED;
-	key.addr = p.ip->saddr;
-	key.port = p.tcp->source;
-	__builtin_memcpy(key.mac, p.eth->h_source, ETH_ALEN);
-	sender = bpf_map_lookup_elem(&reply_senders, &key);
+	sender = reply_lookup(config, &p);
 	if (!sender)
 		return XDP_ABORTED;
 	id = sender->server;

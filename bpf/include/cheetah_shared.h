@@ -275,7 +275,7 @@ struct mac_key {
 	__u16 pad;
 };
 
-// Key of the reply_senders map: what identifies a server's reply before any other lookup.
+// What identifies a server's reply before any other lookup (a reply_slot's key).
 // l2: the VIP's address and port (the reply's source) and the server's MAC (its source
 // MAC); nat: the backend's address and port (the reply's source), `mac` all zero.
 struct reply_key {
@@ -284,7 +284,7 @@ struct reply_key {
 	__u8 mac[6];
 };
 
-// Value of the reply_senders map: everything the reply path reads about its sender, so
+// A reply_slot's sender: everything the reply path reads about its sender, so
 // that one lookup replaces steering's and the sender's (vip_addrs, server_macs, vips or
 // backends and vips_by_index, servers). Only forwarding servers' entries are published:
 // anything else is found the old way (steering, then the sender's maps).
@@ -295,9 +295,19 @@ struct reply_sender {
 	__u16 server;         // the server's id
 };
 
-// Entries of reply_senders: one per (server, VIP of its pool) in l2, per NAT backend in
-// nat; the publisher stops at this many, and the rest are found the old way.
-#define MAX_REPLY_SENDERS 65536
+// The reply_senders array: a sender (one per forwarding server and VIP it answers for in
+// l2, per NAT backend in nat) at the slot its key hashes to (reply_sender.h
+// reply_slot_of, a multiplicative hash to REPLY_SLOT_BITS bits); `used` says the slot
+// holds `key`'s sender. A sender whose slot another took is found the old way.
+#define REPLY_SLOT_BITS 16
+#define REPLY_SLOTS (1 << REPLY_SLOT_BITS)
+#define REPLY_SLOT_MULTIPLIER 0x9e3779b97f4a7c15ull
+struct reply_slot {
+	struct reply_key key;
+	__u32 used;
+	struct reply_sender sender;
+	__u64 pad;
+};
 
 // Value of the per-CPU server_traffic array: what the in-kernel path sent to or received
 // from each server, folded into the core's loads by userspace.

@@ -117,12 +117,13 @@ struct {
 	__type(value, __u32);
 } server_macs SEC(".maps");
 
-// A server's reply -> its sender (cheetah_shared.h struct reply_key, struct reply_sender).
+// A server's reply -> its sender, direct-mapped (cheetah_shared.h struct reply_slot): one
+// array read, where a hash map lookup costs a hash and a bucket walk.
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_REPLY_SENDERS);
-	__type(key, struct reply_key);
-	__type(value, struct reply_sender);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, REPLY_SLOTS);
+	__type(key, __u32);
+	__type(value, struct reply_slot);
 } reply_senders SEC(".maps");
 
 // ifindex % SERVER_SIDE_SLOTS -> that ifindex when the interface faces the servers, the only

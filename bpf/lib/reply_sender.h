@@ -3,10 +3,11 @@
 // Who sent a server's reply (fast_path.rs `reply_fast`'s sender: the server and the VIP it
 // answers for), found two ways that give the same answer:
 //
-// - reply_known: one reply_senders lookup, before steering. The publisher keeps there every
-//   forwarding server's (l2: MAC and VIP address and port of each VIP of its pool; nat: its
-//   backends), so a hit is a reply steering would call META_FROM_SERVER and the old way's
-//   maps would find, once the destination is checked as steering checks it.
+// - reply_known: one reply_senders read, before steering. The publisher keeps there every
+//   forwarding server's (l2: MAC and VIP address and port of each VIP it serves; nat: its
+//   backends), each at the slot its key hashes to, so a hit is a reply steering would call
+//   META_FROM_SERVER and the old way's maps would find, once the destination is checked
+//   as steering checks it.
 // - reply_by_steering: what the program always did, for what the map does not know (a
 //   server outside the VIP's pool, a removed server, a reply on the clients' side, an
 //   unusual layout): steering classified it, then server_macs and vips (l2) or its
@@ -25,6 +26,40 @@
 #include "parse.h"
 #include "vip_addr_filter.h"
 
+// The slot of `key` (dataplane/reply_senders.rs computes the same): its three words as
+// they lie in memory.
+static __always_inline __u32 reply_slot_of(const struct reply_key *key)
+{
+	const __u32 *word = (const __u32 *)key;
+	__u64 x = ((__u64)word[1] << 32 | word[0]) * REPLY_SLOT_MULTIPLIER;
+
+	return ((x ^ word[2]) * REPLY_SLOT_MULTIPLIER) >> (64 - REPLY_SLOT_BITS);
+}
+
+// The sender reply_senders holds for the reply `p` (l2: by its source MAC too), or NULL.
+static __always_inline const struct reply_sender *reply_lookup(const struct lb_config *config,
+								const struct plain_tcp *p)
+{
+	struct reply_key key = {};
+	const struct reply_slot *at;
+	const __u32 *want = (const __u32 *)&key;
+	const __u32 *have;
+	__u32 slot;
+
+	key.addr = p->ip->saddr;
+	key.port = p->tcp->source;
+	if (config->forwarding != LB_FORWARDING_NAT)
+		__builtin_memcpy(key.mac, p->eth->h_source, ETH_ALEN);
+	slot = reply_slot_of(&key);
+	at = bpf_map_lookup_elem(&reply_senders, &slot);
+	if (!at || !at->used)
+		return NULL;
+	have = (const __u32 *)&at->key;
+	if (have[0] != want[0] || have[1] != want[1] || have[2] != want[2])
+		return NULL;
+	return &at->sender;
+}
+
 // The sender of plain segment `p` (parse_plain_tcp said PLAIN_OK) if reply_senders knows it
 // and steering would take it as a server's reply the kernel may forward; NULL: find it the
 // old way (nothing was counted).
@@ -32,18 +67,13 @@ static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx
 							      const struct lb_config *config,
 							      const struct plain_tcp *p)
 {
-	struct reply_key key = {};
 	const struct reply_sender *sender;
 	__be32 client = p->ip->daddr;
 
 	// Only the servers' side carries replies (sides.rs).
 	if (!on_server_side(ctx->ingress_ifindex))
 		return NULL;
-	key.addr = p->ip->saddr;
-	key.port = p->tcp->source;
-	if (config->forwarding != LB_FORWARDING_NAT)
-		__builtin_memcpy(key.mac, p->eth->h_source, ETH_ALEN);
-	sender = bpf_map_lookup_elem(&reply_senders, &key);
+	sender = reply_lookup(config, p);
 	if (!sender)
 		return NULL;
 	// Steering's tests of the destination: a segment to a VIP's address is a client's

@@ -13,7 +13,9 @@ use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::types::ServerId;
 use cheetah_core::wire::tcp::flags::ACK;
 use cheetah_core::wire::{checksum, Ipv4Packet, TcpSegment};
+use cheetah_daemon::dataplane::reply_senders;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
+use cheetah_daemon::dataplane::xdp_layout::{Encode, ReplyKey, ReplySender, ReplySlot};
 use libbpf_rs::{MapCore, MapFlags, MapType, Object, ObjectBuilder};
 
 #[path = "shared/root.rs"]
@@ -58,9 +60,8 @@ const VIP_KEY: u32 = 8; // addr, port, protocol, pad
 const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64], policy, pad[3]
 const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[6]
 const MAC_KEY: u32 = 8; // mac[6], pad
-const REPLY_KEY: u32 = 12; // addr, port, mac[6]
-const REPLY_SENDER: u32 = 40; // hash_prefix[4], vip_addr, vip_port, server
-const MAX_REPLY_SENDERS: u32 = 65536;
+const REPLY_SLOT: u32 = 64; // key (addr, port, mac[6]), used, sender (hash_prefix[4], vip_addr, vip_port, server), pad
+const REPLY_SLOTS: u32 = 65536;
 const VIP_SLOT: u32 = 64; // tag, hash_prefix[4], port, backend_port, pad, pad2[2]
 const VIP_SLOTS: u32 = 8192;
 const STAT_REPLY_BY_STEERING: u32 = 26;
@@ -162,10 +163,10 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         ("server_macs", MapType::Hash, MAC_KEY, 4, SERVER_ID_SPACE, 0),
         (
             "reply_senders",
-            MapType::Hash,
-            REPLY_KEY,
-            REPLY_SENDER,
-            MAX_REPLY_SENDERS,
+            MapType::Array,
+            4,
+            REPLY_SLOT,
+            REPLY_SLOTS,
             0,
         ),
         ("server_side", MapType::Array, 4, 4, SERVER_SIDE_SLOTS, 0),
@@ -611,19 +612,31 @@ fn a_server_reply_gets_its_cookie_in_the_kernel() {
     );
 
     // The same reply by reply_senders alone: the old way's server_macs entry gone.
-    let mut reply_key = [0u8; REPLY_KEY as usize];
-    reply_key[0..4].copy_from_slice(&VIP.to_be_bytes());
-    reply_key[4..6].copy_from_slice(&VIP_PORT.to_be_bytes());
-    reply_key[6..12].copy_from_slice(&server_mac);
-    let mut sender = [0u8; REPLY_SENDER as usize];
-    let prefix = hasher.vip_prefix(VIP, VIP_PORT, IPPROTO_TCP).state();
-    for (i, word) in prefix.iter().enumerate() {
-        sender[i * 8..i * 8 + 8].copy_from_slice(&word.to_ne_bytes());
-    }
-    sender[32..36].copy_from_slice(&VIP.to_be_bytes());
-    sender[36..38].copy_from_slice(&VIP_PORT.to_be_bytes());
-    sender[38..40].copy_from_slice(&server.0.to_ne_bytes());
-    put(&object, "reply_senders", &reply_key, &sender);
+    // At the slot the publisher's hash gives: the kernel's must be the same.
+    let reply_key = ReplyKey {
+        addr: VIP.to_be_bytes(),
+        port: VIP_PORT.to_be_bytes(),
+        mac: server_mac,
+    };
+    let slot = ReplySlot {
+        key: reply_key,
+        used: 1,
+        sender: ReplySender {
+            hash_prefix: hasher.vip_prefix(VIP, VIP_PORT, IPPROTO_TCP).state(),
+            vip_addr: VIP.to_be_bytes(),
+            vip_port: VIP_PORT.to_be_bytes(),
+            server: server.0,
+        },
+        pad: 0,
+    };
+    assert_eq!(slot.to_bytes().len(), REPLY_SLOT as usize);
+    let at = reply_senders::slot_of(&reply_key) as u32;
+    put(
+        &object,
+        "reply_senders",
+        &at.to_ne_bytes(),
+        &slot.to_bytes(),
+    );
     map(&object, "server_macs")
         .delete(&mac_key)
         .expect("delete server_macs");

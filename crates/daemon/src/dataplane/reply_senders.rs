@@ -1,8 +1,9 @@
-//! The `reply_senders` map (`bpf/lib/reply_sender.h`): a server's reply to its sender in
-//! one lookup, before any steering lookup. Its entries are only what the old way (steering,
-//! then `server_macs` and `vips`, or `backends` and `vips_by_index`, then `servers`)
-//! would find for the same packet, so a hit forwards exactly as before; whatever is left
-//! out is found the old way.
+//! The `reply_senders` array (`bpf/lib/reply_sender.h`): a server's reply to its sender in
+//! one read, before any steering lookup, each sender at the slot its key hashes to. Its
+//! senders are only what the old way (steering, then `server_macs` and `vips`, or
+//! `backends` and `vips_by_index`, then `servers`) would find for the same packet, so a hit
+//! forwards exactly as before; whatever is left out (a sender whose slot another took, the
+//! first in key order keeping it) is found the old way.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -11,10 +12,43 @@ use cheetah_core::config::Forwarding;
 use cheetah_core::tables::{ServerSlot, SlotState, Snapshot};
 use cheetah_core::types::ServerId;
 
-use super::xdp_layout::{Encode, ReplyKey, ReplySender, MAX_REPLY_SENDERS, MAX_VIPS};
+use super::xdp_layout::{
+    Encode, ReplyKey, ReplySender, ReplySlot, MAX_VIPS, REPLY_SLOT_BITS, REPLY_SLOT_MULTIPLIER,
+};
 
-/// `reply_senders`' entries for `snapshot`, as key and value bytes.
+/// `reply_slot_of` in reply_sender.h: the slot of `key`, from its three words as they lie
+/// in memory.
+pub fn slot_of(key: &ReplyKey) -> usize {
+    let bytes = key.to_bytes();
+    let word = |i: usize| {
+        u64::from(u32::from_ne_bytes(
+            bytes[4 * i..4 * i + 4].try_into().unwrap(),
+        ))
+    };
+    let x = (word(1) << 32 | word(0)).wrapping_mul(REPLY_SLOT_MULTIPLIER);
+    ((x ^ word(2)).wrapping_mul(REPLY_SLOT_MULTIPLIER) >> (64 - REPLY_SLOT_BITS)) as usize
+}
+
+/// `reply_senders`' entries for `snapshot`: slot index -> `struct reply_slot` bytes.
 pub fn entries(snapshot: &Snapshot) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut slots = BTreeMap::new();
+    for (key, sender) in senders(snapshot) {
+        let slot = (slot_of(&key) as u32).to_ne_bytes().to_vec();
+        slots.entry(slot).or_insert_with(|| {
+            ReplySlot {
+                key,
+                used: 1,
+                sender,
+                pad: 0,
+            }
+            .to_bytes()
+        });
+    }
+    slots
+}
+
+/// Every sender the old way would find for a reply the kernel may forward, in key order.
+fn senders(snapshot: &Snapshot) -> Vec<(ReplyKey, ReplySender)> {
     let mut entries = BTreeMap::new();
     // The VIPs the `vips` map holds, as the kernel reads them: the last one published at
     // an (address, port) is the one found there.
@@ -44,9 +78,7 @@ pub fn entries(snapshot: &Snapshot) -> BTreeMap<Vec<u8>, Vec<u8>> {
     };
     let forwards = |slot: &ServerSlot| slot.state.forwards();
     let mut add = |key: ReplyKey, value: ReplySender| {
-        if entries.len() < MAX_REPLY_SENDERS || entries.contains_key(&key.to_bytes()) {
-            entries.insert(key.to_bytes(), value.to_bytes());
-        }
+        entries.insert(key.to_bytes(), (key, value));
     };
     match snapshot.forwarding {
         Forwarding::L2 => {
@@ -122,7 +154,7 @@ pub fn entries(snapshot: &Snapshot) -> BTreeMap<Vec<u8>, Vec<u8>> {
             }
         }
     }
-    entries
+    entries.into_values().collect()
 }
 
 #[cfg(test)]
@@ -166,10 +198,16 @@ mod tests {
         ControlPlane::new(&config, &Secret([5; 16])).unwrap()
     }
 
+    /// The server and VIP (address, port) of `key`'s slot, if it holds `key`.
     fn sender_of(entries: &BTreeMap<Vec<u8>, Vec<u8>>, key: ReplyKey) -> Option<(u16, [u8; 6])> {
-        let bytes = entries.get(&key.to_bytes())?;
-        let server = u16::from_ne_bytes(bytes[38..40].try_into().unwrap());
-        Some((server, bytes[32..38].try_into().unwrap()))
+        let slot = (slot_of(&key) as u32).to_ne_bytes().to_vec();
+        let bytes = entries.get(&slot)?;
+        if bytes[..12] != key.to_bytes()[..] || bytes[12..16] != 1u32.to_ne_bytes() {
+            return None;
+        }
+        let sender = &bytes[16..56];
+        let server = u16::from_ne_bytes(sender[38..40].try_into().unwrap());
+        Some((server, sender[32..38].try_into().unwrap()))
     }
 
     #[test]
@@ -192,7 +230,8 @@ mod tests {
             "server 4 serves no VIP: found the old way"
         );
         // The VIP's hash prefix, as vips holds it.
-        let value = &entries[&key(1).to_bytes()];
+        let slot = (slot_of(&key(1)) as u32).to_ne_bytes().to_vec();
+        let value = &entries[&slot][16..56];
         let prefix: Vec<u8> = snapshot
             .vip_hash_prefix(0)
             .state()
@@ -228,7 +267,7 @@ mod tests {
             let entries = entries(&snapshot);
             let servers: BTreeSet<u16> = entries
                 .values()
-                .map(|v| u16::from_ne_bytes(v[38..40].try_into().unwrap()))
+                .map(|v| u16::from_ne_bytes(v[16 + 38..16 + 40].try_into().unwrap()))
                 .collect();
             assert_eq!(servers, BTreeSet::from([1, 3]), "{forwarding}");
         }

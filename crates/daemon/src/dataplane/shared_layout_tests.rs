@@ -158,7 +158,9 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("COOKIE_SPACE", COOKIE_SPACE),
         ("MAX_VIPS", MAX_VIPS),
         ("MAX_HASH_POOL", MAX_HASH_POOL),
-        ("MAX_REPLY_SENDERS", MAX_REPLY_SENDERS),
+        ("REPLY_SLOT_BITS", REPLY_SLOT_BITS as usize),
+        ("REPLY_SLOTS", REPLY_SLOTS),
+        ("REPLY_SLOT_MULTIPLIER", REPLY_SLOT_MULTIPLIER as usize),
         ("VIP_SLOT_BITS", VIP_SLOT_BITS as usize),
         ("VIP_SLOTS", VIP_SLOTS),
         ("VIP_SLOT_MULTIPLIER", VIP_SLOT_MULTIPLIER as usize),
@@ -243,6 +245,14 @@ fn rust_side() -> BTreeMap<String, u64> {
     ));
     values.extend(layout!(MacKey, "struct mac_key", mac, pad));
     values.extend(layout!(ReplyKey, "struct reply_key", addr, port, mac));
+    values.extend(layout!(
+        ReplySlot,
+        "struct reply_slot",
+        key,
+        used,
+        sender,
+        pad
+    ));
     values.extend(layout!(
         VipSlot,
         "struct vip_slot",

@@ -20,8 +20,11 @@ pub const VIP_SLOT_BITS: u32 = 13;
 pub const VIP_SLOTS: usize = 1 << VIP_SLOT_BITS;
 pub const VIP_SLOT_MULTIPLIER: u32 = 0x9e37_79b1;
 pub const VIP_SLOT_USED: u64 = 1 << 48;
-/// `MAX_REPLY_SENDERS`: entries of `reply_senders`; the publisher stops there.
-pub const MAX_REPLY_SENDERS: usize = 65536;
+/// `reply_senders` (`struct reply_slot`): `REPLY_SLOTS` slots, a sender's by a
+/// multiplicative hash of its key.
+pub const REPLY_SLOT_BITS: u32 = 16;
+pub const REPLY_SLOTS: usize = 1 << REPLY_SLOT_BITS;
+pub const REPLY_SLOT_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
 
 pub const LB_FAST_PATH: u32 = 1 << 0;
 pub const LB_MODE_CHEETAH: u8 = 0;
@@ -452,6 +455,26 @@ impl Encode for ReplySender {
             .put(offset_of!(Self, vip_addr), &self.vip_addr)
             .put(offset_of!(Self, vip_port), &self.vip_port)
             .put(offset_of!(Self, server), &self.server.to_ne_bytes())
+            .0
+    }
+}
+
+/// `struct reply_slot`: a sender at its slot of `reply_senders` (`used` 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplySlot {
+    pub key: ReplyKey,
+    pub used: u32,
+    pub sender: ReplySender,
+    pub pad: u64,
+}
+
+impl Encode for ReplySlot {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, key), &self.key.to_bytes())
+            .put(offset_of!(Self, used), &self.used.to_ne_bytes())
+            .put(offset_of!(Self, sender), &self.sender.to_bytes())
             .0
     }
 }

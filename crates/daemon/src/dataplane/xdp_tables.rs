@@ -377,7 +377,7 @@ impl Publisher {
             ),
             (
                 "reply_senders",
-                Kind::Hash,
+                array(REPLY_SLOTS, std::mem::size_of::<ReplySlot>()),
                 &wanted.reply_senders,
                 last.as_ref().map(|l| &l.reply_senders),
             ),

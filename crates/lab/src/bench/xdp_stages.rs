@@ -28,7 +28,7 @@ const CLIENT_STAGES: [&str; 7] = [
 ];
 const REPLY_STAGES: [&str; 7] = [
     "lb_config, parse_plain_tcp, VIP filter: daddr no VIP's (no vips, no vip_addrs)",
-    "the sender: server_side[ingress], reply_senders[(saddr, sport, src MAC)]",
+    "the sender: server_side[ingress], reply_senders[slot of (saddr, sport, src MAC)]",
     "flags, NOP NOP TS, msb_seen + clock check",
     "siphash_finish, cookie encode",
     "next hop toward the client: the next_hops map (bpf_fib_lookup on a miss)",
