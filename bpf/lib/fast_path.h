@@ -365,8 +365,9 @@ static __always_inline int established_with_timestamps(const struct plain_tcp *p
 	return (tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) == TCP_ACK && plain_has_nop_nop_ts(p);
 }
 
-// fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip);
-// `seq` is what publish_begin said before lb_config and vip were read.
+// fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip) that
+// client_by_cookie does not take (lb.h: in cheetah mode, an ACK with NOP NOP TS goes
+// there); `seq` is what publish_begin said before lb_config and vip were read.
 static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config,
 				       __u32 seq, const struct plain_tcp *p,
 				       const struct vip_info *vip)
@@ -383,10 +384,8 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 			return syn_fast(ctx, config, seq, p, vip);
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
 			return hand_up(STAT_UP_NEW_CONNECTION);
-		if (!plain_has_nop_nop_ts(p))
-			return hand_up(STAT_UP_LAYOUT);
-		return client_by_cookie(ctx, config, seq, p, vip->hash_prefix, vip->port,
-					vip->backend_port);
+		// An ACK with NOP NOP TS went to client_by_cookie (lb.h): this one has not.
+		return hand_up(STAT_UP_LAYOUT);
 	} else if (config->mode == LB_MODE_HASH) {
 		// The baseline: this same path with `pool[h % n]` for the cookie stage, for every
 		// segment (SYN too), as the core's.

@@ -42,7 +42,7 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 	// Set on every path: clang may carry its fields in registers the verifier must see written.
 	struct plain_tcp p = {};
 	__u32 zero = 0, owner = 0, seq = 0;
-	int fast, action;
+	int fast, action, cookie = 0;
 
 	config = bpf_map_lookup_elem(&lb_config, &zero);
 	if (config)
@@ -58,15 +58,21 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		refusal = parse_plain_tcp(ctx, &p);
 		if ((refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS) &&
 		    may_be_vip_addr(config, p.ip->daddr)) {
-			if (refusal == PLAIN_OK && config->mode == LB_MODE_CHEETAH &&
-			    established_with_timestamps(&p))
+			cookie = refusal == PLAIN_OK && config->mode == LB_MODE_CHEETAH &&
+				 established_with_timestamps(&p);
+			if (cookie)
 				slot = vip_slot_at(p.ip->daddr, p.tcp->dest);
 			if (!slot)
 				vip = client_vip(&p);
 		}
-		if (slot) {
-			action = client_by_cookie(ctx, config, seq, &p, slot->hash_prefix, slot->port,
-						  slot->backend_port);
+		if (cookie && (slot || vip)) {
+			// One call for both maps' answers, so the cookie stage is inlined once.
+			const __u64 *hash_prefix = slot ? slot->hash_prefix : vip->hash_prefix;
+			__be16 vip_port = slot ? slot->port : vip->port;
+			__be16 backend_port = slot ? slot->backend_port : vip->backend_port;
+
+			action = client_by_cookie(ctx, config, seq, &p, hash_prefix, vip_port,
+						  backend_port);
 			if (action != LB_HAND_UP)
 				return action;
 		} else if (vip) {
