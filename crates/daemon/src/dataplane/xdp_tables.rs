@@ -479,9 +479,18 @@ fn sync(
                     .filter(|k| !entries.contains_key(k))
                     .collect(),
             };
-            for key in stale {
+            // One system call for them all: a fresh publisher zeroes every unused slot of
+            // reply_senders (2^16) and vip_slots (2^13), which one call each would make slow.
+            if !stale.is_empty() {
                 window.before_write()?;
-                map.update(&key, &zero, MapFlags::ANY)?;
+                let values = zero.repeat(stale.len());
+                map.update_batch(
+                    &stale.concat(),
+                    &values,
+                    stale.len() as u32,
+                    MapFlags::ANY,
+                    MapFlags::ANY,
+                )?;
             }
         }
     }
