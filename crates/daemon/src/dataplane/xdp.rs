@@ -80,6 +80,10 @@ pub struct SteeringProgram {
     object: Object,
     /// `lb_config.publish_seq`, mapped on first use (`publish_window`).
     publish_seq: OnceLock<PublishSeq>,
+    /// `lb_config.clock_base_ns`, mapped on first use: once, since a mapping is never
+    /// unmapped and the tests set the clock before every packet (the process's
+    /// vm.max_map_count mappings ran out at 65530 of them).
+    clock_base: OnceLock<&'static AtomicU64>,
 }
 
 impl SteeringProgram {
@@ -103,6 +107,7 @@ impl SteeringProgram {
         SteeringProgram {
             object,
             publish_seq: OnceLock::new(),
+            clock_base: OnceLock::new(),
         }
     }
 
@@ -251,9 +256,13 @@ impl SteeringProgram {
     }
 
     fn clock_base_word(&self) -> anyhow::Result<&'static AtomicU64> {
+        if let Some(word) = self.clock_base.get() {
+            return Ok(word);
+        }
         const WORDS: usize = std::mem::size_of::<LbConfigValue>() / 8;
         let words: &'static [AtomicU64; WORDS] = self.mmap_value("lb_config")?;
-        Ok(&words[std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8])
+        let word = &words[std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8];
+        Ok(self.clock_base.get_or_init(|| word))
     }
 
     /// Sets what pow2 in the kernel compares for server `id` (`server_loads`).
