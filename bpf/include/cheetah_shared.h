@@ -186,7 +186,7 @@ struct vip_info {
 // (address, port) it is: VIP_SLOT_USED | port << 32 | address, both as the packet carries
 // them (network byte order, read as numbers); 0 for an empty slot. Nothing a pool change
 // rewrites, so a publication rewrites a slot in place only when its VIP's secret or ports
-// change; one cache line.
+// change or another VIP takes it; one cache line.
 #define VIP_SLOT_USED (1ull << 48)
 struct vip_slot {
 	__u64 tag;
