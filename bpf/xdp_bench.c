@@ -120,7 +120,8 @@ int bench_fib(struct xdp_md *ctx)
 	} while (0)
 
 // lb_process() for an established client segment in cheetah mode (lb_config,
-// parse_plain_tcp, client_vip, client_fast, forward_to_server), cut after stage `upto`:
+// parse_plain_tcp, vip_slot_at, client_by_cookie, forward_to_server), cut after stage
+// `upto`:
 //   1 lb_config and parse_plain_tcp (eth/IPv4/TCP bounds and layout)
 //   2 the VIP filter, the ACK / NOP NOP TS checks and vip_slots[slot of (daddr, dport)]:
 //     the segment's VIP, which is also its classification

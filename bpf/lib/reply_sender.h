@@ -9,8 +9,8 @@
 //   META_FROM_SERVER and the old way's maps would find, once the destination is checked
 //   as steering checks it.
 // - reply_by_steering: what the program always did, for what the map does not know (a
-//   server outside the VIP's pool, a removed server, a reply on the clients' side, an
-//   unusual layout): steering classified it, then server_macs and vips (l2) or its
+//   server answering for a VIP it does not serve, a removed server, a reply on the
+//   clients' side, an unusual layout, a sender whose slot another took): steering classified it, then server_macs and vips (l2) or its
 //   backends entry and vips_by_index (nat), then servers. Its hand-ups and the metadata
 //   steering writes stay exactly as before.
 
