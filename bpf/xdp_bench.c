@@ -120,9 +120,12 @@ int bench_fib(struct xdp_md *ctx)
 	} while (0)
 
 // lb_process() for an established client segment in cheetah mode (lb_config,
-// parse_plain_tcp, client_vip, client_fast, forward_to_server), cut after stage `upto`:
+// parse_plain_tcp, vip_slot_at, client_by_cookie, forward_to_server), cut after stage
+// `upto`:
 //   1 lb_config and parse_plain_tcp (eth/IPv4/TCP bounds and layout)
-//   2 vips[(daddr, dport, 6)]: the segment's VIP, which is also its classification
+//   2 the VIP filter, the ACK / NOP NOP TS checks and vip_slots[slot of (daddr, dport)]:
+//     the segment's VIP, which is also its classification
+//   3 (nothing since the checks moved into 2: kept so that the stages keep their numbers)
 //   3 the ACK / NOP NOP TS checks
 //   4 SipHash finish and cookie unmask
 //   5 servers[id] and msb_restores[unmasked] (the decode's two reads)
@@ -133,8 +136,8 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 {
 	struct cookie_layout layout;
 	struct server_info *server;
+	const struct vip_slot *slot;
 	struct lb_config *config;
-	struct vip_info *vip;
 	struct plain_tcp p;
 	__u16 unmasked = 0, restored = 0;
 	__u32 zero = 0, id = 0;
@@ -150,17 +153,16 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 		return XDP_ABORTED;
 	STAGE_DONE(1);
 
-	vip = client_vip(&p);
-	if (!vip)
+	if (!may_be_vip_addr(config, p.ip->daddr) || !established_with_timestamps(&p))
+		return XDP_ABORTED;
+	slot = vip_slot_at(p.ip->daddr, p.tcp->dest);
+	if (!slot)
 		return XDP_ABORTED;
 	STAGE_DONE(2);
-
-	if ((tcp_flags(p.tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK || !plain_has_nop_nop_ts(&p))
-		return XDP_ABORTED;
 	STAGE_DONE(3);
 
 	layout = layout_of(config);
-	hash = siphash_finish(vip->hash_prefix, p.ip->saddr, p.tcp->source);
+	hash = siphash_finish(slot->hash_prefix, p.ip->saddr, p.tcp->source);
 	unmasked = cookie_unmask(layout, bpf_ntohs(*(__be16 *)&p.ts->tsecr), hash);
 	id = cookie_server(layout, unmasked);
 	SINK(id);
@@ -188,26 +190,23 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 }
 
 // lb_process() for a server's reply in cheetah mode with l2 forwarding (lb_config,
-// parse_plain_tcp, client_vip, steer_owner, reply_fast), cut after stage `upto`:
-//   1 lb_config, parse_plain_tcp and client_vip: vips[(daddr, dport, 6)] missed
-//   2 steering's classification (vip_addrs[daddr] missed, vip_addrs[saddr]), server_side[ingress]
-//   3 the sender: server_macs[src MAC], vips[(saddr, sport, 6)], servers[id]
-//   4 flags and NOP NOP TS checks, msb_seen and the clock check
-//   5 SipHash finish and cookie encode
-//   6 the next hop toward the client (lib/next_hop.h: the next_hops map, the FIB on a miss)
-//   7 TSval rewrite with its checksum, MACs from the next hop
-//   8 server_traffic[id] and the stats counter
+// parse_plain_tcp, the VIP filter, reply_known, reply_fast), cut after stage `upto`:
+//   1 lb_config, parse_plain_tcp and the VIP filter: the destination is no VIP's address
+//     (so neither vips nor vip_addrs is asked)
+//   2 the sender: server_side[ingress], reply_senders[slot of (saddr, sport, src MAC)]
+//   3 flags and NOP NOP TS checks, msb_seen and the clock check
+//   4 SipHash finish and cookie encode
+//   5 the next hop toward the client (lib/next_hop.h: the next_hops map, the FIB on a miss)
+//   6 TSval rewrite with its checksum, MACs from the next hop
+//   7 server_traffic[id] and the stats counter
 // The whole path (bench_lb) adds send_out (bpf_redirect here).
 static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 {
-	__u32 ingress = ctx->ingress_ifindex;
+	const struct reply_sender *sender;
 	struct cookie_layout layout;
-	struct backend_info *backend;
 	struct msb_seen_words *seen;
-	struct server_info *server;
 	struct lb_config *config;
 	struct next_hop hop;
-	struct vip_info *vip;
 	struct plain_tcp p;
 	__u32 zero = 0, id = 0;
 	__u16 msb, cookie;
@@ -222,23 +221,18 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 		return XDP_ABORTED;
 	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
 		return XDP_ABORTED;
-	if (client_vip(&p))
+	if (may_be_vip_addr(config, p.ip->daddr))
 		return XDP_ABORTED;
 	STAGE_DONE(1);
 
-	if (steer_owner(ctx, &backend) != META_FROM_SERVER)
+	if (!on_server_side(ctx->ingress_ifindex))
 		return XDP_ABORTED;
-	if (!on_server_side(ingress))
+	sender = reply_lookup(config, &p);
+	if (!sender)
 		return XDP_ABORTED;
+	id = sender->server;
+	SINK(id);
 	STAGE_DONE(2);
-
-	vip = reply_sender(&p, config, backend, &id);
-	if (!vip)
-		return XDP_ABORTED;
-	server = bpf_map_lookup_elem(&servers, &id);
-	if (!server || !(server->flags & SERVER_FORWARDS))
-		return XDP_ABORTED;
-	STAGE_DONE(3);
 
 	if (tcp_flags(p.tcp) & (TCP_SYN | TCP_FIN | TCP_RST))
 		return XDP_ABORTED;
@@ -248,22 +242,22 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	seen = bpf_map_lookup_elem(&msb_seen, &zero);
 	if (!seen || !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
 		return XDP_ABORTED;
-	STAGE_DONE(4);
+	STAGE_DONE(3);
 
 	layout = layout_of(config);
-	hash = siphash_finish(vip->hash_prefix, p.ip->daddr, p.tcp->dest);
+	hash = siphash_finish(sender->hash_prefix, p.ip->daddr, p.tcp->dest);
 	cookie = cookie_encode(layout, id, hash, msb);
 	SINK(cookie);
-	STAGE_DONE(5);
+	STAGE_DONE(4);
 
 	if (!next_hop_toward_client(ctx, p.ip, &hop))
 		return XDP_ABORTED;
-	STAGE_DONE(6);
+	STAGE_DONE(5);
 
 	csum_replace_high_half((__u16 *)&p.ts->tsval, &p.tcp->check, cookie);
 	__builtin_memcpy(p.eth->h_dest, hop.dmac, ETH_ALEN);
 	__builtin_memcpy(p.eth->h_source, hop.smac, ETH_ALEN);
-	STAGE_DONE(7);
+	STAGE_DONE(6);
 
 	add_server_traffic(id, p.ip, 0);
 	count(STAT_FAST_SERVER_COOKIE);
@@ -295,7 +289,6 @@ REPLY_STAGE(4)
 REPLY_STAGE(5)
 REPLY_STAGE(6)
 REPLY_STAGE(7)
-REPLY_STAGE(8)
 
 // ---- Many flows -------------------------------------------------------------------------
 

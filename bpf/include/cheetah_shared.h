@@ -106,6 +106,9 @@ enum xdp_stat {
 	STAT_FAST_SERVER_CLOSE_ADVANCED,
 	STAT_FAST_SERVER_DUPLICATE_CLOSE_LEARNED,
 	STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED,
+	// A segment steering called a server's reply with the in-kernel path on: one the
+	// reply_senders map did not know (reply_sender.h), whatever then became of it.
+	STAT_REPLY_BY_STEERING,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which
@@ -162,6 +165,10 @@ struct lb_config {
 	// userspace's one setter (`SteeringProgram::set_clock_base`) through the map's mmap;
 	// a publisher's update of the whole value carries it as it is.
 	__u64 clock_base_ns;
+	// Bit (address & 63) set for every address of vip_addrs (address as a number: the
+	// core's vip_addr_bit): a clear bit says an address is no VIP's without a lookup
+	// (vip_addr_filter.h).
+	__u64 vip_addr_filter;
 };
 
 // Key of the vips map: a VIP's address, port and protocol.
@@ -184,6 +191,29 @@ struct vip_info {
 	__u8 policy;          // cheetah mode: KERNEL_POLICY_* the kernel places a SYN by
 	__u8 load_metric;     // pow2: LOAD_METRIC_* the pool's loads are compared under
 	__u8 pad[2];
+};
+
+// Entries of vip_slots: a VIP's (address, port) -> its slot by vip_slot_of (vip_slots.h),
+// a multiplicative hash to VIP_SLOT_BITS bits. Twice MAX_VIPS, so that most VIPs have a
+// slot of their own; one whose slot is taken is found in vips alone.
+#define VIP_SLOT_BITS 13
+#define VIP_SLOTS (1 << VIP_SLOT_BITS)
+#define VIP_SLOT_MULTIPLIER 0x9e3779b1u
+
+// Value of the vip_slots array: what a client's established segment needs of the VIP at
+// the slot (cheetah mode: its cookie's hash and its ports), and `tag` saying which
+// (address, port) it is: VIP_SLOT_USED | port << 32 | address, both as the packet carries
+// them (network byte order, read as numbers); 0 for an empty slot. Nothing a pool change
+// rewrites, so a publication rewrites a slot in place only when its VIP's secret or ports
+// change or another VIP takes it; one cache line.
+#define VIP_SLOT_USED (1ull << 48)
+struct vip_slot {
+	__u64 tag;
+	__u64 hash_prefix[4]; // vip_info.hash_prefix
+	__u16 port;           // network byte order
+	__u16 backend_port;   // network byte order
+	__u32 pad;
+	__u64 pad2[2];
 };
 
 // vip_info.policy: the VIP policies the kernel runs for a SYN (crates/core/src/policy/),
@@ -262,6 +292,40 @@ struct server_info {
 struct mac_key {
 	__u8 mac[6];
 	__u16 pad;
+};
+
+// What identifies a server's reply before any other lookup (a reply_slot's key).
+// l2: the VIP's address and port (the reply's source) and the server's MAC (its source
+// MAC); nat: the backend's address and port (the reply's source), `mac` all zero.
+struct reply_key {
+	__u32 addr; // network byte order
+	__u16 port; // network byte order
+	__u8 mac[6];
+};
+
+// A reply_slot's sender: everything the reply path reads about its sender, so
+// that one lookup replaces steering's and the sender's (vip_addrs, server_macs, vips or
+// backends and vips_by_index, servers). Only forwarding servers' entries are published:
+// anything else is found the old way (steering, then the sender's maps).
+struct reply_sender {
+	__u64 hash_prefix[4]; // the VIP's (vip_info.hash_prefix)
+	__u32 vip_addr;       // network byte order
+	__u16 vip_port;       // network byte order
+	__u16 server;         // the server's id
+};
+
+// The reply_senders array: a sender (one per forwarding server and VIP it answers for in
+// l2, per NAT backend in nat) at the slot its key hashes to (reply_sender.h
+// reply_slot_of, a multiplicative hash to REPLY_SLOT_BITS bits); `used` says the slot
+// holds `key`'s sender. A sender whose slot another took is found the old way.
+#define REPLY_SLOT_BITS 16
+#define REPLY_SLOTS (1 << REPLY_SLOT_BITS)
+#define REPLY_SLOT_MULTIPLIER 0x9e3779b97f4a7c15ull
+struct reply_slot {
+	struct reply_key key;
+	__u32 used;
+	struct reply_sender sender;
+	__u64 pad;
 };
 
 // Value of the per-CPU server_traffic array: what the in-kernel path sent to or received

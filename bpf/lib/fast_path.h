@@ -327,38 +327,68 @@ static __always_inline struct server_info *route_by_cookie(struct cookie_layout 
 	return server;
 }
 
-// fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip);
-// `seq` is what publish_begin said before lb_config and vip were read.
+// fast_path.rs `client_fast`'s cookie stage and forward, for an established segment `p`
+// with NOP NOP TS to a cheetah-mode VIP, of which it needs the hash prefix and the ports
+// (from vips or vip_slots).
+static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_config *config,
+					    __u32 seq, const struct plain_tcp *p,
+					    const __u64 hash_prefix[4], __be16 vip_port,
+					    __be16 backend_port)
+{
+	struct toward_server to;
+	struct server_info *server;
+	__u16 restored = 0;
+	__u32 id;
+	// The VIP's side of the id was hashed by userspace (the packet's destination is the
+	// VIP's address and port: that is how it was found).
+	__u64 hash = siphash_finish(hash_prefix, p->ip->saddr, p->tcp->source);
+
+	// The cookie is TSecr's high half.
+	server = route_by_cookie(layout_of(config), bpf_ntohs(*(__be16 *)&p->ts->tsecr), hash,
+				 &id, &restored);
+	if (!server)
+		return LB_HAND_UP;
+	to.server = *server;
+	to.id = id;
+	to.forwarding = config->forwarding;
+	to.vip_port = vip_port;
+	to.backend_port = backend_port;
+	if (!publish_unchanged(config, seq))
+		return hand_up(STAT_UP_PUBLISHING);
+	// Only the MSB changes: the cookie becomes the server's own MSB, which the table
+	// keeps in network byte order.
+	csum_replace_high_half_in_network_order((__u16 *)&p->ts->tsecr, &p->tcp->check,
+						restored);
+	return forward_to_server(ctx, p, &to, STAT_FAST_CLIENT_COOKIE);
+}
+
+// Whether `p` is what client_by_cookie takes in cheetah mode: ACK without SYN, NOP NOP TS.
+static __always_inline int established_with_timestamps(const struct plain_tcp *p)
+{
+	return (tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) == TCP_ACK && plain_has_nop_nop_ts(p);
+}
+
+// fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip) that
+// client_by_cookie does not take (lb.h: in cheetah mode, an ACK with NOP NOP TS goes
+// there); `seq` is what publish_begin said before lb_config and vip were read.
 static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config,
 				       __u32 seq, const struct plain_tcp *p,
 				       const struct vip_info *vip)
 {
 	struct toward_server to;
 	struct server_info *server;
-	__u16 restored = 0;
 	__u32 id, stat;
 	__u64 hash;
 
 	if (config->mode == LB_MODE_CHEETAH) {
-		struct cookie_layout layout = layout_of(config);
-
 		// A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC
 		// 7323), so userspace routes it like one without timestamps.
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) == TCP_SYN)
 			return syn_fast(ctx, config, seq, p, vip);
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
 			return hand_up(STAT_UP_NEW_CONNECTION);
-		if (!plain_has_nop_nop_ts(p))
-			return hand_up(STAT_UP_LAYOUT);
-		// The VIP's side of the id was hashed by userspace (the packet's destination is
-		// the VIP's address and port: that is how it was found).
-		hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
-		// The cookie is TSecr's high half.
-		server = route_by_cookie(layout, bpf_ntohs(*(__be16 *)&p->ts->tsecr), hash, &id,
-					 &restored);
-		if (!server)
-			return LB_HAND_UP;
-		stat = STAT_FAST_CLIENT_COOKIE;
+		// An ACK with NOP NOP TS went to client_by_cookie (lb.h): this one has not.
+		return hand_up(STAT_UP_LAYOUT);
 	} else if (config->mode == LB_MODE_HASH) {
 		// The baseline: this same path with `pool[h % n]` for the cookie stage, for every
 		// segment (SYN too), as the core's.
@@ -384,57 +414,17 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 	toward_server_of(&to, config, vip, server, id);
 	if (!publish_unchanged(config, seq))
 		return hand_up(STAT_UP_PUBLISHING);
-	if (stat == STAT_FAST_CLIENT_COOKIE)
-		// Only the MSB changes: the cookie becomes the server's own MSB, which the table
-		// keeps in network byte order.
-		csum_replace_high_half_in_network_order((__u16 *)&p->ts->tsecr, &p->tcp->check,
-							restored);
 	return forward_to_server(ctx, p, &to, stat);
 }
 
-// Who sent a reply and for which VIP: l2 by the server's MAC and the VIP's address and
-// port (its source), NAT by its backends entry. NULL: not a server's reply the maps know.
-static __always_inline struct vip_info *reply_sender(const struct plain_tcp *p,
-						     const struct lb_config *config,
-						     const struct backend_info *backend, __u32 *id)
-{
-	if (config->forwarding == LB_FORWARDING_NAT) {
-		__u32 index;
-
-		if (!backend)
-			return NULL;
-		*id = backend->server;
-		index = backend->vip_index;
-		return bpf_map_lookup_elem(&vips_by_index, &index);
-	} else {
-		struct mac_key mac = {};
-		struct vip_key key = {};
-		__u32 *server;
-
-		__builtin_memcpy(mac.mac, p->eth->h_source, ETH_ALEN);
-		server = bpf_map_lookup_elem(&server_macs, &mac);
-		if (!server)
-			return NULL;
-		*id = *server;
-		key.addr = p->ip->saddr;
-		key.port = p->tcp->source;
-		key.protocol = IPPROTO_TCP;
-		return bpf_map_lookup_elem(&vips, &key);
-	}
-}
-
-// fast_path.rs `reply_fast` for a server's reply (steering said so: from a VIP address,
-// or from a NAT backend to a client); `backend` is its backends entry with NAT. `p` is
-// the frame as parse_plain_tcp left it, `refusal` what it said (lb_process parsed it);
-// `seq` what publish_begin said before lb_config was read.
+// fast_path.rs `reply_fast` for a server's reply from `sender` (reply_sender.h found it:
+// a forwarding server, on the servers' side, in the plain layout). `p` is the frame as
+// parse_plain_tcp left it; `seq` what publish_begin said before lb_config was read.
 static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config *config,
-				      __u32 seq, const struct backend_info *backend,
-				      const struct plain_tcp *p, enum plain_refusal refusal)
+				      __u32 seq, const struct reply_sender *sender,
+				      const struct plain_tcp *p)
 {
-	__u32 ingress = ctx->ingress_ifindex;
 	struct next_hop hop;
-	struct server_info *server;
-	struct vip_info *vip;
 	__be32 vip_addr;
 	__be16 vip_port;
 	__be32 *tsval = &p->ts->tsval;
@@ -445,22 +435,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	struct clock_learning learning;
 	int learns = 0;
 	__u16 cookie = 0;
-	__u32 id = 0, stat;
+	__u32 id = sender->server, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
 	int nat = config->forwarding == LB_FORWARDING_NAT;
-
-	// Only the servers' side carries replies (sides.rs): what only claims to be one is
-	// for userspace to drop.
-	if (!on_server_side(ingress))
-		return hand_up(STAT_UP_OTHER);
-	if (refusal != PLAIN_OK)
-		return hand_up_refused(refusal);
-	vip = reply_sender(p, config, backend, &id);
-	if (!vip)
-		return hand_up(STAT_UP_OTHER);
-	server = bpf_map_lookup_elem(&servers, &id);
-	if (!server || !(server->flags & SERVER_FORWARDS))
-		return hand_up(STAT_UP_OTHER);
 
 	if (cheetah) {
 		struct cookie_layout layout = layout_of(config);
@@ -489,7 +466,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			tsval = &p->ts->tsval;
 		}
 		// The connection's hash: its client is the reply's destination.
-		hash = siphash_finish(vip->hash_prefix, p->ip->daddr, p->tcp->dest);
+		hash = siphash_finish(sender->hash_prefix, p->ip->daddr, p->tcp->dest);
 		if (flags & TCP_SYN) {
 			struct handshake_words *words = bpf_map_lookup_elem(&handshakes, &zero);
 
@@ -531,8 +508,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	// came, with the metadata steering writes for the worker's neighbour lookup.
 	if (!next_hop_toward_client(ctx, p->ip, &hop))
 		return hand_up(STAT_UP_NEXT_HOP);
-	vip_addr = vip->addr;
-	vip_port = vip->port;
+	vip_addr = sender->vip_addr;
+	vip_port = sender->vip_port;
 	if (!publish_unchanged(config, seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	// The first write: a clock another writer moved meanwhile goes up, nothing written.

@@ -4,8 +4,10 @@
 // and the bench wrapper (bpf/xdp_bench.c) runs exactly the same code.
 //
 // Every packet is first classified as steering always did (a VIP's client segment, a
-// server's reply, or the host's). With lb_config's LB_FAST_PATH set, the kernel forwards
-// what the core's straight line would (fast_path.h) and the client segments without
+// server's reply, or the host's); with the in-kernel path on, a client's segment by its
+// VIP and a server's reply the reply_senders map knows (reply_sender.h) skip steering's
+// lookups. With lb_config's LB_FAST_PATH set, the kernel forwards what the core's
+// straight line would (fast_path.h) and the client segments without
 // options the fallback table knows (fallback.h); everything else, and everything when
 // the flag is clear (lb_config as loaded is all zero), goes to the AF_XDP sockets exactly
 // as before (steer.h). A packet to a VIP address that is not TCP may be an ICMP error the
@@ -23,31 +25,57 @@
 #include "icmp_path.h"
 #include "maps.h"
 #include "publish.h"
+#include "reply_sender.h"
 #include "steer.h"
+#include "vip_addr_filter.h"
+#include "vip_slots.h"
 
 static __always_inline int lb_process(struct xdp_md *ctx)
 {
 	enum plain_refusal refusal = PLAIN_LAYOUT;
+	const struct reply_sender *sender = NULL;
+	const struct vip_slot *slot = NULL;
+	struct reply_sender by_steering;
 	struct backend_info *backend;
 	struct vip_info *vip = NULL;
 	struct lb_config *config;
 	// Set on every path: clang may carry its fields in registers the verifier must see written.
 	struct plain_tcp p = {};
-	__u32 zero = 0, owner, seq = 0;
-	int fast, action;
+	__u32 zero = 0, owner = 0, seq = 0;
+	int fast, action, cookie = 0;
 
 	config = bpf_map_lookup_elem(&lb_config, &zero);
 	if (config)
 		seq = publish_begin(config);
 	fast = config && (config->flags & LB_FAST_PATH);
 	if (fast) {
-		// A client's segment is recognised by its VIP (address, port) alone: vips only
-		// holds what vip_addrs holds (the publisher keeps it so), so a hit is a packet
-		// steering would call META_TO_VIP, and one hash lookup replaces two.
+		// A client's segment is recognised by its VIP (address, port) alone: vips and
+		// vip_slots only hold what vip_addrs holds (the publisher keeps it so), so a hit
+		// is a packet steering would call META_TO_VIP, and one lookup replaces two; an
+		// address the VIP filter says is no VIP's needs none at all. The commonest
+		// segment, a client's established one in cheetah mode, finds its VIP by an array
+		// read in vip_slots (vip_slots.h); any other, or one whose VIP has no slot, in vips.
 		refusal = parse_plain_tcp(ctx, &p);
-		if (refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS)
-			vip = client_vip(&p);
-		if (vip) {
+		if ((refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS) &&
+		    may_be_vip_addr(config, p.ip->daddr)) {
+			cookie = refusal == PLAIN_OK && config->mode == LB_MODE_CHEETAH &&
+				 established_with_timestamps(&p);
+			if (cookie)
+				slot = vip_slot_at(p.ip->daddr, p.tcp->dest);
+			if (!slot)
+				vip = client_vip(&p);
+		}
+		if (cookie && (slot || vip)) {
+			// One call for both maps' answers, so the cookie stage is inlined once.
+			const __u64 *hash_prefix = slot ? slot->hash_prefix : vip->hash_prefix;
+			__be16 vip_port = slot ? slot->port : vip->port;
+			__be16 backend_port = slot ? slot->backend_port : vip->backend_port;
+
+			action = client_by_cookie(ctx, config, seq, &p, hash_prefix, vip_port,
+						  backend_port);
+			if (action != LB_HAND_UP)
+				return action;
+		} else if (vip) {
 			// No options, so no timestamp: the fallback table routes it (fallback.h).
 			if (refusal == PLAIN_NO_OPTIONS)
 				action = client_fallback(ctx, config, seq, &p, vip);
@@ -55,20 +83,38 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 				action = client_fast(ctx, config, seq, &p, vip);
 			if (action != LB_HAND_UP)
 				return action;
+		} else if (refusal == PLAIN_OK) {
+			// A server's reply the reply_senders map knows needs no steering first.
+			sender = reply_known(ctx, config, &p);
 		}
 	}
-	owner = steer_owner(ctx, &backend);
-	if (!owner)
-		return pass();
-	if (fast && !vip) {
-		if (owner & META_TO_VIP && refusal == PLAIN_NOT_TCP)
-			action = icmp_fast(ctx, config, seq);
-		else if (owner & META_TO_VIP)
-			action = client_not_found(refusal);
-		else
-			action = reply_fast(ctx, config, seq, backend, &p, refusal);
-		if (action != LB_HAND_UP)
-			return action;
+	if (!sender) {
+		owner = steer_owner(ctx, &backend);
+		if (!owner)
+			return pass();
+		if (!fast || vip || slot)
+			return steer_to_socket(ctx, owner);
+		if (owner & META_TO_VIP) {
+			if (refusal == PLAIN_NOT_TCP)
+				action = icmp_fast(ctx, config, seq);
+			else
+				action = client_not_found(refusal);
+			if (action != LB_HAND_UP)
+				return action;
+			return steer_to_socket(ctx, owner);
+		}
+		sender = reply_by_steering(ctx, config, backend, &p, refusal, &by_steering);
+		if (!sender)
+			return steer_to_socket(ctx, owner);
+	}
+	action = reply_fast(ctx, config, seq, sender, &p);
+	if (action != LB_HAND_UP)
+		return action;
+	if (!owner) {
+		// Found before steering ran: steered now, as it always was.
+		owner = steer_owner(ctx, &backend);
+		if (!owner)
+			return pass();
 	}
 	return steer_to_socket(ctx, owner);
 }

@@ -92,6 +92,16 @@ struct {
 	__type(value, struct vip_info);
 } vips_by_index SEC(".maps");
 
+// The VIPs again, each at the slot its (address, port) hashes to (cheetah_shared.h struct
+// vip_slot): a client's established segment finds its VIP by an array read, not a hash
+// lookup.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, VIP_SLOTS);
+	__type(key, __u32);
+	__type(value, struct vip_slot);
+} vip_slots SEC(".maps");
+
 // Server id -> its state and where its packets go.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -107,6 +117,15 @@ struct {
 	__type(key, struct mac_key);
 	__type(value, __u32);
 } server_macs SEC(".maps");
+
+// A server's reply -> its sender, direct-mapped (cheetah_shared.h struct reply_slot): one
+// array read, where a hash map lookup costs a hash and a bucket walk.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, REPLY_SLOTS);
+	__type(key, __u32);
+	__type(value, struct reply_slot);
+} reply_senders SEC(".maps");
 
 // ifindex % SERVER_SIDE_SLOTS -> that ifindex when the interface faces the servers, the only
 // side replies are taken from (0: none). An array, so the reply path's test is an inlined

@@ -29,6 +29,7 @@
 //! | `cheetah_xdp_packets` (counter) | `outcome` |
 //! | `cheetah_xdp_to_userspace` (counter) | `reason` |
 //! | `cheetah_xdp_next_hop_misses` (counter) | |
+//! | `cheetah_xdp_replies_by_steering` (counter) | |
 //! | `cheetah_snapshot_generation` (gauge) | |
 //! | `cheetah_echoes_beyond_idle_limit` (counter) | |
 //! | `cheetah_server_clock_resets` (counter) | |
@@ -431,6 +432,16 @@ impl Collector for DaemonCollector {
             [(
                 Labels::new(),
                 Count(state.steering.next_hop_miss.load(Relaxed)),
+            )],
+        )?;
+        family(
+            e,
+            "cheetah_xdp_replies_by_steering",
+            "Server replies the in-kernel path did not find in its reply_senders map (datapath = xdp), so it found their sender by steering's lookups instead (a server outside the VIP's pool, a removed server, a reply on the clients' side, more senders than the map holds).",
+            MetricType::Counter,
+            [(
+                Labels::new(),
+                Count(state.steering.reply_by_steering.load(Relaxed)),
             )],
         )?;
         family(

@@ -282,6 +282,14 @@ fn judge(
             }
         ));
     }
+    // Every server of the vectors serves its VIP: its replies' senders are in
+    // reply_senders, found in one lookup, not by steering's.
+    if toward_client && kernel.reply_by_steering {
+        fail(format!(
+            "a reply from a server of the VIP's ({}) was not found in reply_senders",
+            kernel.fast_name()
+        ));
+    }
     if kernel.action != action || kernel.frame != expected {
         fail(format!(
             "kernel {} differs from the core's {} ({} expected):\n   kernel {}\n   core   {}",

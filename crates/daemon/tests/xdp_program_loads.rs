@@ -8,11 +8,14 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
+use cheetah_core::tables::vip_addr_bit;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::types::ServerId;
 use cheetah_core::wire::tcp::flags::ACK;
 use cheetah_core::wire::{checksum, Ipv4Packet, TcpSegment};
+use cheetah_daemon::dataplane::reply_senders;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
+use cheetah_daemon::dataplane::xdp_layout::{Encode, ReplyKey, ReplySender, ReplySlot};
 use libbpf_rs::{MapCore, MapFlags, MapType, Object, ObjectBuilder};
 
 #[path = "shared/root.rs"]
@@ -35,7 +38,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 32;
+const STAT_COUNT: u32 = 33;
 const STAT_SLOTS: u32 = 64;
 const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
@@ -52,12 +55,17 @@ const LOOPBACK_IFINDEX: u32 = 1;
 /// Sizes of the shared structs, as the C compiler lays them out (cheetah_shared.h).
 const BACKEND_KEY: u32 = 8; // addr, port, pad
 const BACKEND_INFO: u32 = 4; // server, vip_index
-const LB_CONFIG: u32 = 32; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq, fallback_mask, clock_base_ns
+const LB_CONFIG: u32 = 40; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq, fallback_mask, clock_base_ns, vip_addr_filter
 const FALLBACK_SET: u32 = 64; // way[8]
 const VIP_KEY: u32 = 8; // addr, port, protocol, pad
 const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64], policy, pad[3]
 const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[6]
 const MAC_KEY: u32 = 8; // mac[6], pad
+const REPLY_SLOT: u32 = 64; // key (addr, port, mac[6]), used, sender (hash_prefix[4], vip_addr, vip_port, server), pad
+const REPLY_SLOTS: u32 = 65536;
+const VIP_SLOT: u32 = 64; // tag, hash_prefix[4], port, backend_port, pad, pad2[2]
+const VIP_SLOTS: u32 = 8192;
+const STAT_REPLY_BY_STEERING: u32 = 32;
 const SERVER_TRAFFIC: u32 = 32; // packets, bytes, opened, closed
 const VIP_WEIGHTS: u32 = 264; // total, weight[64]
 const POLICY_STATE: u32 = 528; // rr_position, pad, wrr_steps, wrr_base[64]
@@ -120,7 +128,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 25] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 27] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -144,6 +152,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         ("lb_config", MapType::Array, 4, LB_CONFIG, 1, BPF_F_MMAPABLE),
         ("vips", MapType::Hash, VIP_KEY, VIP_INFO, MAX_VIPS, 0),
         ("vips_by_index", MapType::Array, 4, VIP_INFO, MAX_VIPS, 0),
+        ("vip_slots", MapType::Array, 4, VIP_SLOT, VIP_SLOTS, 0),
         (
             "servers",
             MapType::Array,
@@ -153,6 +162,14 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         ("server_macs", MapType::Hash, MAC_KEY, 4, SERVER_ID_SPACE, 0),
+        (
+            "reply_senders",
+            MapType::Array,
+            4,
+            REPLY_SLOT,
+            REPLY_SLOTS,
+            0,
+        ),
         ("server_side", MapType::Array, 4, 4, SERVER_SIDE_SLOTS, 0),
         // One entry each, every word in it (an array's entries are 8 bytes apart).
         (
@@ -329,6 +346,7 @@ fn publish(
     config[5] = nat as u8; // LB_FORWARDING_L2 or LB_FORWARDING_NAT
     config[6] = layout.id_bits();
     config[8..10].copy_from_slice(&layout.max_server_id().to_ne_bytes());
+    config[32..40].copy_from_slice(&vip_addr_bit(VIP).to_ne_bytes());
     put(object, "lb_config", &0u32.to_ne_bytes(), &config);
 
     let mut vip_key = [0u8; VIP_KEY as usize];
@@ -492,7 +510,11 @@ fn an_established_client_segment_is_forwarded_in_the_kernel() {
 /// A server's established reply with NOP NOP TS, its MSB the newest seen: the kernel asks
 /// the FIB for the way to the client (in a namespace of this test's thread, where the
 /// client sits behind `xr0` with a permanent neighbour entry), writes the cookie into
-/// TSval's high half and redirects it there with the neighbour's MAC.
+/// TSval's high half and redirects it there with the neighbour's MAC. Its sender is found
+/// either way the program knows: by steering and `server_macs`, or in one `reply_senders`
+/// lookup, with the same bytes; and `reply_senders` takes nothing that only claims to be
+/// the server's reply (another MAC, another port, to a VIP's address, or on the clients'
+/// side).
 #[test]
 fn a_server_reply_gets_its_cookie_in_the_kernel() {
     if !is_root() {
@@ -517,6 +539,21 @@ fn a_server_reply_gets_its_cookie_in_the_kernel() {
         &client_text,
         "lladdr",
         "02:00:00:00:c1:01",
+        "dev",
+        "xr0",
+        "nud",
+        "permanent",
+    ]);
+    // A way to the VIP's address too, so that a segment to it that only claims to be a
+    // reply would have a next hop if it were taken.
+    let vip_text = std::net::Ipv4Addr::from(VIP).to_string();
+    ip(&["route", "add", &format!("{vip_text}/32"), "dev", "xr0"]);
+    ip(&[
+        "neigh",
+        "replace",
+        &vip_text,
+        "lladdr",
+        "02:00:00:00:c1:02",
         "dev",
         "xr0",
         "nud",
@@ -580,4 +617,86 @@ fn a_server_reply_gets_its_cookie_in_the_kernel() {
     assert_eq!(bytes[0..6], client_mac, "the neighbour's MAC");
     assert_eq!(bytes[6..12], [0x02, 0, 0, 0, 0xee, 0x02], "xr0's MAC");
     assert!(testkit::checksums_valid(&bytes), "checksums still verify");
+    assert_eq!(
+        stat(&object, STAT_REPLY_BY_STEERING),
+        1,
+        "reply_senders is empty: found by steering"
+    );
+
+    // The same reply by reply_senders alone: the old way's server_macs entry gone.
+    // At the slot the publisher's hash gives: the kernel's must be the same.
+    let reply_key = ReplyKey {
+        addr: VIP.to_be_bytes(),
+        port: VIP_PORT.to_be_bytes(),
+        mac: server_mac,
+    };
+    let slot = ReplySlot {
+        key: reply_key,
+        used: 1,
+        sender: ReplySender {
+            hash_prefix: hasher.vip_prefix(VIP, VIP_PORT, IPPROTO_TCP).state(),
+            vip_addr: VIP.to_be_bytes(),
+            vip_port: VIP_PORT.to_be_bytes(),
+            server: server.0,
+        },
+        pad: 0,
+    };
+    assert_eq!(slot.to_bytes().len(), REPLY_SLOT as usize);
+    let at = reply_senders::slot_of(&reply_key) as u32;
+    put(
+        &object,
+        "reply_senders",
+        &at.to_ne_bytes(),
+        &slot.to_bytes(),
+    );
+    map(&object, "server_macs")
+        .delete(&mac_key)
+        .expect("delete server_macs");
+    let (verdict, by_map) = run(&mut object, &frame);
+    assert_eq!(verdict, XDP_REDIRECT);
+    assert_eq!(by_map, bytes, "the same bytes as the old way's");
+    assert_eq!(stat(&object, STAT_FAST_SERVER_COOKIE), written + 2);
+    assert_eq!(stat(&object, STAT_REPLY_BY_STEERING), 1, "not by steering");
+
+    // What only claims to be that reply is not taken (nor by the old way, which has no
+    // server_macs entry now): it goes up unchanged.
+    let claims = |change: &dyn Fn(&mut TcpFrame)| {
+        let mut claim = TcpFrame::from_server_l2(
+            server.0,
+            client,
+            client_port,
+            ACK,
+            options::nop_nop_ts(tsval, 77),
+        );
+        change(&mut claim);
+        claim.build()
+    };
+    let another_mac = claims(&|f| f.src_mac = testkit::server_mac(8));
+    let another_port = claims(&|f| f.src_port = VIP_PORT + 1);
+    let to_a_vip = claims(&|f| f.dst_ip = VIP);
+    for (what, claim) in [
+        ("another server's MAC", another_mac),
+        ("another source port", another_port),
+        ("to a VIP's address", to_a_vip),
+    ] {
+        let (verdict, out) = run(&mut object, &claim);
+        assert_eq!(verdict, XDP_DROP, "{what}: steered, no socket bound");
+        assert_eq!(out, claim, "{what}: unchanged");
+        assert_eq!(
+            stat(&object, STAT_FAST_SERVER_COOKIE),
+            written + 2,
+            "{what}: not handled in the kernel"
+        );
+    }
+    // The same reply on an interface that does not face the servers.
+    put(
+        &object,
+        "server_side",
+        &(LOOPBACK_IFINDEX % SERVER_SIDE_SLOTS).to_ne_bytes(),
+        &0u32.to_ne_bytes(),
+    );
+    let (verdict, out) = run(&mut object, &frame);
+    assert_eq!(verdict, XDP_DROP, "on the clients' side: steered");
+    assert_eq!(out, frame, "on the clients' side: unchanged");
+    assert_eq!(stat(&object, STAT_FAST_SERVER_COOKIE), written + 2);
 }

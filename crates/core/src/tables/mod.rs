@@ -14,4 +14,4 @@ pub use control::{
     SavedServerState, SavedVip, ServerSpec, TablesMaker,
 };
 pub use servers::{AllServers, ServerSlot, SlotState};
-pub use snapshot::{Snapshot, SnapshotCell, VipEntry, VipSlot};
+pub use snapshot::{vip_addr_bit, Snapshot, SnapshotCell, VipEntry, VipSlot};

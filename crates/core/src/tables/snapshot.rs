@@ -103,9 +103,10 @@ pub struct Snapshot {
     removed_dips: FlatIndex<ServerId>,
 }
 
-/// The bit of `addr` in [`Snapshot`]'s VIP address filter.
+/// The bit of `addr` (an IPv4 address as a number) in [`Snapshot`]'s VIP address filter,
+/// and in the XDP program's (`lb_config.vip_addr_filter`, bpf/lib/vip_addr_filter.h).
 #[inline(always)]
-fn vip_addr_bit(addr: u32) -> u64 {
+pub fn vip_addr_bit(addr: u32) -> u64 {
     1 << (addr & 63)
 }
 

@@ -11,10 +11,12 @@ pub mod neighbour;
 pub mod next_hops;
 pub mod pin;
 pub mod publish_window;
+pub mod reply_senders;
 pub mod route_netlink;
 #[cfg(test)]
 mod shared_layout_tests;
 pub mod sides;
+pub mod vip_slots;
 pub mod worker_loop;
 pub mod xdp;
 pub mod xdp_layout;

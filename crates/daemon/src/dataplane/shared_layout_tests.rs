@@ -143,6 +143,7 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_FAST_CLIENT_FALLBACK as usize,
         ),
         ("STAT_UP_FALLBACK_MISS", STAT_UP_FALLBACK_MISS as usize),
+        ("STAT_REPLY_BY_STEERING", STAT_REPLY_BY_STEERING as usize),
         (
             "STAT_FAST_SERVER_COOKIE_LEARNED",
             STAT_FAST_SERVER_COOKIE_LEARNED as usize,
@@ -169,7 +170,8 @@ fn rust_side() -> BTreeMap<String, u64> {
         ),
         (
             "STAT_COUNT",
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1 + FAST_EVENTS.len(),
+            // The event counters: STAT_NEXT_HOP_MISS and STAT_REPLY_BY_STEERING.
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 2 + FAST_EVENTS.len(),
         ),
         ("STAT_SLOTS", STAT_SLOTS as usize),
         ("CHEETAH_PIN_LAYOUT", PIN_LAYOUT as usize),
@@ -182,6 +184,13 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("COOKIE_SPACE", COOKIE_SPACE),
         ("MAX_VIPS", MAX_VIPS),
         ("MAX_HASH_POOL", MAX_HASH_POOL),
+        ("REPLY_SLOT_BITS", REPLY_SLOT_BITS as usize),
+        ("REPLY_SLOTS", REPLY_SLOTS),
+        ("REPLY_SLOT_MULTIPLIER", REPLY_SLOT_MULTIPLIER as usize),
+        ("VIP_SLOT_BITS", VIP_SLOT_BITS as usize),
+        ("VIP_SLOTS", VIP_SLOTS),
+        ("VIP_SLOT_MULTIPLIER", VIP_SLOT_MULTIPLIER as usize),
+        ("VIP_SLOT_USED", VIP_SLOT_USED as usize),
         ("LB_FAST_PATH", LB_FAST_PATH as usize),
         ("LB_MODE_CHEETAH", LB_MODE_CHEETAH as usize),
         ("LB_MODE_HASH", LB_MODE_HASH as usize),
@@ -244,7 +253,8 @@ fn rust_side() -> BTreeMap<String, u64> {
         generation,
         publish_seq,
         fallback_mask,
-        clock_base_ns
+        clock_base_ns,
+        vip_addr_filter
     ));
     values.extend(layout!(FallbackSet, "struct fallback_set", way));
     values.extend(layout!(VipKey, "struct vip_key", addr, port, protocol, pad));
@@ -272,6 +282,33 @@ fn rust_side() -> BTreeMap<String, u64> {
         src_mac
     ));
     values.extend(layout!(MacKey, "struct mac_key", mac, pad));
+    values.extend(layout!(ReplyKey, "struct reply_key", addr, port, mac));
+    values.extend(layout!(
+        ReplySlot,
+        "struct reply_slot",
+        key,
+        used,
+        sender,
+        pad
+    ));
+    values.extend(layout!(
+        VipSlot,
+        "struct vip_slot",
+        tag,
+        hash_prefix,
+        port,
+        backend_port,
+        pad,
+        pad2
+    ));
+    values.extend(layout!(
+        ReplySender,
+        "struct reply_sender",
+        hash_prefix,
+        vip_addr,
+        vip_port,
+        server
+    ));
     values.extend(layout!(NextHopKey, "struct next_hop_key", prefixlen, addr));
     values.extend(layout!(
         NextHop,

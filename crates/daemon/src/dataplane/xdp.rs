@@ -24,7 +24,7 @@ use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
     Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, ServerInfo,
     ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, SERVER_FORWARDS, STAT_NEXT_HOP_MISS,
-    UP_REASONS,
+    STAT_REPLY_BY_STEERING, UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -73,6 +73,8 @@ pub struct SteeringStats {
     pub events: [u64; FAST_EVENTS.len()],
     /// Replies whose next hop the kernel asked `bpf_fib_lookup` for (not in `next_hops`).
     pub next_hop_miss: u64,
+    /// Server replies `reply_senders` did not know: found by steering's lookups instead.
+    pub reply_by_steering: u64,
 }
 
 pub struct SteeringProgram {
@@ -546,6 +548,7 @@ impl SteeringProgram {
             up: UP_REASONS.map(|(index, _)| sum(index)),
             events: FAST_EVENTS.map(|(index, _)| sum(index)),
             next_hop_miss: sum(STAT_NEXT_HOP_MISS),
+            reply_by_steering: sum(STAT_REPLY_BY_STEERING),
         }
     }
 

@@ -17,6 +17,16 @@ pub const SERVER_SIDE_SLOTS: usize = 1024;
 pub const COOKIE_SPACE: usize = 65536;
 pub const MAX_VIPS: usize = 4096;
 pub const MAX_HASH_POOL: usize = 64;
+/// `vip_slots` (`struct vip_slot`): `VIP_SLOTS` slots, a VIP's by a multiplicative hash.
+pub const VIP_SLOT_BITS: u32 = 13;
+pub const VIP_SLOTS: usize = 1 << VIP_SLOT_BITS;
+pub const VIP_SLOT_MULTIPLIER: u32 = 0x9e37_79b1;
+pub const VIP_SLOT_USED: u64 = 1 << 48;
+/// `reply_senders` (`struct reply_slot`): `REPLY_SLOTS` slots, a sender's by a
+/// multiplicative hash of its key.
+pub const REPLY_SLOT_BITS: u32 = 16;
+pub const REPLY_SLOTS: usize = 1 << REPLY_SLOT_BITS;
+pub const REPLY_SLOT_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
 
 pub const LB_FAST_PATH: u32 = 1 << 0;
 pub const LB_MODE_CHEETAH: u8 = 0;
@@ -208,7 +218,9 @@ pub const STAT_FAST_SERVER_CLOSE_LEARNED: u32 = 28;
 pub const STAT_FAST_SERVER_CLOSE_ADVANCED: u32 = 29;
 pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_LEARNED: u32 = 30;
 pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED: u32 = 31;
-pub const STAT_COUNT: u32 = 32;
+/// Server replies `reply_senders` did not know, found by steering's lookups instead.
+pub const STAT_REPLY_BY_STEERING: u32 = 32;
+pub const STAT_COUNT: u32 = 33;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;
@@ -286,6 +298,8 @@ pub struct LbConfigValue {
     /// set by `SteeringProgram::set_clock_base` alone; an update of the whole value must
     /// carry it as it is.
     pub clock_base_ns: u64,
+    /// Bit `vip_addr_bit(a)` set for every address `a` of `vip_addrs`.
+    pub vip_addr_filter: u64,
 }
 
 impl Encode for LbConfigValue {
@@ -304,6 +318,10 @@ impl Encode for LbConfigValue {
             .put(
                 offset_of!(Self, fallback_mask),
                 &self.fallback_mask.to_ne_bytes(),
+            )
+            .put(
+                offset_of!(Self, vip_addr_filter),
+                &self.vip_addr_filter.to_ne_bytes(),
             )
             .put(
                 offset_of!(Self, clock_base_ns),
@@ -367,6 +385,34 @@ impl Encode for VipInfo {
             .put(offset_of!(Self, pool), &pool)
             .put(offset_of!(Self, policy), &[self.policy])
             .put(offset_of!(Self, load_metric), &[self.load_metric])
+            .0
+    }
+}
+
+/// `struct vip_slot` (`vip_slots.rs` fills it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipSlot {
+    pub tag: u64,
+    pub hash_prefix: [u64; 4],
+    pub port: [u8; 2],
+    pub backend_port: [u8; 2],
+    pub pad: u32,
+    pub pad2: [u64; 2],
+}
+
+impl Encode for VipSlot {
+    fn to_bytes(&self) -> Vec<u8> {
+        let prefix: Vec<u8> = self
+            .hash_prefix
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .collect();
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, tag), &self.tag.to_ne_bytes())
+            .put(offset_of!(Self, hash_prefix), &prefix)
+            .put(offset_of!(Self, port), &self.port)
+            .put(offset_of!(Self, backend_port), &self.backend_port)
             .0
     }
 }
@@ -442,6 +488,73 @@ impl Encode for BackendInfo {
         Bytes::of::<Self>()
             .put(offset_of!(Self, server), &self.server.to_ne_bytes())
             .put(offset_of!(Self, vip_index), &self.vip_index.to_ne_bytes())
+            .0
+    }
+}
+
+/// `struct reply_key`: l2 the VIP's address and port and the server's MAC; nat the
+/// backend's address and port, `mac` zero (addresses and ports in network byte order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyKey {
+    pub addr: [u8; 4],
+    pub port: [u8; 2],
+    pub mac: Mac,
+}
+
+impl Encode for ReplyKey {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, addr), &self.addr)
+            .put(offset_of!(Self, port), &self.port)
+            .put(offset_of!(Self, mac), &self.mac)
+            .0
+    }
+}
+
+/// `struct reply_sender`: the server a reply comes from and what the reply path reads of
+/// the VIP it answers for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplySender {
+    pub hash_prefix: [u64; 4],
+    pub vip_addr: [u8; 4],
+    pub vip_port: [u8; 2],
+    pub server: u16,
+}
+
+impl Encode for ReplySender {
+    fn to_bytes(&self) -> Vec<u8> {
+        let prefix: Vec<u8> = self
+            .hash_prefix
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .collect();
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, hash_prefix), &prefix)
+            .put(offset_of!(Self, vip_addr), &self.vip_addr)
+            .put(offset_of!(Self, vip_port), &self.vip_port)
+            .put(offset_of!(Self, server), &self.server.to_ne_bytes())
+            .0
+    }
+}
+
+/// `struct reply_slot`: a sender at its slot of `reply_senders` (`used` 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplySlot {
+    pub key: ReplyKey,
+    pub used: u32,
+    pub sender: ReplySender,
+    pub pad: u64,
+}
+
+impl Encode for ReplySlot {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, key), &self.key.to_bytes())
+            .put(offset_of!(Self, used), &self.used.to_ne_bytes())
+            .put(offset_of!(Self, sender), &self.sender.to_bytes())
             .0
     }
 }
@@ -672,9 +785,10 @@ mod tests {
             publish_seq: 9,
             fallback_mask: 0x3f,
             clock_base_ns: 0x0102_0304_0506_0708,
+            vip_addr_filter: 0x1000_0000_0000_0001,
         };
         let bytes = config.to_bytes();
-        assert_eq!(bytes.len(), 32);
+        assert_eq!(bytes.len(), 40);
         assert_eq!(bytes[..4], 1u32.to_ne_bytes());
         assert_eq!(bytes[4..8], [1, 1, 12, 0], "padding is written as zero");
         assert_eq!(bytes[8..10], 0x0fffu16.to_ne_bytes());
@@ -682,7 +796,8 @@ mod tests {
         assert_eq!(bytes[12..16], 7u32.to_ne_bytes());
         assert_eq!(bytes[16..20], 9u32.to_ne_bytes());
         assert_eq!(bytes[20..24], 0x3fu32.to_ne_bytes());
-        assert_eq!(bytes[24..], 0x0102_0304_0506_0708u64.to_ne_bytes());
+        assert_eq!(bytes[24..32], 0x0102_0304_0506_0708u64.to_ne_bytes());
+        assert_eq!(bytes[32..], 0x1000_0000_0000_0001u64.to_ne_bytes());
         let key = VipKey {
             addr: [10, 0, 0, 100],
             port: 80u16.to_be_bytes(),

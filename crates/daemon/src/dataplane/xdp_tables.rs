@@ -1,7 +1,7 @@
 //! Publishes the core's tables into the XDP program's maps, so its in-kernel path
 //! (`bpf/lib/fast_path.h`) forwards exactly as the core would, and its steering knows the
 //! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `vip_weights`,
-//! `servers`, `server_macs`, `backends` and `server_side`; and, on every new snapshot, the
+//! `vip_slots`, `servers`, `server_macs`, `backends`, `reply_senders` and `server_side`; and, on every new snapshot, the
 //! per-CPU policy state the kernel's SYN path starts from (`xdp_policy.rs`).
 //!
 //! [`wanted`] works out every map's entries from a snapshot, the LB's interfaces and their
@@ -19,11 +19,13 @@ use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::lb::Ingress;
 use cheetah_core::policy::{LoadMetric, PolicyKind};
-use cheetah_core::tables::{SlotState, Snapshot};
+use cheetah_core::tables::{vip_addr_bit, SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::egress;
 use super::publish_window::LazyWindow;
+use super::reply_senders;
+use super::vip_slots;
 use super::xdp::SteeringProgram;
 use super::xdp_layout::*;
 use super::xdp_policy::{PolicySeeder, PolicySeeds};
@@ -51,10 +53,12 @@ pub struct Wanted {
     pub vip_addrs: Entries,
     pub vips: Entries,
     pub vips_by_index: Entries,
+    pub vip_slots: Entries,
     pub vip_weights: Entries,
     pub servers: Entries,
     pub server_macs: Entries,
     pub backends: Entries,
+    pub reply_senders: Entries,
     pub server_side: Entries,
 }
 
@@ -248,6 +252,13 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
         }
     }
 
+    wanted.vip_slots = vip_slots::entries(&wanted.vips);
+    wanted.reply_senders = reply_senders::entries(snapshot);
+    // Over what vip_addrs holds, so that a clear bit is never a VIP's address.
+    wanted.config.vip_addr_filter = wanted.vip_addrs.keys().fold(0, |filter, addr| {
+        filter | vip_addr_bit(u32::from_be_bytes(addr[..4].try_into().unwrap()))
+    });
+
     for (iface, side) in publication.interfaces.iter().zip(publication.sides) {
         if *side == Ingress::ServerSide {
             let slot = iface.ifindex as usize % SERVER_SIDE_SLOTS;
@@ -336,7 +347,7 @@ impl Publisher {
             entries,
             value_size,
         };
-        let maps: [(&str, Kind, &Entries, Option<&Entries>); 9] = [
+        let maps: [(&str, Kind, &Entries, Option<&Entries>); 11] = [
             (
                 "servers",
                 array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
@@ -369,6 +380,12 @@ impl Publisher {
                 last.as_ref().map(|l| &l.backends),
             ),
             (
+                "reply_senders",
+                array(REPLY_SLOTS, std::mem::size_of::<ReplySlot>()),
+                &wanted.reply_senders,
+                last.as_ref().map(|l| &l.reply_senders),
+            ),
+            (
                 "server_side",
                 array(SERVER_SIDE_SLOTS, std::mem::size_of::<u32>()),
                 &wanted.server_side,
@@ -388,6 +405,13 @@ impl Publisher {
                 Kind::Hash,
                 &wanted.vips,
                 last.as_ref().map(|l| &l.vips),
+            ),
+            // What vips holds, again by slot.
+            (
+                "vip_slots",
+                array(VIP_SLOTS, std::mem::size_of::<VipSlot>()),
+                &wanted.vip_slots,
+                last.as_ref().map(|l| &l.vip_slots),
             ),
             // Last: a removed VIP's address leaves after its vips entry.
             (
@@ -490,9 +514,18 @@ fn sync(
                     .filter(|k| !entries.contains_key(k))
                     .collect(),
             };
-            for key in stale {
+            // One system call for them all: a fresh publisher zeroes every unused slot of
+            // reply_senders (2^16) and vip_slots (2^13), which one call each would make slow.
+            if !stale.is_empty() {
                 window.before_write()?;
-                map.update(&key, &zero, MapFlags::ANY)?;
+                let values = zero.repeat(stale.len());
+                map.update_batch(
+                    &stale.concat(),
+                    &values,
+                    stale.len() as u32,
+                    MapFlags::ANY,
+                    MapFlags::ANY,
+                )?;
             }
         }
     }

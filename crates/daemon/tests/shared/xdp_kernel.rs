@@ -89,6 +89,8 @@ pub struct KernelRun {
     pub traffic: Vec<TrafficMoved>,
     /// `STAT_NEXT_HOP_MISS` moved: the next hop came from `bpf_fib_lookup`, not the map.
     pub next_hop_miss: bool,
+    /// `STAT_REPLY_BY_STEERING` moved: a reply `reply_senders` did not know.
+    pub reply_by_steering: bool,
 }
 
 impl KernelRun {
@@ -398,6 +400,7 @@ impl Kernel {
             steered,
             traffic,
             next_hop_miss: stats_after.next_hop_miss != stats_before.next_hop_miss,
+            reply_by_steering: stats_after.reply_by_steering != stats_before.reply_by_steering,
         }
     }
 }

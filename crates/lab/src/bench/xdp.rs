@@ -41,7 +41,7 @@ use cheetah_daemon::dataplane::xdp_layout::{
     Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
     STAT_FAST_CLIENT_SYN, STAT_FAST_ICMP_COOKIE, STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE,
     STAT_FAST_SERVER_COOKIE_ADVANCED, STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN,
-    STAT_NEXT_HOP_MISS, STAT_UP_FALLBACK_MISS,
+    STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING, STAT_UP_FALLBACK_MISS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -168,7 +168,13 @@ pub(super) const SETUPS: [Setup; 3] = [
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Path {
     ClientToServer,
+    /// Client->server with `vip_slots` empty: the VIP from the `vips` hash map, as for a
+    /// VIP whose slot another took.
+    ClientVipByHash,
     ServerToClient,
+    /// Server->client with `reply_senders` empty: the sender found the old way, by
+    /// steering's lookups and the sender's maps, as a reply the map does not know.
+    ReplyBySteering,
     /// Server->client with `next_hops` empty: the next hop from `bpf_fib_lookup`, as
     /// every reply toward a client the map does not cover.
     NextHopMiss,
@@ -259,8 +265,10 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         let paths: &[Path] = match (setup.mode, setup.forwarding) {
             (Mode::Cheetah, Forwarding::L2) => &[
                 Path::ClientToServer,
+                Path::ClientVipByHash,
                 Path::ServerToClient,
                 Path::ClockAdvanced,
+                Path::ReplyBySteering,
                 Path::ServerFin,
                 Path::Icmp,
                 Path::NextHopMiss,
@@ -639,7 +647,7 @@ impl Bench {
 
     fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
         let direction = match path {
-            Path::ClientToServer | Path::Syn => Path::ClientToServer,
+            Path::ClientToServer | Path::ClientVipByHash | Path::Syn => Path::ClientToServer,
             Path::ServerFin
             | Path::Icmp
             | Path::FallbackHit
@@ -665,7 +673,7 @@ impl Bench {
             _ => ports.servers.ifindex,
         };
         let (subject, expected_action) = match path {
-            Path::ClientToServer | Path::Syn => ("bench_lb", XDP_TX),
+            Path::ClientToServer | Path::ClientVipByHash | Path::Syn => ("bench_lb", XDP_TX),
             Path::ServerToClient | Path::ServerFin | Path::ClockAdvanced
                 if ports.clients.ifindex == ingress =>
             {
@@ -676,8 +684,10 @@ impl Bench {
             }
             Path::Icmp if ports.servers.ifindex == ingress => ("bench_lb", XDP_TX),
             Path::Icmp => ("bench_lb", XDP_REDIRECT),
-            Path::NextHopMiss if ports.clients.ifindex == ingress => ("bench_lb", XDP_TX),
-            Path::NextHopMiss => ("bench_lb", XDP_REDIRECT),
+            Path::NextHopMiss | Path::ReplyBySteering if ports.clients.ifindex == ingress => {
+                ("bench_lb", XDP_TX)
+            }
+            Path::NextHopMiss | Path::ReplyBySteering => ("bench_lb", XDP_REDIRECT),
             Path::FibLookup => ("bench_fib", XDP_TX),
             Path::NextHopTrie => ("bench_next_hop_trie", XDP_TX),
             Path::NextHopHash => ("bench_next_hop_hash", XDP_TX),
@@ -685,11 +695,22 @@ impl Bench {
             // Handed up: steered to the queue's socket, none bound here.
             Path::FallbackMiss => ("bench_lb", XDP_DROP),
         };
-        match path {
-            Path::NextHopMiss => clear_next_hops(&self.program)?,
-            Path::NextHopHash => self.fill_hop_by_address(&frame)?,
-            _ => {}
-        }
+        let emptied = match path {
+            Path::NextHopMiss => {
+                clear_next_hops(&self.program)?;
+                None
+            }
+            Path::NextHopHash => {
+                self.fill_hop_by_address(&frame)?;
+                None
+            }
+            Path::ReplyBySteering => Some((
+                "reply_senders",
+                take_entries(&self.program, "reply_senders")?,
+            )),
+            Path::ClientVipByHash => Some(("vip_slots", take_entries(&self.program, "vip_slots")?)),
+            _ => None,
+        };
         // A FIN's first run is a first close, every later one a duplicate.
         let fast_stats = match path {
             Path::ServerFin => vec![STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_DUPLICATE_CLOSE],
@@ -700,6 +721,7 @@ impl Bench {
         };
         let before = fast_count(&self.program)?;
         let misses_before = stat(self.program.object(), STAT_NEXT_HOP_MISS)?;
+        let by_steering_before = stat(self.program.object(), STAT_REPLY_BY_STEERING)?;
         // A SYN is new every run: the slot the last run booked it in is emptied first.
         let handshakes = &self.plane.shared().handshakes;
         let before_run = || {
@@ -721,9 +743,13 @@ impl Bench {
             // Back to what the other rows expect (a fresh mirror rewrites every entry).
             NextHopMirror::new()?.refresh(&self.program)?;
         }
+        if let Some((name, entries)) = emptied {
+            put_entries(&self.program, name, &entries)?;
+        }
         let (timings, wrong_action) = timed?;
         let moved = fast_count(&self.program)? - before;
         let misses = stat(self.program.object(), STAT_NEXT_HOP_MISS)? - misses_before;
+        let by_steering = stat(self.program.object(), STAT_REPLY_BY_STEERING)? - by_steering_before;
         let label = match path {
             Path::FibLookup => "bpf_fib_lookup alone (server->client frame)".to_string(),
             Path::NextHopTrie => "next_hops trie lookup alone (same frame)".to_string(),
@@ -736,7 +762,7 @@ impl Bench {
             _ => format!(
                 "{} {} ({}){}",
                 match path {
-                    Path::ClientToServer => "established client->server",
+                    Path::ClientToServer | Path::ClientVipByHash => "established client->server",
                     Path::ServerFin => "server FIN",
                     Path::ClockAdvanced => "server->client, clock advanced,",
                     Path::Icmp => "ICMP error by cookie",
@@ -747,10 +773,11 @@ impl Bench {
                     Forwarding::L2 => "l2",
                     Forwarding::Nat => "nat",
                 },
-                if path == Path::NextHopMiss {
-                    ", next-hop miss"
-                } else {
-                    ""
+                match path {
+                    Path::NextHopMiss => ", next-hop miss",
+                    Path::ReplyBySteering => ", sender by steering (reply_senders empty)",
+                    Path::ClientVipByHash => ", VIP by hash (vip_slots empty)",
+                    _ => "",
                 }
             ),
         };
@@ -759,7 +786,9 @@ impl Bench {
         let (expected_moves, expected_misses) = match path {
             Path::FibLookup | Path::NextHopTrie | Path::NextHopHash => (0, 0),
             Path::NextHopMiss => (all_runs, all_runs),
-            Path::ClientToServer
+            Path::ReplyBySteering
+            | Path::ClientVipByHash
+            | Path::ClientToServer
             | Path::ServerToClient
             | Path::Syn
             | Path::ServerFin
@@ -779,6 +808,16 @@ impl Bench {
         } else if misses != expected_misses {
             Err(format!(
                 "void: STAT_NEXT_HOP_MISS moved {misses} times, not {expected_misses}"
+            ))
+        } else if by_steering
+            != if path == Path::ReplyBySteering {
+                all_runs
+            } else {
+                0
+            }
+        {
+            Err(format!(
+                "void: STAT_REPLY_BY_STEERING moved {by_steering} times in {all_runs} runs"
             ))
         } else {
             let diff = timings
@@ -938,6 +977,40 @@ fn clear_next_hops(program: &SteeringProgram) -> anyhow::Result<()> {
             map.delete(&key)
                 .with_context(|| format!("cannot delete from {name}"))?;
         }
+    }
+    Ok(())
+}
+
+/// Empties map `name` (an array's values zeroed): the entries it held, to put back with
+/// [`put_entries`].
+fn take_entries(program: &SteeringProgram, name: &str) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let map = program.try_map(name)?;
+    let array = map.map_type() == libbpf_rs::MapType::Array;
+    let mut entries = Vec::new();
+    for key in map.keys().collect::<Vec<_>>() {
+        let Some(value) = map.lookup(&key, MapFlags::ANY)? else {
+            continue;
+        };
+        let emptied = if array {
+            map.update(&key, &vec![0u8; value.len()], MapFlags::ANY)
+        } else {
+            map.delete(&key)
+        };
+        emptied.with_context(|| format!("cannot empty {name}"))?;
+        entries.push((key, value));
+    }
+    Ok(entries)
+}
+
+fn put_entries(
+    program: &SteeringProgram,
+    name: &str,
+    entries: &[(Vec<u8>, Vec<u8>)],
+) -> anyhow::Result<()> {
+    let map = program.try_map(name)?;
+    for (key, value) in entries {
+        map.update(key, value, MapFlags::ANY)
+            .with_context(|| format!("cannot write {name}"))?;
     }
     Ok(())
 }

@@ -19,17 +19,16 @@ use super::xdp::{
 /// What each stage program adds to the one before it: lib/… names as in bpf/xdp_bench.c.
 const CLIENT_STAGES: [&str; 7] = [
     "lb_config, parse_plain_tcp",
-    "vips[(daddr, dport, 6)] hash lookup (the classification too)",
-    "ACK and NOP NOP TS checks",
+    "VIP filter, ACK and NOP NOP TS checks, vip_slots[slot] (the classification too)",
+    "nothing (the checks are in 2)",
     "siphash_finish, cookie unmask",
     "servers[id], msb_restores[unmasked] (decode)",
     "TSecr rewrite + TCP checksum, both MACs",
     "server_traffic[id] + stats count (2 per-CPU lookups)",
 ];
-const REPLY_STAGES: [&str; 8] = [
-    "lb_config, parse_plain_tcp, vips[(daddr, dport, 6)] miss",
-    "steering: vip_addrs[daddr] miss, vip_addrs[saddr]; server_side[ingress]",
-    "server_macs[src MAC], vips[(saddr, sport, 6)], servers[id]",
+const REPLY_STAGES: [&str; 7] = [
+    "lb_config, parse_plain_tcp, VIP filter: daddr no VIP's (no vips, no vip_addrs)",
+    "the sender: server_side[ingress], reply_senders[slot of (saddr, sport, src MAC)]",
     "flags, NOP NOP TS, msb_seen + clock check",
     "siphash_finish, cookie encode",
     "next hop toward the client: the next_hops map (bpf_fib_lookup on a miss)",

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// Who sent a server's reply (fast_path.rs `reply_fast`'s sender: the server and the VIP it
+// answers for), found two ways that give the same answer:
+//
+// - reply_known: one reply_senders read, before steering. The publisher keeps there every
+//   forwarding server's (l2: MAC and VIP address and port of each VIP it serves; nat: its
+//   backends), each at the slot its key hashes to, so a hit is a reply steering would call
+//   META_FROM_SERVER and the old way's maps would find, once the destination is checked
+//   as steering checks it.
+// - reply_by_steering: what the program always did, for what the map does not know (a
+//   server answering for a VIP it does not serve, a removed server, a reply on the
+//   clients' side, an unusual layout, a sender whose slot another took): steering classified it, then server_macs and vips (l2) or its
+//   backends entry and vips_by_index (nat), then servers. Its hand-ups and the metadata
+//   steering writes stay exactly as before.
+
+#ifndef CHEETAH_LIB_REPLY_SENDER_H
+#define CHEETAH_LIB_REPLY_SENDER_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "cheetah_shared.h"
+#include "fast_path.h"
+#include "maps.h"
+#include "parse.h"
+#include "vip_addr_filter.h"
+
+// The slot of `key` (dataplane/reply_senders.rs computes the same): its three words as
+// they lie in memory.
+static __always_inline __u32 reply_slot_of(const struct reply_key *key)
+{
+	const __u32 *word = (const __u32 *)key;
+	__u64 x = ((__u64)word[1] << 32 | word[0]) * REPLY_SLOT_MULTIPLIER;
+
+	return ((x ^ word[2]) * REPLY_SLOT_MULTIPLIER) >> (64 - REPLY_SLOT_BITS);
+}
+
+// The sender reply_senders holds for the reply `p` (l2: by its source MAC too), or NULL.
+static __always_inline const struct reply_sender *reply_lookup(const struct lb_config *config,
+								const struct plain_tcp *p)
+{
+	struct reply_key key = {};
+	const struct reply_slot *at;
+	const __u32 *want = (const __u32 *)&key;
+	const __u32 *have;
+	__u32 slot;
+
+	key.addr = p->ip->saddr;
+	key.port = p->tcp->source;
+	if (config->forwarding != LB_FORWARDING_NAT)
+		__builtin_memcpy(key.mac, p->eth->h_source, ETH_ALEN);
+	slot = reply_slot_of(&key);
+	at = bpf_map_lookup_elem(&reply_senders, &slot);
+	if (!at || !at->used)
+		return NULL;
+	have = (const __u32 *)&at->key;
+	if (have[0] != want[0] || have[1] != want[1] || have[2] != want[2])
+		return NULL;
+	return &at->sender;
+}
+
+// The sender of plain segment `p` (parse_plain_tcp said PLAIN_OK) if reply_senders knows it
+// and steering would take it as a server's reply the kernel may forward; NULL: find it the
+// old way (nothing was counted).
+static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx,
+							      const struct lb_config *config,
+							      const struct plain_tcp *p)
+{
+	const struct reply_sender *sender;
+	__be32 client = p->ip->daddr;
+
+	// Only the servers' side carries replies (sides.rs).
+	if (!on_server_side(ctx->ingress_ifindex))
+		return NULL;
+	sender = reply_lookup(config, p);
+	if (!sender)
+		return NULL;
+	// Steering's tests of the destination: a segment to a VIP's address is a client's
+	// (the core drops what only claims to be a reply), and a NAT backend's segment to
+	// this host answers the host's health probe (steer.h steer_owner).
+	if (may_be_vip_addr(config, client) && bpf_map_lookup_elem(&vip_addrs, &client))
+		return NULL;
+	if (config->forwarding == LB_FORWARDING_NAT && bpf_map_lookup_elem(&host_addrs, &client))
+		return NULL;
+	return sender;
+}
+
+// The sender of a segment steering called a server's reply (`backend`: its backends entry
+// with NAT; counted as STAT_REPLY_BY_STEERING), copied into `found`; NULL when the kernel leaves it to userspace, having
+// counted why: on the clients' side, not the plain layout, or no forwarding server.
+static __always_inline const struct reply_sender *
+reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
+		  const struct backend_info *backend, const struct plain_tcp *p,
+		  enum plain_refusal refusal, struct reply_sender *found)
+{
+	struct server_info *server;
+	struct vip_info *vip;
+	__u32 id;
+
+	count(STAT_REPLY_BY_STEERING);
+	// Only the servers' side carries replies (sides.rs): what only claims to be one is
+	// for userspace to drop.
+	if (!on_server_side(ctx->ingress_ifindex)) {
+		hand_up(STAT_UP_OTHER);
+		return NULL;
+	}
+	if (refusal != PLAIN_OK) {
+		hand_up_refused(refusal);
+		return NULL;
+	}
+	if (config->forwarding == LB_FORWARDING_NAT) {
+		__u32 index;
+
+		if (!backend) {
+			hand_up(STAT_UP_OTHER);
+			return NULL;
+		}
+		id = backend->server;
+		index = backend->vip_index;
+		vip = bpf_map_lookup_elem(&vips_by_index, &index);
+	} else {
+		struct mac_key mac = {};
+		struct vip_key key = {};
+		__u32 *by_mac;
+
+		__builtin_memcpy(mac.mac, p->eth->h_source, ETH_ALEN);
+		by_mac = bpf_map_lookup_elem(&server_macs, &mac);
+		if (!by_mac) {
+			hand_up(STAT_UP_OTHER);
+			return NULL;
+		}
+		id = *by_mac;
+		key.addr = p->ip->saddr;
+		key.port = p->tcp->source;
+		key.protocol = IPPROTO_TCP;
+		vip = bpf_map_lookup_elem(&vips, &key);
+	}
+	if (!vip) {
+		hand_up(STAT_UP_OTHER);
+		return NULL;
+	}
+	server = bpf_map_lookup_elem(&servers, &id);
+	if (!server || !(server->flags & SERVER_FORWARDS)) {
+		hand_up(STAT_UP_OTHER);
+		return NULL;
+	}
+	__builtin_memcpy(found->hash_prefix, vip->hash_prefix, sizeof(found->hash_prefix));
+	found->vip_addr = vip->addr;
+	found->vip_port = vip->port;
+	found->server = id;
+	return found;
+}
+
+#endif
