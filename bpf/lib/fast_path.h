@@ -2,7 +2,8 @@
 //
 // The in-kernel straight lines, held byte for byte to the core's
 // (crates/core/src/lb/fast_path.rs): a client's established segment to a VIP (cookie
-// decoded from TSecr, TSecr restored, toward the server; or, in hash mode, `pool[h % n]`)
+// decoded from TSecr, TSecr restored, toward the server; or, in hash mode, `pool[h % n]`,
+// in maglev mode the VIP's Maglev table)
 // and a server's reply (clock checked, cookie written into TSval, NAT undone, toward the
 // client); and, beyond the core's straight line, a client's SYN placed by the VIP's policy
 // as the core's general client path places it (syn_fast). Each either forwards the packet itself, its bytes exactly what the core (plus
@@ -26,6 +27,7 @@
 #include "cookie.h"
 #include "csum.h"
 #include "handshakes.h"
+#include "maglev.h"
 #include "maps.h"
 #include "next_hop.h"
 #include "parse.h"
@@ -168,11 +170,10 @@ static __always_inline int client_not_found(enum plain_refusal refusal)
 }
 
 // client_path.rs for a client SYN to a cheetah-mode VIP whose timestamp sits where Table 1
-// puts it: `pick_new` (the VIP's policy, +1 active and +1 new connection for the pick:
+// puts it (client_syn.h): `pick_new` (the VIP's policy, +1 active and +1 new connection for the pick:
 // server_traffic.opened) and `count_once_per_handshake` (the handshake table; a retransmitted
 // SYN releases its earlier pick's count), then `forward_to_server`. A VIP whose policy the
-// kernel does not run (vip_info.policy), an empty or unpublished pool, or any other SYN
-// layout goes up as before.
+// kernel does not run (vip_info.policy) or an empty or unpublished pool goes up as before.
 static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *config,
 				    __u32 seq, const struct plain_tcp *p,
 				    const struct vip_info *vip)
@@ -192,9 +193,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	__u64 hash, now;
 	int nat, drawn;
 
-	// Decide: every read, no write.
-	if (policy == KERNEL_POLICY_NONE || pool_len == 0 || pool_len > MAX_HASH_POOL ||
-	    !syn_timestamp_at(ctx, p))
+	// Decide: every read, no write. (client_syn found the timestamp where Table 1 puts it.)
+	if (policy == KERNEL_POLICY_NONE || pool_len == 0 || pool_len > MAX_HASH_POOL)
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	state = bpf_map_lookup_elem(&policy_state, &index);
 	words = bpf_map_lookup_elem(&handshakes, &zero);
@@ -339,10 +339,8 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 	if (config->mode == LB_MODE_CHEETAH) {
 		struct cookie_layout layout = layout_of(config);
 
-		// A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC
-		// 7323), so userspace routes it like one without timestamps.
-		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) == TCP_SYN)
-			return syn_fast(ctx, config, seq, p, vip);
+		// A SYN is client_syn's (client_syn.h); a segment without ACK carries no echo in
+		// TSecr (RFC 7323), so userspace routes it like one without timestamps.
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
 			return hand_up(STAT_UP_NEW_CONNECTION);
 		if (!plain_has_nop_nop_ts(p))
@@ -356,27 +354,30 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 		if (!server)
 			return LB_HAND_UP;
 		stat = STAT_FAST_CLIENT_COOKIE;
-	} else if (config->mode == LB_MODE_HASH) {
-		// The baseline: this same path with `pool[h % n]` for the cookie stage, for every
-		// segment (SYN too), as the core's.
-		__u32 pool_len = vip->pool_len;
-		__u64 slot;
-
-		if (pool_len == 0 || pool_len > MAX_HASH_POOL)
-			return hand_up(STAT_UP_OTHER);
+	} else {
+		// The baselines: this same path with `pool[h % n]` or the VIP's Maglev table for
+		// the cookie stage, for every segment (SYN too), as the core's.
 		hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
-		slot = hash % pool_len;
-		// The verifier cannot bound a remainder; the mask gives it the array's bound,
-		// and the empty asm keeps clang from dropping the mask it knows is a no-op->
-		asm volatile("" : "+r"(slot));
-		id = vip->pool[slot & (MAX_HASH_POOL - 1)];
+		if (config->mode == LB_MODE_HASH) {
+			__u32 pool_len = vip->pool_len;
+			__u64 slot;
+
+			if (pool_len == 0 || pool_len > MAX_HASH_POOL)
+				return hand_up(STAT_UP_OTHER);
+			slot = hash % pool_len;
+			// The verifier cannot bound a remainder; the mask gives it the array's
+			// bound, and the empty asm keeps clang from dropping the mask it knows is
+			// a no-op.
+			asm volatile("" : "+r"(slot));
+			id = vip->pool[slot & (MAX_HASH_POOL - 1)];
+		} else if (!maglev_lookup(config, vip->index, hash, &id)) {
+			// No table: an empty pool (the core drops) or not published yet.
+			return hand_up(STAT_UP_OTHER);
+		}
 		server = bpf_map_lookup_elem(&servers, &id);
 		if (!server || !(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
 		stat = STAT_FAST_CLIENT_PICK;
-	} else {
-		// Maglev's table is not in a map in this stage.
-		return hand_up(STAT_UP_OTHER);
 	}
 	toward_server_of(&to, config, vip, server, id);
 	if (!publish_unchanged(config, seq))

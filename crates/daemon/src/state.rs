@@ -319,8 +319,9 @@ mod tests {
         let stats = SteeringStats {
             fast: [10, 20, 30, 40, 100, 1000, 50],
             up: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
-            // A first close, a duplicate close, an ICMP error by its cookie, by a pick.
-            events: [100, 200, 400, 800],
+            // A first close, a duplicate close, an ICMP error by its cookie, by a pick; a
+            // SYN without options (evicting, retransmitted, both), a fallback miss.
+            events: [100, 200, 400, 800, 1, 2, 4, 8, 16],
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -329,11 +330,14 @@ mod tests {
             .map(|(c, n)| (c.name(), n))
             .collect();
         assert_eq!(
-            events["to_server"], 2380,
-            "client cookie + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback"
+            events["to_server"], 2411,
+            "client cookie + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback + SYNs without options + fallback misses"
         );
         assert_eq!(events["fallback_hits"], 50);
-        assert_eq!(events["options_slow_path"], 50);
+        assert_eq!(events["options_slow_path"], 81);
+        assert_eq!(events["fallback_connections"], 15);
+        assert_eq!(events["fallback_evictions"], 10);
+        assert_eq!(events["fallback_misses"], 16);
         assert_eq!(
             events["to_client"], 370,
             "server cookie + server plain + closes"
@@ -346,7 +350,7 @@ mod tests {
         assert_eq!(events["duplicate_closes"], 200);
         assert_eq!(events["icmp_routed_by_cookie"], 400);
         assert_eq!(events["new_connections"], 1100);
-        assert_eq!(events["syn_retransmissions"], 1000);
+        assert_eq!(events["syn_retransmissions"], 1012);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

@@ -51,7 +51,7 @@ const LOOPBACK_IFINDEX: u32 = 1;
 /// Sizes of the shared structs, as the C compiler lays them out (cheetah_shared.h).
 const BACKEND_KEY: u32 = 8; // addr, port, pad
 const BACKEND_INFO: u32 = 4; // server, vip_index
-const LB_CONFIG: u32 = 32; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq, fallback_mask, clock_base_ns
+const LB_CONFIG: u32 = 40; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq, fallback_mask, maglev_size, clock_base_ns
 const FALLBACK_SET: u32 = 64; // way[8]
 const VIP_KEY: u32 = 8; // addr, port, protocol, pad
 const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64], policy, pad[3]

@@ -143,6 +143,22 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_FAST_CLIENT_FALLBACK as usize,
         ),
         ("STAT_UP_FALLBACK_MISS", STAT_UP_FALLBACK_MISS as usize),
+        ("STAT_FAST_FALLBACK_SYN", STAT_FAST_FALLBACK_SYN as usize),
+        (
+            "STAT_FAST_FALLBACK_SYN_EVICTED",
+            STAT_FAST_FALLBACK_SYN_EVICTED as usize,
+        ),
+        (
+            "STAT_FAST_FALLBACK_SYN_RETRANSMITTED",
+            STAT_FAST_FALLBACK_SYN_RETRANSMITTED as usize,
+        ),
+        (
+            "STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED",
+            STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED as usize,
+        ),
+        ("STAT_FAST_FALLBACK_MISS", STAT_FAST_FALLBACK_MISS as usize),
+        ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
+        ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (
             "STAT_COUNT",
             stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 1 + FAST_EVENTS.len(),
@@ -206,9 +222,11 @@ fn rust_side() -> BTreeMap<String, u64> {
         generation,
         publish_seq,
         fallback_mask,
+        maglev_size,
         clock_base_ns
     ));
     values.extend(layout!(FallbackSet, "struct fallback_set", way));
+    values.extend(layout!(MaglevChunk, "struct maglev_chunk", server));
     values.extend(layout!(VipKey, "struct vip_key", addr, port, protocol, pad));
     values.extend(layout!(
         VipInfo,

@@ -93,7 +93,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 4] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 9] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -120,8 +120,54 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 4] = [
         STAT_FAST_ICMP_COOKIE,
         &[Counter::IcmpRoutedByCookie, Counter::ToServer],
     ),
-    // Hash mode counts only the verdict.
+    // The baselines count only the verdict.
     (STAT_FAST_ICMP_PICK, &[Counter::ToServer]),
+    // A SYN without options: the option walk, `remember`, its eviction, the handshake
+    // table's retransmission, the verdict.
+    (
+        STAT_FAST_FALLBACK_SYN,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackConnections,
+            Counter::ToServer,
+        ],
+    ),
+    (
+        STAT_FAST_FALLBACK_SYN_EVICTED,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackConnections,
+            Counter::FallbackEvictions,
+            Counter::ToServer,
+        ],
+    ),
+    (
+        STAT_FAST_FALLBACK_SYN_RETRANSMITTED,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackConnections,
+            Counter::SynRetransmissions,
+            Counter::ToServer,
+        ],
+    ),
+    (
+        STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackConnections,
+            Counter::FallbackEvictions,
+            Counter::SynRetransmissions,
+            Counter::ToServer,
+        ],
+    ),
+    (
+        STAT_FAST_FALLBACK_MISS,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackMisses,
+            Counter::ToServer,
+        ],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -131,7 +177,28 @@ pub const STAT_FAST_CLIENT_FALLBACK: u32 = 24;
 /// A client segment without TCP options the fallback table does not know (the core's
 /// Maglev decides).
 pub const STAT_UP_FALLBACK_MISS: u32 = 25;
-pub const STAT_COUNT: u32 = 26;
+/// A client SYN without TCP options placed by the VIP's Maglev table and remembered in the
+/// fallback table; with an eviction, a retransmission, or both.
+pub const STAT_FAST_FALLBACK_SYN: u32 = 26;
+pub const STAT_FAST_FALLBACK_SYN_EVICTED: u32 = 27;
+pub const STAT_FAST_FALLBACK_SYN_RETRANSMITTED: u32 = 28;
+pub const STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED: u32 = 29;
+/// A client segment without TCP options the fallback table does not know, forwarded by
+/// the VIP's Maglev table.
+pub const STAT_FAST_FALLBACK_MISS: u32 = 30;
+pub const STAT_COUNT: u32 = 31;
+
+/// Slots of a Maglev table per entry of its inner array (`struct maglev_chunk`).
+pub const MAGLEV_CHUNK_SLOTS: usize = 32;
+/// A slot past a table's end in its last chunk.
+pub const MAGLEV_NO_SERVER: u16 = u16::MAX;
+
+/// `struct maglev_chunk`: one entry of a VIP's inner array in `maglev_tables`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaglevChunk {
+    pub server: [u16; MAGLEV_CHUNK_SLOTS],
+}
 
 /// Ways of a fallback table set (`FALLBACK_WAYS`): the core's `fallback::WAYS`.
 pub const FALLBACK_WAYS: usize = 8;
@@ -202,6 +269,8 @@ pub struct LbConfigValue {
     pub publish_seq: u32,
     /// The fallback table's sets - 1.
     pub fallback_mask: u32,
+    /// Slots of every VIP's Maglev table (`maglev_tables`); 0: none published.
+    pub maglev_size: u32,
     /// CLOCK_MONOTONIC ns at which the daemon's clock read 0 (`Clock::monotonic_base_ns`):
     /// set by `SteeringProgram::set_clock_base` alone; an update of the whole value must
     /// carry it as it is.
@@ -224,6 +293,10 @@ impl Encode for LbConfigValue {
             .put(
                 offset_of!(Self, fallback_mask),
                 &self.fallback_mask.to_ne_bytes(),
+            )
+            .put(
+                offset_of!(Self, maglev_size),
+                &self.maglev_size.to_ne_bytes(),
             )
             .put(
                 offset_of!(Self, clock_base_ns),
@@ -591,10 +664,11 @@ mod tests {
             generation: 7,
             publish_seq: 9,
             fallback_mask: 0x3f,
+            maglev_size: 65_537,
             clock_base_ns: 0x0102_0304_0506_0708,
         };
         let bytes = config.to_bytes();
-        assert_eq!(bytes.len(), 32);
+        assert_eq!(bytes.len(), 40);
         assert_eq!(bytes[..4], 1u32.to_ne_bytes());
         assert_eq!(bytes[4..8], [1, 1, 12, 0], "padding is written as zero");
         assert_eq!(bytes[8..10], 0x0fffu16.to_ne_bytes());
@@ -602,7 +676,8 @@ mod tests {
         assert_eq!(bytes[12..16], 7u32.to_ne_bytes());
         assert_eq!(bytes[16..20], 9u32.to_ne_bytes());
         assert_eq!(bytes[20..24], 0x3fu32.to_ne_bytes());
-        assert_eq!(bytes[24..], 0x0102_0304_0506_0708u64.to_ne_bytes());
+        assert_eq!(bytes[24..28], 65_537u32.to_ne_bytes());
+        assert_eq!(bytes[32..], 0x0102_0304_0506_0708u64.to_ne_bytes());
         let key = VipKey {
             addr: [10, 0, 0, 100],
             port: 80u16.to_be_bytes(),

@@ -1,7 +1,8 @@
 //! Publishes the core's tables into the XDP program's maps, so its in-kernel path
 //! (`bpf/lib/fast_path.h`) forwards exactly as the core would, and its steering knows the
 //! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `vip_weights`,
-//! `servers`, `server_macs`, `backends` and `server_side`; and, on every new snapshot, the
+//! `servers`, `server_macs`, `backends`, `server_side` and `maglev_tables`
+//! (`maglev_tables.rs`); and, on every new snapshot, the
 //! per-CPU policy state the kernel's SYN path starts from (`xdp_policy.rs`).
 //!
 //! [`wanted`] works out every map's entries from a snapshot, the LB's interfaces and their
@@ -13,6 +14,7 @@
 //! generation with old servers or VIPs.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use anyhow::Context;
 use cheetah_core::config::{Forwarding, Mode};
@@ -23,6 +25,7 @@ use cheetah_core::tables::{SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::egress;
+use super::maglev_tables::{self, MaglevTables};
 use super::publish_window::LazyWindow;
 use super::xdp::SteeringProgram;
 use super::xdp_layout::*;
@@ -56,6 +59,8 @@ pub struct Wanted {
     pub server_macs: Entries,
     pub backends: Entries,
     pub server_side: Entries,
+    /// The `maglev_tables` slots (`maglev_tables.rs`).
+    pub maglev: MaglevTables,
 }
 
 /// A `backend_info.vip_index` that names no VIP (`vips_by_index` has `MAX_VIPS` entries):
@@ -141,6 +146,13 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             break;
         }
         let pool = &vip.pool.servers;
+        if !vip.pool.maglev.is_empty() {
+            // Every table has the config's size; an empty pool has none.
+            wanted.config.maglev_size = vip.pool.maglev.len() as u32;
+            wanted
+                .maglev
+                .insert(index as u32, Arc::clone(&vip.pool.maglev));
+        }
         let mut info = VipInfo {
             hash_prefix: snapshot.vip_hash_prefix(index as u16).state(),
             addr: addr.octets(),
@@ -397,6 +409,13 @@ impl Publisher {
             sync(program, &mut window, name, kind, entries, last)
                 .with_context(|| format!("cannot update the XDP program's {name} map"))?;
         }
+        maglev_tables::sync(
+            program,
+            &mut window,
+            &wanted.maglev,
+            last.as_ref().map(|l| &l.maglev),
+        )
+        .context("cannot update the XDP program's maglev_tables")?;
         if last.as_ref().map(|l| l.config) != Some(wanted.config) {
             let config = LbConfigValue {
                 publish_seq: window.before_write()?,
