@@ -46,9 +46,10 @@
 //! so the server it picked must be the core's (its `server_traffic` moved, `opened` by one,
 //! and the bytes are the core's for that server).
 //!
-//! The test cannot pass by handing everything up: in each cheetah and hash suite the
-//! established client vectors, the SYNs and the replies listed in `MUST_BE_HANDLED_IN_KERNEL`
-//! must have been handled by the kernel.
+//! The test cannot pass by handing everything up: in each cheetah, hash and maglev suite
+//! the established client vectors, the SYNs (with and without timestamps), the segments
+//! without timestamps and the replies listed in `MUST_BE_HANDLED_IN_KERNEL` must have been
+//! handled by the kernel.
 //!
 //! The namespace is the test thread's own (`unshare`), so it and its interfaces go away
 //! with the thread whatever happens; the publisher is given the routes and neighbours of
@@ -124,21 +125,25 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-rst-after-fin",
             "icmp-frag-needed-cookie",
             "no-timestamps-ack-after-syn",
+            "syn-no-timestamps",
+            "client-rst-without-timestamps",
         ],
     ),
-    (
-        Mode::Hash,
-        &[
-            "syn-linux",
-            "established-ack",
-            "established-bad-tcp-checksum",
-            "server-syn-ack",
-            "icmp-frag-needed",
-            "icmp-frag-needed-port-40001",
-            "icmp-frag-needed-port-40002",
-            "icmp-frag-needed-port-40003",
-        ],
-    ),
+    (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),
+    (Mode::Maglev, BASELINE_HANDLED_IN_KERNEL),
+];
+
+/// The baselines (`pool[h % n]`, or the VIP's Maglev table in the kernel) place every
+/// segment alike.
+const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
+    "syn-linux",
+    "established-ack",
+    "established-bad-tcp-checksum",
+    "server-syn-ack",
+    "icmp-frag-needed",
+    "icmp-frag-needed-port-40001",
+    "icmp-frag-needed-port-40002",
+    "icmp-frag-needed-port-40003",
 ];
 
 // --- One suite ----------------------------------------------------------------------------
@@ -217,7 +222,7 @@ fn judge(
         return;
     };
     let stat = kernel.fast_stat();
-    let syn = stat == STAT_FAST_CLIENT_SYN || stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED;
+    let syn = kernel.opened_a_connection();
     let toward_client = [
         STAT_FAST_SERVER_COOKIE,
         STAT_FAST_SERVER_PLAIN,
@@ -232,6 +237,7 @@ fn judge(
                 STAT_FAST_CLIENT_COOKIE,
                 STAT_FAST_CLIENT_PICK,
                 STAT_FAST_CLIENT_FALLBACK,
+                STAT_FAST_FALLBACK_MISS,
             ]
             .contains(&stat)
                 || syn
@@ -263,7 +269,7 @@ fn judge(
     }
     let first_close = u64::from(kernel.counted().contains(&Counter::ServerCloses));
     let closed: u64 = kernel.traffic.iter().map(|moved| moved.closed).sum();
-    let released_by_syn = u64::from(stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED);
+    let released_by_syn = u64::from(kernel.released_a_syn());
     if closed != first_close + released_by_syn {
         fail(format!(
             "server_traffic.closed moved by {closed} for {}",
@@ -436,7 +442,7 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
                 let core = CoreRun::of(worker, &packet_in, *now);
                 let words = WordsRun {
                     kernel_wrote,
-                    differ: shared.differences(&after_kernel),
+                    differ: shared.core_differences(&after_kernel),
                 };
                 match &kernel {
                     Some(kernel) => judge(
@@ -573,15 +579,66 @@ const CLOCK: &str = "clock";
 
 // --- The fallback table, one for the kernel and the core ----------------------------------
 
+/// Checks that the kernel handled `what` as `stat` with the core's bytes, counters and
+/// server traffic.
+fn assert_kernel_is_core(
+    topology: &Topology,
+    config: &LbConfig,
+    what: &str,
+    run: &KernelRun,
+    core: &CoreRun,
+    stat: u32,
+) {
+    assert_eq!(
+        (run.fast_moved(), &run.up[..]),
+        (1, &[][..] as &[&str]),
+        "{what}: handled in the kernel"
+    );
+    assert_eq!(run.fast_stat(), stat, "{what}: {}", run.fast_name());
+    let (action, expected) = after_egress(
+        topology,
+        config,
+        topology.servers,
+        core.verdict,
+        &core.frame,
+    )
+    .unwrap_or_else(|| panic!("{what}: the core says {:?}", core.verdict));
+    assert_eq!(run.action, action, "{what}");
+    assert_eq!(hex(&run.frame), hex(&expected), "{what}: the core's bytes");
+    assert_eq!(run.counted(), core.counted, "{what}: what the core counts");
+    let Verdict::ToServer(server) = core.verdict else {
+        unreachable!()
+    };
+    let traffic: Vec<u16> = run
+        .traffic
+        .iter()
+        .filter(|t| t.packets != 0)
+        .map(|t| t.server)
+        .collect();
+    assert_eq!(traffic, [server.0], "{what}: the server's traffic");
+}
+
+/// The servers whose load counts a kernel run moved: (server, opened, closed).
+fn opened_and_closed(run: &KernelRun) -> Vec<(u16, u64, u64)> {
+    run.traffic
+        .iter()
+        .filter(|t| t.opened != 0 || t.closed != 0)
+        .map(|t| (t.server, t.opened, t.closed))
+        .collect()
+}
+
 /// The fallback table's time unit (2^30 ns, core lb/fallback.rs).
 const UNIT_SHIFT: u32 = 30;
 
-/// A client without timestamps, in l2-cheetah's vectors: its SYN (placed by Maglev through
-/// the core, which remembers it in the table over the kernel's words), then its ACK and a
-/// RST without ACK, both of the same flow, must be forwarded by the kernel from that table
-/// with the bytes and counters the core gives them, and the kernel's refresh of the flow's
-/// time must be the word the core writes. A flow the table does not know, and a flow
-/// whose server was removed, go up unchanged.
+/// A client without timestamps, in l2-cheetah's vectors: its SYN must be placed by the
+/// kernel with the VIP's Maglev table and remembered in the table it shares with the core,
+/// as a core alone places and remembers it (the same bytes, counters and table words; sent
+/// again, a retransmission); then its ACK and a RST without ACK, both of the same flow,
+/// must be forwarded by the kernel from that table with the bytes and counters the core
+/// gives them, and the kernel's refresh of the flow's time must be the word the core
+/// writes. A flow the table does not know is forwarded by the Maglev table as the core
+/// forwards it; a SYN without any options is placed like the first. A flow whose server
+/// was removed goes up unchanged.
 #[test]
 fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     if !is_root() {
@@ -639,19 +696,51 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
         WorkerConfig::new(0, 1, &suite.config),
     );
 
-    // The SYN: a new connection, placed by the core (Maglev: no timestamp), which
-    // remembers it.
-    let up = kernel.run(topology.servers, &syn, &ids, syn_at);
-    assert_eq!((up.fast_moved(), &up.up[..]), (0, &["new_connection"][..]));
-    assert_eq!(up.frame, syn, "a SYN goes up unchanged");
-    let placed = worker.process(&mut syn.clone(), syn_at, Ingress::ServerSide);
+    // The SYN (options, none a timestamp): a new connection, placed by the VIP's Maglev
+    // table and remembered, in the kernel as in the core.
+    let syn_run = kernel.run(topology.servers, &syn, &ids, syn_at);
+    let syn_core = CoreRun::of(&mut reference, &syn, syn_at);
+    let placed = syn_core.verdict;
+    assert_kernel_is_core(
+        &topology,
+        &suite.config,
+        "SYN without timestamps",
+        &syn_run,
+        &syn_core,
+        STAT_FAST_FALLBACK_SYN,
+    );
+    let Verdict::ToServer(server) = placed else {
+        panic!("the SYN was placed: {placed:?}")
+    };
     assert_eq!(
-        reference.process(&mut syn.clone(), syn_at, Ingress::ServerSide),
-        placed
+        opened_and_closed(&syn_run),
+        [(server.0, 1, 0)],
+        "the pick is counted as a new connection"
     );
     let table = &plane.shared().fallback;
-    assert_eq!(table.len(), 1, "the core's SYN is in the kernel's words");
+    assert_eq!(table.len(), 1, "the kernel's insert is in the core's table");
+    assert_eq!(
+        table.export(now),
+        reference_plane.shared().fallback.export(now),
+        "the kernel's insert is the core's"
+    );
     assert_eq!(table.export(now)[0].idle_units, 5);
+    // Sent again: the handshake table knows it, the earlier pick's count is released.
+    let again = kernel.run(topology.servers, &syn, &ids, syn_at);
+    let again_core = CoreRun::of(&mut reference, &syn, syn_at);
+    assert_kernel_is_core(
+        &topology,
+        &suite.config,
+        "retransmitted SYN without timestamps",
+        &again,
+        &again_core,
+        STAT_FAST_FALLBACK_SYN_RETRANSMITTED,
+    );
+    assert_eq!(opened_and_closed(&again), [(server.0, 1, 1)]);
+    assert_eq!(
+        table.export(now),
+        reference_plane.shared().fallback.export(now)
+    );
 
     // Its ACK and its RST: forwarded by the kernel from the core's entry.
     for (what, segment) in [("ACK", &ack), ("RST without ACK", &rst)] {
@@ -661,27 +750,14 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
             core.verdict, placed,
             "{what}: the core routes it by the table"
         );
-        assert_eq!(
-            (run.fast_stat(), run.fast_moved(), &run.up[..]),
-            (STAT_FAST_CLIENT_FALLBACK, 1, &[][..] as &[&str]),
-            "{what}: handled in the kernel as a fallback hit"
-        );
-        let (action, expected) = after_egress(
+        assert_kernel_is_core(
             &topology,
             &suite.config,
-            topology.servers,
-            core.verdict,
-            &core.frame,
-        )
-        .unwrap();
-        assert_eq!(run.action, action, "{what}");
-        assert_eq!(hex(&run.frame), hex(&expected), "{what}: the core's bytes");
-        assert_eq!(run.counted(), core.counted, "{what}: what the core counts");
-        let Verdict::ToServer(server) = core.verdict else {
-            unreachable!()
-        };
-        let traffic: Vec<u16> = run.traffic.iter().map(|t| t.server).collect();
-        assert_eq!(traffic, [server.0], "{what}: the server's traffic");
+            what,
+            &run,
+            &core,
+            STAT_FAST_CLIENT_FALLBACK,
+        );
         // The kernel refreshed the flow's time as the core's lookup did (the same word:
         // the same flows with the same idle times, at any instant).
         assert_eq!(
@@ -692,19 +768,42 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
         assert_eq!(table.export(now)[0].idle_units, 0, "{what}: refreshed");
     }
 
-    // Another client port: not in the table. Up unchanged; the core asks Maglev.
+    // Another client port: not in the table. The kernel forwards it by the Maglev table,
+    // as the core does, and remembers nothing.
     let mut stranger = ack.clone();
     stranger[34..36].copy_from_slice(&0x9c41u16.to_be_bytes());
     let run = kernel.run(topology.servers, &stranger, &ids, now);
-    assert_eq!((run.fast_moved(), &run.up[..]), (0, &["fallback_miss"][..]));
-    assert_eq!(run.frame, stranger, "a miss goes up unchanged");
-    let core = CoreRun::of(&mut worker, &stranger, now);
-    assert!(
-        matches!(core.verdict, Verdict::ToServer(_)),
-        "{:?}",
-        core.verdict
-    );
+    let core = CoreRun::of(&mut reference, &stranger, now);
     assert!(core.counted.contains(&Counter::FallbackMisses));
+    assert_kernel_is_core(
+        &topology,
+        &suite.config,
+        "fallback miss",
+        &run,
+        &core,
+        STAT_FAST_FALLBACK_MISS,
+    );
+    assert_eq!(table.len(), 1, "a miss remembers nothing");
+
+    // A SYN without any options, of a third client port: placed and remembered likewise.
+    let mut bare_syn = ack.clone();
+    bare_syn[34..36].copy_from_slice(&0x9c42u16.to_be_bytes());
+    bare_syn[47] = 0x02;
+    let run = kernel.run(topology.servers, &bare_syn, &ids, now);
+    let core = CoreRun::of(&mut reference, &bare_syn, now);
+    assert_kernel_is_core(
+        &topology,
+        &suite.config,
+        "SYN without options",
+        &run,
+        &core,
+        STAT_FAST_FALLBACK_SYN,
+    );
+    assert_eq!(table.len(), 2);
+    assert_eq!(
+        table.export(now),
+        reference_plane.shared().fallback.export(now)
+    );
 
     // Its server removed: the core drops the segment and forgets the flow; the kernel
     // leaves both to it.
@@ -719,5 +818,9 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     assert_eq!(run.frame, ack, "goes up unchanged");
     let verdict = worker.process(&mut ack.clone(), now, Ingress::ServerSide);
     assert_eq!(verdict_name(verdict), "drop:fallback_server_removed");
-    assert!(plane.shared().fallback.is_empty());
+    assert_eq!(
+        plane.shared().fallback.len(),
+        1,
+        "the flow is forgotten, the SYN without options' stays"
+    );
 }
