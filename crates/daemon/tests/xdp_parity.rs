@@ -61,6 +61,7 @@ use std::fmt::Write as _;
 use cheetah_core::config::{LbConfig, Mode};
 use std::sync::Arc;
 
+use cheetah_core::hash::FlowKey;
 use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::ServerId;
@@ -637,8 +638,8 @@ const UNIT_SHIFT: u32 = 30;
 /// must be forwarded by the kernel from that table with the bytes and counters the core
 /// gives them, and the kernel's refresh of the flow's time must be the word the core
 /// writes. A flow the table does not know is forwarded by the Maglev table as the core
-/// forwards it; a SYN without any options is placed like the first. A flow whose server
-/// was removed goes up unchanged.
+/// forwards it; a SYN without any options is placed like the first, and one into a full
+/// set evicts the flow the core evicts. A flow whose server was removed goes up unchanged.
 #[test]
 fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     if !is_root() {
@@ -805,6 +806,50 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
         reference_plane.shared().fallback.export(now)
     );
 
+    // A set full of flows: the next SYN of that set takes the way used least recently,
+    // in the kernel as in the core (FallbackEvictions).
+    let hasher = &plane.shared().hasher;
+    let ip = |at: usize| u32::from_be_bytes(ack[at..at + 4].try_into().unwrap());
+    let vip_port = u16::from_be_bytes([ack[36], ack[37]]);
+    let set_of = |port: u16| {
+        hasher.hash(&FlowKey::tcp(ip(26), port, ip(30), vip_port)) as usize & (table.sets() - 1)
+    };
+    let target = set_of(20_000);
+    let same_set: Vec<u16> = (20_000..u16::MAX)
+        .filter(|&port| set_of(port) == target)
+        .take(FALLBACK_WAYS + 1)
+        .collect();
+    assert_eq!(same_set.len(), FALLBACK_WAYS + 1);
+    assert!(
+        table
+            .export(now)
+            .iter()
+            .all(|flow| flow.set as usize != target),
+        "the set starts empty"
+    );
+    for (n, port) in same_set.iter().enumerate() {
+        let mut syn = bare_syn.clone();
+        syn[34..36].copy_from_slice(&port.to_be_bytes());
+        let at = now + n as u64 * (1 << UNIT_SHIFT);
+        let run = kernel.run(topology.servers, &syn, &ids, at);
+        let core = CoreRun::of(&mut reference, &syn, at);
+        let (what, stat) = if n < FALLBACK_WAYS {
+            (format!("SYN {n} into a set"), STAT_FAST_FALLBACK_SYN)
+        } else {
+            (
+                "SYN into a full set".to_string(),
+                STAT_FAST_FALLBACK_SYN_EVICTED,
+            )
+        };
+        assert_kernel_is_core(&topology, &suite.config, &what, &run, &core, stat);
+        assert_eq!(
+            table.export(at),
+            reference_plane.shared().fallback.export(at),
+            "{what}: the kernel's insert is the core's"
+        );
+    }
+    assert_eq!(table.len(), 2 + FALLBACK_WAYS);
+
     // Its server removed: the core drops the segment and forgets the flow; the kernel
     // leaves both to it.
     let Verdict::ToServer(server) = placed else {
@@ -820,7 +865,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     assert_eq!(verdict_name(verdict), "drop:fallback_server_removed");
     assert_eq!(
         plane.shared().fallback.len(),
-        1,
-        "the flow is forgotten, the SYN without options' stays"
+        1 + FALLBACK_WAYS,
+        "the flow is forgotten, the others stay"
     );
 }
