@@ -103,6 +103,12 @@ enum xdp_stat {
 	// A client segment without TCP options the fallback table does not know, forwarded by
 	// the VIP's Maglev table: the core's OptionsSlowPath, FallbackMisses and ToServer.
 	STAT_FAST_FALLBACK_MISS,
+	// A server's SYN-ACK whose options hold no timestamp, which taught the fallback table
+	// its server (the core's server_path.rs): FastPath, OptionsSlowPath,
+	// FallbackLearnedFromServer and ToClient, plus FallbackEvictions when the insert evicted
+	// a flow.
+	STAT_FAST_SERVER_FALLBACK_LEARNED,
+	STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED,
 	STAT_COUNT,
 };
 

@@ -26,6 +26,7 @@
 #include "closes.h"
 #include "cookie.h"
 #include "csum.h"
+#include "fallback_table.h"
 #include "handshakes.h"
 #include "maglev.h"
 #include "maps.h"
@@ -439,6 +440,10 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	// A FIN or an RST (cheetah mode): its close, and whether it is the first (closes.h).
 	struct close close = {};
 	int is_close = 0, first_close = 0;
+	// A SYN-ACK without timestamps (cheetah mode): the fallback set it teaches, the word.
+	struct fallback_set *learns = NULL;
+	__u64 learned = 0;
+	int without_timestamp = 0;
 	__u16 cookie = 0;
 	__u32 id = 0, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
@@ -466,15 +471,21 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		__u64 hash;
 
 		if (flags & TCP_SYN) {
-			// SYN-ACKs: Table 1's layouts, TSval 2 bytes into the option. One that also
-			// closes is left to userspace whole.
+			// SYN-ACKs: Table 1's layouts, TSval 2 bytes into the option; or options
+			// the core's walk finds without a timestamp. One that also closes is left to
+			// userspace whole.
 			__u32 at = syn_timestamp_at(ctx, p);
 
 			if (flags & (TCP_FIN | TCP_RST))
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			tsval = (__be32 *)((__u8 *)p->ts + at + 2);
-			if (!at || (void *)(tsval + 1) > (void *)(long)ctx->data_end)
+			// Without a timestamp only a SYN-ACK (SegmentKind::SynAck) teaches the
+			// fallback table; a server's SYN without ACK is left to userspace.
+			if (!at && (!(flags & TCP_ACK) || !options_without_timestamp(ctx, p)))
 				return hand_up(STAT_UP_LAYOUT);
+			if (at && (void *)(tsval + 1) > (void *)(long)ctx->data_end)
+				return hand_up(STAT_UP_LAYOUT);
+			without_timestamp = !at;
 		} else {
 			// Also for a FIN or RST: the core's straight line takes a reply only with
 			// NOP NOP TS, so the closes it counts here are stamped ones (an RST without
@@ -491,14 +502,29 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			// The answer to a recently retried SYN may have to move its load count
 			// (handshakes.rs `on_syn_ack`): userspace does that bookkeeping, as the
 			// core's straight line leaves it to its general server path.
-			if (!words || handshake_retried_recently(words, hash, core_now(config)))
+			__u64 now = core_now(config);
+
+			if (!words || handshake_retried_recently(words, hash, now))
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
+			if (without_timestamp) {
+				// server_path.rs: the client offered no timestamp, so its later
+				// segments are routed by the fallback table: it learns this server.
+				__u32 set = (__u32)hash & config->fallback_mask;
+
+				learns = bpf_map_lookup_elem(&fallback, &set);
+				if (!learns)
+					return hand_up(STAT_UP_OTHER);
+				learned = fallback_word(hash, id, now);
+			}
 		}
-		msb = bpf_ntohl(*tsval) >> 16;
-		seen = bpf_map_lookup_elem(&msb_seen, &zero);
-		if (!seen || !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
-			return hand_up(STAT_UP_CLOCK);
-		cookie = cookie_encode(layout, id, hash, msb);
+		if (!learns) {
+			msb = bpf_ntohl(*tsval) >> 16;
+			seen = bpf_map_lookup_elem(&msb_seen, &zero);
+			if (!seen ||
+			    !cookie_clock_unchanged(seen->word[id & (SERVER_ID_SPACE - 1)], msb))
+				return hand_up(STAT_UP_CLOCK);
+			cookie = cookie_encode(layout, id, hash, msb);
+		}
 		// closes.rs `on_server_close`, filed under the cookie's hash. Cheetah mode only:
 		// the baselines place no connection by a policy, so they count no close either.
 		if (flags & (TCP_FIN | TCP_RST)) {
@@ -524,7 +550,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	if (!publish_unchanged(config, seq))
 		return hand_up(STAT_UP_PUBLISHING);
 
-	if (cheetah) {
+	if (learns) {
+		stat = fallback_insert(learns, learned) == FALLBACK_EVICTED ?
+			       STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED :
+			       STAT_FAST_SERVER_FALLBACK_LEARNED;
+	} else if (cheetah) {
 		// The cookie takes the place of the MSB; the low half stays.
 		csum_replace_high_half((__u16 *)tsval, &p->tcp->check, cookie);
 		stat = STAT_FAST_SERVER_COOKIE;

@@ -320,8 +320,9 @@ mod tests {
             fast: [10, 20, 30, 40, 100, 1000, 50],
             up: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             // A first close, a duplicate close, an ICMP error by its cookie, by a pick; a
-            // SYN without options (evicting, retransmitted, both), a fallback miss.
-            events: [100, 200, 400, 800, 1, 2, 4, 8, 16],
+            // SYN without options (evicting, retransmitted, both), a fallback miss, a
+            // server's SYN-ACK without timestamps (evicting or not).
+            events: [100, 200, 400, 800, 1, 2, 4, 8, 16, 32, 64],
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -334,15 +335,16 @@ mod tests {
             "client cookie + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback + SYNs without options + fallback misses"
         );
         assert_eq!(events["fallback_hits"], 50);
-        assert_eq!(events["options_slow_path"], 81);
+        assert_eq!(events["options_slow_path"], 177);
         assert_eq!(events["fallback_connections"], 15);
-        assert_eq!(events["fallback_evictions"], 10);
+        assert_eq!(events["fallback_evictions"], 74);
+        assert_eq!(events["fallback_learned_from_server"], 96);
         assert_eq!(events["fallback_misses"], 16);
         assert_eq!(
-            events["to_client"], 370,
-            "server cookie + server plain + closes"
+            events["to_client"], 466,
+            "server cookie + server plain + closes + SYN-ACKs without timestamps"
         );
-        assert_eq!(events["fast_path"], 400);
+        assert_eq!(events["fast_path"], 496);
         assert_eq!(events["cookie_routed"], 10);
         assert_eq!(events["cookies_inserted"], 330);
         assert_eq!(events["options_fast_path"], 1440);

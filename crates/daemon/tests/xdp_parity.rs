@@ -64,8 +64,10 @@ use std::sync::Arc;
 use cheetah_core::hash::FlowKey;
 use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
+use cheetah_core::testkit::{options, TcpFrame};
 use cheetah_core::types::ServerId;
 use cheetah_core::verdict::Verdict;
+use cheetah_core::wire::tcp::flags;
 use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::xdp_layout::*;
 
@@ -229,6 +231,8 @@ fn judge(
         STAT_FAST_SERVER_PLAIN,
         STAT_FAST_SERVER_CLOSE,
         STAT_FAST_SERVER_DUPLICATE_CLOSE,
+        STAT_FAST_SERVER_FALLBACK_LEARNED,
+        STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED,
     ]
     .contains(&stat);
     let icmp = stat == STAT_FAST_ICMP_COOKIE || stat == STAT_FAST_ICMP_PICK;
@@ -639,7 +643,8 @@ const UNIT_SHIFT: u32 = 30;
 /// gives them, and the kernel's refresh of the flow's time must be the word the core
 /// writes. A flow the table does not know is forwarded by the Maglev table as the core
 /// forwards it; a SYN without any options is placed like the first, and one into a full
-/// set evicts the flow the core evicts. A flow whose server was removed goes up unchanged.
+/// set evicts the flow the core evicts; a server's SYN-ACK without timestamps teaches the
+/// table its server. A flow whose server was removed goes up unchanged.
 #[test]
 fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     if !is_root() {
@@ -850,6 +855,41 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     }
     assert_eq!(table.len(), 2 + FALLBACK_WAYS);
 
+    // A server's SYN-ACK without timestamps (a client that offered none): toward the
+    // client, and its server learnt by the table, in the kernel as in the core.
+    let syn_ack = TcpFrame::from_server_l2(
+        2,
+        ip(26),
+        0x9c43,
+        flags::SYN | flags::ACK,
+        options::windows_syn(),
+    )
+    .build();
+    let run = kernel.run(topology.servers, &syn_ack, &ids, now);
+    let core = CoreRun::of(&mut reference, &syn_ack, now);
+    assert_eq!(
+        (run.fast_moved(), &run.up[..]),
+        (1, &[][..] as &[&str]),
+        "SYN-ACK without timestamps: handled in the kernel"
+    );
+    assert_eq!(run.fast_stat(), STAT_FAST_SERVER_FALLBACK_LEARNED);
+    let (action, expected) = after_egress(
+        &topology,
+        &suite.config,
+        topology.servers,
+        core.verdict,
+        &core.frame,
+    )
+    .expect("toward the client");
+    assert_eq!((run.action, hex(&run.frame)), (action, hex(&expected)));
+    assert_eq!(run.counted(), core.counted, "what the core counts");
+    assert_eq!(
+        table.export(now),
+        reference_plane.shared().fallback.export(now),
+        "the kernel learnt what the core learns"
+    );
+    assert_eq!(table.len(), 3 + FALLBACK_WAYS);
+
     // Its server removed: the core drops the segment and forgets the flow; the kernel
     // leaves both to it.
     let Verdict::ToServer(server) = placed else {
@@ -865,7 +905,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     assert_eq!(verdict_name(verdict), "drop:fallback_server_removed");
     assert_eq!(
         plane.shared().fallback.len(),
-        1 + FALLBACK_WAYS,
+        2 + FALLBACK_WAYS,
         "the flow is forgotten, the others stay"
     );
 }

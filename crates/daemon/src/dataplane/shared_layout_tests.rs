@@ -157,6 +157,14 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED as usize,
         ),
         ("STAT_FAST_FALLBACK_MISS", STAT_FAST_FALLBACK_MISS as usize),
+        (
+            "STAT_FAST_SERVER_FALLBACK_LEARNED",
+            STAT_FAST_SERVER_FALLBACK_LEARNED as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED",
+            STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

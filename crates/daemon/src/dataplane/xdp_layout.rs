@@ -93,7 +93,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 9] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 11] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -168,6 +168,27 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 9] = [
             Counter::ToServer,
         ],
     ),
+    // A server's SYN-ACK without a timestamp: the server path's count, the option walk,
+    // what it taught the table (and evicted), the verdict.
+    (
+        STAT_FAST_SERVER_FALLBACK_LEARNED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsSlowPath,
+            Counter::FallbackLearnedFromServer,
+            Counter::ToClient,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsSlowPath,
+            Counter::FallbackLearnedFromServer,
+            Counter::FallbackEvictions,
+            Counter::ToClient,
+        ],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -186,7 +207,11 @@ pub const STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED: u32 = 29;
 /// A client segment without TCP options the fallback table does not know, forwarded by
 /// the VIP's Maglev table.
 pub const STAT_FAST_FALLBACK_MISS: u32 = 30;
-pub const STAT_COUNT: u32 = 31;
+/// A server's SYN-ACK without a timestamp that taught the fallback table its server
+/// (evicting a flow, or not).
+pub const STAT_FAST_SERVER_FALLBACK_LEARNED: u32 = 31;
+pub const STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED: u32 = 32;
+pub const STAT_COUNT: u32 = 33;
 
 /// Slots of a Maglev table per entry of its inner array (`struct maglev_chunk`).
 pub const MAGLEV_CHUNK_SLOTS: usize = 32;
