@@ -77,6 +77,9 @@ pub struct SteeringProgram {
     object: Object,
     /// `lb_config.publish_seq`, mapped on first use (`publish_window`).
     publish_seq: OnceLock<PublishSeq>,
+    /// `lb_config.clock_base_ns`, mapped on first use: once, as every mapping stays for the
+    /// rest of the process (the harnesses set the clock per packet).
+    clock_base: OnceLock<&'static AtomicU64>,
 }
 
 impl SteeringProgram {
@@ -100,6 +103,7 @@ impl SteeringProgram {
         SteeringProgram {
             object,
             publish_seq: OnceLock::new(),
+            clock_base: OnceLock::new(),
         }
     }
 
@@ -248,9 +252,13 @@ impl SteeringProgram {
     }
 
     fn clock_base_word(&self) -> anyhow::Result<&'static AtomicU64> {
+        if let Some(word) = self.clock_base.get() {
+            return Ok(word);
+        }
         const WORDS: usize = std::mem::size_of::<LbConfigValue>() / 8;
         let words: &'static [AtomicU64; WORDS] = self.mmap_value("lb_config")?;
-        Ok(&words[std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8])
+        let word = &words[std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8];
+        Ok(self.clock_base.get_or_init(|| word))
     }
 
     /// Sets what pow2 in the kernel compares for server `id` (`server_loads`).
