@@ -214,15 +214,16 @@ struct {
 } handshakes SEC(".maps");
 
 // VIP index -> its pool's Maglev table (cheetah_shared.h struct maglev_chunk), an inner
-// array the publisher makes per table at the config's size, fills, then swaps in (inside
-// its publish window). BPF_F_INNER_MAP: the inner arrays' size is the config's, not this
-// template's (the verifier then calls the lookup rather than inlining it). A VIP without
+// array the publisher makes once per VIP at the config's size and rewrites in place
+// through a mapping (inside its publish window) when the table changes. BPF_F_INNER_MAP:
+// the inner arrays' size is the config's, not this template's (the verifier then calls
+// the lookup rather than inlining it). A VIP without
 // a table (an empty pool, or not published yet) has no entry. Sizes, not types: clang
 // leaves a struct reached only through the template's pointers without its size in BTF.
 struct maglev_table {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
-	__uint(map_flags, BPF_F_INNER_MAP);
+	__uint(map_flags, BPF_F_INNER_MAP | BPF_F_MMAPABLE);
 	__uint(key_size, sizeof(__u32));
 	__uint(value_size, sizeof(struct maglev_chunk));
 };

@@ -35,7 +35,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 26;
+const STAT_COUNT: u32 = 33;
 const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
 const STAT_FAST_CLIENT_COOKIE: u32 = 4;
@@ -119,7 +119,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 24] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 25] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -238,6 +238,8 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             MAX_NEXT_HOPS,
             0,
         ),
+        // VIP index -> the fd of its Maglev table's inner array (made by the publisher).
+        ("maglev_tables", MapType::ArrayOfMaps, 4, 4, MAX_VIPS, 0),
     ];
     for (name, kind, key_size, value_size, max_entries, flags) in expected {
         let map = map(&object, name);

@@ -17,10 +17,10 @@ use cheetah_core::wire::tcp::flags::ACK;
 use cheetah_daemon::dataplane::maglev_tables;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
-    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_UP_COOKIE, STAT_UP_OTHER,
+    MaglevChunk, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_UP_COOKIE, STAT_UP_OTHER,
 };
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
-use libbpf_rs::{MapCore, MapFlags, MapHandle};
+use libbpf_rs::{MapCore, MapFlags};
 
 #[path = "shared/root.rs"]
 mod root;
@@ -120,10 +120,29 @@ fn the_kernel_forwards_by_the_published_tables_and_the_shared_clock() {
     assert_eq!(stat(&program, STAT_FAST_CLIENT_COOKIE), routed + 1);
 }
 
-/// The ids of the inner arrays in `maglev_tables` for VIP indices 0 and 1 (`None`: no
-/// table). A table written again is a new map, with a new id.
-fn maglev_ids(program: &SteeringProgram) -> [Option<u32>; 2] {
-    [0, 1].map(|index| maglev_tables::table_id(program, index).unwrap())
+/// Chunk 0 of VIP `index`'s table in the kernel (`None`: no table).
+fn first_chunk(program: &SteeringProgram, index: u32) -> Option<Vec<u8>> {
+    let inner = maglev_tables::table_map(program, index).unwrap()?;
+    inner.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).unwrap()
+}
+
+/// A chunk no table holds (server 0x7777 in every slot), to see whether a publication
+/// wrote a table again.
+const MARK: [u8; 64] = [0x77; 64];
+
+fn mark(program: &SteeringProgram, index: u32) {
+    let inner = maglev_tables::table_map(program, index).unwrap().unwrap();
+    inner
+        .update(&0u32.to_ne_bytes(), &MARK, MapFlags::ANY)
+        .unwrap();
+}
+
+fn chunk_bytes(chunk: &MaglevChunk) -> Vec<u8> {
+    chunk
+        .server
+        .iter()
+        .flat_map(|id| id.to_ne_bytes())
+        .collect()
 }
 
 /// Maglev mode: each VIP's table is in the kernel, slot for slot the core's; the kernel
@@ -150,7 +169,7 @@ fn the_publisher_writes_a_maglev_table_only_when_its_pool_changed() {
     // The kernel's table is the core's, and it forwards by it.
     let snapshot = plane.shared().snapshot.load();
     let table = &snapshot.vip(0).pool.maglev;
-    let inner = MapHandle::from_map_id(maglev_ids(&program)[0].expect("VIP 0's table")).unwrap();
+    let inner = maglev_tables::table_map(&program, 0).unwrap().unwrap();
     let chunks = maglev_tables::chunks(table);
     assert_eq!(inner.max_entries() as usize, chunks.len());
     for (index, chunk) in chunks.iter().enumerate().step_by(97) {
@@ -158,11 +177,7 @@ fn the_publisher_writes_a_maglev_table_only_when_its_pool_changed() {
             .lookup(&(index as u32).to_ne_bytes(), MapFlags::ANY)
             .unwrap()
             .unwrap();
-        let slots: Vec<u16> = bytes
-            .chunks(2)
-            .map(|b| u16::from_ne_bytes([b[0], b[1]]))
-            .collect();
-        assert_eq!(slots, chunk.server, "chunk {index}");
+        assert_eq!(bytes, chunk_bytes(chunk), "chunk {index}");
     }
     let picked = stat(&program, STAT_FAST_CLIENT_PICK);
     for n in 0..32 {
@@ -181,26 +196,33 @@ fn the_publisher_writes_a_maglev_table_only_when_its_pool_changed() {
     assert_eq!(stat(&program, STAT_FAST_CLIENT_PICK), picked + 32);
 
     // Nothing changed: nothing is written.
-    let [first, second] = maglev_ids(&program);
-    assert!(first.is_some() && second.is_some());
+    mark(&program, 0);
+    mark(&program, 1);
     publish(&program, &plane, &mut publisher, true);
-    assert_eq!(maglev_ids(&program), [first, second]);
+    assert_eq!(first_chunk(&program, 0).unwrap(), MARK);
+    assert_eq!(first_chunk(&program, 1).unwrap(), MARK);
 
     // VIP 0's pool changes: its table is written again, VIP 1's is not.
     plane.drain_server(3).unwrap();
     publish(&program, &plane, &mut publisher, true);
-    let [changed, unchanged] = maglev_ids(&program);
-    assert!(
-        changed.is_some() && changed != first,
+    let changed = std::sync::Arc::clone(&plane.shared().snapshot.load().vip(0).pool.maglev);
+    assert_ne!(&changed, table);
+    assert_eq!(
+        first_chunk(&program, 0).unwrap(),
+        chunk_bytes(&maglev_tables::chunks(&changed)[0]),
         "VIP 0's table rewritten"
     );
-    assert_eq!(unchanged, second, "VIP 1's table left alone");
+    assert_eq!(
+        first_chunk(&program, 1).unwrap(),
+        MARK,
+        "VIP 1's left alone"
+    );
 
     // VIP 1's pool empties: its table goes, and its packets go up.
     plane.drain_server(4).unwrap();
     plane.drain_server(5).unwrap();
     publish(&program, &plane, &mut publisher, true);
-    assert_eq!(maglev_ids(&program), [changed, None]);
+    assert_eq!(first_chunk(&program, 1), None);
     let mut frame = TcpFrame::from_client(
         testkit::client_ip(1),
         40_000,
@@ -216,8 +238,11 @@ fn the_publisher_writes_a_maglev_table_only_when_its_pool_changed() {
 
     // A fresh publisher (a restarted daemon) knows nothing it wrote: it writes every
     // table and empties every other slot.
+    mark(&program, 0);
     publish(&program, &plane, &mut Publisher::new(), true);
-    let [rewritten, none] = maglev_ids(&program);
-    assert!(rewritten.is_some() && rewritten != changed);
-    assert_eq!(none, None);
+    assert_eq!(
+        first_chunk(&program, 0).unwrap(),
+        chunk_bytes(&maglev_tables::chunks(&changed)[0])
+    );
+    assert_eq!(first_chunk(&program, 1), None);
 }

@@ -146,8 +146,9 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             break;
         }
         let pool = &vip.pool.servers;
-        if !vip.pool.maglev.is_empty() {
-            // Every table has the config's size; an empty pool has none.
+        // Hash mode never asks Maglev; the others do (cheetah for clients without
+        // timestamps). Every table has the config's size; an empty pool has none.
+        if snapshot.mode != Mode::Hash && !vip.pool.maglev.is_empty() {
             wanted.config.maglev_size = vip.pool.maglev.len() as u32;
             wanted
                 .maglev
@@ -340,6 +341,9 @@ impl Publisher {
     pub fn write(&mut self, program: &SteeringProgram, wanted: Wanted) -> anyhow::Result<()> {
         let mut window = LazyWindow::new(program);
         let last = self.last.take();
+        // Before the window opens: building and opening tables takes milliseconds.
+        let maglev = maglev_tables::plan(program, &wanted.maglev, last.as_ref().map(|l| &l.maglev))
+            .context("cannot prepare the XDP program's maglev_tables")?;
         let array = |entries: usize, value_size: usize| Kind::Array {
             entries,
             value_size,
@@ -409,13 +413,9 @@ impl Publisher {
             sync(program, &mut window, name, kind, entries, last)
                 .with_context(|| format!("cannot update the XDP program's {name} map"))?;
         }
-        maglev_tables::sync(
-            program,
-            &mut window,
-            &wanted.maglev,
-            last.as_ref().map(|l| &l.maglev),
-        )
-        .context("cannot update the XDP program's maglev_tables")?;
+        maglev
+            .apply(program, &mut window)
+            .context("cannot update the XDP program's maglev_tables")?;
         if last.as_ref().map(|l| l.config) != Some(wanted.config) {
             let config = LbConfigValue {
                 publish_seq: window.before_write()?,
