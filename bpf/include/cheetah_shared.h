@@ -84,7 +84,8 @@ enum xdp_stat {
 	// An ICMP error routed in the kernel by the cookie it quotes (lb/icmp_path.rs): the
 	// core's `icmp_routed_by_cookie` and `to_server`.
 	STAT_FAST_ICMP_COOKIE,
-	// An ICMP error routed in the kernel by hash mode's pick: the core's `to_server`.
+	// An ICMP error routed in the kernel by a baseline's pick (hash or maglev mode): the
+	// core's `to_server`.
 	STAT_FAST_ICMP_PICK,
 	// An ICMP error to a VIP whose quote has no cookie where the kernel looks (NOP NOP TS
 	// after a whole TCP header): userspace routes it by the fallback table or copies it to
@@ -109,6 +110,24 @@ enum xdp_stat {
 	// A segment steering called a server's reply with the in-kernel path on: one the
 	// reply_senders map did not know (reply_sender.h), whatever then became of it.
 	STAT_REPLY_BY_STEERING,
+	// maglev (stage 3). A client SYN without TCP options (cheetah mode) placed by the VIP's
+	// Maglev table and remembered in the fallback table: the core's OptionsSlowPath,
+	// FallbackConnections and ToServer, plus FallbackEvictions when the insert evicted a
+	// flow and SynRetransmissions when the handshake table knew the SYN (one of the four
+	// per SYN).
+	STAT_FAST_FALLBACK_SYN,
+	STAT_FAST_FALLBACK_SYN_EVICTED,
+	STAT_FAST_FALLBACK_SYN_RETRANSMITTED,
+	STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED,
+	// A client segment without TCP options the fallback table does not know, forwarded by
+	// the VIP's Maglev table: the core's OptionsSlowPath, FallbackMisses and ToServer.
+	STAT_FAST_FALLBACK_MISS,
+	// A server's SYN-ACK whose options hold no timestamp, which taught the fallback table
+	// its server (the core's server_path.rs): FastPath, OptionsSlowPath,
+	// FallbackLearnedFromServer and ToClient, plus FallbackEvictions when the insert evicted
+	// a flow.
+	STAT_FAST_SERVER_FALLBACK_LEARNED,
+	STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which
@@ -159,6 +178,9 @@ struct lb_config {
 	__u32 publish_seq;
 	// The fallback table's sets - 1 (the fallback map holds fallback_mask + 1 sets).
 	__u32 fallback_mask;
+	// Slots of every VIP's Maglev table (maglev_tables; the config's maglev_table_size);
+	// 0: no table is published.
+	__u32 maglev_size;
 	// CLOCK_MONOTONIC at which the daemon's clock read 0: the core's `now` is
 	// bpf_ktime_get_ns() - clock_base_ns (the fallback path reads the coarse clock,
 	// bpf_ktime_get_coarse_ns: the same clock as of the last tick). Written by
@@ -383,6 +405,17 @@ struct msb_clock_words {
 #define FALLBACK_WAYS 8
 struct fallback_set {
 	__u64 way[FALLBACK_WAYS];
+};
+
+// The Maglev tables (core policy/maglev.rs), one inner array per VIP in the
+// maglev_tables array of maps (by VIP index): slot s of a table (flow hash % maglev_size)
+// is server[s % MAGLEV_CHUNK_SLOTS] of entry s / MAGLEV_CHUNK_SLOTS. An array spaces its
+// entries 8 bytes apart, so one u16 per entry would take four times the core's bytes; a
+// chunk is one cache line of the core's slots.
+#define MAGLEV_CHUNK_SLOTS 32
+#define MAGLEV_NO_SERVER 0xffff // a slot past the table's end in its last chunk
+struct maglev_chunk {
+	__u16 server[MAGLEV_CHUNK_SLOTS];
 };
 
 // Key of the next_hops LPM trie: an IPv4 prefix (struct bpf_lpm_trie_key's layout).

@@ -2,7 +2,8 @@
 //
 // The in-kernel straight lines, held byte for byte to the core's
 // (crates/core/src/lb/fast_path.rs): a client's established segment to a VIP (cookie
-// decoded from TSecr, TSecr restored, toward the server; or, in hash mode, `pool[h % n]`)
+// decoded from TSecr, TSecr restored, toward the server; or, in hash mode, `pool[h % n]`,
+// in maglev mode the VIP's Maglev table)
 // and a server's reply (clock checked, cookie written into TSval, NAT undone, toward the
 // client); and, beyond the core's straight line, a client's SYN placed by the VIP's policy
 // as the core's general client path places it (syn_fast). Each either forwards the packet itself, its bytes exactly what the core (plus
@@ -28,7 +29,9 @@
 #include "closes.h"
 #include "cookie.h"
 #include "csum.h"
+#include "fallback_table.h"
 #include "handshakes.h"
+#include "maglev.h"
 #include "maps.h"
 #include "next_hop.h"
 #include "parse.h"
@@ -171,11 +174,10 @@ static __always_inline int client_not_found(enum plain_refusal refusal)
 }
 
 // client_path.rs for a client SYN to a cheetah-mode VIP whose timestamp sits where Table 1
-// puts it: `pick_new` (the VIP's policy, +1 active and +1 new connection for the pick:
+// puts it (client_syn.h): `pick_new` (the VIP's policy, +1 active and +1 new connection for the pick:
 // server_traffic.opened) and `count_once_per_handshake` (the handshake table; a retransmitted
 // SYN releases its earlier pick's count), then `forward_to_server`. A VIP whose policy the
-// kernel does not run (vip_info.policy), an empty or unpublished pool, or any other SYN
-// layout goes up as before.
+// kernel does not run (vip_info.policy) or an empty or unpublished pool goes up as before.
 static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *config,
 				    __u32 seq, const struct plain_tcp *p,
 				    const struct vip_info *vip)
@@ -195,9 +197,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	__u64 hash, now;
 	int nat, drawn;
 
-	// Decide: every read, no write.
-	if (policy == KERNEL_POLICY_NONE || pool_len == 0 || pool_len > MAX_HASH_POOL ||
-	    !syn_timestamp_at(ctx, p))
+	// Decide: every read, no write. (client_syn found the timestamp where Table 1 puts it.)
+	if (policy == KERNEL_POLICY_NONE || pool_len == 0 || pool_len > MAX_HASH_POOL)
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	state = bpf_map_lookup_elem(&policy_state, &index);
 	words = bpf_map_lookup_elem(&handshakes, &zero);
@@ -381,35 +382,36 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 	__u64 hash;
 
 	if (config->mode == LB_MODE_CHEETAH) {
-		// A SYN takes the policy; a segment without ACK carries no echo in TSecr (RFC
-		// 7323), so userspace routes it like one without timestamps.
-		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) == TCP_SYN)
-			return syn_fast(ctx, config, seq, p, vip);
+		// A SYN is client_syn's (client_syn.h); a segment without ACK carries no echo in
+		// TSecr (RFC 7323), so userspace routes it like one without timestamps.
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
 			return hand_up(STAT_UP_NEW_CONNECTION);
 		// An ACK with NOP NOP TS went to client_by_cookie (lb.h): this one has not.
 		return hand_up(STAT_UP_LAYOUT);
-	} else if (config->mode == LB_MODE_HASH) {
-		// The baseline: this same path with `pool[h % n]` for the cookie stage, for every
-		// segment (SYN too), as the core's.
-		__u32 pool_len = vip->pool_len;
-		__u64 slot;
-
-		if (pool_len == 0 || pool_len > MAX_HASH_POOL)
-			return hand_up(STAT_UP_OTHER);
+	} else {
+		// The baselines: this same path with `pool[h % n]` or the VIP's Maglev table for
+		// the cookie stage, for every segment (SYN too), as the core's.
 		hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
-		slot = hash % pool_len;
-		// The verifier cannot bound a remainder; the mask gives it the array's bound,
-		// and the empty asm keeps clang from dropping the mask it knows is a no-op->
-		asm volatile("" : "+r"(slot));
-		id = vip->pool[slot & (MAX_HASH_POOL - 1)];
+		if (config->mode == LB_MODE_HASH) {
+			__u32 pool_len = vip->pool_len;
+			__u64 slot;
+
+			if (pool_len == 0 || pool_len > MAX_HASH_POOL)
+				return hand_up(STAT_UP_OTHER);
+			slot = hash % pool_len;
+			// The verifier cannot bound a remainder; the mask gives it the array's
+			// bound, and the empty asm keeps clang from dropping the mask it knows is
+			// a no-op.
+			asm volatile("" : "+r"(slot));
+			id = vip->pool[slot & (MAX_HASH_POOL - 1)];
+		} else if (!maglev_lookup(config, vip->index, hash, &id)) {
+			// No table: an empty pool (the core drops) or not published yet.
+			return hand_up(STAT_UP_OTHER);
+		}
 		server = bpf_map_lookup_elem(&servers, &id);
 		if (!server || !(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
 		stat = STAT_FAST_CLIENT_PICK;
-	} else {
-		// Maglev's table is not in a map in this stage.
-		return hand_up(STAT_UP_OTHER);
 	}
 	toward_server_of(&to, config, vip, server, id);
 	if (!publish_unchanged(config, seq))
@@ -434,6 +436,10 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	// A reply whose MSB moved, learnt in the kernel (clock_learn.h).
 	struct clock_learning learning;
 	int learns = 0;
+	// A SYN-ACK without timestamps (cheetah mode): the fallback set it teaches, the word.
+	struct fallback_set *teaches = NULL;
+	__u64 learned = 0;
+	int without_timestamp = 0;
 	__u16 cookie = 0;
 	__u32 id = sender->server, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
@@ -448,15 +454,21 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		__u64 hash;
 
 		if (flags & TCP_SYN) {
-			// SYN-ACKs: Table 1's layouts, TSval 2 bytes into the option. One that also
-			// closes is left to userspace whole.
+			// SYN-ACKs: Table 1's layouts, TSval 2 bytes into the option; or options
+			// the core's walk finds without a timestamp. One that also closes is left to
+			// userspace whole.
 			__u32 at = syn_timestamp_at(ctx, p);
 
 			if (flags & (TCP_FIN | TCP_RST))
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			tsval = (__be32 *)((__u8 *)p->ts + at + 2);
-			if (!at || (void *)(tsval + 1) > (void *)(long)ctx->data_end)
+			// Without a timestamp only a SYN-ACK (SegmentKind::SynAck) teaches the
+			// fallback table; a server's SYN without ACK is left to userspace.
+			if (!at && (!(flags & TCP_ACK) || !options_without_timestamp(ctx, p)))
 				return hand_up(STAT_UP_LAYOUT);
+			if (at && (void *)(tsval + 1) > (void *)(long)ctx->data_end)
+				return hand_up(STAT_UP_LAYOUT);
+			without_timestamp = !at;
 		} else {
 			// Also for a FIN or RST: the core's straight line takes a reply only with
 			// NOP NOP TS, so the closes it counts here are stamped ones (an RST without
@@ -473,21 +485,35 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			// The answer to a recently retried SYN may have to move its load count
 			// (handshakes.rs `on_syn_ack`): userspace does that bookkeeping, as the
 			// core's straight line leaves it to its general server path.
-			if (!words || handshake_retried_recently(words, hash, core_now(config)))
+			__u64 now = core_now(config);
+
+			if (!words || handshake_retried_recently(words, hash, now))
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
+			if (without_timestamp) {
+				// server_path.rs: the client offered no timestamp, so its later
+				// segments are routed by the fallback table: it learns this server.
+				__u32 set = (__u32)hash & config->fallback_mask;
+
+				teaches = bpf_map_lookup_elem(&fallback, &set);
+				if (!teaches)
+					return hand_up(STAT_UP_OTHER);
+				learned = fallback_word(hash, id, now);
+			}
 		}
-		msb = bpf_ntohl(*tsval) >> 16;
-		seen = bpf_map_lookup_elem(&msb_seen, &zero);
-		if (!seen)
-			return hand_up(STAT_UP_CLOCK);
-		seen_word = seen->word[id & (SERVER_ID_SPACE - 1)];
-		if (!cookie_clock_unchanged(seen_word, msb)) {
-			learns = clock_learn_decide(&learning, seen, id, bpf_ntohl(*tsval),
-						    seen_word, core_now(config), layout);
-			if (!learns)
+		if (!teaches) {
+			msb = bpf_ntohl(*tsval) >> 16;
+			seen = bpf_map_lookup_elem(&msb_seen, &zero);
+			if (!seen)
 				return hand_up(STAT_UP_CLOCK);
+			seen_word = seen->word[id & (SERVER_ID_SPACE - 1)];
+			if (!cookie_clock_unchanged(seen_word, msb)) {
+				learns = clock_learn_decide(&learning, seen, id, bpf_ntohl(*tsval),
+							    seen_word, core_now(config), layout);
+				if (!learns)
+					return hand_up(STAT_UP_CLOCK);
+			}
+			cookie = cookie_encode(layout, id, hash, msb);
 		}
-		cookie = cookie_encode(layout, id, hash, msb);
 		// closes.rs `on_server_close`, filed under the cookie's hash. Cheetah mode only:
 		// the baselines place no connection by a policy, so they count no close either.
 		if (flags & (TCP_FIN | TCP_RST)) {
@@ -516,7 +542,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	if (learns && !clock_learn_commit(&learning))
 		return hand_up(STAT_UP_CLOCK);
 
-	if (cheetah) {
+	if (teaches) {
+		stat = fallback_insert(teaches, learned) == FALLBACK_EVICTED ?
+			       STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED :
+			       STAT_FAST_SERVER_FALLBACK_LEARNED;
+	} else if (cheetah) {
 		// The cookie takes the place of the MSB; the low half stays.
 		csum_replace_high_half((__u16 *)tsval, &p->tcp->check, cookie);
 		stat = STAT_FAST_SERVER_COOKIE;

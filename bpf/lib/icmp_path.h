@@ -13,8 +13,9 @@
 // carrying an error (destination unreachable, time exceeded, parameter problem) that
 // quotes a VIP's TCP segment with a whole TCP header whose options start NOP NOP TS, in
 // cheetah mode, whose cookie names a forwarding server with a known, recent clock; and in
-// hash mode with l2 forwarding, any such error, to `pool[h % n]` of the quoted connection
-// as the core picks it (nothing in the quote changes then). The rest goes up, unchanged: a quote without a cookie where the kernel looks (8 bytes of TCP
+// hash and maglev mode with l2 forwarding, any such error, to `pool[h % n]` or the VIP's
+// Maglev table's pick of the quoted connection as the core picks it (nothing in the quote
+// changes then). The rest goes up, unchanged: a quote without a cookie where the kernel looks (8 bytes of TCP
 // only, or other options) as STAT_UP_ICMP, since userspace may have to route it by the
 // fallback table or copy it to every server of the VIP; the others by the usual reasons.
 
@@ -33,6 +34,7 @@
 #include "cookie.h"
 #include "csum.h"
 #include "fast_path.h"
+#include "maglev.h"
 #include "maps.h"
 #include "parse.h"
 #include "publish.h"
@@ -85,17 +87,22 @@ static __always_inline void icmp_quoted_tcp_u32_changed(struct icmp_error *icmp,
 		       bpf_htons(csum_update_u32(bpf_ntohs(tcp->check), old, new)));
 }
 
-// Hash mode's pick for the quoted connection (`baseline_pick`, as client_fast's): its
-// server id, or -1 when the pool is not in the kernel.
-static __always_inline long icmp_hash_pick(const struct vip_info *vip, __be32 client,
-					   __be16 client_port)
+// A baseline's pick for the quoted connection (`baseline_pick`, as client_fast's: hash
+// mode's `pool[h % n]`, maglev mode's table): its server id, or -1 when the pool or table
+// is not in the kernel.
+static __always_inline long icmp_baseline_pick(const struct lb_config *config,
+					       const struct vip_info *vip, __be32 client,
+					       __be16 client_port)
 {
-	__u32 pool_len = vip->pool_len;
+	__u64 hash = siphash_finish(vip->hash_prefix, client, client_port);
+	__u32 pool_len = vip->pool_len, id;
 	__u64 slot;
 
+	if (config->mode == LB_MODE_MAGLEV)
+		return maglev_lookup(config, vip->index, hash, &id) ? id : -1;
 	if (pool_len == 0 || pool_len > MAX_HASH_POOL)
 		return -1;
-	slot = siphash_finish(vip->hash_prefix, client, client_port) % pool_len;
+	slot = hash % pool_len;
 	// The verifier cannot bound a remainder; the mask gives it the array's bound.
 	asm volatile("" : "+r"(slot));
 	return vip->pool[slot & (MAX_HASH_POOL - 1)];
@@ -152,9 +159,9 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	vip = bpf_map_lookup_elem(&vips, &key);
 	if (!vip)
 		return hand_up(STAT_UP_OTHER);
-	if (config->mode == LB_MODE_HASH && config->forwarding == LB_FORWARDING_L2) {
+	if (config->mode != LB_MODE_CHEETAH && config->forwarding == LB_FORWARDING_L2) {
 		// `rewrite_for_server` in l2 changes only the destination MAC.
-		long picked = icmp_hash_pick(vip, quoted_ip->daddr, quoted_tcp->dest);
+		long picked = icmp_baseline_pick(config, vip, quoted_ip->daddr, quoted_tcp->dest);
 
 		if (picked < 0)
 			return hand_up(STAT_UP_OTHER);
@@ -170,7 +177,7 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		count(STAT_FAST_ICMP_PICK);
 		return send_out(ctx, target.egress_ifindex);
 	}
-	// Maglev's table, and hash mode's NAT rewrite of the quote, are userspace's.
+	// The baselines' NAT rewrite of the quote is userspace's.
 	if (config->mode != LB_MODE_CHEETAH)
 		return hand_up(STAT_UP_OTHER);
 	// The cookie, where the kernel looks for it: a whole TCP header within the quote

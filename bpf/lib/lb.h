@@ -7,8 +7,8 @@
 // server's reply, or the host's); with the in-kernel path on, a client's segment by its
 // VIP and a server's reply the reply_senders map knows (reply_sender.h) skip steering's
 // lookups. With lb_config's LB_FAST_PATH set, the kernel forwards what the core's
-// straight line would (fast_path.h) and the client segments without
-// options the fallback table knows (fallback.h); everything else, and everything when
+// straight line would (fast_path.h), a client's SYN as the core places it (client_syn.h)
+// and the client segments without options (fallback.h); everything else, and everything when
 // the flag is clear (lb_config as loaded is all zero), goes to the AF_XDP sockets exactly
 // as before (steer.h). A packet to a VIP address that is not TCP may be an ICMP error the
 // kernel routes by its quoted cookie (icmp_path.h).
@@ -20,6 +20,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
+#include "client_syn.h"
 #include "fallback.h"
 #include "fast_path.h"
 #include "icmp_path.h"
@@ -79,6 +80,8 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 			// No options, so no timestamp: the fallback table routes it (fallback.h).
 			if (refusal == PLAIN_NO_OPTIONS)
 				action = client_fallback(ctx, config, seq, &p, vip);
+			else if (is_client_syn(config, &p))
+				action = client_syn(ctx, config, seq, &p, vip);
 			else
 				action = client_fast(ctx, config, seq, &p, vip);
 			if (action != LB_HAND_UP)

@@ -243,6 +243,28 @@ struct {
 	__type(value, struct handshake_words);
 } handshakes SEC(".maps");
 
+// VIP index -> its pool's Maglev table (cheetah_shared.h struct maglev_chunk), an inner
+// array the publisher makes once per VIP at the config's size and rewrites in place
+// through a mapping (inside its publish window) when the table changes. BPF_F_INNER_MAP:
+// the inner arrays' size is the config's, not this template's (the verifier then calls
+// the lookup rather than inlining it). A VIP without
+// a table (an empty pool, or not published yet) has no entry. Sizes, not types: clang
+// leaves a struct reached only through the template's pointers without its size in BTF.
+struct maglev_table {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_INNER_MAP | BPF_F_MMAPABLE);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(struct maglev_chunk));
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__array(values, struct maglev_table);
+} maglev_tables SEC(".maps");
+
 // IPv4 prefix -> the next hop toward a client there (cheetah_shared.h struct next_hop):
 // the kernel's FIB and neighbour answers, mirrored by userspace so that a server's reply
 // costs one trie lookup instead of bpf_fib_lookup.

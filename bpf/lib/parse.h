@@ -144,6 +144,75 @@ static __always_inline __u32 syn_timestamp_at(struct xdp_md *ctx, const struct p
 	return next == SYN_THEN_NOP_NOP_TS || next == SYN_THEN_SACKOK_TS ? 10 : 0;
 }
 
+// The TCP options' most bytes (a data offset of 15 words).
+#define TCP_OPTIONS_MAX 40
+#define TCP_OPTION_END 0
+#define TCP_OPTION_NOP 1
+#define TCP_OPTION_TIMESTAMP 8
+
+// The state of options_without_timestamp's walk (one bpf_loop step per option).
+struct option_walk {
+	__u8 options[TCP_OPTIONS_MAX];
+	__u32 len;
+	__u32 at;
+	// Set by the step that ends the walk: the options hold no timestamp.
+	int no_timestamp;
+};
+
+// One option of the core's TLV walk (wire/tcp_options.rs `find_timestamp_slow`): 0 to go
+// on, 1 to stop (with no_timestamp set if the walk proved there is none).
+static long option_walk_step(__u32 i, void *context)
+{
+	struct option_walk *walk = context;
+	__u32 at = walk->at, len;
+	__u8 kind;
+
+	if (at >= walk->len || at >= TCP_OPTIONS_MAX) {
+		walk->no_timestamp = 1;
+		return 1;
+	}
+	kind = walk->options[at];
+	if (kind == TCP_OPTION_END) {
+		walk->no_timestamp = 1;
+		return 1;
+	}
+	if (kind == TCP_OPTION_NOP) {
+		walk->at = at + 1;
+		return 0;
+	}
+	// Truncated, a bad length, an overrun (the core drops those) or a timestamp: not
+	// proven.
+	if (at + 1 >= walk->len || at + 1 >= TCP_OPTIONS_MAX)
+		return 1;
+	len = walk->options[at + 1];
+	if (len < 2 || at + len > walk->len || kind == TCP_OPTION_TIMESTAMP)
+		return 1;
+	walk->at = at + len;
+	return 0;
+}
+
+// Whether the options of `view` (the straight line's layout, PLAIN_OK) are well formed
+// and hold no timestamp option, as the core's walk finds when it returns `Ok(None)`: then
+// the core routes the segment as one without timestamps. 0 for anything else (a
+// timestamp anywhere, malformed options), which the caller leaves to userspace. The walk
+// is a bpf_loop over a copy of the options, so the verifier walks one step, not forty.
+static __always_inline int options_without_timestamp(struct xdp_md *ctx,
+						     const struct plain_tcp *view)
+{
+	struct option_walk walk = {};
+	__u32 offset = (void *)(view->tcp + 1) - (void *)(long)ctx->data;
+	__u32 len = view->tcp->doff * 4 - sizeof(struct tcphdr);
+
+	if (len == 0 || len > TCP_OPTIONS_MAX)
+		return 0;
+	walk.len = len;
+	if (bpf_xdp_load_bytes(ctx, offset, walk.options, len))
+		return 0;
+	// Each step moves on by a byte at least: as many steps as bytes end the walk.
+	bpf_loop(TCP_OPTIONS_MAX + 1, option_walk_step, &walk, 0);
+	return walk.no_timestamp;
+}
+
 // The TCP flags byte (CWR ECE URG ACK PSH RST SYN FIN).
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02

@@ -325,8 +325,11 @@ mod tests {
             up: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             // A first close, a duplicate close, an ICMP error by its cookie, by a pick; a
             // reply that learnt its server's clock (first MSB, advance): a cookie, a first
-            // close, a duplicate close.
-            events: [100, 200, 400, 800, 3, 5, 7, 11, 13, 17],
+            // close, a duplicate close; a SYN without options (evicting, retransmitted,
+            // both), a fallback miss, a server's SYN-ACK without timestamps (evicting or not).
+            events: [
+                100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64,
+            ],
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -335,16 +338,20 @@ mod tests {
             .map(|(c, n)| (c.name(), n))
             .collect();
         assert_eq!(
-            events["to_server"], 2380,
-            "client cookie + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback"
+            events["to_server"], 2411,
+            "client cookie + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback + SYNs without options + fallback misses"
         );
         assert_eq!(events["fallback_hits"], 50);
-        assert_eq!(events["options_slow_path"], 50);
+        assert_eq!(events["options_slow_path"], 177);
+        assert_eq!(events["fallback_connections"], 15);
+        assert_eq!(events["fallback_evictions"], 74);
+        assert_eq!(events["fallback_learned_from_server"], 96);
+        assert_eq!(events["fallback_misses"], 16);
         assert_eq!(
-            events["to_client"], 426,
-            "server cookie + server plain + closes + replies that learnt a clock"
+            events["to_client"], 522,
+            "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps"
         );
-        assert_eq!(events["fast_path"], 456);
+        assert_eq!(events["fast_path"], 552);
         assert_eq!(events["cookie_routed"], 10);
         assert_eq!(events["cookies_inserted"], 386);
         assert_eq!(events["options_fast_path"], 1496);
@@ -354,7 +361,7 @@ mod tests {
         assert_eq!(events["ts_msb_advanced"], 33);
         assert_eq!(events["icmp_routed_by_cookie"], 400);
         assert_eq!(events["new_connections"], 1100);
-        assert_eq!(events["syn_retransmissions"], 1000);
+        assert_eq!(events["syn_retransmissions"], 1012);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

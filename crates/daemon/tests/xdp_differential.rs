@@ -58,10 +58,7 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{parse_mac, ServerId, NANOS_PER_SEC};
 use cheetah_core::verdict::{DropReason, Verdict};
 use cheetah_daemon::clock::monotonic_ns;
-use cheetah_daemon::dataplane::xdp_layout::{
-    STAT_FAST_CLIENT_SYN, STAT_FAST_CLIENT_SYN_RETRANSMITTED, STAT_FAST_ICMP_COOKIE,
-    STAT_FAST_ICMP_PICK,
-};
+use cheetah_daemon::dataplane::xdp_layout::{STAT_FAST_ICMP_COOKIE, STAT_FAST_ICMP_PICK};
 use rand_core::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -399,7 +396,7 @@ fn judge(
     // The load counts the kernel moved: a SYN's pick is opened on the core's server; a
     // retransmitted SYN releases one count, its earlier pick's (which one is the handshake
     // table's word, compared below with the core's).
-    let syn = stat == STAT_FAST_CLIENT_SYN || stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED;
+    let syn = kernel.opened_a_connection();
     let opened: Vec<(u16, u64)> = kernel
         .traffic
         .iter()
@@ -412,7 +409,7 @@ fn judge(
     };
     let released: u64 = kernel.traffic.iter().map(|t| t.closed).sum();
     // A first close of a server's: one count down, on the server.
-    let released_expected = u64::from(stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED)
+    let released_expected = u64::from(kernel.released_a_syn())
         + u64::from(kernel.counted().contains(&Counter::ServerCloses));
     if opened != opened_expected || released != released_expected {
         return Err(format!(
@@ -623,10 +620,17 @@ fn the_kernel_does_what_the_core_does_or_hands_the_frame_up_unchanged() {
                 let kernel_words = words.copy();
                 words.restore_settled();
                 let verdict = worker.process(&mut frame, now, ingress);
-                (verdict, words.differences(&kernel_words))
+                (verdict, words.core_differences(&kernel_words))
             } else {
                 let verdict = worker.process(&mut frame, now, ingress);
-                (verdict, if handled { words.changed() } else { Vec::new() })
+                (
+                    verdict,
+                    if handled {
+                        words.core_changed()
+                    } else {
+                        Vec::new()
+                    },
+                )
             };
             let core = Core {
                 verdict,

@@ -49,10 +49,11 @@
 //! so the server it picked must be the core's (its `server_traffic` moved, `opened` by one,
 //! and the bytes are the core's for that server).
 //!
-//! The test cannot pass by handing everything up: in each cheetah and hash suite the
-//! established client vectors, the SYNs and the replies listed in `MUST_BE_HANDLED_IN_KERNEL`
-//! must have been handled by the kernel the first time they were sent (the replies among
-//! them are each their server's first: the kernel learns its clock).
+//! The test cannot pass by handing everything up: in each cheetah, hash and maglev suite
+//! the established client vectors, the SYNs (with and without timestamps), the segments
+//! without timestamps and the replies listed in `MUST_BE_HANDLED_IN_KERNEL` must have been
+//! handled by the kernel the first time they were sent (the replies among them are each
+//! their server's first: the kernel learns its clock).
 //!
 //! The namespace is the test thread's own (`unshare`), so it and its interfaces go away
 //! with the thread whatever happens; the publisher is given the routes and neighbours of
@@ -64,10 +65,13 @@ use std::fmt::Write as _;
 use cheetah_core::config::{LbConfig, Mode};
 use std::sync::Arc;
 
+use cheetah_core::hash::FlowKey;
 use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
+use cheetah_core::testkit::{options, TcpFrame};
 use cheetah_core::types::ServerId;
 use cheetah_core::verdict::Verdict;
+use cheetah_core::wire::tcp::flags;
 use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::xdp_layout::*;
 
@@ -128,21 +132,25 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-rst-after-fin",
             "icmp-frag-needed-cookie",
             "no-timestamps-ack-after-syn",
+            "syn-no-timestamps",
+            "client-rst-without-timestamps",
         ],
     ),
-    (
-        Mode::Hash,
-        &[
-            "syn-linux",
-            "established-ack",
-            "established-bad-tcp-checksum",
-            "server-syn-ack",
-            "icmp-frag-needed",
-            "icmp-frag-needed-port-40001",
-            "icmp-frag-needed-port-40002",
-            "icmp-frag-needed-port-40003",
-        ],
-    ),
+    (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),
+    (Mode::Maglev, BASELINE_HANDLED_IN_KERNEL),
+];
+
+/// The baselines (`pool[h % n]`, or the VIP's Maglev table in the kernel) place every
+/// segment alike.
+const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
+    "syn-linux",
+    "established-ack",
+    "established-bad-tcp-checksum",
+    "server-syn-ack",
+    "icmp-frag-needed",
+    "icmp-frag-needed-port-40001",
+    "icmp-frag-needed-port-40002",
+    "icmp-frag-needed-port-40003",
 ];
 
 // --- One suite ----------------------------------------------------------------------------
@@ -221,9 +229,9 @@ fn judge(
         return;
     };
     let stat = kernel.fast_stat();
-    let syn = stat == STAT_FAST_CLIENT_SYN || stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED;
-    // A reply's entries (cookie, plain, closes, each with a clock learnt or not) all
-    // stand for the core's `to_client`.
+    let syn = kernel.opened_a_connection();
+    // A reply's entries (cookie, plain, closes, each with a clock learnt or not, and a
+    // SYN-ACK that taught the fallback table) all stand for the core's `to_client`.
     let toward_client = kernel.counted().contains(&Counter::ToClient);
     let icmp = stat == STAT_FAST_ICMP_COOKIE || stat == STAT_FAST_ICMP_PICK;
     let direction_ok = match verdict {
@@ -232,6 +240,7 @@ fn judge(
                 STAT_FAST_CLIENT_COOKIE,
                 STAT_FAST_CLIENT_PICK,
                 STAT_FAST_CLIENT_FALLBACK,
+                STAT_FAST_FALLBACK_MISS,
             ]
             .contains(&stat)
                 || syn
@@ -263,7 +272,7 @@ fn judge(
     }
     let first_close = u64::from(kernel.counted().contains(&Counter::ServerCloses));
     let closed: u64 = kernel.traffic.iter().map(|moved| moved.closed).sum();
-    let released_by_syn = u64::from(stat == STAT_FAST_CLIENT_SYN_RETRANSMITTED);
+    let released_by_syn = u64::from(kernel.released_a_syn());
     if closed != first_close + released_by_syn {
         fail(format!(
             "server_traffic.closed moved by {closed} for {}",
@@ -444,7 +453,7 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
                 let core = CoreRun::of(worker, &packet_in, *now);
                 let words = WordsRun {
                     kernel_wrote,
-                    differ: shared.differences(&after_kernel),
+                    differ: shared.core_differences(&after_kernel),
                 };
                 match &kernel {
                     Some(kernel) => judge(
@@ -576,15 +585,67 @@ const CLOCK: &str = "clock";
 
 // --- The fallback table, one for the kernel and the core ----------------------------------
 
+/// Checks that the kernel handled `what` as `stat` with the core's bytes, counters and
+/// server traffic.
+fn assert_kernel_is_core(
+    topology: &Topology,
+    config: &LbConfig,
+    what: &str,
+    run: &KernelRun,
+    core: &CoreRun,
+    stat: u32,
+) {
+    assert_eq!(
+        (run.fast_moved(), &run.up[..]),
+        (1, &[][..] as &[&str]),
+        "{what}: handled in the kernel"
+    );
+    assert_eq!(run.fast_stat(), stat, "{what}: {}", run.fast_name());
+    let (action, expected) = after_egress(
+        topology,
+        config,
+        topology.servers,
+        core.verdict,
+        &core.frame,
+    )
+    .unwrap_or_else(|| panic!("{what}: the core says {:?}", core.verdict));
+    assert_eq!(run.action, action, "{what}");
+    assert_eq!(hex(&run.frame), hex(&expected), "{what}: the core's bytes");
+    assert_eq!(run.counted(), core.counted, "{what}: what the core counts");
+    let Verdict::ToServer(server) = core.verdict else {
+        unreachable!()
+    };
+    let traffic: Vec<u16> = run
+        .traffic
+        .iter()
+        .filter(|t| t.packets != 0)
+        .map(|t| t.server)
+        .collect();
+    assert_eq!(traffic, [server.0], "{what}: the server's traffic");
+}
+
+/// The servers whose load counts a kernel run moved: (server, opened, closed).
+fn opened_and_closed(run: &KernelRun) -> Vec<(u16, u64, u64)> {
+    run.traffic
+        .iter()
+        .filter(|t| t.opened != 0 || t.closed != 0)
+        .map(|t| (t.server, t.opened, t.closed))
+        .collect()
+}
+
 /// The fallback table's time unit (2^30 ns, core lb/fallback.rs).
 const UNIT_SHIFT: u32 = 30;
 
-/// A client without timestamps, in l2-cheetah's vectors: its SYN (placed by Maglev through
-/// the core, which remembers it in the table over the kernel's words), then its ACK and a
-/// RST without ACK, both of the same flow, must be forwarded by the kernel from that table
-/// with the bytes and counters the core gives them, and the kernel's refresh of the flow's
-/// time must be the word the core writes. A flow the table does not know, and a flow
-/// whose server was removed, go up unchanged.
+/// A client without timestamps, in l2-cheetah's vectors: its SYN must be placed by the
+/// kernel with the VIP's Maglev table and remembered in the table it shares with the core,
+/// as a core alone places and remembers it (the same bytes, counters and table words; sent
+/// again, a retransmission); then its ACK and a RST without ACK, both of the same flow,
+/// must be forwarded by the kernel from that table with the bytes and counters the core
+/// gives them, and the kernel's refresh of the flow's time must be the word the core
+/// writes. A flow the table does not know is forwarded by the Maglev table as the core
+/// forwards it; a SYN without any options is placed like the first, and one into a full
+/// set evicts the flow the core evicts; a server's SYN-ACK without timestamps teaches the
+/// table its server. A flow whose server was removed goes up unchanged.
 #[test]
 fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     if !is_root() {
@@ -642,19 +703,51 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
         WorkerConfig::new(0, 1, &suite.config),
     );
 
-    // The SYN: a new connection, placed by the core (Maglev: no timestamp), which
-    // remembers it.
-    let up = kernel.run(topology.servers, &syn, &ids, syn_at);
-    assert_eq!((up.fast_moved(), &up.up[..]), (0, &["new_connection"][..]));
-    assert_eq!(up.frame, syn, "a SYN goes up unchanged");
-    let placed = worker.process(&mut syn.clone(), syn_at, Ingress::ServerSide);
+    // The SYN (options, none a timestamp): a new connection, placed by the VIP's Maglev
+    // table and remembered, in the kernel as in the core.
+    let syn_run = kernel.run(topology.servers, &syn, &ids, syn_at);
+    let syn_core = CoreRun::of(&mut reference, &syn, syn_at);
+    let placed = syn_core.verdict;
+    assert_kernel_is_core(
+        &topology,
+        &suite.config,
+        "SYN without timestamps",
+        &syn_run,
+        &syn_core,
+        STAT_FAST_FALLBACK_SYN,
+    );
+    let Verdict::ToServer(server) = placed else {
+        panic!("the SYN was placed: {placed:?}")
+    };
     assert_eq!(
-        reference.process(&mut syn.clone(), syn_at, Ingress::ServerSide),
-        placed
+        opened_and_closed(&syn_run),
+        [(server.0, 1, 0)],
+        "the pick is counted as a new connection"
     );
     let table = &plane.shared().fallback;
-    assert_eq!(table.len(), 1, "the core's SYN is in the kernel's words");
+    assert_eq!(table.len(), 1, "the kernel's insert is in the core's table");
+    assert_eq!(
+        table.export(now),
+        reference_plane.shared().fallback.export(now),
+        "the kernel's insert is the core's"
+    );
     assert_eq!(table.export(now)[0].idle_units, 5);
+    // Sent again: the handshake table knows it, the earlier pick's count is released.
+    let again = kernel.run(topology.servers, &syn, &ids, syn_at);
+    let again_core = CoreRun::of(&mut reference, &syn, syn_at);
+    assert_kernel_is_core(
+        &topology,
+        &suite.config,
+        "retransmitted SYN without timestamps",
+        &again,
+        &again_core,
+        STAT_FAST_FALLBACK_SYN_RETRANSMITTED,
+    );
+    assert_eq!(opened_and_closed(&again), [(server.0, 1, 1)]);
+    assert_eq!(
+        table.export(now),
+        reference_plane.shared().fallback.export(now)
+    );
 
     // Its ACK and its RST: forwarded by the kernel from the core's entry.
     for (what, segment) in [("ACK", &ack), ("RST without ACK", &rst)] {
@@ -664,27 +757,14 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
             core.verdict, placed,
             "{what}: the core routes it by the table"
         );
-        assert_eq!(
-            (run.fast_stat(), run.fast_moved(), &run.up[..]),
-            (STAT_FAST_CLIENT_FALLBACK, 1, &[][..] as &[&str]),
-            "{what}: handled in the kernel as a fallback hit"
-        );
-        let (action, expected) = after_egress(
+        assert_kernel_is_core(
             &topology,
             &suite.config,
-            topology.servers,
-            core.verdict,
-            &core.frame,
-        )
-        .unwrap();
-        assert_eq!(run.action, action, "{what}");
-        assert_eq!(hex(&run.frame), hex(&expected), "{what}: the core's bytes");
-        assert_eq!(run.counted(), core.counted, "{what}: what the core counts");
-        let Verdict::ToServer(server) = core.verdict else {
-            unreachable!()
-        };
-        let traffic: Vec<u16> = run.traffic.iter().map(|t| t.server).collect();
-        assert_eq!(traffic, [server.0], "{what}: the server's traffic");
+            what,
+            &run,
+            &core,
+            STAT_FAST_CLIENT_FALLBACK,
+        );
         // The kernel refreshed the flow's time as the core's lookup did (the same word:
         // the same flows with the same idle times, at any instant).
         assert_eq!(
@@ -695,19 +775,121 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
         assert_eq!(table.export(now)[0].idle_units, 0, "{what}: refreshed");
     }
 
-    // Another client port: not in the table. Up unchanged; the core asks Maglev.
+    // Another client port: not in the table. The kernel forwards it by the Maglev table,
+    // as the core does, and remembers nothing.
     let mut stranger = ack.clone();
     stranger[34..36].copy_from_slice(&0x9c41u16.to_be_bytes());
     let run = kernel.run(topology.servers, &stranger, &ids, now);
-    assert_eq!((run.fast_moved(), &run.up[..]), (0, &["fallback_miss"][..]));
-    assert_eq!(run.frame, stranger, "a miss goes up unchanged");
-    let core = CoreRun::of(&mut worker, &stranger, now);
-    assert!(
-        matches!(core.verdict, Verdict::ToServer(_)),
-        "{:?}",
-        core.verdict
-    );
+    let core = CoreRun::of(&mut reference, &stranger, now);
     assert!(core.counted.contains(&Counter::FallbackMisses));
+    assert_kernel_is_core(
+        &topology,
+        &suite.config,
+        "fallback miss",
+        &run,
+        &core,
+        STAT_FAST_FALLBACK_MISS,
+    );
+    assert_eq!(table.len(), 1, "a miss remembers nothing");
+
+    // A SYN without any options, of a third client port: placed and remembered likewise.
+    let mut bare_syn = ack.clone();
+    bare_syn[34..36].copy_from_slice(&0x9c42u16.to_be_bytes());
+    bare_syn[47] = 0x02;
+    let run = kernel.run(topology.servers, &bare_syn, &ids, now);
+    let core = CoreRun::of(&mut reference, &bare_syn, now);
+    assert_kernel_is_core(
+        &topology,
+        &suite.config,
+        "SYN without options",
+        &run,
+        &core,
+        STAT_FAST_FALLBACK_SYN,
+    );
+    assert_eq!(table.len(), 2);
+    assert_eq!(
+        table.export(now),
+        reference_plane.shared().fallback.export(now)
+    );
+
+    // A set full of flows: the next SYN of that set takes the way used least recently,
+    // in the kernel as in the core (FallbackEvictions).
+    let hasher = &plane.shared().hasher;
+    let ip = |at: usize| u32::from_be_bytes(ack[at..at + 4].try_into().unwrap());
+    let vip_port = u16::from_be_bytes([ack[36], ack[37]]);
+    let set_of = |port: u16| {
+        hasher.hash(&FlowKey::tcp(ip(26), port, ip(30), vip_port)) as usize & (table.sets() - 1)
+    };
+    let target = set_of(20_000);
+    let same_set: Vec<u16> = (20_000..u16::MAX)
+        .filter(|&port| set_of(port) == target)
+        .take(FALLBACK_WAYS + 1)
+        .collect();
+    assert_eq!(same_set.len(), FALLBACK_WAYS + 1);
+    assert!(
+        table
+            .export(now)
+            .iter()
+            .all(|flow| flow.set as usize != target),
+        "the set starts empty"
+    );
+    for (n, port) in same_set.iter().enumerate() {
+        let mut syn = bare_syn.clone();
+        syn[34..36].copy_from_slice(&port.to_be_bytes());
+        let at = now + n as u64 * (1 << UNIT_SHIFT);
+        let run = kernel.run(topology.servers, &syn, &ids, at);
+        let core = CoreRun::of(&mut reference, &syn, at);
+        let (what, stat) = if n < FALLBACK_WAYS {
+            (format!("SYN {n} into a set"), STAT_FAST_FALLBACK_SYN)
+        } else {
+            (
+                "SYN into a full set".to_string(),
+                STAT_FAST_FALLBACK_SYN_EVICTED,
+            )
+        };
+        assert_kernel_is_core(&topology, &suite.config, &what, &run, &core, stat);
+        assert_eq!(
+            table.export(at),
+            reference_plane.shared().fallback.export(at),
+            "{what}: the kernel's insert is the core's"
+        );
+    }
+    assert_eq!(table.len(), 2 + FALLBACK_WAYS);
+
+    // A server's SYN-ACK without timestamps (a client that offered none): toward the
+    // client, and its server learnt by the table, in the kernel as in the core.
+    let syn_ack = TcpFrame::from_server_l2(
+        2,
+        ip(26),
+        0x9c43,
+        flags::SYN | flags::ACK,
+        options::windows_syn(),
+    )
+    .build();
+    let run = kernel.run(topology.servers, &syn_ack, &ids, now);
+    let core = CoreRun::of(&mut reference, &syn_ack, now);
+    assert_eq!(
+        (run.fast_moved(), &run.up[..]),
+        (1, &[][..] as &[&str]),
+        "SYN-ACK without timestamps: handled in the kernel"
+    );
+    assert_eq!(run.fast_stat(), STAT_FAST_SERVER_FALLBACK_LEARNED);
+    let (action, expected) = after_egress(
+        &topology,
+        &suite.config,
+        topology.servers,
+        core.verdict,
+        &core.frame,
+    )
+    .expect("toward the client");
+    assert_eq!((run.action, hex(&run.frame)), (action, hex(&expected)));
+    assert_eq!(run.counted(), core.counted, "what the core counts");
+    assert_eq!(
+        table.export(now),
+        reference_plane.shared().fallback.export(now),
+        "the kernel learnt what the core learns"
+    );
+    assert_eq!(table.len(), 3 + FALLBACK_WAYS);
 
     // Its server removed: the core drops the segment and forgets the flow; the kernel
     // leaves both to it.
@@ -722,5 +904,9 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     assert_eq!(run.frame, ack, "goes up unchanged");
     let verdict = worker.process(&mut ack.clone(), now, Ingress::ServerSide);
     assert_eq!(verdict_name(verdict), "drop:fallback_server_removed");
-    assert!(plane.shared().fallback.is_empty());
+    assert_eq!(
+        plane.shared().fallback.len(),
+        2 + FALLBACK_WAYS,
+        "the flow is forgotten, the others stay"
+    );
 }

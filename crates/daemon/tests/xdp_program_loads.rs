@@ -38,7 +38,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 33;
+const STAT_COUNT: u32 = 40;
 const STAT_SLOTS: u32 = 64;
 const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
@@ -55,7 +55,7 @@ const LOOPBACK_IFINDEX: u32 = 1;
 /// Sizes of the shared structs, as the C compiler lays them out (cheetah_shared.h).
 const BACKEND_KEY: u32 = 8; // addr, port, pad
 const BACKEND_INFO: u32 = 4; // server, vip_index
-const LB_CONFIG: u32 = 40; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq, fallback_mask, clock_base_ns, vip_addr_filter
+const LB_CONFIG: u32 = 48; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq, fallback_mask, maglev_size, (pad), clock_base_ns, vip_addr_filter
 const FALLBACK_SET: u32 = 64; // way[8]
 const VIP_KEY: u32 = 8; // addr, port, protocol, pad
 const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64], policy, pad[3]
@@ -128,7 +128,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 27] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 28] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -266,6 +266,8 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             MAX_NEXT_HOPS,
             0,
         ),
+        // VIP index -> the fd of its Maglev table's inner array (made by the publisher).
+        ("maglev_tables", MapType::ArrayOfMaps, 4, 4, MAX_VIPS, 0),
     ];
     for (name, kind, key_size, value_size, max_entries, flags) in expected {
         let map = map(&object, name);
@@ -346,7 +348,7 @@ fn publish(
     config[5] = nat as u8; // LB_FORWARDING_L2 or LB_FORWARDING_NAT
     config[6] = layout.id_bits();
     config[8..10].copy_from_slice(&layout.max_server_id().to_ne_bytes());
-    config[32..40].copy_from_slice(&vip_addr_bit(VIP).to_ne_bytes());
+    config[40..48].copy_from_slice(&vip_addr_bit(VIP).to_ne_bytes());
     put(object, "lb_config", &0u32.to_ne_bytes(), &config);
 
     let mut vip_key = [0u8; VIP_KEY as usize];

@@ -33,9 +33,10 @@ use on_loopback::{lo, stat, LOOPBACK, ROUTES_VIA_LO, XDP_TX};
 const FLIPS: usize = 10_000;
 const CLIENTS: u32 = 64;
 
-/// Hash mode with NAT (the kernel picks `pool[h % n]` for every segment and writes the
-/// server's address and MAC): `pool` of servers 1-4, at addresses and MACs of `subnet`.
-fn tables(subnet: u8, pool: &[u16]) -> Wanted {
+/// `mode` (hash or maglev) with NAT (the kernel picks `pool[h % n]`, or the VIP's Maglev
+/// table, for every segment and writes the server's address and MAC): `pool` of servers
+/// 1-4, at addresses and MACs of `subnet`.
+fn tables(mode: &str, subnet: u8, pool: &[u16]) -> Wanted {
     let servers: String = (1..=4u8)
         .map(|id| {
             format!(
@@ -44,7 +45,7 @@ fn tables(subnet: u8, pool: &[u16]) -> Wanted {
         })
         .collect();
     let config = LbConfig::from_toml(&format!(
-        "mode = \"hash\"\nforwarding = \"nat\"\n{servers}\
+        "mode = \"{mode}\"\nforwarding = \"nat\"\n{servers}\
          [[vips]]\naddress = \"{}\"\nport = {VIP_PORT}\nservers = {pool:?}\n",
         Ipv4Addr::from(VIP)
     ))
@@ -89,6 +90,16 @@ struct Seen {
 
 #[test]
 fn no_packet_sees_half_of_a_publication() {
+    no_packet_sees_half_of_a_publication_in("hash");
+}
+
+/// The same with each flip rewriting the VIP's Maglev table in place (maglev_tables.rs).
+#[test]
+fn no_packet_sees_half_of_a_publication_of_a_maglev_table() {
+    no_packet_sees_half_of_a_publication_in("maglev");
+}
+
+fn no_packet_sees_half_of_a_publication_in(mode: &str) {
     if !is_root() {
         eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
         return;
@@ -96,8 +107,8 @@ fn no_packet_sees_half_of_a_publication() {
     let program = SteeringProgram::load(FALLBACK_WAYS).unwrap();
     // Other addresses, other MACs, another pool (of another size): almost every
     // connection goes elsewhere, and a mix of the two is a third answer.
-    let first = tables(20, &[1, 2, 3, 4]);
-    let second = tables(21, &[3, 1, 2]);
+    let first = tables(mode, 20, &[1, 2, 3, 4]);
+    let second = tables(mode, 21, &[3, 1, 2]);
     let frames: Vec<Vec<u8>> = (0..CLIENTS)
         .map(|n| {
             TcpFrame::from_client(
@@ -150,7 +161,7 @@ fn no_packet_sees_half_of_a_publication() {
     });
     let raced = stat(&program, STAT_UP_PUBLISHING) - raced_before;
     eprintln!(
-        "{FLIPS} publications under traffic: {} packets as the first, {} as the second, \
+        "{mode}: {FLIPS} publications under traffic: {} packets as the first, {} as the second, \
          {} handed up ({raced} for racing a publication), {} mixed",
         seen.first,
         seen.second,

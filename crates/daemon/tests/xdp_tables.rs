@@ -14,11 +14,13 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::types::{ServerId, NANOS_PER_SEC};
 use cheetah_core::wire::tcp::flags::ACK;
+use cheetah_daemon::dataplane::maglev_tables;
 use cheetah_daemon::dataplane::vip_slots;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
-    Encode, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, STAT_FAST_CLIENT_COOKIE,
-    STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_COOKIE, STAT_UP_OTHER,
+    Encode, MaglevChunk, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, STAT_FAST_CLIENT_COOKIE,
+    STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_COOKIE,
+    STAT_UP_OTHER,
 };
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::{MapCore, MapFlags};
@@ -251,4 +253,131 @@ fn a_client_segment_finds_its_vip_by_its_slot() {
     assert_eq!(bytes, frame, "no VIP known: up, unchanged");
     assert_eq!(stat(&program, STAT_UP_OTHER), other + 1);
     assert_eq!(stat(&program, STAT_FAST_CLIENT_COOKIE), routed + 1);
+}
+
+/// Chunk 0 of VIP `index`'s table in the kernel (`None`: no table).
+fn first_chunk(program: &SteeringProgram, index: u32) -> Option<Vec<u8>> {
+    let inner = maglev_tables::table_map(program, index).unwrap()?;
+    inner.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).unwrap()
+}
+
+/// A chunk no table holds (server 0x7777 in every slot), to see whether a publication
+/// wrote a table again.
+const MARK: [u8; 64] = [0x77; 64];
+
+fn mark(program: &SteeringProgram, index: u32) {
+    let inner = maglev_tables::table_map(program, index).unwrap().unwrap();
+    inner
+        .update(&0u32.to_ne_bytes(), &MARK, MapFlags::ANY)
+        .unwrap();
+}
+
+fn chunk_bytes(chunk: &MaglevChunk) -> Vec<u8> {
+    chunk
+        .server
+        .iter()
+        .flat_map(|id| id.to_ne_bytes())
+        .collect()
+}
+
+/// Maglev mode: each VIP's table is in the kernel, slot for slot the core's; the kernel
+/// forwards a client segment where the core's table says; a pool change rewrites only its
+/// own VIP's table, a publication that changes no pool rewrites none, and a VIP whose pool
+/// empties loses its table (its packets then go up).
+#[test]
+fn the_publisher_writes_a_maglev_table_only_when_its_pool_changed() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
+        return;
+    }
+    let mut config = testkit::config(Mode::Maglev, Forwarding::L2, PolicyKind::Maglev, 5);
+    config.vips[0].servers = vec![1, 2, 3];
+    let mut other = config.vips[0].clone();
+    other.port = VIP_PORT + 1;
+    other.servers = vec![4, 5];
+    config.vips.push(other);
+    let program = SteeringProgram::load(config.fallback_table_capacity).unwrap();
+    let mut plane = ControlPlane::new(&config, &Secret([7; 16])).unwrap();
+    let mut publisher = Publisher::new();
+    publish(&program, &plane, &mut publisher, true);
+
+    // The kernel's table is the core's, and it forwards by it.
+    let snapshot = plane.shared().snapshot.load();
+    let table = &snapshot.vip(0).pool.maglev;
+    let inner = maglev_tables::table_map(&program, 0).unwrap().unwrap();
+    let chunks = maglev_tables::chunks(table);
+    assert_eq!(inner.max_entries() as usize, chunks.len());
+    for (index, chunk) in chunks.iter().enumerate().step_by(97) {
+        let bytes = inner
+            .lookup(&(index as u32).to_ne_bytes(), MapFlags::ANY)
+            .unwrap()
+            .unwrap();
+        assert_eq!(bytes, chunk_bytes(chunk), "chunk {index}");
+    }
+    let picked = stat(&program, STAT_FAST_CLIENT_PICK);
+    for n in 0..32 {
+        let (client, client_port) = (testkit::client_ip(n), 40_000 + n as u16);
+        let hash = plane
+            .shared()
+            .hasher
+            .hash(&FlowKey::tcp(client, client_port, VIP, VIP_PORT));
+        let server = table.lookup(hash).unwrap();
+        let frame =
+            TcpFrame::from_client(client, client_port, ACK, options::nop_nop_ts(99, 7)).build();
+        let (verdict, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
+        assert_eq!(verdict, XDP_TX, "client {n}");
+        assert_eq!(bytes[0..6], testkit::server_mac(server.0), "client {n}");
+    }
+    assert_eq!(stat(&program, STAT_FAST_CLIENT_PICK), picked + 32);
+
+    // Nothing changed: nothing is written.
+    mark(&program, 0);
+    mark(&program, 1);
+    publish(&program, &plane, &mut publisher, true);
+    assert_eq!(first_chunk(&program, 0).unwrap(), MARK);
+    assert_eq!(first_chunk(&program, 1).unwrap(), MARK);
+
+    // VIP 0's pool changes: its table is written again, VIP 1's is not.
+    plane.drain_server(3).unwrap();
+    publish(&program, &plane, &mut publisher, true);
+    let changed = std::sync::Arc::clone(&plane.shared().snapshot.load().vip(0).pool.maglev);
+    assert_ne!(&changed, table);
+    assert_eq!(
+        first_chunk(&program, 0).unwrap(),
+        chunk_bytes(&maglev_tables::chunks(&changed)[0]),
+        "VIP 0's table rewritten"
+    );
+    assert_eq!(
+        first_chunk(&program, 1).unwrap(),
+        MARK,
+        "VIP 1's left alone"
+    );
+
+    // VIP 1's pool empties: its table goes, and its packets go up.
+    plane.drain_server(4).unwrap();
+    plane.drain_server(5).unwrap();
+    publish(&program, &plane, &mut publisher, true);
+    assert_eq!(first_chunk(&program, 1), None);
+    let mut frame = TcpFrame::from_client(
+        testkit::client_ip(1),
+        40_000,
+        ACK,
+        options::nop_nop_ts(99, 7),
+    );
+    frame.dst_port = VIP_PORT + 1;
+    let frame = frame.build();
+    let other = stat(&program, STAT_UP_OTHER);
+    let (_, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
+    assert_eq!(bytes, frame, "no table: up unchanged");
+    assert_eq!(stat(&program, STAT_UP_OTHER), other + 1);
+
+    // A fresh publisher (a restarted daemon) knows nothing it wrote: it writes every
+    // table and empties every other slot.
+    mark(&program, 0);
+    publish(&program, &plane, &mut Publisher::new(), true);
+    assert_eq!(
+        first_chunk(&program, 0).unwrap(),
+        chunk_bytes(&maglev_tables::chunks(&changed)[0])
+    );
+    assert_eq!(first_chunk(&program, 1), None);
 }

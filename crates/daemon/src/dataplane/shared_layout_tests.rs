@@ -168,6 +168,30 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED",
             STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED as usize,
         ),
+        ("STAT_FAST_FALLBACK_SYN", STAT_FAST_FALLBACK_SYN as usize),
+        (
+            "STAT_FAST_FALLBACK_SYN_EVICTED",
+            STAT_FAST_FALLBACK_SYN_EVICTED as usize,
+        ),
+        (
+            "STAT_FAST_FALLBACK_SYN_RETRANSMITTED",
+            STAT_FAST_FALLBACK_SYN_RETRANSMITTED as usize,
+        ),
+        (
+            "STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED",
+            STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED as usize,
+        ),
+        ("STAT_FAST_FALLBACK_MISS", STAT_FAST_FALLBACK_MISS as usize),
+        (
+            "STAT_FAST_SERVER_FALLBACK_LEARNED",
+            STAT_FAST_SERVER_FALLBACK_LEARNED as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED",
+            STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED as usize,
+        ),
+        ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
+        ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (
             "STAT_COUNT",
             // The event counters: STAT_NEXT_HOP_MISS and STAT_REPLY_BY_STEERING.
@@ -253,10 +277,12 @@ fn rust_side() -> BTreeMap<String, u64> {
         generation,
         publish_seq,
         fallback_mask,
+        maglev_size,
         clock_base_ns,
         vip_addr_filter
     ));
     values.extend(layout!(FallbackSet, "struct fallback_set", way));
+    values.extend(layout!(MaglevChunk, "struct maglev_chunk", server));
     values.extend(layout!(VipKey, "struct vip_key", addr, port, protocol, pad));
     values.extend(layout!(
         VipInfo,

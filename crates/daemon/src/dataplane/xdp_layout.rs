@@ -105,7 +105,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 10] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 17] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -132,7 +132,7 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 10] = [
         STAT_FAST_ICMP_COOKIE,
         &[Counter::IcmpRoutedByCookie, Counter::ToServer],
     ),
-    // Hash mode counts only the verdict.
+    // The baselines count only the verdict.
     (STAT_FAST_ICMP_PICK, &[Counter::ToServer]),
     // A reply that learnt its server's clock: the entries above, plus what
     // `learn_server_clock` counts.
@@ -200,6 +200,73 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 10] = [
             Counter::MsbAdvanced,
         ],
     ),
+    // A SYN without options: the option walk, `remember`, its eviction, the handshake
+    // table's retransmission, the verdict.
+    (
+        STAT_FAST_FALLBACK_SYN,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackConnections,
+            Counter::ToServer,
+        ],
+    ),
+    (
+        STAT_FAST_FALLBACK_SYN_EVICTED,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackConnections,
+            Counter::FallbackEvictions,
+            Counter::ToServer,
+        ],
+    ),
+    (
+        STAT_FAST_FALLBACK_SYN_RETRANSMITTED,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackConnections,
+            Counter::SynRetransmissions,
+            Counter::ToServer,
+        ],
+    ),
+    (
+        STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackConnections,
+            Counter::FallbackEvictions,
+            Counter::SynRetransmissions,
+            Counter::ToServer,
+        ],
+    ),
+    (
+        STAT_FAST_FALLBACK_MISS,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackMisses,
+            Counter::ToServer,
+        ],
+    ),
+    // A server's SYN-ACK without a timestamp: the server path's count, the option walk,
+    // what it taught the table (and evicted), the verdict.
+    (
+        STAT_FAST_SERVER_FALLBACK_LEARNED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsSlowPath,
+            Counter::FallbackLearnedFromServer,
+            Counter::ToClient,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsSlowPath,
+            Counter::FallbackLearnedFromServer,
+            Counter::FallbackEvictions,
+            Counter::ToClient,
+        ],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -220,10 +287,35 @@ pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_LEARNED: u32 = 30;
 pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_ADVANCED: u32 = 31;
 /// Server replies `reply_senders` did not know, found by steering's lookups instead.
 pub const STAT_REPLY_BY_STEERING: u32 = 32;
-pub const STAT_COUNT: u32 = 33;
+/// A client SYN without TCP options placed by the VIP's Maglev table and remembered in the
+/// fallback table; with an eviction, a retransmission, or both.
+pub const STAT_FAST_FALLBACK_SYN: u32 = 33;
+pub const STAT_FAST_FALLBACK_SYN_EVICTED: u32 = 34;
+pub const STAT_FAST_FALLBACK_SYN_RETRANSMITTED: u32 = 35;
+pub const STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED: u32 = 36;
+/// A client segment without TCP options the fallback table does not know, forwarded by
+/// the VIP's Maglev table.
+pub const STAT_FAST_FALLBACK_MISS: u32 = 37;
+/// A server's SYN-ACK without a timestamp that taught the fallback table its server
+/// (evicting a flow, or not).
+pub const STAT_FAST_SERVER_FALLBACK_LEARNED: u32 = 38;
+pub const STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED: u32 = 39;
+
+pub const STAT_COUNT: u32 = 40;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;
+/// Slots of a Maglev table per entry of its inner array (`struct maglev_chunk`).
+pub const MAGLEV_CHUNK_SLOTS: usize = 32;
+/// A slot past a table's end in its last chunk.
+pub const MAGLEV_NO_SERVER: u16 = u16::MAX;
+
+/// `struct maglev_chunk`: one entry of a VIP's inner array in `maglev_tables`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaglevChunk {
+    pub server: [u16; MAGLEV_CHUNK_SLOTS],
+}
 
 /// Ways of a fallback table set (`FALLBACK_WAYS`): the core's `fallback::WAYS`.
 pub const FALLBACK_WAYS: usize = 8;
@@ -294,6 +386,8 @@ pub struct LbConfigValue {
     pub publish_seq: u32,
     /// The fallback table's sets - 1.
     pub fallback_mask: u32,
+    /// Slots of every VIP's Maglev table (`maglev_tables`); 0: none published.
+    pub maglev_size: u32,
     /// CLOCK_MONOTONIC ns at which the daemon's clock read 0 (`Clock::monotonic_base_ns`):
     /// set by `SteeringProgram::set_clock_base` alone; an update of the whole value must
     /// carry it as it is.
@@ -320,12 +414,16 @@ impl Encode for LbConfigValue {
                 &self.fallback_mask.to_ne_bytes(),
             )
             .put(
-                offset_of!(Self, vip_addr_filter),
-                &self.vip_addr_filter.to_ne_bytes(),
+                offset_of!(Self, maglev_size),
+                &self.maglev_size.to_ne_bytes(),
             )
             .put(
                 offset_of!(Self, clock_base_ns),
                 &self.clock_base_ns.to_ne_bytes(),
+            )
+            .put(
+                offset_of!(Self, vip_addr_filter),
+                &self.vip_addr_filter.to_ne_bytes(),
             )
             .0
     }
@@ -784,11 +882,12 @@ mod tests {
             generation: 7,
             publish_seq: 9,
             fallback_mask: 0x3f,
+            maglev_size: 65_537,
             clock_base_ns: 0x0102_0304_0506_0708,
             vip_addr_filter: 0x1000_0000_0000_0001,
         };
         let bytes = config.to_bytes();
-        assert_eq!(bytes.len(), 40);
+        assert_eq!(bytes.len(), 48);
         assert_eq!(bytes[..4], 1u32.to_ne_bytes());
         assert_eq!(bytes[4..8], [1, 1, 12, 0], "padding is written as zero");
         assert_eq!(bytes[8..10], 0x0fffu16.to_ne_bytes());
@@ -796,8 +895,9 @@ mod tests {
         assert_eq!(bytes[12..16], 7u32.to_ne_bytes());
         assert_eq!(bytes[16..20], 9u32.to_ne_bytes());
         assert_eq!(bytes[20..24], 0x3fu32.to_ne_bytes());
-        assert_eq!(bytes[24..32], 0x0102_0304_0506_0708u64.to_ne_bytes());
-        assert_eq!(bytes[32..], 0x1000_0000_0000_0001u64.to_ne_bytes());
+        assert_eq!(bytes[24..28], 65_537u32.to_ne_bytes());
+        assert_eq!(bytes[32..40], 0x0102_0304_0506_0708u64.to_ne_bytes());
+        assert_eq!(bytes[40..], 0x1000_0000_0000_0001u64.to_ne_bytes());
         let key = VipKey {
             addr: [10, 0, 0, 100],
             port: 80u16.to_be_bytes(),

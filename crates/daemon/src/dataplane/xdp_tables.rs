@@ -1,7 +1,8 @@
 //! Publishes the core's tables into the XDP program's maps, so its in-kernel path
 //! (`bpf/lib/fast_path.h`) forwards exactly as the core would, and its steering knows the
 //! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `vip_weights`,
-//! `vip_slots`, `servers`, `server_macs`, `backends`, `reply_senders` and `server_side`; and, on every new snapshot, the
+//! `vip_slots`, `servers`, `server_macs`, `backends`, `reply_senders`, `server_side` and
+//! `maglev_tables` (`maglev_tables.rs`); and, on every new snapshot, the
 //! per-CPU policy state the kernel's SYN path starts from (`xdp_policy.rs`).
 //!
 //! [`wanted`] works out every map's entries from a snapshot, the LB's interfaces and their
@@ -13,6 +14,7 @@
 //! generation with old servers or VIPs.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use anyhow::Context;
 use cheetah_core::config::{Forwarding, Mode};
@@ -23,6 +25,7 @@ use cheetah_core::tables::{vip_addr_bit, SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::egress;
+use super::maglev_tables::{self, MaglevTables};
 use super::publish_window::LazyWindow;
 use super::reply_senders;
 use super::vip_slots;
@@ -60,6 +63,8 @@ pub struct Wanted {
     pub backends: Entries,
     pub reply_senders: Entries,
     pub server_side: Entries,
+    /// The `maglev_tables` slots (`maglev_tables.rs`).
+    pub maglev: MaglevTables,
 }
 
 /// A `backend_info.vip_index` that names no VIP (`vips_by_index` has `MAX_VIPS` entries):
@@ -145,6 +150,14 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             break;
         }
         let pool = &vip.pool.servers;
+        // Hash mode never asks Maglev; the others do (cheetah for clients without
+        // timestamps). Every table has the config's size; an empty pool has none.
+        if snapshot.mode != Mode::Hash && !vip.pool.maglev.is_empty() {
+            wanted.config.maglev_size = vip.pool.maglev.len() as u32;
+            wanted
+                .maglev
+                .insert(index as u32, Arc::clone(&vip.pool.maglev));
+        }
         let mut info = VipInfo {
             hash_prefix: snapshot.vip_hash_prefix(index as u16).state(),
             addr: addr.octets(),
@@ -343,6 +356,9 @@ impl Publisher {
             self.policies
                 .keep_seeded(kept_policies(program, &wanted)?, kept_generators(program));
         }
+        // Before the window opens: building and opening tables takes milliseconds.
+        let maglev = maglev_tables::plan(program, &wanted.maglev, last.as_ref().map(|l| &l.maglev))
+            .context("cannot prepare the XDP program's maglev_tables")?;
         let array = |entries: usize, value_size: usize| Kind::Array {
             entries,
             value_size,
@@ -425,6 +441,9 @@ impl Publisher {
             sync(program, &mut window, name, kind, entries, last)
                 .with_context(|| format!("cannot update the XDP program's {name} map"))?;
         }
+        maglev
+            .apply(program, &mut window)
+            .context("cannot update the XDP program's maglev_tables")?;
         if last.as_ref().map(|l| l.config) != Some(wanted.config) {
             let config = LbConfigValue {
                 publish_seq: window.before_write()?,

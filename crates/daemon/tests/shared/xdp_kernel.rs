@@ -142,6 +142,20 @@ impl KernelRun {
         counted
     }
 
+    /// Whether the packet placed a new connection (the core's `new_connections` or
+    /// `fallback_connections`): `server_traffic.opened` moved by one on its server.
+    pub fn opened_a_connection(&self) -> bool {
+        let counted = self.counted();
+        counted.contains(&Counter::NewConnections)
+            || counted.contains(&Counter::FallbackConnections)
+    }
+
+    /// Whether the packet was a retransmitted SYN (the core's `syn_retransmissions`), whose
+    /// earlier pick's count was released: `server_traffic.closed` moved by one.
+    pub fn released_a_syn(&self) -> bool {
+        self.counted().contains(&Counter::SynRetransmissions)
+    }
+
     /// Why it went up, or what steering did with a packet the fast path did not look at
     /// (no socket is bound here, so steering drops what the LB owns).
     pub fn up_name(&self) -> String {

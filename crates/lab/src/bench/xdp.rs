@@ -39,9 +39,10 @@ use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::{size_fallback, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::{
     Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
-    STAT_FAST_CLIENT_SYN, STAT_FAST_ICMP_COOKIE, STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE,
-    STAT_FAST_SERVER_COOKIE_ADVANCED, STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN,
-    STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING, STAT_UP_FALLBACK_MISS,
+    STAT_FAST_CLIENT_SYN, STAT_FAST_FALLBACK_MISS, STAT_FAST_FALLBACK_SYN, STAT_FAST_ICMP_COOKIE,
+    STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE, STAT_FAST_SERVER_COOKIE_ADVANCED,
+    STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_MISS,
+    STAT_REPLY_BY_STEERING,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -54,7 +55,6 @@ static BENCH_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_bench
 
 /// `BENCH_FRAME_MAX` of bpf/xdp_bench.c.
 const BENCH_FRAME_MAX: usize = 256;
-pub(super) const XDP_DROP: u32 = 1;
 pub(super) const XDP_TX: u32 = 3;
 /// The core's `now` when the bench's frames are made (and the kernel's, by its clock base).
 const FRAMES_AT: u64 = 10 * cheetah_core::types::NANOS_PER_SEC;
@@ -144,7 +144,7 @@ pub(super) struct Setup {
     policy: PolicyKind,
 }
 
-pub(super) const SETUPS: [Setup; 3] = [
+pub(super) const SETUPS: [Setup; 4] = [
     Setup {
         label: "cheetah",
         mode: Mode::Cheetah,
@@ -162,6 +162,13 @@ pub(super) const SETUPS: [Setup; 3] = [
         mode: Mode::Cheetah,
         forwarding: Forwarding::Nat,
         policy: PolicyKind::RoundRobin,
+    },
+    // Every client segment by the VIP's Maglev table (an inner map of maglev_tables).
+    Setup {
+        label: "maglev",
+        mode: Mode::Maglev,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::Maglev,
     },
 ];
 
@@ -199,8 +206,7 @@ pub(super) enum Path {
     /// A client ACK without TCP options whose flow the fallback table knows (its SYN went
     /// through the core): forwarded by the kernel from the table.
     FallbackHit,
-    /// The same for a flow the table does not know: handed up (steered to a socket, none
-    /// bound here, so XDP_DROP), the time it takes the kernel to say so.
+    /// The same for a flow the table does not know: forwarded by the VIP's Maglev table.
     FallbackMiss,
     /// A server segment whose MSB is one past the server's newest (low half 0x0010 after
     /// 0xfff0): the kernel learns the advance (clock_learn.h: the seen word, the anchor,
@@ -208,6 +214,11 @@ pub(super) enum Path {
     /// before each, untimed, every server's clock is imported back to the MSB before, at
     /// the kernel's `now`.
     ClockAdvanced,
+    /// A client SYN without timestamps (Windows' options): placed by the VIP's Maglev
+    /// table and remembered in the fallback table, a new connection every run (its
+    /// fallback entry and handshake-table slot are emptied before each run, out of the
+    /// timed part).
+    FallbackSyn,
 }
 
 /// Per-run durations of one row, in the kernel's ns.
@@ -277,6 +288,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 Path::NextHopHash,
                 Path::FallbackHit,
                 Path::FallbackMiss,
+                Path::FallbackSyn,
             ],
             (Mode::Cheetah, Forwarding::Nat) => &[
                 Path::ClientToServer,
@@ -587,17 +599,17 @@ impl Bench {
         Ok((ack, STAT_FAST_CLIENT_COOKIE))
     }
 
-    /// The bench's client SYN (Linux's layout), checked to be placed by the core, and the
-    /// hash its handshake-table slot is at.
-    fn syn_frame(&self) -> anyhow::Result<(Vec<u8>, u64)> {
+    /// The bench's client SYN (Linux's layout; `without_timestamps`: Windows'), checked to
+    /// be placed by the core, and the hash its handshake-table slot (and fallback entry) is
+    /// at.
+    fn syn_frame(&self, without_timestamps: bool) -> anyhow::Result<(Vec<u8>, u64)> {
         let client = testkit::client_ip(7);
-        let syn = TcpFrame::from_client(
-            client,
-            CLIENT_PORT,
-            flags::SYN,
-            options::linux_syn(CLIENT_TS, 0),
-        )
-        .build();
+        let options = if without_timestamps {
+            options::windows_syn()
+        } else {
+            options::linux_syn(CLIENT_TS, 0)
+        };
+        let syn = TcpFrame::from_client(client, CLIENT_PORT, flags::SYN, options).build();
         let mut placed = syn.clone();
         let now = 10 * cheetah_core::types::NANOS_PER_SEC;
         let verdict = self.worker().process(&mut placed, now, Ingress::ServerSide);
@@ -634,7 +646,7 @@ impl Bench {
             .with_payload(&[0x42; 100])
             .build();
         if direction == Path::FallbackMiss {
-            return Ok((ack, STAT_UP_FALLBACK_MISS));
+            return Ok((ack, STAT_FAST_FALLBACK_MISS));
         }
         let verdict = worker.process(&mut ack.clone(), now, Ingress::ServerSide);
         ensure!(
@@ -647,7 +659,9 @@ impl Bench {
 
     fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
         let direction = match path {
-            Path::ClientToServer | Path::ClientVipByHash | Path::Syn => Path::ClientToServer,
+            Path::ClientToServer | Path::ClientVipByHash | Path::Syn | Path::FallbackSyn => {
+                Path::ClientToServer
+            }
             Path::ServerFin
             | Path::Icmp
             | Path::FallbackHit
@@ -656,8 +670,11 @@ impl Bench {
             _ => Path::ServerToClient,
         };
         let (frame, cookie_stat, syn_hash) = if path == Path::Syn {
-            let (frame, hash) = self.syn_frame()?;
+            let (frame, hash) = self.syn_frame(false)?;
             (frame, STAT_FAST_CLIENT_SYN, Some(hash))
+        } else if path == Path::FallbackSyn {
+            let (frame, hash) = self.syn_frame(true)?;
+            (frame, STAT_FAST_FALLBACK_SYN, Some(hash))
         } else {
             let (frame, stat) = self.frame(direction)?;
             (frame, stat, None)
@@ -673,7 +690,9 @@ impl Bench {
             _ => ports.servers.ifindex,
         };
         let (subject, expected_action) = match path {
-            Path::ClientToServer | Path::ClientVipByHash | Path::Syn => ("bench_lb", XDP_TX),
+            Path::ClientToServer | Path::ClientVipByHash | Path::Syn | Path::FallbackSyn => {
+                ("bench_lb", XDP_TX)
+            }
             Path::ServerToClient | Path::ServerFin | Path::ClockAdvanced
                 if ports.clients.ifindex == ingress =>
             {
@@ -691,9 +710,7 @@ impl Bench {
             Path::FibLookup => ("bench_fib", XDP_TX),
             Path::NextHopTrie => ("bench_next_hop_trie", XDP_TX),
             Path::NextHopHash => ("bench_next_hop_hash", XDP_TX),
-            Path::FallbackHit => ("bench_lb", XDP_TX),
-            // Handed up: steered to the queue's socket, none bound here.
-            Path::FallbackMiss => ("bench_lb", XDP_DROP),
+            Path::FallbackHit | Path::FallbackMiss => ("bench_lb", XDP_TX),
         };
         let emptied = match path {
             Path::NextHopMiss => {
@@ -722,11 +739,16 @@ impl Bench {
         let before = fast_count(&self.program)?;
         let misses_before = stat(self.program.object(), STAT_NEXT_HOP_MISS)?;
         let by_steering_before = stat(self.program.object(), STAT_REPLY_BY_STEERING)?;
-        // A SYN is new every run: the slot the last run booked it in is emptied first.
-        let handshakes = &self.plane.shared().handshakes;
+        // A SYN is new every run: the slot the last run booked it in (and the fallback
+        // entry it made) is emptied first.
+        let (handshakes, fallback) = (
+            &self.plane.shared().handshakes,
+            &self.plane.shared().fallback,
+        );
         let before_run = || {
             if let Some(hash) = syn_hash {
                 handshakes.forget(hash);
+                fallback.remove(hash);
             }
             if path == Path::ClockAdvanced {
                 // The MSB before the frame's, anchored at the kernel's `now` (32 ticks
@@ -756,9 +778,8 @@ impl Bench {
             Path::NextHopHash => "/32 HASH lookup alone (comparison)".to_string(),
             Path::Syn => format!("SYN, {} (l2)", setup.label),
             Path::FallbackHit => "fallback hit (client without timestamps, l2)".to_string(),
-            Path::FallbackMiss => {
-                "fallback miss, handed up (client without timestamps, l2)".to_string()
-            }
+            Path::FallbackMiss => "fallback miss, by Maglev (no timestamps, l2)".to_string(),
+            Path::FallbackSyn => "SYN without timestamps, Maglev + insert (l2)".to_string(),
             _ => format!(
                 "{} {} ({}){}",
                 match path {
@@ -795,7 +816,8 @@ impl Bench {
             | Path::Icmp
             | Path::FallbackHit
             | Path::FallbackMiss
-            | Path::ClockAdvanced => (all_runs, 0),
+            | Path::ClockAdvanced
+            | Path::FallbackSyn => (all_runs, 0),
         };
         let result = if let Some(action) = wrong_action {
             Err(format!(
