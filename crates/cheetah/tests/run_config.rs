@@ -51,8 +51,22 @@ struct Setup {
 }
 
 impl Setup {
+    /// `config` in a directory of its own, with pinned maps of its own too: the tests run
+    /// in parallel, and two `cheetah run` on one pin directory refuse each other.
     fn new(config: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        // In place of the blank line after state_dir, so that line numbers stay; a BPF
+        // filesystem takes no `.` in a name.
+        let name = dir
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace('.', "");
+        let pins = format!(
+            "state_dir = \"state\"\nbpf_pin_dir = \"/run/cheetah/bpf/run-config-{name}\"\n"
+        );
+        let config = config.replacen("state_dir = \"state\"\n\n", &pins, 1);
         std::fs::write(dir.path().join("secret"), SECRET).unwrap();
         std::fs::write(dir.path().join("cheetah.toml"), config).unwrap();
         Setup { dir }

@@ -90,6 +90,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // (`pin.rs`): then those words are kept, not cleared.
     let layout = file.lb.cookie_layout().map_err(anyhow::Error::msg)?;
     let pin_dir = pin_dir.for_key(&secret.fingerprint(layout));
+    // Nothing shared with a running instance may be touched: its maps are locked first.
+    let _pin_lock = pin_dir.lock()?;
     let steering = SteeringProgram::load_pinned(file.lb.fallback_table_capacity, &pin_dir)?;
     let unused_pins = pin::UnusedPins::new(&pin_dir, steering.pins());
     pin::record(&daemon.state_dir, &pin_dir)?;

@@ -398,3 +398,30 @@ fn without_pins_a_restart_starts_fresh() {
         "what pinning keeps: without it the SYN is new again"
     );
 }
+
+/// Two processes on one pin directory would share, and clear, each other's words: the
+/// second is refused before it loads anything, and the directory is free again once the
+/// first lets go (a process's end does that, `kill -9` included).
+#[test]
+fn a_pin_directory_is_held_by_one_lb_at_a_time() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (mounts bpffs) ***\n");
+        return;
+    }
+    let bpffs = TempBpffs::mount();
+    let pins = PinDir::new(bpffs.join("lb")).unwrap().for_key("key");
+    let first = pins.lock().unwrap();
+    let second = pins
+        .lock()
+        .err()
+        .expect("a second lock is refused")
+        .to_string();
+    assert!(
+        second.starts_with("daemon.bpf_pin_dir:") && second.contains("is in use by another"),
+        "{second}"
+    );
+    let other = PinDir::new(bpffs.join("other")).unwrap().for_key("key");
+    other.lock().expect("another directory is free");
+    drop(first);
+    pins.lock().expect("free again once the first is dropped");
+}

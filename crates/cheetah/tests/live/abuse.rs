@@ -552,15 +552,25 @@ fn second_runs_fail_and_change_nothing(testbed: &Testbed, lb: &Lb) {
         std::fs::write(&path, toml::to_string(&broken).unwrap()).unwrap();
         path
     };
-    // Past the API and state checks, so that the interface is what fails.
+    // Past the API, state and pinned maps' checks, so that the interface is what fails.
     let own_api_and_state = |c: &mut toml::Table| {
         let daemon = c["daemon"].as_table_mut().unwrap();
         daemon.insert("api_listen".into(), "127.0.0.1:9181".into());
         daemon.insert("state_dir".into(), "state-broken".into());
+        daemon.insert("bpf_pin_dir".into(), "/run/cheetah/bpf/abf-broken".into());
     };
     let runs: Vec<(PathBuf, Vec<&str>)> = vec![
         (
             testbed.config_path(),
+            vec!["is in use by another running `cheetah run`"],
+        ),
+        (
+            // Maps of its own, so that the busy API address is what fails.
+            variant("busy-api", &|c| {
+                let daemon = c["daemon"].as_table_mut().unwrap();
+                daemon.insert("state_dir".into(), "state-busy-api".into());
+                daemon.insert("bpf_pin_dir".into(), "/run/cheetah/bpf/abf-busy-api".into());
+            }),
             vec![
                 "cannot listen on 127.0.0.1:9180 for the control API",
                 "Address already in use",

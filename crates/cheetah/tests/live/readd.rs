@@ -11,8 +11,14 @@ use crate::support::*;
 
 /// Time a request may take: a dropped SYN-ACK costs the client a 1 s retry.
 const SLOW_SECS: f64 = 0.5;
-/// New connections per round; with rr over three servers, a third land on the re-added one.
+/// New connections per round; with rr over three servers, about a third land on the
+/// re-added one.
 const REQUESTS: usize = 24;
+/// The fewest of them the re-added server must serve. rr keeps a cursor per CPU in the
+/// kernel and per worker in userspace (a SYN that races a publication goes up), each a
+/// third give or take one, so three sequences may leave it 3 short of 8; a server whose
+/// SYN-ACKs were dropped would serve none (and each request would take a 1 s retry).
+const AT_LEAST: usize = REQUESTS / 3 - 3;
 
 live_tests! {
     fn l2_a_server_added_back_serves_at_once() {
@@ -76,7 +82,7 @@ fn scenario(forwarding: &str, prefix: &str) {
             served_by_s3 += usize::from(server == "s3");
         }
         assert!(
-            served_by_s3 >= REQUESTS / 4,
+            served_by_s3 >= AT_LEAST,
             "{forwarding}: the re-added server (id {new_id}) served {served_by_s3} of {REQUESTS} new connections"
         );
         id = new_id;

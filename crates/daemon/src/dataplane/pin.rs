@@ -152,6 +152,37 @@ impl PinDir {
         })
     }
 
+    /// Takes the directory for this process alone, until it exits (`kill -9` too): a second
+    /// `cheetah run` on the same maps (the same config started twice, or another with the
+    /// same `bpf_pin_dir`) would clear or overwrite the words the running LB's program and
+    /// workers share, so it must fail before it loads anything. The lock is the kernel's
+    /// `flock` on the directory, which dies with its holder: no stale lock file to clean.
+    pub fn lock(&self) -> anyhow::Result<PinLock> {
+        self.create()?;
+        let dir = std::fs::File::open(&self.path)
+            .with_context(|| format!("daemon.bpf_pin_dir: cannot open {}", self.path.display()))?;
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        let locked = unsafe {
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&dir),
+                libc::LOCK_EX | libc::LOCK_NB,
+            )
+        };
+        if locked != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                bail!(
+                    "daemon.bpf_pin_dir: {} is in use by another running `cheetah run` (its XDP maps); stop it first, or give this instance a bpf_pin_dir of its own",
+                    self.path.display()
+                );
+            }
+            return Err(error).with_context(|| {
+                format!("daemon.bpf_pin_dir: cannot lock {}", self.path.display())
+            });
+        }
+        Ok(PinLock { _dir: dir })
+    }
+
     /// Removes every pinned map (the kernel frees each once no program uses it): the next
     /// start begins with fresh state. Nothing to remove is fine.
     pub fn forget(&self) -> anyhow::Result<()> {
@@ -161,6 +192,12 @@ impl PinDir {
             Err(e) => Err(e).with_context(|| format!("cannot remove {}", self.path.display())),
         }
     }
+}
+
+/// A pin directory held by this process ([`PinDir::lock`]); released when dropped or when
+/// the process ends.
+pub struct PinLock {
+    _dir: std::fs::File,
 }
 
 /// Removes the pin directory of a start that pinned only fresh maps and fails before its
