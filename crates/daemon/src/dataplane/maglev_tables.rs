@@ -23,7 +23,7 @@ use libbpf_rs::libbpf_sys;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
 use super::publish_window::LazyWindow;
-use super::xdp::SteeringProgram;
+use super::xdp::{mmap_array, SteeringProgram};
 use super::xdp_layout::{MaglevChunk, MAGLEV_CHUNK_SLOTS, MAGLEV_NO_SERVER, MAX_VIPS};
 
 /// VIP index -> its pool's table (a VIP with an empty pool has none).
@@ -90,26 +90,8 @@ impl Chunks {
     /// Copies every chunk into `inner` through a mapping of it (a memcpy: a batch update
     /// of the same took milliseconds, all of them inside the window).
     fn write(&self, inner: &MapHandle) -> anyhow::Result<()> {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let len = self.bytes.len().div_ceil(page) * page;
-        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array of `count` 64-byte values,
-        // which start at offset 0 and fill `bytes.len()` bytes; the kernel refuses the
-        // call for any other map.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                inner.as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if at == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error())
-                .context("cannot mmap a Maglev table's map");
-        }
+        let (at, len) = mmap_array(inner.as_fd(), self.bytes.len())
+            .context("cannot mmap a Maglev table's map")?;
         // SAFETY: `at` maps at least `bytes.len()` writable bytes (above); the program
         // only reads them, and a packet that reads them meanwhile goes up (publish.h).
         unsafe {

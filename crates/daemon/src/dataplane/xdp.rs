@@ -6,7 +6,7 @@
 //! kernel answer it with RSTs, until the next `cheetah run` replaces it atomically.
 
 use std::net::Ipv4Addr;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
@@ -262,26 +262,8 @@ impl SteeringProgram {
     /// unmapped (see `kernel_words`).
     fn mmap_bytes(&self, name: &str, bytes: usize) -> anyhow::Result<*mut libc::c_void> {
         let map = self.try_map(name)?;
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let len = bytes.div_ceil(page) * page;
-        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose values start at
-        // offset 0; the caller asks for no more bytes than its values hold, and the kernel
-        // refuses the call for any other map.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if at == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot mmap the XDP program's {name} map"));
-        }
+        let (at, _) = mmap_array(map.as_fd(), bytes)
+            .with_context(|| format!("cannot mmap the XDP program's {name} map"))?;
         Ok(at)
     }
 
@@ -569,6 +551,33 @@ impl SteeringProgram {
             })
             .collect()
     }
+}
+
+/// The first `bytes` bytes of the BPF_F_MMAPABLE array behind `map`, mapped shared:
+/// where they start, and the mapping's length (whole pages), for `munmap`.
+pub(super) fn mmap_array(
+    map: BorrowedFd<'_>,
+    bytes: usize,
+) -> std::io::Result<(*mut libc::c_void, usize)> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let len = bytes.div_ceil(page) * page;
+    // SAFETY: a new shared mapping of a map's fd at offset 0, nothing else touched; the
+    // kernel refuses it for a map that is not a BPF_F_MMAPABLE array of `len` bytes or more.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            map.as_raw_fd(),
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((at, len))
 }
 
 /// The XDP program's clock and handshake words, mapped for the rest of the process.
