@@ -103,7 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let kernel_words = steering.kernel_words()?;
     // Read before the state file's import writes the same words.
-    let kept_clocks = kernel_words.kept_clocks(layout);
+    let kept_clocks = kernel_words.kept_clocks();
     let mut plane = persister.restore_with_tables(&file.lb, &secret, &clock, &|layout, _| {
         kernel_words.tables(layout)
     })?;

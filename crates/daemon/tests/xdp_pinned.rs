@@ -100,7 +100,7 @@ impl Lb {
                 .unwrap();
         }
         let words = program.kernel_words().unwrap();
-        let kept_clocks = words.kept_clocks(config.cookie_layout().unwrap());
+        let kept_clocks = words.kept_clocks();
         let closes = program.close_words().unwrap();
         let mut plane =
             ControlPlane::new_with_tables(config, &SECRET, &|layout, _| words.tables(layout))

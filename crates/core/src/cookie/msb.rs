@@ -559,9 +559,15 @@ impl MsbTable {
     /// The clocks the `seen` words hold, each as the first TSval of its MSB: what an
     /// earlier process over the same words learnt, never ahead of the server's clock.
     pub fn kept_clocks(&self) -> Vec<(ServerId, u32)> {
+        Self::clocks_in(&self.seen)
+    }
+
+    /// [`kept_clocks`](Self::kept_clocks) read from `seen` words alone, without making a
+    /// table over them (which would clear the learning words it is given).
+    pub fn clocks_in(seen: &[AtomicU32; ID_SPACE]) -> Vec<(ServerId, u32)> {
         (0..ID_SPACE)
             .filter_map(|index| {
-                let word = self.seen[index].load(SeqCst);
+                let word = seen[index].load(SeqCst);
                 (word & KNOWN != 0).then_some((ServerId(index as u16), (word & 0xffff) << 16))
             })
             .collect()

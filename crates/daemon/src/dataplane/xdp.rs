@@ -624,17 +624,11 @@ impl KernelWords {
     /// The clocks an earlier run left in reused pinned words, as
     /// `MsbTable::kept_clocks` gives them (empty when the words are fresh): read before a
     /// state file's import overwrites them, for `MsbTable::import_newer` after it.
-    pub fn kept_clocks(self, layout: CookieLayout) -> Vec<(ServerId, u32)> {
+    pub fn kept_clocks(self) -> Vec<(ServerId, u32)> {
         if !self.kept_clocks {
             return Vec::new();
         }
-        MsbTable::with_kept_words(
-            layout,
-            SharedWords::borrowed(self.seen),
-            SharedWords::borrowed(self.restores),
-            ClockWords::borrowed(self.clock),
-        )
-        .kept_clocks()
+        MsbTable::clocks_in(self.seen)
     }
 
     /// Whether the fallback table's words are an earlier run's (then newer than any saved
