@@ -281,37 +281,73 @@ pub fn active_spread(servers: &serde_json::Value) -> Option<f64> {
     Some(*open.iter().max()? as f64 / mean)
 }
 
-/// The counters worth summing across LB processes, from one `/metrics` text: every event
-/// counter and every drop reason that is not zero, new connections per server, cookie
-/// decode failures, and frames the I/O layer dropped (TX ring full, no route).
-pub fn metric_highlights(text: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for sample in scrape::samples(text) {
-        let key = match sample.name {
-            "cheetah_events_total" => sample.label("event").map(|e| format!("event.{e}")),
-            "cheetah_drops_total" => sample.label("reason").map(|r| format!("drop.{r}")),
-            "cheetah_cookie_decode_failures_total" => Some("cookie_decode_failures".into()),
-            "cheetah_server_new_connections_total" => sample
-                .label("server")
-                .map(|s| format!("new_connections.s{s}")),
-            // Frames the data path lost: TCP recovers, but a lost SYN-ACK makes the client
-            // retransmit its SYN, which the policy may place on another server.
-            "cheetah_io_tx_ring_full_total" => Some("io.tx_ring_full".into()),
-            "cheetah_io_no_route_total" => Some("io.no_route".into()),
-            // What the XDP program handed to the workers instead of forwarding it itself,
-            // by reason: set against the packets, the share the kernel leaves to userspace.
-            "cheetah_xdp_to_userspace_total" => sample
-                .label("reason")
-                .map(|r| format!("xdp_to_userspace.{r}")),
-            _ => None,
-        };
-        if let Some(key) = key {
-            if sample.value != 0.0 {
-                *out.entry(key).or_insert(0.0) += sample.value;
+/// The highlight key of a sample worth summing across LB processes (every event counter
+/// and drop reason, new connections per server, cookie decode failures, frames the I/O
+/// layer dropped, what the XDP program handed up), `None` for the rest.
+fn highlight_key(sample: &scrape::Sample<'_>) -> Option<String> {
+    match sample.name {
+        "cheetah_events_total" => sample.label("event").map(|e| format!("event.{e}")),
+        "cheetah_drops_total" => sample.label("reason").map(|r| format!("drop.{r}")),
+        "cheetah_cookie_decode_failures_total" => Some("cookie_decode_failures".into()),
+        "cheetah_server_new_connections_total" => sample
+            .label("server")
+            .map(|s| format!("new_connections.s{s}")),
+        // Frames the data path lost: TCP recovers, but a lost SYN-ACK makes the client
+        // retransmit its SYN, which the policy may place on another server.
+        "cheetah_io_tx_ring_full_total" => Some("io.tx_ring_full".into()),
+        "cheetah_io_no_route_total" => Some("io.no_route".into()),
+        // What the XDP program handed to the workers instead of forwarding it itself,
+        // by reason: set against the packets, the share the kernel leaves to userspace.
+        "cheetah_xdp_to_userspace_total" => sample
+            .label("reason")
+            .map(|r| format!("xdp_to_userspace.{r}")),
+        _ => None,
+    }
+}
+
+/// The highlighted counters over a whole run: every LB instance, across its restarts.
+///
+/// A series (one name and label set of one instance) counts what it grew by between two
+/// scrapes. The workers' counters start from zero in every LB process, but the XDP
+/// program's (`worker="xdp"`, `cheetah_xdp_to_userspace_total`) live in pinned maps and
+/// carry on across a restart: summing each process's last scrape counted those twice. So
+/// a series that went down was reset (it counts all it holds now), and one that did not
+/// counts only its difference. Scraping right after a restart keeps a reset series from
+/// growing past its old value unseen.
+#[derive(Debug, Default)]
+pub struct CounterTotals {
+    /// By instance, the last value of each series (`name{labels}`).
+    last: BTreeMap<(usize, String), f64>,
+    totals: BTreeMap<String, f64>,
+}
+
+impl CounterTotals {
+    /// Adds what the highlighted series of instance `instance` grew by since its last
+    /// scrape, from that instance's `/metrics` text.
+    pub fn observe(&mut self, instance: usize, text: &str) {
+        for sample in scrape::samples(text) {
+            let Some(key) = highlight_key(&sample) else {
+                continue;
+            };
+            let series = format!("{}{{{}}}", sample.name, sample.labels);
+            let before = self
+                .last
+                .insert((instance, series), sample.value)
+                .unwrap_or(0.0);
+            let grew = if sample.value < before {
+                sample.value
+            } else {
+                sample.value - before
+            };
+            if grew != 0.0 {
+                *self.totals.entry(key).or_insert(0.0) += grew;
             }
         }
     }
-    out
+
+    pub fn totals(&self) -> &BTreeMap<String, f64> {
+        &self.totals
+    }
 }
 
 #[cfg(test)]
@@ -420,7 +456,9 @@ cheetah_io_tx_ring_full_total{worker=\"1\"} 7\n\
 cheetah_xdp_to_userspace_total{reason=\"new_connection\"} 9\n\
 cheetah_xdp_to_userspace_total{reason=\"clock\"} 0\n\
 cheetah_packets_total{worker=\"0\",direction=\"rx\"} 99\n";
-        let highlights = metric_highlights(text);
+        let mut totals = CounterTotals::default();
+        totals.observe(0, text);
+        let highlights = totals.totals();
         assert_eq!(highlights["event.ts_msb_advanced"], 3.0);
         assert_eq!(highlights["drop.ts_msb_unknown"], 4.0);
         assert_eq!(highlights["cookie_decode_failures"], 4.0);
@@ -431,5 +469,27 @@ cheetah_packets_total{worker=\"0\",direction=\"rx\"} 99\n";
         assert_eq!(highlights["xdp_to_userspace.new_connection"], 9.0);
         assert!(!highlights.contains_key("xdp_to_userspace.clock"));
         assert_eq!(highlights.len(), 6);
+    }
+
+    #[test]
+    fn counter_totals_count_a_carried_series_once_and_a_reset_one_whole() {
+        let before = "cheetah_events_total{worker=\"xdp\",event=\"to_server\"} 100\n\
+cheetah_events_total{worker=\"0\",event=\"to_server\"} 40\n\
+cheetah_xdp_to_userspace_total{reason=\"publishing\"} 5\n";
+        // The same instance after a restart: the kernel's series carried on, the worker's
+        // started again from zero.
+        let after = "cheetah_events_total{worker=\"xdp\",event=\"to_server\"} 130\n\
+cheetah_events_total{worker=\"0\",event=\"to_server\"} 3\n\
+cheetah_xdp_to_userspace_total{reason=\"publishing\"} 7\n";
+        let mut totals = CounterTotals::default();
+        totals.observe(0, before);
+        totals.observe(0, after);
+        // Another instance's series are its own.
+        totals.observe(1, before);
+        assert_eq!(totals.totals()["event.to_server"], 130.0 + 43.0 + 140.0);
+        assert_eq!(totals.totals()["xdp_to_userspace.publishing"], 7.0 + 5.0);
+        // Scraping again without change adds nothing.
+        totals.observe(0, after);
+        assert_eq!(totals.totals()["event.to_server"], 313.0);
     }
 }

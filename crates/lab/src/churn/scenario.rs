@@ -18,7 +18,7 @@ use super::lb::{spawn_in_netns, tail, Lb};
 use super::load::{self, ClientLoad, Workload, LONG_IDLE_CLASS};
 use super::progress::{Progress, Status};
 use super::results::{
-    self, ChurnResults, Event, LbMetrics, LoadSpread, LoadgenReport, NoTimestamps,
+    self, ChurnResults, CounterTotals, Event, LbMetrics, LoadSpread, LoadgenReport, NoTimestamps,
 };
 use super::schedule::{Action, Schedule, Step};
 use super::{lbconfig, tsclock};
@@ -219,7 +219,7 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
         events: Vec::new(),
         draining: BTreeMap::new(),
         spread_samples: Vec::new(),
-        metric_totals: BTreeMap::new(),
+        counters: CounterTotals::default(),
         active_servers: schedule.initial_pool.len(),
         start: Instant::now(),
         start_unix_ms: 0,
@@ -329,10 +329,11 @@ pub fn run(config: &Config) -> anyhow::Result<PathBuf> {
     );
     runner.remove_drained_after_load(&interrupted);
     let mut final_snapshot = String::new();
-    for lb in &runner.lbs {
-        final_snapshot.push_str(&lb.metrics().unwrap_or_default());
+    for index in 0..runner.lbs.len() {
+        let text = runner.lbs[index].metrics().unwrap_or_default();
+        runner.counters.observe(index, &text);
+        final_snapshot.push_str(&text);
     }
-    runner.add_metrics(&final_snapshot);
     for lb in &mut runner.lbs {
         lb.stop();
     }
@@ -361,7 +362,8 @@ struct Runner<'a> {
     events: Vec<Event>,
     draining: BTreeMap<u16, DrainWatch>,
     spread_samples: Vec<f64>,
-    metric_totals: BTreeMap<String, f64>,
+    /// The highlighted counters over every LB process of the run.
+    counters: CounterTotals,
     active_servers: usize,
     start: Instant,
     /// `start` on the wall clock, which loadgens report their own start on.
@@ -423,6 +425,10 @@ impl Runner<'_> {
             if self.start.elapsed() >= next_poll {
                 next_poll = self.start.elapsed() + Duration::from_secs(1);
                 self.poll_servers();
+                // A kill -9 then loses at most a second of its workers' counts.
+                for index in 0..self.lbs.len() {
+                    self.observe_metrics(index);
+                }
                 self.show_progress(loadgens);
             }
             for lb in &mut self.lbs {
@@ -539,10 +545,9 @@ impl Runner<'_> {
     /// first (a graceful restart) or right after its crash (kill -9: the router notices),
     /// and joins it again once ready.
     fn restart(&mut self, index: usize, action: &Action) -> anyhow::Result<()> {
-        // Counters start from zero in every LB process: keep what this one counted.
-        if let Ok(text) = self.lbs[index].metrics() {
-            self.add_metrics(&text);
-        }
+        // What this process counted since the last scrape: its workers' counters start
+        // from zero in the next one.
+        self.observe_metrics(index);
         let alone = self.lbs.len() == 1;
         let instance = self
             .topo
@@ -551,11 +556,13 @@ impl Runner<'_> {
             .context("one testbed instance per LB")?;
         let lb = &mut self.lbs[index];
         if alone {
-            return if *action == Action::GracefulRestart {
-                lb.graceful_restart(RESTART_DOWNTIME)
+            if *action == Action::GracefulRestart {
+                lb.graceful_restart(RESTART_DOWNTIME)?;
             } else {
-                lb.kill_restart(RESTART_DOWNTIME)
-            };
+                lb.kill_restart(RESTART_DOWNTIME)?;
+            }
+            self.observe_metrics(index);
+            return Ok(());
         }
         if *action == Action::GracefulRestart {
             pool::leave(self.topo, instance)?;
@@ -568,12 +575,16 @@ impl Runner<'_> {
         lb.start()?;
         let api = lb.api().to_string();
         ready::wait(instance, &api, READY_TIMEOUT)?;
+        // Before its workers' fresh counters can grow past the old ones unseen.
+        self.observe_metrics(index);
         pool::join(self.topo, instance)
     }
 
-    fn add_metrics(&mut self, text: &str) {
-        for (key, value) in results::metric_highlights(text) {
-            *self.metric_totals.entry(key).or_insert(0.0) += value;
+    /// Scrapes instance `index` into the run's counters; an instance that does not answer
+    /// is read at the next scrape.
+    fn observe_metrics(&mut self, index: usize) {
+        if let Ok(text) = self.lbs[index].metrics() {
+            self.counters.observe(index, &text);
         }
     }
 
@@ -784,7 +795,7 @@ impl Runner<'_> {
             events,
             not_removed: self.draining.keys().copied().collect(),
             lb_metrics: LbMetrics {
-                totals: self.metric_totals.clone(),
+                totals: self.counters.totals().clone(),
                 final_snapshot,
             },
             loadgen_reports: report_paths,
