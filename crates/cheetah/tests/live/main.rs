@@ -13,6 +13,7 @@ mod closes;
 mod forwarding;
 mod health;
 mod idle;
+mod maglev;
 mod multi;
 mod pinned;
 mod readd;
