@@ -88,6 +88,22 @@ int bench_trivial(struct xdp_md *ctx)
 	return XDP_TX;
 }
 
+// The LB and a bare XDP_TX without the frame copy, for programs timed unwrapped
+// (bench/xdp_katran.rs: Katran's own program, which cannot be wrapped without building its
+// code into ours). With repeat = 1 every run gets a fresh frame anyway; the copy only keeps
+// the wrapped rows comparable with their breakdown's stage programs.
+SEC("xdp")
+int bench_lb_bare(struct xdp_md *ctx)
+{
+	return lb_process(ctx);
+}
+
+SEC("xdp")
+int bench_bare_tx(struct xdp_md *ctx)
+{
+	return XDP_TX;
+}
+
 // Only the next-hop lookup the server->client path makes (lib/steer.h fib_toward_client),
 // after the same copy: how much of that path's time is the kernel's FIB.
 SEC("xdp")

@@ -32,6 +32,7 @@ mod trace;
 mod xdp;
 mod xdp_flows;
 mod xdp_flows_plot;
+mod xdp_katran;
 mod xdp_live;
 mod xdp_live_net;
 mod xdp_live_probe;
@@ -137,6 +138,11 @@ pub struct Args {
     /// With --xdp-flows: also draw the curves into this PNG.
     #[arg(long)]
     xdp_flows_plot: Option<std::path::PathBuf>,
+    /// With --xdp: also time Katran's own XDP program, this object (built outside the
+    /// repository by scripts/katran-build.sh), in the same run and by the same method
+    /// (bench/xdp_katran.rs).
+    #[arg(long)]
+    xdp_katran: Option<std::path::PathBuf>,
     /// With --xdp: extra /32 routes through the clients' gateway around the bench's client
     /// (10.2.0.0/16), so that the next_hops trie is deep where the client's lookup goes.
     #[arg(long, default_value_t = 0)]
@@ -245,6 +251,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return xdp::run(xdp::Options {
             runs: args.xdp_runs,
             routes: args.xdp_routes,
+            katran: args.xdp_katran,
             servers: args.servers,
             core: args.core,
             realtime: args.realtime,

@@ -49,7 +49,7 @@ use cheetah_daemon::dataplane::Interface;
 use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, ProgramInput};
 
 use super::lab::SECRET;
-use super::{affinity, xdp_flows, xdp_stages};
+use super::{affinity, xdp_flows, xdp_katran, xdp_stages};
 
 static BENCH_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_bench.o"));
 
@@ -84,6 +84,8 @@ pub struct Options {
     /// Extra /32 routes in 10.2.0.0/16 (through the clients' gateway): more entries in the
     /// next_hops trie, around the bench's client.
     pub routes: u32,
+    /// Katran's own program to time beside cheetah's (xdp_katran.rs).
+    pub katran: Option<std::path::PathBuf>,
     pub servers: u16,
     pub core: Option<usize>,
     pub realtime: bool,
@@ -321,6 +323,19 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         eprintln!("{}", row_line(&row));
         rows.push(row);
     }
+    let katran = match &options.katran {
+        Some(object) => {
+            let bench = Bench::load(&SETUPS[0], options.servers, 0)?;
+            Some(xdp_katran::rows(
+                object,
+                &bench,
+                &ports,
+                options.runs,
+                options.servers,
+            )?)
+        }
+        None => None,
+    };
     if let Some(rt) = rt {
         rt.release();
     }
@@ -335,6 +350,9 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     print!("{}", render(&rows, options.markdown));
     for breakdown in &breakdowns {
         print!("\n{}", xdp_stages::render(breakdown, options.markdown));
+    }
+    if let (Some(rows), Some(object)) = (&katran, &options.katran) {
+        print!("\n{}", xdp_katran::render(rows, object, options.markdown));
     }
     Ok(())
 }
