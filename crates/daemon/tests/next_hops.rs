@@ -127,11 +127,20 @@ fn pin_to_one_cpu() {
     // SAFETY: plain libc calls on this thread's own affinity, with a zeroed cpu_set_t.
     unsafe {
         let cpu = libc::sched_getcpu();
-        assert!(cpu >= 0, "sched_getcpu: {}", std::io::Error::last_os_error());
+        assert!(
+            cpu >= 0,
+            "sched_getcpu: {}",
+            std::io::Error::last_os_error()
+        );
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu as usize, &mut set);
         let rc = libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
-        assert_eq!(rc, 0, "sched_setaffinity: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
