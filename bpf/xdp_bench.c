@@ -212,7 +212,8 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 //   2 the sender: server_side[ingress], reply_senders[slot of (saddr, sport, src MAC)]
 //   3 flags and NOP NOP TS checks, msb_seen and the clock check
 //   4 SipHash finish and cookie encode
-//   5 the next hop toward the client (lib/next_hop.h: the next_hops map, the FIB on a miss)
+//   5 the next hop toward the client (lib/next_hop.h: this CPU's next_hop_cache slot; on a
+//     miss the next_hops map, and the FIB on a miss there)
 //   6 TSval rewrite with its checksum, MACs from the next hop
 //   7 server_traffic[id] and the stats counter
 // The whole path (bench_lb) adds send_out (bpf_redirect here).
@@ -222,9 +223,9 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	struct cookie_layout layout;
 	struct msb_seen_words *seen;
 	struct lb_config *config;
-	struct next_hop hop;
+	struct next_hop_found hop;
 	struct plain_tcp p;
-	__u32 zero = 0, id = 0;
+	__u32 zero = 0, id = 0, seq;
 	__u16 msb, cookie;
 	__u64 hash;
 
@@ -266,13 +267,15 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	SINK(cookie);
 	STAGE_DONE(4);
 
-	if (!next_hop_toward_client(ctx, p.ip, &hop))
+	seq = publish_begin(config);
+	if (!next_hop_toward_client(ctx, p.ip, seq, &hop))
 		return XDP_ABORTED;
+	next_hop_remember(&hop, p.ip->daddr, seq);
 	STAGE_DONE(5);
 
 	csum_replace_high_half((__u16 *)&p.ts->tsval, &p.tcp->check, cookie);
-	__builtin_memcpy(p.eth->h_dest, hop.dmac, ETH_ALEN);
-	__builtin_memcpy(p.eth->h_source, hop.smac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_dest, hop.hop->dmac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_source, hop.hop->smac, ETH_ALEN);
 	STAGE_DONE(6);
 
 	add_server_traffic(id, p.ip, 0);
@@ -533,6 +536,27 @@ int bench_next_hop_trie(struct xdp_md *ctx)
 	key.addr = ip->daddr;
 	hop = bpf_map_lookup_elem(&next_hops, &key);
 	if (!hop || hop->kind != NEXT_HOP_KNOWN)
+		return XDP_ABORTED;
+	return XDP_TX;
+}
+
+// The per-CPU next_hop_cache slot a hit reads (lib/next_hop.h), without lb_config's
+// sequence word, which lb_process reads anyway.
+SEC("xdp")
+int bench_next_hop_cache(struct xdp_md *ctx)
+{
+	struct next_hop_cached *cached;
+	struct iphdr *ip;
+	__u32 slot;
+
+	if (!restore_frame(ctx))
+		return XDP_ABORTED;
+	ip = bench_ip(ctx);
+	if (!ip)
+		return XDP_ABORTED;
+	slot = next_hop_cache_slot(ip->daddr);
+	cached = bpf_map_lookup_elem(&next_hop_cache, &slot);
+	if (!cached || cached->addr != ip->daddr || bpf_ntohs(ip->tot_len) > cached->hop.mtu)
 		return XDP_ABORTED;
 	return XDP_TX;
 }

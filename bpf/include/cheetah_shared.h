@@ -128,6 +128,9 @@ enum xdp_stat {
 	// a flow.
 	STAT_FAST_SERVER_FALLBACK_LEARNED,
 	STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED,
+	// hop (stage 4). A reply whose next hop the per-CPU next_hop_cache did not hold for the
+	// current publication: it read next_hops (and, on a miss there, asked the FIB).
+	STAT_NEXT_HOP_CACHE_MISS,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

@@ -426,7 +426,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 				      __u32 seq, const struct reply_sender *sender,
 				      const struct plain_tcp *p)
 {
-	struct next_hop hop;
+	struct next_hop_found hop;
 	__be32 vip_addr;
 	__be16 vip_port;
 	__be32 *tsval = &p->ts->tsval;
@@ -532,7 +532,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 
 	// Before any byte changes: no next hop (map and FIB both) hands the packet up as it
 	// came, with the metadata steering writes for the worker's neighbour lookup.
-	if (!next_hop_toward_client(ctx, p->ip, &hop))
+	if (!next_hop_toward_client(ctx, p->ip, seq, &hop))
 		return hand_up(STAT_UP_NEXT_HOP);
 	vip_addr = sender->vip_addr;
 	vip_port = sender->vip_port;
@@ -541,6 +541,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	// The first write: a clock another writer moved meanwhile goes up, nothing written.
 	if (learns && !clock_learn_commit(&learning))
 		return hand_up(STAT_UP_CLOCK);
+	next_hop_remember(&hop, p->ip->daddr, seq);
 
 	if (teaches) {
 		stat = fallback_insert(teaches, learned) == FALLBACK_EVICTED ?
@@ -569,11 +570,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		if (p->tcp->source != vip_port)
 			csum_set_tcp_port(&p->tcp->check, &p->tcp->source, vip_port);
 	}
-	__builtin_memcpy(p->eth->h_dest, hop.dmac, ETH_ALEN);
-	__builtin_memcpy(p->eth->h_source, hop.smac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_dest, hop.hop->dmac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_source, hop.hop->smac, ETH_ALEN);
 	add_server_traffic(id, p->ip, first_close);
 	count(stat);
-	return send_out(ctx, hop.ifindex);
+	return send_out(ctx, hop.hop->ifindex);
 }
 
 #endif

@@ -286,4 +286,30 @@ struct {
 	__type(value, struct next_hop);
 } next_hop_hosts SEC(".maps");
 
+// The client addresses' answers of the two maps above, per CPU and direct-mapped: a reply
+// toward a recent client reads one slot instead of walking the trie. The kernel's alone
+// (userspace never reads it, so it is not in cheetah_shared.h), and not pinned
+// (dataplane/pin.rs): its slots are tagged with a publish_seq, which a restart over a
+// fresh lb_config would count again from 0.
+//
+// A slot holds a NEXT_HOP_KNOWN answer of next_hops / next_hop_hosts for one client
+// address, valid while lb_config.publish_seq is still `seq` (every write of the two maps
+// is inside a publish window, which moves it). The slot of an address is a multiplicative
+// hash of it to NEXT_HOP_CACHE_BITS bits.
+#define NEXT_HOP_CACHE_BITS 12
+#define NEXT_HOP_CACHE_SLOTS (1 << NEXT_HOP_CACHE_BITS)
+#define NEXT_HOP_CACHE_MULTIPLIER 0x9e3779b1u
+struct next_hop_cached {
+	__u32 addr; // network byte order
+	__u32 seq;  // the publish_seq the answer was read under
+	struct next_hop hop;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, NEXT_HOP_CACHE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct next_hop_cached);
+} next_hop_cache SEC(".maps");
+
 #endif

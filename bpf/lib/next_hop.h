@@ -6,7 +6,9 @@
 // routes (plus one hash lookup toward an on-link host); bpf_fib_lookup (about half of the
 // reply path's time) runs only where the maps have no answer. Both give the same answer: the map
 // holds a positive entry only where the FIB's answer is known to be it, and "ask the FIB"
-// entries where a route or neighbour is one the map does not mirror.
+// entries where a route or neighbour is one the map does not mirror. In front of the trie
+// is a per-CPU direct-mapped cache of its answers by client address (maps.h
+// next_hop_cache), good for one publication: a reply toward a recent client reads one slot.
 
 #ifndef CHEETAH_LIB_NEXT_HOP_H
 #define CHEETAH_LIB_NEXT_HOP_H
@@ -21,29 +23,79 @@
 #include "stats.h"
 #include "steer.h"
 
-// Fills `hop` (egress interface and both MACs, as bpf_fib_lookup gives them) for `ip`'s
-// destination: 1, or 0 when the FIB has no usable answer either (the packet goes up).
-static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const struct iphdr *ip,
-						  struct next_hop *hop)
+// A reply's next hop as found before the publish check, and the cache slot it is to be
+// remembered in once the packet commits (next_hop_remember).
+struct next_hop_found {
+	// The answer: this CPU's cache slot's on a hit (no copy; only this CPU's packets
+	// write it, and this one does not before it is done with it), else `copy`.
+	const struct next_hop *hop;
+	struct next_hop copy;
+	struct next_hop_cached *slot; // NULL: nothing to remember (a cache hit, or the FIB's answer)
+};
+
+static __always_inline __u32 next_hop_cache_slot(__be32 addr)
 {
+	return (addr * NEXT_HOP_CACHE_MULTIPLIER) >> (32 - NEXT_HOP_CACHE_BITS);
+}
+
+// Fills `found` for `ip`'s destination (egress interface and both MACs, as bpf_fib_lookup
+// gives them), read under the publication `seq`: 1, or 0 when the FIB has no usable answer
+// either (the packet goes up). Writes no map but the counters.
+//
+// The cache first: a slot holds what next_hops answered for its address under one
+// publication, so it is that answer while publish_seq has not moved (every write of the
+// two maps is inside a publish window). Its MTU is checked per packet as the trie's is; a
+// zeroed slot's MTU 0 refuses every packet, so an unfilled slot never answers.
+static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const struct iphdr *ip,
+						  __u32 seq, struct next_hop_found *found)
+{
+	__u32 slot = next_hop_cache_slot(ip->daddr);
+	struct next_hop_cached *cached = bpf_map_lookup_elem(&next_hop_cache, &slot);
 	struct next_hop_key key = { .prefixlen = 32, .addr = ip->daddr };
-	struct next_hop *known = bpf_map_lookup_elem(&next_hops, &key);
+	__u32 len = bpf_ntohs(ip->tot_len);
+	struct next_hop *known;
 	struct bpf_fib_lookup fib;
 
+	found->slot = NULL;
+	if (cached && cached->addr == ip->daddr && cached->seq == seq && len <= cached->hop.mtu) {
+		found->hop = &cached->hop;
+		return 1;
+	}
+	count(STAT_NEXT_HOP_CACHE_MISS);
+	known = bpf_map_lookup_elem(&next_hops, &key);
 	if (known && known->kind == NEXT_HOP_ON_LINK)
 		known = bpf_map_lookup_elem(&next_hop_hosts, &ip->daddr);
 	// Longer than the route's MTU: the FIB's answer is FRAG_NEEDED, which it must give.
-	if (known && known->kind == NEXT_HOP_KNOWN && bpf_ntohs(ip->tot_len) <= known->mtu) {
-		*hop = *known;
+	if (known && known->kind == NEXT_HOP_KNOWN && len <= known->mtu) {
+		found->copy = *known;
+		found->hop = &found->copy;
+		found->slot = cached;
 		return 1;
 	}
 	count(STAT_NEXT_HOP_MISS);
+	// The FIB's answers are not remembered: no publication tells when they change.
 	if (fib_toward_client(ctx, ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
-	hop->ifindex = fib.ifindex;
-	__builtin_memcpy(hop->dmac, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(hop->smac, fib.smac, ETH_ALEN);
+	found->copy.ifindex = fib.ifindex;
+	__builtin_memcpy(found->copy.dmac, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(found->copy.smac, fib.smac, ETH_ALEN);
+	found->hop = &found->copy;
 	return 1;
+}
+
+// Remembers a next hop next_hops gave, after the publish check: the answer was read under
+// `seq`, which publish_unchanged has just confirmed. A publication that begins after the
+// check moves the word, so the slot is void before it could answer for the new maps.
+static __always_inline void next_hop_remember(const struct next_hop_found *found, __be32 addr,
+					      __u32 seq)
+{
+	struct next_hop_cached *slot = found->slot;
+
+	if (slot) {
+		slot->addr = addr;
+		slot->seq = seq;
+		slot->hop = found->copy;
+	}
 }
 
 #endif

@@ -29,6 +29,7 @@
 //! | `cheetah_xdp_packets` (counter) | `outcome` |
 //! | `cheetah_xdp_to_userspace` (counter) | `reason` |
 //! | `cheetah_xdp_next_hop_misses` (counter) | |
+//! | `cheetah_xdp_next_hop_cache_misses` (counter) | |
 //! | `cheetah_xdp_replies_by_steering` (counter) | |
 //! | `cheetah_snapshot_generation` (gauge) | |
 //! | `cheetah_echoes_beyond_idle_limit` (counter) | |
@@ -432,6 +433,16 @@ impl Collector for DaemonCollector {
             [(
                 Labels::new(),
                 Count(state.steering.next_hop_miss.load(Relaxed)),
+            )],
+        )?;
+        family(
+            e,
+            "cheetah_xdp_next_hop_cache_misses",
+            "Server replies whose next hop the in-kernel path's per-CPU next_hop_cache did not hold for the current publication of the tables (datapath = xdp), so it read the next_hops maps (and, where they have no answer, the FIB).",
+            MetricType::Counter,
+            [(
+                Labels::new(),
+                Count(state.steering.next_hop_cache_miss.load(Relaxed)),
             )],
         )?;
         family(

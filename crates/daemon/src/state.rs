@@ -56,6 +56,8 @@ pub struct SteeringCounters {
     pub no_metadata_room: AtomicU64,
     /// Replies whose next hop the kernel asked `bpf_fib_lookup` for, not in `next_hops`.
     pub next_hop_miss: AtomicU64,
+    /// Replies whose next hop the kernel's per-CPU cache did not hold (next_hops read).
+    pub next_hop_cache_miss: AtomicU64,
     /// Server replies the kernel found by steering's lookups, not in `reply_senders`.
     pub reply_by_steering: AtomicU64,
     /// The in-kernel path is on: its packets are reported as a worker of their own.
@@ -73,6 +75,8 @@ impl SteeringCounters {
         self.passed_to_host.store(stats.passed_to_host, Relaxed);
         self.no_metadata_room.store(stats.no_metadata_room, Relaxed);
         self.next_hop_miss.store(stats.next_hop_miss, Relaxed);
+        self.next_hop_cache_miss
+            .store(stats.next_hop_cache_miss, Relaxed);
         self.reply_by_steering
             .store(stats.reply_by_steering, Relaxed);
         for (cell, value) in self.fast.iter().zip(stats.fast) {

@@ -49,6 +49,7 @@ const MOVED_GATEWAY_MAC: Mac = [0x02, 0xc9, 0x00, 0x00, 0x00, 0x02];
 /// What `cheetah run` promises (docs/dataplane.md "Next hops"): a change the kernel
 /// announces is in the map within one round of its loop, anything else within a second.
 const REFRESH_BOUND: Duration = Duration::from_secs(1);
+const XDP_TX: u32 = 3;
 const XDP_REDIRECT: u32 = 4;
 
 /// This thread in a namespace of its own: `lo` forwarding (as `cheetah run` sets it), the
@@ -94,6 +95,16 @@ fn reply(
     servers: &Interface,
     client: Ipv4Addr,
 ) -> (u32, Mac, SteeringStats, SteeringStats) {
+    reply_of_len(program, servers, client, 152)
+}
+
+/// [`reply`] with an IP packet of `ip_len` bytes (at least 52: IP, TCP and its options).
+fn reply_of_len(
+    program: &SteeringProgram,
+    servers: &Interface,
+    client: Ipv4Addr,
+    ip_len: usize,
+) -> (u32, Mac, SteeringStats, SteeringStats) {
     let frame = TcpFrame::from_server_l2(
         1,
         u32::from(client),
@@ -101,13 +112,36 @@ fn reply(
         flags::ACK,
         options::nop_nop_ts(0x1234_5678, 0x0102_0304),
     )
-    .with_payload(&[0x42; 100])
+    .with_payload(&vec![0x42; ip_len - 52])
     .build();
     let before = program.stats();
     let (action, out) = program.test_run(&frame, servers.ifindex).unwrap();
     let after = program.stats();
     // An XDP_REDIRECT leaves the frame where it was: no metadata in front.
     (action, out[0..6].try_into().unwrap(), before, after)
+}
+
+/// Keeps this thread on the CPU it is on: BPF_PROG_TEST_RUN runs the program there, and
+/// the next-hop cache is per CPU.
+fn pin_to_one_cpu() {
+    // SAFETY: plain libc calls on this thread's own affinity, with a zeroed cpu_set_t.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        assert!(
+            cpu >= 0,
+            "sched_getcpu: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        let rc = libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+        assert_eq!(
+            rc,
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 fn up_next_hop(stats: &SteeringStats) -> u64 {
@@ -227,4 +261,95 @@ fn replies_take_their_next_hop_from_the_mirror_and_follow_a_new_gateway_mac() {
     let (action, dst, before, after) = reply(&program, servers, Ipv4Addr::new(10, 2, 9, 7));
     assert_eq!((action, dst), (XDP_REDIRECT, [0x02, 0xc9, 0, 0, 0, 3]));
     assert_eq!(after.next_hop_miss, before.next_hop_miss);
+}
+
+/// Waits for the kernel to announce a routing change, then mirrors it, as `cheetah run`
+/// does each round of its loop.
+fn follow_change(mirror: &mut NextHopMirror, program: &SteeringProgram) {
+    let started = Instant::now();
+    while !mirror.changed() && started.elapsed() < REFRESH_BOUND {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    mirror.refresh(program).expect("mirror the next hops");
+}
+
+#[test]
+fn a_reply_follows_a_route_change_while_the_cache_holds_the_old_answer() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED next_hops: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return;
+    }
+    let interfaces = enter_new_namespace();
+    let (program, _plane) = load(&interfaces);
+    let servers = &interfaces[0];
+    let client = Ipv4Addr::new(10, 2, 0, 7);
+    let mut mirror = NextHopMirror::new().expect("netlink");
+    mirror.refresh(&program).expect("mirror the next hops");
+
+    // The first reply reads the trie and fills this CPU's slot; the second is the cache's.
+    // (One CPU for the test run: the cache is per CPU.)
+    pin_to_one_cpu();
+    let (action, dst, _, _) = reply(&program, servers, client);
+    assert_eq!((action, dst), (XDP_REDIRECT, GATEWAY_MAC));
+    let (action, dst, before, after) = reply(&program, servers, client);
+    assert_eq!((action, dst), (XDP_REDIRECT, GATEWAY_MAC));
+    assert_eq!(
+        after.next_hop_cache_miss, before.next_hop_cache_miss,
+        "the second reply toward the client did not take its next hop from the cache"
+    );
+
+    // A more specific route moves the client behind a router on the servers' side: the
+    // reply leaves by the interface it came in on (XDP_TX), toward that router's MAC.
+    let router_mac: Mac = [0x02, 0xc9, 0x00, 0x00, 0x01, 0x09];
+    ip(&[
+        "neigh",
+        "replace",
+        "10.1.0.9",
+        "lladdr",
+        &lb_namespace::mac_text(&router_mac),
+        "nud",
+        "permanent",
+        "dev",
+        SERVERS.name,
+    ]);
+    ip(&[
+        "route",
+        "add",
+        "10.2.0.0/24",
+        "via",
+        "10.1.0.9",
+        "dev",
+        SERVERS.name,
+    ]);
+    follow_change(&mut mirror, &program);
+    let (action, dst, before, after) = reply(&program, servers, client);
+    assert_eq!(
+        (action, dst),
+        (XDP_TX, router_mac),
+        "the reply after the route change kept the cached next hop"
+    );
+    assert_eq!(after.next_hop_miss, before.next_hop_miss);
+    assert_eq!(after.next_hop_cache_miss, before.next_hop_cache_miss + 1);
+    let (action, dst, before, after) = reply(&program, servers, client);
+    assert_eq!((action, dst), (XDP_TX, router_mac));
+    assert_eq!(after.next_hop_cache_miss, before.next_hop_cache_miss);
+
+    // And back: the route gone, the cache's answer (the router) is void again.
+    ip(&["route", "del", "10.2.0.0/24"]);
+    follow_change(&mut mirror, &program);
+    let (action, dst, _, _) = reply(&program, servers, client);
+    assert_eq!(
+        (action, dst),
+        (XDP_REDIRECT, GATEWAY_MAC),
+        "the reply after the route's removal kept the cached next hop"
+    );
+
+    // Longer than the route's MTU: the FIB's answer (FRAG_NEEDED), not the cached one.
+    ip(&["link", "set", CLIENTS.name, "mtu", "1200"]);
+    follow_change(&mut mirror, &program);
+    let (action, dst, _, _) = reply(&program, servers, client);
+    assert_eq!((action, dst), (XDP_REDIRECT, GATEWAY_MAC));
+    let (action, _, before, after) = reply_of_len(&program, servers, client, 1300);
+    assert_ne!(action, XDP_REDIRECT, "a reply beyond the MTU was forwarded");
+    assert_eq!(after.next_hop_miss, before.next_hop_miss + 1);
 }

@@ -240,6 +240,11 @@ fn a_restart_over_pinned_maps_keeps_the_kernels_state() {
         !before.program.pins().maps.contains_key("xsks"),
         "the socket map is per process"
     );
+    // Its slots are tagged with a publish_seq that a replaced lb_config counts from 0 again.
+    assert!(
+        !before.program.pins().maps.contains_key("next_hop_cache"),
+        "the next-hop cache is per process"
+    );
     let clock_base = before.program.clock_base().unwrap();
     // The clock the server shows now: newer than the state file's.
     before

@@ -128,7 +128,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let (verified, loaded) = verifier_counts(&object);
     eprintln!("cheetah_lb: {loaded} instructions loaded, {verified} processed by the verifier");
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 28] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 29] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -264,6 +264,16 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             4,
             NEXT_HOP,
             MAX_NEXT_HOPS,
+            0,
+        ),
+        // The kernel's alone (bpf/lib/maps.h): {client, publish_seq, struct next_hop}
+        // per slot, 2^12 slots per CPU.
+        (
+            "next_hop_cache",
+            MapType::PercpuArray,
+            4,
+            8 + NEXT_HOP,
+            4096,
             0,
         ),
         // VIP index -> the fd of its Maglev table's inner array (made by the publisher).

@@ -145,6 +145,10 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("STAT_UP_FALLBACK_MISS", STAT_UP_FALLBACK_MISS as usize),
         ("STAT_REPLY_BY_STEERING", STAT_REPLY_BY_STEERING as usize),
         (
+            "STAT_NEXT_HOP_CACHE_MISS",
+            STAT_NEXT_HOP_CACHE_MISS as usize,
+        ),
+        (
             "STAT_FAST_SERVER_COOKIE_LEARNED",
             STAT_FAST_SERVER_COOKIE_LEARNED as usize,
         ),
@@ -194,8 +198,9 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (
             "STAT_COUNT",
-            // The event counters: STAT_NEXT_HOP_MISS and STAT_REPLY_BY_STEERING.
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 2 + FAST_EVENTS.len(),
+            // The event counters: STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING and
+            // STAT_NEXT_HOP_CACHE_MISS.
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 3 + FAST_EVENTS.len(),
         ),
         ("STAT_SLOTS", STAT_SLOTS as usize),
         ("CHEETAH_PIN_LAYOUT", PIN_LAYOUT as usize),

@@ -23,8 +23,8 @@ use super::pin::{self, PinDir, PinReport};
 use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
     Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, ServerInfo,
-    ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, SERVER_FORWARDS, STAT_NEXT_HOP_MISS,
-    STAT_REPLY_BY_STEERING, UP_REASONS,
+    ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, SERVER_FORWARDS,
+    STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING, UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -73,6 +73,9 @@ pub struct SteeringStats {
     pub events: [u64; FAST_EVENTS.len()],
     /// Replies whose next hop the kernel asked `bpf_fib_lookup` for (not in `next_hops`).
     pub next_hop_miss: u64,
+    /// Replies whose next hop this CPU's `next_hop_cache` did not hold: read from
+    /// `next_hops` (or the FIB) instead.
+    pub next_hop_cache_miss: u64,
     /// Server replies `reply_senders` did not know: found by steering's lookups instead.
     pub reply_by_steering: u64,
 }
@@ -530,6 +533,7 @@ impl SteeringProgram {
             up: UP_REASONS.map(|(index, _)| sum(index)),
             events: FAST_EVENTS.map(|(index, _)| sum(index)),
             next_hop_miss: sum(STAT_NEXT_HOP_MISS),
+            next_hop_cache_miss: sum(STAT_NEXT_HOP_CACHE_MISS),
             reply_by_steering: sum(STAT_REPLY_BY_STEERING),
         }
     }

@@ -41,8 +41,8 @@ use cheetah_daemon::dataplane::xdp_layout::{
     Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
     STAT_FAST_CLIENT_SYN, STAT_FAST_FALLBACK_MISS, STAT_FAST_FALLBACK_SYN, STAT_FAST_ICMP_COOKIE,
     STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE, STAT_FAST_SERVER_COOKIE_ADVANCED,
-    STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_MISS,
-    STAT_REPLY_BY_STEERING,
+    STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_CACHE_MISS,
+    STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -187,11 +187,18 @@ pub(super) enum Path {
     /// Server->client with `next_hops` empty: the next hop from `bpf_fib_lookup`, as
     /// every reply toward a client the map does not cover.
     NextHopMiss,
+    /// Server->client whose next hop is not in this CPU's `next_hop_cache`: a publication
+    /// (an empty publish window, untimed) before each run voids the cache, so every run
+    /// reads the `next_hops` trie and fills its slot, as the first reply toward a client
+    /// after a change of the tables does.
+    NextHopCacheMiss,
     /// Only the `bpf_fib_lookup` a next-hop miss makes (bench_fib), to say how much of
     /// that path it is.
     FibLookup,
     /// Only the `next_hops` trie lookup a hit makes (bench_next_hop_trie).
     NextHopTrie,
+    /// Only the `next_hop_cache` slot read a cache hit makes (bench_next_hop_cache).
+    NextHopCache,
     /// The same answer from a HASH map keyed by the /32 address (bench_next_hop_hash):
     /// what the trie costs beside the cheapest alternative.
     NextHopHash,
@@ -285,8 +292,10 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 Path::ServerFin,
                 Path::Icmp,
                 Path::NextHopMiss,
+                Path::NextHopCacheMiss,
                 Path::FibLookup,
                 Path::NextHopTrie,
+                Path::NextHopCache,
                 Path::NextHopHash,
                 Path::FallbackHit,
                 Path::FallbackMiss,
@@ -721,12 +730,17 @@ impl Bench {
             }
             Path::Icmp if ports.servers.ifindex == ingress => ("bench_lb", XDP_TX),
             Path::Icmp => ("bench_lb", XDP_REDIRECT),
-            Path::NextHopMiss | Path::ReplyBySteering if ports.clients.ifindex == ingress => {
+            Path::NextHopMiss | Path::NextHopCacheMiss | Path::ReplyBySteering
+                if ports.clients.ifindex == ingress =>
+            {
                 ("bench_lb", XDP_TX)
             }
-            Path::NextHopMiss | Path::ReplyBySteering => ("bench_lb", XDP_REDIRECT),
+            Path::NextHopMiss | Path::NextHopCacheMiss | Path::ReplyBySteering => {
+                ("bench_lb", XDP_REDIRECT)
+            }
             Path::FibLookup => ("bench_fib", XDP_TX),
             Path::NextHopTrie => ("bench_next_hop_trie", XDP_TX),
+            Path::NextHopCache => ("bench_next_hop_cache", XDP_TX),
             Path::NextHopHash => ("bench_next_hop_hash", XDP_TX),
             Path::FallbackHit | Path::FallbackMiss => ("bench_lb", XDP_TX),
         };
@@ -756,6 +770,7 @@ impl Bench {
         };
         let before = fast_count(&self.program)?;
         let misses_before = stat(self.program.object(), STAT_NEXT_HOP_MISS)?;
+        let cache_misses_before = stat(self.program.object(), STAT_NEXT_HOP_CACHE_MISS)?;
         let by_steering_before = stat(self.program.object(), STAT_REPLY_BY_STEERING)?;
         // A SYN is new every run: the slot the last run booked it in (and the fallback
         // entry it made) is emptied first.
@@ -774,6 +789,10 @@ impl Bench {
                 let now = monotonic_ns() - self.clock_base_ns;
                 self.import_clocks(CLOCK_BEFORE_ADVANCE, now);
             }
+            if path == Path::NextHopCacheMiss {
+                // Opened and closed: publish_seq moves on, as at any publication.
+                drop(self.program.publish_window());
+            }
         };
         let timed = self.time(subject, &frame, ingress, runs, expected_action, &before_run);
         if path == Path::ClockAdvanced {
@@ -789,10 +808,13 @@ impl Bench {
         let (timings, wrong_action) = timed?;
         let moved = fast_count(&self.program)? - before;
         let misses = stat(self.program.object(), STAT_NEXT_HOP_MISS)? - misses_before;
+        let cache_misses =
+            stat(self.program.object(), STAT_NEXT_HOP_CACHE_MISS)? - cache_misses_before;
         let by_steering = stat(self.program.object(), STAT_REPLY_BY_STEERING)? - by_steering_before;
         let label = match path {
             Path::FibLookup => "bpf_fib_lookup alone (server->client frame)".to_string(),
             Path::NextHopTrie => "next_hops trie lookup alone (same frame)".to_string(),
+            Path::NextHopCache => "next_hop_cache slot alone (same frame)".to_string(),
             Path::NextHopHash => "/32 HASH lookup alone (comparison)".to_string(),
             Path::Syn => format!("SYN, {} (l2)", setup.label),
             Path::FallbackHit => "fallback hit (client without timestamps, l2)".to_string(),
@@ -814,6 +836,7 @@ impl Bench {
                 },
                 match path {
                     Path::NextHopMiss => ", next-hop miss",
+                    Path::NextHopCacheMiss => ", next-hop cache miss",
                     Path::ReplyBySteering => ", sender by steering (reply_senders empty)",
                     Path::ClientVipByHash => ", VIP by hash (vip_slots empty)",
                     _ => "",
@@ -823,8 +846,9 @@ impl Bench {
         let all_runs = u64::from(WARM_UP_RUNS + runs);
         // The lookup-alone programs run no LB: nothing to count.
         let (expected_moves, expected_misses) = match path {
-            Path::FibLookup | Path::NextHopTrie | Path::NextHopHash => (0, 0),
+            Path::FibLookup | Path::NextHopTrie | Path::NextHopCache | Path::NextHopHash => (0, 0),
             Path::NextHopMiss => (all_runs, all_runs),
+            Path::NextHopCacheMiss => (all_runs, 0),
             Path::ReplyBySteering
             | Path::ClientVipByHash
             | Path::ClientToServer
@@ -848,6 +872,15 @@ impl Bench {
         } else if misses != expected_misses {
             Err(format!(
                 "void: STAT_NEXT_HOP_MISS moved {misses} times, not {expected_misses}"
+            ))
+        } else if path == Path::NextHopCacheMiss && cache_misses != all_runs {
+            Err(format!(
+                "void: STAT_NEXT_HOP_CACHE_MISS moved {cache_misses} times in {all_runs} runs"
+            ))
+        } else if path == Path::ServerToClient && cache_misses > 1 {
+            // At most the first run's, which fills the slot.
+            Err(format!(
+                "void: STAT_NEXT_HOP_CACHE_MISS moved {cache_misses} times: the cache did not answer"
             ))
         } else if by_steering
             != if path == Path::ReplyBySteering {
@@ -1008,8 +1041,10 @@ pub(super) fn program<'a>(
 }
 
 /// Empties the program's `next_hops` and `next_hop_hosts`: every reply's next hop from
-/// `bpf_fib_lookup`.
+/// `bpf_fib_lookup`. Inside a publish window, as the mirror writes them: that also voids
+/// what `next_hop_cache` holds.
 fn clear_next_hops(program: &SteeringProgram) -> anyhow::Result<()> {
+    let _window = program.publish_window()?;
     for name in ["next_hops", "next_hop_hosts"] {
         let map = program.try_map(name)?;
         let keys: Vec<Vec<u8>> = map.keys().collect();

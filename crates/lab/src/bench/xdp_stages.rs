@@ -31,7 +31,7 @@ const REPLY_STAGES: [&str; 7] = [
     "the sender: server_side[ingress], reply_senders[slot of (saddr, sport, src MAC)]",
     "flags, NOP NOP TS, msb_seen + clock check",
     "siphash_finish, cookie encode",
-    "next hop toward the client: the next_hops map (bpf_fib_lookup on a miss)",
+    "next hop toward the client: this CPU's next_hop_cache slot (next_hops, then bpf_fib_lookup, on a miss)",
     "TSval rewrite + TCP checksum, MACs from the next hop",
     "server_traffic[id] + stats count (2 per-CPU lookups)",
 ];
