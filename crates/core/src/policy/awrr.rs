@@ -4,13 +4,24 @@
 //! Each server gets `N_i = round(10 * L_avg / ((1 - a) * L_i + a * L_avg))` buckets, with
 //! `a = 0.5`, clamped to `[2, 30]`: a server at the average load gets 10, a less loaded one
 //! more, a busier one fewer. The buckets are recomputed whenever the worker merges loads
-//! (every 10 ms), never per pick, and served with [`SmoothWeights`], whose credits carry
-//! over from one set of buckets to the next.
+//! (every 10 ms), never per pick, and served as smooth WRR from their cycle
+//! ([`SmoothPicks`], a [`Schedule`](crate::policy::schedule::Schedule) when it fits):
+//! when a merge changes the buckets, the new buckets' cycle replaces the old and the
+//! worker's cursor carries on into it (modulo its length). The XDP program serves the
+//! kernel's awrr VIPs from the same cycles, which the daemon builds from the same rule
+//! ([`awrr_buckets_into`]).
+//!
+//! Why dropping the credits keeps the balance: a smooth cycle spreads every server's
+//! picks through it, so any window of `k` consecutive picks gives each server within
+//! about one pick of `k * N_i / total` (wrr.rs proves this of every prefix; a window of a
+//! periodic sequence is a prefix of a rotation). A switch therefore costs at most about
+//! one pick per server against the exact shares, the same order as what carried credits
+//! save, and the picks between two merges (10 ms) follow the new buckets from the first.
 //!
 //! Unlike least-loaded, AWRR keeps sending some connections to every server between two
 //! load reports, so a stale report cannot make one server take every new connection.
 
-use crate::policy::wrr::SmoothWeights;
+use crate::policy::wrr::SmoothPicks;
 use crate::policy::{LoadView, PickContext, Policy, PolicyKind, PoolSnapshot};
 use crate::types::ServerId;
 
@@ -66,19 +77,42 @@ fn average(loads: impl ExactSizeIterator<Item = f64>) -> f64 {
     loads.map(sanitize).sum::<f64>() / count as f64
 }
 
-/// Per-worker AWRR: smooth-WRR credits over buckets derived from the pool's load metric.
+/// Buckets of each of `pool`'s servers under `loads` (its metric), written into
+/// `buckets`: the one rule the workers and the daemon's kernel schedules both follow.
+pub fn awrr_buckets_into(pool: &PoolSnapshot, loads: &LoadView, buckets: &mut Vec<u32>) {
+    let load_of = |id: &ServerId| loads.load(*id, pool.metric);
+    let average = average(pool.servers.iter().map(load_of));
+    buckets.clear();
+    buckets.extend(
+        pool.servers
+            .iter()
+            .map(|id| awrr_bucket(load_of(id), average)),
+    );
+}
+
+/// Per-worker AWRR: smooth WRR over buckets derived from the pool's load metric.
 pub struct AutoWeightedRoundRobin {
-    buckets: SmoothWeights,
+    buckets: Vec<u32>,
+    /// The buckets a merge computes, compared with `buckets` before any rebuild.
+    merged: Vec<u32>,
+    picks: SmoothPicks,
 }
 
 impl AutoWeightedRoundRobin {
     /// Starts every server at [`BALANCED_BUCKETS`] (no load known yet), with worker `w`
     /// `w` picks into the cycle so that workers do not pick in lockstep.
     pub fn new(pool: &PoolSnapshot, worker: usize, _workers: usize) -> Self {
-        let balanced = vec![BALANCED_BUCKETS; pool.servers.len()];
+        let buckets = vec![BALANCED_BUCKETS; pool.servers.len()];
         AutoWeightedRoundRobin {
-            buckets: SmoothWeights::for_worker(&balanced, worker),
+            picks: SmoothPicks::for_worker(&buckets, worker),
+            merged: Vec::with_capacity(buckets.len()),
+            buckets,
         }
+    }
+
+    /// The buckets the picks follow now.
+    pub fn buckets(&self) -> &[u32] {
+        &self.buckets
     }
 }
 
@@ -94,21 +128,19 @@ impl Policy for AutoWeightedRoundRobin {
             ctx.pool.servers.len(),
             "built for another pool"
         );
-        let position = self.buckets.next_position()?;
+        let position = self.picks.next_position()?;
         ctx.pool.servers.get(position).copied()
     }
 
     fn on_loads_merged(&mut self, pool: &PoolSnapshot, loads: &LoadView) {
-        let load_of = |id: &ServerId| loads.load(*id, pool.metric);
         if self.buckets.len() != pool.servers.len() {
-            self.buckets = SmoothWeights::new(&vec![BALANCED_BUCKETS; pool.servers.len()]);
+            *self = AutoWeightedRoundRobin::new(pool, 0, 1);
         }
-        let average = average(pool.servers.iter().map(load_of));
-        self.buckets.reweight(
-            pool.servers
-                .iter()
-                .map(|id| awrr_bucket(load_of(id), average)),
-        );
+        awrr_buckets_into(pool, loads, &mut self.merged);
+        if self.merged != self.buckets {
+            std::mem::swap(&mut self.merged, &mut self.buckets);
+            self.picks.reweight(&self.buckets);
+        }
     }
 }
 
