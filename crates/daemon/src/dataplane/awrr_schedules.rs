@@ -11,16 +11,19 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use cheetah_core::policy::awrr::awrr_buckets_into;
-use cheetah_core::policy::schedule::Schedule;
+use cheetah_core::policy::awrr::{awrr_buckets_into, MAX_BUCKETS};
+use cheetah_core::policy::schedule::{Schedule, SCHEDULE_CAP};
 use cheetah_core::policy::LoadView;
 use cheetah_core::tables::Snapshot;
 use cheetah_core::types::ServerId;
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::xdp::SteeringProgram;
-use super::xdp_layout::{VipSchedule, KERNEL_POLICY_AWRR, MAX_VIPS};
+use super::xdp_layout::{VipSchedule, KERNEL_POLICY_AWRR, MAX_HASH_POOL, MAX_VIPS};
 use super::xdp_tables::kernel_policy;
+
+// Every kernel awrr pool's cycle fits: at most MAX_HASH_POOL servers of MAX_BUCKETS.
+const _: () = assert!(MAX_HASH_POOL * MAX_BUCKETS as usize <= SCHEDULE_CAP);
 
 /// What a VIP's published cycle was built from.
 #[derive(PartialEq, Eq)]
@@ -76,7 +79,7 @@ impl AwrrSchedules {
             let unchanged = published
                 .get(&index)
                 .is_some_and(|p| p.buckets == self.buckets && p.servers == pool.servers);
-            // A kernel pool's buckets (at most 64 of at most 30) always fit.
+            // A kernel pool's buckets always fit (the assertion above).
             if unchanged || !self.schedule.rebuild(&self.buckets) {
                 continue;
             }

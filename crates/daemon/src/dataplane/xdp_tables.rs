@@ -750,7 +750,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     }
 
     #[test]
-    fn the_kernel_runs_rr_wrr_random_and_hash_for_pools_it_holds() {
+    fn the_kernel_runs_rr_wrr_awrr_random_and_hash_for_pools_it_holds() {
         use PolicyKind::*;
         let active = LoadMetric::ActiveConnections;
         for (kind, expected) in [
@@ -761,7 +761,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             (PowerOfTwo, KERNEL_POLICY_POW2),
             (Maglev, KERNEL_POLICY_NONE),
             (LeastLoaded, KERNEL_POLICY_NONE),
-            (AutoWeightedRoundRobin, KERNEL_POLICY_NONE),
+            (AutoWeightedRoundRobin, KERNEL_POLICY_AWRR),
         ] {
             assert_eq!(kernel_policy(kind, active, 3), expected, "{kind}");
             assert_eq!(
@@ -783,6 +783,11 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         );
         for metric in [LoadMetric::Packets, LoadMetric::Bytes] {
             assert_eq!(kernel_policy(PowerOfTwo, metric, 3), KERNEL_POLICY_NONE);
+            // awrr's buckets come from the daemon's view, which has every metric.
+            assert_eq!(
+                kernel_policy(AutoWeightedRoundRobin, metric, 3),
+                KERNEL_POLICY_AWRR
+            );
         }
     }
 
