@@ -17,6 +17,8 @@
 //! periodic sequence is a prefix of a rotation). A switch therefore costs at most about
 //! one pick per server against the exact shares, the same order as what carried credits
 //! save, and the picks between two merges (10 ms) follow the new buckets from the first.
+//! A new cycle is written out by the credit scan once (its length times the pool's size in
+//! steps, into the old cycle's buffers), on a merge whose buckets changed only.
 //!
 //! Unlike least-loaded, AWRR keeps sending some connections to every server between two
 //! load reports, so a stale report cannot make one server take every new connection.
@@ -224,6 +226,93 @@ mod tests {
         let picked = picks(&mut awrr, &pool, &loads, 0, 37);
         let picked: Vec<ServerId> = picked.iter().map(|id| ServerId(id.0 - 4)).collect();
         assert_eq!(counts(&picked, 3), [20, 10, 7]);
+    }
+
+    fn reported_pool(servers: u16) -> (PoolSnapshot, Vec<ServerId>) {
+        let ids: Vec<ServerId> = (0..servers).map(ServerId).collect();
+        let pool = PoolSnapshot::new(
+            ids.clone(),
+            vec![1; ids.len()],
+            LoadMetric::Reported,
+            crate::policy::maglev::DEFAULT_TABLE_SIZE,
+        );
+        (pool, ids)
+    }
+
+    fn merge(awrr: &mut AutoWeightedRoundRobin, pool: &PoolSnapshot, loads: &[f64]) {
+        let mut view = LoadView::new();
+        for (id, load) in pool.servers.iter().zip(loads) {
+            view.set_load(*id, LoadMetric::Reported, *load);
+        }
+        awrr.on_loads_merged(pool, &view);
+    }
+
+    #[test]
+    fn a_merge_that_changes_the_buckets_carries_the_cursor_into_the_new_cycle() {
+        let (pool, _) = reported_pool(3);
+        let mut awrr = AutoWeightedRoundRobin::new(&pool, 0, 1);
+        // Balanced: the cycle 0 1 2; two picks leave the cursor at 2.
+        let before = picks(&mut awrr, &pool, &LoadView::new(), 0, 2);
+        merge(&mut awrr, &pool, &[0.0, 1.0, 2.0]);
+        assert_eq!(awrr.buckets(), [20, 10, 7]);
+        let cycle = crate::policy::schedule::Schedule::of_weights(&[20, 10, 7]).unwrap();
+        let after = picks(&mut awrr, &pool, &LoadView::new(), 0, 3);
+        let expected: Vec<ServerId> = cycle.cycle()[2..5]
+            .iter()
+            .map(|&p| ServerId(u16::from(p)))
+            .collect();
+        assert_eq!(before, [ServerId(0), ServerId(1)]);
+        assert_eq!(
+            after, expected,
+            "entry 2 of the new cycle on, not its start"
+        );
+    }
+
+    #[test]
+    fn a_pool_too_wide_for_a_schedule_scans_and_still_follows_the_buckets() {
+        let (pool, _) = reported_pool(300);
+        let mut awrr = AutoWeightedRoundRobin::new(&pool, 5, 8);
+        assert!(matches!(awrr.picks, SmoothPicks::Scanned(_)));
+        let loads: Vec<f64> = (0..300).map(|i| if i == 0 { 0.0 } else { 1.0 }).collect();
+        merge(&mut awrr, &pool, &loads);
+        let total: u32 = awrr.buckets().iter().sum();
+        let picked = picks(&mut awrr, &pool, &LoadView::new(), 0, total as usize);
+        let picked = counts(&picked, 300);
+        assert_eq!(picked[0] as u32, awrr.buckets()[0]);
+        assert_eq!(picked[1] as u32, awrr.buckets()[1]);
+    }
+
+    proptest! {
+        /// Why dropping the credits keeps awrr's balance (module doc): after a merge, the
+        /// picks of any window stay within about one of each server's share of the new
+        /// buckets, wherever the cursor was.
+        #[test]
+        fn after_a_merge_every_window_keeps_to_the_new_buckets(
+            before in prop::collection::vec(0.0f64..4.0, 2..12),
+            after_seed in prop::collection::vec(0.0f64..4.0, 12),
+            picked_before in 0usize..300,
+            worker in 0usize..16,
+        ) {
+            let n = before.len();
+            let after = &after_seed[..n];
+            let (pool, _) = reported_pool(n as u16);
+            let mut awrr = AutoWeightedRoundRobin::new(&pool, worker, 16);
+            merge(&mut awrr, &pool, &before);
+            picks(&mut awrr, &pool, &LoadView::new(), 0, picked_before);
+            merge(&mut awrr, &pool, after);
+            let buckets = awrr.buckets().to_vec();
+            let total: u32 = buckets.iter().sum();
+            let picked = picks(&mut awrr, &pool, &LoadView::new(), 0, 2 * total as usize);
+            let mut counts = vec![0usize; n];
+            for (k, id) in picked.iter().enumerate() {
+                counts[id.index()] += 1;
+                for (server, &b) in buckets.iter().enumerate() {
+                    let share = (k + 1) as f64 * f64::from(b) / f64::from(total);
+                    prop_assert!((counts[server] as f64 - share).abs() < 2.0,
+                        "server {} after {} picks: {} against {:.2}", server, k + 1, counts[server], share);
+                }
+            }
+        }
     }
 
     #[test]

@@ -59,7 +59,8 @@ impl AwrrSchedules {
         let published = match &mut self.published {
             Some(published) => published,
             None => {
-                for key in map.keys() {
+                let left: Vec<Vec<u8>> = map.keys().collect();
+                for key in left {
                     map.delete(&key)
                         .context("cannot clear awrr_schedules of an earlier run")?;
                 }
