@@ -16,6 +16,7 @@ mod idle;
 mod multi;
 mod pinned;
 mod readd;
+mod schedules;
 mod server_clocks;
 mod smoke;
 mod support;
