@@ -252,6 +252,9 @@ struct vip_slot {
 // Power of two choices over the loads userspace publishes (server_loads), under the
 // metrics it publishes: active connections and reported load.
 #define KERNEL_POLICY_POW2 5
+// awrr: smooth WRR over buckets the daemon derives from loads at every fold, served from
+// their cycle (awrr_schedules; no cycle: the balanced buckets, one pick per position).
+#define KERNEL_POLICY_AWRR 7
 #define LOAD_METRIC_ACTIVE 0
 #define LOAD_METRIC_REPORTED 1
 
@@ -272,15 +275,25 @@ struct vip_weights {
 	__u32 weight[MAX_HASH_POOL];
 };
 
+// Value of the wrr_schedules and awrr_schedules hash maps (by VIP index): one cycle of
+// smooth-WRR picks from zero credits as pool positions (core Schedule,
+// crates/core/src/policy/schedule.rs), `len` entries of at most SCHEDULE_CAP.
+#define SCHEDULE_CAP 4096
+struct vip_schedule {
+	__u32 len;
+	__u8 position[SCHEDULE_CAP];
+};
+
 // Value of the per-CPU policy_state array (by VIP index): this CPU's instance of the
 // VIP's policy, seeded by userspace on every snapshot that changes the VIP's pool, policy
 // or weights (as a core worker rebuilds its instance), then advanced by the kernel.
-// rr: the core RoundRobin's cursor. wrr: the core SmoothWeights' credits, kept as
+// rr: the core RoundRobin's cursor. wrr and awrr from a schedule: the core Schedule's
+// cursor (schedule_cursor). wrr by the scan: the core SmoothWeights' credits, kept as
 // credit[i] = wrr_base[i] + wrr_steps * weight[i] (wrapping), so that a pick writes two
 // words, not every credit, and needs no weight once it has decided.
 struct policy_state {
 	__u32 rr_position;
-	__u32 pad;
+	__u32 schedule_cursor;
 	__u64 wrr_steps;
 	__s64 wrr_base[MAX_HASH_POOL];
 };

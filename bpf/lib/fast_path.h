@@ -37,6 +37,7 @@
 #include "parse.h"
 #include "policy.h"
 #include "publish.h"
+#include "schedule.h"
 #include "siphash.h"
 #include "stats.h"
 #include "steer.h"
@@ -183,11 +184,12 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 				    const struct vip_info *vip)
 {
 	__u32 index = vip->index, pool_len = vip->pool_len, policy = vip->policy;
-	__u32 zero = 0, position, next_rr = 0, id, previous, stat;
+	__u32 zero = 0, position, next_rr = 0, next_cursor = 0, id, previous, stat;
 	struct handshake_words *words;
 	struct server_traffic *traffic;
 	const struct server_info *server;
 	const struct vip_weights *weights;
+	const struct vip_schedule *schedule = NULL;
 	struct policy_rng *cpu_rng = NULL;
 	struct policy_state *state;
 	struct server_info target;
@@ -210,11 +212,20 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		position = rr_decide(state, pool_len, &next_rr);
 		break;
 	case KERNEL_POLICY_WRR:
+		schedule = bpf_map_lookup_elem(&wrr_schedules, &index);
+		if (schedule) {
+			position = schedule_decide(state, schedule, pool_len, &next_cursor);
+			break;
+		}
 		weights = bpf_map_lookup_elem(&vip_weights, &index);
 		if (!weights)
 			return hand_up(STAT_UP_OTHER);
 		position = wrr_decide(state, weights, pool_len);
 		total = weights->total;
+		break;
+	case KERNEL_POLICY_AWRR:
+		schedule = bpf_map_lookup_elem(&awrr_schedules, &index);
+		position = schedule_decide(state, schedule, pool_len, &next_cursor);
 		break;
 	case KERNEL_POLICY_RANDOM:
 		cpu_rng = bpf_map_lookup_elem(&policy_rng, &zero);
@@ -276,6 +287,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	// Commit: the policy's state moves on, the pick is counted and booked, then the bytes.
 	if (policy == KERNEL_POLICY_RR)
 		state->rr_position = next_rr;
+	else if (policy == KERNEL_POLICY_AWRR || (policy == KERNEL_POLICY_WRR && schedule))
+		state->schedule_cursor = next_cursor;
 	else if (policy == KERNEL_POLICY_WRR)
 		wrr_commit(state, position, total);
 	// random, and pow2 when it drew.

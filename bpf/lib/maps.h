@@ -207,6 +207,30 @@ struct {
 	__type(value, struct vip_weights);
 } vip_weights SEC(".maps");
 
+// VIP index -> the cycle of its wrr weights, for the wrr VIPs whose cycle fits
+// (cheetah_shared.h struct vip_schedule; the others scan vip_weights). Written at a
+// publication, inside its window. A hash map without preallocation holds only the VIPs
+// that have one (an array would take 16 MiB).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct vip_schedule);
+} wrr_schedules SEC(".maps");
+
+// VIP index -> the cycle of its awrr buckets, replaced by userspace at every fold that
+// changes them, outside the publish window: an update of a hash map without
+// preallocation links a whole new element in and frees the old one after an RCU grace
+// period, so a reader sees the old cycle or the new, never a mix.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct vip_schedule);
+} awrr_schedules SEC(".maps");
+
 // VIP index -> this CPU's rr cursor and wrr credits for it, seeded by userspace. Per CPU:
 // every SYN advances it, and a shared cursor would bounce its cache line between CPUs.
 struct {

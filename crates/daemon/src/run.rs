@@ -11,6 +11,7 @@ use cheetah_core::hash::Secret;
 use cheetah_core::lb::{Ingress, LbShared, Worker, WorkerConfig};
 
 use crate::config::{read_key_file, DaemonConfig, FileConfig, KeyFile};
+use crate::dataplane::awrr_schedules::AwrrSchedules;
 use crate::dataplane::kernel_loads::KernelLoads;
 use crate::dataplane::next_hops::NextHopMirror;
 use crate::dataplane::pin;
@@ -367,6 +368,7 @@ impl DataPlane {
             .side_source
             .sides(&self.interface_names, &state.shared.snapshot.load());
         let mut kernel_loads = KernelLoads::starting_at(&self.steering)?;
+        let mut awrr_schedules = AwrrSchedules::new();
         while !term.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
             rounds += 1;
@@ -376,6 +378,12 @@ impl DataPlane {
                 }
                 if let Err(e) = kernel_loads.publish_loads(&self.steering, &state.shared) {
                     tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's server loads");
+                }
+                let snapshot = state.shared.snapshot.load();
+                if let Err(e) =
+                    awrr_schedules.publish(&self.steering, &snapshot, kernel_loads.view())
+                {
+                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's awrr cycles");
                 }
             }
             let every_second = rounds.is_multiple_of(20);

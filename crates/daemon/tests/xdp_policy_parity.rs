@@ -22,7 +22,9 @@ use std::sync::Arc;
 use cheetah_core::config::LbConfig;
 use cheetah_core::hash::Secret;
 use cheetah_core::lb::{Counter, Ingress, SharedTables, Worker, WorkerConfig};
+use cheetah_core::policy::awrr::AutoWeightedRoundRobin;
 use cheetah_core::policy::pow2::PowerOfTwo;
+use cheetah_core::policy::schedule::Schedule;
 use cheetah_core::policy::{
     PickContext, Policy, PolicyRng, ReportedLoad, WorkerLoads, MERGE_INTERVAL,
 };
@@ -30,6 +32,7 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{Mac, ServerId};
 use cheetah_core::verdict::Verdict;
 use cheetah_daemon::clock::monotonic_ns;
+use cheetah_daemon::dataplane::awrr_schedules::AwrrSchedules;
 use cheetah_daemon::dataplane::kernel_loads::KernelLoads;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::*;
@@ -238,6 +241,8 @@ struct Run {
     core_loads: Vec<(u64, u64)>,
     kernel_loads: Vec<(u64, u64)>,
     cpu_state_advanced: bool,
+    /// This CPU's schedule cursor moved: the kernel picked from a cycle.
+    schedule_cursor_moved: bool,
 }
 
 /// The program loaded and published for `config`, with two planes over the config: the
@@ -330,6 +335,7 @@ fn run_policy(config: &LbConfig) -> Run {
         core_loads: Vec::new(),
         kernel_loads: Vec::new(),
         cpu_state_advanced: false,
+        schedule_cursor_moved: false,
     };
     for (n, frame) in syns().iter().enumerate() {
         let (action, out) = program.test_run(frame, servers_ifindex).unwrap();
@@ -360,8 +366,10 @@ fn run_policy(config: &LbConfig) -> Run {
         counters.get(Counter::NewConnections),
         counters.get(Counter::SynRetransmissions),
     );
-    run.cpu_state_advanced = program.policy_state(0).unwrap()[cpu] != state_before
-        || program.policy_rng().unwrap()[cpu] != rng_before;
+    let state_after = program.policy_state(0).unwrap()[cpu];
+    run.cpu_state_advanced =
+        state_after != state_before || program.policy_rng().unwrap()[cpu] != rng_before;
+    run.schedule_cursor_moved = state_after.schedule_cursor != state_before.schedule_cursor;
 
     worker.tick(NOW + MERGE_INTERVAL);
     KernelLoads::default()
@@ -398,9 +406,22 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
     }
     enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
     let wrr_weights = [(1, 5), (2, 1), (3, 3), (4, 2), (5, 7), (6, 1), (7, 4)];
+    // Odd weights 1, 3, .., 127: a cycle of exactly SCHEDULE_CAP (64^2) entries.
+    let odd_weights: Vec<(u16, u32)> = (1..=MAX_HASH_POOL as u16)
+        .map(|id| (id, 2 * u32::from(id) - 1))
+        .collect();
+    // A cycle of 4100 entries: over the cap, so the kernel scans the credits.
+    let over_the_cap = [(1, 4000), (2, 97), (3, 3)];
     let cases = [
         ("rr", config("rr", 7, &[])),
         ("wrr", config("wrr", 7, &wrr_weights)),
+        (
+            "wrr, 64 servers",
+            config("wrr", MAX_HASH_POOL as u16, &odd_weights),
+        ),
+        ("wrr, over the cap", config("wrr", 3, &over_the_cap)),
+        // No load known: every server's buckets are the balanced ones.
+        ("awrr", config("awrr", 7, &[])),
         ("random", config("random", 7, &[])),
         ("hash", config("hash", 7, &[])),
         // The biggest pool the kernel holds.
@@ -413,6 +434,17 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
     let mut failures = Vec::new();
     for (name, config) in &cases {
         let run = run_policy(config);
+        let scheduled = run.schedule_cursor_moved;
+        if name.starts_with("wrr") && scheduled == name.ends_with("over the cap") {
+            failures.push(format!(
+                "{name}: the kernel {} its cycle",
+                if scheduled {
+                    "picked from"
+                } else {
+                    "did not pick from"
+                }
+            ));
+        }
         let syns = run.core_picks.len();
         let placed = run.kernel_picks.iter().filter(|&&p| p != 0).count();
         eprintln!(
@@ -646,6 +678,140 @@ fn kernel_pow2_picks_the_cores_servers_given_the_same_loads() {
     assert!(
         failures.is_empty(),
         "the kernel's pow2 disagrees with the core's:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// awrr in the kernel follows the cycle the daemon publishes from its load view at every
+/// fold (`KernelLoads::view`, `AwrrSchedules`); the core's awrr, merging the same loads,
+/// must pick the same servers in the same order across merges whose buckets change, and
+/// the replacements (outside the publish window) must not hand a SYN up.
+#[test]
+fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return;
+    }
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    let cases = [
+        (
+            "awrr, reported load",
+            config_with("awrr", "load_metric = \"reported\"", 7, &[]),
+        ),
+        (
+            "awrr, 64 servers",
+            config_with(
+                "awrr",
+                "load_metric = \"reported\"",
+                MAX_HASH_POOL as u16,
+                &[],
+            ),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, config) in &cases {
+        let lb = set_up(config);
+        let shared = lb.kernel_plane.shared();
+        let servers = config.servers.len() as u16;
+        let ids: Vec<ServerId> = (1..=servers).map(ServerId).collect();
+        let snapshot = shared.snapshot.load();
+        let pool = &snapshot.vips[0].pool;
+        let mut kernel_loads = KernelLoads::starting_at(&lb.program).unwrap();
+        let mut schedules = AwrrSchedules::new();
+        let mut view = WorkerLoads::new(Arc::clone(&shared.loads));
+        view.watch(&ids);
+        let mut awrr =
+            AutoWeightedRoundRobin::new(pool, lb.worker_config.index, lb.worker_config.workers);
+        let mut rng = PolicyRng::seed_from_u64(lb.worker_config.seed);
+        let cpu = pin_to_this_cpu();
+        let stats_before = lb.program.stats();
+        let (mut kernel, mut core, mut cycles) = (Vec::new(), Vec::new(), Vec::new());
+        let mut frames = syns().into_iter();
+        // Some merge must leave the cursor beyond the new, shorter cycle.
+        let mut carried_beyond = false;
+        for merge in 0..6u16 {
+            // Loads that move every merge; in merges 2 and 3 even ones (balanced buckets:
+            // a cycle of one pick per server, shorter than the cursor), then unchanged.
+            let load = |id: u16| match merge {
+                2 | 3 => 0.5,
+                _ => f64::from((id * 7 + merge * 3) % 11) * 0.1,
+            };
+            for id in &ids {
+                let report = ReportedLoad {
+                    load: Some(load(id.0)),
+                    active_connections: None,
+                };
+                shared.loads.report(*id, report).unwrap();
+            }
+            kernel_loads.fold(&lb.program, shared).unwrap();
+            schedules
+                .publish(&lb.program, &snapshot, kernel_loads.view())
+                .unwrap();
+            view.merge(NOW + u64::from(merge) * MERGE_INTERVAL);
+            awrr.on_loads_merged(pool, view.view());
+            cycles.push(awrr.buckets().to_vec());
+            let len = Schedule::of_weights(awrr.buckets()).unwrap().len();
+            let cursor = lb.program.policy_state(0).unwrap()[cpu].schedule_cursor;
+            eprintln!("merge {merge}: cycle of {len}, cursor {cursor}");
+            carried_beyond |= cursor as usize >= len;
+            for frame in frames.by_ref().take(157) {
+                let (action, out) = lb.program.test_run(&frame, lb.servers_ifindex).unwrap();
+                kernel.push(if action == XDP_TX {
+                    picked(&out, servers)
+                } else {
+                    0
+                });
+                let mut ctx = PickContext {
+                    pool,
+                    flow_hash: 0,
+                    loads: view.view(),
+                    rng: &mut rng,
+                    now: NOW,
+                };
+                core.push(awrr.pick(&mut ctx).unwrap().0);
+            }
+        }
+        let distinct = {
+            let mut seen = cycles.clone();
+            seen.dedup();
+            seen.len()
+        };
+        let placed = kernel.iter().filter(|&&p| p != 0).count();
+        let stats = lb.program.stats();
+        let at = UP_REASONS
+            .iter()
+            .position(|(stat, _)| *stat == STAT_UP_PUBLISHING)
+            .unwrap();
+        let publishing = stats.up[at] - stats_before.up[at];
+        eprintln!(
+            "{name:<22} {} SYNs over {} merges ({distinct} distinct bucket sets), {placed} placed in the kernel, cpu {cpu}",
+            core.len(),
+            cycles.len()
+        );
+        if !carried_beyond {
+            failures.push(format!(
+                "{name}: no merge carried the cursor beyond a cycle"
+            ));
+        }
+        if distinct < 4 {
+            failures.push(format!("{name}: the loads did not change the buckets"));
+        }
+        if placed != core.len() {
+            failures.push(format!(
+                "{name}: {} SYNs went up ({publishing} as publishing)",
+                core.len() - placed
+            ));
+        }
+        if kernel != core {
+            failures.push(format!(
+                "{name}: the kernel picked other servers than the core: {}",
+                first_difference(&kernel, &core)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the kernel's awrr disagrees with the core's:\n{}",
         failures.join("\n")
     );
 }

@@ -17,6 +17,7 @@ mod maglev;
 mod multi;
 mod pinned;
 mod readd;
+mod schedules;
 mod server_clocks;
 mod smoke;
 mod support;

@@ -4,13 +4,26 @@
 //! Each server gets `N_i = round(10 * L_avg / ((1 - a) * L_i + a * L_avg))` buckets, with
 //! `a = 0.5`, clamped to `[2, 30]`: a server at the average load gets 10, a less loaded one
 //! more, a busier one fewer. The buckets are recomputed whenever the worker merges loads
-//! (every 10 ms), never per pick, and served with [`SmoothWeights`], whose credits carry
-//! over from one set of buckets to the next.
+//! (every 10 ms), never per pick, and served as smooth WRR from their cycle
+//! ([`SmoothPicks`], a [`Schedule`](crate::policy::schedule::Schedule) when it fits):
+//! when a merge changes the buckets, the new buckets' cycle replaces the old and the
+//! worker's cursor carries on into it (modulo its length). The XDP program serves the
+//! kernel's awrr VIPs from the same cycles, which the daemon builds from the same rule
+//! ([`awrr_buckets_into`]).
+//!
+//! Why dropping the credits keeps the balance: a smooth cycle spreads every server's
+//! picks through it, so any window of `k` consecutive picks gives each server within
+//! about one pick of `k * N_i / total` (wrr.rs proves this of every prefix; a window of a
+//! periodic sequence is a prefix of a rotation). A switch therefore costs at most about
+//! one pick per server against the exact shares, the same order as what carried credits
+//! save, and the picks between two merges (10 ms) follow the new buckets from the first.
+//! A new cycle is written out by the credit scan once (its length times the pool's size in
+//! steps, into the old cycle's buffers), on a merge whose buckets changed only.
 //!
 //! Unlike least-loaded, AWRR keeps sending some connections to every server between two
 //! load reports, so a stale report cannot make one server take every new connection.
 
-use crate::policy::wrr::SmoothWeights;
+use crate::policy::wrr::SmoothPicks;
 use crate::policy::{LoadView, PickContext, Policy, PolicyKind, PoolSnapshot};
 use crate::types::ServerId;
 
@@ -66,19 +79,42 @@ fn average(loads: impl ExactSizeIterator<Item = f64>) -> f64 {
     loads.map(sanitize).sum::<f64>() / count as f64
 }
 
-/// Per-worker AWRR: smooth-WRR credits over buckets derived from the pool's load metric.
+/// Buckets of each of `pool`'s servers under `loads` (its metric), written into
+/// `buckets`: the one rule the workers and the daemon's kernel schedules both follow.
+pub fn awrr_buckets_into(pool: &PoolSnapshot, loads: &LoadView, buckets: &mut Vec<u32>) {
+    let load_of = |id: &ServerId| loads.load(*id, pool.metric);
+    let average = average(pool.servers.iter().map(load_of));
+    buckets.clear();
+    buckets.extend(
+        pool.servers
+            .iter()
+            .map(|id| awrr_bucket(load_of(id), average)),
+    );
+}
+
+/// Per-worker AWRR: smooth WRR over buckets derived from the pool's load metric.
 pub struct AutoWeightedRoundRobin {
-    buckets: SmoothWeights,
+    buckets: Vec<u32>,
+    /// The buckets a merge computes, compared with `buckets` before any rebuild.
+    merged: Vec<u32>,
+    picks: SmoothPicks,
 }
 
 impl AutoWeightedRoundRobin {
     /// Starts every server at [`BALANCED_BUCKETS`] (no load known yet), with worker `w`
     /// `w` picks into the cycle so that workers do not pick in lockstep.
     pub fn new(pool: &PoolSnapshot, worker: usize, _workers: usize) -> Self {
-        let balanced = vec![BALANCED_BUCKETS; pool.servers.len()];
+        let buckets = vec![BALANCED_BUCKETS; pool.servers.len()];
         AutoWeightedRoundRobin {
-            buckets: SmoothWeights::for_worker(&balanced, worker),
+            picks: SmoothPicks::for_worker(&buckets, worker),
+            merged: Vec::with_capacity(buckets.len()),
+            buckets,
         }
+    }
+
+    /// The buckets the picks follow now.
+    pub fn buckets(&self) -> &[u32] {
+        &self.buckets
     }
 }
 
@@ -94,21 +130,19 @@ impl Policy for AutoWeightedRoundRobin {
             ctx.pool.servers.len(),
             "built for another pool"
         );
-        let position = self.buckets.next_position()?;
+        let position = self.picks.next_position()?;
         ctx.pool.servers.get(position).copied()
     }
 
     fn on_loads_merged(&mut self, pool: &PoolSnapshot, loads: &LoadView) {
-        let load_of = |id: &ServerId| loads.load(*id, pool.metric);
         if self.buckets.len() != pool.servers.len() {
-            self.buckets = SmoothWeights::new(&vec![BALANCED_BUCKETS; pool.servers.len()]);
+            *self = AutoWeightedRoundRobin::new(pool, 0, 1);
         }
-        let average = average(pool.servers.iter().map(load_of));
-        self.buckets.reweight(
-            pool.servers
-                .iter()
-                .map(|id| awrr_bucket(load_of(id), average)),
-        );
+        awrr_buckets_into(pool, loads, &mut self.merged);
+        if self.merged != self.buckets {
+            std::mem::swap(&mut self.merged, &mut self.buckets);
+            self.picks.reweight(&self.buckets);
+        }
     }
 }
 
@@ -192,6 +226,93 @@ mod tests {
         let picked = picks(&mut awrr, &pool, &loads, 0, 37);
         let picked: Vec<ServerId> = picked.iter().map(|id| ServerId(id.0 - 4)).collect();
         assert_eq!(counts(&picked, 3), [20, 10, 7]);
+    }
+
+    fn reported_pool(servers: u16) -> (PoolSnapshot, Vec<ServerId>) {
+        let ids: Vec<ServerId> = (0..servers).map(ServerId).collect();
+        let pool = PoolSnapshot::new(
+            ids.clone(),
+            vec![1; ids.len()],
+            LoadMetric::Reported,
+            crate::policy::maglev::DEFAULT_TABLE_SIZE,
+        );
+        (pool, ids)
+    }
+
+    fn merge(awrr: &mut AutoWeightedRoundRobin, pool: &PoolSnapshot, loads: &[f64]) {
+        let mut view = LoadView::new();
+        for (id, load) in pool.servers.iter().zip(loads) {
+            view.set_load(*id, LoadMetric::Reported, *load);
+        }
+        awrr.on_loads_merged(pool, &view);
+    }
+
+    #[test]
+    fn a_merge_that_changes_the_buckets_carries_the_cursor_into_the_new_cycle() {
+        let (pool, _) = reported_pool(3);
+        let mut awrr = AutoWeightedRoundRobin::new(&pool, 0, 1);
+        // Balanced: the cycle 0 1 2; two picks leave the cursor at 2.
+        let before = picks(&mut awrr, &pool, &LoadView::new(), 0, 2);
+        merge(&mut awrr, &pool, &[0.0, 1.0, 2.0]);
+        assert_eq!(awrr.buckets(), [20, 10, 7]);
+        let cycle = crate::policy::schedule::Schedule::of_weights(&[20, 10, 7]).unwrap();
+        let after = picks(&mut awrr, &pool, &LoadView::new(), 0, 3);
+        let expected: Vec<ServerId> = cycle.cycle()[2..5]
+            .iter()
+            .map(|&p| ServerId(u16::from(p)))
+            .collect();
+        assert_eq!(before, [ServerId(0), ServerId(1)]);
+        assert_eq!(
+            after, expected,
+            "entry 2 of the new cycle on, not its start"
+        );
+    }
+
+    #[test]
+    fn a_pool_too_wide_for_a_schedule_scans_and_still_follows_the_buckets() {
+        let (pool, _) = reported_pool(300);
+        let mut awrr = AutoWeightedRoundRobin::new(&pool, 5, 8);
+        assert!(matches!(awrr.picks, SmoothPicks::Scanned(_)));
+        let loads: Vec<f64> = (0..300).map(|i| if i == 0 { 0.0 } else { 1.0 }).collect();
+        merge(&mut awrr, &pool, &loads);
+        let total: u32 = awrr.buckets().iter().sum();
+        let picked = picks(&mut awrr, &pool, &LoadView::new(), 0, total as usize);
+        let picked = counts(&picked, 300);
+        assert_eq!(picked[0] as u32, awrr.buckets()[0]);
+        assert_eq!(picked[1] as u32, awrr.buckets()[1]);
+    }
+
+    proptest! {
+        /// Why dropping the credits keeps awrr's balance (module doc): after a merge, the
+        /// picks of any window stay within about one of each server's share of the new
+        /// buckets, wherever the cursor was.
+        #[test]
+        fn after_a_merge_every_window_keeps_to_the_new_buckets(
+            before in prop::collection::vec(0.0f64..4.0, 2..12),
+            after_seed in prop::collection::vec(0.0f64..4.0, 12),
+            picked_before in 0usize..300,
+            worker in 0usize..16,
+        ) {
+            let n = before.len();
+            let after = &after_seed[..n];
+            let (pool, _) = reported_pool(n as u16);
+            let mut awrr = AutoWeightedRoundRobin::new(&pool, worker, 16);
+            merge(&mut awrr, &pool, &before);
+            picks(&mut awrr, &pool, &LoadView::new(), 0, picked_before);
+            merge(&mut awrr, &pool, after);
+            let buckets = awrr.buckets().to_vec();
+            let total: u32 = buckets.iter().sum();
+            let picked = picks(&mut awrr, &pool, &LoadView::new(), 0, 2 * total as usize);
+            let mut counts = vec![0usize; n];
+            for (k, id) in picked.iter().enumerate() {
+                counts[id.index()] += 1;
+                for (server, &b) in buckets.iter().enumerate() {
+                    let share = (k + 1) as f64 * f64::from(b) / f64::from(total);
+                    prop_assert!((counts[server] as f64 - share).abs() < 2.0,
+                        "server {} after {} picks: {} against {:.2}", server, k + 1, counts[server], share);
+                }
+            }
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod maglev;
 pub mod pow2;
 pub mod random;
 pub mod rr;
+pub mod schedule;
 pub mod wrr;
 
 #[cfg(test)]

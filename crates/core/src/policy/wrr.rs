@@ -4,7 +4,12 @@
 //! wins and pays the total weight back. Over any `total` consecutive picks each server is
 //! picked exactly `weight` times, and its picks are spread through the cycle instead of
 //! coming in a burst (weights 5, 1, 1 give `A A B A C A A`, not `A A A A A B C`).
+//!
+//! A worker picks from the precomputed cycle of those picks ([`Schedule`]) when it fits,
+//! one read per pick; the credit scan ([`SmoothWeights`]) serves the weights whose cycle
+//! does not.
 
+use crate::policy::schedule::Schedule;
 use crate::policy::{PickContext, Policy, PolicyKind, PoolSnapshot};
 use crate::types::ServerId;
 
@@ -27,6 +32,17 @@ impl SmoothWeights {
         };
         smooth.reweight(weights.iter().copied());
         smooth
+    }
+
+    /// Starts over from zero credits on `weights` (any number of positions), reusing the
+    /// buffers.
+    pub fn restart(&mut self, weights: impl IntoIterator<Item = u32>) {
+        self.weights.clear();
+        self.weights
+            .extend(weights.into_iter().map(|w| i64::from(w.max(1))));
+        self.total = self.weights.iter().sum();
+        self.credits.clear();
+        self.credits.resize(self.weights.len(), 0);
     }
 
     /// Replaces the weights (same number of positions), keeping the credits, so the
@@ -92,24 +108,68 @@ impl SmoothWeights {
     }
 }
 
-/// Smooth WRR on the pool's configured weights, one credit vector per worker.
+/// A worker's smooth-WRR picks over some weights: from their cycle and a cursor into it
+/// when the cycle fits a [`Schedule`], else by the credit scan. Both give the same picks.
+#[derive(Clone, Debug)]
+pub enum SmoothPicks {
+    Scheduled { schedule: Schedule, cursor: u32 },
+    Scanned(SmoothWeights),
+}
+
+impl SmoothPicks {
+    /// `SmoothWeights::for_worker(weights, worker)`'s picks: the cursor starts `worker`
+    /// entries into the cycle.
+    pub fn for_worker(weights: &[u32], worker: usize) -> Self {
+        match Schedule::of_weights(weights) {
+            Some(schedule) => SmoothPicks::Scheduled {
+                schedule,
+                cursor: worker as u32,
+            },
+            None => SmoothPicks::Scanned(SmoothWeights::for_worker(weights, worker)),
+        }
+    }
+
+    /// The pool position of the next pick, `None` if there are no positions.
+    #[inline]
+    pub fn next_position(&mut self) -> Option<usize> {
+        match self {
+            SmoothPicks::Scheduled { schedule, cursor } => schedule.pick(cursor),
+            SmoothPicks::Scanned(smooth) => smooth.next_position(),
+        }
+    }
+
+    /// Replaces the weights (same number of positions). A schedule becomes the new
+    /// weights' cycle and its cursor carries on (taken modulo the new length at the next
+    /// pick); weights whose cycle does not fit go on by the scan from zero credits. A scan
+    /// keeps its credits ([`SmoothWeights::reweight`]).
+    pub fn reweight(&mut self, weights: &[u32]) {
+        match self {
+            SmoothPicks::Scheduled { schedule, .. } => {
+                if !schedule.rebuild(weights) {
+                    *self = SmoothPicks::Scanned(SmoothWeights::new(weights));
+                }
+            }
+            SmoothPicks::Scanned(smooth) => smooth.reweight(weights.iter().copied()),
+        }
+    }
+}
+
+/// Smooth WRR on the pool's configured weights, one cursor (or credit vector) per worker.
 pub struct WeightedRoundRobin {
-    weights: SmoothWeights,
+    picks: SmoothPicks,
 }
 
 impl WeightedRoundRobin {
     /// Worker `w` starts `w` picks into the cycle (see [`SmoothWeights::for_worker`]).
     pub fn new(pool: &PoolSnapshot, worker: usize, _workers: usize) -> Self {
         WeightedRoundRobin {
-            weights: SmoothWeights::for_worker(&pool.weights, worker),
+            picks: SmoothPicks::for_worker(&pool.weights, worker),
         }
     }
-}
 
-impl WeightedRoundRobin {
-    /// The credit state of this instance's cycle.
-    pub fn smooth_weights(&self) -> &SmoothWeights {
-        &self.weights
+    /// How this instance picks: its schedule and cursor, or its credits.
+    pub fn picks(&self) -> &SmoothPicks {
+        &self.picks
     }
 }
 
@@ -120,12 +180,7 @@ impl Policy for WeightedRoundRobin {
 
     #[inline]
     fn pick(&mut self, ctx: &mut PickContext<'_>) -> Option<ServerId> {
-        debug_assert_eq!(
-            self.weights.len(),
-            ctx.pool.servers.len(),
-            "built for another pool"
-        );
-        let position = self.weights.next_position()?;
+        let position = self.picks.next_position()?;
         ctx.pool.servers.get(position).copied()
     }
 }
@@ -180,6 +235,17 @@ mod tests {
             [0, 1, 2, 3],
             "a reweight must not restart at 0"
         );
+    }
+
+    #[test]
+    fn weights_whose_cycle_fits_pick_from_a_schedule_and_others_scan() {
+        let pool = weighted_pool(&[5, 1, 1]);
+        let wrr = WeightedRoundRobin::new(&pool, 0, 1);
+        assert!(matches!(wrr.picks(), SmoothPicks::Scheduled { .. }));
+        let pool = weighted_pool(&[4000, 97, 3]);
+        let wrr = WeightedRoundRobin::new(&pool, 0, 1);
+        assert!(matches!(wrr.picks(), SmoothPicks::Scanned(_)));
+        assert_eq!(sequence(&[4000, 97, 3], 3, 5), [0, 0, 0, 0, 0]);
     }
 
     #[test]

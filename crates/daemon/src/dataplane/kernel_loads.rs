@@ -3,11 +3,15 @@
 //! merge: traffic as a worker's `on_packet`, each connection the kernel placed as a
 //! policy's pick (+1 active, +1 new connection), each count it released (a retransmitted
 //! SYN's earlier pick, a counted close) as -1 active, clamped as the core clamps. And the
-//! other way: the load totals pow2 in the kernel compares (`server_loads`).
+//! other way: the load totals pow2 in the kernel compares (`server_loads`), and the loads
+//! a core worker's policies would see (`view`), from which the daemon derives what the
+//! kernel's load-aware policies follow (awrr's cycles: `awrr_schedules.rs`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use cheetah_core::lb::LbShared;
+use cheetah_core::policy::{LoadView, SharedLoads, WorkerLoads};
 use cheetah_core::tables::SlotState;
 use cheetah_core::types::ServerId;
 
@@ -16,10 +20,23 @@ use super::xdp_layout::{ServerLoadValue, ServerTraffic};
 
 /// The per-CPU totals grow from 0 since the program was loaded; each fold adds what they
 /// grew by since the last.
-#[derive(Default)]
 pub struct KernelLoads {
     seen: HashMap<ServerId, ServerTraffic>,
     published: HashMap<ServerId, ServerLoadValue>,
+    /// A worker's view of the LB's loads (it picks nothing itself), watching every pooled
+    /// server, merged at every fold after the kernel's counts went in.
+    view: WorkerLoads,
+}
+
+impl Default for KernelLoads {
+    fn default() -> Self {
+        KernelLoads {
+            seen: HashMap::new(),
+            published: HashMap::new(),
+            // Over the LB's totals from the first fold on.
+            view: WorkerLoads::new(Arc::new(SharedLoads::new())),
+        }
+    }
 }
 
 impl KernelLoads {
@@ -54,7 +71,24 @@ impl KernelLoads {
                 shared.loads.add_kernel_counts(id, grew.opened, grew.closed);
             }
         }
+        if !Arc::ptr_eq(self.view.shared(), &shared.loads) {
+            self.view = WorkerLoads::new(Arc::clone(&shared.loads));
+        }
+        let mut pooled: Vec<ServerId> = snapshot
+            .vips
+            .iter()
+            .flat_map(|vip| vip.pool.servers.iter().copied())
+            .collect();
+        pooled.sort_unstable();
+        pooled.dedup();
+        self.view.watch(&pooled);
+        self.view.merge(crate::clock::monotonic_ns());
         Ok(())
+    }
+
+    /// The loads a core worker's policies would see after the last fold.
+    pub fn view(&self) -> &LoadView {
+        self.view.view()
     }
 
     /// Publishes each allocated server's load totals for pow2 in the kernel, changed ones

@@ -1,6 +1,7 @@
 //! The AF_XDP data path: an XDP program steers the LB's packets to one socket per
 //! interface and queue; one worker thread per queue runs them through the core.
 
+pub mod awrr_schedules;
 pub mod egress;
 pub mod host;
 pub mod host_addrs;

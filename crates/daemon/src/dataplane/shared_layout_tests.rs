@@ -126,6 +126,8 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("KERNEL_POLICY_RANDOM", KERNEL_POLICY_RANDOM as usize),
         ("KERNEL_POLICY_HASH", KERNEL_POLICY_HASH as usize),
         ("KERNEL_POLICY_POW2", KERNEL_POLICY_POW2 as usize),
+        ("KERNEL_POLICY_AWRR", KERNEL_POLICY_AWRR as usize),
+        ("SCHEDULE_CAP", SCHEDULE_CAP),
         ("LOAD_METRIC_ACTIVE", LOAD_METRIC_ACTIVE as usize),
         ("LOAD_METRIC_REPORTED", LOAD_METRIC_REPORTED as usize),
         ("HANDSHAKE_SLOTS", HANDSHAKE_SLOTS),
@@ -359,11 +361,12 @@ fn rust_side() -> BTreeMap<String, u64> {
         closed
     ));
     values.extend(layout!(VipWeights, "struct vip_weights", total, weight));
+    values.extend(layout!(VipSchedule, "struct vip_schedule", len, position));
     values.extend(layout!(
         PolicyState,
         "struct policy_state",
         rr_position,
-        pad,
+        schedule_cursor,
         wrr_steps,
         wrr_base
     ));

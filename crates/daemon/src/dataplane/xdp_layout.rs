@@ -42,6 +42,7 @@ pub const KERNEL_POLICY_WRR: u8 = 2;
 pub const KERNEL_POLICY_RANDOM: u8 = 3;
 pub const KERNEL_POLICY_HASH: u8 = 4;
 pub const KERNEL_POLICY_POW2: u8 = 5;
+pub const KERNEL_POLICY_AWRR: u8 = 7;
 /// `vip_info.load_metric`: which of `struct server_load`'s loads pow2 compares.
 pub const LOAD_METRIC_ACTIVE: u8 = 0;
 pub const LOAD_METRIC_REPORTED: u8 = 1;
@@ -761,13 +762,35 @@ impl Encode for VipWeights {
     }
 }
 
-/// `struct policy_state`: one CPU's rr cursor and wrr credits for one VIP (`credit[i] =
-/// wrr_base[i] + wrr_steps * weight[i]`).
+/// `struct vip_schedule`'s capacity: the core's `SCHEDULE_CAP`.
+pub const SCHEDULE_CAP: usize = cheetah_core::policy::schedule::SCHEDULE_CAP;
+
+/// `struct vip_schedule`: one cycle of a wrr or awrr VIP's picks as pool positions.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VipSchedule {
+    pub len: u32,
+    pub position: [u8; SCHEDULE_CAP],
+}
+
+impl VipSchedule {
+    /// The value for `cycle` (at most [`SCHEDULE_CAP`] entries, as a `Schedule` holds).
+    pub fn value_of(cycle: &[u8]) -> Vec<u8> {
+        let cycle = &cycle[..cycle.len().min(SCHEDULE_CAP)];
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, len), &(cycle.len() as u32).to_ne_bytes())
+            .put(offset_of!(Self, position), cycle)
+            .0
+    }
+}
+
+/// `struct policy_state`: one CPU's rr cursor, schedule cursor and wrr credits for one
+/// VIP (`credit[i] = wrr_base[i] + wrr_steps * weight[i]`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyState {
     pub rr_position: u32,
-    pub pad: u32,
+    pub schedule_cursor: u32,
     pub wrr_steps: u64,
     pub wrr_base: [i64; MAX_HASH_POOL],
 }
@@ -779,6 +802,10 @@ impl Encode for PolicyState {
             .put(
                 offset_of!(Self, rr_position),
                 &self.rr_position.to_ne_bytes(),
+            )
+            .put(
+                offset_of!(Self, schedule_cursor),
+                &self.schedule_cursor.to_ne_bytes(),
             )
             .put(offset_of!(Self, wrr_steps), &self.wrr_steps.to_ne_bytes())
             .put(offset_of!(Self, wrr_base), &base)
@@ -793,7 +820,7 @@ impl PolicyState {
         let base = offset_of!(Self, wrr_base);
         PolicyState {
             rr_position: u32::from_ne_bytes(bytes[..4].try_into().unwrap()),
-            pad: 0,
+            schedule_cursor: u32::from_ne_bytes(bytes[4..8].try_into().unwrap()),
             wrr_steps: word(offset_of!(Self, wrr_steps)),
             wrr_base: std::array::from_fn(|i| word(base + 8 * i) as i64),
         }

@@ -1,9 +1,9 @@
 //! Seeds the XDP program's per-CPU policy state (`policy_state`, `policy_rng`), from which
 //! the kernel's SYN path (`bpf/lib/fast_path.h` `syn_fast`) runs the VIP policies it holds
-//! (rr, wrr, random, hash: `xdp_tables::kernel_policy`) exactly as a core worker runs its
-//! instances: each CPU's rr cursor and wrr credits start where a core worker's instance
-//! would (`RoundRobin::new`, `SmoothWeights::for_worker`), and its generator where a
-//! worker's `PolicyRng::seed_from_u64` would.
+//! (rr, wrr, awrr, random, hash: `xdp_tables::kernel_policy`) exactly as a core worker
+//! runs its instances: each CPU's rr cursor, schedule cursor and wrr credits start where
+//! a core worker's instance would (`RoundRobin::new`, `SmoothPicks::for_worker`), and its
+//! generator where a worker's `PolicyRng::seed_from_u64` would.
 //!
 //! A core worker rebuilds a VIP's instance only when the VIP's policy, pool or weights
 //! change (`Worker::install`), so cursors and credits carry on across snapshots; the
@@ -87,7 +87,7 @@ pub fn initial_state(
 ) -> PolicyState {
     let mut state = PolicyState {
         rr_position: 0,
-        pad: 0,
+        schedule_cursor: 0,
         wrr_steps: 0,
         wrr_base: [0; MAX_HASH_POOL],
     };
@@ -95,7 +95,11 @@ pub fn initial_state(
         PolicyKind::RoundRobin => {
             state.rr_position = RoundRobin::new(pool, worker, workers).cursor() as u32;
         }
+        // SmoothPicks::for_worker: `worker` entries into the cycle (wrr's when it fits,
+        // awrr's always).
+        PolicyKind::AutoWeightedRoundRobin => state.schedule_cursor = worker as u32,
         PolicyKind::WeightedRoundRobin => {
+            state.schedule_cursor = worker as u32;
             let smooth = SmoothWeights::for_worker(&pool.weights, worker);
             for (base, credit) in state.wrr_base.iter_mut().zip(smooth.credits()) {
                 *base = *credit;

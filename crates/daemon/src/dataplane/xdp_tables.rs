@@ -20,6 +20,7 @@ use anyhow::Context;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::lb::Ingress;
+use cheetah_core::policy::schedule::Schedule;
 use cheetah_core::policy::{LoadMetric, PolicyKind};
 use cheetah_core::tables::{vip_addr_bit, SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
@@ -58,6 +59,8 @@ pub struct Wanted {
     pub vips_by_index: Entries,
     pub vip_slots: Entries,
     pub vip_weights: Entries,
+    /// The cycles of the wrr VIPs whose cycle fits a `Schedule`.
+    pub wrr_schedules: Entries,
     pub servers: Entries,
     pub server_macs: Entries,
     pub backends: Entries,
@@ -91,10 +94,9 @@ pub fn kernel_policy(kind: PolicyKind, metric: LoadMetric, pool_len: usize) -> u
         PolicyKind::Random => KERNEL_POLICY_RANDOM,
         PolicyKind::Hash => KERNEL_POLICY_HASH,
         PolicyKind::PowerOfTwo if kernel_load_metric(metric).is_some() => KERNEL_POLICY_POW2,
-        PolicyKind::PowerOfTwo
-        | PolicyKind::Maglev
-        | PolicyKind::LeastLoaded
-        | PolicyKind::AutoWeightedRoundRobin => KERNEL_POLICY_NONE,
+        // Its cycle (awrr_schedules, from the buckets of at most 30 per server) always fits.
+        PolicyKind::AutoWeightedRoundRobin => KERNEL_POLICY_AWRR,
+        PolicyKind::PowerOfTwo | PolicyKind::Maglev | PolicyKind::LeastLoaded => KERNEL_POLICY_NONE,
     }
 }
 
@@ -191,6 +193,11 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             wanted
                 .vip_weights
                 .insert(array_key(index), weights.to_bytes());
+            if let Some(schedule) = Schedule::of_weights(&vip.pool.weights) {
+                wanted
+                    .wrr_schedules
+                    .insert(array_key(index), VipSchedule::value_of(schedule.cycle()));
+            }
         }
         let key = VipKey {
             addr: addr.octets(),
@@ -363,7 +370,7 @@ impl Publisher {
             entries,
             value_size,
         };
-        let maps: [(&str, Kind, &Entries, Option<&Entries>); 11] = [
+        let maps: [(&str, Kind, &Entries, Option<&Entries>); 12] = [
             (
                 "servers",
                 array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
@@ -376,6 +383,13 @@ impl Publisher {
                 array(MAX_VIPS, std::mem::size_of::<VipWeights>()),
                 &wanted.vip_weights,
                 last.as_ref().map(|l| &l.vip_weights),
+            ),
+            // Likewise: a wrr VIP picks from its cycle when it has one.
+            (
+                "wrr_schedules",
+                Kind::Hash,
+                &wanted.wrr_schedules,
+                last.as_ref().map(|l| &l.wrr_schedules),
             ),
             (
                 "vips_by_index",
@@ -736,7 +750,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     }
 
     #[test]
-    fn the_kernel_runs_rr_wrr_random_and_hash_for_pools_it_holds() {
+    fn the_kernel_runs_rr_wrr_awrr_random_and_hash_for_pools_it_holds() {
         use PolicyKind::*;
         let active = LoadMetric::ActiveConnections;
         for (kind, expected) in [
@@ -747,7 +761,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             (PowerOfTwo, KERNEL_POLICY_POW2),
             (Maglev, KERNEL_POLICY_NONE),
             (LeastLoaded, KERNEL_POLICY_NONE),
-            (AutoWeightedRoundRobin, KERNEL_POLICY_NONE),
+            (AutoWeightedRoundRobin, KERNEL_POLICY_AWRR),
         ] {
             assert_eq!(kernel_policy(kind, active, 3), expected, "{kind}");
             assert_eq!(
@@ -769,6 +783,11 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         );
         for metric in [LoadMetric::Packets, LoadMetric::Bytes] {
             assert_eq!(kernel_policy(PowerOfTwo, metric, 3), KERNEL_POLICY_NONE);
+            // awrr's buckets come from the daemon's view, which has every metric.
+            assert_eq!(
+                kernel_policy(AutoWeightedRoundRobin, metric, 3),
+                KERNEL_POLICY_AWRR
+            );
         }
     }
 

@@ -28,13 +28,15 @@ use anyhow::{bail, ensure, Context};
 use cheetah_core::config::{Forwarding, LbConfig, Mode};
 use cheetah_core::hash::FlowKey;
 use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
-use cheetah_core::policy::PolicyKind;
+use cheetah_core::policy::schedule::SCHEDULE_CAP;
+use cheetah_core::policy::{PolicyKind, ReportedLoad, WorkerLoads};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame};
 use cheetah_core::types::{Mac, ServerId};
 use cheetah_core::verdict::Verdict;
 use cheetah_core::wire::tcp::flags;
 use cheetah_daemon::clock::monotonic_ns;
+use cheetah_daemon::dataplane::awrr_schedules::AwrrSchedules;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::{size_fallback, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::{
@@ -103,8 +105,9 @@ pub(super) struct Ports {
     pub(super) clients: Port,
 }
 
-/// The setups of the SYN rows: cheetah mode, one per policy the kernel runs.
-const SYN_SETUPS: [Setup; 5] = [
+/// The setups of the SYN rows: cheetah mode, one per policy the kernel runs (and wrr
+/// both ways: from its cycle and by the credit scan; `bench_config` gives their weights).
+const SYN_SETUPS: [Setup; 7] = [
     Setup {
         label: "rr",
         mode: Mode::Cheetah,
@@ -112,10 +115,23 @@ const SYN_SETUPS: [Setup; 5] = [
         policy: PolicyKind::RoundRobin,
     },
     Setup {
-        label: "wrr",
+        label: WRR_CYCLE,
         mode: Mode::Cheetah,
         forwarding: Forwarding::L2,
         policy: PolicyKind::WeightedRoundRobin,
+    },
+    Setup {
+        label: WRR_SCAN,
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::WeightedRoundRobin,
+    },
+    // From the cycle of buckets of uneven loads (`publish_awrr_cycle`).
+    Setup {
+        label: "awrr",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::AutoWeightedRoundRobin,
     },
     Setup {
         label: "random",
@@ -137,6 +153,48 @@ const SYN_SETUPS: [Setup; 5] = [
         policy: PolicyKind::PowerOfTwo,
     },
 ];
+
+/// wrr with odd weights 1, 3, 5, ..: for 64 servers a cycle of 64^2 entries, the most a
+/// schedule holds (SCHEDULE_CAP).
+const WRR_CYCLE: &str = "wrr";
+/// wrr with one server of weight SCHEDULE_CAP: a cycle over the cap, so the kernel scans
+/// the credits as before schedules.
+const WRR_SCAN: &str = "wrr over the cap (scan)";
+
+/// `setup`'s config for `servers` servers: the test kit's, with the wrr rows' weights.
+fn bench_config(setup: &Setup, servers: u16) -> LbConfig {
+    let mut config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
+    let weight = |id: u16| match setup.label {
+        WRR_CYCLE => Some(2 * u32::from(id) - 1),
+        WRR_SCAN => Some(if id == 1 { SCHEDULE_CAP as u32 } else { 1 }),
+        _ => None,
+    };
+    for id in 1..=servers {
+        if let Some(weight) = weight(id) {
+            config.vips[0].weights.insert(id.to_string(), weight);
+        }
+    }
+    config
+}
+
+/// Gives awrr's servers uneven loads and publishes the cycle of their buckets, as the
+/// daemon's fold does.
+fn publish_awrr_cycle(program: &SteeringProgram, plane: &ControlPlane) -> anyhow::Result<()> {
+    let shared = plane.shared();
+    let snapshot = shared.snapshot.load();
+    let ids = snapshot.vips[0].pool.servers.clone();
+    for id in &ids {
+        let load = ReportedLoad {
+            load: Some(f64::from(id.0 % 7) * 0.1),
+            active_connections: Some(u64::from(id.0 % 5)),
+        };
+        shared.loads.report(*id, load).map_err(anyhow::Error::msg)?;
+    }
+    let mut view = WorkerLoads::new(Arc::clone(&shared.loads));
+    view.watch(&ids);
+    view.merge(0);
+    AwrrSchedules::new().publish(program, &snapshot, view.view())
+}
 
 /// An LB configuration the rows of which share one loaded program and its maps.
 pub(super) struct Setup {
@@ -406,7 +464,7 @@ impl Bench {
     /// Loads bpf/xdp_bench.c with its flow maps sized for `flows` flows (xdp_flows.rs; 0
     /// when the bench cycles over no flows) and publishes `setup`'s tables into it.
     pub(super) fn load(setup: &Setup, servers: u16, flows: u32) -> anyhow::Result<Self> {
-        let mut config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
+        let mut config = bench_config(setup, servers);
         // Room for the flows the fallback curve fills in (xdp_flows.rs).
         config.fallback_table_capacity = config
             .fallback_table_capacity
@@ -449,7 +507,7 @@ impl Bench {
         interfaces: &[Interface],
         sides: &[Ingress],
     ) -> anyhow::Result<Self> {
-        let config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
+        let config = bench_config(setup, servers);
         let words = program.kernel_words()?;
         let plane =
             ControlPlane::new_with_tables(&config, &SECRET, &|layout, _| words.tables(layout))
@@ -477,6 +535,9 @@ impl Bench {
                 fallback_sets: plane.shared().fallback.sets(),
             },
         )?;
+        if setup.policy == PolicyKind::AutoWeightedRoundRobin {
+            publish_awrr_cycle(&program, &plane)?;
+        }
         // As `cheetah run` keeps it: every reply's next hop from the map, unless a row
         // empties it.
         NextHopMirror::new()?.refresh(&program)?;
@@ -1328,9 +1389,10 @@ fn render(rows: &[Row], markdown: bool) -> String {
         line(cells);
     }
     let verdict = |pass: bool| if pass { "PASS" } else { "MISS" };
+    // The scan row shows what the cycle saves; weights over the cap are no target's.
     let slowest_syn = rows
         .iter()
-        .filter(|r| r.path == Path::Syn)
+        .filter(|r| r.path == Path::Syn && !r.label.contains(WRR_SCAN))
         .filter_map(|r| {
             r.result
                 .as_ref()
