@@ -230,8 +230,9 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		position = hash % pool_len;
 		break;
 	case KERNEL_POLICY_POW2: {
-		const struct server_load *first_load, *second_load;
 		__u32 first, second, first_id, second_id;
+		__u64 first_load, second_load;
+		int missing = 0;
 
 		// pow2.rs: one server is the pick, without a draw.
 		if (pool_len == 1) {
@@ -246,17 +247,18 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 			return hand_up(STAT_UP_NEW_CONNECTION);
 		first_id = vip->pool[first & (MAX_HASH_POOL - 1)];
 		second_id = vip->pool[second & (MAX_HASH_POOL - 1)];
-		first_load = bpf_map_lookup_elem(&server_loads, &first_id);
-		second_load = bpf_map_lookup_elem(&server_loads, &second_id);
-		if (!first_load || !second_load)
+		first_load = view_load(first_id, vip->load_metric, &missing);
+		second_load = view_load(second_id, vip->load_metric, &missing);
+		if (missing)
 			return hand_up(STAT_UP_OTHER);
 		// On equal loads the first drawn wins.
-		position = load_under(second_load, vip->load_metric) <
-					   load_under(first_load, vip->load_metric) ?
-				   second :
-				   first;
+		position = second_load < first_load ? second : first;
 		break;
 	}
+	case KERNEL_POLICY_LEAST_LOADED:
+		if (!least_loaded_decide(state, vip, pool_len, &position, &next_rr))
+			return hand_up(STAT_UP_OTHER);
+		break;
 	default:
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	}
@@ -274,7 +276,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	if (!publish_unchanged(config, seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	// Commit: the policy's state moves on, the pick is counted and booked, then the bytes.
-	if (policy == KERNEL_POLICY_RR)
+	if (policy == KERNEL_POLICY_RR || policy == KERNEL_POLICY_LEAST_LOADED)
 		state->rr_position = next_rr;
 	else if (policy == KERNEL_POLICY_WRR)
 		wrr_commit(state, position, total);

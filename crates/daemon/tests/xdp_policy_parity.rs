@@ -1,6 +1,6 @@
 //! The kernel's VIP policies (bpf/lib/policy.h, run by `syn_fast` in bpf/lib/fast_path.h)
-//! held to the core's: for rr, wrr (unequal weights), random (the same seed) and hash, a
-//! sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
+//! held to the core's: for rr, wrr (unequal weights), random (the same seed), hash, and
+//! least loaded and pow2 over the loads their own picks make, a sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
 //! servers in the same order as the core's policy instance given the same initial state
 //! (every CPU seeded as the core's worker, `PolicySeeds::AsWorker`), with the core's bytes
 //! for each pick and the core's counters. Some SYNs are sent twice (a retransmission): the
@@ -9,7 +9,14 @@
 //! own: +1 active and +1 new connection per pick, -1 active per retransmission's earlier
 //! pick. A server's SYN-ACK to a SYN the kernel saw retried goes up, and the core, over the
 //! kernel's handshake words, moves the count the kernel booked; one to a SYN sent once is the
-//! kernel's, with the core's bytes.
+//! kernel's, with the core's bytes. Half-way the core's worker merges and the daemon
+//! folds: each CPU's load view is then the totals plus its own picks since, as the worker's.
+//!
+//! Least loaded and pow2 are also held to the core's over given loads under every metric
+//! (the core's `LoadView::set_load`; the daemon's `published_loads` for the kernel), and
+//! least loaded on active connections must even the counts out between two folds instead
+//! of herding. Published values no fold writes (negative bases, a NaN's bits) and a cursor
+//! far beyond the pool still pick a pool member.
 //!
 //! `BPF_PROG_TEST_RUN` runs the program on the calling CPU, and the policy state is per
 //! CPU: the test thread is pinned to one CPU, so every SYN advances the same state.
@@ -22,15 +29,14 @@ use std::sync::Arc;
 use cheetah_core::config::LbConfig;
 use cheetah_core::hash::Secret;
 use cheetah_core::lb::{Counter, Ingress, SharedTables, Worker, WorkerConfig};
+use cheetah_core::policy::least_loaded::LeastLoaded;
 use cheetah_core::policy::pow2::PowerOfTwo;
-use cheetah_core::policy::{
-    PickContext, Policy, PolicyRng, ReportedLoad, WorkerLoads, MERGE_INTERVAL,
-};
+use cheetah_core::policy::{LoadMetric, LoadView, PickContext, Policy, PolicyRng, MERGE_INTERVAL};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{Mac, ServerId};
 use cheetah_core::verdict::Verdict;
 use cheetah_daemon::clock::monotonic_ns;
-use cheetah_daemon::dataplane::kernel_loads::KernelLoads;
+use cheetah_daemon::dataplane::kernel_loads::{published_loads, KernelLoads};
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::*;
 use cheetah_daemon::dataplane::xdp_policy::PolicySeeds;
@@ -186,17 +192,22 @@ fn syn(client: Ipv4Addr, port: u16, isn: u32) -> Vec<u8> {
     handshake_segment(from, vip_end(SERVERS.mac), TCP_SYN, isn, 0, 0x1234_5678)
 }
 
-/// The SYNs of the run, in order: client `i` from 10.7.(i / 250).(i % 250 + 1), a
-/// retransmission (the same SYN) after every `RETRANSMIT_EVERY`th.
+/// Client `i`'s SYN: from 10.7.(i / 250).(i % 250 + 1).
+fn client_syn(i: u32) -> Vec<u8> {
+    let client = Ipv4Addr::new(10, 7, 1 + (i / 250) as u8, (i % 250 + 1) as u8);
+    syn(
+        client,
+        40_000 + (i % 20_000) as u16,
+        0x1000_0000 ^ i.wrapping_mul(2_654_435_761),
+    )
+}
+
+/// The SYNs of the run, in order: client `i`'s, a retransmission (the same SYN) after
+/// every `RETRANSMIT_EVERY`th.
 fn syns() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for i in 0..CLIENTS_COUNT {
-        let client = Ipv4Addr::new(10, 7, 1 + (i / 250) as u8, (i % 250 + 1) as u8);
-        let frame = syn(
-            client,
-            40_000 + (i % 20_000) as u16,
-            0x1000_0000 ^ i.wrapping_mul(2_654_435_761),
-        );
+        let frame = client_syn(i);
         out.push(frame.clone());
         if i % RETRANSMIT_EVERY == 0 {
             out.push(frame);
@@ -331,10 +342,21 @@ fn run_policy(config: &LbConfig) -> Run {
         kernel_loads: Vec::new(),
         cpu_state_advanced: false,
     };
-    for (n, frame) in syns().iter().enumerate() {
+    let mut kernel_loads = KernelLoads::new(Arc::clone(&kernel_plane.shared().loads));
+    let frames = syns();
+    let half = frames.len() / 2;
+    let mut now = NOW;
+    for (n, frame) in frames.iter().enumerate() {
+        if n == half {
+            // Half-way, the core's worker merges and the daemon folds: from then on each
+            // side's view is its totals (equal, as checked at the end) plus its own picks.
+            now += MERGE_INTERVAL;
+            worker.tick(now);
+            kernel_loads.fold(&program, kernel_plane.shared()).unwrap();
+        }
         let (action, out) = program.test_run(frame, servers_ifindex).unwrap();
         let mut core_out = frame.clone();
-        let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+        let verdict = worker.process(&mut core_out, now, Ingress::ServerSide);
         let Verdict::ToServer(core_pick) = verdict else {
             panic!("SYN {n}: the core says {verdict:?}");
         };
@@ -363,10 +385,8 @@ fn run_policy(config: &LbConfig) -> Run {
     run.cpu_state_advanced = program.policy_state(0).unwrap()[cpu] != state_before
         || program.policy_rng().unwrap()[cpu] != rng_before;
 
-    worker.tick(NOW + MERGE_INTERVAL);
-    KernelLoads::default()
-        .fold(&program, kernel_plane.shared())
-        .unwrap();
+    worker.tick(now + MERGE_INTERVAL);
+    kernel_loads.fold(&program, kernel_plane.shared()).unwrap();
     for id in 1..=config.servers.len() as u16 {
         let load = |plane: &ControlPlane| {
             let load = plane.shared().loads.server(ServerId(id));
@@ -409,6 +429,13 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
             config("random", MAX_HASH_POOL as u16, &[]),
         ),
         ("rr, 64 servers", config("rr", MAX_HASH_POOL as u16, &[])),
+        // Over the loads each side's picks make: the kernel's view must see its own.
+        ("least-loaded", config("least-loaded", 7, &[])),
+        (
+            "least-loaded, 64 servers",
+            config("least-loaded", MAX_HASH_POOL as u16, &[]),
+        ),
+        ("pow2", config("pow2", 7, &[])),
     ];
     let mut failures = Vec::new();
     for (name, config) in &cases {
@@ -568,69 +595,118 @@ fn a_syn_ack_after_a_retried_syn_goes_up_and_the_core_moves_the_count_the_kernel
     assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
 }
 
+/// Server `id`'s load under `metric` in the load-aware tests: with ties (every metric
+/// gives some servers the same load).
+fn given_load(id: u16, metric: LoadMetric) -> f64 {
+    match metric {
+        LoadMetric::ActiveConnections => f64::from((id * 13) % 9 / 2),
+        LoadMetric::Reported => f64::from((id * 7) % 5) * 0.25,
+        LoadMetric::Packets => f64::from((id * 5) % 7) * 1000.5,
+        LoadMetric::Bytes => f64::from((id * 3) % 4) * 700_000.25,
+    }
+}
+
+/// Publishes each CPU's view of `view` for servers 1..=n as the daemon's fold does
+/// (`published_loads` over the CPUs' current `server_traffic`).
+fn publish(program: &SteeringProgram, view: &LoadView, n: u16) {
+    for id in (1..=n).map(ServerId) {
+        let per_cpu = program.server_traffic_per_cpu(id).unwrap();
+        program
+            .set_server_load(id, &published_loads(view, id, &per_cpu))
+            .unwrap();
+    }
+}
+
+/// The servers the kernel picked for client SYNs 0..count (0: it went up).
+fn kernel_picks(lb: &Lb, servers: u16, count: u32) -> Vec<u16> {
+    (0..count)
+        .map(|i| {
+            let (action, out) = lb
+                .program
+                .test_run(&client_syn(i), lb.servers_ifindex)
+                .unwrap();
+            if action == XDP_TX {
+                picked(&out, servers)
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
 #[test]
-fn kernel_pow2_picks_the_cores_servers_given_the_same_loads() {
+fn kernel_load_aware_policies_pick_the_cores_servers_given_the_same_loads() {
     if !is_root() {
         eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
         return;
     }
     enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
-    let cases = [
-        ("pow2, active connections", config("pow2", 7, &[])),
-        (
-            "pow2, reported load",
-            config_with("pow2", "load_metric = \"reported\"", 7, &[]),
-        ),
-        (
-            "pow2, 64 servers",
-            config("pow2", MAX_HASH_POOL as u16, &[]),
-        ),
-        ("pow2, 1 server", config("pow2", 1, &[])),
+    let metrics = [
+        ("active-connections", LoadMetric::ActiveConnections),
+        ("reported", LoadMetric::Reported),
+        ("packets", LoadMetric::Packets),
+        ("bytes", LoadMetric::Bytes),
     ];
-    let mut failures = Vec::new();
-    for (name, config) in &cases {
-        let lb = set_up(config);
-        let shared = lb.kernel_plane.shared();
-        let servers = config.servers.len() as u16;
-        // Loads with ties (every third server shares its load with the one before).
-        let ids: Vec<ServerId> = (1..=servers).map(ServerId).collect();
-        for id in &ids {
-            let report = ReportedLoad {
-                load: Some(f64::from((id.0 * 7) % 5) * 0.25),
-                active_connections: Some(u64::from((id.0 * 13) % 9 / 2)),
-            };
-            shared.loads.report(*id, report).unwrap();
+    let mut cases = Vec::new();
+    for policy in ["pow2", "least-loaded"] {
+        for (metric_name, metric) in metrics {
+            let extra = format!("load_metric = \"{metric_name}\"");
+            cases.push((
+                format!("{policy}, {metric_name}"),
+                metric,
+                config_with(policy, &extra, 7, &[]),
+            ));
         }
-        KernelLoads::default()
-            .publish_loads(&lb.program, shared)
-            .unwrap();
-        // The core's policy over a worker's view of the same totals, with the generator
-        // the kernel's CPUs were seeded from.
-        let mut view = WorkerLoads::new(Arc::clone(&shared.loads));
-        view.watch(&ids);
-        let pool = &shared.snapshot.load().vips[0].pool;
+        for n in [MAX_HASH_POOL as u16, 1] {
+            cases.push((
+                format!("{policy}, {n} servers"),
+                LoadMetric::ActiveConnections,
+                config(policy, n, &[]),
+            ));
+        }
+    }
+    let mut failures = Vec::new();
+    for (name, metric, config) in &cases {
+        let lb = set_up(config);
+        let servers = config.servers.len() as u16;
+        let mut view = LoadView::new();
+        for id in 1..=servers {
+            for (_, m) in metrics {
+                view.set_load(ServerId(id), m, given_load(id, m));
+            }
+        }
+        publish(&lb.program, &view, servers);
+        // The core's policy over the same view, which its picks move as a worker's own
+        // picks move its view (`on_new_connection`: +1 active), with the generator and the
+        // cursor the kernel's CPUs were seeded from.
+        let pool = lb.kernel_plane.shared().snapshot.load().vips[0]
+            .pool
+            .clone();
         let mut rng = PolicyRng::seed_from_u64(lb.worker_config.seed);
+        let mut policy: Box<dyn Policy> = if name.starts_with("pow2") {
+            Box::new(PowerOfTwo)
+        } else {
+            Box::new(LeastLoaded::new(lb.worker_config.index))
+        };
         pin_to_this_cpu();
-        let (mut kernel, mut core) = (Vec::new(), Vec::new());
-        for frame in syns().iter().take(CLIENTS_COUNT as usize) {
-            let (action, out) = lb.program.test_run(frame, lb.servers_ifindex).unwrap();
-            kernel.push(if action == XDP_TX {
-                picked(&out, servers)
-            } else {
-                0
-            });
+        let kernel = kernel_picks(&lb, servers, CLIENTS_COUNT);
+        let mut core = Vec::new();
+        for _ in 0..CLIENTS_COUNT {
             let mut ctx = PickContext {
-                pool,
+                pool: &pool,
                 flow_hash: 0,
-                loads: view.view(),
+                loads: &view,
                 rng: &mut rng,
                 now: NOW,
             };
-            core.push(PowerOfTwo.pick(&mut ctx).unwrap().0);
+            let id = policy.pick(&mut ctx).unwrap();
+            let active = view.active_connections(id) as f64;
+            view.set_load(id, LoadMetric::ActiveConnections, active + 1.0);
+            core.push(id.0);
         }
         let placed = kernel.iter().filter(|&&p| p != 0).count();
         eprintln!(
-            "{name:<26} {} SYNs, {placed} placed in the kernel",
+            "{name:<34} {} SYNs, {placed} placed in the kernel",
             core.len()
         );
         if placed != core.len() {
@@ -642,10 +718,78 @@ fn kernel_pow2_picks_the_cores_servers_given_the_same_loads() {
                 first_difference(&kernel, &core)
             ));
         }
+        // Least loaded on its own picks evens the counts out instead of sending every SYN
+        // between two folds to the server that was least loaded at the first.
+        if *metric == LoadMetric::ActiveConnections && name.starts_with("least-loaded") {
+            let mut counts = vec![0i64; usize::from(servers) + 1];
+            for &p in &kernel {
+                counts[usize::from(p)] += 1;
+            }
+            let finals: Vec<i64> = (1..=servers)
+                .map(|id| counts[usize::from(id)] + given_load(id, *metric) as i64)
+                .collect();
+            let spread = finals.iter().max().unwrap() - finals.iter().min().unwrap();
+            if spread > 1 {
+                failures.push(format!(
+                    "{name}: active connections after the picks range over {spread} ({finals:?}): the kernel herded"
+                ));
+            }
+        }
     }
     assert!(
         failures.is_empty(),
-        "the kernel's pow2 disagrees with the core's:\n{}",
+        "the kernel's load-aware policies disagree with the core's:\n{}",
         failures.join("\n")
     );
+}
+
+#[test]
+fn absurd_published_loads_and_cursors_keep_picks_inside_the_pool() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return;
+    }
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    // What no fold publishes: a negative or extreme base, a NaN's or -0.0's bits, the
+    // words of two different folds mixed.
+    let absurd = [
+        (i64::MIN, u64::MAX),
+        (-5, 0x7ff8_0000_0000_0001),
+        (i64::MAX, 0x8000_0000_0000_0000),
+        (0, 0xfff0_0000_0000_0000),
+    ];
+    let mut failures = Vec::new();
+    for policy in ["least-loaded", "pow2"] {
+        for metric in ["active-connections", "packets", "reported"] {
+            let extra = format!("load_metric = \"{metric}\"");
+            let config = config_with(policy, &extra, 7, &[]);
+            let lb = set_up(&config);
+            let cpus = lb.program.possible_cpus().unwrap();
+            for id in 1..=7u16 {
+                let (active_base, bits) = absurd[usize::from(id) % absurd.len()];
+                let value = ServerLoadValue {
+                    active_base,
+                    reported: bits,
+                    packet_rate: bits.rotate_left(u32::from(id)),
+                    byte_rate: bits,
+                };
+                lb.program
+                    .set_server_load(ServerId(id), &vec![value; cpus])
+                    .unwrap();
+            }
+            let mut states = lb.program.policy_state(0).unwrap();
+            for state in &mut states {
+                state.rr_position = u32::MAX;
+            }
+            lb.program.set_policy_state(0, &states).unwrap();
+            pin_to_this_cpu();
+            let picks = kernel_picks(&lb, 7, 200);
+            if let Some(bad) = picks.iter().find(|&&p| !(1..=7).contains(&p)) {
+                failures.push(format!(
+                    "{policy}, {metric}: a pick outside the pool or up ({bad}): {picks:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

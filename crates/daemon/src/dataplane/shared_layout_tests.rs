@@ -128,6 +128,12 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("KERNEL_POLICY_POW2", KERNEL_POLICY_POW2 as usize),
         ("LOAD_METRIC_ACTIVE", LOAD_METRIC_ACTIVE as usize),
         ("LOAD_METRIC_REPORTED", LOAD_METRIC_REPORTED as usize),
+        (
+            "KERNEL_POLICY_LEAST_LOADED",
+            KERNEL_POLICY_LEAST_LOADED as usize,
+        ),
+        ("LOAD_METRIC_PACKETS", LOAD_METRIC_PACKETS as usize),
+        ("LOAD_METRIC_BYTES", LOAD_METRIC_BYTES as usize),
         ("HANDSHAKE_SLOTS", HANDSHAKE_SLOTS),
         ("HANDSHAKE_RETRY_SLOTS", HANDSHAKE_RETRY_SLOTS),
         ("STAT_FAST_SERVER_CLOSE", STAT_FAST_SERVER_CLOSE as usize),
@@ -372,8 +378,10 @@ fn rust_side() -> BTreeMap<String, u64> {
     values.extend(layout!(
         ServerLoadValue,
         "struct server_load",
-        active,
-        reported
+        active_base,
+        reported,
+        packet_rate,
+        byte_rate
     ));
     values.extend(layout!(CloseWords, "struct close_words", word));
     values.extend(layout!(

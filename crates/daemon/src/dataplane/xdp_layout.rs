@@ -10,7 +10,7 @@ use cheetah_core::lb::{Bundle, Counter};
 use cheetah_core::types::Mac;
 
 /// `CHEETAH_PIN_LAYOUT`: the layout of the pinned maps' contents (`dataplane/pin.rs`).
-pub const PIN_LAYOUT: u32 = 1;
+pub const PIN_LAYOUT: u32 = 2;
 pub const SERVER_ID_SPACE: usize = 16384;
 /// `SERVER_SIDE_SLOTS`: entries of `server_side`, indexed by ifindex modulo this.
 pub const SERVER_SIDE_SLOTS: usize = 1024;
@@ -42,9 +42,13 @@ pub const KERNEL_POLICY_WRR: u8 = 2;
 pub const KERNEL_POLICY_RANDOM: u8 = 3;
 pub const KERNEL_POLICY_HASH: u8 = 4;
 pub const KERNEL_POLICY_POW2: u8 = 5;
-/// `vip_info.load_metric`: which of `struct server_load`'s loads pow2 compares.
+pub const KERNEL_POLICY_LEAST_LOADED: u8 = 6;
+/// `vip_info.load_metric`: which of `struct server_load`'s loads pow2 and least loaded
+/// compare.
 pub const LOAD_METRIC_ACTIVE: u8 = 0;
 pub const LOAD_METRIC_REPORTED: u8 = 1;
+pub const LOAD_METRIC_PACKETS: u8 = 2;
+pub const LOAD_METRIC_BYTES: u8 = 3;
 
 /// The handshake table the kernel shares (`struct handshake_words`): the core's default
 /// size, and its retry filter.
@@ -828,20 +832,33 @@ pub struct HandshakeWords {
     pub retry: [std::sync::atomic::AtomicU16; HANDSHAKE_RETRY_SLOTS],
 }
 
-/// `struct server_load`: a server's loads as pow2 compares them.
+/// `struct server_load`: one CPU's view of a server's loads, as pow2 and least loaded in
+/// the kernel compare them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServerLoadValue {
-    pub active: u64,
-    /// `f64::to_bits` of a non-negative load, +0.0 for zero.
+    /// The active-connection total at the fold minus this CPU's `opened - closed` then
+    /// (wrapping): the kernel adds this CPU's counts since.
+    pub active_base: i64,
+    /// `f64::to_bits` of non-negative loads, +0.0 for zero: they order as the floats do.
     pub reported: u64,
+    pub packet_rate: u64,
+    pub byte_rate: u64,
 }
 
 impl Encode for ServerLoadValue {
     fn to_bytes(&self) -> Vec<u8> {
         Bytes::of::<Self>()
-            .put(offset_of!(Self, active), &self.active.to_ne_bytes())
+            .put(
+                offset_of!(Self, active_base),
+                &self.active_base.to_ne_bytes(),
+            )
             .put(offset_of!(Self, reported), &self.reported.to_ne_bytes())
+            .put(
+                offset_of!(Self, packet_rate),
+                &self.packet_rate.to_ne_bytes(),
+            )
+            .put(offset_of!(Self, byte_rate), &self.byte_rate.to_ne_bytes())
             .0
     }
 }
