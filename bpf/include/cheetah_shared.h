@@ -62,7 +62,7 @@ enum xdp_stat {
 	STAT_UP_LAYOUT,         // not the straight line's layout (VLAN, IP options, fragment, no NOP NOP TS)
 	STAT_UP_COOKIE,         // cookie (or fallback entry) names no forwarding server, an unknown clock, or is beyond the idle limit
 	STAT_UP_CLOCK,          // a reply whose clock the core would not learn (backwards, ahead of real time, too fast: it counts and warns), or that raced another writer
-	STAT_UP_HANDSHAKE_OR_CLOSE, // a reply with SYN: handshake bookkeeping (closes are the kernel's)
+	STAT_UP_HANDSHAKE_OR_CLOSE, // a SYN-ACK with FIN or RST, or a retried SYN's first answer that also learns a clock, has no timestamp, or raced
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
 	STAT_UP_OTHER,          // anything else: unknown VIP port, pool not published, reply on the client side
 	// A reply the in-kernel path looked up in next_hops without a usable answer: it asked
@@ -128,6 +128,10 @@ enum xdp_stat {
 	// a flow.
 	STAT_FAST_SERVER_FALLBACK_LEARNED,
 	STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED,
+	// loads (stage 4). A server's SYN-ACK with a timestamp that answered a retried SYN
+	// first and moved its load count here from the server holding it (handshakes.h
+	// handshake_answer): STAT_FAST_SERVER_COOKIE's counters plus HandshakeCountMoved.
+	STAT_FAST_SERVER_COOKIE_MOVED,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which
@@ -363,11 +367,16 @@ struct reply_slot {
 
 // Value of the per-CPU server_traffic array: what the in-kernel path sent to or received
 // from each server, folded into the core's loads by userspace.
+// 48 bytes, not 40: entries 8 bytes apart would put some entries' packets and bytes
+// across two cache lines, which every packet writes.
 struct server_traffic {
 	__u64 packets;
 	__u64 bytes;  // IP bytes, as the core counts them
 	__u64 opened; // connections the kernel placed on this server (a policy's pick for a SYN)
-	__u64 closed; // closes the kernel counted for this server (lb/closes.rs rules)
+	__u64 closed; // counts the kernel released here: closes (lb/closes.rs rules), a retried
+		      // SYN's earlier pick, a count a SYN-ACK moved away
+	__u64 moved_in; // counts a SYN-ACK moved here (+1 active, no new connection)
+	__u64 pad;
 };
 
 // The core's close filter (lb/closes.rs CloseFilter, DEFAULT_SLOTS words) as the one

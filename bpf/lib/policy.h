@@ -183,8 +183,8 @@ static __always_inline __u64 view_load(__u32 id, __u32 metric, int *missing)
 		*missing = 1;
 		return 0;
 	}
-	// Wrapping, as userspace computed the base: base + opened - closed is the view.
-	active = (__s64)((__u64)load->active_base + own->opened - own->closed);
+	// Wrapping, as userspace computed the base (ServerTraffic::active_delta).
+	active = (__s64)((__u64)load->active_base + own->opened + own->moved_in - own->closed);
 	return active < 0 ? 0 : (__u64)active;
 }
 

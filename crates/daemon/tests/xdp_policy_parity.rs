@@ -7,9 +7,10 @@
 //! kernel's handshake table must recognise the same ones the core's does. Then the fold
 //! (`KernelLoads`) must give the core's load totals what the core's own worker gave its
 //! own: +1 active and +1 new connection per pick, -1 active per retransmission's earlier
-//! pick. A server's SYN-ACK to a SYN the kernel saw retried goes up, and the core, over the
-//! kernel's handshake words, moves the count the kernel booked; one to a SYN sent once is the
-//! kernel's, with the core's bytes. Half-way the core's worker merges and the daemon
+//! pick. A server's SYN-ACK that first answers a retried SYN moves the count in the kernel
+//! as the core's moves it (`on_connection_moved`), with the core's bytes and counters, and
+//! the fold then gives the core's loads; a later SYN-ACK, or one to a SYN sent once, is a
+//! plain reply. Half-way the core's worker merges and the daemon
 //! folds: each CPU's load view is then the totals plus its own picks since, as the worker's.
 //!
 //! Least loaded and pow2 are also held to the core's over given loads under every metric
@@ -498,7 +499,7 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
 }
 
 #[test]
-fn a_syn_ack_after_a_retried_syn_goes_up_and_the_core_moves_the_count_the_kernel_booked() {
+fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does() {
     if !is_root() {
         eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
         return;
@@ -506,13 +507,16 @@ fn a_syn_ack_after_a_retried_syn_goes_up_and_the_core_moves_the_count_the_kernel
     enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
     let config = config("rr", 7, &[]);
     let lb = set_up(&config);
-    // The core's worker over the kernel's tables: it sees the SYNs the kernel booked.
-    let mut worker = Worker::new(Arc::clone(lb.kernel_plane.shared()), lb.worker_config);
+    // The core's worker over tables of its own, seeded as the kernel's CPUs: it sees the
+    // same SYNs and SYN-ACKs and picks the same servers.
+    let mut worker = Worker::new(Arc::clone(lb.core_plane.shared()), lb.worker_config);
+    let mut kernel_loads = KernelLoads::new(Arc::clone(&lb.kernel_plane.shared().loads));
     pin_to_this_cpu();
-    // Every server's clock known, as after its first replies: no SYN-ACK waits for it.
+    // Every server's clock known, as after its first replies: no SYN-ACK learns one.
     let msb = 0x0042u32;
     let clocks: Vec<(ServerId, u32)> = (1..=7).map(|id| (ServerId(id), msb << 16)).collect();
     lb.kernel_plane.shared().msb.import(&clocks, 0);
+    lb.core_plane.shared().msb.import(&clocks, 0);
     let servers = config.servers.len() as u16;
     let client = |host: u8| End {
         mac: GATEWAY_MAC,
@@ -534,65 +538,87 @@ fn a_syn_ack_after_a_retried_syn_goes_up_and_the_core_moves_the_count_the_kernel
             msb << 16 | 0x0123,
         )
     };
+    // The kernel's verdict on `frame` and the STAT_FAST_* it moved, then the core's bytes
+    // for it (as the kernel sends them: toward the gateway from the clients' interface).
+    let both = |worker: &mut Worker, frame: &[u8]| {
+        let stats = lb.program.stats();
+        let (action, out) = lb.program.test_run(frame, lb.servers_ifindex).unwrap();
+        let after = lb.program.stats();
+        let mut core_out = frame.to_vec();
+        let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+        (action, out, after, stats, verdict, core_out)
+    };
 
     // Client 1's SYN, retransmitted: two picks, the second holding the count.
     let isn = 0x0c0f_fee0;
     let first_syn = syn(client(1).addr, client(1).port, isn);
-    let (_, first) = lb.program.test_run(&first_syn, lb.servers_ifindex).unwrap();
-    let (_, second) = lb.program.test_run(&first_syn, lb.servers_ifindex).unwrap();
+    let (_, first, ..) = both(&mut worker, &first_syn);
+    let (_, second, ..) = both(&mut worker, &first_syn);
     let (first, second) = (picked(&first, servers), picked(&second, servers));
     assert!(
         first != 0 && second != 0 && first != second,
         "rr picks {first} then {second}"
     );
-    // The first pick answers first: its SYN-ACK goes up, untouched.
-    let answer = syn_ack(first, client(1), isn);
-    let stats = lb.program.stats();
-    let (action, out) = lb.program.test_run(&answer, lb.servers_ifindex).unwrap();
-    let up = lb.program.stats().up;
-    // UP_REASONS: handshake_or_close at 4.
-    assert_eq!(
-        up[4] - stats.up[4],
-        1,
-        "a SYN-ACK after a retried SYN goes up"
-    );
-    assert!(
-        action != XDP_TX && action != XDP_REDIRECT,
-        "action {action}"
-    );
-    assert!(out.ends_with(&answer), "its bytes unchanged");
-    // Userspace finds the kernel's booking and moves the count to the server that answered.
-    let mut core_out = answer.clone();
-    let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+    // The first pick answers first: the kernel moves the count to it, as the core does.
+    let (action, out, after, before, verdict, mut core_out) =
+        both(&mut worker, &syn_ack(first, client(1), isn));
     assert_eq!(verdict, Verdict::ToClient);
-    assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
-
-    // Client 2's SYN, sent once: its SYN-ACK is the kernel's, with the core's bytes.
-    let isn = 0x0bad_cafe;
-    let (_, out) = lb
-        .program
-        .test_run(
-            &syn(client(2).addr, client(2).port, isn),
-            lb.servers_ifindex,
-        )
+    assert_eq!(action, XDP_REDIRECT, "the kernel handled the SYN-ACK");
+    let moved = FAST_EVENTS
+        .iter()
+        .position(|(stat, _)| *stat == STAT_FAST_SERVER_COOKIE_MOVED)
         .unwrap();
-    let server = picked(&out, servers);
-    let answer = syn_ack(server, client(2), isn);
-    let stats = lb.program.stats();
-    let (action, out) = lb.program.test_run(&answer, lb.servers_ifindex).unwrap();
-    let fast = lb.program.stats().fast;
-    // FAST_BUNDLES: ServerCookie at 2.
-    assert_eq!(fast[2] - stats.fast[2], 1, "the kernel handled the SYN-ACK");
-    assert_eq!(action, XDP_REDIRECT);
-    let mut core_out = answer.clone();
     assert_eq!(
-        worker.process(&mut core_out, NOW, Ingress::ServerSide),
-        Verdict::ToClient
+        after.events[moved] - before.events[moved],
+        1,
+        "counted as a move"
     );
+    assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
     core_out[0..6].copy_from_slice(&GATEWAY_MAC);
     core_out[6..12].copy_from_slice(&CLIENTS.mac);
     assert_eq!(out, core_out, "the core's bytes (cookie in TSval)");
+    // The second pick's late SYN-ACK moves nothing, in either.
+    let (action, _, after, before, _, _) = both(&mut worker, &syn_ack(second, client(1), isn));
+    assert_eq!(action, XDP_REDIRECT);
+    // FAST_BUNDLES: ServerCookie at 2.
+    assert_eq!(after.fast[2] - before.fast[2], 1, "a plain reply");
     assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
+
+    // Client 2's SYN, sent once: its SYN-ACK is a plain reply.
+    let isn = 0x0bad_cafe;
+    let (_, out, ..) = both(&mut worker, &syn(client(2).addr, client(2).port, isn));
+    let server = picked(&out, servers);
+    let (action, out, after, before, _, mut core_out) =
+        both(&mut worker, &syn_ack(server, client(2), isn));
+    assert_eq!(
+        after.fast[2] - before.fast[2],
+        1,
+        "the kernel handled the SYN-ACK"
+    );
+    assert_eq!(action, XDP_REDIRECT);
+    core_out[0..6].copy_from_slice(&GATEWAY_MAC);
+    core_out[6..12].copy_from_slice(&CLIENTS.mac);
+    assert_eq!(out, core_out, "the core's bytes (cookie in TSval)");
+
+    // The fold gives the kernel's plane the core's loads: the count on the server that
+    // answered, one new connection per pick.
+    worker.tick(NOW + MERGE_INTERVAL);
+    kernel_loads
+        .fold(&lb.program, lb.kernel_plane.shared())
+        .unwrap();
+    for id in 1..=servers {
+        let load = |plane: &ControlPlane| {
+            let load = plane.shared().loads.server(ServerId(id));
+            (load.active_connections, load.new_connections)
+        };
+        assert_eq!(
+            load(&lb.kernel_plane),
+            load(&lb.core_plane),
+            "server {id}: (active, new) after the fold"
+        );
+    }
+    let load = lb.kernel_plane.shared().loads.server(ServerId(first));
+    assert_eq!((load.active_connections, load.new_connections), (1, 1));
 }
 
 /// Server `id`'s load under `metric` in the load-aware tests: with ties (every metric

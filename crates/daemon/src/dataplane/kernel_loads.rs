@@ -2,15 +2,16 @@
 //! the core's load totals, which the load-aware policies read at their workers' next
 //! merge: traffic as a worker's `on_packet`, each connection the kernel placed as a
 //! policy's pick (+1 active, +1 new connection), each count it released (a retransmitted
-//! SYN's earlier pick, a counted close) as -1 active, clamped as the core clamps.
+//! SYN's earlier pick, a counted close, a count a SYN-ACK moved away) as -1 active, each
+//! count a SYN-ACK moved in as +1 active, clamped as the core clamps.
 //!
 //! And the other way: each CPU's load view (`server_loads`), which pow2 and least loaded in
 //! the kernel compare. A core worker's view is the totals at its last merge plus its own
 //! picks and closes since; CPU `c`'s is the same with the fold for the merge: the loads
 //! of `view` (a [`WorkerLoads`] merged right after the kernel's counts are added, so its
 //! rates are a worker's moving averages) plus what `c` counted in `server_traffic` since
-//! the fold. Published as `active_base = active - (opened_c - closed_c)` at the fold, to
-//! which the kernel adds `opened_c - closed_c` as they are when it picks.
+//! the fold. Published as `active_base = active - (opened_c + moved_in_c - closed_c)` at
+//! the fold, to which the kernel adds c's counts as they are when it picks.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -98,8 +99,10 @@ impl KernelLoads {
             if grew.packets != 0 || grew.bytes != 0 {
                 shared.loads.add_traffic(id, grew.packets, grew.bytes);
             }
-            if grew.opened != 0 || grew.closed != 0 {
-                shared.loads.add_kernel_counts(id, grew.opened, grew.closed);
+            if grew.opened != 0 || grew.moved_in != 0 || grew.closed != 0 {
+                shared
+                    .loads
+                    .add_kernel_counts(id, grew.opened, grew.moved_in, grew.closed);
             }
             per_cpu.insert(id, cpus);
         }
@@ -151,7 +154,7 @@ pub fn published_loads(
         .iter()
         .map(|cpu| ServerLoadValue {
             // Wrapping, as the kernel adds it back: the counts grow without bound.
-            active_base: active.wrapping_sub(cpu.opened.wrapping_sub(cpu.closed) as i64),
+            active_base: active.wrapping_sub(cpu.active_delta()),
             ..shared
         })
         .collect()
@@ -197,15 +200,14 @@ mod tests {
             },
             ServerTraffic {
                 opened: u64::MAX,
+                moved_in: 3,
                 closed: 1,
                 ..ServerTraffic::default()
             },
         ];
         let values = published_loads(&view, id, &cpus);
         for (value, cpu) in values.iter().zip(&cpus) {
-            let at_fold = value
-                .active_base
-                .wrapping_add(cpu.opened.wrapping_sub(cpu.closed) as i64);
+            let at_fold = value.active_base.wrapping_add(cpu.active_delta());
             assert_eq!(at_fold, 5);
             assert_eq!(value.packet_rate, 120.5f64.to_bits());
         }

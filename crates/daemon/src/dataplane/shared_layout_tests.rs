@@ -196,6 +196,10 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED",
             STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED as usize,
         ),
+        (
+            "STAT_FAST_SERVER_COOKIE_MOVED",
+            STAT_FAST_SERVER_COOKIE_MOVED as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (
@@ -357,7 +361,9 @@ fn rust_side() -> BTreeMap<String, u64> {
         packets,
         bytes,
         opened,
-        closed
+        closed,
+        moved_in,
+        pad
     ));
     values.extend(layout!(VipWeights, "struct vip_weights", total, weight));
     values.extend(layout!(

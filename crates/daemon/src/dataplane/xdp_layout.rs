@@ -109,7 +109,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 17] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 18] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -271,6 +271,17 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 17] = [
             Counter::ToClient,
         ],
     ),
+    // A SYN-ACK that moved its retried SYN's count: Bundle::ServerCookie, plus the move.
+    (
+        STAT_FAST_SERVER_COOKIE_MOVED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::HandshakeCountMoved,
+        ],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -305,7 +316,10 @@ pub const STAT_FAST_FALLBACK_MISS: u32 = 37;
 pub const STAT_FAST_SERVER_FALLBACK_LEARNED: u32 = 38;
 pub const STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED: u32 = 39;
 
-pub const STAT_COUNT: u32 = 40;
+/// A SYN-ACK that answered a retried SYN first and moved its load count to its server.
+pub const STAT_FAST_SERVER_COOKIE_MOVED: u32 = 40;
+
+pub const STAT_COUNT: u32 = 41;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;
@@ -710,6 +724,8 @@ pub struct ServerTraffic {
     pub bytes: u64,
     pub opened: u64,
     pub closed: u64,
+    pub moved_in: u64,
+    pub pad: u64,
 }
 
 impl ServerTraffic {
@@ -721,7 +737,18 @@ impl ServerTraffic {
             bytes: word(offset_of!(Self, bytes)),
             opened: word(offset_of!(Self, opened)),
             closed: word(offset_of!(Self, closed)),
+            moved_in: word(offset_of!(Self, moved_in)),
+            pad: 0,
         }
+    }
+
+    /// What these counts add to the server's active connections: each pick and each count
+    /// moved in is one up, each released count one down (wrapping, as the counts grow
+    /// without bound).
+    pub fn active_delta(&self) -> i64 {
+        self.opened
+            .wrapping_add(self.moved_in)
+            .wrapping_sub(self.closed) as i64
     }
 
     /// Field by field, wrapping: sums over CPUs, and differences since an earlier reading.
@@ -731,6 +758,8 @@ impl ServerTraffic {
             bytes: self.bytes.wrapping_add(other.bytes),
             opened: self.opened.wrapping_add(other.opened),
             closed: self.closed.wrapping_add(other.closed),
+            moved_in: self.moved_in.wrapping_add(other.moved_in),
+            pad: 0,
         }
     }
 
@@ -740,6 +769,8 @@ impl ServerTraffic {
             bytes: self.bytes.wrapping_sub(other.bytes),
             opened: self.opened.wrapping_sub(other.opened),
             closed: self.closed.wrapping_sub(other.closed),
+            moved_in: self.moved_in.wrapping_sub(other.moved_in),
+            pad: 0,
         }
     }
 }
@@ -922,7 +953,7 @@ mod tests {
             pad: 9,
         };
         assert_eq!(key.to_bytes(), [10, 0, 0, 100, 0, 80, 6, 0]);
-        let words: Vec<u8> = (1u8..=4).flat_map(|w| [w, 0, 0, 0, 0, 0, 0, 0]).collect();
+        let words: Vec<u8> = (1u8..=6).flat_map(|w| [w, 0, 0, 0, 0, 0, 0, 0]).collect();
         let info = ServerTraffic::read(&words);
         let word = |w: u8| u64::from_ne_bytes([w, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(
@@ -932,6 +963,8 @@ mod tests {
                 bytes: word(2),
                 opened: word(3),
                 closed: word(4),
+                moved_in: word(5),
+                pad: 0,
             }
         );
     }
