@@ -158,8 +158,8 @@ static __always_inline int pow2_draw(struct policy_rng *rng, __u32 pool_len, __u
 
 // load.rs `LoadView::load` of server `id` under `metric` in this CPU's view (struct
 // server_load), as an integer that orders as the core's f64 does: for active connections
-// the published base plus this CPU's own opens and closes since (server_traffic), at least
-// 0, as `active.max(0) as f64`. Sets *missing if a map had no entry for `id`.
+// the published base plus this CPU's own counts since (server_traffic: opened + moved_in -
+// closed), at least 0, as `active.max(0) as f64`. Sets *missing if a map had no entry for `id`.
 static __always_inline __u64 view_load(__u32 id, __u32 metric, int *missing)
 {
 	const struct server_load *load = bpf_map_lookup_elem(&server_loads, &id);
