@@ -16,7 +16,7 @@
 // any key or value below changes, or what a map's words mean does, so that `cheetah run`
 // starts fresh maps instead of reading an earlier build's pinned ones half-compatibly. A
 // change of a map's type, key or value size, entries or flags alone is caught anyway.
-#define CHEETAH_PIN_LAYOUT 1
+#define CHEETAH_PIN_LAYOUT 2
 
 // The xsks map has MAX_QUEUES keys per interface slot, and interface_slots MAX_INTERFACES
 // entries.
@@ -62,7 +62,7 @@ enum xdp_stat {
 	STAT_UP_LAYOUT,         // not the straight line's layout (VLAN, IP options, fragment, no NOP NOP TS)
 	STAT_UP_COOKIE,         // cookie (or fallback entry) names no forwarding server, an unknown clock, or is beyond the idle limit
 	STAT_UP_CLOCK,          // a reply whose clock the core would not learn (backwards, ahead of real time, too fast: it counts and warns), or that raced another writer
-	STAT_UP_HANDSHAKE_OR_CLOSE, // a reply with SYN: handshake bookkeeping (closes are the kernel's)
+	STAT_UP_HANDSHAKE_OR_CLOSE, // a SYN-ACK with FIN or RST, or a retried SYN's first answer that also learns a clock, has no timestamp, or raced
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
 	STAT_UP_OTHER,          // anything else: unknown VIP port, pool not published, reply on the client side
 	// A reply the in-kernel path looked up in next_hops without a usable answer: it asked
@@ -128,6 +128,10 @@ enum xdp_stat {
 	// a flow.
 	STAT_FAST_SERVER_FALLBACK_LEARNED,
 	STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED,
+	// loads (stage 4). A server's SYN-ACK with a timestamp that answered a retried SYN
+	// first and moved its load count here from the server holding it (handshakes.h
+	// handshake_answer): STAT_FAST_SERVER_COOKIE's counters plus HandshakeCountMoved.
+	STAT_FAST_SERVER_COOKIE_MOVED,
 	// hop (stage 4). A reply whose next hop the per-CPU next_hop_cache did not hold for the
 	// current publication: it read next_hops (and, on a miss there, asked the FIB).
 	STAT_NEXT_HOP_CACHE_MISS,
@@ -214,7 +218,7 @@ struct vip_info {
 	__u16 pool_len;       // servers in pool; 0 = not published (left to userspace)
 	__u16 pool[MAX_HASH_POOL];
 	__u8 policy;          // cheetah mode: KERNEL_POLICY_* the kernel places a SYN by
-	__u8 load_metric;     // pow2: LOAD_METRIC_* the pool's loads are compared under
+	__u8 load_metric;     // pow2, least loaded: LOAD_METRIC_* the pool's loads are compared under
 	__u8 pad[2];
 };
 
@@ -242,30 +246,41 @@ struct vip_slot {
 };
 
 // vip_info.policy: the VIP policies the kernel runs for a SYN (crates/core/src/policy/),
-// each bit for bit the core's. NONE (maglev, the load-aware policies, a pool bigger than
-// MAX_HASH_POOL) leaves the SYN to userspace.
+// each bit for bit the core's. NONE (maglev, awrr, a pool bigger than MAX_HASH_POOL)
+// leaves the SYN to userspace.
 #define KERNEL_POLICY_NONE 0
 #define KERNEL_POLICY_RR 1
 #define KERNEL_POLICY_WRR 2
 #define KERNEL_POLICY_RANDOM 3
 #define KERNEL_POLICY_HASH 4
-// Power of two choices over the loads userspace publishes (server_loads), under the
-// metrics it publishes: active connections and reported load.
+// Power of two choices and least loaded over this CPU's load view (struct server_load),
+// under the pool's metric (vip_info.load_metric).
 #define KERNEL_POLICY_POW2 5
+#define KERNEL_POLICY_LEAST_LOADED 6
 // awrr: smooth WRR over buckets the daemon derives from loads at every fold, served from
 // their cycle (awrr_schedules; no cycle: the balanced buckets, one pick per position).
 #define KERNEL_POLICY_AWRR 7
 #define LOAD_METRIC_ACTIVE 0
 #define LOAD_METRIC_REPORTED 1
+#define LOAD_METRIC_PACKETS 2
+#define LOAD_METRIC_BYTES 3
 
-// Value of the server_loads array (by server id): what the core's LoadView::load gives
-// for the server under each metric the kernel compares, from the load totals at
-// userspace's last publication (every 50 ms): `active` the active-connection estimate
-// (at least 0), `reported` the bits of the reported load (a non-negative f64, +0.0 for
-// zero, so that integers order as the floats do).
+// Value of the per-CPU server_loads array (by server id): this CPU's load view, what a
+// core worker's LoadView::load gives, as userspace published it at its last fold (every
+// 50 ms, kernel_loads.rs). `active_base` is the process-wide active-connection estimate
+// at the fold minus this CPU's server_traffic (opened - closed) at the fold, so that
+// active_base + opened - closed (wrapping, then at least 0) is the total plus this CPU's
+// own picks and closes since, as a worker's view is its last merge plus its own deltas.
+// The others are f64 bits of non-negative loads (+0.0 for zero, so that the integers
+// order as the floats do): the reported load and the packet and byte rates (the core's
+// moving averages), which the core moves at merges only. Userspace writes a whole value
+// per CPU, word by word (the kernel's percpu update copies longs): a read never tears a
+// word, and a value whose words come from two folds is still a load of a pool member.
 struct server_load {
-	__u64 active;
+	__s64 active_base;
 	__u64 reported;
+	__u64 packet_rate;
+	__u64 byte_rate;
 };
 
 // Value of the vip_weights array (by VIP index), for a wrr VIP: the configured weight of
@@ -292,7 +307,7 @@ struct vip_schedule {
 // credit[i] = wrr_base[i] + wrr_steps * weight[i] (wrapping), so that a pick writes two
 // words, not every credit, and needs no weight once it has decided.
 struct policy_state {
-	__u32 rr_position;
+	__u32 rr_position; // rr's cursor; least loaded's (LeastLoaded's, start of its next scan)
 	__u32 schedule_cursor;
 	__u64 wrr_steps;
 	__s64 wrr_base[MAX_HASH_POOL];
@@ -368,11 +383,16 @@ struct reply_slot {
 
 // Value of the per-CPU server_traffic array: what the in-kernel path sent to or received
 // from each server, folded into the core's loads by userspace.
+// 48 bytes, not 40: entries 8 bytes apart would put some entries' packets and bytes
+// across two cache lines, which every packet writes.
 struct server_traffic {
 	__u64 packets;
 	__u64 bytes;  // IP bytes, as the core counts them
 	__u64 opened; // connections the kernel placed on this server (a policy's pick for a SYN)
-	__u64 closed; // closes the kernel counted for this server (lb/closes.rs rules)
+	__u64 closed; // counts the kernel released here: closes (lb/closes.rs rules), a retried
+		      // SYN's earlier pick, a count a SYN-ACK moved away
+	__u64 moved_in; // counts a SYN-ACK moved here (+1 active, no new connection)
+	__u64 pad;
 };
 
 // The core's close filter (lb/closes.rs CloseFilter, DEFAULT_SLOTS words) as the one

@@ -10,8 +10,8 @@
 // the AF_XDP worker's egress step) would send, or returns LB_HAND_UP, having counted one
 // STAT_UP_* reason and changed no byte: userspace then decides, as it always did.
 //
-// Whatever would change state the kernel does not share with the core (a SYN-ACK that may
-// move a load count), a policy it does not run, a server clock the core would not learn,
+// Whatever would change state the kernel does not share with the core, a policy it does
+// not run, a server clock the core would not learn,
 // or what the maps do not answer (a server without a resolved egress, a FIB miss) goes up.
 // A server's close is booked in the kernel, in the close filter it shares with the core
 // (closes.h); a server's clock that moved forward is learnt there, in the clock words it
@@ -75,6 +75,19 @@ static __always_inline void add_server_traffic(__u32 server, const struct iphdr 
 		if (closed)
 			traffic->closed += 1;
 	}
+}
+
+// The core's `loads.on_connection_moved(from, to)`: -1 active on `from` (a released count,
+// as a counted close is) and +1 on `to` without a new connection, folded by userspace.
+static __always_inline void move_count(__u32 from, __u32 to)
+{
+	struct server_traffic *traffic = bpf_map_lookup_elem(&server_traffic, &from);
+
+	if (traffic)
+		traffic->closed += 1;
+	traffic = bpf_map_lookup_elem(&server_traffic, &to);
+	if (traffic)
+		traffic->moved_in += 1;
 }
 
 // The core's `now` (the daemon's clock, ns since its start), for the handshake table's
@@ -241,8 +254,9 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		position = hash % pool_len;
 		break;
 	case KERNEL_POLICY_POW2: {
-		const struct server_load *first_load, *second_load;
 		__u32 first, second, first_id, second_id;
+		__u64 first_load, second_load;
+		int missing = 0;
 
 		// pow2.rs: one server is the pick, without a draw.
 		if (pool_len == 1) {
@@ -257,17 +271,18 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 			return hand_up(STAT_UP_NEW_CONNECTION);
 		first_id = vip->pool[first & (MAX_HASH_POOL - 1)];
 		second_id = vip->pool[second & (MAX_HASH_POOL - 1)];
-		first_load = bpf_map_lookup_elem(&server_loads, &first_id);
-		second_load = bpf_map_lookup_elem(&server_loads, &second_id);
-		if (!first_load || !second_load)
+		first_load = view_load(first_id, vip->load_metric, &missing);
+		second_load = view_load(second_id, vip->load_metric, &missing);
+		if (missing)
 			return hand_up(STAT_UP_OTHER);
 		// On equal loads the first drawn wins.
-		position = load_under(second_load, vip->load_metric) <
-					   load_under(first_load, vip->load_metric) ?
-				   second :
-				   first;
+		position = second_load < first_load ? second : first;
 		break;
 	}
+	case KERNEL_POLICY_LEAST_LOADED:
+		if (!least_loaded_decide(state, vip, pool_len, &position, &next_rr))
+			return hand_up(STAT_UP_OTHER);
+		break;
 	default:
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	}
@@ -285,7 +300,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	if (!publish_unchanged(config, seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	// Commit: the policy's state moves on, the pick is counted and booked, then the bytes.
-	if (policy == KERNEL_POLICY_RR)
+	if (policy == KERNEL_POLICY_RR || policy == KERNEL_POLICY_LEAST_LOADED)
 		state->rr_position = next_rr;
 	else if (policy == KERNEL_POLICY_AWRR || (policy == KERNEL_POLICY_WRR && schedule))
 		state->schedule_cursor = next_cursor;
@@ -453,6 +468,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	struct fallback_set *teaches = NULL;
 	__u64 learned = 0;
 	int without_timestamp = 0;
+	// A SYN-ACK that first answers a retried SYN: the handshake slot's update (handshakes.h).
+	struct handshake_answer answer;
+	int answers = 0;
 	__u16 cookie = 0;
 	__u32 id = sender->server, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
@@ -496,12 +514,20 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			struct handshake_words *words = bpf_map_lookup_elem(&handshakes, &zero);
 
 			// The answer to a recently retried SYN may have to move its load count
-			// (handshakes.rs `on_syn_ack`): userspace does that bookkeeping, as the
-			// core's straight line leaves it to its general server path.
+			// (server_path.rs, handshakes.rs `on_syn_ack`): the first answer marks the
+			// slot and takes the count. One that would also teach the fallback table
+			// (no timestamp) or learn a clock goes up: no entry counts those together.
 			__u64 now = core_now(config);
 
-			if (!words || handshake_retried_recently(words, hash, now))
+			if (!words)
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
+			if (handshake_retried_recently(words, hash, now)) {
+				answers = handshake_answer_decide(words, hash,
+								  bpf_ntohl(p->tcp->ack_seq) - 1,
+								  id, &answer);
+				if (answers && without_timestamp)
+					return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
+			}
 			if (without_timestamp) {
 				// server_path.rs: the client offered no timestamp, so its later
 				// segments are routed by the fallback table: it learns this server.
@@ -524,6 +550,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 							    seen_word, core_now(config), layout);
 				if (!learns)
 					return hand_up(STAT_UP_CLOCK);
+				if (answers)
+					return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			}
 			cookie = cookie_encode(layout, id, hash, msb);
 		}
@@ -551,9 +579,12 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	vip_port = sender->vip_port;
 	if (!publish_unchanged(config, seq))
 		return hand_up(STAT_UP_PUBLISHING);
-	// The first write: a clock another writer moved meanwhile goes up, nothing written.
+	// The first write: a clock (or a handshake slot) another writer moved meanwhile goes
+	// up, nothing written. A reply does one or the other, not both.
 	if (learns && !clock_learn_commit(&learning))
 		return hand_up(STAT_UP_CLOCK);
+	if (answers && !handshake_answer_commit(&answer))
+		return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 	next_hop_remember(&hop, p->ip->daddr, seq);
 
 	if (teaches) {
@@ -571,6 +602,10 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		}
 		if (learns)
 			stat = clock_learnt_stat(stat, &learning);
+		if (answers && answer.moved) {
+			move_count(answer.from, id);
+			stat = STAT_FAST_SERVER_COOKIE_MOVED;
+		}
 	} else {
 		stat = STAT_FAST_SERVER_PLAIN;
 	}

@@ -14,6 +14,7 @@
 #include "cheetah_shared.h"
 
 #define HANDSHAKE_VALID (1ull << 63)
+#define HANDSHAKE_ANSWERED (1ull << 62)
 #define HANDSHAKE_HOLDER_SHIFT 32
 #define HANDSHAKE_HOLDER_MASK 0x7fffull
 // The retry filter's clock: now >> RETRY_UNIT_SHIFT; a mark lasts RETRY_MEMORY_UNITS.
@@ -68,6 +69,49 @@ static __always_inline int handshake_on_syn(struct handshake_words *words, __u64
 		RETRY_MARKED | handshake_unit(now);
 	*previous = (old >> HANDSHAKE_HOLDER_SHIFT) & HANDSHAKE_HOLDER_MASK;
 	return 1;
+}
+
+// What `HandshakeTable::on_syn_ack` does for a SYN-ACK of `server` to a recently retried
+// SYN, decided from one read of the slot (handshake_answer_decide) and written by one
+// compare-and-swap of it (handshake_answer_commit).
+struct handshake_answer {
+	__u64 *slot;
+	__u64 seen;    // the slot as read
+	__u64 written; // what it becomes: answered, held by the server that answered
+	__u32 from;    // the server whose count moves to the answering one
+	int moved;
+};
+
+// Whether the SYN-ACK is the first answer to its SYN and so updates the slot (and with
+// `moved`, moves the count from `from`); 0: the core would leave the slot as it is.
+static __always_inline int handshake_answer_decide(struct handshake_words *words,
+						   __u64 flow_hash, __u32 client_isn,
+						   __u32 server, struct handshake_answer *answer)
+{
+	__u64 fingerprint = handshake_fingerprint(flow_hash, client_isn);
+	__u64 *slot = &words->slot[flow_hash & (HANDSHAKE_SLOTS - 1)];
+	__u64 entry = *(volatile __u64 *)slot;
+	__u32 holder = (entry >> HANDSHAKE_HOLDER_SHIFT) & HANDSHAKE_HOLDER_MASK;
+
+	if (!(entry & HANDSHAKE_VALID) || (entry & 0xffffffff) != fingerprint ||
+	    (entry & HANDSHAKE_ANSWERED))
+		return 0;
+	answer->slot = slot;
+	answer->seen = entry;
+	answer->written = (entry & ~(HANDSHAKE_HOLDER_MASK << HANDSHAKE_HOLDER_SHIFT)) |
+			  HANDSHAKE_ANSWERED |
+			  (((__u64)server & HANDSHAKE_HOLDER_MASK) << HANDSHAKE_HOLDER_SHIFT);
+	answer->from = holder;
+	answer->moved = holder != server;
+	return 1;
+}
+
+// The slot changes only if no other writer changed it since it was read; 0 if one did
+// (the caller hands the SYN-ACK up, nothing written, for the core to decide afresh).
+static __always_inline int handshake_answer_commit(const struct handshake_answer *answer)
+{
+	return __sync_val_compare_and_swap(answer->slot, answer->seen, answer->written) ==
+	       answer->seen;
 }
 
 #endif

@@ -240,10 +240,11 @@ struct {
 	__type(value, struct policy_state);
 } policy_state SEC(".maps");
 
-// Server id -> its loads for pow2 (cheetah_shared.h struct server_load), published by
-// userspace from the core's load totals.
+// Server id -> this CPU's view of its loads for pow2 and least loaded (cheetah_shared.h
+// struct server_load), published by userspace at every fold. Per CPU, as a core worker's
+// view is per worker: each CPU adds its own picks since the fold (server_traffic).
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, SERVER_ID_SPACE);
 	__type(key, __u32);
 	__type(value, struct server_load);

@@ -3,8 +3,8 @@
 // The VIP policies the kernel runs for a SYN (vip_info.policy), each the core's
 // (crates/core/src/policy/) step for step, so that a kernel instance seeded with a core
 // instance's state picks what the core would: rr.rs, wrr.rs (SmoothWeights), random.rs
-// (Xoshiro256++ and Lemire's `uniform_below`), hash.rs, and pow2.rs over the loads
-// userspace publishes (server_loads).
+// (Xoshiro256++ and Lemire's `uniform_below`), hash.rs, and pow2.rs and least_loaded.rs
+// over this CPU's load view (server_loads, view_load), which sees its own picks at once.
 //
 // Each pick is split in two, as the in-kernel path is (decide, then commit): `*_decide`
 // only reads and returns the pool position and, in a local, what the state becomes;
@@ -18,6 +18,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
+#include "maps.h"
 
 // rr.rs `RoundRobin::pick`: the cursor's position (0 if it is beyond the pool, which only a
 // cursor seeded for another pool can be), and the cursor moves one on.
@@ -155,10 +156,89 @@ static __always_inline int pow2_draw(struct policy_rng *rng, __u32 pool_len, __u
 	return 1;
 }
 
-// A server's load under `metric`, ordered as the core's f64 loads are.
-static __always_inline __u64 load_under(const struct server_load *load, __u32 metric)
+// load.rs `LoadView::load` of server `id` under `metric` in this CPU's view (struct
+// server_load), as an integer that orders as the core's f64 does: for active connections
+// the published base plus this CPU's own counts since (server_traffic: opened + moved_in -
+// closed), at least 0, as `active.max(0) as f64`. Sets *missing if a map had no entry for `id`.
+static __always_inline __u64 view_load(__u32 id, __u32 metric, int *missing)
 {
-	return metric == LOAD_METRIC_REPORTED ? load->reported : load->active;
+	const struct server_load *load = bpf_map_lookup_elem(&server_loads, &id);
+	const struct server_traffic *own;
+	__s64 active;
+
+	if (!load) {
+		*missing = 1;
+		return 0;
+	}
+	switch (metric) {
+	case LOAD_METRIC_REPORTED:
+		return load->reported;
+	case LOAD_METRIC_PACKETS:
+		return load->packet_rate;
+	case LOAD_METRIC_BYTES:
+		return load->byte_rate;
+	}
+	own = bpf_map_lookup_elem(&server_traffic, &id);
+	if (!own) {
+		*missing = 1;
+		return 0;
+	}
+	// Wrapping, as userspace computed the base (ServerTraffic::active_delta).
+	active = (__s64)((__u64)load->active_base + own->opened + own->moved_in - own->closed);
+	return active < 0 ? 0 : (__u64)active;
+}
+
+// One position of least_loaded_decide's scan (a bpf_loop callback).
+struct least_scan {
+	const struct vip_info *vip;
+	__u64 best_load;
+	__u32 metric;
+	__u32 start;
+	__u32 pool_len;
+	__u32 best;
+	int missing;
+};
+
+static long least_scan_position(__u32 i, void *context)
+{
+	struct least_scan *scan = context;
+	__u32 position = scan->start + i;
+	__u64 load;
+
+	if (position >= scan->pool_len)
+		position -= scan->pool_len;
+	load = view_load(scan->vip->pool[position & (MAX_HASH_POOL - 1)], scan->metric,
+			 &scan->missing);
+	if (scan->missing)
+		return 1;
+	// Strictly less: the first minimum from the start wins.
+	if (i == 0 || load < scan->best_load) {
+		scan->best = position;
+		scan->best_load = load;
+	}
+	return 0;
+}
+
+// least_loaded.rs `LeastLoaded::pick`: the scan starts at the cursor's position in the
+// pool, goes round once, and the first least loaded wins; the cursor becomes start + 1
+// (*next). A bpf_loop, as wrr's scan is. 0 if a server had no load entry.
+static __always_inline int least_loaded_decide(const struct policy_state *state,
+					       const struct vip_info *vip, __u32 pool_len,
+					       __u32 *position, __u32 *next)
+{
+	struct least_scan scan = {
+		.vip = vip,
+		.metric = vip->load_metric,
+		.start = state->rr_position % pool_len,
+		.pool_len = pool_len,
+	};
+
+	bpf_loop(pool_len, least_scan_position, &scan, 0);
+	if (scan.missing)
+		return 0;
+	*next = scan.start + 1;
+	*position = scan.best;
+	return 1;
 }
 
 #endif

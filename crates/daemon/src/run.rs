@@ -367,17 +367,15 @@ impl DataPlane {
         let mut sides = self
             .side_source
             .sides(&self.interface_names, &state.shared.snapshot.load());
-        let mut kernel_loads = KernelLoads::starting_at(&self.steering)?;
+        let mut kernel_loads =
+            KernelLoads::starting_at(&self.steering, Arc::clone(&state.shared.loads))?;
         let mut awrr_schedules = AwrrSchedules::new();
         while !term.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
             rounds += 1;
             if self.fast_path {
                 if let Err(e) = kernel_loads.fold(&self.steering, &state.shared) {
-                    tracing::error!(error = %format!("{e:#}"), "cannot read the XDP program's server traffic");
-                }
-                if let Err(e) = kernel_loads.publish_loads(&self.steering, &state.shared) {
-                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's server loads");
+                    tracing::error!(error = %format!("{e:#}"), "cannot fold the XDP program's server traffic or publish its load views");
                 }
                 let snapshot = state.shared.snapshot.load();
                 if let Err(e) =

@@ -330,9 +330,10 @@ mod tests {
             // A first close, a duplicate close, an ICMP error by its cookie, by a pick; a
             // reply that learnt its server's clock (first MSB, advance): a cookie, a first
             // close, a duplicate close; a SYN without options (evicting, retransmitted,
-            // both), a fallback miss, a server's SYN-ACK without timestamps (evicting or not).
+            // both), a fallback miss, a server's SYN-ACK without timestamps (evicting or not),
+            // a SYN-ACK that moved its retried SYN's count.
             events: [
-                100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64,
+                100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128,
             ],
             ..SteeringStats::default()
         };
@@ -352,13 +353,14 @@ mod tests {
         assert_eq!(events["fallback_learned_from_server"], 96);
         assert_eq!(events["fallback_misses"], 16);
         assert_eq!(
-            events["to_client"], 522,
-            "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps"
+            events["to_client"], 650,
+            "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves"
         );
-        assert_eq!(events["fast_path"], 552);
+        assert_eq!(events["fast_path"], 680);
         assert_eq!(events["cookie_routed"], 10);
-        assert_eq!(events["cookies_inserted"], 386);
-        assert_eq!(events["options_fast_path"], 1496);
+        assert_eq!(events["cookies_inserted"], 514);
+        assert_eq!(events["options_fast_path"], 1624);
+        assert_eq!(events["handshake_count_moved"], 128);
         assert_eq!(events["server_closes"], 118);
         assert_eq!(events["duplicate_closes"], 230);
         assert_eq!(events["ts_msb_learned"], 23);

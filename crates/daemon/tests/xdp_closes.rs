@@ -207,7 +207,7 @@ fn a_close_counted_in_the_kernel_lowers_the_servers_active_count_through_the_fol
         active_connections: Some(active),
     };
     loads.report(SERVER, report(5)).unwrap();
-    let mut fold = KernelLoads::default();
+    let mut fold = KernelLoads::new(std::sync::Arc::clone(&loads));
 
     for (port, seq) in [(40_010, 1), (40_011, 2)] {
         assert_eq!(lb.kernel(&reply(port, FIN | ACK, seq, 0)), FIRST);

@@ -408,12 +408,26 @@ fn judge(
         _ => Vec::new(),
     };
     let released: u64 = kernel.traffic.iter().map(|t| t.closed).sum();
-    // A first close of a server's: one count down, on the server.
+    // A first close of a server's: one count down, on the server. A SYN-ACK's move: one
+    // down on the server that held the count (the handshake word's, compared below), one
+    // up on the server that answered.
+    let moved = kernel.moved_a_count();
     let released_expected = u64::from(kernel.released_a_syn())
-        + u64::from(kernel.counted().contains(&Counter::ServerCloses));
-    if opened != opened_expected || released != released_expected {
+        + u64::from(kernel.counted().contains(&Counter::ServerCloses))
+        + u64::from(moved);
+    let moved_in: Vec<(u16, u64)> = kernel
+        .traffic
+        .iter()
+        .filter(|t| t.moved_in != 0)
+        .map(|t| (t.server, t.moved_in))
+        .collect();
+    let moved_in_expected = match (moved, server) {
+        (true, Some(id)) => vec![(id, 1)],
+        _ => Vec::new(),
+    };
+    if opened != opened_expected || released != released_expected || moved_in != moved_in_expected {
         return Err(format!(
-            "load counts: opened {opened:?}, released {released}; the core's {name} opens {opened_expected:?} and releases {released_expected}"
+            "load counts: opened {opened:?}, released {released}, moved in {moved_in:?}; the core's {name} opens {opened_expected:?}, releases {released_expected} and moves in {moved_in_expected:?}"
         ));
     }
     if !core.words_differ.is_empty() {
@@ -652,7 +666,7 @@ fn the_kernel_does_what_the_core_does_or_hands_the_frame_up_unchanged() {
                         || kernel_run
                             .traffic
                             .iter()
-                            .any(|t| t.opened != 0 || t.closed != 0);
+                            .any(|t| t.opened != 0 || t.closed != 0 || t.moved_in != 0);
                     if placed {
                         worker = kernel.reset_policies(&suite.config, &plane);
                     }

@@ -273,7 +273,15 @@ fn judge(
     let first_close = u64::from(kernel.counted().contains(&Counter::ServerCloses));
     let closed: u64 = kernel.traffic.iter().map(|moved| moved.closed).sum();
     let released_by_syn = u64::from(kernel.released_a_syn());
-    if closed != first_close + released_by_syn {
+    let moved = u64::from(kernel.moved_a_count());
+    let moved_in: u64 = kernel.traffic.iter().map(|t| t.moved_in).sum();
+    if moved_in != moved {
+        fail(format!(
+            "server_traffic.moved_in moved by {moved_in} for {}",
+            kernel.fast_name()
+        ));
+    }
+    if closed != first_close + released_by_syn + moved {
         fail(format!(
             "server_traffic.closed moved by {closed} for {}",
             kernel.fast_name()

@@ -295,7 +295,11 @@ fn a_restart_over_pinned_maps_keeps_the_kernels_state() {
         "the counters go on from where they were"
     );
     // The earlier run's server_traffic was its own to fold: this run's loads start at 0.
-    let mut fold = KernelLoads::starting_at(&after.program).unwrap();
+    let mut fold = KernelLoads::starting_at(
+        &after.program,
+        std::sync::Arc::clone(&after.plane.shared().loads),
+    )
+    .unwrap();
     fold.fold(&after.program, after.plane.shared()).unwrap();
     for id in 1..=3 {
         let load = after.plane.shared().loads.server(ServerId(id));

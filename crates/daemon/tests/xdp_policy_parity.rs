@@ -1,15 +1,23 @@
 //! The kernel's VIP policies (bpf/lib/policy.h, run by `syn_fast` in bpf/lib/fast_path.h)
-//! held to the core's: for rr, wrr (unequal weights), random (the same seed) and hash, a
-//! sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
+//! held to the core's: for rr, wrr (unequal weights), random (the same seed), hash, and
+//! least loaded and pow2 over the loads their own picks make, a sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
 //! servers in the same order as the core's policy instance given the same initial state
 //! (every CPU seeded as the core's worker, `PolicySeeds::AsWorker`), with the core's bytes
 //! for each pick and the core's counters. Some SYNs are sent twice (a retransmission): the
 //! kernel's handshake table must recognise the same ones the core's does. Then the fold
 //! (`KernelLoads`) must give the core's load totals what the core's own worker gave its
 //! own: +1 active and +1 new connection per pick, -1 active per retransmission's earlier
-//! pick. A server's SYN-ACK to a SYN the kernel saw retried goes up, and the core, over the
-//! kernel's handshake words, moves the count the kernel booked; one to a SYN sent once is the
-//! kernel's, with the core's bytes.
+//! pick. A server's SYN-ACK that first answers a retried SYN moves the count in the kernel
+//! as the core's moves it (`on_connection_moved`), with the core's bytes and counters, and
+//! the fold then gives the core's loads; a later SYN-ACK, or one to a SYN sent once, is a
+//! plain reply. Half-way the core's worker merges and the daemon
+//! folds: each CPU's load view is then the totals plus its own picks since, as the worker's.
+//!
+//! Least loaded and pow2 are also held to the core's over given loads under every metric
+//! (the core's `LoadView::set_load`; the daemon's `published_loads` for the kernel), and
+//! least loaded on active connections must even the counts out between two folds instead
+//! of herding. Published values no fold writes (negative bases, a NaN's bits) and a cursor
+//! far beyond the pool still pick a pool member.
 //!
 //! `BPF_PROG_TEST_RUN` runs the program on the calling CPU, and the policy state is per
 //! CPU: the test thread is pinned to one CPU, so every SYN advances the same state.
@@ -23,17 +31,18 @@ use cheetah_core::config::LbConfig;
 use cheetah_core::hash::Secret;
 use cheetah_core::lb::{Counter, Ingress, SharedTables, Worker, WorkerConfig};
 use cheetah_core::policy::awrr::AutoWeightedRoundRobin;
+use cheetah_core::policy::least_loaded::LeastLoaded;
 use cheetah_core::policy::pow2::PowerOfTwo;
 use cheetah_core::policy::schedule::Schedule;
 use cheetah_core::policy::{
-    PickContext, Policy, PolicyRng, ReportedLoad, WorkerLoads, MERGE_INTERVAL,
+    LoadMetric, LoadView, PickContext, Policy, PolicyRng, ReportedLoad, WorkerLoads, MERGE_INTERVAL,
 };
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{Mac, ServerId};
 use cheetah_core::verdict::Verdict;
 use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::awrr_schedules::AwrrSchedules;
-use cheetah_daemon::dataplane::kernel_loads::KernelLoads;
+use cheetah_daemon::dataplane::kernel_loads::{published_loads, KernelLoads};
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::*;
 use cheetah_daemon::dataplane::xdp_policy::PolicySeeds;
@@ -189,17 +198,22 @@ fn syn(client: Ipv4Addr, port: u16, isn: u32) -> Vec<u8> {
     handshake_segment(from, vip_end(SERVERS.mac), TCP_SYN, isn, 0, 0x1234_5678)
 }
 
-/// The SYNs of the run, in order: client `i` from 10.7.(i / 250).(i % 250 + 1), a
-/// retransmission (the same SYN) after every `RETRANSMIT_EVERY`th.
+/// Client `i`'s SYN: from 10.7.(i / 250).(i % 250 + 1).
+fn client_syn(i: u32) -> Vec<u8> {
+    let client = Ipv4Addr::new(10, 7, 1 + (i / 250) as u8, (i % 250 + 1) as u8);
+    syn(
+        client,
+        40_000 + (i % 20_000) as u16,
+        0x1000_0000 ^ i.wrapping_mul(2_654_435_761),
+    )
+}
+
+/// The SYNs of the run, in order: client `i`'s, a retransmission (the same SYN) after
+/// every `RETRANSMIT_EVERY`th.
 fn syns() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for i in 0..CLIENTS_COUNT {
-        let client = Ipv4Addr::new(10, 7, 1 + (i / 250) as u8, (i % 250 + 1) as u8);
-        let frame = syn(
-            client,
-            40_000 + (i % 20_000) as u16,
-            0x1000_0000 ^ i.wrapping_mul(2_654_435_761),
-        );
+        let frame = client_syn(i);
         out.push(frame.clone());
         if i % RETRANSMIT_EVERY == 0 {
             out.push(frame);
@@ -337,10 +351,21 @@ fn run_policy(config: &LbConfig) -> Run {
         cpu_state_advanced: false,
         schedule_cursor_moved: false,
     };
-    for (n, frame) in syns().iter().enumerate() {
+    let mut kernel_loads = KernelLoads::new(Arc::clone(&kernel_plane.shared().loads));
+    let frames = syns();
+    let half = frames.len() / 2;
+    let mut now = NOW;
+    for (n, frame) in frames.iter().enumerate() {
+        if n == half {
+            // Half-way, the core's worker merges and the daemon folds: from then on each
+            // side's view is its totals (equal, as checked at the end) plus its own picks.
+            now += MERGE_INTERVAL;
+            worker.tick(now);
+            kernel_loads.fold(&program, kernel_plane.shared()).unwrap();
+        }
         let (action, out) = program.test_run(frame, servers_ifindex).unwrap();
         let mut core_out = frame.clone();
-        let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+        let verdict = worker.process(&mut core_out, now, Ingress::ServerSide);
         let Verdict::ToServer(core_pick) = verdict else {
             panic!("SYN {n}: the core says {verdict:?}");
         };
@@ -371,10 +396,8 @@ fn run_policy(config: &LbConfig) -> Run {
         state_after != state_before || program.policy_rng().unwrap()[cpu] != rng_before;
     run.schedule_cursor_moved = state_after.schedule_cursor != state_before.schedule_cursor;
 
-    worker.tick(NOW + MERGE_INTERVAL);
-    KernelLoads::default()
-        .fold(&program, kernel_plane.shared())
-        .unwrap();
+    worker.tick(now + MERGE_INTERVAL);
+    kernel_loads.fold(&program, kernel_plane.shared()).unwrap();
     for id in 1..=config.servers.len() as u16 {
         let load = |plane: &ControlPlane| {
             let load = plane.shared().loads.server(ServerId(id));
@@ -430,6 +453,13 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
             config("random", MAX_HASH_POOL as u16, &[]),
         ),
         ("rr, 64 servers", config("rr", MAX_HASH_POOL as u16, &[])),
+        // Over the loads each side's picks make: the kernel's view must see its own.
+        ("least-loaded", config("least-loaded", 7, &[])),
+        (
+            "least-loaded, 64 servers",
+            config("least-loaded", MAX_HASH_POOL as u16, &[]),
+        ),
+        ("pow2", config("pow2", 7, &[])),
     ];
     let mut failures = Vec::new();
     for (name, config) in &cases {
@@ -503,7 +533,7 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
 }
 
 #[test]
-fn a_syn_ack_after_a_retried_syn_goes_up_and_the_core_moves_the_count_the_kernel_booked() {
+fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does() {
     if !is_root() {
         eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
         return;
@@ -511,13 +541,16 @@ fn a_syn_ack_after_a_retried_syn_goes_up_and_the_core_moves_the_count_the_kernel
     enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
     let config = config("rr", 7, &[]);
     let lb = set_up(&config);
-    // The core's worker over the kernel's tables: it sees the SYNs the kernel booked.
-    let mut worker = Worker::new(Arc::clone(lb.kernel_plane.shared()), lb.worker_config);
+    // The core's worker over tables of its own, seeded as the kernel's CPUs: it sees the
+    // same SYNs and SYN-ACKs and picks the same servers.
+    let mut worker = Worker::new(Arc::clone(lb.core_plane.shared()), lb.worker_config);
+    let mut kernel_loads = KernelLoads::new(Arc::clone(&lb.kernel_plane.shared().loads));
     pin_to_this_cpu();
-    // Every server's clock known, as after its first replies: no SYN-ACK waits for it.
+    // Every server's clock known, as after its first replies: no SYN-ACK learns one.
     let msb = 0x0042u32;
     let clocks: Vec<(ServerId, u32)> = (1..=7).map(|id| (ServerId(id), msb << 16)).collect();
     lb.kernel_plane.shared().msb.import(&clocks, 0);
+    lb.core_plane.shared().msb.import(&clocks, 0);
     let servers = config.servers.len() as u16;
     let client = |host: u8| End {
         mac: GATEWAY_MAC,
@@ -539,130 +572,201 @@ fn a_syn_ack_after_a_retried_syn_goes_up_and_the_core_moves_the_count_the_kernel
             msb << 16 | 0x0123,
         )
     };
+    // The kernel's verdict on `frame` and the STAT_FAST_* it moved, then the core's bytes
+    // for it (as the kernel sends them: toward the gateway from the clients' interface).
+    let both = |worker: &mut Worker, frame: &[u8]| {
+        let stats = lb.program.stats();
+        let (action, out) = lb.program.test_run(frame, lb.servers_ifindex).unwrap();
+        let after = lb.program.stats();
+        let mut core_out = frame.to_vec();
+        let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+        (action, out, after, stats, verdict, core_out)
+    };
 
     // Client 1's SYN, retransmitted: two picks, the second holding the count.
     let isn = 0x0c0f_fee0;
     let first_syn = syn(client(1).addr, client(1).port, isn);
-    let (_, first) = lb.program.test_run(&first_syn, lb.servers_ifindex).unwrap();
-    let (_, second) = lb.program.test_run(&first_syn, lb.servers_ifindex).unwrap();
+    let (_, first, ..) = both(&mut worker, &first_syn);
+    let (_, second, ..) = both(&mut worker, &first_syn);
     let (first, second) = (picked(&first, servers), picked(&second, servers));
     assert!(
         first != 0 && second != 0 && first != second,
         "rr picks {first} then {second}"
     );
-    // The first pick answers first: its SYN-ACK goes up, untouched.
-    let answer = syn_ack(first, client(1), isn);
-    let stats = lb.program.stats();
-    let (action, out) = lb.program.test_run(&answer, lb.servers_ifindex).unwrap();
-    let up = lb.program.stats().up;
-    // UP_REASONS: handshake_or_close at 4.
-    assert_eq!(
-        up[4] - stats.up[4],
-        1,
-        "a SYN-ACK after a retried SYN goes up"
-    );
-    assert!(
-        action != XDP_TX && action != XDP_REDIRECT,
-        "action {action}"
-    );
-    assert!(out.ends_with(&answer), "its bytes unchanged");
-    // Userspace finds the kernel's booking and moves the count to the server that answered.
-    let mut core_out = answer.clone();
-    let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+    // The first pick answers first: the kernel moves the count to it, as the core does.
+    let (action, out, after, before, verdict, mut core_out) =
+        both(&mut worker, &syn_ack(first, client(1), isn));
     assert_eq!(verdict, Verdict::ToClient);
-    assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
-
-    // Client 2's SYN, sent once: its SYN-ACK is the kernel's, with the core's bytes.
-    let isn = 0x0bad_cafe;
-    let (_, out) = lb
-        .program
-        .test_run(
-            &syn(client(2).addr, client(2).port, isn),
-            lb.servers_ifindex,
-        )
+    assert_eq!(action, XDP_REDIRECT, "the kernel handled the SYN-ACK");
+    let moved = FAST_EVENTS
+        .iter()
+        .position(|(stat, _)| *stat == STAT_FAST_SERVER_COOKIE_MOVED)
         .unwrap();
-    let server = picked(&out, servers);
-    let answer = syn_ack(server, client(2), isn);
-    let stats = lb.program.stats();
-    let (action, out) = lb.program.test_run(&answer, lb.servers_ifindex).unwrap();
-    let fast = lb.program.stats().fast;
-    // FAST_BUNDLES: ServerCookie at 2.
-    assert_eq!(fast[2] - stats.fast[2], 1, "the kernel handled the SYN-ACK");
-    assert_eq!(action, XDP_REDIRECT);
-    let mut core_out = answer.clone();
     assert_eq!(
-        worker.process(&mut core_out, NOW, Ingress::ServerSide),
-        Verdict::ToClient
+        after.events[moved] - before.events[moved],
+        1,
+        "counted as a move"
     );
+    assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
     core_out[0..6].copy_from_slice(&GATEWAY_MAC);
     core_out[6..12].copy_from_slice(&CLIENTS.mac);
     assert_eq!(out, core_out, "the core's bytes (cookie in TSval)");
+    // The second pick's late SYN-ACK moves nothing, in either.
+    let (action, _, after, before, _, _) = both(&mut worker, &syn_ack(second, client(1), isn));
+    assert_eq!(action, XDP_REDIRECT);
+    // FAST_BUNDLES: ServerCookie at 2.
+    assert_eq!(after.fast[2] - before.fast[2], 1, "a plain reply");
     assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
+
+    // Client 2's SYN, sent once: its SYN-ACK is a plain reply.
+    let isn = 0x0bad_cafe;
+    let (_, out, ..) = both(&mut worker, &syn(client(2).addr, client(2).port, isn));
+    let server = picked(&out, servers);
+    let (action, out, after, before, _, mut core_out) =
+        both(&mut worker, &syn_ack(server, client(2), isn));
+    assert_eq!(
+        after.fast[2] - before.fast[2],
+        1,
+        "the kernel handled the SYN-ACK"
+    );
+    assert_eq!(action, XDP_REDIRECT);
+    core_out[0..6].copy_from_slice(&GATEWAY_MAC);
+    core_out[6..12].copy_from_slice(&CLIENTS.mac);
+    assert_eq!(out, core_out, "the core's bytes (cookie in TSval)");
+
+    // The fold gives the kernel's plane the core's loads: the count on the server that
+    // answered, one new connection per pick.
+    worker.tick(NOW + MERGE_INTERVAL);
+    kernel_loads
+        .fold(&lb.program, lb.kernel_plane.shared())
+        .unwrap();
+    for id in 1..=servers {
+        let load = |plane: &ControlPlane| {
+            let load = plane.shared().loads.server(ServerId(id));
+            (load.active_connections, load.new_connections)
+        };
+        assert_eq!(
+            load(&lb.kernel_plane),
+            load(&lb.core_plane),
+            "server {id}: (active, new) after the fold"
+        );
+    }
+    let load = lb.kernel_plane.shared().loads.server(ServerId(first));
+    assert_eq!((load.active_connections, load.new_connections), (1, 1));
+}
+
+/// Server `id`'s load under `metric` in the load-aware tests: with ties (every metric
+/// gives some servers the same load).
+fn given_load(id: u16, metric: LoadMetric) -> f64 {
+    match metric {
+        LoadMetric::ActiveConnections => f64::from((id * 13) % 9 / 2),
+        LoadMetric::Reported => f64::from((id * 7) % 5) * 0.25,
+        LoadMetric::Packets => f64::from((id * 5) % 7) * 1000.5,
+        LoadMetric::Bytes => f64::from((id * 3) % 4) * 700_000.25,
+    }
+}
+
+/// Publishes each CPU's view of `view` for servers 1..=n as the daemon's fold does
+/// (`published_loads` over the CPUs' current `server_traffic`).
+fn publish(program: &SteeringProgram, view: &LoadView, n: u16) {
+    for id in (1..=n).map(ServerId) {
+        let per_cpu = program.server_traffic_per_cpu(id).unwrap();
+        program
+            .set_server_load(id, &published_loads(view, id, &per_cpu))
+            .unwrap();
+    }
+}
+
+/// The servers the kernel picked for client SYNs 0..count (0: it went up).
+fn kernel_picks(lb: &Lb, servers: u16, count: u32) -> Vec<u16> {
+    (0..count)
+        .map(|i| {
+            let (action, out) = lb
+                .program
+                .test_run(&client_syn(i), lb.servers_ifindex)
+                .unwrap();
+            if action == XDP_TX {
+                picked(&out, servers)
+            } else {
+                0
+            }
+        })
+        .collect()
 }
 
 #[test]
-fn kernel_pow2_picks_the_cores_servers_given_the_same_loads() {
+fn kernel_load_aware_policies_pick_the_cores_servers_given_the_same_loads() {
     if !is_root() {
         eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
         return;
     }
     enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
-    let cases = [
-        ("pow2, active connections", config("pow2", 7, &[])),
-        (
-            "pow2, reported load",
-            config_with("pow2", "load_metric = \"reported\"", 7, &[]),
-        ),
-        (
-            "pow2, 64 servers",
-            config("pow2", MAX_HASH_POOL as u16, &[]),
-        ),
-        ("pow2, 1 server", config("pow2", 1, &[])),
+    let metrics = [
+        ("active-connections", LoadMetric::ActiveConnections),
+        ("reported", LoadMetric::Reported),
+        ("packets", LoadMetric::Packets),
+        ("bytes", LoadMetric::Bytes),
     ];
-    let mut failures = Vec::new();
-    for (name, config) in &cases {
-        let lb = set_up(config);
-        let shared = lb.kernel_plane.shared();
-        let servers = config.servers.len() as u16;
-        // Loads with ties (every third server shares its load with the one before).
-        let ids: Vec<ServerId> = (1..=servers).map(ServerId).collect();
-        for id in &ids {
-            let report = ReportedLoad {
-                load: Some(f64::from((id.0 * 7) % 5) * 0.25),
-                active_connections: Some(u64::from((id.0 * 13) % 9 / 2)),
-            };
-            shared.loads.report(*id, report).unwrap();
+    let mut cases = Vec::new();
+    for policy in ["pow2", "least-loaded"] {
+        for (metric_name, metric) in metrics {
+            let extra = format!("load_metric = \"{metric_name}\"");
+            cases.push((
+                format!("{policy}, {metric_name}"),
+                metric,
+                config_with(policy, &extra, 7, &[]),
+            ));
         }
-        KernelLoads::default()
-            .publish_loads(&lb.program, shared)
-            .unwrap();
-        // The core's policy over a worker's view of the same totals, with the generator
-        // the kernel's CPUs were seeded from.
-        let mut view = WorkerLoads::new(Arc::clone(&shared.loads));
-        view.watch(&ids);
-        let pool = &shared.snapshot.load().vips[0].pool;
+        for n in [MAX_HASH_POOL as u16, 1] {
+            cases.push((
+                format!("{policy}, {n} servers"),
+                LoadMetric::ActiveConnections,
+                config(policy, n, &[]),
+            ));
+        }
+    }
+    let mut failures = Vec::new();
+    for (name, metric, config) in &cases {
+        let lb = set_up(config);
+        let servers = config.servers.len() as u16;
+        let mut view = LoadView::new();
+        for id in 1..=servers {
+            for (_, m) in metrics {
+                view.set_load(ServerId(id), m, given_load(id, m));
+            }
+        }
+        publish(&lb.program, &view, servers);
+        // The core's policy over the same view, which its picks move as a worker's own
+        // picks move its view (`on_new_connection`: +1 active), with the generator and the
+        // cursor the kernel's CPUs were seeded from.
+        let pool = lb.kernel_plane.shared().snapshot.load().vips[0]
+            .pool
+            .clone();
         let mut rng = PolicyRng::seed_from_u64(lb.worker_config.seed);
+        let mut policy: Box<dyn Policy> = if name.starts_with("pow2") {
+            Box::new(PowerOfTwo)
+        } else {
+            Box::new(LeastLoaded::new(lb.worker_config.index))
+        };
         pin_to_this_cpu();
-        let (mut kernel, mut core) = (Vec::new(), Vec::new());
-        for frame in syns().iter().take(CLIENTS_COUNT as usize) {
-            let (action, out) = lb.program.test_run(frame, lb.servers_ifindex).unwrap();
-            kernel.push(if action == XDP_TX {
-                picked(&out, servers)
-            } else {
-                0
-            });
+        let kernel = kernel_picks(&lb, servers, CLIENTS_COUNT);
+        let mut core = Vec::new();
+        for _ in 0..CLIENTS_COUNT {
             let mut ctx = PickContext {
-                pool,
+                pool: &pool,
                 flow_hash: 0,
-                loads: view.view(),
+                loads: &view,
                 rng: &mut rng,
                 now: NOW,
             };
-            core.push(PowerOfTwo.pick(&mut ctx).unwrap().0);
+            let id = policy.pick(&mut ctx).unwrap();
+            let active = view.active_connections(id) as f64;
+            view.set_load(id, LoadMetric::ActiveConnections, active + 1.0);
+            core.push(id.0);
         }
         let placed = kernel.iter().filter(|&&p| p != 0).count();
         eprintln!(
-            "{name:<26} {} SYNs, {placed} placed in the kernel",
+            "{name:<34} {} SYNs, {placed} placed in the kernel",
             core.len()
         );
         if placed != core.len() {
@@ -674,10 +778,27 @@ fn kernel_pow2_picks_the_cores_servers_given_the_same_loads() {
                 first_difference(&kernel, &core)
             ));
         }
+        // Least loaded on its own picks evens the counts out instead of sending every SYN
+        // between two folds to the server that was least loaded at the first.
+        if *metric == LoadMetric::ActiveConnections && name.starts_with("least-loaded") {
+            let mut counts = vec![0i64; usize::from(servers) + 1];
+            for &p in &kernel {
+                counts[usize::from(p)] += 1;
+            }
+            let finals: Vec<i64> = (1..=servers)
+                .map(|id| counts[usize::from(id)] + given_load(id, *metric) as i64)
+                .collect();
+            let spread = finals.iter().max().unwrap() - finals.iter().min().unwrap();
+            if spread > 1 {
+                failures.push(format!(
+                    "{name}: active connections after the picks range over {spread} ({finals:?}): the kernel herded"
+                ));
+            }
+        }
     }
     assert!(
         failures.is_empty(),
-        "the kernel's pow2 disagrees with the core's:\n{}",
+        "the kernel's load-aware policies disagree with the core's:\n{}",
         failures.join("\n")
     );
 }
@@ -716,7 +837,8 @@ fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
         let ids: Vec<ServerId> = (1..=servers).map(ServerId).collect();
         let snapshot = shared.snapshot.load();
         let pool = &snapshot.vips[0].pool;
-        let mut kernel_loads = KernelLoads::starting_at(&lb.program).unwrap();
+        let mut kernel_loads =
+            KernelLoads::starting_at(&lb.program, Arc::clone(&shared.loads)).unwrap();
         let mut schedules = AwrrSchedules::new();
         let mut view = WorkerLoads::new(Arc::clone(&shared.loads));
         view.watch(&ids);
@@ -814,4 +936,55 @@ fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
         "the kernel's awrr disagrees with the core's:\n{}",
         failures.join("\n")
     );
+}
+
+#[test]
+fn absurd_published_loads_and_cursors_keep_picks_inside_the_pool() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return;
+    }
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    // What no fold publishes: a negative or extreme base, a NaN's or -0.0's bits, the
+    // words of two different folds mixed.
+    let absurd = [
+        (i64::MIN, u64::MAX),
+        (-5, 0x7ff8_0000_0000_0001),
+        (i64::MAX, 0x8000_0000_0000_0000),
+        (0, 0xfff0_0000_0000_0000),
+    ];
+    let mut failures = Vec::new();
+    for policy in ["least-loaded", "pow2"] {
+        for metric in ["active-connections", "packets", "reported"] {
+            let extra = format!("load_metric = \"{metric}\"");
+            let config = config_with(policy, &extra, 7, &[]);
+            let lb = set_up(&config);
+            let cpus = lb.program.possible_cpus().unwrap();
+            for id in 1..=7u16 {
+                let (active_base, bits) = absurd[usize::from(id) % absurd.len()];
+                let value = ServerLoadValue {
+                    active_base,
+                    reported: bits,
+                    packet_rate: bits.rotate_left(u32::from(id)),
+                    byte_rate: bits,
+                };
+                lb.program
+                    .set_server_load(ServerId(id), &vec![value; cpus])
+                    .unwrap();
+            }
+            let mut states = lb.program.policy_state(0).unwrap();
+            for state in &mut states {
+                state.rr_position = u32::MAX;
+            }
+            lb.program.set_policy_state(0, &states).unwrap();
+            pin_to_this_cpu();
+            let picks = kernel_picks(&lb, 7, 200);
+            if let Some(bad) = picks.iter().find(|&&p| !(1..=7).contains(&p)) {
+                failures.push(format!(
+                    "{policy}, {metric}: a pick outside the pool or up ({bad}): {picks:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -66,12 +66,12 @@ const REPLY_SLOTS: u32 = 65536;
 const VIP_SLOT: u32 = 64; // tag, hash_prefix[4], port, backend_port, pad, pad2[2]
 const VIP_SLOTS: u32 = 8192;
 const STAT_REPLY_BY_STEERING: u32 = 32;
-const SERVER_TRAFFIC: u32 = 32; // packets, bytes, opened, closed
+const SERVER_TRAFFIC: u32 = 48; // packets, bytes, opened, closed, moved_in, pad
 const VIP_WEIGHTS: u32 = 264; // total, weight[64]
 const POLICY_STATE: u32 = 528; // rr_position, pad, wrr_steps, wrr_base[64]
 const POLICY_RNG: u32 = 32; // s[4]
 const HANDSHAKE_WORDS: u32 = 8 * (1 << 18) + 2 * (1 << 12); // slot[2^18], retry[2^12]
-const SERVER_LOAD: u32 = 16; // active, reported
+const SERVER_LOAD: u32 = 32; // active_base, reported, packet_rate, byte_rate
 const NEXT_HOP_KEY: u32 = 8; // prefixlen, addr
 const NEXT_HOP: u32 = 24; // kind, ifindex, mtu, dmac[6], smac[6]
 const MAX_NEXT_HOPS: u32 = 16384;
@@ -234,9 +234,10 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         ("policy_rng", MapType::PercpuArray, 4, POLICY_RNG, 1, 0),
+        // Each CPU's load view (kernel_loads.rs).
         (
             "server_loads",
-            MapType::Array,
+            MapType::PercpuArray,
             4,
             SERVER_LOAD,
             SERVER_ID_SPACE,

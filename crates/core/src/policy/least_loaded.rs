@@ -21,6 +21,12 @@ impl LeastLoaded {
     pub fn new(worker: usize) -> Self {
         LeastLoaded { cursor: worker }
     }
+
+    /// Where the next pick's scan starts (modulo the pool's size), for the XDP program's
+    /// instance to start where this one does.
+    pub fn cursor(&self) -> usize {
+        self.cursor
+    }
 }
 
 impl Policy for LeastLoaded {

@@ -171,11 +171,13 @@ impl SharedLoads {
 
     /// Adds what the XDP program's in-kernel path counted for `id` since the last call:
     /// `opened` connections it placed there (each as a policy's pick: +1 active, +1 new
-    /// connection) and `closed` counts it released (each as a counted close or a
-    /// retransmitted SYN's earlier pick: -1 active), clamped as any worker's merge is.
-    pub fn add_kernel_counts(&self, id: ServerId, opened: u64, closed: u64) {
+    /// connection), `moved_in` counts a SYN-ACK moved there (the `to` of
+    /// [`WorkerLoads::on_connection_moved`]: +1 active) and `closed` counts it released
+    /// (each as a counted close, a retransmitted SYN's earlier pick or a moved count's
+    /// `from`: -1 active), clamped as any worker's merge is.
+    pub fn add_kernel_counts(&self, id: ServerId, opened: u64, moved_in: u64, closed: u64) {
         let delta = PendingDelta {
-            active: (opened as i64).wrapping_sub(closed as i64),
+            active: opened.wrapping_add(moved_in).wrapping_sub(closed) as i64,
             new_connections: opened,
             ..PendingDelta::default()
         };
@@ -615,13 +617,17 @@ mod tests {
     #[test]
     fn kernel_counts_add_as_a_workers_picks_and_closes_do() {
         let (shared, mut first, _) = two_workers();
-        shared.add_kernel_counts(A, 3, 1);
+        shared.add_kernel_counts(A, 3, 0, 1);
         first.merge(MERGE_INTERVAL);
         assert_eq!(first.view().active_connections(A), 2);
         assert_eq!(shared.server(A).new_connections, 3);
         // More released than opened: clamped at 0, as a worker's extra closes are.
-        shared.add_kernel_counts(A, 0, 5);
+        shared.add_kernel_counts(A, 0, 0, 5);
         assert_eq!(shared.server(A).active_connections, 0);
+        // A count moved in: one more active, no new connection.
+        shared.add_kernel_counts(A, 0, 1, 0);
+        assert_eq!(shared.server(A).active_connections, 1);
+        assert_eq!(shared.server(A).new_connections, 3);
     }
 
     #[test]

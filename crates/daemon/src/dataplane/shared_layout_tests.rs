@@ -130,6 +130,12 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("SCHEDULE_CAP", SCHEDULE_CAP),
         ("LOAD_METRIC_ACTIVE", LOAD_METRIC_ACTIVE as usize),
         ("LOAD_METRIC_REPORTED", LOAD_METRIC_REPORTED as usize),
+        (
+            "KERNEL_POLICY_LEAST_LOADED",
+            KERNEL_POLICY_LEAST_LOADED as usize,
+        ),
+        ("LOAD_METRIC_PACKETS", LOAD_METRIC_PACKETS as usize),
+        ("LOAD_METRIC_BYTES", LOAD_METRIC_BYTES as usize),
         ("HANDSHAKE_SLOTS", HANDSHAKE_SLOTS),
         ("HANDSHAKE_RETRY_SLOTS", HANDSHAKE_RETRY_SLOTS),
         ("STAT_FAST_SERVER_CLOSE", STAT_FAST_SERVER_CLOSE as usize),
@@ -195,6 +201,10 @@ fn rust_side() -> BTreeMap<String, u64> {
         (
             "STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED",
             STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_COOKIE_MOVED",
+            STAT_FAST_SERVER_COOKIE_MOVED as usize,
         ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
@@ -358,7 +368,9 @@ fn rust_side() -> BTreeMap<String, u64> {
         packets,
         bytes,
         opened,
-        closed
+        closed,
+        moved_in,
+        pad
     ));
     values.extend(layout!(VipWeights, "struct vip_weights", total, weight));
     values.extend(layout!(VipSchedule, "struct vip_schedule", len, position));
@@ -380,8 +392,10 @@ fn rust_side() -> BTreeMap<String, u64> {
     values.extend(layout!(
         ServerLoadValue,
         "struct server_load",
-        active,
-        reported
+        active_base,
+        reported,
+        packet_rate,
+        byte_rate
     ));
     values.extend(layout!(CloseWords, "struct close_words", word));
     values.extend(layout!(

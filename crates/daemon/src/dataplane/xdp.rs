@@ -309,14 +309,11 @@ impl SteeringProgram {
         }))
     }
 
-    /// Sets what pow2 in the kernel compares for server `id` (`server_loads`).
-    pub fn set_server_load(&self, id: ServerId, load: &ServerLoadValue) -> anyhow::Result<()> {
+    /// Sets each CPU's view of server `id`'s loads (`server_loads`), one per possible CPU.
+    pub fn set_server_load(&self, id: ServerId, per_cpu: &[ServerLoadValue]) -> anyhow::Result<()> {
+        let values: Vec<Vec<u8>> = per_cpu.iter().map(Encode::to_bytes).collect();
         self.map("server_loads")
-            .update(
-                &(id.0 as u32).to_ne_bytes(),
-                &load.to_bytes(),
-                MapFlags::ANY,
-            )
+            .update_percpu(&(id.0 as u32).to_ne_bytes(), &values, MapFlags::ANY)
             .context("cannot update server_loads")
     }
 
@@ -541,19 +538,24 @@ impl SteeringProgram {
     /// What the in-kernel path sent to or received from each of `ids`, summed over CPUs
     /// since the program was loaded.
     pub fn server_traffic(&self, ids: &[ServerId]) -> anyhow::Result<Vec<ServerTraffic>> {
-        let map = self.try_map("server_traffic")?;
         ids.iter()
-            .map(|id| {
-                let per_cpu = map
-                    .lookup_percpu(&(id.0 as u32).to_ne_bytes(), MapFlags::ANY)
-                    .context("cannot read the XDP program's server_traffic")?
-                    .unwrap_or_default();
-                Ok(per_cpu
-                    .iter()
-                    .map(|cpu| ServerTraffic::read(cpu))
+            .map(|&id| {
+                Ok(self
+                    .server_traffic_per_cpu(id)?
+                    .into_iter()
                     .fold(ServerTraffic::default(), ServerTraffic::wrapping_add))
             })
             .collect()
+    }
+
+    /// Each CPU's share of what the in-kernel path sent to or received from `id`.
+    pub fn server_traffic_per_cpu(&self, id: ServerId) -> anyhow::Result<Vec<ServerTraffic>> {
+        let per_cpu = self
+            .try_map("server_traffic")?
+            .lookup_percpu(&(id.0 as u32).to_ne_bytes(), MapFlags::ANY)
+            .context("cannot read the XDP program's server_traffic")?
+            .unwrap_or_default();
+        Ok(per_cpu.iter().map(|cpu| ServerTraffic::read(cpu)).collect())
     }
 }
 

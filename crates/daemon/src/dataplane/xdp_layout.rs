@@ -10,7 +10,7 @@ use cheetah_core::lb::{Bundle, Counter};
 use cheetah_core::types::Mac;
 
 /// `CHEETAH_PIN_LAYOUT`: the layout of the pinned maps' contents (`dataplane/pin.rs`).
-pub const PIN_LAYOUT: u32 = 1;
+pub const PIN_LAYOUT: u32 = 2;
 pub const SERVER_ID_SPACE: usize = 16384;
 /// `SERVER_SIDE_SLOTS`: entries of `server_side`, indexed by ifindex modulo this.
 pub const SERVER_SIDE_SLOTS: usize = 1024;
@@ -42,10 +42,14 @@ pub const KERNEL_POLICY_WRR: u8 = 2;
 pub const KERNEL_POLICY_RANDOM: u8 = 3;
 pub const KERNEL_POLICY_HASH: u8 = 4;
 pub const KERNEL_POLICY_POW2: u8 = 5;
+pub const KERNEL_POLICY_LEAST_LOADED: u8 = 6;
 pub const KERNEL_POLICY_AWRR: u8 = 7;
-/// `vip_info.load_metric`: which of `struct server_load`'s loads pow2 compares.
+/// `vip_info.load_metric`: which of `struct server_load`'s loads pow2 and least loaded
+/// compare.
 pub const LOAD_METRIC_ACTIVE: u8 = 0;
 pub const LOAD_METRIC_REPORTED: u8 = 1;
+pub const LOAD_METRIC_PACKETS: u8 = 2;
+pub const LOAD_METRIC_BYTES: u8 = 3;
 
 /// The handshake table the kernel shares (`struct handshake_words`): the core's default
 /// size, and its retry filter.
@@ -106,7 +110,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 17] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 18] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -268,6 +272,17 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 17] = [
             Counter::ToClient,
         ],
     ),
+    // A SYN-ACK that moved its retried SYN's count: Bundle::ServerCookie, plus the move.
+    (
+        STAT_FAST_SERVER_COOKIE_MOVED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::HandshakeCountMoved,
+        ],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -304,6 +319,9 @@ pub const STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED: u32 = 39;
 /// Replies whose next hop this CPU's `next_hop_cache` did not hold for the current
 /// publication: the kernel read `next_hops` (and maybe the FIB) instead.
 pub const STAT_NEXT_HOP_CACHE_MISS: u32 = 40;
+
+/// A SYN-ACK that answered a retried SYN first and moved its load count to its server.
+pub const STAT_FAST_SERVER_COOKIE_MOVED: u32 = 40;
 
 pub const STAT_COUNT: u32 = 41;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
@@ -710,6 +728,8 @@ pub struct ServerTraffic {
     pub bytes: u64,
     pub opened: u64,
     pub closed: u64,
+    pub moved_in: u64,
+    pub pad: u64,
 }
 
 impl ServerTraffic {
@@ -721,7 +741,18 @@ impl ServerTraffic {
             bytes: word(offset_of!(Self, bytes)),
             opened: word(offset_of!(Self, opened)),
             closed: word(offset_of!(Self, closed)),
+            moved_in: word(offset_of!(Self, moved_in)),
+            pad: 0,
         }
+    }
+
+    /// What these counts add to the server's active connections: each pick and each count
+    /// moved in is one up, each released count one down (wrapping, as the counts grow
+    /// without bound).
+    pub fn active_delta(&self) -> i64 {
+        self.opened
+            .wrapping_add(self.moved_in)
+            .wrapping_sub(self.closed) as i64
     }
 
     /// Field by field, wrapping: sums over CPUs, and differences since an earlier reading.
@@ -731,6 +762,8 @@ impl ServerTraffic {
             bytes: self.bytes.wrapping_add(other.bytes),
             opened: self.opened.wrapping_add(other.opened),
             closed: self.closed.wrapping_add(other.closed),
+            moved_in: self.moved_in.wrapping_add(other.moved_in),
+            pad: 0,
         }
     }
 
@@ -740,6 +773,8 @@ impl ServerTraffic {
             bytes: self.bytes.wrapping_sub(other.bytes),
             opened: self.opened.wrapping_sub(other.opened),
             closed: self.closed.wrapping_sub(other.closed),
+            moved_in: self.moved_in.wrapping_sub(other.moved_in),
+            pad: 0,
         }
     }
 }
@@ -858,20 +893,33 @@ pub struct HandshakeWords {
     pub retry: [std::sync::atomic::AtomicU16; HANDSHAKE_RETRY_SLOTS],
 }
 
-/// `struct server_load`: a server's loads as pow2 compares them.
+/// `struct server_load`: one CPU's view of a server's loads, as pow2 and least loaded in
+/// the kernel compare them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServerLoadValue {
-    pub active: u64,
-    /// `f64::to_bits` of a non-negative load, +0.0 for zero.
+    /// The active-connection total at the fold minus this CPU's `opened - closed` then
+    /// (wrapping): the kernel adds this CPU's counts since.
+    pub active_base: i64,
+    /// `f64::to_bits` of non-negative loads, +0.0 for zero: they order as the floats do.
     pub reported: u64,
+    pub packet_rate: u64,
+    pub byte_rate: u64,
 }
 
 impl Encode for ServerLoadValue {
     fn to_bytes(&self) -> Vec<u8> {
         Bytes::of::<Self>()
-            .put(offset_of!(Self, active), &self.active.to_ne_bytes())
+            .put(
+                offset_of!(Self, active_base),
+                &self.active_base.to_ne_bytes(),
+            )
             .put(offset_of!(Self, reported), &self.reported.to_ne_bytes())
+            .put(
+                offset_of!(Self, packet_rate),
+                &self.packet_rate.to_ne_bytes(),
+            )
+            .put(offset_of!(Self, byte_rate), &self.byte_rate.to_ne_bytes())
             .0
     }
 }
@@ -935,7 +983,7 @@ mod tests {
             pad: 9,
         };
         assert_eq!(key.to_bytes(), [10, 0, 0, 100, 0, 80, 6, 0]);
-        let words: Vec<u8> = (1u8..=4).flat_map(|w| [w, 0, 0, 0, 0, 0, 0, 0]).collect();
+        let words: Vec<u8> = (1u8..=6).flat_map(|w| [w, 0, 0, 0, 0, 0, 0, 0]).collect();
         let info = ServerTraffic::read(&words);
         let word = |w: u8| u64::from_ne_bytes([w, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(
@@ -945,6 +993,8 @@ mod tests {
                 bytes: word(2),
                 opened: word(3),
                 closed: word(4),
+                moved_in: word(5),
+                pad: 0,
             }
         );
     }

@@ -1,9 +1,10 @@
 //! Seeds the XDP program's per-CPU policy state (`policy_state`, `policy_rng`), from which
 //! the kernel's SYN path (`bpf/lib/fast_path.h` `syn_fast`) runs the VIP policies it holds
-//! (rr, wrr, awrr, random, hash: `xdp_tables::kernel_policy`) exactly as a core worker
-//! runs its instances: each CPU's rr cursor, schedule cursor and wrr credits start where
-//! a core worker's instance would (`RoundRobin::new`, `SmoothPicks::for_worker`), and its
-//! generator where a worker's `PolicyRng::seed_from_u64` would.
+//! (`xdp_tables::kernel_policy`) exactly as a core worker runs its instances: each CPU's
+//! rr and least-loaded cursors, schedule cursor and wrr credits start where a core
+//! worker's instance would (`RoundRobin::new`, `LeastLoaded::new`,
+//! `SmoothPicks::for_worker`), and its generator where a worker's
+//! `PolicyRng::seed_from_u64` would.
 //!
 //! A core worker rebuilds a VIP's instance only when the VIP's policy, pool or weights
 //! change (`Worker::install`), so cursors and credits carry on across snapshots; the
@@ -12,6 +13,7 @@
 //! generators) that run left as this one would seed them (`keep_seeded`). A SYN the kernel places while a VIP is being seeded may land its
 //! state change on either side of the seeding; either way the pick was one of the pool's.
 
+use cheetah_core::policy::least_loaded::LeastLoaded;
 use cheetah_core::policy::random::rng_state;
 use cheetah_core::policy::rr::RoundRobin;
 use cheetah_core::policy::wrr::SmoothWeights;
@@ -98,6 +100,9 @@ pub fn initial_state(
         // SmoothPicks::for_worker: `worker` entries into the cycle (wrr's when it fits,
         // awrr's always).
         PolicyKind::AutoWeightedRoundRobin => state.schedule_cursor = worker as u32,
+        PolicyKind::LeastLoaded => {
+            state.rr_position = LeastLoaded::new(worker).cursor() as u32;
+        }
         PolicyKind::WeightedRoundRobin => {
             state.schedule_cursor = worker as u32;
             let smooth = SmoothWeights::for_worker(&pool.weights, worker);

@@ -81,10 +81,11 @@ fn array_key(index: usize) -> Vec<u8> {
 }
 
 /// The policy the kernel places a VIP's SYNs by (`vip_info.policy`): the ones it runs as
-/// the core does, for a pool it holds (1 to MAX_HASH_POOL servers), pow2 under the metrics
-/// whose loads userspace publishes (`kernel_loads.rs`); NONE leaves them to userspace
-/// (maglev, least-loaded, awrr, pow2 on packet or byte rates, an empty or bigger pool).
-pub fn kernel_policy(kind: PolicyKind, metric: LoadMetric, pool_len: usize) -> u8 {
+/// the core does, for a pool it holds (1 to MAX_HASH_POOL servers), pow2 and least loaded
+/// over each CPU's load view (`kernel_loads.rs`); NONE leaves them to userspace (maglev,
+/// awrr, an empty or bigger pool). Every metric's loads are in that view: `_metric` does
+/// not decide.
+pub fn kernel_policy(kind: PolicyKind, _metric: LoadMetric, pool_len: usize) -> u8 {
     if pool_len == 0 || pool_len > MAX_HASH_POOL {
         return KERNEL_POLICY_NONE;
     }
@@ -93,19 +94,21 @@ pub fn kernel_policy(kind: PolicyKind, metric: LoadMetric, pool_len: usize) -> u
         PolicyKind::WeightedRoundRobin => KERNEL_POLICY_WRR,
         PolicyKind::Random => KERNEL_POLICY_RANDOM,
         PolicyKind::Hash => KERNEL_POLICY_HASH,
-        PolicyKind::PowerOfTwo if kernel_load_metric(metric).is_some() => KERNEL_POLICY_POW2,
+        PolicyKind::PowerOfTwo => KERNEL_POLICY_POW2,
+        PolicyKind::LeastLoaded => KERNEL_POLICY_LEAST_LOADED,
         // Its cycle (awrr_schedules, from the buckets of at most 30 per server) always fits.
         PolicyKind::AutoWeightedRoundRobin => KERNEL_POLICY_AWRR,
-        PolicyKind::PowerOfTwo | PolicyKind::Maglev | PolicyKind::LeastLoaded => KERNEL_POLICY_NONE,
+        PolicyKind::Maglev => KERNEL_POLICY_NONE,
     }
 }
 
-/// `vip_info.load_metric` for `metric`, if userspace publishes its loads.
-pub fn kernel_load_metric(metric: LoadMetric) -> Option<u8> {
+/// `vip_info.load_metric` for `metric`.
+pub fn kernel_load_metric(metric: LoadMetric) -> u8 {
     match metric {
-        LoadMetric::ActiveConnections => Some(LOAD_METRIC_ACTIVE),
-        LoadMetric::Reported => Some(LOAD_METRIC_REPORTED),
-        LoadMetric::Packets | LoadMetric::Bytes => None,
+        LoadMetric::ActiveConnections => LOAD_METRIC_ACTIVE,
+        LoadMetric::Reported => LOAD_METRIC_REPORTED,
+        LoadMetric::Packets => LOAD_METRIC_PACKETS,
+        LoadMetric::Bytes => LOAD_METRIC_BYTES,
     }
 }
 
@@ -174,7 +177,7 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             },
             pool: [0; MAX_HASH_POOL],
             policy: kernel_policy(vip.policy, vip.pool.metric, pool.len()),
-            load_metric: kernel_load_metric(vip.pool.metric).unwrap_or(0),
+            load_metric: kernel_load_metric(vip.pool.metric),
             pad: [0; 2],
         };
         for (slot, id) in info.pool.iter_mut().zip(pool) {
@@ -750,7 +753,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     }
 
     #[test]
-    fn the_kernel_runs_rr_wrr_awrr_random_and_hash_for_pools_it_holds() {
+    fn the_kernel_runs_every_policy_but_maglev_for_pools_it_holds() {
         use PolicyKind::*;
         let active = LoadMetric::ActiveConnections;
         for (kind, expected) in [
@@ -759,8 +762,8 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             (Random, KERNEL_POLICY_RANDOM),
             (Hash, KERNEL_POLICY_HASH),
             (PowerOfTwo, KERNEL_POLICY_POW2),
+            (LeastLoaded, KERNEL_POLICY_LEAST_LOADED),
             (Maglev, KERNEL_POLICY_NONE),
-            (LeastLoaded, KERNEL_POLICY_NONE),
             (AutoWeightedRoundRobin, KERNEL_POLICY_AWRR),
         ] {
             assert_eq!(kernel_policy(kind, active, 3), expected, "{kind}");
@@ -776,18 +779,18 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 "{kind}"
             );
         }
-        // pow2 on rates needs loads userspace does not publish.
-        assert_eq!(
-            kernel_policy(PowerOfTwo, LoadMetric::Reported, 3),
-            KERNEL_POLICY_POW2
-        );
-        for metric in [LoadMetric::Packets, LoadMetric::Bytes] {
-            assert_eq!(kernel_policy(PowerOfTwo, metric, 3), KERNEL_POLICY_NONE);
-            // awrr's buckets come from the daemon's view, which has every metric.
-            assert_eq!(
-                kernel_policy(AutoWeightedRoundRobin, metric, 3),
-                KERNEL_POLICY_AWRR
-            );
+        // Every metric's loads are in each CPU's view; awrr's buckets come from the
+        // daemon's view, which has every metric too.
+        for (metric, expected) in [
+            (LoadMetric::ActiveConnections, LOAD_METRIC_ACTIVE),
+            (LoadMetric::Reported, LOAD_METRIC_REPORTED),
+            (LoadMetric::Packets, LOAD_METRIC_PACKETS),
+            (LoadMetric::Bytes, LOAD_METRIC_BYTES),
+        ] {
+            assert_eq!(kernel_load_metric(metric), expected, "{metric:?}");
+            for kind in [PowerOfTwo, LeastLoaded, AutoWeightedRoundRobin] {
+                assert_ne!(kernel_policy(kind, metric, 3), KERNEL_POLICY_NONE, "{kind}");
+            }
         }
     }
 

@@ -65,8 +65,11 @@ pub struct TrafficMoved {
     pub bytes: u64,
     /// Connections the kernel placed on the server (a SYN's pick).
     pub opened: u64,
-    /// Load counts the kernel released for the server (a retransmitted SYN's earlier pick).
+    /// Load counts the kernel released for the server (a retransmitted SYN's earlier pick,
+    /// a close, a count a SYN-ACK moved away).
     pub closed: u64,
+    /// Load counts a SYN-ACK moved to the server.
+    pub moved_in: u64,
 }
 
 /// What one packet did in the kernel.
@@ -154,6 +157,13 @@ impl KernelRun {
     /// earlier pick's count was released: `server_traffic.closed` moved by one.
     pub fn released_a_syn(&self) -> bool {
         self.counted().contains(&Counter::SynRetransmissions)
+    }
+
+    /// Whether the packet was a SYN-ACK that moved its retried SYN's count (the core's
+    /// `handshake_count_moved`): `closed` moved by one on the server that held it,
+    /// `moved_in` by one on the one that answered.
+    pub fn moved_a_count(&self) -> bool {
+        self.counted().contains(&Counter::HandshakeCountMoved)
     }
 
     /// Why it went up, or what steering did with a packet the fast path did not look at
@@ -402,6 +412,7 @@ impl Kernel {
                 bytes: after.bytes.wrapping_sub(before.bytes),
                 opened: after.opened.wrapping_sub(before.opened),
                 closed: after.closed.wrapping_sub(before.closed),
+                moved_in: after.moved_in.wrapping_sub(before.moved_in),
             })
             .collect();
         KernelRun {

@@ -29,7 +29,7 @@ use cheetah_core::config::{Forwarding, LbConfig, Mode};
 use cheetah_core::hash::FlowKey;
 use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
 use cheetah_core::policy::schedule::SCHEDULE_CAP;
-use cheetah_core::policy::{PolicyKind, ReportedLoad, WorkerLoads};
+use cheetah_core::policy::{LoadMetric, PolicyKind, ReportedLoad, WorkerLoads};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame};
 use cheetah_core::types::{Mac, ServerId};
@@ -145,7 +145,7 @@ const SYN_SETUPS: [Setup; 7] = [
         forwarding: Forwarding::L2,
         policy: PolicyKind::Hash,
     },
-    // Over the loads userspace publishes (all 0 here: the first drawn server wins).
+    // Over each CPU's load view (all 0 here: the first drawn server wins).
     Setup {
         label: "pow2",
         mode: Mode::Cheetah,
@@ -195,6 +195,42 @@ fn publish_awrr_cycle(program: &SteeringProgram, plane: &ControlPlane) -> anyhow
     view.merge(0);
     AwrrSchedules::new().publish(program, &snapshot, view.view())
 }
+
+/// The SYN rows of least loaded and of pow2 on a rate: each over its pool's metric, and
+/// the bench's pool (`--servers`) or one of the given size. Every CPU's load view is
+/// all 0, which costs what any other: every position is read either way.
+const LOAD_SYN_SETUPS: [(Setup, LoadMetric, Option<u16>); 3] = [
+    (
+        Setup {
+            label: "least-loaded",
+            mode: Mode::Cheetah,
+            forwarding: Forwarding::L2,
+            policy: PolicyKind::LeastLoaded,
+        },
+        LoadMetric::ActiveConnections,
+        None,
+    ),
+    (
+        Setup {
+            label: "least-loaded, 4 servers",
+            mode: Mode::Cheetah,
+            forwarding: Forwarding::L2,
+            policy: PolicyKind::LeastLoaded,
+        },
+        LoadMetric::ActiveConnections,
+        Some(4),
+    ),
+    (
+        Setup {
+            label: "pow2 packets",
+            mode: Mode::Cheetah,
+            forwarding: Forwarding::L2,
+            policy: PolicyKind::PowerOfTwo,
+        },
+        LoadMetric::Packets,
+        None,
+    ),
+];
 
 /// An LB configuration the rows of which share one loaded program and its maps.
 pub(super) struct Setup {
@@ -390,6 +426,19 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         eprintln!("{}", row_line(&row));
         rows.push(row);
     }
+    for (setup, metric, servers) in &LOAD_SYN_SETUPS {
+        let mut config = testkit::config(
+            setup.mode,
+            setup.forwarding,
+            setup.policy,
+            servers.unwrap_or(options.servers),
+        );
+        config.vips[0].load_metric = Some(*metric);
+        let bench = Bench::load_config(config, 0)?;
+        let row = bench.row(setup, Path::Syn, &ports, options.runs)?;
+        eprintln!("{}", row_line(&row));
+        rows.push(row);
+    }
     let katran = match &options.katran {
         Some(object) => {
             let bench = Bench::load(&SETUPS[0], options.servers, 0)?;
@@ -464,7 +513,11 @@ impl Bench {
     /// Loads bpf/xdp_bench.c with its flow maps sized for `flows` flows (xdp_flows.rs; 0
     /// when the bench cycles over no flows) and publishes `setup`'s tables into it.
     pub(super) fn load(setup: &Setup, servers: u16, flows: u32) -> anyhow::Result<Self> {
-        let mut config = bench_config(setup, servers);
+        Self::load_config(bench_config(setup, servers), flows)
+    }
+
+    /// [`Bench::load`] for `config` (one VIP, servers 1..=n, as `testkit::config` makes).
+    fn load_config(mut config: LbConfig, flows: u32) -> anyhow::Result<Self> {
         // Room for the flows the fallback curve fills in (xdp_flows.rs).
         config.fallback_table_capacity = config
             .fallback_table_capacity
@@ -488,10 +541,9 @@ impl Bench {
             interface(SERVER_INTERFACE, SERVER_INTERFACE_MAC, 0)?,
             interface(CLIENT_INTERFACE, CLIENT_INTERFACE_MAC, 1)?,
         ];
-        Self::publish(
+        Self::publish_config(
             SteeringProgram::from_object(object),
-            setup,
-            servers,
+            config,
             &interfaces,
             &[Ingress::ServerSide, Ingress::ClientSide],
         )
@@ -507,13 +559,24 @@ impl Bench {
         interfaces: &[Interface],
         sides: &[Ingress],
     ) -> anyhow::Result<Self> {
-        let config = bench_config(setup, servers);
+        Self::publish_config(program, bench_config(setup, servers), interfaces, sides)
+    }
+
+    /// [`Bench::publish`] for `config`.
+    fn publish_config(
+        program: SteeringProgram,
+        config: LbConfig,
+        interfaces: &[Interface],
+        sides: &[Ingress],
+    ) -> anyhow::Result<Self> {
         let words = program.kernel_words()?;
         let plane =
             ControlPlane::new_with_tables(&config, &SECRET, &|layout, _| words.tables(layout))
                 .map_err(anyhow::Error::msg)?;
-        let clocks: Vec<(ServerId, u32)> = (1..=servers)
-            .map(|id| (ServerId(id), u32::from(SERVER_MSB) << 16))
+        let clocks: Vec<(ServerId, u32)> = config
+            .servers
+            .iter()
+            .map(|server| (ServerId(server.id), u32::from(SERVER_MSB) << 16))
             .collect();
         plane.shared().msb.import(&clocks, 0);
         for interface in interfaces {
@@ -535,7 +598,7 @@ impl Bench {
                 fallback_sets: plane.shared().fallback.sets(),
             },
         )?;
-        if setup.policy == PolicyKind::AutoWeightedRoundRobin {
+        if config.vips[0].policy == PolicyKind::AutoWeightedRoundRobin {
             publish_awrr_cycle(&program, &plane)?;
         }
         // As `cheetah run` keeps it: every reply's next hop from the map, unless a row
