@@ -271,8 +271,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 			return hand_up(STAT_UP_NEW_CONNECTION);
 		first_id = vip->pool[first & (MAX_HASH_POOL - 1)];
 		second_id = vip->pool[second & (MAX_HASH_POOL - 1)];
-		first_load = view_load(first_id, vip->load_metric, &missing);
-		second_load = view_load(second_id, vip->load_metric, &missing);
+		first_load = view_load(&first_id, vip->load_metric, &missing);
+		second_load = view_load(&second_id, vip->load_metric, &missing);
 		if (missing)
 			return hand_up(STAT_UP_OTHER);
 		// On equal loads the first drawn wins.

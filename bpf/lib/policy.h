@@ -159,10 +159,13 @@ static __always_inline int pow2_draw(struct policy_rng *rng, __u32 pool_len, __u
 // load.rs `LoadView::load` of server `id` under `metric` in this CPU's view (struct
 // server_load), as an integer that orders as the core's f64 does: for active connections
 // the published base plus this CPU's own counts since (server_traffic: opened + moved_in -
-// closed), at least 0, as `active.max(0) as f64`. Sets *missing if a map had no entry for `id`.
-static __always_inline __u64 view_load(__u32 id, __u32 metric, int *missing)
+// closed), at least 0, as `active.max(0) as f64`. Sets *missing if a map had no entry for
+// `*id`. By pointer: least-loaded's scan keeps the key in its context, on the caller's
+// stack, so that the bpf_loop callback needs no stack of its own (the program's frame and
+// the callback's share the 512 bytes).
+static __always_inline __u64 view_load(const __u32 *id, __u32 metric, int *missing)
 {
-	const struct server_load *load = bpf_map_lookup_elem(&server_loads, &id);
+	const struct server_load *load = bpf_map_lookup_elem(&server_loads, id);
 	const struct server_traffic *own;
 	__s64 active;
 
@@ -178,7 +181,7 @@ static __always_inline __u64 view_load(__u32 id, __u32 metric, int *missing)
 	case LOAD_METRIC_BYTES:
 		return load->byte_rate;
 	}
-	own = bpf_map_lookup_elem(&server_traffic, &id);
+	own = bpf_map_lookup_elem(&server_traffic, id);
 	if (!own) {
 		*missing = 1;
 		return 0;
@@ -192,6 +195,7 @@ static __always_inline __u64 view_load(__u32 id, __u32 metric, int *missing)
 struct least_scan {
 	const struct vip_info *vip;
 	__u64 best_load;
+	__u32 id; // the key of this position's lookups
 	__u32 metric;
 	__u32 start;
 	__u32 pool_len;
@@ -207,12 +211,13 @@ static long least_scan_position(__u32 i, void *context)
 
 	if (position >= scan->pool_len)
 		position -= scan->pool_len;
-	load = view_load(scan->vip->pool[position & (MAX_HASH_POOL - 1)], scan->metric,
-			 &scan->missing);
+	scan->id = scan->vip->pool[position & (MAX_HASH_POOL - 1)];
+	load = view_load(&scan->id, scan->metric, &scan->missing);
 	if (scan->missing)
 		return 1;
-	// Strictly less: the first minimum from the start wins.
-	if (i == 0 || load < scan->best_load) {
+	// Strictly less: the first minimum from the start wins (best_load starts above every
+	// load, so the start's is taken; testing `i == 0` instead would keep `i` on the stack).
+	if (load < scan->best_load) {
 		scan->best = position;
 		scan->best_load = load;
 	}
@@ -231,7 +236,10 @@ static __always_inline int least_loaded_decide(const struct policy_state *state,
 		.metric = vip->load_metric,
 		.start = state->rr_position % pool_len,
 		.pool_len = pool_len,
+		.best_load = ~0ull,
 	};
+
+	scan.best = scan.start;
 
 	bpf_loop(pool_len, least_scan_position, &scan, 0);
 	if (scan.missing)

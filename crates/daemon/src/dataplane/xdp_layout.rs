@@ -316,14 +316,13 @@ pub const STAT_FAST_FALLBACK_MISS: u32 = 37;
 /// (evicting a flow, or not).
 pub const STAT_FAST_SERVER_FALLBACK_LEARNED: u32 = 38;
 pub const STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED: u32 = 39;
-/// Replies whose next hop this CPU's `next_hop_cache` did not hold for the current
-/// publication: the kernel read `next_hops` (and maybe the FIB) instead.
-pub const STAT_NEXT_HOP_CACHE_MISS: u32 = 40;
-
 /// A SYN-ACK that answered a retried SYN first and moved its load count to its server.
 pub const STAT_FAST_SERVER_COOKIE_MOVED: u32 = 40;
+/// Replies whose next hop this CPU's `next_hop_cache` did not hold for the current
+/// publication: the kernel read `next_hops` (and maybe the FIB) instead.
+pub const STAT_NEXT_HOP_CACHE_MISS: u32 = 41;
 
-pub const STAT_COUNT: u32 = 41;
+pub const STAT_COUNT: u32 = 42;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;
