@@ -274,8 +274,8 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	STAGE_DONE(5);
 
 	csum_replace_high_half((__u16 *)&p.ts->tsval, &p.tcp->check, cookie);
-	__builtin_memcpy(p.eth->h_dest, hop.hop->dmac, ETH_ALEN);
-	__builtin_memcpy(p.eth->h_source, hop.hop->smac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_dest, hop.hop.dmac, ETH_ALEN);
+	__builtin_memcpy(p.eth->h_source, hop.hop.smac, ETH_ALEN);
 	STAGE_DONE(6);
 
 	add_server_traffic(id, p.ip, 0);

@@ -618,11 +618,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		if (p->tcp->source != vip_port)
 			csum_set_tcp_port(&p->tcp->check, &p->tcp->source, vip_port);
 	}
-	__builtin_memcpy(p->eth->h_dest, hop.hop->dmac, ETH_ALEN);
-	__builtin_memcpy(p->eth->h_source, hop.hop->smac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_dest, hop.hop.dmac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_source, hop.hop.smac, ETH_ALEN);
 	add_server_traffic(id, p->ip, first_close);
 	count(stat);
-	return send_out(ctx, hop.hop->ifindex);
+	return send_out(ctx, hop.hop.ifindex);
 }
 
 #endif

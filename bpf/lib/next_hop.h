@@ -26,10 +26,7 @@
 // A reply's next hop as found before the publish check, and the cache slot it is to be
 // remembered in once the packet commits (next_hop_remember).
 struct next_hop_found {
-	// The answer: this CPU's cache slot's on a hit (no copy; only this CPU's packets
-	// write it, and this one does not before it is done with it), else `copy`.
-	const struct next_hop *hop;
-	struct next_hop copy;
+	struct next_hop hop;
 	struct next_hop_cached *slot; // NULL: nothing to remember (a cache hit, or the FIB's answer)
 };
 
@@ -58,7 +55,7 @@ static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const stru
 
 	found->slot = NULL;
 	if (cached && cached->addr == ip->daddr && cached->seq == seq && len <= cached->hop.mtu) {
-		found->hop = &cached->hop;
+		found->hop = cached->hop;
 		return 1;
 	}
 	count(STAT_NEXT_HOP_CACHE_MISS);
@@ -67,8 +64,7 @@ static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const stru
 		known = bpf_map_lookup_elem(&next_hop_hosts, &ip->daddr);
 	// Longer than the route's MTU: the FIB's answer is FRAG_NEEDED, which it must give.
 	if (known && known->kind == NEXT_HOP_KNOWN && len <= known->mtu) {
-		found->copy = *known;
-		found->hop = &found->copy;
+		found->hop = *known;
 		found->slot = cached;
 		return 1;
 	}
@@ -76,10 +72,9 @@ static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const stru
 	// The FIB's answers are not remembered: no publication tells when they change.
 	if (fib_toward_client(ctx, ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
-	found->copy.ifindex = fib.ifindex;
-	__builtin_memcpy(found->copy.dmac, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(found->copy.smac, fib.smac, ETH_ALEN);
-	found->hop = &found->copy;
+	found->hop.ifindex = fib.ifindex;
+	__builtin_memcpy(found->hop.dmac, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(found->hop.smac, fib.smac, ETH_ALEN);
 	return 1;
 }
 
@@ -94,7 +89,7 @@ static __always_inline void next_hop_remember(const struct next_hop_found *found
 	if (slot) {
 		slot->addr = addr;
 		slot->seq = seq;
-		slot->hop = found->copy;
+		slot->hop = found->hop;
 	}
 }
 
