@@ -492,10 +492,14 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 
 			if (flags & (TCP_FIN | TCP_RST))
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
+			// A server's SYN without ACK (SegmentKind::Syn, not SynAck) answers no SYN
+			// and teaches nothing: left to userspace (the differential fuzzer made one
+			// that the kernel took for an answer moving a load count).
+			if (!(flags & TCP_ACK))
+				return hand_up(STAT_UP_LAYOUT);
 			tsval = (__be32 *)((__u8 *)p->ts + at + 2);
-			// Without a timestamp only a SYN-ACK (SegmentKind::SynAck) teaches the
-			// fallback table; a server's SYN without ACK is left to userspace.
-			if (!at && (!(flags & TCP_ACK) || !options_without_timestamp(ctx, p)))
+			// Without a timestamp only a SYN-ACK teaches the fallback table.
+			if (!at && !options_without_timestamp(ctx, p))
 				return hand_up(STAT_UP_LAYOUT);
 			if (at && (void *)(tsval + 1) > (void *)(long)ctx->data_end)
 				return hand_up(STAT_UP_LAYOUT);
