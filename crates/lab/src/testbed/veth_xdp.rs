@@ -31,8 +31,11 @@ const DROP_COUNTER_SUFFIXES: [&str; 3] = ["_xdp_tx_errors", "_xdp_xmit_errors", 
 const SENT_COUNTER_SUFFIXES: [&str; 3] = ["_xdp_tx", "_xdp_xmit", "_xdp_redirect"];
 
 /// More lost than this share of a port's XDP transmits is no congestion: the peer cannot
-/// receive them.
-pub const MAX_DROP_PERCENT: u64 = 1;
+/// receive them. A peer without NAPI loses all or nearly all (75 of 80 measured);
+/// congestion loses a few percent at most: the AF_XDP smoke test's `kill -9` under bulk
+/// downloads, every frame redirected to a copy-mode socket whose ring the workers drain,
+/// lost 1.01% (52,056 of 5,143,770) in one CI run, which a 1% bound failed.
+pub const MAX_DROP_PERCENT: u64 = 10;
 
 /// Turns GRO on at the far end of every LB port (the router's, the switch's and client
 /// 0's side), so that frames the LB's XDP program transmits or redirects are received.
@@ -163,7 +166,7 @@ mod tests {
     }
 
     #[test]
-    fn losing_more_than_a_percent_is_a_failure_not_congestion() {
+    fn losing_more_than_ten_percent_is_a_failure_not_congestion() {
         let port = |dropped, sent| XdpDrops {
             namespace: "t1-lb".into(),
             interface: "lb-c".into(),
@@ -172,8 +175,13 @@ mod tests {
         };
         assert!(port(222, 3_000_000).to_string().contains("222 of 3000222"));
         assert!(!port(222, 3_000_000).is_failure(), "congestion at the ring");
-        assert!(!port(1, 99).is_failure());
-        assert!(port(2, 98).is_failure());
+        assert!(
+            !port(52_056, 5_091_714).is_failure(),
+            "AF_XDP ring under bulk downloads"
+        );
+        assert!(!port(10, 90).is_failure());
+        assert!(port(11, 89).is_failure());
+        assert!(port(75, 5).is_failure(), "GRO off at the peers");
         assert!(
             port(50, 0).is_failure(),
             "no NAPI at the peer: nothing gets through"
