@@ -46,22 +46,12 @@ fn scenario(prefix: &str) {
         ],
     );
     std::thread::sleep(Duration::from_secs(5));
-    let (dip, mac) = testbed.server(3);
-    let vip = testbed.vip();
-    lb.ctl_ok(&[
-        "servers", "add", "--id", "3", "--dip", &dip, "--mac", &mac, "--vip", &vip,
-    ]);
+    let add: Vec<String> = testbed.server_add_args(3);
+    lb.ctl_ok(&add.iter().map(String::as_str).collect::<Vec<_>>());
     let report = load.finish();
     let metrics = lb.metrics();
 
-    let kernel = |event: &str| {
-        let event = format!("event=\"{event}\"");
-        metric_sum(
-            &metrics,
-            "cheetah_events_total",
-            &["worker=\"xdp\"", &event],
-        )
-    };
+    let kernel = |event: &str| kernel_event(&metrics, event);
     let handed_up = metric_sum(&metrics, "cheetah_xdp_to_userspace_total", &[]);
     let new_connections_up = metric_sum(
         &metrics,

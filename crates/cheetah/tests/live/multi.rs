@@ -143,11 +143,8 @@ fn server_added(prefix: &str) {
     let config = testbed.config_with_pool(&[1, 2]);
     let instances = Instances::start(&testbed, &config);
     instances.join_all();
-    let (dip, mac) = testbed.server(3);
-    let vip = testbed.vip();
-    instances.ctl_all(&[
-        "servers", "add", "--id", "3", "--dip", &dip, "--mac", &mac, "--vip", &vip,
-    ]);
+    let add: Vec<String> = testbed.server_add_args(3);
+    instances.ctl_all(&add.iter().map(String::as_str).collect::<Vec<_>>());
     // Until s3 has served its first few: however soon the instances start choosing it
     // (they may wait for its first health probe), each of them must be answered at once.
     let mut by_s3 = 0;

@@ -64,14 +64,7 @@ fn scenario(forwarding: &str, prefix: &str, datapath: &str) {
 /// forwarded none.
 fn the_kernel_forwarded_only_on_xdp(lb: &Lb, datapath: &str) {
     let metrics = lb.metrics();
-    let kernel = |event: &str| {
-        let event = format!("event=\"{event}\"");
-        metric_sum(
-            &metrics,
-            "cheetah_events_total",
-            &["worker=\"xdp\"", &event],
-        )
-    };
+    let kernel = |event: &str| kernel_event(&metrics, event);
     let up = metric_sum(&metrics, "cheetah_xdp_to_userspace_total", &[]);
     let next_hop_misses = metric_sum(&metrics, "cheetah_xdp_next_hop_misses_total", &[]);
     let up_next_hop = metric_sum(
@@ -210,11 +203,8 @@ fn add_and_drain_break_nothing(testbed: &Testbed, lb: &Lb) {
         ],
     );
     std::thread::sleep(Duration::from_secs(6));
-    let (dip, mac) = testbed.server(3);
-    let vip = testbed.vip();
-    lb.ctl_ok(&[
-        "servers", "add", "--id", "3", "--dip", &dip, "--mac", &mac, "--vip", &vip,
-    ]);
+    let add: Vec<String> = testbed.server_add_args(3);
+    lb.ctl_ok(&add.iter().map(String::as_str).collect::<Vec<_>>());
     std::thread::sleep(Duration::from_secs(6));
     lb.ctl_ok(&["servers", "drain", "1"]);
     let report = load.finish();

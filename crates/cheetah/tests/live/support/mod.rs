@@ -126,6 +126,25 @@ impl Testbed {
         path
     }
 
+    /// The `cheetah ctl` arguments that add testbed server `id` to the VIP.
+    pub fn server_add_args(&self, id: u16) -> Vec<String> {
+        let (dip, mac) = self.server(id);
+        [
+            "servers",
+            "add",
+            "--id",
+            &id.to_string(),
+            "--dip",
+            &dip,
+            "--mac",
+            &mac,
+            "--vip",
+            &self.vip(),
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
     /// The VIP and its port.
     pub fn vip_addr(&self) -> std::net::SocketAddrV4 {
         self.vip()
@@ -393,6 +412,13 @@ impl Drop for Lb {
 }
 
 /// Sum of the samples of `metric` whose labels contain every `label="value"` given.
+/// What the XDP program counted as core event `event`: `cheetah_events_total` of worker
+/// `xdp` in a `/metrics` text.
+pub fn kernel_event(metrics: &str, event: &str) -> f64 {
+    let event = format!("event=\"{event}\"");
+    metric_sum(metrics, "cheetah_events_total", &["worker=\"xdp\"", &event])
+}
+
 pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
     scrape::samples(text)
         .filter(|s| s.name == metric && labels.iter().all(|l| s.labels.contains(l)))
