@@ -325,9 +325,58 @@ pub(super) enum Path {
 }
 
 /// Per-run durations of one row, in the kernel's ns.
-struct Timings {
+pub(super) struct Timings {
     lb: Vec<u32>,
     trivial: Vec<u32>,
+}
+
+impl Timings {
+    /// The subject's, the baseline's and their per-run difference's spreads.
+    pub(super) fn spreads(&self) -> (Spread, Spread, Spread) {
+        let diff = self
+            .lb
+            .iter()
+            .zip(&self.trivial)
+            .map(|(l, t)| f64::from(*l) - f64::from(*t))
+            .collect();
+        (
+            spread(self.lb.iter().map(|&v| f64::from(v)).collect()),
+            spread(self.trivial.iter().map(|&v| f64::from(v)).collect()),
+            spread(diff),
+        )
+    }
+}
+
+/// Runs `subject` and `baseline` alternately on `frame` (after untimed warm-up runs),
+/// `before_run` before each pair: their durations, and the first action of `subject` that
+/// was not `expected`.
+pub(super) fn time_against(
+    subject: &libbpf_rs::ProgramMut<'_>,
+    baseline: &libbpf_rs::ProgramMut<'_>,
+    frame: &[u8],
+    ingress: u32,
+    runs: u32,
+    expected: u32,
+    before_run: &dyn Fn() -> anyhow::Result<()>,
+) -> anyhow::Result<(Timings, Option<u32>)> {
+    let mut timings = Timings {
+        lb: Vec::with_capacity(runs as usize),
+        trivial: Vec::with_capacity(runs as usize),
+    };
+    let mut wrong_action = None;
+    for n in 0..WARM_UP_RUNS + runs {
+        before_run()?;
+        let (action, subject_ns) = test_run(subject, frame, ingress)?;
+        let (_, baseline_ns) = test_run(baseline, frame, ingress)?;
+        if action != expected {
+            wrong_action.get_or_insert(action);
+        }
+        if n >= WARM_UP_RUNS {
+            timings.lb.push(subject_ns);
+            timings.trivial.push(baseline_ns);
+        }
+    }
+    Ok((timings, wrong_action))
 }
 
 pub(super) struct Spread {
@@ -1017,17 +1066,7 @@ impl Bench {
                 "void: STAT_REPLY_BY_STEERING moved {by_steering} times in {all_runs} runs"
             ))
         } else {
-            let diff = timings
-                .lb
-                .iter()
-                .zip(&timings.trivial)
-                .map(|(l, t)| f64::from(*l) - f64::from(*t))
-                .collect();
-            Ok((
-                spread(timings.lb.iter().map(|&v| f64::from(v)).collect()),
-                spread(timings.trivial.iter().map(|&v| f64::from(v)).collect()),
-                spread(diff),
-            ))
+            Ok(timings.spreads())
         };
         Ok(Row {
             label,
@@ -1089,24 +1128,19 @@ impl Bench {
         self.write_frame(frame)?;
         let subject = program(self.program.object(), subject)?;
         let trivial = program(self.program.object(), "bench_trivial")?;
-        let mut timings = Timings {
-            lb: Vec::with_capacity(runs as usize),
-            trivial: Vec::with_capacity(runs as usize),
-        };
-        let mut wrong_action = None;
-        for n in 0..WARM_UP_RUNS + runs {
+        let before_run = || {
             before_run();
-            let (action, subject_ns) = test_run(&subject, frame, ingress)?;
-            let (_, trivial_ns) = test_run(&trivial, frame, ingress)?;
-            if action != expected {
-                wrong_action.get_or_insert(action);
-            }
-            if n >= WARM_UP_RUNS {
-                timings.lb.push(subject_ns);
-                timings.trivial.push(trivial_ns);
-            }
-        }
-        Ok((timings, wrong_action))
+            Ok(())
+        };
+        time_against(
+            &subject,
+            &trivial,
+            frame,
+            ingress,
+            runs,
+            expected,
+            &before_run,
+        )
     }
 }
 

@@ -26,7 +26,7 @@ use cheetah_core::wire::tcp::flags;
 use cheetah_daemon::dataplane::xdp_layout::STAT_FAST_CLIENT_COOKIE;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, Object, ObjectBuilder};
 
-use super::xdp::{self, program, spread, test_run, Bench, Path, Ports, Spread, WARM_UP_RUNS};
+use super::xdp::{self, program, Bench, Path, Ports, Spread, Timings, WARM_UP_RUNS};
 
 /// Katran's `RING_SIZE` (balancer_consts.h): slots of one VIP's consistent-hash ring.
 const RING_SIZE: u32 = 65_537;
@@ -231,25 +231,18 @@ pub fn rows(
 
     let time = |subject: &libbpf_rs::ProgramMut<'_>,
                 frame: &[u8],
-                before_run: &dyn Fn() -> anyhow::Result<()>|
-     -> anyhow::Result<(Vec<u32>, Vec<u32>, Option<u32>)> {
-        let (mut subject_ns, mut bare_ns) = (Vec::new(), Vec::new());
-        let mut wrong = None;
-        for n in 0..WARM_UP_RUNS + runs {
-            before_run()?;
-            let (action, ns) = test_run(subject, frame, ingress)?;
-            let (_, bare_run) = test_run(&bare, frame, ingress)?;
-            if action != xdp::XDP_TX {
-                wrong.get_or_insert(action);
-            }
-            if n >= WARM_UP_RUNS {
-                subject_ns.push(ns);
-                bare_ns.push(bare_run);
-            }
-        }
-        Ok((subject_ns, bare_ns, wrong))
+                before_run: &dyn Fn() -> anyhow::Result<()>| {
+        xdp::time_against(
+            subject,
+            &bare,
+            frame,
+            ingress,
+            runs,
+            xdp::XDP_TX,
+            before_run,
+        )
     };
-    let result = |(subject, bare, wrong): (Vec<u32>, Vec<u32>, Option<u32>),
+    let result = |(timings, wrong): (Timings, Option<u32>),
                   void: Option<String>|
      -> Result<(Spread, Spread, Spread), String> {
         if let Some(action) = wrong {
@@ -258,16 +251,7 @@ pub fn rows(
         if let Some(void) = void {
             return Err(void);
         }
-        let net = subject
-            .iter()
-            .zip(&bare)
-            .map(|(s, b)| f64::from(*s) - f64::from(*b))
-            .collect();
-        Ok((
-            spread(subject.iter().map(|&v| f64::from(v)).collect()),
-            spread(bare.iter().map(|&v| f64::from(v)).collect()),
-            spread(net),
-        ))
+        Ok(timings.spreads())
     };
     let nothing = || Ok(());
 
