@@ -58,6 +58,8 @@ pub struct KatranRow {
 /// Katran's program with its maps filled for one VIP over `reals` reals.
 struct Katran {
     object: Object,
+    /// Possible CPUs: the per-CPU maps' value count.
+    cpus: usize,
 }
 
 impl Katran {
@@ -67,7 +69,10 @@ impl Katran {
             .with_context(|| format!("cannot open Katran's object {}", path.display()))?
             .load()
             .with_context(|| format!("the kernel refused Katran's object {}", path.display()))?;
-        let katran = Katran { object };
+        let katran = Katran {
+            object,
+            cpus: libbpf_rs::num_possible_cpus()?,
+        };
         katran.check_sizes()?;
         katran.fill(reals)?;
         Ok(katran)
@@ -136,7 +141,7 @@ impl Katran {
             sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_create_opts>() as _,
             ..Default::default()
         };
-        for cpu in 0..libbpf_rs::num_possible_cpus()? as u32 {
+        for cpu in 0..self.cpus as u32 {
             let lru = MapHandle::create(
                 MapType::LruHash,
                 Some(format!("katran_lru_{cpu}")),
@@ -188,8 +193,7 @@ impl Katran {
     /// Empties the new-connection rate counter, so that no SYN of the bench counts as a
     /// flood (over MAX_CONN_RATE a second, Katran skips the LRU insert).
     fn forget_connection_rate(&self) -> anyhow::Result<()> {
-        let cpus = libbpf_rs::num_possible_cpus()?;
-        let zero = vec![vec![0u8; 16]; cpus];
+        let zero = vec![vec![0u8; 16]; self.cpus];
         self.map("stats")?
             .update_percpu(
                 &(MAX_VIPS + NEW_CONN_RATE_CNTR).to_ne_bytes(),
