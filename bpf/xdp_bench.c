@@ -156,13 +156,18 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 	struct lb_config *config;
 	struct plain_tcp p;
 	__u16 unmasked = 0, restored = 0;
-	__u32 zero = 0, id = 0;
+	__u32 zero = 0, id = 0, copy;
 	__u64 hash = 0;
 
 	if (!restore_frame(ctx))
 		return XDP_ABORTED;
 
+	// As lb_process: the word, then the copy's entry (lib/publish.h).
 	config = bpf_map_lookup_elem(&lb_config, &zero);
+	if (!config)
+		return XDP_ABORTED;
+	copy = publish_copy(publish_begin(config));
+	config = bpf_map_lookup_elem(&lb_config, &copy);
 	if (!config || !(config->flags & LB_FAST_PATH) || config->mode != LB_MODE_CHEETAH)
 		return XDP_ABORTED;
 	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
@@ -171,7 +176,7 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 
 	if (!may_be_vip_addr(config, p.ip->daddr) || !established_with_timestamps(&p))
 		return XDP_ABORTED;
-	slot = vip_slot_at(p.ip->daddr, p.tcp->dest);
+	slot = vip_slot_at(copy, p.ip->daddr, p.tcp->dest);
 	if (!slot)
 		return XDP_ABORTED;
 	STAGE_DONE(2);
@@ -185,7 +190,7 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 	SINK(unmasked);
 	STAGE_DONE(4);
 
-	server = bpf_map_lookup_elem(&servers, &id);
+	server = server_at(copy, id);
 	if (!server || !(server->flags & SERVER_FORWARDS))
 		return XDP_ABORTED;
 	if (!cookie_restore(&msb_restores, unmasked, &restored))
@@ -225,14 +230,20 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	struct lb_config *config;
 	struct next_hop_found hop;
 	struct plain_tcp p;
-	__u32 zero = 0, id = 0, seq;
+	__u32 zero = 0, id = 0, seq, copy;
 	__u16 msb, cookie;
 	__u64 hash;
 
 	if (!restore_frame(ctx))
 		return XDP_ABORTED;
 
+	// As lb_process: the word, then the copy's entry (lib/publish.h).
 	config = bpf_map_lookup_elem(&lb_config, &zero);
+	if (!config)
+		return XDP_ABORTED;
+	seq = publish_begin(config);
+	copy = publish_copy(seq);
+	config = bpf_map_lookup_elem(&lb_config, &copy);
 	if (!config || !(config->flags & LB_FAST_PATH) || config->mode != LB_MODE_CHEETAH ||
 	    config->forwarding != LB_FORWARDING_L2)
 		return XDP_ABORTED;
@@ -242,7 +253,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 		return XDP_ABORTED;
 	STAGE_DONE(1);
 
-	if (!on_server_side(ctx->ingress_ifindex))
+	if (!on_server_side(copy, ctx->ingress_ifindex))
 		return XDP_ABORTED;
 	sender = reply_lookup(config, &p);
 	if (!sender)
@@ -267,8 +278,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	SINK(cookie);
 	STAGE_DONE(4);
 
-	seq = publish_begin(config);
-	if (!next_hop_toward_client(ctx, p.ip, seq, &hop))
+	if (!next_hop_toward_client(ctx, p.ip, copy, seq, &hop))
 		return XDP_ABORTED;
 	next_hop_remember(&hop, p.ip->daddr, seq);
 	STAGE_DONE(5);
@@ -472,11 +482,15 @@ static __always_inline int katran_lru_client(struct xdp_md *ctx)
 	struct vip_key key = {};
 	struct vip_info *vip;
 	struct plain_tcp p;
-	__u32 zero = 0, id, *found;
+	__u32 zero = 0, id, *found, copy;
 
-	if (steer_owner(ctx, &backend) != META_TO_VIP)
-		return XDP_ABORTED;
 	config = bpf_map_lookup_elem(&lb_config, &zero);
+	if (!config)
+		return XDP_ABORTED;
+	copy = publish_copy(publish_begin(config));
+	if (steer_owner(ctx, copy, &backend) != META_TO_VIP)
+		return XDP_ABORTED;
+	config = bpf_map_lookup_elem(&lb_config, &copy);
 	if (!config || !(config->flags & LB_FAST_PATH))
 		return XDP_ABORTED;
 	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
@@ -484,6 +498,7 @@ static __always_inline int katran_lru_client(struct xdp_md *ctx)
 	key.addr = p.ip->daddr;
 	key.port = p.tcp->dest;
 	key.protocol = IPPROTO_TCP;
+	key.copy = copy;
 	vip = bpf_map_lookup_elem(&vips, &key);
 	if (!vip)
 		return XDP_ABORTED;
@@ -496,7 +511,7 @@ static __always_inline int katran_lru_client(struct xdp_md *ctx)
 	if (!found)
 		return XDP_ABORTED;
 	id = *found;
-	server = bpf_map_lookup_elem(&servers, &id);
+	server = server_at(copy, id);
 	if (!server || !(server->flags & SERVER_EGRESS))
 		return XDP_ABORTED;
 	toward_server_of(&to, config, vip, server, id);
@@ -524,7 +539,8 @@ struct {
 SEC("xdp")
 int bench_next_hop_trie(struct xdp_md *ctx)
 {
-	struct next_hop_key key = { .prefixlen = 32 };
+	// Copy 0: a publication leaves both copies equal (lib/publish.h).
+	struct next_hop_key key = { .prefixlen = 64 };
 	struct next_hop *hop;
 	struct iphdr *ip;
 

@@ -16,7 +16,10 @@
 // any key or value below changes, or what a map's words mean does, so that `cheetah run`
 // starts fresh maps instead of reading an earlier build's pinned ones half-compatibly. A
 // change of a map's type, key or value size, entries or flags alone is caught anyway.
-#define CHEETAH_PIN_LAYOUT 2
+#define CHEETAH_PIN_LAYOUT 3
+
+// Copies of every published table (bpf/lib/publish.h): the latch's two.
+#define PUBLISH_COPIES 2
 
 // The xsks map has MAX_QUEUES keys per interface slot, and interface_slots MAX_INTERFACES
 // entries.
@@ -145,7 +148,7 @@ enum xdp_stat {
 struct backend_key {
 	__u32 addr; // network byte order
 	__u16 port; // network byte order
-	__u16 pad;
+	__u16 copy; // of the published tables (publish.h)
 };
 
 // Value of the backends map: which server and VIP a NAT backend (DIP, port) is.
@@ -175,13 +178,13 @@ struct lb_config {
 	__u8 mode;
 	__u8 forwarding;
 	__u8 id_bits; // 16 - the cookie layout's epoch bits
-	__u8 pad;
+	__u8 copy;    // which entry of lb_config this is: the copy of the tables it goes with
 	__u16 id_mask; // (1 << id_bits) - 1
 	__u16 pad2;
 	__u32 generation; // the tables snapshot's generation these maps hold
-	// The publisher's seqlock (bpf/lib/publish.h): odd while any map userspace publishes
-	// into is being written, one more when done. Written only by userspace, through the
-	// map's mmap, with atomic stores.
+	// The publisher's latch (bpf/lib/publish.h), in entry 0 only: its parity names the
+	// copy of the published tables packets read; one more at every publication's flip.
+	// Written only by userspace, through the map's mmap, with atomic stores.
 	__u32 publish_seq;
 	// The fallback table's sets - 1 (the fallback map holds fallback_mask + 1 sets).
 	__u32 fallback_mask;
@@ -205,7 +208,13 @@ struct vip_key {
 	__u32 addr; // network byte order
 	__u16 port; // network byte order
 	__u8 protocol;
-	__u8 pad;
+	__u8 copy; // of the published tables (publish.h)
+};
+
+// Key of the vip_addrs map: a VIP address and the copy of the tables (publish.h).
+struct vip_addr_key {
+	__u32 addr; // network byte order
+	__u32 copy;
 };
 
 // Value of the vips map (by address and port) and of vips_by_index (by index).
@@ -344,7 +353,7 @@ struct server_info {
 // Key of the server_macs map (l2 replies): a server's MAC; value: its id (__u32).
 struct mac_key {
 	__u8 mac[6];
-	__u16 pad;
+	__u16 copy; // of the published tables (publish.h)
 };
 
 // What identifies a server's reply before any other lookup (a reply_slot's key).
@@ -454,10 +463,19 @@ struct maglev_chunk {
 	__u16 server[MAGLEV_CHUNK_SLOTS];
 };
 
-// Key of the next_hops LPM trie: an IPv4 prefix (struct bpf_lpm_trie_key's layout).
+// Key of the next_hops LPM trie: an IPv4 prefix in one copy of the tables (publish.h),
+// struct bpf_lpm_trie_key's layout: the copy's 32 bits come first, so `prefixlen` is 32
+// more than the prefix's length.
 struct next_hop_key {
 	__u32 prefixlen;
+	__u32 copy;
 	__u32 addr; // network byte order
+};
+
+// Key of next_hop_hosts: a destination address in one copy of the tables.
+struct next_hop_host_key {
+	__u32 addr; // network byte order
+	__u32 copy;
 };
 
 // Value of next_hops (and of next_hop_hosts): what bpf_fib_lookup would answer for every

@@ -56,7 +56,7 @@ static __always_inline int fallback_syn(struct xdp_md *ctx, const struct lb_conf
 	// Decide: every read, no write.
 	if (!maglev_lookup(config, vip->index, hash, &id))
 		return hand_up(STAT_UP_OTHER);
-	server = bpf_map_lookup_elem(&servers, &id);
+	server = server_at(config->copy, id);
 	if (!server || !(server->flags & SERVER_EGRESS))
 		return hand_up(STAT_UP_NEXT_HOP);
 	words = bpf_map_lookup_elem(&handshakes, &zero);
@@ -65,7 +65,7 @@ static __always_inline int fallback_syn(struct xdp_md *ctx, const struct lb_conf
 		return hand_up(STAT_UP_OTHER);
 	toward_server_of(&to, config, vip, server, id);
 	now = core_now(config);
-	if (!publish_unchanged(config, seq))
+	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	// Commit: remembered, counted and booked, then the bytes.
 	evicted = fallback_insert(set, fallback_word(hash, id, now)) == FALLBACK_EVICTED;
@@ -100,11 +100,11 @@ static __always_inline int fallback_miss(struct xdp_md *ctx, const struct lb_con
 
 	if (!maglev_lookup(config, vip->index, hash, &id))
 		return hand_up(STAT_UP_FALLBACK_MISS);
-	server = bpf_map_lookup_elem(&servers, &id);
+	server = server_at(config->copy, id);
 	if (!server || !(server->flags & SERVER_EGRESS))
 		return hand_up(STAT_UP_NEXT_HOP);
 	toward_server_of(&to, config, vip, server, id);
-	if (!publish_unchanged(config, seq))
+	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	return forward_to_server(ctx, p, &to, STAT_FAST_FALLBACK_MISS);
 }
@@ -134,7 +134,7 @@ static __always_inline int client_fallback(struct xdp_md *ctx, const struct lb_c
 	if (!fallback_find(config, hash, &hit))
 		return fallback_miss(ctx, config, seq, p, vip, hash);
 	id = fallback_server(hit.word);
-	server = bpf_map_lookup_elem(&servers, &id);
+	server = server_at(config->copy, id);
 	// A removed server: the core drops the segment and forgets the flow.
 	if (!server || !(server->flags & SERVER_FORWARDS))
 		return hand_up(STAT_UP_COOKIE);
@@ -145,7 +145,7 @@ static __always_inline int client_fallback(struct xdp_md *ctx, const struct lb_c
 	// 1.07 s): bpf_ktime_get_ns cost this path about 29 ns a packet here
 	// (docs/benchmarks.md), the coarse read next to nothing.
 	now = bpf_ktime_get_coarse_ns() - config->clock_base_ns;
-	if (!publish_unchanged(config, seq))
+	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	fallback_touch(&hit, now);
 	return forward_to_server(ctx, p, &to, STAT_FAST_CLIENT_FALLBACK);

@@ -97,13 +97,22 @@ static __always_inline __u64 core_now(const struct lb_config *config)
 	return bpf_ktime_get_ns() - config->clock_base_ns;
 }
 
-// Whether replies are taken from the interface `ifindex` (server_side, maps.h).
-static __always_inline int on_server_side(__u32 ifindex)
+// Whether replies are taken from the interface `ifindex` (server_side, maps.h), in the
+// tables' copy `copy`.
+static __always_inline int on_server_side(__u32 copy, __u32 ifindex)
 {
-	__u32 slot = ifindex & (SERVER_SIDE_SLOTS - 1);
+	__u32 slot = latched_index(copy, ifindex & (SERVER_SIDE_SLOTS - 1), SERVER_SIDE_SLOTS);
 	__u32 *owner = bpf_map_lookup_elem(&server_side, &slot);
 
 	return owner && *owner == ifindex;
+}
+
+// Server `id`'s entry of servers in the tables' copy `copy` (NULL: beyond the ids).
+static __always_inline struct server_info *server_at(__u32 copy, __u32 id)
+{
+	__u32 key = latched_index(copy, id, SERVER_ID_SPACE);
+
+	return bpf_map_lookup_elem(&servers, &key);
 }
 
 static __always_inline int send_out(struct xdp_md *ctx, __u32 egress_ifindex)
@@ -168,13 +177,14 @@ static __always_inline void toward_server_of(struct toward_server *to,
 
 // The TCP VIP a plain segment is addressed to (NULL: none). The client path's first
 // and only hash lookup: a hit is a VIP's segment, so steering's vip_addrs is not asked.
-static __always_inline struct vip_info *client_vip(const struct plain_tcp *p)
+static __always_inline struct vip_info *client_vip(__u32 copy, const struct plain_tcp *p)
 {
 	struct vip_key key = {};
 
 	key.addr = p->ip->daddr;
 	key.port = p->tcp->dest;
 	key.protocol = IPPROTO_TCP;
+	key.copy = copy;
 	return bpf_map_lookup_elem(&vips, &key);
 }
 
@@ -197,6 +207,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 				    const struct vip_info *vip)
 {
 	__u32 index = vip->index, pool_len = vip->pool_len, policy = vip->policy;
+	__u32 latched = latched_index(config->copy, index, MAX_VIPS);
 	__u32 zero = 0, position, next_rr = 0, next_cursor = 0, id, previous, stat;
 	struct handshake_words *words;
 	struct server_traffic *traffic;
@@ -225,12 +236,12 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		position = rr_decide(state, pool_len, &next_rr);
 		break;
 	case KERNEL_POLICY_WRR:
-		schedule = bpf_map_lookup_elem(&wrr_schedules, &index);
+		schedule = bpf_map_lookup_elem(&wrr_schedules, &latched);
 		if (schedule) {
 			position = schedule_decide(state, schedule, pool_len, &next_cursor);
 			break;
 		}
-		weights = bpf_map_lookup_elem(&vip_weights, &index);
+		weights = bpf_map_lookup_elem(&vip_weights, &latched);
 		if (!weights)
 			return hand_up(STAT_UP_OTHER);
 		position = wrr_decide(state, weights, pool_len);
@@ -289,7 +300,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	// The verifier cannot bound the positions; the mask gives it the array's bound.
 	asm volatile("" : "+r"(position));
 	id = vip->pool[position & (MAX_HASH_POOL - 1)];
-	server = bpf_map_lookup_elem(&servers, &id);
+	server = server_at(config->copy, id);
 	if (!server || !(server->flags & SERVER_EGRESS))
 		return hand_up(STAT_UP_NEXT_HOP);
 	target = *server;
@@ -297,7 +308,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	backend_port = vip->backend_port;
 	nat = config->forwarding == LB_FORWARDING_NAT;
 	now = core_now(config);
-	if (!publish_unchanged(config, seq))
+	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	// Commit: the policy's state moves on, the pick is counted and booked, then the bytes.
 	if (policy == KERNEL_POLICY_RR || policy == KERNEL_POLICY_LEAST_LOADED)
@@ -332,7 +343,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 // restores to. NULL when the kernel leaves the packet to userspace, having counted why:
 // no forwarding server, an unknown clock or an echo beyond the idle limit (`cookie`), or
 // no resolved egress (`next_hop`). Client segments and ICMP errors decode alike.
-static __always_inline struct server_info *route_by_cookie(struct cookie_layout layout,
+static __always_inline struct server_info *route_by_cookie(__u32 copy, struct cookie_layout layout,
 							   __u16 echoed, __u64 hash, __u32 *id,
 							   __u16 *restored)
 {
@@ -340,7 +351,7 @@ static __always_inline struct server_info *route_by_cookie(struct cookie_layout 
 	struct server_info *server;
 
 	*id = cookie_server(layout, unmasked);
-	server = bpf_map_lookup_elem(&servers, id);
+	server = server_at(copy, *id);
 	if (!server || !(server->flags & SERVER_FORWARDS)) {
 		hand_up(STAT_UP_COOKIE);
 		return NULL;
@@ -373,7 +384,7 @@ static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_
 	__u64 hash = siphash_finish(hash_prefix, p->ip->saddr, p->tcp->source);
 
 	// The cookie is TSecr's high half.
-	server = route_by_cookie(layout_of(config), bpf_ntohs(*(__be16 *)&p->ts->tsecr), hash,
+	server = route_by_cookie(config->copy, layout_of(config), bpf_ntohs(*(__be16 *)&p->ts->tsecr), hash,
 				 &id, &restored);
 	if (!server)
 		return LB_HAND_UP;
@@ -382,7 +393,7 @@ static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_
 	to.forwarding = config->forwarding;
 	to.vip_port = vip_port;
 	to.backend_port = backend_port;
-	if (!publish_unchanged(config, seq))
+	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	// Only the MSB changes: the cookie becomes the server's own MSB, which the table
 	// keeps in network byte order.
@@ -436,13 +447,13 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 			// No table: an empty pool (the core drops) or not published yet.
 			return hand_up(STAT_UP_OTHER);
 		}
-		server = bpf_map_lookup_elem(&servers, &id);
+		server = server_at(config->copy, id);
 		if (!server || !(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
 		stat = STAT_FAST_CLIENT_PICK;
 	}
 	toward_server_of(&to, config, vip, server, id);
-	if (!publish_unchanged(config, seq))
+	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	return forward_to_server(ctx, p, &to, stat);
 }
@@ -577,11 +588,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 
 	// Before any byte changes: no next hop (map and FIB both) hands the packet up as it
 	// came, with the metadata steering writes for the worker's neighbour lookup.
-	if (!next_hop_toward_client(ctx, p->ip, seq, &hop))
+	if (!next_hop_toward_client(ctx, p->ip, config->copy, seq, &hop))
 		return hand_up(STAT_UP_NEXT_HOP);
 	vip_addr = sender->vip_addr;
 	vip_port = sender->vip_port;
-	if (!publish_unchanged(config, seq))
+	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	// The first write: a clock (or a handshake slot) another writer moved meanwhile goes
 	// up, nothing written. A reply does one or the other, not both.

@@ -156,6 +156,7 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	key.addr = quoted_ip->saddr;
 	key.port = quoted_tcp->source;
 	key.protocol = IPPROTO_TCP;
+	key.copy = config->copy;
 	vip = bpf_map_lookup_elem(&vips, &key);
 	if (!vip)
 		return hand_up(STAT_UP_OTHER);
@@ -166,11 +167,11 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		if (picked < 0)
 			return hand_up(STAT_UP_OTHER);
 		id = picked;
-		server = bpf_map_lookup_elem(&servers, &id);
+		server = server_at(config->copy, id);
 		if (!server || !(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
 		target = *server;
-		if (!publish_unchanged(config, seq))
+		if (!publish_unchanged(seq))
 			return hand_up(STAT_UP_PUBLISHING);
 		__builtin_memcpy(eth->h_dest, target.dst_mac, ETH_ALEN);
 		__builtin_memcpy(eth->h_source, target.src_mac, ETH_ALEN);
@@ -193,14 +194,14 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	old_tsval = bpf_ntohl(quoted_ts->tsval);
 	// An unknown clock (the core then routes without restoring) or one beyond the idle
 	// limit (which the core counts) is the core's.
-	server = route_by_cookie(layout, old_tsval >> 16, hash, &id, &restored);
+	server = route_by_cookie(config->copy, layout, old_tsval >> 16, hash, &id, &restored);
 	if (!server)
 		return LB_HAND_UP;
 	target = *server;
 	vip_port = vip->port;
 	backend_port = vip->backend_port;
 	nat = config->forwarding == LB_FORWARDING_NAT;
-	if (!publish_unchanged(config, seq))
+	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	// The quoted TSval restored (the whole word written, as the core writes it, even when
 	// the MSB is the same), then the quoted TCP checksum; each change folded into the

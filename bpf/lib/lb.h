@@ -39,15 +39,19 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 	struct reply_sender by_steering;
 	struct backend_info *backend;
 	struct vip_info *vip = NULL;
-	struct lb_config *config;
+	struct lb_config *config = NULL, *entry0;
 	// Set on every path: clang may carry its fields in registers the verifier must see written.
 	struct plain_tcp p = {};
-	__u32 zero = 0, owner = 0, seq = 0;
+	__u32 zero = 0, owner = 0, seq = 0, copy = 0;
 	int fast, action, cookie = 0;
 
-	config = bpf_map_lookup_elem(&lb_config, &zero);
-	if (config)
-		seq = publish_begin(config);
+	// The word first, then every published map from the copy it names (publish.h).
+	entry0 = bpf_map_lookup_elem(&lb_config, &zero);
+	if (entry0) {
+		seq = publish_begin(entry0);
+		copy = publish_copy(seq);
+		config = bpf_map_lookup_elem(&lb_config, &copy);
+	}
 	fast = config && (config->flags & LB_FAST_PATH);
 	if (fast) {
 		// A client's segment is recognised by its VIP (address, port) alone: vips and
@@ -62,9 +66,9 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 			cookie = refusal == PLAIN_OK && config->mode == LB_MODE_CHEETAH &&
 				 established_with_timestamps(&p);
 			if (cookie)
-				slot = vip_slot_at(p.ip->daddr, p.tcp->dest);
+				slot = vip_slot_at(copy, p.ip->daddr, p.tcp->dest);
 			if (!slot)
-				vip = client_vip(&p);
+				vip = client_vip(copy, &p);
 		}
 		if (cookie && (slot || vip)) {
 			// One call for both maps' answers, so the cookie stage is inlined once.
@@ -92,7 +96,7 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		}
 	}
 	if (!sender) {
-		owner = steer_owner(ctx, &backend);
+		owner = steer_owner(ctx, copy, &backend);
 		if (!owner)
 			return pass();
 		if (!fast || vip || slot)
@@ -115,7 +119,7 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		return action;
 	if (!owner) {
 		// Found before steering ran: steered now, as it always was.
-		owner = steer_owner(ctx, &backend);
+		owner = steer_owner(ctx, copy, &backend);
 		if (!owner)
 			return pass();
 	}

@@ -13,6 +13,7 @@
 
 #include "cheetah_shared.h"
 #include "maps.h"
+#include "publish.h"
 
 // The server owning `hash` in the Maglev table of VIP `vip_index`, into `id`: 0 when the
 // VIP has no published table (an empty pool: the core drops; or not published yet), which
@@ -21,13 +22,14 @@ static __always_inline int maglev_lookup(const struct lb_config *config, __u32 v
 					 __u64 hash, __u32 *id)
 {
 	__u32 size = config->maglev_size, chunk_index;
+	__u32 latched = latched_index(config->copy, vip_index, MAX_VIPS);
 	struct maglev_chunk *chunk;
 	void *table;
 	__u64 slot;
 
 	if (size == 0)
 		return 0;
-	table = bpf_map_lookup_elem(&maglev_tables, &vip_index);
+	table = bpf_map_lookup_elem(&maglev_tables, &latched);
 	if (!table)
 		return 0;
 	slot = hash % size;

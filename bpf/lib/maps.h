@@ -31,18 +31,21 @@ struct {
 	__type(value, __u32);
 } interface_slots SEC(".maps");
 
+// The maps userspace publishes the tables into hold two copies of them, by key
+// (publish.h): arrays twice their entries, hash maps the copy in their keys.
+
 // VIP addresses (network byte order) -> unused.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_VIPS);
-	__type(key, __u32);
+	__uint(max_entries, PUBLISH_COPIES * MAX_VIPS);
+	__type(key, struct vip_addr_key);
 	__type(value, __u32);
 } vip_addrs SEC(".maps");
 
 // NAT backends (DIP, port) -> which server and VIP they are. Empty in l2 forwarding.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, PUBLISH_COPIES * 65536);
 	__type(key, struct backend_key);
 	__type(value, struct backend_info);
 } backends SEC(".maps");
@@ -65,12 +68,13 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
-// The in-kernel path's switch and the tables' mode, forwarding and cookie layout. All
-// zero (as loaded) is the fast path off: the program only steers. Mmapable, so that the
-// publisher can move publish_seq with atomic stores (publish.h).
+// The in-kernel path's switch and the tables' mode, forwarding and cookie layout, one
+// entry per copy of the tables (publish.h). All zero (as loaded) is the fast path off:
+// the program only steers. Mmapable, so that the publisher can move publish_seq (entry 0)
+// with atomic stores.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, PUBLISH_COPIES);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct lb_config);
@@ -79,7 +83,7 @@ struct {
 // The TCP VIPs by (address, port, 6).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_VIPS);
+	__uint(max_entries, PUBLISH_COPIES * MAX_VIPS);
 	__type(key, struct vip_key);
 	__type(value, struct vip_info);
 } vips SEC(".maps");
@@ -87,7 +91,7 @@ struct {
 // The same VIPs by their index in the tables snapshot (NAT replies name theirs by index).
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MAX_VIPS);
+	__uint(max_entries, PUBLISH_COPIES * MAX_VIPS);
 	__type(key, __u32);
 	__type(value, struct vip_info);
 } vips_by_index SEC(".maps");
@@ -97,7 +101,7 @@ struct {
 // lookup.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, VIP_SLOTS);
+	__uint(max_entries, PUBLISH_COPIES * VIP_SLOTS);
 	__type(key, __u32);
 	__type(value, struct vip_slot);
 } vip_slots SEC(".maps");
@@ -105,7 +109,7 @@ struct {
 // Server id -> its state and where its packets go.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, SERVER_ID_SPACE);
+	__uint(max_entries, PUBLISH_COPIES * SERVER_ID_SPACE);
 	__type(key, __u32);
 	__type(value, struct server_info);
 } servers SEC(".maps");
@@ -113,7 +117,7 @@ struct {
 // l2 replies: a server's MAC -> its id.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, SERVER_ID_SPACE);
+	__uint(max_entries, PUBLISH_COPIES * SERVER_ID_SPACE);
 	__type(key, struct mac_key);
 	__type(value, __u32);
 } server_macs SEC(".maps");
@@ -122,7 +126,7 @@ struct {
 // array read, where a hash map lookup costs a hash and a bucket walk.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, REPLY_SLOTS);
+	__uint(max_entries, PUBLISH_COPIES * REPLY_SLOTS);
 	__type(key, __u32);
 	__type(value, struct reply_slot);
 } reply_senders SEC(".maps");
@@ -132,7 +136,7 @@ struct {
 // read rather than a hash lookup; the ifindex stored says which interface owns the slot.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, SERVER_SIDE_SLOTS);
+	__uint(max_entries, PUBLISH_COPIES * SERVER_SIDE_SLOTS);
 	__type(key, __u32);
 	__type(value, __u32);
 } server_side SEC(".maps");
@@ -202,19 +206,19 @@ struct {
 // VIP index -> the weights of its pool positions (wrr VIPs only; cheetah_shared.h).
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MAX_VIPS);
+	__uint(max_entries, PUBLISH_COPIES * MAX_VIPS);
 	__type(key, __u32);
 	__type(value, struct vip_weights);
 } vip_weights SEC(".maps");
 
-// VIP index -> the cycle of its wrr weights, for the wrr VIPs whose cycle fits
-// (cheetah_shared.h struct vip_schedule; the others scan vip_weights). Written at a
-// publication, inside its window. A hash map without preallocation holds only the VIPs
-// that have one (an array would take 16 MiB).
+// VIP index (of a copy, as an array's: publish.h latched_index) -> the cycle of its wrr
+// weights, for the wrr VIPs whose cycle fits (cheetah_shared.h struct vip_schedule; the
+// others scan vip_weights). Written at a publication. A hash map without preallocation
+// holds only the VIPs that have one (an array would take 16 MiB).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, MAX_VIPS);
+	__uint(max_entries, PUBLISH_COPIES * MAX_VIPS);
 	__type(key, __u32);
 	__type(value, struct vip_schedule);
 } wrr_schedules SEC(".maps");
@@ -268,9 +272,10 @@ struct {
 	__type(value, struct handshake_words);
 } handshakes SEC(".maps");
 
-// VIP index -> its pool's Maglev table (cheetah_shared.h struct maglev_chunk), an inner
-// array the publisher makes once per VIP at the config's size and rewrites in place
-// through a mapping (inside its publish window) when the table changes. BPF_F_INNER_MAP:
+// VIP index (of a copy, as an array's: publish.h latched_index) -> its pool's Maglev
+// table (cheetah_shared.h struct maglev_chunk), an inner array the publisher makes once
+// per VIP and copy at the config's size and rewrites in place through a mapping (while
+// packets read the other copy) when the table changes. BPF_F_INNER_MAP:
 // the inner arrays' size is the config's, not this template's (the verifier then calls
 // the lookup rather than inlining it). A VIP without
 // a table (an empty pool, or not published yet) has no entry. Sizes, not types: clang
@@ -285,7 +290,7 @@ struct maglev_table {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
-	__uint(max_entries, MAX_VIPS);
+	__uint(max_entries, PUBLISH_COPIES * MAX_VIPS);
 	__type(key, __u32);
 	__array(values, struct maglev_table);
 } maglev_tables SEC(".maps");
@@ -295,7 +300,7 @@ struct {
 // costs one trie lookup instead of bpf_fib_lookup.
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, MAX_NEXT_HOPS);
+	__uint(max_entries, PUBLISH_COPIES * MAX_NEXT_HOPS);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct next_hop_key);
 	__type(value, struct next_hop);
@@ -306,8 +311,8 @@ struct {
 // each would make the trie deep around them, and a trie lookup costs with its depth.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_NEXT_HOPS);
-	__type(key, __u32);
+	__uint(max_entries, PUBLISH_COPIES * MAX_NEXT_HOPS);
+	__type(key, struct next_hop_host_key);
 	__type(value, struct next_hop);
 } next_hop_hosts SEC(".maps");
 
@@ -318,8 +323,8 @@ struct {
 // fresh lb_config would count again from 0.
 //
 // A slot holds a NEXT_HOP_KNOWN answer of next_hops / next_hop_hosts for one client
-// address, valid while lb_config.publish_seq is still `seq` (every write of the two maps
-// is inside a publish window, which moves it). The slot of an address is a multiplicative
+// address, valid while lb_config.publish_seq is still `seq` (the copy read under `seq` is
+// rewritten only after the word moved on: publish.h). The slot of an address is a multiplicative
 // hash of it to NEXT_HOP_CACHE_BITS bits.
 #define NEXT_HOP_CACHE_BITS 12
 #define NEXT_HOP_CACHE_SLOTS (1 << NEXT_HOP_CACHE_BITS)

@@ -40,15 +40,17 @@ static __always_inline __u32 next_hop_cache_slot(__be32 addr)
 // either (the packet goes up). Writes no map but the counters.
 //
 // The cache first: a slot holds what next_hops answered for its address under one
-// publication, so it is that answer while publish_seq has not moved (every write of the
-// two maps is inside a publish window). Its MTU is checked per packet as the trie's is; a
+// publication, so it is that answer while publish_seq has not moved (the copy read under
+// it is rewritten only after the word moved on: publish.h). Its MTU is checked per packet as the trie's is; a
 // zeroed slot's MTU 0 refuses every packet, so an unfilled slot never answers.
 static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const struct iphdr *ip,
-						  __u32 seq, struct next_hop_found *found)
+						  __u32 copy, __u32 seq,
+						  struct next_hop_found *found)
 {
 	__u32 slot = next_hop_cache_slot(ip->daddr);
 	struct next_hop_cached *cached = bpf_map_lookup_elem(&next_hop_cache, &slot);
-	struct next_hop_key key = { .prefixlen = 32, .addr = ip->daddr };
+	struct next_hop_key key = { .prefixlen = 64, .copy = copy, .addr = ip->daddr };
+	struct next_hop_host_key host = { .addr = ip->daddr, .copy = copy };
 	__u32 len = bpf_ntohs(ip->tot_len);
 	struct next_hop *known;
 	struct bpf_fib_lookup fib;
@@ -61,7 +63,7 @@ static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const stru
 	count(STAT_NEXT_HOP_CACHE_MISS);
 	known = bpf_map_lookup_elem(&next_hops, &key);
 	if (known && known->kind == NEXT_HOP_ON_LINK)
-		known = bpf_map_lookup_elem(&next_hop_hosts, &ip->daddr);
+		known = bpf_map_lookup_elem(&next_hop_hosts, &host);
 	// Longer than the route's MTU: the FIB's answer is FRAG_NEEDED, which it must give.
 	if (known && known->kind == NEXT_HOP_KNOWN && len <= known->mtu) {
 		found->hop = *known;

@@ -50,7 +50,7 @@ static __always_inline const struct reply_sender *reply_lookup(const struct lb_c
 	key.port = p->tcp->source;
 	if (config->forwarding != LB_FORWARDING_NAT)
 		__builtin_memcpy(key.mac, p->eth->h_source, ETH_ALEN);
-	slot = reply_slot_of(&key);
+	slot = latched_index(config->copy, reply_slot_of(&key), REPLY_SLOTS);
 	at = bpf_map_lookup_elem(&reply_senders, &slot);
 	if (!at || !at->used)
 		return NULL;
@@ -68,10 +68,10 @@ static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx
 							      const struct plain_tcp *p)
 {
 	const struct reply_sender *sender;
-	__be32 client = p->ip->daddr;
+	struct vip_addr_key client = { .addr = p->ip->daddr, .copy = config->copy };
 
 	// Only the servers' side carries replies (sides.rs).
-	if (!on_server_side(ctx->ingress_ifindex))
+	if (!on_server_side(config->copy, ctx->ingress_ifindex))
 		return NULL;
 	sender = reply_lookup(config, p);
 	if (!sender)
@@ -79,9 +79,10 @@ static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx
 	// Steering's tests of the destination: a segment to a VIP's address is a client's
 	// (the core drops what only claims to be a reply), and a NAT backend's segment to
 	// this host answers the host's health probe (steer.h steer_owner).
-	if (may_be_vip_addr(config, client) && bpf_map_lookup_elem(&vip_addrs, &client))
+	if (may_be_vip_addr(config, client.addr) && bpf_map_lookup_elem(&vip_addrs, &client))
 		return NULL;
-	if (config->forwarding == LB_FORWARDING_NAT && bpf_map_lookup_elem(&host_addrs, &client))
+	if (config->forwarding == LB_FORWARDING_NAT &&
+	    bpf_map_lookup_elem(&host_addrs, &client.addr))
 		return NULL;
 	return sender;
 }
@@ -101,7 +102,7 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
 	count(STAT_REPLY_BY_STEERING);
 	// Only the servers' side carries replies (sides.rs): what only claims to be one is
 	// for userspace to drop.
-	if (!on_server_side(ctx->ingress_ifindex)) {
+	if (!on_server_side(config->copy, ctx->ingress_ifindex)) {
 		hand_up(STAT_UP_OTHER);
 		return NULL;
 	}
@@ -117,7 +118,7 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
 			return NULL;
 		}
 		id = backend->server;
-		index = backend->vip_index;
+		index = latched_index(config->copy, backend->vip_index, MAX_VIPS);
 		vip = bpf_map_lookup_elem(&vips_by_index, &index);
 	} else {
 		struct mac_key mac = {};
@@ -125,6 +126,7 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
 		__u32 *by_mac;
 
 		__builtin_memcpy(mac.mac, p->eth->h_source, ETH_ALEN);
+		mac.copy = config->copy;
 		by_mac = bpf_map_lookup_elem(&server_macs, &mac);
 		if (!by_mac) {
 			hand_up(STAT_UP_OTHER);
@@ -134,13 +136,14 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
 		key.addr = p->ip->saddr;
 		key.port = p->tcp->source;
 		key.protocol = IPPROTO_TCP;
+		key.copy = config->copy;
 		vip = bpf_map_lookup_elem(&vips, &key);
 	}
 	if (!vip) {
 		hand_up(STAT_UP_OTHER);
 		return NULL;
 	}
-	server = bpf_map_lookup_elem(&servers, &id);
+	server = server_at(config->copy, id);
 	if (!server || !(server->flags & SERVER_FORWARDS)) {
 		hand_up(STAT_UP_OTHER);
 		return NULL;

@@ -110,8 +110,11 @@ static __always_inline int write_meta(struct xdp_md *ctx, __u32 flags)
 
 // Whose packet this is: META_TO_VIP, META_FROM_SERVER, or 0 for the host kernel's. A NAT
 // backend's reply also gets its backends entry in `backend` (else NULL).
-static __always_inline __u32 steer_owner(struct xdp_md *ctx, struct backend_info **backend)
+// `copy`: of the published tables (publish.h).
+static __always_inline __u32 steer_owner(struct xdp_md *ctx, __u32 copy,
+					 struct backend_info **backend)
 {
+	struct vip_addr_key addr = { .copy = copy };
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
@@ -124,9 +127,11 @@ static __always_inline __u32 steer_owner(struct xdp_md *ctx, struct backend_info
 	if ((void *)(ip + 1) > data_end)
 		return 0;
 
-	if (bpf_map_lookup_elem(&vip_addrs, &ip->daddr))
+	addr.addr = ip->daddr;
+	if (bpf_map_lookup_elem(&vip_addrs, &addr))
 		return META_TO_VIP;
-	if (bpf_map_lookup_elem(&vip_addrs, &ip->saddr))
+	addr.addr = ip->saddr;
+	if (bpf_map_lookup_elem(&vip_addrs, &addr))
 		return META_FROM_SERVER;
 	if (ip->protocol == IPPROTO_TCP && ip->ihl >= 5) {
 		struct tcphdr *tcp = (void *)ip + ip->ihl * 4;
@@ -137,6 +142,7 @@ static __always_inline __u32 steer_owner(struct xdp_md *ctx, struct backend_info
 			return 0;
 		key.addr = ip->saddr;
 		key.port = tcp->source;
+		key.copy = copy;
 		found = bpf_map_lookup_elem(&backends, &key);
 		if (!found)
 			return 0;

@@ -14,6 +14,7 @@
 
 #include "cheetah_shared.h"
 #include "maps.h"
+#include "publish.h"
 
 // The slot of (addr, port) as the packet carries them (network byte order, read as
 // numbers on this host, as the publisher reads them).
@@ -22,10 +23,10 @@ static __always_inline __u32 vip_slot_of(__u32 addr, __u16 port)
 	return ((addr ^ ((__u32)port << 16)) * VIP_SLOT_MULTIPLIER) >> (32 - VIP_SLOT_BITS);
 }
 
-static __always_inline const struct vip_slot *vip_slot_at(__u32 addr, __u16 port)
+static __always_inline const struct vip_slot *vip_slot_at(__u32 copy, __u32 addr, __u16 port)
 {
 	__u64 tag = VIP_SLOT_USED | (__u64)port << 32 | addr;
-	__u32 slot = vip_slot_of(addr, port);
+	__u32 slot = latched_index(copy, vip_slot_of(addr, port), VIP_SLOTS);
 	const struct vip_slot *at = bpf_map_lookup_elem(&vip_slots, &slot);
 
 	if (at && at->tag == tag)

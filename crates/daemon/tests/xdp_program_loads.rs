@@ -53,14 +53,14 @@ const IPPROTO_TCP: u8 = 6;
 const LOOPBACK_IFINDEX: u32 = 1;
 
 /// Sizes of the shared structs, as the C compiler lays them out (cheetah_shared.h).
-const BACKEND_KEY: u32 = 8; // addr, port, pad
+const BACKEND_KEY: u32 = 8; // addr, port, copy
 const BACKEND_INFO: u32 = 4; // server, vip_index
-const LB_CONFIG: u32 = 48; // flags, mode, forwarding, id_bits, pad, id_mask, pad2, generation, publish_seq, fallback_mask, maglev_size, (pad), clock_base_ns, vip_addr_filter
+const LB_CONFIG: u32 = 48; // flags, mode, forwarding, id_bits, copy, id_mask, pad2, generation, publish_seq, fallback_mask, maglev_size, (pad), clock_base_ns, vip_addr_filter
 const FALLBACK_SET: u32 = 64; // way[8]
-const VIP_KEY: u32 = 8; // addr, port, protocol, pad
+const VIP_KEY: u32 = 8; // addr, port, protocol, copy
 const VIP_INFO: u32 = 176; // 4 x u64, addr, 5 x u16, pool[64], policy, pad[3]
 const SERVER_INFO: u32 = 24; // flags, dip, egress_ifindex, dst_mac[6], src_mac[6]
-const MAC_KEY: u32 = 8; // mac[6], pad
+const MAC_KEY: u32 = 8; // mac[6], copy
 const REPLY_SLOT: u32 = 64; // key (addr, port, mac[6]), used, sender (hash_prefix[4], vip_addr, vip_port, server), pad
 const REPLY_SLOTS: u32 = 65536;
 const VIP_SLOT: u32 = 64; // tag, hash_prefix[4], port, backend_port, pad, pad2[2]
@@ -72,10 +72,21 @@ const POLICY_STATE: u32 = 528; // rr_position, pad, wrr_steps, wrr_base[64]
 const POLICY_RNG: u32 = 32; // s[4]
 const HANDSHAKE_WORDS: u32 = 8 * (1 << 18) + 2 * (1 << 12); // slot[2^18], retry[2^12]
 const SERVER_LOAD: u32 = 32; // active_base, reported, packet_rate, byte_rate
-const NEXT_HOP_KEY: u32 = 8; // prefixlen, addr
+const NEXT_HOP_KEY: u32 = 12; // prefixlen, copy, addr
+const ADDR_KEY: u32 = 8; // addr, copy (vip_addrs, next_hop_hosts)
+// Copies of every published table (bpf/lib/publish.h): the published maps hold both.
+const COPIES: u32 = 2;
 const NEXT_HOP: u32 = 24; // kind, ifindex, mtu, dmac[6], smac[6]
 const MAX_NEXT_HOPS: u32 = 16384;
 const BPF_F_NO_PREALLOC: u32 = 1;
+
+/// `struct vip_addr_key` of `addr` in copy 0 of the tables (the one a fresh lb_config's
+/// word names).
+fn vip_addr_key(addr: u32) -> [u8; ADDR_KEY as usize] {
+    let mut key = [0u8; ADDR_KEY as usize];
+    key[..4].copy_from_slice(&addr.to_be_bytes());
+    key
+}
 
 fn load() -> Object {
     ObjectBuilder::default()
@@ -146,39 +157,60 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         ("interface_slots", MapType::Hash, 4, 4, MAX_INTERFACES, 0),
-        ("vip_addrs", MapType::Hash, 4, 4, MAX_VIPS, 0),
+        ("vip_addrs", MapType::Hash, ADDR_KEY, 4, COPIES * MAX_VIPS, 0),
         (
             "backends",
             MapType::Hash,
             BACKEND_KEY,
             BACKEND_INFO,
-            65536,
+            COPIES * 65536,
             0,
         ),
         ("host_addrs", MapType::Hash, 4, 4, MAX_HOST_ADDRS, 0),
         ("stats", MapType::PercpuArray, 4, 8, STAT_SLOTS, 0),
-        ("lb_config", MapType::Array, 4, LB_CONFIG, 1, BPF_F_MMAPABLE),
-        ("vips", MapType::Hash, VIP_KEY, VIP_INFO, MAX_VIPS, 0),
-        ("vips_by_index", MapType::Array, 4, VIP_INFO, MAX_VIPS, 0),
-        ("vip_slots", MapType::Array, 4, VIP_SLOT, VIP_SLOTS, 0),
+        (
+            "lb_config",
+            MapType::Array,
+            4,
+            LB_CONFIG,
+            COPIES,
+            BPF_F_MMAPABLE,
+        ),
+        ("vips", MapType::Hash, VIP_KEY, VIP_INFO, COPIES * MAX_VIPS, 0),
+        ("vips_by_index", MapType::Array, 4, VIP_INFO, COPIES * MAX_VIPS, 0),
+        ("vip_slots", MapType::Array, 4, VIP_SLOT, COPIES * VIP_SLOTS, 0),
         (
             "servers",
             MapType::Array,
             4,
             SERVER_INFO,
-            SERVER_ID_SPACE,
+            COPIES * SERVER_ID_SPACE,
             0,
         ),
-        ("server_macs", MapType::Hash, MAC_KEY, 4, SERVER_ID_SPACE, 0),
+        (
+            "server_macs",
+            MapType::Hash,
+            MAC_KEY,
+            4,
+            COPIES * SERVER_ID_SPACE,
+            0,
+        ),
         (
             "reply_senders",
             MapType::Array,
             4,
             REPLY_SLOT,
-            REPLY_SLOTS,
+            COPIES * REPLY_SLOTS,
             0,
         ),
-        ("server_side", MapType::Array, 4, 4, SERVER_SIDE_SLOTS, 0),
+        (
+            "server_side",
+            MapType::Array,
+            4,
+            4,
+            COPIES * SERVER_SIDE_SLOTS,
+            0,
+        ),
         // One entry each, every word in it (an array's entries are 8 bytes apart).
         (
             "msb_seen",
@@ -232,7 +264,14 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             SERVER_ID_SPACE,
             0,
         ),
-        ("vip_weights", MapType::Array, 4, VIP_WEIGHTS, MAX_VIPS, 0),
+        (
+            "vip_weights",
+            MapType::Array,
+            4,
+            VIP_WEIGHTS,
+            COPIES * MAX_VIPS,
+            0,
+        ),
         (
             "policy_state",
             MapType::PercpuArray,
@@ -264,15 +303,15 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             MapType::LpmTrie,
             NEXT_HOP_KEY,
             NEXT_HOP,
-            MAX_NEXT_HOPS,
+            COPIES * MAX_NEXT_HOPS,
             0,
         ),
         (
             "next_hop_hosts",
             MapType::Hash,
-            4,
+            ADDR_KEY,
             NEXT_HOP,
-            MAX_NEXT_HOPS,
+            COPIES * MAX_NEXT_HOPS,
             0,
         ),
         // The kernel's alone (bpf/lib/maps.h): {client, publish_seq, struct next_hop}
@@ -286,7 +325,14 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         // VIP index -> the fd of its Maglev table's inner array (made by the publisher).
-        ("maglev_tables", MapType::ArrayOfMaps, 4, 4, MAX_VIPS, 0),
+        (
+            "maglev_tables",
+            MapType::ArrayOfMaps,
+            4,
+            4,
+            COPIES * MAX_VIPS,
+            0,
+        ),
     ];
     for (name, kind, key_size, value_size, max_entries, flags) in expected {
         let map = map(&object, name);
@@ -436,7 +482,7 @@ fn an_established_client_segment_is_forwarded_in_the_kernel() {
     put(
         &object,
         "vip_addrs",
-        &VIP.to_be_bytes(),
+        &vip_addr_key(VIP),
         &0u32.to_ne_bytes(),
     );
     let no_socket = stat(&object, STAT_NO_SOCKET);
@@ -595,7 +641,7 @@ fn a_server_reply_gets_its_cookie_in_the_kernel() {
     put(
         &object,
         "vip_addrs",
-        &VIP.to_be_bytes(),
+        &vip_addr_key(VIP),
         &0u32.to_ne_bytes(),
     );
     put(

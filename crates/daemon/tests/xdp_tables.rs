@@ -18,7 +18,8 @@ use cheetah_daemon::dataplane::maglev_tables;
 use cheetah_daemon::dataplane::vip_slots;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
-    Encode, MaglevChunk, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, STAT_FAST_CLIENT_COOKIE,
+    Encode, MaglevChunk, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, PUBLISH_COPIES, VIP_SLOTS,
+    STAT_FAST_CLIENT_COOKIE,
     STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_COOKIE,
     STAT_UP_OTHER,
 };
@@ -148,9 +149,11 @@ fn a_nat_backends_reply_is_known_unless_it_answers_the_host() {
         .msb
         .learn(server, (msb as u32) << 16 | 7, NANOS_PER_SEC);
     publish(&program, &plane, &mut Publisher::new(), true);
-    // Every client behind lo (the next hop from the map, not the host's FIB).
-    let everywhere = NextHopKey {
-        prefixlen: 0,
+    // Every client behind lo (the next hop from the map, not the host's FIB), in both
+    // copies of the tables (a /0 after the copy's 32 bits).
+    let everywhere = |copy| NextHopKey {
+        prefixlen: 32,
+        copy,
         addr: [0; 4],
     };
     let via_lo = NextHop {
@@ -160,11 +163,13 @@ fn a_nat_backends_reply_is_known_unless_it_answers_the_host() {
         dmac: [2, 0, 0, 0, 0xc1, 1],
         smac: [0; 6],
     };
-    program
-        .try_map("next_hops")
-        .unwrap()
-        .update(&everywhere.to_bytes(), &via_lo.to_bytes(), MapFlags::ANY)
-        .unwrap();
+    for copy in 0..PUBLISH_COPIES as u32 {
+        program
+            .try_map("next_hops")
+            .unwrap()
+            .update(&everywhere(copy).to_bytes(), &via_lo.to_bytes(), MapFlags::ANY)
+            .unwrap();
+    }
 
     let (client, client_port) = (testkit::client_ip(9), 40_000);
     let reply = TcpFrame::from_server_nat(
@@ -241,13 +246,16 @@ fn a_client_segment_finds_its_vip_by_its_slot() {
     assert_eq!(stat(&program, STAT_FAST_CLIENT_COOKIE), routed + 1);
     assert_eq!(bytes[0..6], testkit::server_mac(server.0));
 
-    let slot = vip_slots::slot_of(VIP.to_be_bytes(), VIP_PORT.to_be_bytes()) as u32;
+    let slot = vip_slots::slot_of(VIP.to_be_bytes(), VIP_PORT.to_be_bytes());
     let empty = vec![0u8; std::mem::size_of::<VipSlot>()];
-    program
-        .try_map("vip_slots")
-        .unwrap()
-        .update(&slot.to_ne_bytes(), &empty, MapFlags::ANY)
-        .unwrap();
+    for copy in 0..PUBLISH_COPIES {
+        let key = (copy * VIP_SLOTS + slot) as u32;
+        program
+            .try_map("vip_slots")
+            .unwrap()
+            .update(&key.to_ne_bytes(), &empty, MapFlags::ANY)
+            .unwrap();
+    }
     let other = stat(&program, STAT_UP_OTHER);
     let (_, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
     assert_eq!(bytes, frame, "no VIP known: up, unchanged");
@@ -255,10 +263,16 @@ fn a_client_segment_finds_its_vip_by_its_slot() {
     assert_eq!(stat(&program, STAT_FAST_CLIENT_COOKIE), routed + 1);
 }
 
-/// Chunk 0 of VIP `index`'s table in the kernel (`None`: no table).
+/// Chunk 0 of VIP `index`'s table in the kernel (`None`: no table), the same in both
+/// copies of the tables.
 fn first_chunk(program: &SteeringProgram, index: u32) -> Option<Vec<u8>> {
-    let inner = maglev_tables::table_map(program, index).unwrap()?;
-    inner.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).unwrap()
+    let chunk = |copy| {
+        let inner = maglev_tables::table_map(program, copy, index).unwrap()?;
+        inner.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).unwrap()
+    };
+    let first = chunk(0);
+    assert_eq!(chunk(1), first, "VIP {index}'s table differs between the copies");
+    first
 }
 
 /// A chunk no table holds (server 0x7777 in every slot), to see whether a publication
@@ -266,10 +280,14 @@ fn first_chunk(program: &SteeringProgram, index: u32) -> Option<Vec<u8>> {
 const MARK: [u8; 64] = [0x77; 64];
 
 fn mark(program: &SteeringProgram, index: u32) {
-    let inner = maglev_tables::table_map(program, index).unwrap().unwrap();
-    inner
-        .update(&0u32.to_ne_bytes(), &MARK, MapFlags::ANY)
-        .unwrap();
+    for copy in 0..PUBLISH_COPIES {
+        let inner = maglev_tables::table_map(program, copy, index)
+            .unwrap()
+            .unwrap();
+        inner
+            .update(&0u32.to_ne_bytes(), &MARK, MapFlags::ANY)
+            .unwrap();
+    }
 }
 
 fn chunk_bytes(chunk: &MaglevChunk) -> Vec<u8> {
@@ -304,7 +322,7 @@ fn the_publisher_writes_a_maglev_table_only_when_its_pool_changed() {
     // The kernel's table is the core's, and it forwards by it.
     let snapshot = plane.shared().snapshot.load();
     let table = &snapshot.vip(0).pool.maglev;
-    let inner = maglev_tables::table_map(&program, 0).unwrap().unwrap();
+    let inner = maglev_tables::table_map(&program, 0, 0).unwrap().unwrap();
     let chunks = maglev_tables::chunks(table);
     assert_eq!(inner.max_entries() as usize, chunks.len());
     for (index, chunk) in chunks.iter().enumerate().step_by(97) {

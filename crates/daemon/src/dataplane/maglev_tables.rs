@@ -22,9 +22,11 @@ use cheetah_core::policy::maglev::MaglevTable;
 use libbpf_rs::libbpf_sys;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
-use super::publish_window::LazyWindow;
+use super::publish_window::PublishWindow;
 use super::xdp::{mmap_array, SteeringProgram};
-use super::xdp_layout::{MaglevChunk, MAGLEV_CHUNK_SLOTS, MAGLEV_NO_SERVER, MAX_VIPS};
+use super::xdp_layout::{
+    MaglevChunk, MAGLEV_CHUNK_SLOTS, MAGLEV_NO_SERVER, MAX_VIPS, PUBLISH_COPIES,
+};
 
 /// VIP index -> its pool's table (a VIP with an empty pool has none).
 pub type MaglevTables = BTreeMap<u32, Arc<MaglevTable>>;
@@ -93,7 +95,7 @@ impl Chunks {
         let (at, len) = mmap_array(inner.as_fd(), self.bytes.len())
             .context("cannot mmap a Maglev table's map")?;
         // SAFETY: `at` maps at least `bytes.len()` writable bytes (above); the program
-        // only reads them, and a packet that reads them meanwhile goes up (publish.h).
+        // only reads them, and only in the other copy while this one is written (publish.h).
         unsafe {
             std::ptr::copy_nonoverlapping(self.bytes.as_ptr(), at.cast(), self.bytes.len());
             libc::munmap(at, len);
@@ -121,77 +123,101 @@ enum Target {
     New(MapHandle),
 }
 
-/// What makes `maglev_tables` hold a publication's tables, all of it worked out before the
-/// publisher's window opens (`plan`), so that the window stays open for the writes alone
-/// (`apply`).
+/// What makes `maglev_tables` hold a publication's tables, in each copy of the tables
+/// (`publish_window.rs`), all of it worked out before the publisher's window opens
+/// (`plan`), so that the window stays open for the writes alone (`apply`).
 pub struct Plan {
+    /// By copy; taken by `apply`.
+    copies: Vec<Option<CopyPlan>>,
+}
+
+/// One copy's writes: the VIPs' slots there (`copy * MAX_VIPS + index`).
+struct CopyPlan {
     writes: Vec<(u32, Chunks, Target)>,
     stale: Vec<u32>,
 }
 
-/// Works out how `maglev_tables` comes to hold exactly `tables`: a VIP whose table differs
-/// from `last`'s has it written (into its inner array, or a new one of the right size,
-/// filled now, while no packet can see it), one no longer wanted loses its slot. `last` is
-/// what this publisher wrote before (`None`: unknown, so every table is written and every
-/// other slot emptied).
+/// The slot of VIP `index`'s table in copy `copy`.
+fn slot_of(copy: usize, index: u32) -> u32 {
+    (copy * MAX_VIPS) as u32 + index
+}
+
+/// Works out how `maglev_tables` comes to hold exactly `tables` in each copy: a VIP whose
+/// table differs from `last`'s has it written (into its inner array, or a new one of the
+/// right size, filled now, while no packet can see it), one no longer wanted loses its
+/// slot. `last` is what this publisher wrote before, in both copies (`None`: unknown, so
+/// every table is written and every other slot emptied).
 pub fn plan(
     program: &SteeringProgram,
     tables: &MaglevTables,
     last: Option<&MaglevTables>,
 ) -> anyhow::Result<Plan> {
     let outer = program.try_map(MAP)?;
-    let mut writes = Vec::new();
-    for (index, table) in tables {
-        if last.and_then(|l| l.get(index)) == Some(table) {
-            continue;
-        }
-        let chunks = Chunks::of(table)?;
-        let target = match inner_of(&outer, *index)?.filter(|i| i.max_entries() == chunks.count) {
-            Some(inner) => Target::InPlace(inner),
-            None => {
-                let inner = inner_map(chunks.count)?;
-                chunks.write(&inner)?;
-                Target::New(inner)
+    let mut copies = Vec::new();
+    for copy in 0..PUBLISH_COPIES {
+        let mut writes = Vec::new();
+        for (index, table) in tables {
+            if last.and_then(|l| l.get(index)) == Some(table) {
+                continue;
             }
+            let slot = slot_of(copy, *index);
+            let chunks = Chunks::of(table)?;
+            let target = match inner_of(&outer, slot)?.filter(|i| i.max_entries() == chunks.count)
+            {
+                Some(inner) => Target::InPlace(inner),
+                None => {
+                    let inner = inner_map(chunks.count)?;
+                    chunks.write(&inner)?;
+                    Target::New(inner)
+                }
+            };
+            writes.push((slot, chunks, target));
+        }
+        let stale = match last {
+            Some(last) => last
+                .keys()
+                .filter(|index| !tables.contains_key(index))
+                .map(|index| slot_of(copy, *index))
+                .collect(),
+            None => (0..MAX_VIPS as u32)
+                .filter(|index| !tables.contains_key(index))
+                .map(|index| slot_of(copy, index))
+                .filter(|slot| matches!(outer.lookup(&slot.to_ne_bytes(), MapFlags::ANY), Ok(Some(_))))
+                .collect(),
         };
-        writes.push((*index, chunks, target));
+        copies.push(Some(CopyPlan { writes, stale }));
     }
-    let stale = match last {
-        Some(last) => last
-            .keys()
-            .filter(|index| !tables.contains_key(index))
-            .copied()
-            .collect(),
-        None => (0..MAX_VIPS as u32)
-            .filter(|index| !tables.contains_key(index))
-            .filter(|index| {
-                matches!(
-                    outer.lookup(&index.to_ne_bytes(), MapFlags::ANY),
-                    Ok(Some(_))
-                )
-            })
-            .collect(),
-    };
-    Ok(Plan { writes, stale })
+    Ok(Plan { copies })
 }
 
 impl Plan {
-    /// Writes what [`plan`] worked out, each write inside `window`. New inner arrays go
+    /// Writes what [`plan`] worked out for the copy `window` writes. New inner arrays go
     /// in by one batch update of the outer map where the kernel has it: every single
     /// update of an array of maps waits for an RCU grace period (`maybe_wait_bpf_programs`,
     /// milliseconds), a batch once at most, so a start with many VIPs keeps its window
     /// short.
-    pub fn apply(self, program: &SteeringProgram, window: &mut LazyWindow) -> anyhow::Result<()> {
+    pub fn apply(
+        &mut self,
+        program: &SteeringProgram,
+        window: &mut PublishWindow,
+    ) -> anyhow::Result<()> {
+        let Some(CopyPlan { writes, stale }) = self
+            .copies
+            .get_mut(window.copy() as usize)
+            .and_then(Option::take)
+        else {
+            return Ok(());
+        };
         let outer = program.try_map(MAP)?;
         let (mut keys, mut fds, mut new) = (Vec::new(), Vec::new(), Vec::new());
-        for (index, chunks, target) in self.writes {
+        for (slot, chunks, target) in writes {
             match target {
                 Target::InPlace(inner) => {
-                    window.before_write()?;
+                    window.before_write();
                     chunks.write(&inner)?;
                 }
                 Target::New(inner) => {
-                    keys.extend_from_slice(&index.to_ne_bytes());
+                    keys.extend_from_slice(&slot.to_ne_bytes());
                     fds.extend_from_slice(&(inner.as_fd().as_raw_fd() as u32).to_ne_bytes());
                     // Kept open until the outer map holds it.
                     new.push(inner);
@@ -199,7 +225,7 @@ impl Plan {
             }
         }
         if !new.is_empty() {
-            window.before_write()?;
+            window.before_write();
             let batch =
                 outer.update_batch(&keys, &fds, new.len() as u32, MapFlags::ANY, MapFlags::ANY);
             if batch.is_err() {
@@ -211,20 +237,24 @@ impl Plan {
                 }
             }
         }
-        for index in self.stale {
-            window.before_write()?;
+        for slot in stale {
+            window.before_write();
             outer
-                .delete(&index.to_ne_bytes())
-                .with_context(|| format!("cannot take VIP {index}'s Maglev table away"))?;
+                .delete(&slot.to_ne_bytes())
+                .with_context(|| format!("cannot take the Maglev table in slot {slot} away"))?;
         }
         Ok(())
     }
 }
 
-/// The inner array in VIP `index`'s slot (`None`: no table), opened by its id: for tests
-/// and diagnostics.
-pub fn table_map(program: &SteeringProgram, index: u32) -> anyhow::Result<Option<MapHandle>> {
-    inner_of(&program.try_map(MAP)?, index)
+/// The inner array in VIP `index`'s slot of copy `copy` (`None`: no table), opened by its
+/// id: for tests and diagnostics.
+pub fn table_map(
+    program: &SteeringProgram,
+    copy: usize,
+    index: u32,
+) -> anyhow::Result<Option<MapHandle>> {
+    inner_of(&program.try_map(MAP)?, slot_of(copy, index))
 }
 
 #[cfg(test)]

@@ -36,11 +36,12 @@ use std::net::Ipv4Addr;
 use anyhow::Context;
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::publish_window::LazyWindow;
+use super::publish_window::PublishWindow;
 use super::route_netlink::{KernelRoutes, Link, Neighbour, Route, RouteSocket, CHANGE_GROUPS};
 use super::xdp::SteeringProgram;
 use super::xdp_layout::{
-    Encode, NextHop, NextHopKey, MAX_NEXT_HOPS, NEXT_HOP_FIB, NEXT_HOP_KNOWN, NEXT_HOP_ON_LINK,
+    AddrKey, Encode, NextHop, NextHopKey, MAX_NEXT_HOPS, NEXT_HOP_FIB, NEXT_HOP_KNOWN,
+    NEXT_HOP_ON_LINK, PUBLISH_COPIES,
 };
 
 const RT_TABLE_MAIN: u32 = 254;
@@ -94,6 +95,7 @@ impl Prefix {
     fn key(&self) -> NextHopKey {
         NextHopKey {
             prefixlen: u32::from(self.len),
+            copy: 0,
             addr: self.addr.to_be_bytes(),
         }
     }
@@ -119,7 +121,8 @@ enum Answer {
 /// The wanted contents of the two maps.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Mirror {
-    /// `next_hops`: one entry per prefix of table local and of table main.
+    /// `next_hops`: one entry per prefix of table local and of table main. Keyed by the
+    /// prefix alone (`prefixlen` its own length, copy 0): [`in_copy`] makes the map's key.
     pub routes: BTreeMap<NextHopKey, NextHop>,
     /// `next_hop_hosts`: the on-link hosts with a usable neighbour entry.
     pub hosts: BTreeMap<[u8; 4], NextHop>,
@@ -142,6 +145,22 @@ impl Mirror {
         }
         Some(hop)
     }
+}
+
+/// The `next_hops` key of prefix `prefix` (a [`Mirror`] key) in copy `copy` of the tables
+/// (`bpf/lib/publish.h`): the copy's 32 bits come first.
+pub fn in_copy(prefix: &NextHopKey, copy: u32) -> NextHopKey {
+    NextHopKey {
+        prefixlen: prefix.prefixlen + 32,
+        copy,
+        addr: prefix.addr,
+    }
+}
+
+/// The copy of the tables a key of `next_hops` or `next_hop_hosts` is in (both keys'
+/// second word).
+fn copy_of(key: &[u8]) -> u32 {
+    u32::from_ne_bytes(key[4..8].try_into().unwrap())
 }
 
 /// The maps' wanted contents for this state of the kernel's routing.
@@ -290,11 +309,12 @@ pub struct NextHopMirror {
     hosts: Published,
 }
 
-/// What one map holds, as key and value bytes: as written, or, before the first refresh,
-/// as found (values that match nothing wanted, so every kept key is rewritten).
+/// What one map holds, as key and value bytes, per copy of the tables: as written, or,
+/// before the first refresh, as found (values that match nothing wanted, so every kept
+/// key is rewritten).
 struct Published {
     name: &'static str,
-    entries: Option<BTreeMap<Vec<u8>, Vec<u8>>>,
+    entries: Option<[BTreeMap<Vec<u8>, Vec<u8>>; PUBLISH_COPIES]>,
 }
 
 impl Published {
@@ -305,25 +325,32 @@ impl Published {
         }
     }
 
-    /// Deletes what is not wanted, then writes what changed. Deleting first errs on the
-    /// side of the FIB: until the new entries are in, their destinations ask it.
+    /// Makes the copy `window` writes hold `wanted` (its keys that copy's): deletes what
+    /// is not wanted, then writes what changed.
     fn sync(
         &mut self,
         program: &SteeringProgram,
-        window: &mut LazyWindow,
+        window: &mut PublishWindow,
         wanted: BTreeMap<Vec<u8>, Vec<u8>>,
     ) -> anyhow::Result<()> {
         let map = program.try_map(self.name)?;
-        let entries = self
-            .entries
-            .get_or_insert_with(|| map.keys().map(|k| (k, Vec::new())).collect());
+        let entries = self.entries.get_or_insert_with(|| {
+            let mut found: [BTreeMap<Vec<u8>, Vec<u8>>; PUBLISH_COPIES] = Default::default();
+            for key in map.keys() {
+                if let Some(copy) = found.get_mut(copy_of(&key) as usize) {
+                    copy.insert(key, Vec::new());
+                }
+            }
+            found
+        });
+        let entries = &mut entries[window.copy() as usize];
         let stale: Vec<Vec<u8>> = entries
             .keys()
             .filter(|k| !wanted.contains_key(*k))
             .cloned()
             .collect();
         for key in stale {
-            window.before_write()?;
+            window.before_write();
             if let Err(e) = map.delete(&key) {
                 if e.kind() != libbpf_rs::ErrorKind::NotFound {
                     return Err(e).with_context(|| format!("cannot delete from {}", self.name));
@@ -333,7 +360,7 @@ impl Published {
         }
         for (key, value) in wanted {
             if entries.get(&key) != Some(&value) {
-                window.before_write()?;
+                window.before_write();
                 map.update(&key, &value, MapFlags::ANY)
                     .with_context(|| format!("cannot update {}", self.name))?;
                 entries.insert(key, value);
@@ -342,8 +369,9 @@ impl Published {
         Ok(())
     }
 
+    /// Entries of one copy (after a refresh, both hold the same).
     fn len(&self) -> usize {
-        self.entries.as_ref().map_or(0, BTreeMap::len)
+        self.entries.as_ref().map_or(0, |copies| copies[0].len())
     }
 }
 
@@ -387,20 +415,27 @@ impl NextHopMirror {
         }
         // Either order is safe: a host entry no NEXT_HOP_ON_LINK route points to is never
         // read, and an on-link host without its entry asks the FIB.
-        let hosts: BTreeMap<Vec<u8>, Vec<u8>> = wanted
-            .hosts
-            .iter()
-            .map(|(addr, hop)| (addr.to_vec(), hop.to_bytes()))
-            .collect();
-        // One window for both maps: a reply reads the trie, then the hosts.
-        let mut window = LazyWindow::new(program);
-        self.hosts.sync(program, &mut window, hosts)?;
-        let routes = wanted
-            .routes
-            .iter()
-            .map(|(key, hop)| (key.to_bytes(), hop.to_bytes()))
-            .collect();
-        self.routes.sync(program, &mut window, routes)?;
+        // One window for both maps: a reply reads the trie, then the hosts. The copy
+        // packets do not read, then (if anything changed) the other (publish_window.rs).
+        let mut window = program.publish_window()?;
+        loop {
+            let copy = window.copy();
+            let hosts: BTreeMap<Vec<u8>, Vec<u8>> = wanted
+                .hosts
+                .iter()
+                .map(|(addr, hop)| (AddrKey { addr: *addr, copy }.to_bytes(), hop.to_bytes()))
+                .collect();
+            self.hosts.sync(program, &mut window, hosts)?;
+            let routes = wanted
+                .routes
+                .iter()
+                .map(|(key, hop)| (in_copy(key, copy).to_bytes(), hop.to_bytes()))
+                .collect();
+            self.routes.sync(program, &mut window, routes)?;
+            if !window.flip() {
+                break;
+            }
+        }
         Ok(self.routes.len() + self.hosts.len())
     }
 }
@@ -509,6 +544,7 @@ mod tests {
     fn key(addr: [u8; 4], len: u32) -> NextHopKey {
         NextHopKey {
             prefixlen: len,
+            copy: 0,
             addr,
         }
     }

@@ -1,27 +1,39 @@
-//! The writer's half of the publisher's seqlock (`bpf/lib/publish.h` is the reader's): how
-//! a change of the tables reaches the XDP program's maps atomically.
+//! The writer's half of the publisher's latch (`bpf/lib/publish.h` is the reader's): how a
+//! change of the tables reaches the XDP program's maps atomically, with no packet handed
+//! up while it is written.
 //!
 //! The maps are written entry by entry (an array value is copied in place; a preallocated
 //! hash map may reuse an element a program is still reading), and one change of the
-//! tables touches several entries and maps. So every writer of a map the program reads on
-//! its straight lines opens a [`PublishWindow`] before its first write: `publish_seq` in
-//! `lb_config` turns odd, and even again when the window closes. The program reads the
-//! word before it reads any table and again before it writes anything; if the word was
-//! odd or moved, it hands the packet up unchanged (`STAT_UP_PUBLISHING`) and the AF_XDP
-//! workers decide it on one whole snapshot of the core's tables. So no packet acts on half
-//! a change, and a packet that races one costs a trip to userspace, not a wrong verdict.
+//! tables touches several entries and maps. So every map the program reads on its straight
+//! lines holds two copies of the tables (by key: `publish.h`), and the parity of
+//! `publish_seq` in `lb_config` says which copy packets read. A writer opens a
+//! [`PublishWindow`] (the writers' lock) and writes the copy packets are not told to read
+//! ([`copy`](PublishWindow::copy)); [`flip`](PublishWindow::flip) then moves the word on by
+//! one, so that packets read the copy just written, and the writer applies the same change
+//! to the other copy, which packets have just left. Both copies end equal.
 //!
-//! Why a sequence word and not a map-in-map swap: one swap per map would still let a
-//! packet read a new `vips` entry with an old `servers` array (two swaps are not one), a
-//! swap of all maps at once would need every map behind one outer map (an extra lookup per
-//! map per packet) and a full copy per change; the word costs two loads of a cache line
-//! the program reads anyway. Writers (the tables' publisher, the next-hop mirror) are
-//! serialised by a mutex, so the word is odd exactly while one of them writes.
+//! Why a latch: the reader never waits and never sees half a change, and a packet that
+//! arrives while a publication is written (many map writes, Maglev tables, next-hop
+//! refreshes: milliseconds) reads the other, whole copy and is forwarded in the kernel;
+//! only one whose reads straddle the flip (tens of nanoseconds) goes up
+//! (`STAT_UP_PUBLISHING`), where a seqlock handed up every packet inside the whole window.
+//! The writer pays for it with two writes of every changed entry and twice the maps'
+//! memory. Linux's `raw_write_seqcount_latch` flips before each of its two writes; this
+//! one writes the idle copy first and flips once between the two, which is the same
+//! protocol (a copy is written only while the word's parity names the other) with one
+//! move of the word per publication, and a writer that fails halfway leaves packets on a
+//! whole copy: its publisher forgets what it wrote, so the next publication rewrites both.
+//!
+//! Why not a map-in-map swap: one swap per map would still let a packet read a new `vips`
+//! entry with an old `servers` array (two swaps are not one), a swap of all maps at once
+//! would need every map behind one outer map (an extra lookup per map per packet) and a
+//! full copy per change; the latch costs a load of the word, an add per lookup and a
+//! second `lb_config` entry, all in cache lines the program reads anyway. Writers (the
+//! tables' publisher, the next-hop mirror) are serialised by a mutex, so one writer at a
+//! time owns the idle copy.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
-
-use super::xdp::SteeringProgram;
 
 /// The program's `lb_config.publish_seq`, mapped into this process, and the writers' lock.
 pub struct PublishSeq {
@@ -37,75 +49,66 @@ impl PublishSeq {
         }
     }
 
-    /// Opens a window: until it is dropped, the program hands up every packet whose
-    /// decision reads a published map.
+    /// Opens a window: the writers' lock, held until it is dropped. Moves nothing: packets
+    /// go on reading their copy until [`PublishWindow::flip`].
     pub fn open(&self) -> PublishWindow<'_> {
-        // A writer that panicked mid-window left the word odd; its window's drop ran
-        // during the unwind and made it even again, so the lock's poison says nothing.
+        // A writer that panicked left the copies unequal at worst, with packets on a whole
+        // one; its publisher forgot what it wrote. The lock's poison says nothing more.
         let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner());
-        // A locked add is a full barrier: the odd word is visible before any map write.
-        let before = self.word.fetch_add(1, Ordering::SeqCst);
-        debug_assert!(
-            before.is_multiple_of(2),
-            "publish_seq was odd outside a window"
-        );
         PublishWindow {
             word: self.word,
-            seq: before.wrapping_add(1),
+            wrote: false,
+            flipped: false,
             _writer: writer,
         }
     }
 
-    /// The word now (even outside a window).
+    /// The word now.
     pub fn current(&self) -> u32 {
         self.word.load(Ordering::SeqCst)
     }
 }
 
-/// An open window: the sequence word is odd until this is dropped.
+/// An open window: the writers' lock, and whether this writer wrote and flipped.
 pub struct PublishWindow<'a> {
     word: &'static AtomicU32,
-    seq: u32,
+    wrote: bool,
+    flipped: bool,
     _writer: MutexGuard<'a, ()>,
 }
 
 impl PublishWindow<'_> {
-    /// The word's (odd) value while this window is open: what a write of the whole
-    /// `lb_config` value must carry in its `publish_seq` field.
+    /// The copy of the tables to write now: the one packets are not told to read. Only
+    /// this window's [`flip`](Self::flip) moves it while the window is open.
+    pub fn copy(&self) -> u32 {
+        (self.word.load(Ordering::SeqCst) & 1) ^ 1
+    }
+
+    /// The word's value now: what a write of a whole `lb_config` value must carry in its
+    /// `publish_seq` field.
     pub fn seq(&self) -> u32 {
-        self.seq
+        self.word.load(Ordering::SeqCst)
     }
-}
 
-impl Drop for PublishWindow<'_> {
-    fn drop(&mut self) {
-        // After every map write of the window (each a system call that returned).
+    /// Call before every write: the copy to write into ([`copy`](Self::copy)).
+    pub fn before_write(&mut self) -> u32 {
+        self.wrote = true;
+        self.copy()
+    }
+
+    /// Ends the first of the two writes: if anything was written (a refresh that changes
+    /// nothing moves nothing, so it hands no packet up), packets move to the copy just
+    /// written, and the answer is true: apply the same change again, to
+    /// [`copy`](Self::copy), which is now the other one. False after the second write.
+    pub fn flip(&mut self) -> bool {
+        if !self.wrote || self.flipped {
+            return false;
+        }
+        // A locked add is a full barrier: every map write above (each a system call that
+        // returned) is visible before packets are told to read its copy.
         self.word.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// A window opened at a writer's first write (a refresh that changes nothing opens none,
-/// so it hands no packet up) and closed when this is dropped.
-pub struct LazyWindow<'p> {
-    program: &'p SteeringProgram,
-    open: Option<PublishWindow<'p>>,
-}
-
-impl<'p> LazyWindow<'p> {
-    pub fn new(program: &'p SteeringProgram) -> Self {
-        LazyWindow {
-            program,
-            open: None,
-        }
-    }
-
-    /// Call before every write: opens the window if it is not open yet, and returns the
-    /// (odd) sequence word a whole `lb_config` value must carry.
-    pub fn before_write(&mut self) -> anyhow::Result<u32> {
-        if self.open.is_none() {
-            self.open = Some(self.program.publish_window()?);
-        }
-        Ok(self.open.as_ref().map_or(0, PublishWindow::seq))
+        self.flipped = true;
+        true
     }
 }
 
@@ -118,19 +121,32 @@ mod tests {
     }
 
     #[test]
-    fn the_word_is_odd_exactly_while_a_window_is_open() {
+    fn the_writer_writes_the_idle_copy_then_flips_once_and_writes_the_other() {
         let seq = PublishSeq::new(word());
-        assert_eq!(seq.current(), 0);
+        assert_eq!(seq.current(), 0, "packets read copy 0");
         {
-            let window = seq.open();
-            assert_eq!(window.seq(), 1);
-            assert_eq!(seq.current(), 1);
+            let mut window = seq.open();
+            assert_eq!(window.before_write(), 1, "the copy packets do not read");
+            assert_eq!(seq.current(), 0, "writing the idle copy moves nothing");
+            assert!(window.flip());
+            assert_eq!(seq.current(), 1, "packets now read the copy just written");
+            assert_eq!(window.before_write(), 0, "then the copy packets just left");
+            assert!(!window.flip(), "two writes, one flip");
         }
-        assert_eq!(seq.current(), 2);
-        let window = seq.open();
-        assert_eq!(window.seq(), 3);
+        assert_eq!(seq.current(), 1);
+        let mut window = seq.open();
+        assert_eq!(window.before_write(), 0);
+        assert!(window.flip());
+        assert_eq!(window.seq(), 2);
+    }
+
+    #[test]
+    fn a_window_that_writes_nothing_moves_nothing() {
+        let seq = PublishSeq::new(word());
+        let mut window = seq.open();
+        assert!(!window.flip());
         drop(window);
-        assert_eq!(seq.current(), 4);
+        assert_eq!(seq.current(), 0);
     }
 
     #[test]
@@ -141,8 +157,12 @@ mod tests {
                 let seq = std::sync::Arc::clone(&seq);
                 std::thread::spawn(move || {
                     for _ in 0..1000 {
-                        let window = seq.open();
-                        assert_eq!(seq.current(), window.seq(), "another writer moved it");
+                        let mut window = seq.open();
+                        let before = seq.current();
+                        let copy = window.before_write();
+                        assert_eq!(copy, (before & 1) ^ 1, "wrote the copy packets read");
+                        assert!(window.flip());
+                        assert_eq!(seq.current(), before + 1, "another writer moved it");
                     }
                 })
             })
@@ -150,6 +170,6 @@ mod tests {
         for thread in threads {
             thread.join().unwrap();
         }
-        assert_eq!(seq.current(), 8000);
+        assert_eq!(seq.current(), 4000);
     }
 }

@@ -216,6 +216,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         ),
         ("STAT_SLOTS", STAT_SLOTS as usize),
         ("CHEETAH_PIN_LAYOUT", PIN_LAYOUT as usize),
+        ("PUBLISH_COPIES", PUBLISH_COPIES),
         ("CLOSE_SLOTS", CLOSE_SLOTS),
         ("MAX_NEXT_HOPS", MAX_NEXT_HOPS),
         ("NEXT_HOP_FIB", NEXT_HOP_FIB as usize),
@@ -274,7 +275,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))
         .collect();
-    values.extend(layout!(BackendKey, "struct backend_key", addr, port, pad));
+    values.extend(layout!(BackendKey, "struct backend_key", addr, port, copy));
     values.extend(layout!(
         BackendInfo,
         "struct backend_info",
@@ -288,7 +289,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         mode,
         forwarding,
         id_bits,
-        pad,
+        copy,
         id_mask,
         pad2,
         generation,
@@ -300,7 +301,7 @@ fn rust_side() -> BTreeMap<String, u64> {
     ));
     values.extend(layout!(FallbackSet, "struct fallback_set", way));
     values.extend(layout!(MaglevChunk, "struct maglev_chunk", server));
-    values.extend(layout!(VipKey, "struct vip_key", addr, port, protocol, pad));
+    values.extend(layout!(VipKey, "struct vip_key", addr, port, protocol, copy));
     values.extend(layout!(
         VipInfo,
         "struct vip_info",
@@ -324,7 +325,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         dst_mac,
         src_mac
     ));
-    values.extend(layout!(MacKey, "struct mac_key", mac, pad));
+    values.extend(layout!(MacKey, "struct mac_key", mac, copy));
     values.extend(layout!(ReplyKey, "struct reply_key", addr, port, mac));
     values.extend(layout!(
         ReplySlot,
@@ -352,7 +353,15 @@ fn rust_side() -> BTreeMap<String, u64> {
         vip_port,
         server
     ));
-    values.extend(layout!(NextHopKey, "struct next_hop_key", prefixlen, addr));
+    values.extend(layout!(
+        NextHopKey,
+        "struct next_hop_key",
+        prefixlen,
+        copy,
+        addr
+    ));
+    values.extend(layout!(AddrKey, "struct vip_addr_key", addr, copy));
+    values.extend(layout!(AddrKey, "struct next_hop_host_key", addr, copy));
     values.extend(layout!(
         NextHop,
         "struct next_hop",

@@ -23,7 +23,7 @@ use super::pin::{self, PinDir, PinReport};
 use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
     Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, ServerInfo,
-    ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, SERVER_FORWARDS,
+    ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, PUBLISH_COPIES, SERVER_FORWARDS,
     STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING, UP_REASONS,
 };
 
@@ -86,7 +86,7 @@ pub struct SteeringProgram {
     publish_seq: OnceLock<PublishSeq>,
     /// `lb_config.clock_base_ns`, mapped on first use: once, not per call (a mapping is
     /// never unmapped, and a process may hold only `vm.max_map_count` of them).
-    clock_base: OnceLock<&'static AtomicU64>,
+    clock_base: OnceLock<[&'static AtomicU64; PUBLISH_COPIES]>,
     /// Which maps an earlier run pinned and this one reused (`pin.rs`); empty unpinned.
     pins: PinReport,
 }
@@ -152,15 +152,17 @@ impl SteeringProgram {
         }
     }
 
-    /// Opens a window of the publisher's seqlock (`publish_window.rs`): every write to a
+    /// Opens a window of the publisher's latch (`publish_window.rs`): every write to a
     /// map the in-kernel path reads (the tables, the next hops) happens inside one.
     pub fn publish_window(&self) -> anyhow::Result<PublishWindow<'_>> {
         if let Some(seq) = self.publish_seq.get() {
             return Ok(seq.open());
         }
         const WORDS: usize = std::mem::size_of::<LbConfigValue>() / 4;
-        let words: &'static [AtomicU32; WORDS] = self.mmap_value("lb_config")?;
-        let word = &words[std::mem::offset_of!(LbConfigValue, publish_seq) / 4];
+        let words: &'static [[AtomicU32; WORDS]; PUBLISH_COPIES] =
+            self.mmap_values("lb_config", PUBLISH_COPIES)?;
+        // Entry 0's: the word the program reads (publish.h).
+        let word = &words[0][std::mem::offset_of!(LbConfigValue, publish_seq) / 4];
         Ok(self
             .publish_seq
             .get_or_init(|| PublishSeq::new(word))
@@ -243,15 +245,25 @@ impl SteeringProgram {
 
     /// The one value of the mmapable array `name`, as a `T` made of atomics.
     fn mmap_value<T>(&self, name: &str) -> anyhow::Result<&'static T> {
+        self.mmap_values(name, 1)
+    }
+
+    /// The `entries` values of the mmapable array `name`, as a `T` made of atomics (an
+    /// array of `entries` values of 8-byte multiples lies contiguous in its mapping).
+    fn mmap_values<T>(&self, name: &str, entries: usize) -> anyhow::Result<&'static T> {
         let map = self.try_map(name)?;
         let size = std::mem::size_of::<T>();
         // One entry holding every word: an array's entries are 8 bytes apart, so one entry
         // per word would not be the contiguous words the table indexes.
-        if map.max_entries() != 1 || map.value_size() as usize != size {
+        if map.max_entries() as usize != entries
+            || map.value_size() as usize * entries != size
+            || map.value_size() % 8 != 0
+        {
             bail!(
-                "map {name} holds {} values of {} bytes; mapping it needs one of {size}",
+                "map {name} holds {} values of {} bytes; mapping it needs {entries} of {}",
                 map.max_entries(),
                 map.value_size(),
+                size / entries,
             );
         }
         let at = self.mmap_bytes(name, size)?;
@@ -274,28 +286,36 @@ impl SteeringProgram {
     /// CLOCK_MONOTONIC reading at which the core's `now` was 0. The one writer of that
     /// field; the publisher carries it over when it rewrites `lb_config`.
     pub fn set_clock_base(&self, monotonic_base_ns: u64) -> anyhow::Result<()> {
-        self.clock_base_word()?.store(monotonic_base_ns, Relaxed);
+        // Every entry: the program reads the one of the copy it reads (publish.h).
+        for word in self.clock_base_words()? {
+            word.store(monotonic_base_ns, Relaxed);
+        }
         Ok(())
     }
 
     /// Where the core's clock starts, as [`set_clock_base`](Self::set_clock_base) left it
     /// (0 before any call).
     pub fn clock_base(&self) -> anyhow::Result<u64> {
-        Ok(self.clock_base_word()?.load(Relaxed))
+        Ok(self.clock_base_words()?[0].load(Relaxed))
     }
 
-    fn clock_base_word(&self) -> anyhow::Result<&'static AtomicU64> {
-        if let Some(word) = self.clock_base.get() {
-            return Ok(word);
+    /// `clock_base_ns` in each entry of `lb_config`.
+    fn clock_base_words(&self) -> anyhow::Result<[&'static AtomicU64; PUBLISH_COPIES]> {
+        if let Some(words) = self.clock_base.get() {
+            return Ok(*words);
         }
         const WORDS: usize = std::mem::size_of::<LbConfigValue>() / 8;
-        let words: &'static [AtomicU64; WORDS] = self.mmap_value("lb_config")?;
-        let word = &words[std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8];
-        Ok(self.clock_base.get_or_init(|| word))
+        let entries: &'static [[AtomicU64; WORDS]; PUBLISH_COPIES] =
+            self.mmap_values("lb_config", PUBLISH_COPIES)?;
+        let at = std::mem::offset_of!(LbConfigValue, clock_base_ns) / 8;
+        Ok(*self
+            .clock_base
+            .get_or_init(|| std::array::from_fn(|copy| &entries[copy][at])))
     }
 
     /// The address the `servers` map holds for `id` as it was last published, if it
-    /// forwards to one (read before this run publishes, it is the earlier run's).
+    /// forwards to one (read before this run publishes, it is the earlier run's). Copy 0's:
+    /// a publication leaves both copies equal.
     pub fn published_server_dip(&self, id: ServerId) -> anyhow::Result<Option<Ipv4Addr>> {
         let value = self
             .try_map("servers")?

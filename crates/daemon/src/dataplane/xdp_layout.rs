@@ -10,7 +10,9 @@ use cheetah_core::lb::{Bundle, Counter};
 use cheetah_core::types::Mac;
 
 /// `CHEETAH_PIN_LAYOUT`: the layout of the pinned maps' contents (`dataplane/pin.rs`).
-pub const PIN_LAYOUT: u32 = 2;
+pub const PIN_LAYOUT: u32 = 3;
+/// `PUBLISH_COPIES`: the copies of every published table (`publish_window.rs`).
+pub const PUBLISH_COPIES: usize = 2;
 pub const SERVER_ID_SPACE: usize = 16384;
 /// `SERVER_SIDE_SLOTS`: entries of `server_side`, indexed by ifindex modulo this.
 pub const SERVER_SIDE_SLOTS: usize = 1024;
@@ -397,13 +399,14 @@ pub struct LbConfigValue {
     pub mode: u8,
     pub forwarding: u8,
     pub id_bits: u8,
-    pub pad: u8,
+    /// Which entry of `lb_config` this is: the copy of the tables it goes with.
+    pub copy: u8,
     pub id_mask: u16,
     pub pad2: u16,
     pub generation: u32,
-    /// The publisher's seqlock word (bpf/lib/publish.h): written through the map's mmap by
-    /// [`PublishWindow`](super::publish_window::PublishWindow) only; an update of the whole
-    /// value must carry the word as it is.
+    /// The publisher's latch word (bpf/lib/publish.h), read in entry 0 only: written
+    /// through the map's mmap by [`PublishWindow`](super::publish_window::PublishWindow)
+    /// only; an update of the whole value must carry the word as it is.
     pub publish_seq: u32,
     /// The fallback table's sets - 1.
     pub fallback_mask: u32,
@@ -424,6 +427,7 @@ impl Encode for LbConfigValue {
             .put(offset_of!(Self, mode), &[self.mode])
             .put(offset_of!(Self, forwarding), &[self.forwarding])
             .put(offset_of!(Self, id_bits), &[self.id_bits])
+            .put(offset_of!(Self, copy), &[self.copy])
             .put(offset_of!(Self, id_mask), &self.id_mask.to_ne_bytes())
             .put(offset_of!(Self, generation), &self.generation.to_ne_bytes())
             .put(
@@ -457,7 +461,8 @@ pub struct VipKey {
     pub addr: [u8; 4],
     pub port: [u8; 2],
     pub protocol: u8,
-    pub pad: u8,
+    /// Of the published tables: the publisher sets it per copy (`xdp_tables.rs`).
+    pub copy: u8,
 }
 
 impl Encode for VipKey {
@@ -466,6 +471,7 @@ impl Encode for VipKey {
             .put(offset_of!(Self, addr), &self.addr)
             .put(offset_of!(Self, port), &self.port)
             .put(offset_of!(Self, protocol), &[self.protocol])
+            .put(offset_of!(Self, copy), &[self.copy])
             .0
     }
 }
@@ -567,12 +573,16 @@ impl Encode for ServerInfo {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MacKey {
     pub mac: Mac,
-    pub pad: u16,
+    /// Of the published tables: the publisher sets it per copy (`xdp_tables.rs`).
+    pub copy: u16,
 }
 
 impl Encode for MacKey {
     fn to_bytes(&self) -> Vec<u8> {
-        Bytes::of::<Self>().put(offset_of!(Self, mac), &self.mac).0
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, mac), &self.mac)
+            .put(offset_of!(Self, copy), &self.copy.to_ne_bytes())
+            .0
     }
 }
 
@@ -582,7 +592,8 @@ impl Encode for MacKey {
 pub struct BackendKey {
     pub addr: [u8; 4],
     pub port: [u8; 2],
-    pub pad: u16,
+    /// Of the published tables: the publisher sets it per copy (`xdp_tables.rs`).
+    pub copy: u16,
 }
 
 impl Encode for BackendKey {
@@ -590,6 +601,7 @@ impl Encode for BackendKey {
         Bytes::of::<Self>()
             .put(offset_of!(Self, addr), &self.addr)
             .put(offset_of!(Self, port), &self.port)
+            .put(offset_of!(Self, copy), &self.copy.to_ne_bytes())
             .0
     }
 }
@@ -682,7 +694,9 @@ impl Encode for ReplySlot {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NextHopKey {
+    /// 32 (the copy's bits) more than the prefix's length.
     pub prefixlen: u32,
+    pub copy: u32,
     pub addr: [u8; 4],
 }
 
@@ -690,7 +704,26 @@ impl Encode for NextHopKey {
     fn to_bytes(&self) -> Vec<u8> {
         Bytes::of::<Self>()
             .put(offset_of!(Self, prefixlen), &self.prefixlen.to_ne_bytes())
+            .put(offset_of!(Self, copy), &self.copy.to_ne_bytes())
             .put(offset_of!(Self, addr), &self.addr)
+            .0
+    }
+}
+
+/// `struct vip_addr_key` (`vip_addrs`) and `struct next_hop_host_key` (`next_hop_hosts`):
+/// an address (network byte order) in one copy of the tables.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AddrKey {
+    pub addr: [u8; 4],
+    pub copy: u32,
+}
+
+impl Encode for AddrKey {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, addr), &self.addr)
+            .put(offset_of!(Self, copy), &self.copy.to_ne_bytes())
             .0
     }
 }
@@ -953,7 +986,7 @@ mod tests {
             mode: LB_MODE_HASH,
             forwarding: LB_FORWARDING_NAT,
             id_bits: 12,
-            pad: 0xff,
+            copy: 1,
             id_mask: 0x0fff,
             pad2: 0xffff,
             generation: 7,
@@ -966,7 +999,7 @@ mod tests {
         let bytes = config.to_bytes();
         assert_eq!(bytes.len(), 48);
         assert_eq!(bytes[..4], 1u32.to_ne_bytes());
-        assert_eq!(bytes[4..8], [1, 1, 12, 0], "padding is written as zero");
+        assert_eq!(bytes[4..8], [1, 1, 12, 1]);
         assert_eq!(bytes[8..10], 0x0fffu16.to_ne_bytes());
         assert_eq!(bytes[10..12], [0, 0]);
         assert_eq!(bytes[12..16], 7u32.to_ne_bytes());
@@ -979,9 +1012,9 @@ mod tests {
             addr: [10, 0, 0, 100],
             port: 80u16.to_be_bytes(),
             protocol: 6,
-            pad: 9,
+            copy: 1,
         };
-        assert_eq!(key.to_bytes(), [10, 0, 0, 100, 0, 80, 6, 0]);
+        assert_eq!(key.to_bytes(), [10, 0, 0, 100, 0, 80, 6, 1]);
         let words: Vec<u8> = (1u8..=6).flat_map(|w| [w, 0, 0, 0, 0, 0, 0, 0]).collect();
         let info = ServerTraffic::read(&words);
         let word = |w: u8| u64::from_ne_bytes([w, 0, 0, 0, 0, 0, 0, 0]);

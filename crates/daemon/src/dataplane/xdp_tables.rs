@@ -10,8 +10,8 @@
 //! rule the AF_XDP workers use, `egress.rs`); [`Publisher::publish`] writes what changed
 //! since its last call and deletes stale entries. The daemon publishes on every new
 //! snapshot generation and once a second (routes and neighbours change on their own).
-//! `lb_config` is written after every other map, so the program never reads a new
-//! generation with old servers or VIPs.
+//! Every map holds two copies of the tables (`publish_window.rs`): a publication writes
+//! the copy packets do not read, flips, and writes the same into the other.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +27,7 @@ use libbpf_rs::{MapCore, MapFlags};
 
 use super::egress;
 use super::maglev_tables::{self, MaglevTables};
-use super::publish_window::LazyWindow;
+use super::publish_window::PublishWindow;
 use super::reply_senders;
 use super::vip_slots;
 use super::xdp::SteeringProgram;
@@ -148,9 +148,13 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
         let std::net::IpAddr::V4(addr) = vip.address else {
             continue;
         };
+        let key = AddrKey {
+            addr: addr.octets(),
+            copy: 0,
+        };
         wanted
             .vip_addrs
-            .insert(addr.octets().to_vec(), 0u32.to_ne_bytes().to_vec());
+            .insert(key.to_bytes(), 0u32.to_ne_bytes().to_vec());
         if index >= MAX_VIPS {
             break;
         }
@@ -206,7 +210,7 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             addr: addr.octets(),
             port: vip.port.to_be_bytes(),
             protocol: 6,
-            pad: 0,
+            copy: 0,
         };
         wanted.vips.insert(key.to_bytes(), info.to_bytes());
         wanted
@@ -225,7 +229,7 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
                 let key = BackendKey {
                     addr: slot.dip.to_be_bytes(),
                     port: vip.backend_port.to_be_bytes(),
-                    pad: 0,
+                    copy: 0,
                 };
                 let value = BackendInfo { server, vip_index };
                 wanted.backends.insert(key.to_bytes(), value.to_bytes());
@@ -268,7 +272,7 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
         if slot.has_mac && snapshot.server_by_mac(&slot.mac) == Some(id) {
             let key = MacKey {
                 mac: slot.mac,
-                pad: 0,
+                copy: 0,
             };
             let value = (id.0 as u32).to_ne_bytes().to_vec();
             wanted.server_macs.insert(key.to_bytes(), value);
@@ -301,13 +305,53 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
 #[derive(Clone, Copy)]
 enum Kind {
     Hash,
-    /// A hash map's new and changed entries only; its stale keys stay until a later
-    /// `Hash` pass.
-    HashAdditions,
     Array {
         entries: usize,
         value_size: usize,
     },
+}
+
+/// Where a map's key names its copy of the tables (`bpf/lib/publish.h`). [`Wanted`]'s keys
+/// are copy 0's.
+#[derive(Clone, Copy)]
+enum Latch {
+    /// A `u32` index: copy `c`'s is `c * entries + index` (arrays, and the hash maps keyed
+    /// like them).
+    Index { entries: usize },
+    /// A field of the key struct at `offset`, `width` bytes, in native byte order.
+    Field { offset: usize, width: usize },
+}
+
+impl Latch {
+    /// `key` (copy 0's) as copy `copy`'s.
+    fn key(self, key: &[u8], copy: u32) -> Vec<u8> {
+        let mut key = key.to_vec();
+        match self {
+            Latch::Index { entries } => {
+                let index = u32::from_ne_bytes(key[..4].try_into().unwrap());
+                key[..4].copy_from_slice(&(copy * entries as u32 + index).to_ne_bytes());
+            }
+            Latch::Field { offset, width } => {
+                key[offset..offset + width]
+                    .copy_from_slice(&u64::from(copy).to_ne_bytes()[..width]);
+            }
+        }
+        key
+    }
+
+    /// The copy a key of the map is in.
+    fn copy_of(self, key: &[u8]) -> u32 {
+        match self {
+            Latch::Index { entries } => {
+                u32::from_ne_bytes(key[..4].try_into().unwrap()) / entries as u32
+            }
+            Latch::Field { offset, width } => {
+                let mut word = [0u8; 8];
+                word[..width].copy_from_slice(&key[offset..offset + width]);
+                u64::from_ne_bytes(word) as u32
+            }
+        }
+    }
 }
 
 /// Writes [`Wanted`] into a program's maps, remembering what it wrote so that the next
@@ -356,125 +400,139 @@ impl Publisher {
         self.seed_policies(program, publication.snapshot)
     }
 
-    /// Writes `wanted`: every map but `lb_config` first, then `lb_config`, all inside one
-    /// window of the publisher's seqlock (`publish_window.rs`), so that no packet acts on
-    /// half of it.
+    /// Writes `wanted` into both copies of the tables (`publish_window.rs`): the copy
+    /// packets do not read, then, after the flip, the other; every map but `lb_config`
+    /// first, then `lb_config`. A publication that changes nothing writes and moves
+    /// nothing.
     pub fn write(&mut self, program: &SteeringProgram, wanted: Wanted) -> anyhow::Result<()> {
-        let mut window = LazyWindow::new(program);
         let last = self.last.take();
         if last.is_none() {
             self.policies
                 .keep_seeded(kept_policies(program, &wanted)?, kept_generators(program));
         }
         // Before the window opens: building and opening tables takes milliseconds.
-        let maglev = maglev_tables::plan(program, &wanted.maglev, last.as_ref().map(|l| &l.maglev))
-            .context("cannot prepare the XDP program's maglev_tables")?;
-        let array = |entries: usize, value_size: usize| Kind::Array {
-            entries,
-            value_size,
-        };
-        let maps: [(&str, Kind, &Entries, Option<&Entries>); 12] = [
-            (
-                "servers",
-                array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
-                &wanted.servers,
-                last.as_ref().map(|l| &l.servers),
-            ),
-            // Before the VIPs that name their policy wrr.
-            (
-                "vip_weights",
-                array(MAX_VIPS, std::mem::size_of::<VipWeights>()),
-                &wanted.vip_weights,
-                last.as_ref().map(|l| &l.vip_weights),
-            ),
-            // Likewise: a wrr VIP picks from its cycle when it has one.
-            (
-                "wrr_schedules",
-                Kind::Hash,
-                &wanted.wrr_schedules,
-                last.as_ref().map(|l| &l.wrr_schedules),
-            ),
-            (
-                "vips_by_index",
-                array(MAX_VIPS, std::mem::size_of::<VipInfo>()),
-                &wanted.vips_by_index,
-                last.as_ref().map(|l| &l.vips_by_index),
-            ),
-            (
-                "server_macs",
-                Kind::Hash,
-                &wanted.server_macs,
-                last.as_ref().map(|l| &l.server_macs),
-            ),
-            (
-                "backends",
-                Kind::Hash,
-                &wanted.backends,
-                last.as_ref().map(|l| &l.backends),
-            ),
-            (
-                "reply_senders",
-                array(REPLY_SLOTS, std::mem::size_of::<ReplySlot>()),
-                &wanted.reply_senders,
-                last.as_ref().map(|l| &l.reply_senders),
-            ),
-            (
-                "server_side",
-                array(SERVER_SIDE_SLOTS, std::mem::size_of::<u32>()),
-                &wanted.server_side,
-                last.as_ref().map(|l| &l.server_side),
-            ),
-            // The program takes a vips hit for a VIP's packet without asking vip_addrs
-            // (lib/lb.h), so vips never holds an address vip_addrs lacks: new addresses
-            // go in before vips, stale ones leave after it.
-            (
-                "vip_addrs",
-                Kind::HashAdditions,
-                &wanted.vip_addrs,
-                last.as_ref().map(|l| &l.vip_addrs),
-            ),
-            (
-                "vips",
-                Kind::Hash,
-                &wanted.vips,
-                last.as_ref().map(|l| &l.vips),
-            ),
-            // What vips holds, again by slot.
-            (
-                "vip_slots",
-                array(VIP_SLOTS, std::mem::size_of::<VipSlot>()),
-                &wanted.vip_slots,
-                last.as_ref().map(|l| &l.vip_slots),
-            ),
-            // Last: a removed VIP's address leaves after its vips entry.
-            (
-                "vip_addrs",
-                Kind::Hash,
-                &wanted.vip_addrs,
-                last.as_ref().map(|l| &l.vip_addrs),
-            ),
-        ];
-        for (name, kind, entries, last) in maps {
-            sync(program, &mut window, name, kind, entries, last)
-                .with_context(|| format!("cannot update the XDP program's {name} map"))?;
-        }
-        maglev
-            .apply(program, &mut window)
-            .context("cannot update the XDP program's maglev_tables")?;
-        if last.as_ref().map(|l| l.config) != Some(wanted.config) {
-            let config = LbConfigValue {
-                publish_seq: window.before_write()?,
-                clock_base_ns: program.clock_base()?,
-                ..wanted.config
-            };
-            program
-                .try_map("lb_config")?
-                .update(&0u32.to_ne_bytes(), &config.to_bytes(), MapFlags::ANY)
-                .context("cannot update the XDP program's lb_config")?;
+        let mut maglev =
+            maglev_tables::plan(program, &wanted.maglev, last.as_ref().map(|l| &l.maglev))
+                .context("cannot prepare the XDP program's maglev_tables")?;
+        let mut window = program.publish_window()?;
+        loop {
+            write_copy(program, &mut window, &wanted, last.as_ref())?;
+            maglev
+                .apply(program, &mut window)
+                .context("cannot update the XDP program's maglev_tables")?;
+            if last.as_ref().map(|l| l.config) != Some(wanted.config) {
+                let copy = window.before_write();
+                let config = LbConfigValue {
+                    copy: copy as u8,
+                    publish_seq: window.seq(),
+                    clock_base_ns: program.clock_base()?,
+                    ..wanted.config
+                };
+                program
+                    .try_map("lb_config")?
+                    .update(&copy.to_ne_bytes(), &config.to_bytes(), MapFlags::ANY)
+                    .context("cannot update the XDP program's lb_config")?;
+            }
+            if !window.flip() {
+                break;
+            }
         }
         self.last = Some(wanted);
         Ok(())
     }
+}
+
+/// Writes `wanted`'s maps (but `maglev_tables` and `lb_config`) into the copy `window`
+/// writes, where they differ from `last`.
+fn write_copy(
+    program: &SteeringProgram,
+    window: &mut PublishWindow,
+    wanted: &Wanted,
+    last: Option<&Wanted>,
+) -> anyhow::Result<()> {
+    let array = |entries: usize, value_size: usize| {
+        (
+            Kind::Array {
+                entries,
+                value_size,
+            },
+            Latch::Index { entries },
+        )
+    };
+    let field = |offset: usize, width: usize| (Kind::Hash, Latch::Field { offset, width });
+    let maps: [(&str, (Kind, Latch), &Entries, Option<&Entries>); 11] = [
+        (
+            "servers",
+            array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
+            &wanted.servers,
+            last.map(|l| &l.servers),
+        ),
+        (
+            "vip_weights",
+            array(MAX_VIPS, std::mem::size_of::<VipWeights>()),
+            &wanted.vip_weights,
+            last.map(|l| &l.vip_weights),
+        ),
+        (
+            "wrr_schedules",
+            (Kind::Hash, Latch::Index { entries: MAX_VIPS }),
+            &wanted.wrr_schedules,
+            last.map(|l| &l.wrr_schedules),
+        ),
+        (
+            "vips_by_index",
+            array(MAX_VIPS, std::mem::size_of::<VipInfo>()),
+            &wanted.vips_by_index,
+            last.map(|l| &l.vips_by_index),
+        ),
+        (
+            "server_macs",
+            field(std::mem::offset_of!(MacKey, copy), 2),
+            &wanted.server_macs,
+            last.map(|l| &l.server_macs),
+        ),
+        (
+            "backends",
+            field(std::mem::offset_of!(BackendKey, copy), 2),
+            &wanted.backends,
+            last.map(|l| &l.backends),
+        ),
+        (
+            "reply_senders",
+            array(REPLY_SLOTS, std::mem::size_of::<ReplySlot>()),
+            &wanted.reply_senders,
+            last.map(|l| &l.reply_senders),
+        ),
+        (
+            "server_side",
+            array(SERVER_SIDE_SLOTS, std::mem::size_of::<u32>()),
+            &wanted.server_side,
+            last.map(|l| &l.server_side),
+        ),
+        (
+            "vip_addrs",
+            field(std::mem::offset_of!(AddrKey, copy), 4),
+            &wanted.vip_addrs,
+            last.map(|l| &l.vip_addrs),
+        ),
+        (
+            "vips",
+            field(std::mem::offset_of!(VipKey, copy), 1),
+            &wanted.vips,
+            last.map(|l| &l.vips),
+        ),
+        (
+            "vip_slots",
+            array(VIP_SLOTS, std::mem::size_of::<VipSlot>()),
+            &wanted.vip_slots,
+            last.map(|l| &l.vip_slots),
+        ),
+    ];
+    for (name, (kind, latch), entries, last) in maps {
+        sync(program, window, name, kind, latch, entries, last)
+            .with_context(|| format!("cannot update the XDP program's {name} map"))?;
+    }
+    Ok(())
 }
 
 /// The VIP indices whose policy state an earlier run left in pinned maps seeded from what
@@ -508,29 +566,40 @@ fn kept_generators(program: &SteeringProgram) -> bool {
     program.pins().kept(&["policy_rng"])
 }
 
-/// Makes map `name` hold exactly `entries`. `last` is what this publisher wrote before
-/// (`None`: unknown, so a hash map's keys are read and every array index is written).
+/// Makes the copy `window` writes of map `name` hold exactly `entries` (copy 0's keys).
+/// `last` is what this publisher wrote before (`None`: unknown, so a hash map's keys are
+/// read and every array index is written).
 fn sync(
     program: &SteeringProgram,
-    window: &mut LazyWindow,
+    window: &mut PublishWindow,
     name: &str,
     kind: Kind,
+    latch: Latch,
     entries: &Entries,
     last: Option<&Entries>,
 ) -> anyhow::Result<()> {
     let map = program.try_map(name)?;
+    let copy = window.copy();
     for (key, value) in entries {
         if last.and_then(|l| l.get(key)) != Some(value) {
-            window.before_write()?;
-            map.update(key, value, MapFlags::ANY)?;
+            window.before_write();
+            map.update(&latch.key(key, copy), value, MapFlags::ANY)?;
         }
     }
     match kind {
-        Kind::HashAdditions => {}
         Kind::Hash => {
-            let stale: Vec<Vec<u8>> = map.keys().filter(|k| !entries.contains_key(k)).collect();
+            let wanted: std::collections::BTreeSet<Vec<u8>> =
+                entries.keys().map(|k| latch.key(k, copy)).collect();
+            let stale: Vec<Vec<u8>> = map
+                .keys()
+                .filter(|k| {
+                    // A key of no copy (an earlier layout's) is stale in every one.
+                    let of = latch.copy_of(k);
+                    (of == copy || of as usize >= PUBLISH_COPIES) && !wanted.contains(k)
+                })
+                .collect();
             for key in stale {
-                window.before_write()?;
+                window.before_write();
                 map.delete(&key)?;
             }
         }
@@ -543,17 +612,18 @@ fn sync(
                 Some(last) => last
                     .keys()
                     .filter(|k| !entries.contains_key(*k))
-                    .cloned()
+                    .map(|k| latch.key(k, copy))
                     .collect(),
                 None => (0..count)
                     .map(array_key)
                     .filter(|k| !entries.contains_key(k))
+                    .map(|k| latch.key(&k, copy))
                     .collect(),
             };
             // One system call for them all: a fresh publisher zeroes every unused slot of
             // reply_senders (2^16) and vip_slots (2^13), which one call each would make slow.
             if !stale.is_empty() {
-                window.before_write()?;
+                window.before_write();
                 let values = zero.repeat(stale.len());
                 map.update_batch(
                     &stale.concat(),
@@ -731,7 +801,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             addr: [10, 0, 0, 100],
             port: 80u16.to_be_bytes(),
             protocol: 6,
-            pad: 0,
+            copy: 0,
         };
         let info = &wanted.vips[&key.to_bytes()];
         assert_eq!(info, &wanted.vips_by_index[&array_key(0)]);
@@ -834,7 +904,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         let l2 = wanted_of(&plane(""), true);
         let key = MacKey {
             mac: [2, 0xce, 0, 0, 2, 2],
-            pad: 0,
+            copy: 0,
         };
         assert_eq!(l2.server_macs[&key.to_bytes()], 2u32.to_ne_bytes());
         assert!(l2.backends.is_empty());
@@ -842,7 +912,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         let key = BackendKey {
             addr: [10, 20, 0, 12],
             port: 80u16.to_be_bytes(),
-            pad: 0,
+            copy: 0,
         };
         let value = BackendInfo {
             server: 2,
@@ -869,7 +939,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         let key = BackendKey {
             addr: [10, 20, 0, 12],
             port: 80u16.to_be_bytes(),
-            pad: 0,
+            copy: 0,
         };
         let info = &published.backends[&key.to_bytes()];
         assert_eq!(info[2..4], NO_VIP.to_ne_bytes(), "no VIP claims it");

@@ -1085,8 +1085,11 @@ impl Bench {
             .get(30..34)
             .context("frame too short for IPv4")?
             .try_into()?;
+        // Copy 0's /32 (prefix length 32 after the copy's 32 bits): a publication leaves
+        // both copies equal (daemon publish_window.rs).
         let key = NextHopKey {
-            prefixlen: 32,
+            prefixlen: 64,
+            copy: 0,
             addr: daddr,
         };
         // A lookup in an LPM trie from userspace is a longest-prefix match too.
@@ -1199,19 +1202,28 @@ pub(super) fn program<'a>(
 }
 
 /// Empties the program's `next_hops` and `next_hop_hosts`: every reply's next hop from
-/// `bpf_fib_lookup`. Inside a publish window, as the mirror writes them: that also voids
-/// what `next_hop_cache` holds.
+/// `bpf_fib_lookup`. In a publish window, as the mirror writes them, each copy of the
+/// tables while packets read the other (both keys carry the copy in their second word):
+/// the flip also voids what `next_hop_cache` holds.
 fn clear_next_hops(program: &SteeringProgram) -> anyhow::Result<()> {
-    let _window = program.publish_window()?;
-    for name in ["next_hops", "next_hop_hosts"] {
-        let map = program.try_map(name)?;
-        let keys: Vec<Vec<u8>> = map.keys().collect();
-        for key in keys {
-            map.delete(&key)
-                .with_context(|| format!("cannot delete from {name}"))?;
+    let mut window = program.publish_window()?;
+    loop {
+        let copy = window.before_write();
+        for name in ["next_hops", "next_hop_hosts"] {
+            let map = program.try_map(name)?;
+            let keys: Vec<Vec<u8>> = map
+                .keys()
+                .filter(|key| key[4..8] == copy.to_ne_bytes())
+                .collect();
+            for key in keys {
+                map.delete(&key)
+                    .with_context(|| format!("cannot delete from {name}"))?;
+            }
+        }
+        if !window.flip() {
+            return Ok(());
         }
     }
-    Ok(())
 }
 
 /// Empties map `name` (an array's values zeroed): the entries it held, to put back with
