@@ -74,7 +74,7 @@ const HANDSHAKE_WORDS: u32 = 8 * (1 << 18) + 2 * (1 << 12); // slot[2^18], retry
 const SERVER_LOAD: u32 = 32; // active_base, reported, packet_rate, byte_rate
 const NEXT_HOP_KEY: u32 = 12; // prefixlen, copy, addr
 const ADDR_KEY: u32 = 8; // addr, copy (vip_addrs, next_hop_hosts)
-// Copies of every published table (bpf/lib/publish.h): the published maps hold both.
+                         // Copies of every published table (bpf/lib/publish.h): the published maps hold both.
 const COPIES: u32 = 2;
 const NEXT_HOP: u32 = 24; // kind, ifindex, mtu, dmac[6], smac[6]
 const MAX_NEXT_HOPS: u32 = 16384;
@@ -157,7 +157,14 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         ("interface_slots", MapType::Hash, 4, 4, MAX_INTERFACES, 0),
-        ("vip_addrs", MapType::Hash, ADDR_KEY, 4, COPIES * MAX_VIPS, 0),
+        (
+            "vip_addrs",
+            MapType::Hash,
+            ADDR_KEY,
+            4,
+            COPIES * MAX_VIPS,
+            0,
+        ),
         (
             "backends",
             MapType::Hash,
@@ -176,9 +183,30 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             COPIES,
             BPF_F_MMAPABLE,
         ),
-        ("vips", MapType::Hash, VIP_KEY, VIP_INFO, COPIES * MAX_VIPS, 0),
-        ("vips_by_index", MapType::Array, 4, VIP_INFO, COPIES * MAX_VIPS, 0),
-        ("vip_slots", MapType::Array, 4, VIP_SLOT, COPIES * VIP_SLOTS, 0),
+        (
+            "vips",
+            MapType::Hash,
+            VIP_KEY,
+            VIP_INFO,
+            COPIES * MAX_VIPS,
+            0,
+        ),
+        (
+            "vips_by_index",
+            MapType::Array,
+            4,
+            VIP_INFO,
+            COPIES * MAX_VIPS,
+            0,
+        ),
+        (
+            "vip_slots",
+            MapType::Array,
+            4,
+            VIP_SLOT,
+            COPIES * VIP_SLOTS,
+            0,
+        ),
         (
             "servers",
             MapType::Array,

@@ -21,9 +21,7 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::wire::tcp::flags::ACK;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
-use cheetah_daemon::dataplane::xdp_layout::{
-    FALLBACK_WAYS, SERVER_ID_SPACE, STAT_UP_PUBLISHING,
-};
+use cheetah_daemon::dataplane::xdp_layout::{FALLBACK_WAYS, SERVER_ID_SPACE, STAT_UP_PUBLISHING};
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher, Wanted};
 use libbpf_rs::MapCore;
 

@@ -18,10 +18,9 @@ use cheetah_daemon::dataplane::maglev_tables;
 use cheetah_daemon::dataplane::vip_slots;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
-    Encode, MaglevChunk, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, PUBLISH_COPIES, VIP_SLOTS,
-    STAT_FAST_CLIENT_COOKIE,
-    STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_COOKIE,
-    STAT_UP_OTHER,
+    Encode, MaglevChunk, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, PUBLISH_COPIES,
+    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE,
+    STAT_REPLY_BY_STEERING, STAT_UP_COOKIE, STAT_UP_OTHER, VIP_SLOTS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::{MapCore, MapFlags};
@@ -167,7 +166,11 @@ fn a_nat_backends_reply_is_known_unless_it_answers_the_host() {
         program
             .try_map("next_hops")
             .unwrap()
-            .update(&everywhere(copy).to_bytes(), &via_lo.to_bytes(), MapFlags::ANY)
+            .update(
+                &everywhere(copy).to_bytes(),
+                &via_lo.to_bytes(),
+                MapFlags::ANY,
+            )
             .unwrap();
     }
 
@@ -271,7 +274,11 @@ fn first_chunk(program: &SteeringProgram, index: u32) -> Option<Vec<u8>> {
         inner.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).unwrap()
     };
     let first = chunk(0);
-    assert_eq!(chunk(1), first, "VIP {index}'s table differs between the copies");
+    assert_eq!(
+        chunk(1),
+        first,
+        "VIP {index}'s table differs between the copies"
+    );
     first
 }
 

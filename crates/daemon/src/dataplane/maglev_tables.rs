@@ -162,8 +162,7 @@ pub fn plan(
             }
             let slot = slot_of(copy, *index);
             let chunks = Chunks::of(table)?;
-            let target = match inner_of(&outer, slot)?.filter(|i| i.max_entries() == chunks.count)
-            {
+            let target = match inner_of(&outer, slot)?.filter(|i| i.max_entries() == chunks.count) {
                 Some(inner) => Target::InPlace(inner),
                 None => {
                     let inner = inner_map(chunks.count)?;
@@ -182,7 +181,12 @@ pub fn plan(
             None => (0..MAX_VIPS as u32)
                 .filter(|index| !tables.contains_key(index))
                 .map(|index| slot_of(copy, index))
-                .filter(|slot| matches!(outer.lookup(&slot.to_ne_bytes(), MapFlags::ANY), Ok(Some(_))))
+                .filter(|slot| {
+                    matches!(
+                        outer.lookup(&slot.to_ne_bytes(), MapFlags::ANY),
+                        Ok(Some(_))
+                    )
+                })
                 .collect(),
         };
         copies.push(Some(CopyPlan { writes, stale }));

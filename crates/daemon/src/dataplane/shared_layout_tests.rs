@@ -301,7 +301,14 @@ fn rust_side() -> BTreeMap<String, u64> {
     ));
     values.extend(layout!(FallbackSet, "struct fallback_set", way));
     values.extend(layout!(MaglevChunk, "struct maglev_chunk", server));
-    values.extend(layout!(VipKey, "struct vip_key", addr, port, protocol, copy));
+    values.extend(layout!(
+        VipKey,
+        "struct vip_key",
+        addr,
+        port,
+        protocol,
+        copy
+    ));
     values.extend(layout!(
         VipInfo,
         "struct vip_info",

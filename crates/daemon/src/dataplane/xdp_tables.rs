@@ -305,10 +305,7 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
 #[derive(Clone, Copy)]
 enum Kind {
     Hash,
-    Array {
-        entries: usize,
-        value_size: usize,
-    },
+    Array { entries: usize, value_size: usize },
 }
 
 /// Where a map's key names its copy of the tables (`bpf/lib/publish.h`). [`Wanted`]'s keys

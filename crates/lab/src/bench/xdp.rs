@@ -282,7 +282,7 @@ pub(super) enum Path {
     /// every reply toward a client the map does not cover.
     NextHopMiss,
     /// Server->client whose next hop is not in this CPU's `next_hop_cache`: a publication
-    /// (an empty publish window, untimed) before each run voids the cache, so every run
+    /// (a flip with nothing written, untimed) before each run voids the cache, so every run
     /// reads the `next_hops` trie and fills its slot, as the first reply toward a client
     /// after a change of the tables does.
     NextHopCacheMiss,
@@ -963,8 +963,12 @@ impl Bench {
                 self.import_clocks(CLOCK_BEFORE_ADVANCE, now);
             }
             if path == Path::NextHopCacheMiss {
-                // Opened and closed: publish_seq moves on, as at any publication.
-                drop(self.program.publish_window());
+                // A flip with nothing written (both copies are equal): publish_seq moves
+                // on, as at any publication.
+                if let Ok(mut window) = self.program.publish_window() {
+                    window.before_write();
+                    window.flip();
+                }
             }
         };
         let timed = self.time(subject, &frame, ingress, runs, expected_action, &before_run);
