@@ -439,6 +439,10 @@ impl Publisher {
     }
 }
 
+/// A map `write_copy` writes: its name, how it is kept, where its keys name the copy, and
+/// its entries wanted and last written.
+type PublishedMap<'a> = (&'a str, (Kind, Latch), &'a Entries, Option<&'a Entries>);
+
 /// Writes `wanted`'s maps (but `maglev_tables` and `lb_config`) into the copy `window`
 /// writes, where they differ from `last`.
 fn write_copy(
@@ -457,7 +461,7 @@ fn write_copy(
         )
     };
     let field = |offset: usize, width: usize| (Kind::Hash, Latch::Field { offset, width });
-    let maps: [(&str, (Kind, Latch), &Entries, Option<&Entries>); 11] = [
+    let maps: [PublishedMap; 11] = [
         (
             "servers",
             array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
