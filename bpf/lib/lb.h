@@ -43,7 +43,10 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 	// Set on every path: clang may carry its fields in registers the verifier must see written.
 	struct plain_tcp p = {};
 	__u32 zero = 0, owner = 0, seq = 0;
-	int fast, action, cookie = 0;
+	int fast, action, cookie = 0, without_timestamp = 0;
+	// Where an established segment's timestamp option starts within its options, and
+	// whether the walk found it there (not the straight line's NOP NOP TS).
+	int ts_at = 0, walked = 0;
 
 	config = bpf_map_lookup_elem(&lb_config, &zero);
 	if (config)
@@ -59,8 +62,20 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		refusal = parse_plain_tcp(ctx, &p);
 		if ((refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS) &&
 		    may_be_vip_addr(config, p.ip->daddr)) {
-			cookie = refusal == PLAIN_OK && config->mode == LB_MODE_CHEETAH &&
-				 established_with_timestamps(&p);
+			// The options' walk (timestamp_walk) only when they do not start NOP NOP TS.
+			if (refusal == PLAIN_OK && config->mode == LB_MODE_CHEETAH && established(&p)) {
+				if (plain_has_nop_nop_ts(&p)) {
+					ts_at = 2;
+				} else {
+					ts_at = timestamp_walk(ctx, &p);
+					walked = ts_at >= 0;
+					without_timestamp = ts_at == TIMESTAMP_NONE;
+				}
+				cookie = ts_at >= 0;
+				// Hidden from the verifier, so that the cookie stage is verified once
+				// for the compare's find and the walk's, not once for each.
+				asm volatile("" : "+r"(ts_at), "+r"(walked));
+			}
 			if (cookie)
 				slot = vip_slot_at(p.ip->daddr, p.tcp->dest);
 			if (!slot)
@@ -73,12 +88,13 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 			__be16 backend_port = slot ? slot->backend_port : vip->backend_port;
 
 			action = client_by_cookie(ctx, config, seq, &p, hash_prefix, vip_port,
-						  backend_port);
+						  backend_port, ts_at, walked);
 			if (action != LB_HAND_UP)
 				return action;
 		} else if (vip) {
-			// No options, so no timestamp: the fallback table routes it (fallback.h).
-			if (refusal == PLAIN_NO_OPTIONS)
+			// No timestamp (no options, or none the walk found): the fallback table
+			// routes it (fallback.h).
+			if (refusal == PLAIN_NO_OPTIONS || without_timestamp)
 				action = client_fallback(ctx, config, seq, &p, vip);
 			else if (is_client_syn(config, &p))
 				action = client_syn(ctx, config, seq, &p, vip);

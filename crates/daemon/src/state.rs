@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::xdp::SteeringStats;
-use crate::dataplane::xdp_layout::{FAST_BUNDLES, FAST_EVENTS, UP_REASONS};
+use crate::dataplane::xdp_layout::{FAST_BUNDLES, FAST_EVENTS, OPTIONS_WALKED, UP_REASONS};
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
 use crate::health::{self, HealthBook, Readiness};
@@ -60,6 +60,8 @@ pub struct SteeringCounters {
     pub next_hop_cache_miss: AtomicU64,
     /// Server replies the kernel found by steering's lookups, not in `reply_senders`.
     pub reply_by_steering: AtomicU64,
+    /// Packets the kernel handled whose timestamp the options' walk found.
+    pub options_walked: AtomicU64,
     /// The in-kernel path is on: its packets are reported as a worker of their own.
     pub fast_path: AtomicBool,
     fast: [AtomicU64; FAST_BUNDLES.len()],
@@ -79,6 +81,7 @@ impl SteeringCounters {
             .store(stats.next_hop_cache_miss, Relaxed);
         self.reply_by_steering
             .store(stats.reply_by_steering, Relaxed);
+        self.options_walked.store(stats.options_walked, Relaxed);
         for (cell, value) in self.fast.iter().zip(stats.fast) {
             cell.store(value, Relaxed);
         }
@@ -104,7 +107,19 @@ impl SteeringCounters {
                 .zip(&self.events)
                 .filter(|((_, counters), _)| counters.contains(counter))
                 .map(|(_, cell)| cell.load(Relaxed));
-            (*counter, bundles.chain(events).fold(0, u64::wrapping_add))
+            // A walked packet's entry stands for the compare's count; the core counted
+            // the walk's.
+            let walked = self.options_walked.load(Relaxed);
+            let (compared, walk) = OPTIONS_WALKED;
+            let total = bundles.chain(events).fold(0, u64::wrapping_add);
+            let total = if *counter == compared {
+                total.wrapping_sub(walked)
+            } else if *counter == walk {
+                total.wrapping_add(walked)
+            } else {
+                total
+            };
+            (*counter, total)
         })
     }
 
