@@ -134,6 +134,18 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "no-timestamps-ack-after-syn",
             "syn-no-timestamps",
             "client-rst-without-timestamps",
+            // Timestamps where no wide compare looks: found by the options' walk.
+            "established-sack-before-ts",
+            "established-ts-odd-offset",
+            "established-ts-after-wscale",
+            "established-eol-before-ts",
+            "server-data-sack-before-ts",
+            "server-data-ts-odd-offset",
+            "server-fin-ts-odd-offset",
+            "syn-ts-first",
+            "syn-ts-after-wscale",
+            "server-syn-ack-odd-offset",
+            "server-syn-ack-ts-after-sackok",
         ],
     ),
     (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),
@@ -238,6 +250,7 @@ fn judge(
         Verdict::ToServer(_) => {
             [
                 STAT_FAST_CLIENT_COOKIE,
+                STAT_FAST_CLIENT_COOKIE_WALKED,
                 STAT_FAST_CLIENT_PICK,
                 STAT_FAST_CLIENT_FALLBACK,
                 STAT_FAST_FALLBACK_MISS,
