@@ -346,10 +346,13 @@ mod tests {
             // reply that learnt its server's clock (first MSB, advance): a cookie, a first
             // close, a duplicate close; a SYN without options (evicting, retransmitted,
             // both), a fallback miss, a server's SYN-ACK without timestamps (evicting or not),
-            // a SYN-ACK that moved its retried SYN's count.
+            // a SYN-ACK that moved its retried SYN's count; a client segment whose timestamp
+            // the walk found.
             events: [
-                100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128,
+                100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256,
             ],
+            // Of the packets above counted under options_fast_path, 9 were walked.
+            options_walked: 9,
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -358,11 +361,11 @@ mod tests {
             .map(|(c, n)| (c.name(), n))
             .collect();
         assert_eq!(
-            events["to_server"], 2411,
-            "client cookie + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback + SYNs without options + fallback misses"
+            events["to_server"], 2667,
+            "client cookie (compared or walked) + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback + SYNs without options + fallback misses"
         );
         assert_eq!(events["fallback_hits"], 50);
-        assert_eq!(events["options_slow_path"], 177);
+        assert_eq!(events["options_slow_path"], 177 + 256 + 9);
         assert_eq!(events["fallback_connections"], 15);
         assert_eq!(events["fallback_evictions"], 74);
         assert_eq!(events["fallback_learned_from_server"], 96);
@@ -372,9 +375,9 @@ mod tests {
             "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves"
         );
         assert_eq!(events["fast_path"], 680);
-        assert_eq!(events["cookie_routed"], 10);
+        assert_eq!(events["cookie_routed"], 10 + 256);
         assert_eq!(events["cookies_inserted"], 514);
-        assert_eq!(events["options_fast_path"], 1624);
+        assert_eq!(events["options_fast_path"], 1624 - 9);
         assert_eq!(events["handshake_count_moved"], 128);
         assert_eq!(events["server_closes"], 118);
         assert_eq!(events["duplicate_closes"], 230);

@@ -24,7 +24,8 @@ use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
     Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, ServerInfo,
     ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, SERVER_FORWARDS,
-    STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_OPTIONS_WALKED, STAT_REPLY_BY_STEERING, UP_REASONS,
+    STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_OPTIONS_WALKED, STAT_REPLY_BY_STEERING,
+    UP_REASONS,
 };
 
 use anyhow::{bail, Context};
