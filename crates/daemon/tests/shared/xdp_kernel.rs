@@ -109,6 +109,7 @@ impl KernelRun {
                     .iter()
                     .map(|&i| format!("{:?}", FAST_EVENTS[i].1)),
             )
+            .chain(self.options_walked.then(|| "OptionsWalked".to_string()))
             .collect::<Vec<_>>()
             .join(",")
     }
