@@ -59,7 +59,7 @@ enum xdp_stat {
 	// Why the in-kernel path handed a packet it looked at to userspace (the core then
 	// decides and counts it): one reason per packet.
 	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
-	STAT_UP_LAYOUT,         // not the straight line's layout (VLAN, IP options, fragment, malformed TCP options)
+	STAT_UP_LAYOUT,         // a layout the kernel does not take (VLAN, IP options, fragment, malformed TCP options)
 	STAT_UP_COOKIE,         // cookie (or fallback entry) names no forwarding server, an unknown clock, or is beyond the idle limit
 	STAT_UP_CLOCK,          // a reply whose clock the core would not learn (backwards, ahead of real time, too fast: it counts and warns), or that raced another writer
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a SYN-ACK with FIN or RST, or a retried SYN's first answer that also learns a clock, has no timestamp, or raced
@@ -143,6 +143,10 @@ enum xdp_stat {
 	// the walk found where no wide compare looks: the core counted OptionsSlowPath where
 	// that entry stands for OptionsFastPath (metrics move one from the first to the second).
 	STAT_OPTIONS_WALKED,
+	// layout. A baseline's client segment whose TCP header is too short for the straight
+	// line (20, 24 or 28 bytes), forwarded by its pick as the core's general path forwards
+	// it: ToServer only.
+	STAT_FAST_CLIENT_PICK_GENERAL,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

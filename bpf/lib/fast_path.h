@@ -426,10 +426,13 @@ static __always_inline int established(const struct plain_tcp *p)
 
 // fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip) that
 // client_by_cookie does not take (lb.h: in cheetah mode, an ACK with NOP NOP TS goes
-// there); `seq` is what publish_begin said before lb_config and vip were read.
+// there); `seq` is what publish_begin said before lb_config and vip were read. A baseline's
+// pick is counted as `pick_stat`: STAT_FAST_CLIENT_PICK on the straight line's layout,
+// STAT_FAST_CLIENT_PICK_GENERAL for a TCP header too short for it (the core's general
+// path picks alike but counts only the verdict).
 static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config,
 				       __u32 seq, const struct plain_tcp *p,
-				       const struct vip_info *vip)
+				       const struct vip_info *vip, __u32 pick_stat)
 {
 	struct toward_server to;
 	struct server_info *server;
@@ -467,7 +470,7 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 		server = bpf_map_lookup_elem(&servers, &id);
 		if (!server || !(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
-		stat = STAT_FAST_CLIENT_PICK;
+		stat = pick_stat;
 	}
 	toward_server_of(&to, config, vip, server, id);
 	if (!publish_unchanged(config, seq))

@@ -6,8 +6,9 @@
 // `plain_ipv4_tcp`, one for one, so the kernel takes exactly the frames the core's
 // straight line takes and hands every other one to userspace unchanged. The same frame
 // with a TCP header of 20 bytes (no options: a client without timestamps) is told apart
-// (PLAIN_NO_OPTIONS) for the fallback table's path (fallback.h); the straight lines
-// refuse it as they refuse any other layout.
+// (PLAIN_NO_OPTIONS) for the fallback table's path (fallback.h), and so is one of 24 or 28
+// bytes (PLAIN_SHORT_OPTIONS: options, but no room for a timestamp option); the straight
+// lines refuse both as they refuse any other layout.
 
 #ifndef CHEETAH_LIB_PARSE_H
 #define CHEETAH_LIB_PARSE_H
@@ -56,6 +57,9 @@ enum plain_refusal {
 	// The plain layout but a TCP header without options: eth, ip and tcp are set, ts is
 	// not. Not the straight line's layout (counted as PLAIN_LAYOUT there).
 	PLAIN_NO_OPTIONS,
+	// The plain layout but a TCP header of 24 or 28 bytes: options too short for NOP NOP
+	// TS, or for any timestamp option. eth, ip and tcp are set, ts is not.
+	PLAIN_SHORT_OPTIONS,
 };
 
 // Fills `view` if the frame is the straight line's layout (core `plain_ipv4_tcp`).
@@ -93,6 +97,12 @@ static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 		    data + sizeof(struct ethhdr) + total_len > data_end)
 			return PLAIN_LAYOUT;
 		return PLAIN_NO_OPTIONS;
+	}
+	if (header_len > sizeof(struct tcphdr) && header_len < TCP_WITH_TS_LEN) {
+		if (sizeof(struct iphdr) + header_len > total_len ||
+		    data + sizeof(struct ethhdr) + total_len > data_end)
+			return PLAIN_LAYOUT;
+		return PLAIN_SHORT_OPTIONS;
 	}
 	// IP + TCP_WITH_TS <= IP + header_len <= total_len <= frame: the TCP header with
 	// room for NOP NOP TS is within the IP packet, which is within the frame.

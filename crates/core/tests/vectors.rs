@@ -612,6 +612,11 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         )
         .msb(2, M),
         input(
+            "established-short-options",
+            "Client ACK with a 24-byte TCP header (options NOP NOP NOP NOP): no timestamp, unknown to the fallback table, Maglev picks.",
+            from_client(flags::ACK, vec![1, 1, 1, 1]).build(),
+        ),
+        input(
             "server-data-sack-before-ts",
             "Server 2's data segment with NOP NOP SACK(1 block) NOP NOP TS: cookie inserted where the option walk found TSval.",
             from_server(

@@ -146,6 +146,7 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "syn-ts-after-wscale",
             "server-syn-ack-odd-offset",
             "server-syn-ack-ts-after-sackok",
+            "established-short-options",
         ],
     ),
     (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),
@@ -163,6 +164,8 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "icmp-frag-needed-port-40001",
     "icmp-frag-needed-port-40002",
     "icmp-frag-needed-port-40003",
+    // A TCP header too short for the straight line: the general path's pick.
+    "options-not-parsed",
 ];
 
 // --- One suite ----------------------------------------------------------------------------
@@ -252,6 +255,7 @@ fn judge(
                 STAT_FAST_CLIENT_COOKIE,
                 STAT_FAST_CLIENT_COOKIE_WALKED,
                 STAT_FAST_CLIENT_PICK,
+                STAT_FAST_CLIENT_PICK_GENERAL,
                 STAT_FAST_CLIENT_FALLBACK,
                 STAT_FAST_FALLBACK_MISS,
             ]

@@ -211,6 +211,10 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_FAST_CLIENT_COOKIE_WALKED as usize,
         ),
         ("STAT_OPTIONS_WALKED", STAT_OPTIONS_WALKED as usize),
+        (
+            "STAT_FAST_CLIENT_PICK_GENERAL",
+            STAT_FAST_CLIENT_PICK_GENERAL as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

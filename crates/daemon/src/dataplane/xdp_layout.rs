@@ -110,7 +110,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 19] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 20] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -293,6 +293,9 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 19] = [
             Counter::ToServer,
         ],
     ),
+    // A baseline's client segment too short for the straight line: the general path's
+    // pick counts only its verdict.
+    (STAT_FAST_CLIENT_PICK_GENERAL, &[Counter::ToServer]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -343,7 +346,11 @@ pub const STAT_OPTIONS_WALKED: u32 = 43;
 /// its `STAT_FAST_*` entry stands for) to the second.
 pub const OPTIONS_WALKED: (Counter, Counter) = (Counter::OptionsFastPath, Counter::OptionsSlowPath);
 
-pub const STAT_COUNT: u32 = 44;
+/// A baseline's client segment whose TCP header is too short for the straight line (20,
+/// 24 or 28 bytes), forwarded in the kernel by its pick.
+pub const STAT_FAST_CLIENT_PICK_GENERAL: u32 = 44;
+
+pub const STAT_COUNT: u32 = 45;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;
