@@ -174,7 +174,8 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 		return XDP_ABORTED;
 	STAGE_DONE(1);
 
-	if (!may_be_vip_addr(config, p.ip->daddr) || !established_with_timestamps(&p))
+	if (!may_be_vip_addr(config, p.ip->daddr) || !established(&p) ||
+	    !plain_has_nop_nop_ts(&p))
 		return XDP_ABORTED;
 	slot = vip_slot_at(copy, p.ip->daddr, p.tcp->dest);
 	if (!slot)

@@ -62,7 +62,7 @@ enum xdp_stat {
 	// Why the in-kernel path handed a packet it looked at to userspace (the core then
 	// decides and counts it): one reason per packet.
 	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
-	STAT_UP_LAYOUT,         // not the straight line's layout (VLAN, IP options, fragment, no NOP NOP TS)
+	STAT_UP_LAYOUT,         // a layout the kernel does not take (VLAN, IP options, fragment, malformed TCP options)
 	STAT_UP_COOKIE,         // cookie (or fallback entry) names no forwarding server, an unknown clock, or is beyond the idle limit
 	STAT_UP_CLOCK,          // a reply whose clock the core would not learn (backwards, ahead of real time, too fast: it counts and warns), or that raced another writer
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a SYN-ACK with FIN or RST, or a retried SYN's first answer that also learns a clock, has no timestamp, or raced
@@ -138,6 +138,18 @@ enum xdp_stat {
 	// hop (stage 4). A reply whose next hop the per-CPU next_hop_cache did not hold for the
 	// current publication: it read next_hops (and, on a miss there, asked the FIB).
 	STAT_NEXT_HOP_CACHE_MISS,
+	// layout. A client's established segment whose timestamp option the options' walk
+	// found, not NOP NOP TS (parse.h timestamp_walk), routed by its cookie as the core's
+	// general path routes it: OptionsSlowPath, CookieRouted and ToServer.
+	STAT_FAST_CLIENT_COOKIE_WALKED,
+	// layout. Counted beside the entry of a reply, SYN-ACK or client SYN whose timestamp
+	// the walk found where no wide compare looks: the core counted OptionsSlowPath where
+	// that entry stands for OptionsFastPath (metrics move one from the first to the second).
+	STAT_OPTIONS_WALKED,
+	// layout. A baseline's client segment whose TCP header is too short for the straight
+	// line (20, 24 or 28 bytes), forwarded by its pick as the core's general path forwards
+	// it: ToServer only.
+	STAT_FAST_CLIENT_PICK_GENERAL,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

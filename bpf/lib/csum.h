@@ -40,6 +40,40 @@ static __always_inline __u16 csum_update_u32(__u16 check, __u32 old, __u32 new)
 	return (__u16)~csum_fold(acc);
 }
 
+// checksum.rs `update_u32_at`: a 32-bit field at any offset from the start of the
+// checksummed region, host order. At an odd offset each of its bytes sits in the other half
+// of a 16-bit word than its position in the field says, so the change is folded on its own
+// and byte-swapped before it joins the sum, in the core's order.
+static __always_inline __u16 csum_update_u32_at(__u16 check, int odd_offset, __u32 old, __u32 new)
+{
+	__u16 delta;
+
+	if (!odd_offset)
+		return csum_update_u32(check, old, new);
+	delta = csum_fold((__u32)(__u16)~(old >> 16) + (__u16)~(old & 0xffff) + (new >> 16) +
+			  (new & 0xffff));
+	delta = (__u16)(delta << 8 | delta >> 8);
+	return (__u16)~csum_fold((__u32)(__u16)~check + delta);
+}
+
+// tcp.rs `rewrite_option_u32`: the 32-bit word at `field` (in a TCP option, at any offset
+// `odd_offset` says the parity of, from the TCP header) becomes `value` (host order), the
+// checksum at `check` follows; nothing is written when the word is unchanged. Byte copies,
+// as the word may sit at any offset.
+static __always_inline void csum_rewrite_option_u32(__u8 *field, __u16 *check, int odd_offset,
+						    __u32 value)
+{
+	__be32 old_be, new_be = bpf_htonl(value);
+	__u32 old;
+
+	__builtin_memcpy(&old_be, field, sizeof(old_be));
+	old = bpf_ntohl(old_be);
+	if (old == value)
+		return;
+	__builtin_memcpy(field, &new_be, sizeof(new_be));
+	*check = bpf_htons(csum_update_u32_at(bpf_ntohs(*check), odd_offset, old, value));
+}
+
 // checksum.rs `replace_high_half_in_network_order`: the first two bytes of a 32-bit word at
 // an even offset from the start of the checksummed region become `new` (as it lies in
 // memory), the checksum at `check` follows. The words are summed as they lie in memory

@@ -109,7 +109,8 @@ static __always_inline int fallback_miss(struct xdp_md *ctx, const struct lb_con
 	return forward_to_server(ctx, p, &to, STAT_FAST_FALLBACK_MISS);
 }
 
-// client_path.rs for a client segment whose TCP header has no options (PLAIN_NO_OPTIONS)
+// client_path.rs for a client segment without a timestamp option (a TCP header without
+// options, PLAIN_NO_OPTIONS, or options timestamp_walk found none in: the same counts)
 // to TCP VIP `vip` (client_vip); `seq` is what publish_begin said before lb_config and vip
 // were read.
 static __always_inline int client_fallback(struct xdp_md *ctx, const struct lb_config *config,

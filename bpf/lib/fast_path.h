@@ -56,6 +56,14 @@ static __always_inline int hand_up_refused(enum plain_refusal refusal)
 	return hand_up(refusal == PLAIN_NOT_TCP ? STAT_UP_OTHER : STAT_UP_LAYOUT);
 }
 
+// A packet counted by a STAT_FAST_* entry that stands for OptionsFastPath whose timestamp
+// the walk found (timestamp_walk): the core counted OptionsSlowPath in its place.
+static __always_inline void count_options_walked(int walked)
+{
+	if (walked)
+		count(STAT_OPTIONS_WALKED);
+}
+
 static __always_inline struct cookie_layout layout_of(const struct lb_config *config)
 {
 	struct cookie_layout layout = { .id_bits = config->id_bits, .id_mask = config->id_mask };
@@ -204,7 +212,7 @@ static __always_inline int client_not_found(enum plain_refusal refusal)
 // kernel does not run (vip_info.policy) or an empty or unpublished pool goes up as before.
 static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *config,
 				    __u32 seq, const struct plain_tcp *p,
-				    const struct vip_info *vip)
+				    const struct vip_info *vip, int walked)
 {
 	__u32 index = vip->index, pool_len = vip->pool_len, policy = vip->policy;
 	__u32 latched = latched_index(config->copy, index, MAX_VIPS);
@@ -223,7 +231,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	__u64 hash, now;
 	int nat, drawn;
 
-	// Decide: every read, no write. (client_syn found the timestamp where Table 1 puts it.)
+	// Decide: every read, no write. (client_syn found the timestamp where Table 1 puts it,
+	// or, `walked`, elsewhere.)
 	if (policy == KERNEL_POLICY_NONE || pool_len == 0 || pool_len > MAX_HASH_POOL)
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	state = bpf_map_lookup_elem(&policy_state, &index);
@@ -335,6 +344,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	rewrite_toward_server(p, nat, &target, vip_port, backend_port);
 	add_server_traffic(id, p->ip, 0);
 	count(stat);
+	count_options_walked(walked);
 	return send_out(ctx, target.egress_ifindex);
 }
 
@@ -368,24 +378,31 @@ static __always_inline struct server_info *route_by_cookie(__u32 copy, struct co
 }
 
 // fast_path.rs `client_fast`'s cookie stage and forward, for an established segment `p`
-// with NOP NOP TS to a cheetah-mode VIP, of which it needs the hash prefix and the ports
-// (from vips or vip_slots).
+// to a cheetah-mode VIP, of which it needs the hash prefix and the ports (from vips or
+// vip_slots). The timestamp option starts `at` bytes into the options: 2 when they start
+// NOP NOP TS (the straight line), else where timestamp_walk found it (`walked`): then the
+// core's general path (client_path.rs) takes the segment, which finds the same server and
+// restores TSecr as a whole word at any offset (`rewrite_option_u32`), and counts the walk.
 static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_config *config,
 					    __u32 seq, const struct plain_tcp *p,
 					    const __u64 hash_prefix[4], __be16 vip_port,
-					    __be16 backend_port)
+					    __be16 backend_port, int at, int walked)
 {
 	struct toward_server to;
 	struct server_info *server;
+	__u8 *option = timestamp_option_at(ctx, p, at);
 	__u16 restored = 0;
 	__u32 id;
 	// The VIP's side of the id was hashed by userspace (the packet's destination is the
 	// VIP's address and port: that is how it was found).
 	__u64 hash = siphash_finish(hash_prefix, p->ip->saddr, p->tcp->source);
 
+	if (!option)
+		return hand_up(STAT_UP_LAYOUT);
 	// The cookie is TSecr's high half.
-	server = route_by_cookie(config->copy, layout_of(config), bpf_ntohs(*(__be16 *)&p->ts->tsecr), hash,
-				 &id, &restored);
+	server = route_by_cookie(config->copy, layout_of(config),
+				 bpf_ntohs(*(__be16 *)(option + TCP_TIMESTAMP_TSECR)), hash, &id,
+				 &restored);
 	if (!server)
 		return LB_HAND_UP;
 	to.server = *server;
@@ -395,25 +412,38 @@ static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_
 	to.backend_port = backend_port;
 	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
+	if (walked) {
+		__u8 *tsecr = option + TCP_TIMESTAMP_TSECR;
+		__be32 old;
+
+		__builtin_memcpy(&old, tsecr, sizeof(old));
+		csum_rewrite_option_u32(tsecr, &p->tcp->check, at & 1,
+					(__u32)bpf_ntohs(restored) << 16 | (bpf_ntohl(old) & 0xffff));
+		return forward_to_server(ctx, p, &to, STAT_FAST_CLIENT_COOKIE_WALKED);
+	}
 	// Only the MSB changes: the cookie becomes the server's own MSB, which the table
 	// keeps in network byte order.
-	csum_replace_high_half_in_network_order((__u16 *)&p->ts->tsecr, &p->tcp->check,
-						restored);
+	csum_replace_high_half_in_network_order((__u16 *)(option + TCP_TIMESTAMP_TSECR),
+						&p->tcp->check, restored);
 	return forward_to_server(ctx, p, &to, STAT_FAST_CLIENT_COOKIE);
 }
 
-// Whether `p` is what client_by_cookie takes in cheetah mode: ACK without SYN, NOP NOP TS.
-static __always_inline int established_with_timestamps(const struct plain_tcp *p)
+// Whether `p` is an established segment in the core's sense (ACK without SYN), whose TSecr
+// echoes a cookie if it carries a timestamp.
+static __always_inline int established(const struct plain_tcp *p)
 {
-	return (tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) == TCP_ACK && plain_has_nop_nop_ts(p);
+	return (tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) == TCP_ACK;
 }
 
 // fast_path.rs `client_fast` for a plain segment `p` to TCP VIP `vip` (client_vip) that
 // client_by_cookie does not take (lb.h: in cheetah mode, an ACK with NOP NOP TS goes
-// there); `seq` is what publish_begin said before lb_config and vip were read.
+// there); `seq` is what publish_begin said before lb_config and vip were read. A baseline's
+// pick is counted as `pick_stat`: STAT_FAST_CLIENT_PICK on the straight line's layout,
+// STAT_FAST_CLIENT_PICK_GENERAL for a TCP header too short for it (the core's general
+// path picks alike but counts only the verdict).
 static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_config *config,
 				       __u32 seq, const struct plain_tcp *p,
-				       const struct vip_info *vip)
+				       const struct vip_info *vip, __u32 pick_stat)
 {
 	struct toward_server to;
 	struct server_info *server;
@@ -425,7 +455,8 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 		// TSecr (RFC 7323), so userspace routes it like one without timestamps.
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
 			return hand_up(STAT_UP_NEW_CONNECTION);
-		// An ACK with NOP NOP TS went to client_by_cookie (lb.h): this one has not.
+		// An ACK with a timestamp went to client_by_cookie, one without to client_fallback
+		// (lb.h): this one's options are malformed, which the core drops.
 		return hand_up(STAT_UP_LAYOUT);
 	} else {
 		// The baselines: this same path with `pool[h % n]` or the VIP's Maglev table for
@@ -450,7 +481,7 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 		server = server_at(config->copy, id);
 		if (!server || !(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
-		stat = STAT_FAST_CLIENT_PICK;
+		stat = pick_stat;
 	}
 	toward_server_of(&to, config, vip, server, id);
 	if (!publish_unchanged(seq))
@@ -469,6 +500,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	__be32 vip_addr;
 	__be16 vip_port;
 	__be32 *tsval = &p->ts->tsval;
+	// Where the timestamp option starts within the options, and whether the walk found it.
+	int at, walked = 0;
 	// A FIN or an RST (cheetah mode): its close, and whether it is the first (closes.h).
 	struct close close = {};
 	int is_close = 0, first_close = 0;
@@ -496,11 +529,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		__u64 hash;
 
 		if (flags & TCP_SYN) {
-			// SYN-ACKs: Table 1's layouts, TSval 2 bytes into the option; or options
-			// the core's walk finds without a timestamp. One that also closes is left to
-			// userspace whole.
-			__u32 at = syn_timestamp_at(ctx, p);
-
+			// SYN-ACKs: Table 1's layouts, TSval 2 bytes into the option. One that also
+			// closes is left to userspace whole.
 			if (flags & (TCP_FIN | TCP_RST))
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			// A server's SYN without ACK (SegmentKind::Syn, not SynAck) answers no SYN
@@ -508,20 +538,31 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			// that the kernel took for an answer moving a load count).
 			if (!(flags & TCP_ACK))
 				return hand_up(STAT_UP_LAYOUT);
-			tsval = (__be32 *)((__u8 *)p->ts + at + 2);
-			// Without a timestamp only a SYN-ACK teaches the fallback table.
-			if (!at && !options_without_timestamp(ctx, p))
-				return hand_up(STAT_UP_LAYOUT);
-			if (at && (void *)(tsval + 1) > (void *)(long)ctx->data_end)
-				return hand_up(STAT_UP_LAYOUT);
-			without_timestamp = !at;
+			at = syn_timestamp_at(ctx, p);
 		} else {
-			// Also for a FIN or RST: the core's straight line takes a reply only with
-			// NOP NOP TS, so the closes it counts here are stamped ones (an RST without
-			// a timestamp goes up, and the core counts it as such).
-			if (!plain_has_nop_nop_ts(p))
+			// Also for a FIN or RST: the closes counted here are stamped ones (an RST
+			// without a timestamp goes up, and the core counts it as such).
+			at = plain_has_nop_nop_ts(p) ? 2 : 0;
+		}
+		if (!at) {
+			// Elsewhere, or none: the core's walk. Without a timestamp only a SYN-ACK
+			// teaches the fallback table.
+			at = timestamp_walk(ctx, p);
+			if (at == TIMESTAMP_MALFORMED ||
+			    (at == TIMESTAMP_NONE && !(flags & TCP_SYN)))
 				return hand_up(STAT_UP_LAYOUT);
-			tsval = &p->ts->tsval;
+			without_timestamp = at == TIMESTAMP_NONE;
+			walked = !without_timestamp;
+		}
+		// Hidden from the verifier, so that what follows is verified once for the
+		// compares' finds and the walk's, not once for each.
+		asm volatile("" : "+r"(at), "+r"(walked));
+		if (!without_timestamp) {
+			__u8 *option = timestamp_option_at(ctx, p, at);
+
+			if (!option)
+				return hand_up(STAT_UP_LAYOUT);
+			tsval = (__be32 *)(option + TCP_TIMESTAMP_TSVAL);
 		}
 		// The connection's hash: its client is the reply's destination.
 		hash = siphash_finish(sender->hash_prefix, p->ip->daddr, p->tcp->dest);
@@ -607,8 +648,13 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			       STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED :
 			       STAT_FAST_SERVER_FALLBACK_LEARNED;
 	} else if (cheetah) {
-		// The cookie takes the place of the MSB; the low half stays.
-		csum_replace_high_half((__u16 *)tsval, &p->tcp->check, cookie);
+		// The cookie takes the place of the MSB; the low half stays. Where the walk
+		// found it, as the core's general path writes it: the whole word, at any offset.
+		if (walked)
+			csum_rewrite_option_u32((__u8 *)tsval, &p->tcp->check, at & 1,
+						(__u32)cookie << 16 | (bpf_ntohl(*tsval) & 0xffff));
+		else
+			csum_replace_high_half((__u16 *)tsval, &p->tcp->check, cookie);
 		stat = STAT_FAST_SERVER_COOKIE;
 		if (is_close) {
 			if (first_close)
@@ -637,6 +683,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	__builtin_memcpy(p->eth->h_source, hop.hop.smac, ETH_ALEN);
 	add_server_traffic(id, p->ip, first_close);
 	count(stat);
+	count_options_walked(walked);
 	return send_out(ctx, hop.hop.ifindex);
 }
 

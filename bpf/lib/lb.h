@@ -43,7 +43,10 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 	// Set on every path: clang may carry its fields in registers the verifier must see written.
 	struct plain_tcp p = {};
 	__u32 zero = 0, owner = 0, seq = 0, copy = 0;
-	int fast, action, cookie = 0;
+	int fast, action, cookie = 0, without_timestamp = 0;
+	// Where an established segment's timestamp option starts within its options, and
+	// whether the walk found it there (not the straight line's NOP NOP TS).
+	int ts_at = 0, walked = 0;
 
 	// The word first, then every published map from the copy it names (publish.h).
 	entry0 = bpf_map_lookup_elem(&lb_config, &zero);
@@ -61,10 +64,27 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		// segment, a client's established one in cheetah mode, finds its VIP by an array
 		// read in vip_slots (vip_slots.h); any other, or one whose VIP has no slot, in vips.
 		refusal = parse_plain_tcp(ctx, &p);
-		if ((refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS) &&
+		if ((refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS ||
+		     refusal == PLAIN_SHORT_OPTIONS) &&
 		    may_be_vip_addr(config, p.ip->daddr)) {
-			cookie = refusal == PLAIN_OK && config->mode == LB_MODE_CHEETAH &&
-				 established_with_timestamps(&p);
+			// The options' walk (timestamp_walk) only when they do not start NOP NOP TS.
+			// Options too short for a timestamp are walked too (none, or malformed).
+			if (config->mode == LB_MODE_CHEETAH &&
+			    (refusal == PLAIN_SHORT_OPTIONS ||
+			     (refusal == PLAIN_OK && established(&p)))) {
+				if (refusal == PLAIN_OK && plain_has_nop_nop_ts(&p)) {
+					ts_at = 2;
+				} else {
+					ts_at = timestamp_walk(ctx, &p);
+					walked = ts_at >= 0;
+					without_timestamp = ts_at == TIMESTAMP_NONE;
+				}
+				// (Options too short for one never hold a timestamp.)
+				cookie = ts_at >= 0 && refusal == PLAIN_OK;
+				// Hidden from the verifier, so that the cookie stage is verified once
+				// for the compare's find and the walk's, not once for each.
+				asm volatile("" : "+r"(ts_at), "+r"(walked));
+			}
 			if (cookie)
 				slot = vip_slot_at(copy, p.ip->daddr, p.tcp->dest);
 			if (!slot)
@@ -77,17 +97,25 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 			__be16 backend_port = slot ? slot->backend_port : vip->backend_port;
 
 			action = client_by_cookie(ctx, config, seq, &p, hash_prefix, vip_port,
-						  backend_port);
+						  backend_port, ts_at, walked);
 			if (action != LB_HAND_UP)
 				return action;
 		} else if (vip) {
-			// No options, so no timestamp: the fallback table routes it (fallback.h).
-			if (refusal == PLAIN_NO_OPTIONS)
+			int cheetah = config->mode == LB_MODE_CHEETAH;
+
+			// No timestamp (no options, or none the walk found): the fallback table
+			// routes it (fallback.h). The baselines pick for it as for any other
+			// segment, on the core's general path (client_fast).
+			if ((refusal == PLAIN_NO_OPTIONS && cheetah) || without_timestamp)
 				action = client_fallback(ctx, config, seq, &p, vip);
+			else if (refusal == PLAIN_SHORT_OPTIONS && cheetah)
+				action = hand_up(STAT_UP_LAYOUT); // malformed: the core drops
 			else if (is_client_syn(config, &p))
 				action = client_syn(ctx, config, seq, &p, vip);
 			else
-				action = client_fast(ctx, config, seq, &p, vip);
+				action = client_fast(ctx, config, seq, &p, vip,
+						     refusal == PLAIN_OK ? STAT_FAST_CLIENT_PICK :
+									   STAT_FAST_CLIENT_PICK_GENERAL);
 			if (action != LB_HAND_UP)
 				return action;
 		} else if (refusal == PLAIN_OK) {

@@ -316,6 +316,16 @@ struct {
 	__type(value, struct next_hop);
 } next_hop_hosts SEC(".maps");
 
+// The FIB lookup's parameters for a reply whose next hop the maps do not know
+// (next_hop.h): 64 bytes the program's 512-byte stack frame cannot spare on the reply
+// path. One packet's work, nothing kept: not pinned (pin.rs, `*_scratch`).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct bpf_fib_lookup);
+} fib_scratch SEC(".maps");
+
 // The client addresses' answers of the two maps above, per CPU and direct-mapped: a reply
 // toward a recent client reads one slot instead of walking the trie. The kernel's alone
 // (userspace never reads it, so it is not in cheetah_shared.h), and not pinned

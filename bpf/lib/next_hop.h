@@ -53,7 +53,8 @@ static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const stru
 	struct next_hop_host_key host = { .addr = ip->daddr, .copy = copy };
 	__u32 len = bpf_ntohs(ip->tot_len);
 	struct next_hop *known;
-	struct bpf_fib_lookup fib;
+	struct bpf_fib_lookup *fib;
+	__u32 zero = 0;
 
 	found->slot = NULL;
 	if (cached && cached->addr == ip->daddr && cached->seq == seq && len <= cached->hop.mtu) {
@@ -72,11 +73,12 @@ static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const stru
 	}
 	count(STAT_NEXT_HOP_MISS);
 	// The FIB's answers are not remembered: no publication tells when they change.
-	if (fib_toward_client(ctx, ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
+	fib = bpf_map_lookup_elem(&fib_scratch, &zero);
+	if (!fib || fib_toward_client(ctx, ip, fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
-	found->hop.ifindex = fib.ifindex;
-	__builtin_memcpy(found->hop.dmac, fib.dmac, ETH_ALEN);
-	__builtin_memcpy(found->hop.smac, fib.smac, ETH_ALEN);
+	found->hop.ifindex = fib->ifindex;
+	__builtin_memcpy(found->hop.dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(found->hop.smac, fib->smac, ETH_ALEN);
 	return 1;
 }
 

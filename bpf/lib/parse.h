@@ -6,8 +6,9 @@
 // `plain_ipv4_tcp`, one for one, so the kernel takes exactly the frames the core's
 // straight line takes and hands every other one to userspace unchanged. The same frame
 // with a TCP header of 20 bytes (no options: a client without timestamps) is told apart
-// (PLAIN_NO_OPTIONS) for the fallback table's path (fallback.h); the straight lines
-// refuse it as they refuse any other layout.
+// (PLAIN_NO_OPTIONS) for the fallback table's path (fallback.h), and so is one of 24 or 28
+// bytes (PLAIN_SHORT_OPTIONS: options, but no room for a timestamp option); the straight
+// lines refuse both as they refuse any other layout.
 
 #ifndef CHEETAH_LIB_PARSE_H
 #define CHEETAH_LIB_PARSE_H
@@ -56,6 +57,9 @@ enum plain_refusal {
 	// The plain layout but a TCP header without options: eth, ip and tcp are set, ts is
 	// not. Not the straight line's layout (counted as PLAIN_LAYOUT there).
 	PLAIN_NO_OPTIONS,
+	// The plain layout but a TCP header of 24 or 28 bytes: options too short for NOP NOP
+	// TS, or for any timestamp option. eth, ip and tcp are set, ts is not.
+	PLAIN_SHORT_OPTIONS,
 };
 
 // Fills `view` if the frame is the straight line's layout (core `plain_ipv4_tcp`).
@@ -93,6 +97,12 @@ static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 		    data + sizeof(struct ethhdr) + total_len > data_end)
 			return PLAIN_LAYOUT;
 		return PLAIN_NO_OPTIONS;
+	}
+	if (header_len > sizeof(struct tcphdr) && header_len < TCP_WITH_TS_LEN) {
+		if (sizeof(struct iphdr) + header_len > total_len ||
+		    data + sizeof(struct ethhdr) + total_len > data_end)
+			return PLAIN_LAYOUT;
+		return PLAIN_SHORT_OPTIONS;
 	}
 	// IP + TCP_WITH_TS <= IP + header_len <= total_len <= frame: the TCP header with
 	// room for NOP NOP TS is within the IP packet, which is within the frame.
@@ -150,67 +160,122 @@ static __always_inline __u32 syn_timestamp_at(struct xdp_md *ctx, const struct p
 #define TCP_OPTION_NOP 1
 #define TCP_OPTION_TIMESTAMP 8
 
-// The state of options_without_timestamp's walk (one bpf_loop step per option).
+// The timestamp option's length (kind, length, TSval, TSecr) and where its words sit in it.
+#define TCP_TIMESTAMP_LEN 10
+#define TCP_TIMESTAMP_TSVAL 2
+#define TCP_TIMESTAMP_TSECR 6
+// The latest a whole timestamp option can start within the options.
+#define TCP_TIMESTAMP_AT_MAX (TCP_OPTIONS_MAX - TCP_TIMESTAMP_LEN)
+
+// What the core's walk (wire/tcp_options.rs `find_timestamp_slow`) says of a segment's
+// options besides an offset (>= 0): `Ok(None)`, or an `Err` (the core drops the segment).
+#define TIMESTAMP_NONE (-1)
+#define TIMESTAMP_MALFORMED (-2)
+
+// The state of timestamp_walk (one bpf_loop step per option).
 struct option_walk {
 	__u8 options[TCP_OPTIONS_MAX];
 	__u32 len;
 	__u32 at;
-	// Set by the step that ends the walk: the options hold no timestamp.
-	int no_timestamp;
+	// Set by the step that ends the walk: an offset, TIMESTAMP_NONE or TIMESTAMP_MALFORMED.
+	int found;
 };
 
-// One option of the core's TLV walk (wire/tcp_options.rs `find_timestamp_slow`): 0 to go
-// on, 1 to stop (with no_timestamp set if the walk proved there is none).
+// The walk's state lives in a per-CPU scratch entry, not on the stack: inlined at each of
+// its call sites, its 52 bytes would come out of the program's 512-byte frame, which the
+// straight lines already nearly fill. Per packet, nothing to keep: not pinned (pin.rs).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct option_walk);
+} option_walk_scratch SEC(".maps");
+
+// One option of the core's TLV walk: 0 to go on, 1 to stop with `found` set. The context
+// is the caller's pointer to the scratch entry (bpf_loop's context must be on the stack).
 static long option_walk_step(__u32 i, void *context)
 {
-	struct option_walk *walk = context;
+	struct option_walk *walk = *(struct option_walk **)context;
 	__u32 at = walk->at, len;
 	__u8 kind;
 
 	if (at >= walk->len || at >= TCP_OPTIONS_MAX) {
-		walk->no_timestamp = 1;
+		walk->found = TIMESTAMP_NONE;
 		return 1;
 	}
 	kind = walk->options[at];
 	if (kind == TCP_OPTION_END) {
-		walk->no_timestamp = 1;
+		walk->found = TIMESTAMP_NONE;
 		return 1;
 	}
 	if (kind == TCP_OPTION_NOP) {
 		walk->at = at + 1;
 		return 0;
 	}
-	// Truncated, a bad length, an overrun (the core drops those) or a timestamp: not
-	// proven.
+	// Truncated, a bad length, an overrun, a timestamp of another length: the core drops.
+	walk->found = TIMESTAMP_MALFORMED;
 	if (at + 1 >= walk->len || at + 1 >= TCP_OPTIONS_MAX)
 		return 1;
 	len = walk->options[at + 1];
-	if (len < 2 || at + len > walk->len || kind == TCP_OPTION_TIMESTAMP)
+	if (len < 2 || at + len > walk->len)
 		return 1;
+	if (kind == TCP_OPTION_TIMESTAMP) {
+		if (len == TCP_TIMESTAMP_LEN)
+			walk->found = at;
+		return 1;
+	}
 	walk->at = at + len;
 	return 0;
 }
 
-// Whether the options of `view` (the straight line's layout, PLAIN_OK) are well formed
-// and hold no timestamp option, as the core's walk finds when it returns `Ok(None)`: then
-// the core routes the segment as one without timestamps. 0 for anything else (a
-// timestamp anywhere, malformed options), which the caller leaves to userspace. The walk
-// is a bpf_loop over a copy of the options, so the verifier walks one step, not forty.
-static __always_inline int options_without_timestamp(struct xdp_md *ctx,
-						     const struct plain_tcp *view)
+// The core's walk over the options of `view` (the straight line's layout, PLAIN_OK): the
+// offset of the first timestamp option within the options (at most TCP_TIMESTAMP_AT_MAX),
+// TIMESTAMP_NONE or TIMESTAMP_MALFORMED. The one rule for every segment whose timestamp
+// is not where the wide compares look (plain_has_nop_nop_ts, syn_timestamp_at); only
+// those pay for it. A bpf_loop over a copy of the options, so the verifier walks one
+// step, not forty.
+static __always_inline int timestamp_walk(struct xdp_md *ctx, const struct plain_tcp *view)
 {
-	struct option_walk walk = {};
 	__u32 offset = (void *)(view->tcp + 1) - (void *)(long)ctx->data;
 	__u32 len = view->tcp->doff * 4 - sizeof(struct tcphdr);
+	struct option_walk *walk;
+	__u32 zero = 0;
 
+	// parse_plain_tcp proved 12 <= len <= 40 and the options within the frame.
 	if (len == 0 || len > TCP_OPTIONS_MAX)
-		return 0;
-	walk.len = len;
-	if (bpf_xdp_load_bytes(ctx, offset, walk.options, len))
-		return 0;
+		return TIMESTAMP_MALFORMED;
+	walk = bpf_map_lookup_elem(&option_walk_scratch, &zero);
+	if (!walk)
+		return TIMESTAMP_MALFORMED;
+	walk->len = len;
+	walk->at = 0;
+	walk->found = TIMESTAMP_MALFORMED;
+	if (bpf_xdp_load_bytes(ctx, offset, walk->options, len))
+		return TIMESTAMP_MALFORMED;
 	// Each step moves on by a byte at least: as many steps as bytes end the walk.
 	bpf_loop(TCP_OPTIONS_MAX + 1, option_walk_step, &walk, 0);
-	return walk.no_timestamp;
+	return walk->found;
+}
+
+// The timestamp option that timestamp_walk found at `at` (within the options of `view`),
+// proven within the frame for the verifier; NULL if it is not (it always is: the walk
+// read it from there).
+static __always_inline __u8 *timestamp_option_at(struct xdp_md *ctx, const struct plain_tcp *view,
+						 int at)
+{
+	__u8 *option;
+	__u32 offset;
+
+	if (at < 0 || at > TCP_TIMESTAMP_AT_MAX)
+		return NULL;
+	// The mask proves the bound again on the register the add uses: clang may check one
+	// copy of `at` and add another, whose bounds the verifier never learnt.
+	offset = at;
+	asm volatile("" : "+r"(offset));
+	option = (__u8 *)view->ts + (offset & 0x1f);
+	if ((void *)(option + TCP_TIMESTAMP_LEN) > (void *)(long)ctx->data_end)
+		return NULL;
+	return option;
 }
 
 // The TCP flags byte (CWR ECE URG ACK PSH RST SYN FIN).

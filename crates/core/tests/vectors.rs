@@ -339,6 +339,11 @@ fn malformed_options() -> Vec<Input> {
     ]
 }
 
+/// A timestamp option alone: kind, length, TSval, TSecr.
+fn ts_option(tsval: u32, tsecr: u32) -> Vec<u8> {
+    [&[8u8, 10][..], &tsval.to_be_bytes(), &tsecr.to_be_bytes()].concat()
+}
+
 /// Table 1's MSS NOP NOP TS SAckOK EOL (no testkit builder for it).
 fn mss_nop_nop_ts(tsval: u32, tsecr: u32) -> Vec<u8> {
     let mut o = vec![2, 4, 0x05, 0xb4, 1, 1, 8, 10];
@@ -555,6 +560,144 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         )
         .msb(2, M)
         .after(server_fin(nat)),
+        // Layouts no wide compare places: the option walk finds the timestamp (or finds
+        // none) and the segment is handled exactly as at the usual place.
+        input(
+            "established-sack-before-ts",
+            "Client ACK with NOP NOP SACK(1 block) NOP NOP TS: TSecr found by the option walk at option offset 14, restored, to server 2.",
+            from_client(
+                flags::ACK,
+                [
+                    &[1u8, 1, 5, 10, 0, 0, 0, 1, 0, 0, 0, 2, 1, 1][..],
+                    &ts_option(CLIENT_TS + 1, cookie_ts(2, M, 0x5678)),
+                ]
+                .concat(),
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "established-ts-odd-offset",
+            "Client ACK with NOP TS NOP: TSecr at an odd offset, restored with the byte-swapped checksum update, to server 2.",
+            from_client(
+                flags::ACK,
+                options::nop_ts_nop(CLIENT_TS + 1, cookie_ts(2, M - 1, 0xfff0)),
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "established-ts-after-wscale",
+            "Client ACK with WS NOP TS NOP NOP: TSecr found by the option walk, restored, to server 2.",
+            from_client(
+                flags::ACK,
+                [
+                    &[3u8, 3, 7, 1][..],
+                    &ts_option(CLIENT_TS + 1, cookie_ts(2, M, 0x5678)),
+                    &[1, 1],
+                ]
+                .concat(),
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "established-eol-before-ts",
+            "Client ACK whose options end (EOL) before a TS: no timestamp, unknown to the fallback table, Maglev picks.",
+            from_client(
+                flags::ACK,
+                [&[0u8, 1][..], &ts_option(CLIENT_TS + 1, cookie_ts(2, M, 0x5678))].concat(),
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "established-short-options",
+            "Client ACK with a 24-byte TCP header (options NOP NOP NOP NOP): no timestamp, unknown to the fallback table, Maglev picks.",
+            from_client(flags::ACK, vec![1, 1, 1, 1]).build(),
+        ),
+        input(
+            "server-data-sack-before-ts",
+            "Server 2's data segment with NOP NOP SACK(1 block) NOP NOP TS: cookie inserted where the option walk found TSval.",
+            from_server(
+                nat,
+                2,
+                flags::ACK | flags::PSH,
+                [
+                    &[1u8, 1, 5, 10, 0, 0, 0, 1, 0, 0, 0, 2, 1, 1][..],
+                    &ts_option(SERVER_TS + 1, CLIENT_TS + 1),
+                ]
+                .concat(),
+            )
+            .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "server-data-ts-odd-offset",
+            "Server 2's data segment with NOP TS NOP: TSval at an odd offset, cookie inserted with the byte-swapped checksum update.",
+            from_server(
+                nat,
+                2,
+                flags::ACK | flags::PSH,
+                options::nop_ts_nop(SERVER_TS + 1, CLIENT_TS + 1),
+            )
+            .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "server-fin-ts-odd-offset",
+            "Server 2's FIN-ACK with NOP TS NOP: cookie inserted at the odd offset, connection counted closed.",
+            from_server(
+                nat,
+                2,
+                flags::FIN | flags::ACK,
+                options::nop_ts_nop(SERVER_TS + 3, CLIENT_TS + 2),
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "server-data-bad-timestamp-length",
+            "Server 2's data segment with NOP NOP and a TS option of length 8: malformed, dropped.",
+            from_server(
+                nat,
+                2,
+                flags::ACK,
+                vec![1, 1, 8, 8, 0, 0, 0, 1, 0, 0, 0, 2],
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "syn-ts-after-wscale",
+            "SYN with MSS WS NOP TS SAckOK: not a Table 1 layout, found by the option walk; round-robin picks.",
+            syn(
+                [
+                    &[2u8, 4, 0x05, 0xb4, 3, 3, 7, 1][..],
+                    &ts_option(CLIENT_TS, 0),
+                    &[4, 2],
+                ]
+                .concat(),
+            ),
+        ),
+        input(
+            "server-syn-ack-ts-after-sackok",
+            "Server 2's SYN-ACK with MSS SAckOK NOP NOP TS: found by the option walk, cookie inserted.",
+            from_server(
+                nat,
+                2,
+                flags::SYN | flags::ACK,
+                [
+                    &[2u8, 4, 0x05, 0xb4, 4, 2, 1, 1][..],
+                    &ts_option(SERVER_TS, CLIENT_TS),
+                    &[1, 1],
+                ]
+                .concat(),
+            )
+            .build(),
+        ),
         input(
             "icmp-frag-needed-cookie",
             "ICMP fragmentation-needed quoting IP, TCP and options of a packet carrying server 2's cookie: routed to server 2, quoted TSval restored.",

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::xdp::SteeringStats;
-use crate::dataplane::xdp_layout::{FAST_BUNDLES, FAST_EVENTS, UP_REASONS};
+use crate::dataplane::xdp_layout::{FAST_BUNDLES, FAST_EVENTS, OPTIONS_WALKED, UP_REASONS};
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
 use crate::health::{self, HealthBook, Readiness};
@@ -60,6 +60,8 @@ pub struct SteeringCounters {
     pub next_hop_cache_miss: AtomicU64,
     /// Server replies the kernel found by steering's lookups, not in `reply_senders`.
     pub reply_by_steering: AtomicU64,
+    /// Packets the kernel handled whose timestamp the options' walk found.
+    pub options_walked: AtomicU64,
     /// The in-kernel path is on: its packets are reported as a worker of their own.
     pub fast_path: AtomicBool,
     fast: [AtomicU64; FAST_BUNDLES.len()],
@@ -79,6 +81,7 @@ impl SteeringCounters {
             .store(stats.next_hop_cache_miss, Relaxed);
         self.reply_by_steering
             .store(stats.reply_by_steering, Relaxed);
+        self.options_walked.store(stats.options_walked, Relaxed);
         for (cell, value) in self.fast.iter().zip(stats.fast) {
             cell.store(value, Relaxed);
         }
@@ -104,7 +107,19 @@ impl SteeringCounters {
                 .zip(&self.events)
                 .filter(|((_, counters), _)| counters.contains(counter))
                 .map(|(_, cell)| cell.load(Relaxed));
-            (*counter, bundles.chain(events).fold(0, u64::wrapping_add))
+            // A walked packet's entry stands for the compare's count; the core counted
+            // the walk's.
+            let walked = self.options_walked.load(Relaxed);
+            let (compared, walk) = OPTIONS_WALKED;
+            let total = bundles.chain(events).fold(0, u64::wrapping_add);
+            let total = if *counter == compared {
+                total.wrapping_sub(walked)
+            } else if *counter == walk {
+                total.wrapping_add(walked)
+            } else {
+                total
+            };
+            (*counter, total)
         })
     }
 
@@ -331,10 +346,13 @@ mod tests {
             // reply that learnt its server's clock (first MSB, advance): a cookie, a first
             // close, a duplicate close; a SYN without options (evicting, retransmitted,
             // both), a fallback miss, a server's SYN-ACK without timestamps (evicting or not),
-            // a SYN-ACK that moved its retried SYN's count.
+            // a SYN-ACK that moved its retried SYN's count; a client segment whose timestamp
+            // the walk found; a baseline's client segment too short for the straight line.
             events: [
-                100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128,
+                100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
             ],
+            // Of the packets above counted under options_fast_path, 9 were walked.
+            options_walked: 9,
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -343,11 +361,11 @@ mod tests {
             .map(|(c, n)| (c.name(), n))
             .collect();
         assert_eq!(
-            events["to_server"], 2411,
-            "client cookie + client pick + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback + SYNs without options + fallback misses"
+            events["to_server"], 2667 + 512,
+            "client cookie (compared or walked) + client pick (straight or general) + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback + SYNs without options + fallback misses"
         );
         assert_eq!(events["fallback_hits"], 50);
-        assert_eq!(events["options_slow_path"], 177);
+        assert_eq!(events["options_slow_path"], 177 + 256 + 9);
         assert_eq!(events["fallback_connections"], 15);
         assert_eq!(events["fallback_evictions"], 74);
         assert_eq!(events["fallback_learned_from_server"], 96);
@@ -357,9 +375,9 @@ mod tests {
             "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves"
         );
         assert_eq!(events["fast_path"], 680);
-        assert_eq!(events["cookie_routed"], 10);
+        assert_eq!(events["cookie_routed"], 10 + 256);
         assert_eq!(events["cookies_inserted"], 514);
-        assert_eq!(events["options_fast_path"], 1624);
+        assert_eq!(events["options_fast_path"], 1624 - 9);
         assert_eq!(events["handshake_count_moved"], 128);
         assert_eq!(events["server_closes"], 118);
         assert_eq!(events["duplicate_closes"], 230);

@@ -38,7 +38,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 42;
+const STAT_COUNT: u32 = 45;
 const STAT_SLOTS: u32 = 64;
 const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
@@ -147,7 +147,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         "the verifier processed {verified} instructions of its 1,000,000: keep paths whose states cannot be pruned together apart, or move cold ones to a bpf_loop callback or global function"
     );
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 29] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 31] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -352,6 +352,10 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             4096,
             0,
         ),
+        // One packet's scratch space, per CPU: the options' walk (40 option bytes and
+        // three words) and a FIB lookup's parameters (struct bpf_fib_lookup).
+        ("option_walk_scratch", MapType::PercpuArray, 4, 52, 1, 0),
+        ("fib_scratch", MapType::PercpuArray, 4, 64, 1, 0),
         // VIP index -> the fd of its Maglev table's inner array (made by the publisher).
         (
             "maglev_tables",

@@ -7,7 +7,8 @@
 //! later is pinned too; except those that must be fresh per process (maps of file
 //! descriptors, like the AF_XDP socket map `xsks`; caches, named `*_cache`, whose entries
 //! are tagged with a `publish_seq` that a fresh `lb_config` would count again from 0, so
-//! a kept cache could take an old answer for a new one) and libbpf's internal `.rodata`,
+//! a kept cache could take an old answer for a new one; scratch space, named `*_scratch`,
+//! which holds one packet's work and nothing after it) and libbpf's internal `.rodata`,
 //! `.data` and `.bss` maps. A pinned map is reused only when its definition (type, key and
 //! value sizes, entries, flags) is the new program's and it was pinned under the same
 //! [`PIN_LAYOUT`] and the same key and cookie layout (the secret's fingerprint: under
@@ -395,8 +396,9 @@ fn pinned_by_rule(name: &str, map_type: MapType) -> bool {
             | MapType::PerfEventArray
     );
     let cache = name.ends_with("_cache");
+    let scratch = name.ends_with("_scratch");
     // libbpf names its internal maps `<object>.rodata` and the like.
-    !holds_fds && !cache && !name.contains('.')
+    !holds_fds && !cache && !scratch && !name.contains('.')
 }
 
 /// A map's definition as the kernel compares it for reuse.
@@ -558,6 +560,7 @@ mod tests {
         assert!(pinned_by_rule("stats", MapType::PercpuArray));
         assert!(!pinned_by_rule("xsks", MapType::Xskmap));
         assert!(!pinned_by_rule("next_hop_cache", MapType::PercpuArray));
+        assert!(!pinned_by_rule("option_walk_scratch", MapType::PercpuArray));
         assert!(!pinned_by_rule("xdp_lb.rodata", MapType::Array));
         assert!(!pinned_by_rule("anything", MapType::Devmap));
     }

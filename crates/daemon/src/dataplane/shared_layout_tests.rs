@@ -206,13 +206,22 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_FAST_SERVER_COOKIE_MOVED",
             STAT_FAST_SERVER_COOKIE_MOVED as usize,
         ),
+        (
+            "STAT_FAST_CLIENT_COOKIE_WALKED",
+            STAT_FAST_CLIENT_COOKIE_WALKED as usize,
+        ),
+        ("STAT_OPTIONS_WALKED", STAT_OPTIONS_WALKED as usize),
+        (
+            "STAT_FAST_CLIENT_PICK_GENERAL",
+            STAT_FAST_CLIENT_PICK_GENERAL as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (
             "STAT_COUNT",
-            // The event counters: STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING and
-            // STAT_NEXT_HOP_CACHE_MISS.
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 3 + FAST_EVENTS.len(),
+            // The event counters: STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING,
+            // STAT_NEXT_HOP_CACHE_MISS and STAT_OPTIONS_WALKED.
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 4 + FAST_EVENTS.len(),
         ),
         ("STAT_SLOTS", STAT_SLOTS as usize),
         ("CHEETAH_PIN_LAYOUT", PIN_LAYOUT as usize),

@@ -24,7 +24,8 @@ use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
     Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, ServerInfo,
     ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, PUBLISH_COPIES, SERVER_FORWARDS,
-    STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING, UP_REASONS,
+    STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_OPTIONS_WALKED, STAT_REPLY_BY_STEERING,
+    UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -78,6 +79,8 @@ pub struct SteeringStats {
     pub next_hop_cache_miss: u64,
     /// Server replies `reply_senders` did not know: found by steering's lookups instead.
     pub reply_by_steering: u64,
+    /// Packets handled whose timestamp the options' walk found (`STAT_OPTIONS_WALKED`).
+    pub options_walked: u64,
 }
 
 pub struct SteeringProgram {
@@ -552,6 +555,7 @@ impl SteeringProgram {
             next_hop_miss: sum(STAT_NEXT_HOP_MISS),
             next_hop_cache_miss: sum(STAT_NEXT_HOP_CACHE_MISS),
             reply_by_steering: sum(STAT_REPLY_BY_STEERING),
+            options_walked: sum(STAT_OPTIONS_WALKED),
         }
     }
 

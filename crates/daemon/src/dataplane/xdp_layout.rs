@@ -112,7 +112,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 18] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 20] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -285,6 +285,19 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 18] = [
             Counter::HandshakeCountMoved,
         ],
     ),
+    // A client's established segment whose timestamp the options' walk found: the
+    // general client path's counts (no `fast_path`; the walk's `options_slow_path`).
+    (
+        STAT_FAST_CLIENT_COOKIE_WALKED,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::CookieRouted,
+            Counter::ToServer,
+        ],
+    ),
+    // A baseline's client segment too short for the straight line: the general path's
+    // pick counts only its verdict.
+    (STAT_FAST_CLIENT_PICK_GENERAL, &[Counter::ToServer]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -324,7 +337,22 @@ pub const STAT_FAST_SERVER_COOKIE_MOVED: u32 = 40;
 /// publication: the kernel read `next_hops` (and maybe the FIB) instead.
 pub const STAT_NEXT_HOP_CACHE_MISS: u32 = 41;
 
-pub const STAT_COUNT: u32 = 42;
+/// A client's established segment whose timestamp the options' walk found (not NOP NOP
+/// TS first), routed by its cookie in the kernel.
+pub const STAT_FAST_CLIENT_COOKIE_WALKED: u32 = 42;
+/// Counted beside the `STAT_FAST_*` entry of a packet whose timestamp the options' walk
+/// found where that entry stands for `options_fast_path`: the core counted
+/// `options_slow_path` in its place ([`OPTIONS_WALKED`]).
+pub const STAT_OPTIONS_WALKED: u32 = 43;
+/// What one [`STAT_OPTIONS_WALKED`] packet moves: one count from the first counter (which
+/// its `STAT_FAST_*` entry stands for) to the second.
+pub const OPTIONS_WALKED: (Counter, Counter) = (Counter::OptionsFastPath, Counter::OptionsSlowPath);
+
+/// A baseline's client segment whose TCP header is too short for the straight line (20,
+/// 24 or 28 bytes), forwarded in the kernel by its pick.
+pub const STAT_FAST_CLIENT_PICK_GENERAL: u32 = 44;
+
+pub const STAT_COUNT: u32 = 45;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;

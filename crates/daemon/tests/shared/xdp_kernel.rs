@@ -94,6 +94,9 @@ pub struct KernelRun {
     pub next_hop_miss: bool,
     /// `STAT_REPLY_BY_STEERING` moved: a reply `reply_senders` did not know.
     pub reply_by_steering: bool,
+    /// `STAT_OPTIONS_WALKED` moved: the options' walk found the timestamp its
+    /// `STAT_FAST_*` entry stands for a compare's find of (`xdp_layout::OPTIONS_WALKED`).
+    pub options_walked: bool,
 }
 
 impl KernelRun {
@@ -106,6 +109,7 @@ impl KernelRun {
                     .iter()
                     .map(|&i| format!("{:?}", FAST_EVENTS[i].1)),
             )
+            .chain(self.options_walked.then(|| "OptionsWalked".to_string()))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -141,6 +145,15 @@ impl KernelRun {
                     .flat_map(|&i| FAST_EVENTS[i].1.iter().copied()),
             )
             .collect();
+        if self.options_walked {
+            let (compared, walk) = OPTIONS_WALKED;
+            // Only an entry that stands for the compare's count can have been walked:
+            // otherwise the kernel counted more than the core can.
+            match counted.iter().position(|c| *c == compared) {
+                Some(at) => counted[at] = walk,
+                None => counted.push(compared),
+            }
+        }
         counted.sort_by_key(|c| *c as u8);
         counted
     }
@@ -426,6 +439,7 @@ impl Kernel {
             traffic,
             next_hop_miss: stats_after.next_hop_miss != stats_before.next_hop_miss,
             reply_by_steering: stats_after.reply_by_steering != stats_before.reply_by_steering,
+            options_walked: stats_after.options_walked != stats_before.options_walked,
         }
     }
 }
