@@ -156,42 +156,63 @@ static __always_inline int pow2_draw(struct policy_rng *rng, __u32 pool_len, __u
 	return 1;
 }
 
+// struct server_load's words are LOAD_METRIC_*'s order, so that a metric names its word:
+// the rates' and report's loads are one read with no branch on the metric.
+_Static_assert(__builtin_offsetof(struct server_load, active_base) == 8 * LOAD_METRIC_ACTIVE &&
+		       __builtin_offsetof(struct server_load, reported) == 8 * LOAD_METRIC_REPORTED &&
+		       __builtin_offsetof(struct server_load, packet_rate) == 8 * LOAD_METRIC_PACKETS &&
+		       __builtin_offsetof(struct server_load, byte_rate) == 8 * LOAD_METRIC_BYTES,
+	       "struct server_load's words are not in LOAD_METRIC_* order");
+
+// The published load of `load` under a metric other than active connections: the f64's
+// bits, which order as the core's f64 does.
+static __always_inline __u64 published_load(const struct server_load *load, __u32 metric)
+{
+	return ((const __u64 *)load)[metric & 3];
+}
+
+// Active connections in this CPU's view: the published base plus this CPU's own counts
+// since the fold (server_traffic: opened + moved_in - closed), wrapping as userspace
+// computed the base (ServerTraffic::active_delta), then at least 0 as `active.max(0)`.
+static __always_inline __u64 active_load(const struct server_load *load,
+					 const struct server_traffic *own)
+{
+	__s64 active = (__s64)((__u64)load->active_base + own->opened + own->moved_in - own->closed);
+
+	return active < 0 ? 0 : (__u64)active;
+}
+
 // load.rs `LoadView::load` of server `id` under `metric` in this CPU's view (struct
-// server_load), as an integer that orders as the core's f64 does: for active connections
-// the published base plus this CPU's own counts since (server_traffic: opened + moved_in -
-// closed), at least 0, as `active.max(0) as f64`. Sets *missing if a map had no entry for
-// `*id`. By pointer: least-loaded's scan keeps the key in its context, on the caller's
-// stack, so that the bpf_loop callback needs no stack of its own (the program's frame and
-// the callback's share the 512 bytes).
+// server_load), as an integer that orders as the core's f64 does. Sets *missing if a map
+// had no entry for `*id`. By pointer: least-loaded's scan keeps the key in its context,
+// on the caller's stack, so that the bpf_loop callback needs no stack of its own (the
+// program's frame and the callback's share the 512 bytes).
 static __always_inline __u64 view_load(const __u32 *id, __u32 metric, int *missing)
 {
 	const struct server_load *load = bpf_map_lookup_elem(&server_loads, id);
 	const struct server_traffic *own;
-	__s64 active;
 
 	if (!load) {
 		*missing = 1;
 		return 0;
 	}
-	switch (metric) {
-	case LOAD_METRIC_REPORTED:
-		return load->reported;
-	case LOAD_METRIC_PACKETS:
-		return load->packet_rate;
-	case LOAD_METRIC_BYTES:
-		return load->byte_rate;
-	}
+	if (metric != LOAD_METRIC_ACTIVE)
+		return published_load(load, metric);
 	own = bpf_map_lookup_elem(&server_traffic, id);
 	if (!own) {
 		*missing = 1;
 		return 0;
 	}
-	// Wrapping, as userspace computed the base (ServerTraffic::active_delta).
-	active = (__s64)((__u64)load->active_base + own->opened + own->moved_in - own->closed);
-	return active < 0 ? 0 : (__u64)active;
+	return active_load(load, own);
 }
 
-// One position of least_loaded_decide's scan (a bpf_loop callback).
+// Pool positions one step of least_loaded_decide's scan looks at, unrolled: bpf_loop's
+// call per step and its loop test are paid once per stride, not once per position.
+#define LEAST_SCAN_STRIDE 8
+
+// least_loaded_decide's scan, kept on the caller's stack: the callbacks have no stack of
+// their own (the program's frame leaves them none), so whatever must outlive a lookup
+// in them, but the position, lives here.
 struct least_scan {
 	const struct vip_info *vip;
 	__u64 best_load;
@@ -200,33 +221,59 @@ struct least_scan {
 	__u32 start;
 	__u32 pool_len;
 	__u32 best;
+	__u32 scanned; // positions looked at so far
 	int missing;
 };
 
-static long least_scan_position(__u32 i, void *context)
+// The scan's next position (the `scanned`-th from the start): its load under `metric`
+// taken, and the best moved if it is strictly less. 0 once the pool is done or a map
+// had no entry (*missing set). With a constant `metric` the branch on it folds away.
+static __always_inline int least_scan_one(struct least_scan *scan, __u32 metric)
 {
-	struct least_scan *scan = context;
-	__u32 position = scan->start + i;
+	__u32 j = scan->scanned, position = scan->start + j;
 	__u64 load;
 
+	if (j >= scan->pool_len)
+		return 0;
+	scan->scanned = j + 1;
 	if (position >= scan->pool_len)
 		position -= scan->pool_len;
 	scan->id = scan->vip->pool[position & (MAX_HASH_POOL - 1)];
-	load = view_load(&scan->id, scan->metric, &scan->missing);
+	load = view_load(&scan->id, metric, &scan->missing);
 	if (scan->missing)
-		return 1;
+		return 0;
 	// Strictly less: the first minimum from the start wins (best_load starts above every
-	// load, so the start's is taken; testing `i == 0` instead would keep `i` on the stack).
+	// load, so the start's is taken; testing `j == 0` instead would keep `j` on the stack).
 	if (load < scan->best_load) {
 		scan->best = position;
 		scan->best_load = load;
 	}
-	return 0;
+	return 1;
 }
+
+// One step of the scan (a bpf_loop callback): LEAST_SCAN_STRIDE positions, unrolled. Two
+// callbacks, so that the metric is branched on once per scan: active connections, and the
+// published loads (report and rates), whose word the metric names.
+#define LEAST_SCAN_STEP(name, metric_of)                                                   \
+	static long name(__u32 step, void *context)                                        \
+	{                                                                                  \
+		struct least_scan *scan = context;                                         \
+                                                                                           \
+		_Pragma("unroll") for (int k = 0; k < LEAST_SCAN_STRIDE; k++)              \
+		{                                                                          \
+			if (!least_scan_one(scan, metric_of))                              \
+				return 1;                                                  \
+		}                                                                          \
+		return 0;                                                                  \
+	}
+
+LEAST_SCAN_STEP(least_scan_active, LOAD_METRIC_ACTIVE)
+LEAST_SCAN_STEP(least_scan_published, scan->metric)
 
 // least_loaded.rs `LeastLoaded::pick`: the scan starts at the cursor's position in the
 // pool, goes round once, and the first least loaded wins; the cursor becomes start + 1
-// (*next). A bpf_loop, as wrr's scan is. 0 if a server had no load entry.
+// (*next). A bpf_loop, as wrr's scan is, of LEAST_SCAN_STRIDE positions a step. 0 if a
+// server had no load entry.
 static __always_inline int least_loaded_decide(const struct policy_state *state,
 					       const struct vip_info *vip, __u32 pool_len,
 					       __u32 *position, __u32 *next)
@@ -238,10 +285,14 @@ static __always_inline int least_loaded_decide(const struct policy_state *state,
 		.pool_len = pool_len,
 		.best_load = ~0ull,
 	};
+	__u32 steps = (pool_len + LEAST_SCAN_STRIDE - 1) / LEAST_SCAN_STRIDE;
 
 	scan.best = scan.start;
 
-	bpf_loop(pool_len, least_scan_position, &scan, 0);
+	if (scan.metric == LOAD_METRIC_ACTIVE)
+		bpf_loop(steps, least_scan_active, &scan, 0);
+	else
+		bpf_loop(steps, least_scan_published, &scan, 0);
 	if (scan.missing)
 		return 0;
 	*next = scan.start + 1;
