@@ -246,8 +246,8 @@ struct vip_slot {
 };
 
 // vip_info.policy: the VIP policies the kernel runs for a SYN (crates/core/src/policy/),
-// each bit for bit the core's. NONE (maglev, awrr, a pool bigger than MAX_HASH_POOL)
-// leaves the SYN to userspace.
+// each bit for bit the core's. NONE (an empty pool, a pool bigger than MAX_HASH_POOL for
+// every policy but maglev) leaves the SYN to userspace.
 #define KERNEL_POLICY_NONE 0
 #define KERNEL_POLICY_RR 1
 #define KERNEL_POLICY_WRR 2
@@ -260,6 +260,9 @@ struct vip_slot {
 // awrr: smooth WRR over buckets the daemon derives from loads at every fold, served from
 // their cycle (awrr_schedules; no cycle: the balanced buckets, one pick per position).
 #define KERNEL_POLICY_AWRR 7
+// maglev: the VIP's Maglev table (maglev_tables) at the connection's hash, as the maglev
+// mode and the connections without timestamps use it; any pool size (vip_info.pool unread).
+#define KERNEL_POLICY_MAGLEV 8
 #define LOAD_METRIC_ACTIVE 0
 #define LOAD_METRIC_REPORTED 1
 #define LOAD_METRIC_PACKETS 2

@@ -192,6 +192,8 @@ static __always_inline int client_not_found(enum plain_refusal refusal)
 // server_traffic.opened) and `count_once_per_handshake` (the handshake table; a retransmitted
 // SYN releases its earlier pick's count), then `forward_to_server`. A VIP whose policy the
 // kernel does not run (vip_info.policy) or an empty or unpublished pool goes up as before.
+// maglev reads no pool position: the VIP's Maglev table names the server, for a pool of
+// any size (a bigger one is published with pool_len 0).
 static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *config,
 				    __u32 seq, const struct plain_tcp *p,
 				    const struct vip_info *vip)
@@ -213,7 +215,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	int nat, drawn;
 
 	// Decide: every read, no write. (client_syn found the timestamp where Table 1 puts it.)
-	if (policy == KERNEL_POLICY_NONE || pool_len == 0 || pool_len > MAX_HASH_POOL)
+	if (policy == KERNEL_POLICY_NONE ||
+	    (policy != KERNEL_POLICY_MAGLEV && (pool_len == 0 || pool_len > MAX_HASH_POOL)))
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	state = bpf_map_lookup_elem(&policy_state, &index);
 	words = bpf_map_lookup_elem(&handshakes, &zero);
@@ -283,12 +286,21 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		if (!least_loaded_decide(state, vip, pool_len, &position, &next_rr))
 			return hand_up(STAT_UP_OTHER);
 		break;
+	case KERNEL_POLICY_MAGLEV:
+		// maglev.rs `MaglevPolicy::pick`; no table (not published yet) goes up, as in
+		// fallback_syn.
+		if (!maglev_lookup(config, index, hash, &id))
+			return hand_up(STAT_UP_OTHER);
+		position = 0;
+		break;
 	default:
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	}
-	// The verifier cannot bound the positions; the mask gives it the array's bound.
-	asm volatile("" : "+r"(position));
-	id = vip->pool[position & (MAX_HASH_POOL - 1)];
+	if (policy != KERNEL_POLICY_MAGLEV) {
+		// The verifier cannot bound the positions; the mask gives it the array's bound.
+		asm volatile("" : "+r"(position));
+		id = vip->pool[position & (MAX_HASH_POOL - 1)];
+	}
 	server = bpf_map_lookup_elem(&servers, &id);
 	if (!server || !(server->flags & SERVER_EGRESS))
 		return hand_up(STAT_UP_NEXT_HOP);

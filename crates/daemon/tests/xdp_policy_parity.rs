@@ -1,5 +1,6 @@
 //! The kernel's VIP policies (bpf/lib/policy.h, run by `syn_fast` in bpf/lib/fast_path.h)
-//! held to the core's: for rr, wrr (unequal weights), random (the same seed), hash, and
+//! held to the core's: for rr, wrr (unequal weights), random (the same seed), hash, maglev
+//! (the VIP's Maglev table, also over a pool bigger than the kernel's pool array), and
 //! least loaded and pow2 over the loads their own picks make, a sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
 //! servers in the same order as the core's policy instance given the same initial state
 //! (every CPU seeded as the core's worker, `PolicySeeds::AsWorker`), with the core's bytes
@@ -460,6 +461,12 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
             config("least-loaded", MAX_HASH_POOL as u16, &[]),
         ),
         ("pow2", config("pow2", 7, &[])),
+        // By the published Maglev table, which holds a pool of any size.
+        ("maglev", config("maglev", 7, &[])),
+        (
+            "maglev, 100 servers",
+            config("maglev", MAX_HASH_POOL as u16 + 36, &[]),
+        ),
     ];
     let mut failures = Vec::new();
     for (name, config) in &cases {
@@ -515,7 +522,8 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
                 "the fold counted {placed_total} new connections for {syns} kernel picks"
             ));
         }
-        if !run.cpu_state_advanced && !name.starts_with("hash") {
+        // hash and maglev keep no state.
+        if !run.cpu_state_advanced && !name.starts_with("hash") && !name.starts_with("maglev") {
             fail("this CPU's policy state did not move: the picks ran elsewhere".into());
         }
     }

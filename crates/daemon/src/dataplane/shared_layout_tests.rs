@@ -127,6 +127,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("KERNEL_POLICY_HASH", KERNEL_POLICY_HASH as usize),
         ("KERNEL_POLICY_POW2", KERNEL_POLICY_POW2 as usize),
         ("KERNEL_POLICY_AWRR", KERNEL_POLICY_AWRR as usize),
+        ("KERNEL_POLICY_MAGLEV", KERNEL_POLICY_MAGLEV as usize),
         ("SCHEDULE_CAP", SCHEDULE_CAP),
         ("LOAD_METRIC_ACTIVE", LOAD_METRIC_ACTIVE as usize),
         ("LOAD_METRIC_REPORTED", LOAD_METRIC_REPORTED as usize),

@@ -44,6 +44,7 @@ pub const KERNEL_POLICY_HASH: u8 = 4;
 pub const KERNEL_POLICY_POW2: u8 = 5;
 pub const KERNEL_POLICY_LEAST_LOADED: u8 = 6;
 pub const KERNEL_POLICY_AWRR: u8 = 7;
+pub const KERNEL_POLICY_MAGLEV: u8 = 8;
 /// `vip_info.load_metric`: which of `struct server_load`'s loads pow2 and least loaded
 /// compare.
 pub const LOAD_METRIC_ACTIVE: u8 = 0;

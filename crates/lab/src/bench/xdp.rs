@@ -107,7 +107,7 @@ pub(super) struct Ports {
 
 /// The setups of the SYN rows: cheetah mode, one per policy the kernel runs (and wrr
 /// both ways: from its cycle and by the credit scan; `bench_config` gives their weights).
-const SYN_SETUPS: [Setup; 7] = [
+const SYN_SETUPS: [Setup; 8] = [
     Setup {
         label: "rr",
         mode: Mode::Cheetah,
@@ -151,6 +151,13 @@ const SYN_SETUPS: [Setup; 7] = [
         mode: Mode::Cheetah,
         forwarding: Forwarding::L2,
         policy: PolicyKind::PowerOfTwo,
+    },
+    // The VIP's Maglev table at the connection's hash (maglev_tables).
+    Setup {
+        label: "maglev",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::Maglev,
     },
 ];
 
