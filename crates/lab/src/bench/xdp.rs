@@ -206,7 +206,7 @@ fn publish_awrr_cycle(program: &SteeringProgram, plane: &ControlPlane) -> anyhow
 /// The SYN rows of least loaded and of pow2 on a rate: each over its pool's metric, and
 /// the bench's pool (`--servers`) or one of the given size. Every CPU's load view is
 /// all 0, which costs what any other: every position is read either way.
-const LOAD_SYN_SETUPS: [(Setup, LoadMetric, Option<u16>); 3] = [
+const LOAD_SYN_SETUPS: [(Setup, LoadMetric, Option<u16>); 4] = [
     (
         Setup {
             label: "least-loaded",
@@ -226,6 +226,18 @@ const LOAD_SYN_SETUPS: [(Setup, LoadMetric, Option<u16>); 3] = [
         },
         LoadMetric::ActiveConnections,
         Some(4),
+    ),
+    // One lookup a position (the published rate) where active connections take two (the
+    // published base and this CPU's own counts): the difference is the second's cost.
+    (
+        Setup {
+            label: "least-loaded packets",
+            mode: Mode::Cheetah,
+            forwarding: Forwarding::L2,
+            policy: PolicyKind::LeastLoaded,
+        },
+        LoadMetric::Packets,
+        None,
     ),
     (
         Setup {
