@@ -215,7 +215,8 @@ struct vip_info {
 	__u16 port;           // network byte order
 	__u16 backend_port;   // network byte order (nat: the servers' port)
 	__u16 index;          // the VIP's index in the tables snapshot
-	__u16 pool_len;       // servers in pool; 0 = not published (left to userspace)
+	__u16 pool_len;       // servers in pool; 0 = not published (left to userspace), or
+			      // more than MAX_HASH_POOL (only maglev places its SYNs then)
 	__u16 pool[MAX_HASH_POOL];
 	__u8 policy;          // cheetah mode: KERNEL_POLICY_* the kernel places a SYN by
 	__u8 load_metric;     // pow2, least loaded: LOAD_METRIC_* the pool's loads are compared under
