@@ -28,6 +28,7 @@
 #include "clock_learn.h"
 #include "closes.h"
 #include "cookie.h"
+#include "load_view.h"
 #include "csum.h"
 #include "fallback_table.h"
 #include "handshakes.h"
@@ -75,6 +76,8 @@ static __always_inline void add_server_traffic(__u32 server, const struct iphdr 
 		if (closed)
 			traffic->closed += 1;
 	}
+	if (closed)
+		add_own_active(server, -1);
 }
 
 // The core's `loads.on_connection_moved(from, to)`: -1 active on `from` (a released count,
@@ -88,6 +91,8 @@ static __always_inline void move_count(__u32 from, __u32 to)
 	traffic = bpf_map_lookup_elem(&server_traffic, &to);
 	if (traffic)
 		traffic->moved_in += 1;
+	add_own_active(from, -1);
+	add_own_active(to, 1);
 }
 
 // The core's `now` (the daemon's clock, ns since its start), for the handshake table's
@@ -259,7 +264,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	case KERNEL_POLICY_POW2: {
 		__u32 first, second, first_id, second_id;
 		__u64 first_load, second_load;
-		int missing = 0;
+		struct load_view view = {};
 
 		// pow2.rs: one server is the pick, without a draw.
 		if (pool_len == 1) {
@@ -272,12 +277,12 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		rng = *cpu_rng;
 		if (!pow2_draw(&rng, pool_len, &first, &second))
 			return hand_up(STAT_UP_NEW_CONNECTION);
+		if (!load_view_open(vip->load_metric, &view))
+			return hand_up(STAT_UP_OTHER);
 		first_id = vip->pool[first & (MAX_HASH_POOL - 1)];
 		second_id = vip->pool[second & (MAX_HASH_POOL - 1)];
-		first_load = view_load(&first_id, vip->load_metric, &missing);
-		second_load = view_load(&second_id, vip->load_metric, &missing);
-		if (missing)
-			return hand_up(STAT_UP_OTHER);
+		first_load = view_load(&view, vip->load_metric, first_id);
+		second_load = view_load(&view, vip->load_metric, second_id);
 		// On equal loads the first drawn wins.
 		position = second_load < first_load ? second : first;
 		break;
@@ -324,6 +329,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	traffic = bpf_map_lookup_elem(&server_traffic, &id);
 	if (traffic)
 		traffic->opened += 1;
+	add_own_active(id, 1);
 	stat = STAT_FAST_CLIENT_SYN;
 	if (handshake_on_syn(words, hash, bpf_ntohl(p->tcp->seq), id, now, &previous)) {
 		// `loads.on_syn_retransmitted(previous)`: -1 active, as a counted close is, and
@@ -331,6 +337,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		traffic = bpf_map_lookup_elem(&server_traffic, &previous);
 		if (traffic)
 			traffic->closed += 1;
+		add_own_active(previous, -1);
 		stat = STAT_FAST_CLIENT_SYN_RETRANSMITTED;
 	}
 	rewrite_toward_server(p, nat, &target, vip_port, backend_port);

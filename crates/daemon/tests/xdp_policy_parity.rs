@@ -661,6 +661,25 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
     }
     let load = lb.kernel_plane.shared().loads.server(ServerId(first));
     assert_eq!((load.active_connections, load.new_connections), (1, 1));
+    // Each CPU's own count in its load-view row moved with server_traffic's (the picks,
+    // the retried SYN's release, the move): what the fold's bases subtract.
+    for id in (1..=servers).map(ServerId) {
+        let own = lb.program.own_active(id).unwrap();
+        let traffic = lb.program.server_traffic_per_cpu(id).unwrap();
+        let deltas: Vec<u64> = traffic
+            .iter()
+            .map(|cpu| cpu.active_delta() as u64)
+            .collect();
+        assert_eq!(
+            own, deltas,
+            "{id:?}: each CPU's own count against server_traffic"
+        );
+    }
+    let own_total = |id: u16| -> u64 {
+        let own = lb.program.own_active(ServerId(id)).unwrap();
+        own.iter().fold(0, |total, &cpu| total.wrapping_add(cpu))
+    };
+    assert_eq!((own_total(first), own_total(second)), (1, 0));
 }
 
 /// Server `id`'s load under `metric` in the load-aware tests: with ties (every metric

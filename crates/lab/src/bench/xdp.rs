@@ -38,7 +38,7 @@ use cheetah_core::wire::tcp::flags;
 use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::awrr_schedules::AwrrSchedules;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
-use cheetah_daemon::dataplane::xdp::{size_fallback, SteeringProgram};
+use cheetah_daemon::dataplane::xdp::{size_at_load, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::{
     Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
     STAT_FAST_CLIENT_SYN, STAT_FAST_FALLBACK_MISS, STAT_FAST_FALLBACK_SYN, STAT_FAST_ICMP_COOKIE,
@@ -593,7 +593,7 @@ impl Bench {
         let mut open = ObjectBuilder::default()
             .open_memory(BENCH_OBJECT)
             .context("cannot open the embedded bpf/xdp_bench.c")?;
-        size_fallback(&mut open, config.fallback_table_capacity)?;
+        size_at_load(&mut open, config.fallback_table_capacity)?;
         for mut map in open.maps_mut() {
             let entries = match map.name().to_str() {
                 Some("bench_flows") => flows.max(1),
