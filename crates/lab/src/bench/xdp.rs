@@ -227,8 +227,8 @@ const LOAD_SYN_SETUPS: [(Setup, LoadMetric, Option<u16>); 4] = [
         LoadMetric::ActiveConnections,
         Some(4),
     ),
-    // One lookup a position (the published rate) where active connections take two (the
-    // published base and this CPU's own counts): the difference is the second's cost.
+    // One word a position (the metric's published row) where active connections read
+    // two (the base and this CPU's own count, one 16-byte entry of this CPU's row).
     (
         Setup {
             label: "least-loaded packets",
