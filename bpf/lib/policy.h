@@ -170,20 +170,19 @@ struct least_scan {
 	__u32 start;
 	__u32 pool_len;
 	__u32 best;
-	__u32 scanned; // positions looked at so far
 };
 
-// The scan's next position (the `scanned`-th from the start): its load under `metric`
-// (a constant: ACTIVE, or any published one) read from the view's row, and the best moved
-// if it is strictly less. 0 once the pool is done.
-static __always_inline int least_scan_one(struct least_scan *scan, __u32 metric)
+// The scan's `j`-th position from the start: its load under `metric` (a constant: ACTIVE,
+// or any published one) read from the view's row, and the best moved if it is strictly
+// less. 0 once the pool is done. `j` comes from the step's index, not from a counter in
+// the context, so that no position waits on the store of the one before.
+static __always_inline int least_scan_one(struct least_scan *scan, __u32 metric, __u32 j)
 {
-	__u32 j = scan->scanned, position = scan->start + j;
+	__u32 position = scan->start + j;
 	__u64 load;
 
 	if (j >= scan->pool_len)
 		return 0;
-	scan->scanned = j + 1;
 	if (position >= scan->pool_len)
 		position -= scan->pool_len;
 	load = view_load(&scan->view, metric, scan->vip->pool[position & (MAX_HASH_POOL - 1)]);
@@ -206,7 +205,7 @@ static __always_inline int least_scan_one(struct least_scan *scan, __u32 metric)
                                                                                            \
 		_Pragma("unroll") for (int k = 0; k < LEAST_SCAN_STRIDE; k++)              \
 		{                                                                          \
-			if (!least_scan_one(scan, metric))                                 \
+			if (!least_scan_one(scan, metric, step * LEAST_SCAN_STRIDE + k))   \
 				return 1;                                                  \
 		}                                                                          \
 		return 0;                                                                  \

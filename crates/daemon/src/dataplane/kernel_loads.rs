@@ -158,7 +158,7 @@ impl KernelLoads {
     }
 }
 
-/// Each CPU's `struct server_load` for `id`: `view`'s loads, and the active-connection
+/// Each CPU's view of `id` ([`ServerLoadValue`]): `view`'s loads, and the active-connection
 /// base from which the kernel counts the CPU's own picks and closes (`per_cpu`: each CPU's
 /// `server_traffic` for `id` as read at this fold).
 pub fn published_loads(
