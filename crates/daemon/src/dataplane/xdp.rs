@@ -352,7 +352,7 @@ impl SteeringProgram {
         Ok(())
     }
 
-    /// This CPU's own active-connection counts of server `id` in each CPU's row (`own`: its
+    /// Each CPU's own active-connection count of server `id` in its row (`own`: its
     /// opened + moved_in - closed since the rows were created), for tests and checks.
     pub fn own_active(&self, id: ServerId) -> anyhow::Result<Vec<u64>> {
         let server = usize::from(id.0);
