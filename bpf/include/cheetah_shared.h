@@ -16,7 +16,7 @@
 // any key or value below changes, or what a map's words mean does, so that `cheetah run`
 // starts fresh maps instead of reading an earlier build's pinned ones half-compatibly. A
 // change of a map's type, key or value size, entries or flags alone is caught anyway.
-#define CHEETAH_PIN_LAYOUT 3
+#define CHEETAH_PIN_LAYOUT 4
 
 // Copies of every published table (bpf/lib/publish.h): the latch's two.
 #define PUBLISH_COPIES 2
@@ -236,7 +236,8 @@ struct vip_info {
 	__u16 port;           // network byte order
 	__u16 backend_port;   // network byte order (nat: the servers' port)
 	__u16 index;          // the VIP's index in the tables snapshot
-	__u16 pool_len;       // servers in pool; 0 = not published (left to userspace)
+	__u16 pool_len;       // servers in pool; 0 = not published (left to userspace), or
+			      // more than MAX_HASH_POOL (only maglev places its SYNs then)
 	__u16 pool[MAX_HASH_POOL];
 	__u8 policy;          // cheetah mode: KERNEL_POLICY_* the kernel places a SYN by
 	__u8 load_metric;     // pow2, least loaded: LOAD_METRIC_* the pool's loads are compared under
@@ -267,41 +268,62 @@ struct vip_slot {
 };
 
 // vip_info.policy: the VIP policies the kernel runs for a SYN (crates/core/src/policy/),
-// each bit for bit the core's. NONE (maglev, awrr, a pool bigger than MAX_HASH_POOL)
-// leaves the SYN to userspace.
+// each bit for bit the core's. NONE (an empty pool, a pool bigger than MAX_HASH_POOL for
+// every policy but maglev) leaves the SYN to userspace.
 #define KERNEL_POLICY_NONE 0
 #define KERNEL_POLICY_RR 1
 #define KERNEL_POLICY_WRR 2
 #define KERNEL_POLICY_RANDOM 3
 #define KERNEL_POLICY_HASH 4
-// Power of two choices and least loaded over this CPU's load view (struct server_load),
+// Power of two choices and least loaded over this CPU's load view (struct active_row,
+// struct published_row),
 // under the pool's metric (vip_info.load_metric).
 #define KERNEL_POLICY_POW2 5
 #define KERNEL_POLICY_LEAST_LOADED 6
 // awrr: smooth WRR over buckets the daemon derives from loads at every fold, served from
 // their cycle (awrr_schedules; no cycle: the balanced buckets, one pick per position).
 #define KERNEL_POLICY_AWRR 7
+// maglev: the VIP's Maglev table (maglev_tables) at the connection's hash, as the maglev
+// mode and the connections without timestamps use it; any pool size (vip_info.pool unread).
+#define KERNEL_POLICY_MAGLEV 8
 #define LOAD_METRIC_ACTIVE 0
 #define LOAD_METRIC_REPORTED 1
 #define LOAD_METRIC_PACKETS 2
 #define LOAD_METRIC_BYTES 3
 
-// Value of the per-CPU server_loads array (by server id): this CPU's load view, what a
-// core worker's LoadView::load gives, as userspace published it at its last fold (every
-// 50 ms, kernel_loads.rs). `active_base` is the process-wide active-connection estimate
-// at the fold minus this CPU's server_traffic (opened - closed) at the fold, so that
-// active_base + opened - closed (wrapping, then at least 0) is the total plus this CPU's
-// own picks and closes since, as a worker's view is its last merge plus its own deltas.
-// The others are f64 bits of non-negative loads (+0.0 for zero, so that the integers
-// order as the floats do): the reported load and the packet and byte rates (the core's
-// moving averages), which the core moves at merges only. Userspace writes a whole value
-// per CPU, word by word (the kernel's percpu update copies longs): a read never tears a
-// word, and a value whose words come from two folds is still a load of a pool member.
-struct server_load {
-	__s64 active_base;
-	__u64 reported;
-	__u64 packet_rate;
-	__u64 byte_rate;
+// The load view pow2 and least loaded compare (policy.h, load_view.h): what a core
+// worker's LoadView::load gives, as userspace published it at its last fold (every 50 ms,
+// kernel_loads.rs), plus, for active connections, this CPU's own counts since.
+//
+// Value of the active_rows array (by CPU): that CPU's view of every server's active
+// connections, one contiguous row indexed by server id, so that a scan looks the row up
+// once and reads one entry a position. In an entry, `base` is written by userspace only
+// (through a mapping, an aligned 8-byte store) and `own` by that CPU's program only (its
+// opened + moved_in - closed, incremented beside server_traffic's): no write of one side
+// covers a word of the other. `base` is the process-wide active-connection estimate at
+// the fold minus `own` as server_traffic had it at the fold, so that base + own (wrapping,
+// then at least 0) is the total plus this CPU's own picks and closes since, as a worker's
+// view is its last merge plus its own deltas.
+struct active_load {
+	__s64 base;
+	__u64 own;
+};
+
+struct active_row {
+	struct active_load server[SERVER_ID_SPACE];
+};
+
+// Value of the published_loads array (by LOAD_METRIC_*; the active metric's entry is
+// unused, looked up only to keep the verifier's paths simple, load_view.h): every
+// server's load under that metric, the same for every CPU, as f64 bits of non-negative
+// loads (+0.0 for zero, so that the integers order as the floats do): the reported load
+// and the packet and byte rates (the core's moving averages), which the core moves at
+// merges only. Userspace writes it word by word through a mapping: a read never tears a
+// word, and a pool whose words come from two folds is still a pool of loads.
+#define LOAD_METRICS 4
+
+struct published_row {
+	__u64 server[SERVER_ID_SPACE];
 };
 
 // Value of the vip_weights array (by VIP index), for a wrr VIP: the configured weight of

@@ -27,6 +27,7 @@
 #include "fallback_table.h"
 #include "fast_path.h"
 #include "handshakes.h"
+#include "load_view.h"
 #include "maglev.h"
 #include "maps.h"
 #include "parse.h"
@@ -72,12 +73,14 @@ static __always_inline int fallback_syn(struct xdp_md *ctx, const struct lb_conf
 	traffic = bpf_map_lookup_elem(&server_traffic, &id);
 	if (traffic)
 		traffic->opened += 1;
+	add_own_active(id, 1);
 	retransmitted = handshake_on_syn(words, hash, bpf_ntohl(p->tcp->seq), id, now, &previous);
 	if (retransmitted) {
 		// `loads.on_syn_retransmitted(previous)`, folded by userspace as a counted close.
 		traffic = bpf_map_lookup_elem(&server_traffic, &previous);
 		if (traffic)
 			traffic->closed += 1;
+		add_own_active(previous, -1);
 	}
 	if (evicted)
 		stat = retransmitted ? STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED :

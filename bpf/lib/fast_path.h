@@ -28,6 +28,7 @@
 #include "clock_learn.h"
 #include "closes.h"
 #include "cookie.h"
+#include "load_view.h"
 #include "csum.h"
 #include "fallback_table.h"
 #include "handshakes.h"
@@ -83,6 +84,8 @@ static __always_inline void add_server_traffic(__u32 server, const struct iphdr 
 		if (closed)
 			traffic->closed += 1;
 	}
+	if (closed)
+		add_own_active(server, -1);
 }
 
 // The core's `loads.on_connection_moved(from, to)`: -1 active on `from` (a released count,
@@ -96,6 +99,8 @@ static __always_inline void move_count(__u32 from, __u32 to)
 	traffic = bpf_map_lookup_elem(&server_traffic, &to);
 	if (traffic)
 		traffic->moved_in += 1;
+	add_own_active(from, -1);
+	add_own_active(to, 1);
 }
 
 // The core's `now` (the daemon's clock, ns since its start), for the handshake table's
@@ -210,6 +215,8 @@ static __always_inline int client_not_found(enum plain_refusal refusal)
 // server_traffic.opened) and `count_once_per_handshake` (the handshake table; a retransmitted
 // SYN releases its earlier pick's count), then `forward_to_server`. A VIP whose policy the
 // kernel does not run (vip_info.policy) or an empty or unpublished pool goes up as before.
+// maglev reads no pool position: the VIP's Maglev table names the server, for a pool of
+// any size (a bigger one is published with pool_len 0).
 static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *config,
 				    __u32 seq, const struct plain_tcp *p,
 				    const struct vip_info *vip, int walked)
@@ -233,7 +240,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 
 	// Decide: every read, no write. (client_syn found the timestamp where Table 1 puts it,
 	// or, `walked`, elsewhere.)
-	if (policy == KERNEL_POLICY_NONE || pool_len == 0 || pool_len > MAX_HASH_POOL)
+	if (policy == KERNEL_POLICY_NONE ||
+	    (policy != KERNEL_POLICY_MAGLEV && (pool_len == 0 || pool_len > MAX_HASH_POOL)))
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	state = bpf_map_lookup_elem(&policy_state, &index);
 	words = bpf_map_lookup_elem(&handshakes, &zero);
@@ -276,7 +284,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	case KERNEL_POLICY_POW2: {
 		__u32 first, second, first_id, second_id;
 		__u64 first_load, second_load;
-		int missing = 0;
+		struct load_view view = {};
 
 		// pow2.rs: one server is the pick, without a draw.
 		if (pool_len == 1) {
@@ -289,12 +297,12 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		rng = *cpu_rng;
 		if (!pow2_draw(&rng, pool_len, &first, &second))
 			return hand_up(STAT_UP_NEW_CONNECTION);
+		if (!load_view_open(vip->load_metric, &view))
+			return hand_up(STAT_UP_OTHER);
 		first_id = vip->pool[first & (MAX_HASH_POOL - 1)];
 		second_id = vip->pool[second & (MAX_HASH_POOL - 1)];
-		first_load = view_load(&first_id, vip->load_metric, &missing);
-		second_load = view_load(&second_id, vip->load_metric, &missing);
-		if (missing)
-			return hand_up(STAT_UP_OTHER);
+		first_load = view_load(&view, vip->load_metric, first_id);
+		second_load = view_load(&view, vip->load_metric, second_id);
 		// On equal loads the first drawn wins.
 		position = second_load < first_load ? second : first;
 		break;
@@ -303,12 +311,21 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		if (!least_loaded_decide(state, vip, pool_len, &position, &next_rr))
 			return hand_up(STAT_UP_OTHER);
 		break;
+	case KERNEL_POLICY_MAGLEV:
+		// maglev.rs `MaglevPolicy::pick`; no table (not published yet) goes up, as in
+		// fallback_syn.
+		if (!maglev_lookup(config, index, hash, &id))
+			return hand_up(STAT_UP_OTHER);
+		position = 0;
+		break;
 	default:
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	}
-	// The verifier cannot bound the positions; the mask gives it the array's bound.
-	asm volatile("" : "+r"(position));
-	id = vip->pool[position & (MAX_HASH_POOL - 1)];
+	if (policy != KERNEL_POLICY_MAGLEV) {
+		// The verifier cannot bound the positions; the mask gives it the array's bound.
+		asm volatile("" : "+r"(position));
+		id = vip->pool[position & (MAX_HASH_POOL - 1)];
+	}
 	server = server_at(config->copy, id);
 	if (!server || !(server->flags & SERVER_EGRESS))
 		return hand_up(STAT_UP_NEXT_HOP);
@@ -332,6 +349,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	traffic = bpf_map_lookup_elem(&server_traffic, &id);
 	if (traffic)
 		traffic->opened += 1;
+	add_own_active(id, 1);
 	stat = STAT_FAST_CLIENT_SYN;
 	if (handshake_on_syn(words, hash, bpf_ntohl(p->tcp->seq), id, now, &previous)) {
 		// `loads.on_syn_retransmitted(previous)`: -1 active, as a counted close is, and
@@ -339,6 +357,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		traffic = bpf_map_lookup_elem(&server_traffic, &previous);
 		if (traffic)
 			traffic->closed += 1;
+		add_own_active(previous, -1);
 		stat = STAT_FAST_CLIENT_SYN_RETRANSMITTED;
 	}
 	rewrite_toward_server(p, nat, &target, vip_port, backend_port);
@@ -663,7 +682,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		}
 		if (learns)
 			stat = clock_learnt_stat(stat, &learning);
-		if (answers && answer.moved) {
+		if (answers && handshake_answer_moves(&answer, id)) {
 			move_count(answer.from, id);
 			stat = STAT_FAST_SERVER_COOKIE_MOVED;
 		}

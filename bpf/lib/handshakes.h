@@ -78,9 +78,17 @@ struct handshake_answer {
 	__u64 *slot;
 	__u64 seen;    // the slot as read
 	__u64 written; // what it becomes: answered, held by the server that answered
-	__u32 from;    // the server whose count moves to the answering one
-	int moved;
+	// The server that held the count: it moves to the answering one if that is another.
+	// (Whether it moves is not kept beside it: the reply path's frame has no 8 bytes to
+	// spare, handshake_answer_moves says.)
+	__u32 from;
 };
+
+static __always_inline int handshake_answer_moves(const struct handshake_answer *answer,
+						  __u32 server)
+{
+	return answer->from != server;
+}
 
 // Whether the SYN-ACK is the first answer to its SYN and so updates the slot (and with
 // `moved`, moves the count from `from`); 0: the core would leave the slot as it is.
@@ -102,7 +110,6 @@ static __always_inline int handshake_answer_decide(struct handshake_words *words
 			  HANDSHAKE_ANSWERED |
 			  (((__u64)server & HANDSHAKE_HOLDER_MASK) << HANDSHAKE_HOLDER_SHIFT);
 	answer->from = holder;
-	answer->moved = holder != server;
 	return 1;
 }
 

@@ -244,15 +244,28 @@ struct {
 	__type(value, struct policy_state);
 } policy_state SEC(".maps");
 
-// Server id -> this CPU's view of its loads for pow2 and least loaded (cheetah_shared.h
-// struct server_load), published by userspace at every fold. Per CPU, as a core worker's
-// view is per worker: each CPU adds its own picks since the fold (server_traffic).
+// CPU -> that CPU's view of every server's active connections for pow2 and least loaded
+// (cheetah_shared.h struct active_row): bases published by userspace at every fold, own
+// counts by the CPU's program. Per CPU by key, not a per-CPU array, so that a row is one
+// contiguous value userspace maps; sized at load to the possible CPUs (xdp.rs
+// size_load_rows; 1 here only until then).
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, SERVER_ID_SPACE);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct server_load);
-} server_loads SEC(".maps");
+	__type(value, struct active_row);
+} active_rows SEC(".maps");
+
+// LOAD_METRIC_* -> every server's published load under it (cheetah_shared.h struct
+// published_row), written by userspace at every fold through a mapping.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, LOAD_METRICS);
+	__type(key, __u32);
+	__type(value, struct published_row);
+} published_loads SEC(".maps");
 
 // This CPU's random generator for the random policy, seeded by userspace.
 struct {

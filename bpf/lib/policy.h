@@ -4,7 +4,7 @@
 // (crates/core/src/policy/) step for step, so that a kernel instance seeded with a core
 // instance's state picks what the core would: rr.rs, wrr.rs (SmoothWeights), random.rs
 // (Xoshiro256++ and Lemire's `uniform_below`), hash.rs, and pow2.rs and least_loaded.rs
-// over this CPU's load view (server_loads, view_load), which sees its own picks at once.
+// over this CPU's load view (load_view.h), which sees its own picks at once.
 //
 // Each pick is split in two, as the in-kernel path is (decide, then commit): `*_decide`
 // only reads and returns the pool position and, in a local, what the state becomes;
@@ -18,6 +18,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
+#include "load_view.h"
 #include "maps.h"
 
 // rr.rs `RoundRobin::pick`: the cursor's position (0 if it is beyond the pool, which only a
@@ -156,94 +157,87 @@ static __always_inline int pow2_draw(struct policy_rng *rng, __u32 pool_len, __u
 	return 1;
 }
 
-// load.rs `LoadView::load` of server `id` under `metric` in this CPU's view (struct
-// server_load), as an integer that orders as the core's f64 does: for active connections
-// the published base plus this CPU's own counts since (server_traffic: opened + moved_in -
-// closed), at least 0, as `active.max(0) as f64`. Sets *missing if a map had no entry for
-// `*id`. By pointer: least-loaded's scan keeps the key in its context, on the caller's
-// stack, so that the bpf_loop callback needs no stack of its own (the program's frame and
-// the callback's share the 512 bytes).
-static __always_inline __u64 view_load(const __u32 *id, __u32 metric, int *missing)
-{
-	const struct server_load *load = bpf_map_lookup_elem(&server_loads, id);
-	const struct server_traffic *own;
-	__s64 active;
+// Pool positions one step of least_loaded_decide's scan looks at, unrolled: bpf_loop's
+// call per step and its loop test are paid once per stride, not once per position.
+#define LEAST_SCAN_STRIDE 8
 
-	if (!load) {
-		*missing = 1;
-		return 0;
-	}
-	switch (metric) {
-	case LOAD_METRIC_REPORTED:
-		return load->reported;
-	case LOAD_METRIC_PACKETS:
-		return load->packet_rate;
-	case LOAD_METRIC_BYTES:
-		return load->byte_rate;
-	}
-	own = bpf_map_lookup_elem(&server_traffic, id);
-	if (!own) {
-		*missing = 1;
-		return 0;
-	}
-	// Wrapping, as userspace computed the base (ServerTraffic::active_delta).
-	active = (__s64)((__u64)load->active_base + own->opened + own->moved_in - own->closed);
-	return active < 0 ? 0 : (__u64)active;
-}
-
-// One position of least_loaded_decide's scan (a bpf_loop callback).
+// least_loaded_decide's scan, kept on the caller's stack: the callbacks have no stack of
+// their own (the program's frame leaves them none), so whatever outlives a step lives here.
 struct least_scan {
 	const struct vip_info *vip;
+	struct load_view view;
 	__u64 best_load;
-	__u32 id; // the key of this position's lookups
-	__u32 metric;
 	__u32 start;
 	__u32 pool_len;
 	__u32 best;
-	int missing;
 };
 
-static long least_scan_position(__u32 i, void *context)
+// The scan's `j`-th position from the start: its load under `metric` (a constant: ACTIVE,
+// or any published one) read from the view's row, and the best moved if it is strictly
+// less. 0 once the pool is done. `j` comes from the step's index, not from a counter in
+// the context, so that no position waits on the store of the one before.
+static __always_inline int least_scan_one(struct least_scan *scan, __u32 metric, __u32 j)
 {
-	struct least_scan *scan = context;
-	__u32 position = scan->start + i;
+	__u32 position = scan->start + j;
 	__u64 load;
 
+	if (j >= scan->pool_len)
+		return 0;
 	if (position >= scan->pool_len)
 		position -= scan->pool_len;
-	scan->id = scan->vip->pool[position & (MAX_HASH_POOL - 1)];
-	load = view_load(&scan->id, scan->metric, &scan->missing);
-	if (scan->missing)
-		return 1;
+	load = view_load(&scan->view, metric, scan->vip->pool[position & (MAX_HASH_POOL - 1)]);
 	// Strictly less: the first minimum from the start wins (best_load starts above every
-	// load, so the start's is taken; testing `i == 0` instead would keep `i` on the stack).
+	// load, so the start's is taken; testing `j == 0` instead would keep `j` on the stack).
 	if (load < scan->best_load) {
 		scan->best = position;
 		scan->best_load = load;
 	}
-	return 0;
+	return 1;
 }
+
+// One step of the scan (a bpf_loop callback): LEAST_SCAN_STRIDE positions, unrolled. Two
+// callbacks, so that the metric is branched on once per scan: active connections (this
+// CPU's active row), and the published loads (the metric's row, looked up by the metric).
+#define LEAST_SCAN_STEP(name, metric)                                                      \
+	static long name(__u32 step, void *context)                                        \
+	{                                                                                  \
+		struct least_scan *scan = context;                                         \
+                                                                                           \
+		_Pragma("unroll") for (int k = 0; k < LEAST_SCAN_STRIDE; k++)              \
+		{                                                                          \
+			if (!least_scan_one(scan, metric, step * LEAST_SCAN_STRIDE + k))   \
+				return 1;                                                  \
+		}                                                                          \
+		return 0;                                                                  \
+	}
+
+LEAST_SCAN_STEP(least_scan_active, LOAD_METRIC_ACTIVE)
+LEAST_SCAN_STEP(least_scan_published, LOAD_METRIC_PACKETS)
 
 // least_loaded.rs `LeastLoaded::pick`: the scan starts at the cursor's position in the
 // pool, goes round once, and the first least loaded wins; the cursor becomes start + 1
-// (*next). A bpf_loop, as wrr's scan is. 0 if a server had no load entry.
+// (*next). A bpf_loop, as wrr's scan is, of LEAST_SCAN_STRIDE positions a step, over the
+// rows looked up once. 0 if the view has no row for this CPU or the metric.
 static __always_inline int least_loaded_decide(const struct policy_state *state,
 					       const struct vip_info *vip, __u32 pool_len,
 					       __u32 *position, __u32 *next)
 {
 	struct least_scan scan = {
 		.vip = vip,
-		.metric = vip->load_metric,
 		.start = state->rr_position % pool_len,
 		.pool_len = pool_len,
 		.best_load = ~0ull,
 	};
+	__u32 metric = vip->load_metric;
+	__u32 steps = (pool_len + LEAST_SCAN_STRIDE - 1) / LEAST_SCAN_STRIDE;
 
 	scan.best = scan.start;
-
-	bpf_loop(pool_len, least_scan_position, &scan, 0);
-	if (scan.missing)
+	if (!load_view_open(metric, &scan.view))
 		return 0;
+	if (metric == LOAD_METRIC_ACTIVE)
+		bpf_loop(steps, least_scan_active, &scan, 0);
+	else
+		bpf_loop(steps, least_scan_published, &scan, 0);
 	*next = scan.start + 1;
 	*position = scan.best;
 	return 1;

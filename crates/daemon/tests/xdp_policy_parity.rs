@@ -1,5 +1,6 @@
 //! The kernel's VIP policies (bpf/lib/policy.h, run by `syn_fast` in bpf/lib/fast_path.h)
-//! held to the core's: for rr, wrr (unequal weights), random (the same seed), hash, and
+//! held to the core's: for rr, wrr (unequal weights), random (the same seed), hash, maglev
+//! (the VIP's Maglev table, also over a pool bigger than the kernel's pool array), and
 //! least loaded and pow2 over the loads their own picks make, a sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
 //! servers in the same order as the core's policy instance given the same initial state
 //! (every CPU seeded as the core's worker, `PolicySeeds::AsWorker`), with the core's bytes
@@ -460,6 +461,12 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
             config("least-loaded", MAX_HASH_POOL as u16, &[]),
         ),
         ("pow2", config("pow2", 7, &[])),
+        // By the published Maglev table, which holds a pool of any size.
+        ("maglev", config("maglev", 7, &[])),
+        (
+            "maglev, 100 servers",
+            config("maglev", MAX_HASH_POOL as u16 + 36, &[]),
+        ),
     ];
     let mut failures = Vec::new();
     for (name, config) in &cases {
@@ -515,7 +522,8 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
                 "the fold counted {placed_total} new connections for {syns} kernel picks"
             ));
         }
-        if !run.cpu_state_advanced && !name.starts_with("hash") {
+        // hash and maglev keep no state.
+        if !run.cpu_state_advanced && !name.starts_with("hash") && !name.starts_with("maglev") {
             fail("this CPU's policy state did not move: the picks ran elsewhere".into());
         }
     }
@@ -653,6 +661,25 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
     }
     let load = lb.kernel_plane.shared().loads.server(ServerId(first));
     assert_eq!((load.active_connections, load.new_connections), (1, 1));
+    // Each CPU's own count in its load-view row moved with server_traffic's (the picks,
+    // the retried SYN's release, the move): what the fold's bases subtract.
+    for id in (1..=servers).map(ServerId) {
+        let own = lb.program.own_active(id).unwrap();
+        let traffic = lb.program.server_traffic_per_cpu(id).unwrap();
+        let deltas: Vec<u64> = traffic
+            .iter()
+            .map(|cpu| cpu.active_delta() as u64)
+            .collect();
+        assert_eq!(
+            own, deltas,
+            "{id:?}: each CPU's own count against server_traffic"
+        );
+    }
+    let own_total = |id: u16| -> u64 {
+        let own = lb.program.own_active(ServerId(id)).unwrap();
+        own.iter().fold(0, |total, &cpu| total.wrapping_add(cpu))
+    };
+    assert_eq!((own_total(first), own_total(second)), (1, 0));
 }
 
 /// Server `id`'s load under `metric` in the load-aware tests: with ties (every metric

@@ -71,7 +71,9 @@ const VIP_WEIGHTS: u32 = 264; // total, weight[64]
 const POLICY_STATE: u32 = 528; // rr_position, pad, wrr_steps, wrr_base[64]
 const POLICY_RNG: u32 = 32; // s[4]
 const HANDSHAKE_WORDS: u32 = 8 * (1 << 18) + 2 * (1 << 12); // slot[2^18], retry[2^12]
-const SERVER_LOAD: u32 = 32; // active_base, reported, packet_rate, byte_rate
+const ACTIVE_ROW: u32 = 16 * SERVER_ID_SPACE; // (base, own) per server id
+const PUBLISHED_ROW: u32 = 8 * SERVER_ID_SPACE; // one load per server id
+const LOAD_METRICS: u32 = 4;
 const NEXT_HOP_KEY: u32 = 12; // prefixlen, copy, addr
 const ADDR_KEY: u32 = 8; // addr, copy (vip_addrs, next_hop_hosts)
                          // Copies of every published table (bpf/lib/publish.h): the published maps hold both.
@@ -134,6 +136,11 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     let sized = SteeringProgram::load(1000).expect("SteeringProgram::load");
     assert_eq!(sized.try_map("fallback").unwrap().max_entries(), 128);
     assert_eq!(sized.fallback_words().unwrap().capacity(), 1024);
+    // And gives every possible CPU its row of the load view.
+    assert_eq!(
+        sized.try_map("active_rows").unwrap().max_entries() as usize,
+        libbpf_rs::num_possible_cpus().unwrap()
+    );
 
     let object = load();
     let (verified, loaded) = verifier_counts(&object);
@@ -147,7 +154,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         "the verifier processed {verified} instructions of its 1,000,000: keep paths whose states cannot be pruned together apart, or move cold ones to a bpf_loop callback or global function"
     );
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 31] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 32] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -309,14 +316,23 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         ("policy_rng", MapType::PercpuArray, 4, POLICY_RNG, 1, 0),
-        // Each CPU's load view (kernel_loads.rs).
+        // Each CPU's load view (kernel_loads.rs): a row per CPU (sized at load; one
+        // unsized) and a row per metric.
         (
-            "server_loads",
-            MapType::PercpuArray,
+            "active_rows",
+            MapType::Array,
             4,
-            SERVER_LOAD,
-            SERVER_ID_SPACE,
-            0,
+            ACTIVE_ROW,
+            1,
+            BPF_F_MMAPABLE,
+        ),
+        (
+            "published_loads",
+            MapType::Array,
+            4,
+            PUBLISHED_ROW,
+            LOAD_METRICS,
+            BPF_F_MMAPABLE,
         ),
         (
             "handshakes",

@@ -5,14 +5,31 @@
 //! SYN's earlier pick, a counted close, a count a SYN-ACK moved away) as -1 active, each
 //! count a SYN-ACK moved in as +1 active, clamped as the core clamps.
 //!
-//! And the other way: each CPU's load view (`server_loads`), which pow2 and least loaded in
-//! the kernel compare. A core worker's view is the totals at its last merge plus its own
-//! picks and closes since; CPU `c`'s is the same with the fold for the merge: the loads
-//! of `view` (a [`WorkerLoads`] merged right after the kernel's counts are added, so its
-//! rates are a worker's moving averages) plus what `c` counted in `server_traffic` since
-//! the fold. Published as `active_base = active - (opened_c + moved_in_c - closed_c)` at
-//! the fold, to which the kernel adds c's counts as they are when it picks. The daemon
-//! also derives from `view` what the kernel's awrr follows (its cycles:
+//! And the other way: each CPU's load view, which pow2 and least loaded in the kernel
+//! compare. A core worker's view is the totals at its last merge plus its own picks and
+//! closes since; CPU `c`'s is the same with the fold for the merge: the loads of `view` (a
+//! [`WorkerLoads`] merged right after the kernel's counts are added, so its rates are a
+//! worker's moving averages) plus what `c` counted since the fold. The kernel reads it
+//! from two mmapable arrays, one plain read a server once a pick has looked its row up:
+//! `active_rows`, a row per CPU indexed by server id, each entry a `base` this fold writes
+//! and an `own` only `c`'s program writes (opened + moved_in - closed, counted beside
+//! `server_traffic`'s three, so always their `active_delta` once a program run is over);
+//! and `published_loads`, a row per metric (report, packet and byte rates, the same for
+//! every CPU). Both are written through mappings, an aligned 8-byte store a word, so
+//! neither side's store covers a word of the other's.
+//!
+//! The base and its race with the kernel's picks: the fold reads every CPU's
+//! `server_traffic` once (`per_cpu`), adds what grew into the totals, merges, and
+//! publishes `base = active - (opened_c + moved_in_c - closed_c)` with c's counts from that
+//! same read. A pick `c` makes before the read is in `active` and in the subtracted
+//! counts, so base + own counts it once; a pick after the read is in neither (the next
+//! fold adds it to the totals) but in `own`, so the view counts it once as well, as a
+//! worker's own delta. Between the read and the store of the new base the kernel still
+//! adds its picks to the old base, exactly as a worker's view is the last merge plus its
+//! own deltas until the next merge. `own` and `server_traffic` start together (created,
+//! and pinned, together; `active_rows` is sized by the possible CPUs, which do not change
+//! while a BPF filesystem's pins live), so the subtracted counts are `own`'s at the read.
+//! The daemon also derives from `view` what the kernel's awrr follows (its cycles:
 //! `awrr_schedules.rs`).
 
 use std::collections::HashMap;
@@ -31,8 +48,7 @@ use crate::clock::monotonic_ns;
 /// grew by since the last.
 pub struct KernelLoads {
     seen: HashMap<ServerId, ServerTraffic>,
-    /// What each id's `server_loads` entry holds (per CPU), so that only changes are
-    /// written.
+    /// What each id's view holds (per CPU), so that only changes are written.
     published: HashMap<ServerId, Vec<ServerLoadValue>>,
     /// The loads a core worker's policies would see at this fold.
     view: WorkerLoads,
@@ -57,7 +73,12 @@ impl KernelLoads {
         loads: Arc<SharedLoads>,
     ) -> anyhow::Result<Self> {
         let mut kernel_loads = KernelLoads::new(loads);
-        if steering.pins().kept(&["server_traffic"]) {
+        let pins = steering.pins();
+        if pins.kept(&["server_traffic"]) != pins.kept(&["active_rows"]) {
+            // Only by hand (a pin removed): the bases then miss the kernel's counts before.
+            tracing::warn!("the XDP program's server_traffic and active_rows were not both kept; the kernel's load views are off by the connections counted before this run until they close");
+        }
+        if pins.kept(&["server_traffic"]) {
             let ids: Vec<ServerId> = (0..ServerId::SPACE as u16).map(ServerId).collect();
             let totals = steering.server_traffic(&ids)?;
             kernel_loads.seen = ids.into_iter().zip(totals).collect();
@@ -137,7 +158,7 @@ impl KernelLoads {
     }
 }
 
-/// Each CPU's `struct server_load` for `id`: `view`'s loads, and the active-connection
+/// Each CPU's view of `id` ([`ServerLoadValue`]): `view`'s loads, and the active-connection
 /// base from which the kernel counts the CPU's own picks and closes (`per_cpu`: each CPU's
 /// `server_traffic` for `id` as read at this fold).
 pub fn published_loads(

@@ -127,6 +127,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("KERNEL_POLICY_HASH", KERNEL_POLICY_HASH as usize),
         ("KERNEL_POLICY_POW2", KERNEL_POLICY_POW2 as usize),
         ("KERNEL_POLICY_AWRR", KERNEL_POLICY_AWRR as usize),
+        ("KERNEL_POLICY_MAGLEV", KERNEL_POLICY_MAGLEV as usize),
         ("SCHEDULE_CAP", SCHEDULE_CAP),
         ("LOAD_METRIC_ACTIVE", LOAD_METRIC_ACTIVE as usize),
         ("LOAD_METRIC_REPORTED", LOAD_METRIC_REPORTED as usize),
@@ -136,6 +137,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         ),
         ("LOAD_METRIC_PACKETS", LOAD_METRIC_PACKETS as usize),
         ("LOAD_METRIC_BYTES", LOAD_METRIC_BYTES as usize),
+        ("LOAD_METRICS", LOAD_METRICS),
         ("HANDSHAKE_SLOTS", HANDSHAKE_SLOTS),
         ("HANDSHAKE_RETRY_SLOTS", HANDSHAKE_RETRY_SLOTS),
         ("STAT_FAST_SERVER_CLOSE", STAT_FAST_SERVER_CLOSE as usize),
@@ -414,14 +416,9 @@ fn rust_side() -> BTreeMap<String, u64> {
         slot,
         retry
     ));
-    values.extend(layout!(
-        ServerLoadValue,
-        "struct server_load",
-        active_base,
-        reported,
-        packet_rate,
-        byte_rate
-    ));
+    values.extend(layout!(ActiveLoad, "struct active_load", base, own));
+    values.extend(layout!(ActiveRow, "struct active_row", server));
+    values.extend(layout!(PublishedRow, "struct published_row", server));
     values.extend(layout!(CloseWords, "struct close_words", word));
     values.extend(layout!(
         ClockWords,

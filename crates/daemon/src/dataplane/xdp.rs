@@ -22,8 +22,9 @@ use cheetah_core::types::ServerId;
 use super::pin::{self, PinDir, PinReport};
 use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
-    Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, ServerInfo,
-    ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, PUBLISH_COPIES, SERVER_FORWARDS,
+    ActiveRow, Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, PublishedRow,
+    ServerInfo, ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, LOAD_METRICS,
+    LOAD_METRIC_BYTES, LOAD_METRIC_PACKETS, LOAD_METRIC_REPORTED, PUBLISH_COPIES, SERVER_FORWARDS,
     STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_OPTIONS_WALKED, STAT_REPLY_BY_STEERING,
     UP_REASONS,
 };
@@ -90,6 +91,8 @@ pub struct SteeringProgram {
     /// `lb_config.clock_base_ns`, mapped on first use: once, not per call (a mapping is
     /// never unmapped, and a process may hold only `vm.max_map_count` of them).
     clock_base: OnceLock<[&'static AtomicU64; PUBLISH_COPIES]>,
+    /// The load view's rows, mapped on first use (`load_rows`).
+    load_rows: OnceLock<LoadRows>,
     /// Which maps an earlier run pinned and this one reused (`pin.rs`); empty unpinned.
     pins: PinReport,
 }
@@ -112,7 +115,7 @@ impl SteeringProgram {
         let mut open = ObjectBuilder::default()
             .open_memory(PROGRAM)
             .context("cannot open the embedded XDP program")?;
-        size_fallback(&mut open, fallback_capacity)?;
+        size_at_load(&mut open, fallback_capacity)?;
         // After every sizing: a map sized otherwise than its pinned one is replaced.
         let report = match pins {
             Some(dir) => pin::prepare(&mut open, dir)?,
@@ -151,6 +154,7 @@ impl SteeringProgram {
             object,
             publish_seq: OnceLock::new(),
             clock_base: OnceLock::new(),
+            load_rows: OnceLock::new(),
             pins: PinReport::default(),
         }
     }
@@ -332,12 +336,89 @@ impl SteeringProgram {
         }))
     }
 
-    /// Sets each CPU's view of server `id`'s loads (`server_loads`), one per possible CPU.
+    /// Sets each CPU's view of server `id`'s loads, one per possible CPU: each CPU's
+    /// active-connection base into its row of `active_rows`, and the published loads, which
+    /// are the same for every CPU (`published_loads` in kernel_loads.rs makes them so),
+    /// into `published_loads`. Word by word through the mappings, never a word the kernel
+    /// writes (an entry's `own`).
     pub fn set_server_load(&self, id: ServerId, per_cpu: &[ServerLoadValue]) -> anyhow::Result<()> {
-        let values: Vec<Vec<u8>> = per_cpu.iter().map(Encode::to_bytes).collect();
-        self.map("server_loads")
-            .update_percpu(&(id.0 as u32).to_ne_bytes(), &values, MapFlags::ANY)
-            .context("cannot update server_loads")
+        let rows = self.load_rows()?;
+        let active = rows.active();
+        if per_cpu.len() != active.len() {
+            bail!(
+                "{} load views for server {id:?}, but active_rows has a row for each of {} CPUs",
+                per_cpu.len(),
+                active.len()
+            );
+        }
+        let Some(&first) = per_cpu.first() else {
+            return Ok(());
+        };
+        if per_cpu.iter().any(|value| {
+            (value.reported, value.packet_rate, value.byte_rate)
+                != (first.reported, first.packet_rate, first.byte_rate)
+        }) {
+            bail!("server {id:?}: the published loads differ between CPUs; the kernel keeps one for all");
+        }
+        let server = usize::from(id.0);
+        for (row, value) in active.iter().zip(per_cpu) {
+            row.server[server].base.store(value.active_base, Relaxed);
+        }
+        let published = rows.published();
+        for (metric, load) in [
+            (LOAD_METRIC_REPORTED, first.reported),
+            (LOAD_METRIC_PACKETS, first.packet_rate),
+            (LOAD_METRIC_BYTES, first.byte_rate),
+        ] {
+            published[usize::from(metric)].server[server].store(load, Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Each CPU's own active-connection count of server `id` in its row (`own`: its
+    /// opened + moved_in - closed since the rows were created), for tests and checks.
+    pub fn own_active(&self, id: ServerId) -> anyhow::Result<Vec<u64>> {
+        let server = usize::from(id.0);
+        Ok(self
+            .load_rows()?
+            .active()
+            .iter()
+            .map(|row| row.server[server].own.load(Relaxed))
+            .collect())
+    }
+
+    /// `active_rows` and `published_loads`, mapped once per program and unmapped with it:
+    /// only this program's methods hand out references into them.
+    fn load_rows(&self) -> anyhow::Result<&LoadRows> {
+        if let Some(rows) = self.load_rows.get() {
+            return Ok(rows);
+        }
+        let active = self.try_map("active_rows")?;
+        let published = self.try_map("published_loads")?;
+        let row_bytes = std::mem::size_of::<ActiveRow>();
+        let published_bytes = std::mem::size_of::<PublishedRow>();
+        if active.value_size() as usize != row_bytes
+            || published.value_size() as usize != published_bytes
+            || published.max_entries() as usize != LOAD_METRICS
+        {
+            bail!("maps active_rows and published_loads are not the layout this build maps");
+        }
+        let cpus = active.max_entries() as usize;
+        let active = mmap_array(active.as_fd(), cpus * row_bytes)
+            .context("cannot mmap the XDP program's active_rows map")?;
+        let published = match mmap_array(published.as_fd(), LOAD_METRICS * published_bytes) {
+            Ok(mapped) => mapped,
+            Err(e) => {
+                // SAFETY: the mapping just made, referenced by nothing.
+                unsafe { libc::munmap(active.0, active.1) };
+                return Err(e).context("cannot mmap the XDP program's published_loads map");
+            }
+        };
+        Ok(self.load_rows.get_or_init(|| LoadRows {
+            active,
+            cpus,
+            published,
+        }))
     }
 
     /// This many CPUs have a share of each per-CPU map (libbpf's possible CPUs).
@@ -720,6 +801,60 @@ impl FallbackWords {
     /// Flows the table holds: what the map was sized to at load time.
     pub fn capacity(self) -> usize {
         self.words.len()
+    }
+}
+
+/// Sizes the maps of an opened (not yet loaded) object that carries the LB's maps whose
+/// size is the config's or the machine's: `fallback` ([`size_fallback`]) and
+/// `active_rows` (a row per possible CPU).
+pub fn size_at_load(open: &mut OpenObject, fallback_capacity: usize) -> anyhow::Result<()> {
+    size_fallback(open, fallback_capacity)?;
+    let cpus = libbpf_rs::num_possible_cpus().context("cannot count the possible CPUs")?;
+    let cpus = u32::try_from(cpus).context("too many possible CPUs for a BPF map")?;
+    let mut map = open
+        .maps_mut()
+        .find(|m| m.name() == "active_rows")
+        .context("map active_rows is missing from the XDP program")?;
+    map.set_max_entries(cpus)
+        .context("cannot size the XDP program's active_rows map")
+}
+
+/// `active_rows` (one [`ActiveRow`] per possible CPU) and `published_loads` (one
+/// [`PublishedRow`] per metric), mapped shared: (address, length) of each mapping.
+struct LoadRows {
+    active: (*mut libc::c_void, usize),
+    cpus: usize,
+    published: (*mut libc::c_void, usize),
+}
+
+// SAFETY: the mappings are plain shared memory of atomics, valid until drop; nothing in
+// them is tied to a thread.
+unsafe impl Send for LoadRows {}
+// SAFETY: every access goes through atomics.
+unsafe impl Sync for LoadRows {}
+
+impl LoadRows {
+    fn active(&self) -> &[ActiveRow] {
+        // SAFETY: page-aligned, `cpus` rows long (an array's values are contiguous, each
+        // row's size a multiple of 8), mapped until `self` drops; made of atomics with
+        // their integers' layout (the C struct's, by shared_layout_tests).
+        unsafe { std::slice::from_raw_parts(self.active.0.cast::<ActiveRow>(), self.cpus) }
+    }
+
+    fn published(&self) -> &[PublishedRow; LOAD_METRICS] {
+        // SAFETY: as `active`, LOAD_METRICS rows long.
+        unsafe { &*self.published.0.cast::<[PublishedRow; LOAD_METRICS]>() }
+    }
+}
+
+impl Drop for LoadRows {
+    fn drop(&mut self) {
+        // SAFETY: mappings this value made and alone refers to (`active`, `published`
+        // borrow from it).
+        unsafe {
+            libc::munmap(self.active.0, self.active.1);
+            libc::munmap(self.published.0, self.published.1);
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use cheetah_core::lb::{Bundle, Counter};
 use cheetah_core::types::Mac;
 
 /// `CHEETAH_PIN_LAYOUT`: the layout of the pinned maps' contents (`dataplane/pin.rs`).
-pub const PIN_LAYOUT: u32 = 3;
+pub const PIN_LAYOUT: u32 = 4;
 /// `PUBLISH_COPIES`: the copies of every published table (`publish_window.rs`).
 pub const PUBLISH_COPIES: usize = 2;
 pub const SERVER_ID_SPACE: usize = 16384;
@@ -46,7 +46,9 @@ pub const KERNEL_POLICY_HASH: u8 = 4;
 pub const KERNEL_POLICY_POW2: u8 = 5;
 pub const KERNEL_POLICY_LEAST_LOADED: u8 = 6;
 pub const KERNEL_POLICY_AWRR: u8 = 7;
-/// `vip_info.load_metric`: which of `struct server_load`'s loads pow2 and least loaded
+pub const KERNEL_POLICY_MAGLEV: u8 = 8;
+/// `vip_info.load_metric`: which load of the view (`struct active_row`, `struct
+/// published_row`) pow2 and least loaded
 /// compare.
 pub const LOAD_METRIC_ACTIVE: u8 = 0;
 pub const LOAD_METRIC_REPORTED: u8 = 1;
@@ -953,13 +955,13 @@ pub struct HandshakeWords {
     pub retry: [std::sync::atomic::AtomicU16; HANDSHAKE_RETRY_SLOTS],
 }
 
-/// `struct server_load`: one CPU's view of a server's loads, as pow2 and least loaded in
-/// the kernel compare them.
-#[repr(C)]
+/// One CPU's view of a server's loads, as pow2 and least loaded in the kernel compare
+/// them: what userspace publishes into that CPU's `active_rows` entry (`active_base`) and
+/// into `published_loads` (the rest, the same for every CPU).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServerLoadValue {
-    /// The active-connection total at the fold minus this CPU's `opened - closed` then
-    /// (wrapping): the kernel adds this CPU's counts since.
+    /// The active-connection total at the fold minus this CPU's `opened + moved_in -
+    /// closed` then (wrapping): the kernel adds this CPU's counts since.
     pub active_base: i64,
     /// `f64::to_bits` of non-negative loads, +0.0 for zero: they order as the floats do.
     pub reported: u64,
@@ -967,21 +969,27 @@ pub struct ServerLoadValue {
     pub byte_rate: u64,
 }
 
-impl Encode for ServerLoadValue {
-    fn to_bytes(&self) -> Vec<u8> {
-        Bytes::of::<Self>()
-            .put(
-                offset_of!(Self, active_base),
-                &self.active_base.to_ne_bytes(),
-            )
-            .put(offset_of!(Self, reported), &self.reported.to_ne_bytes())
-            .put(
-                offset_of!(Self, packet_rate),
-                &self.packet_rate.to_ne_bytes(),
-            )
-            .put(offset_of!(Self, byte_rate), &self.byte_rate.to_ne_bytes())
-            .0
-    }
+/// `LOAD_METRICS`: entries of `published_loads`, one per `LOAD_METRIC_*`.
+pub const LOAD_METRICS: usize = 4;
+
+/// `struct active_load`: one server's entry in one CPU's row of `active_rows`. `base` is
+/// userspace's word, `own` the CPU's program's.
+#[repr(C)]
+pub struct ActiveLoad {
+    pub base: std::sync::atomic::AtomicI64,
+    pub own: std::sync::atomic::AtomicU64,
+}
+
+/// `struct active_row`: one CPU's value of `active_rows`.
+#[repr(C)]
+pub struct ActiveRow {
+    pub server: [ActiveLoad; SERVER_ID_SPACE],
+}
+
+/// `struct published_row`: one metric's value of `published_loads`.
+#[repr(C)]
+pub struct PublishedRow {
+    pub server: [std::sync::atomic::AtomicU64; SERVER_ID_SPACE],
 }
 
 /// `struct close_words`: the one value of `closes`, the close filter's words.

@@ -80,13 +80,14 @@ fn array_key(index: usize) -> Vec<u8> {
     (index as u32).to_ne_bytes().to_vec()
 }
 
-/// The policy the kernel places a VIP's SYNs by (`vip_info.policy`): the ones it runs as
+/// The policy the kernel places a VIP's SYNs by (`vip_info.policy`): every policy, run as
 /// the core does, for a pool it holds (1 to MAX_HASH_POOL servers), pow2 and least loaded
-/// over each CPU's load view (`kernel_loads.rs`); NONE leaves them to userspace (maglev,
-/// awrr, an empty or bigger pool). Every metric's loads are in that view: `_metric` does
-/// not decide.
+/// over each CPU's load view (`kernel_loads.rs`); maglev for a pool of any size, from the
+/// VIP's Maglev table (`maglev_tables`, published for every non-empty pool outside hash
+/// mode), never from `vip_info.pool`. NONE leaves them to userspace (an empty pool, a
+/// bigger one). Every metric's loads are in that view: `_metric` does not decide.
 pub fn kernel_policy(kind: PolicyKind, _metric: LoadMetric, pool_len: usize) -> u8 {
-    if pool_len == 0 || pool_len > MAX_HASH_POOL {
+    if pool_len == 0 || (pool_len > MAX_HASH_POOL && kind != PolicyKind::Maglev) {
         return KERNEL_POLICY_NONE;
     }
     match kind {
@@ -98,7 +99,7 @@ pub fn kernel_policy(kind: PolicyKind, _metric: LoadMetric, pool_len: usize) -> 
         PolicyKind::LeastLoaded => KERNEL_POLICY_LEAST_LOADED,
         // Its cycle (awrr_schedules, from the buckets of at most 30 per server) always fits.
         PolicyKind::AutoWeightedRoundRobin => KERNEL_POLICY_AWRR,
-        PolicyKind::Maglev => KERNEL_POLICY_NONE,
+        PolicyKind::Maglev => KERNEL_POLICY_MAGLEV,
     }
 }
 
@@ -824,7 +825,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     }
 
     #[test]
-    fn the_kernel_runs_every_policy_but_maglev_for_pools_it_holds() {
+    fn the_kernel_runs_every_policy_for_pools_it_holds_and_maglev_for_any() {
         use PolicyKind::*;
         let active = LoadMetric::ActiveConnections;
         for (kind, expected) in [
@@ -834,7 +835,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             (Hash, KERNEL_POLICY_HASH),
             (PowerOfTwo, KERNEL_POLICY_POW2),
             (LeastLoaded, KERNEL_POLICY_LEAST_LOADED),
-            (Maglev, KERNEL_POLICY_NONE),
+            (Maglev, KERNEL_POLICY_MAGLEV),
             (AutoWeightedRoundRobin, KERNEL_POLICY_AWRR),
         ] {
             assert_eq!(kernel_policy(kind, active, 3), expected, "{kind}");
@@ -844,9 +845,14 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 "{kind}"
             );
             assert_eq!(kernel_policy(kind, active, 0), KERNEL_POLICY_NONE, "{kind}");
+            let bigger = if kind == Maglev {
+                KERNEL_POLICY_MAGLEV
+            } else {
+                KERNEL_POLICY_NONE
+            };
             assert_eq!(
                 kernel_policy(kind, active, MAX_HASH_POOL + 1),
-                KERNEL_POLICY_NONE,
+                bigger,
                 "{kind}"
             );
         }

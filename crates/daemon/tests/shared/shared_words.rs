@@ -14,6 +14,9 @@ use libbpf_rs::{MapCore, MapType};
 
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 
+/// The load view's rows (bpf/lib/load_view.h), not words the core shares.
+const LOAD_VIEW_MAPS: [&str; 2] = ["active_rows", "published_loads"];
+
 struct Mapping {
     name: String,
     at: *mut u8,
@@ -40,7 +43,12 @@ impl SharedWords {
             .filter(|map| {
                 // lb_config is mmapable for its publish word and clock base, which only
                 // userspace writes (the harness sets the clock per packet): not a table.
-                map.name() != "lb_config"
+                // Nor are the load view's rows (mmapable for the fold's writes): the
+                // kernel's own view, which the core keeps in its loads instead, as
+                // server_traffic is (held to the core by xdp_policy_parity's picks and
+                // own counts).
+                !LOAD_VIEW_MAPS.contains(&map.name().to_str().unwrap_or(""))
+                    && map.name() != "lb_config"
                     && map.map_type() == MapType::Array
                     && map
                         .info()

@@ -38,7 +38,7 @@ use cheetah_core::wire::tcp::flags;
 use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::awrr_schedules::AwrrSchedules;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
-use cheetah_daemon::dataplane::xdp::{size_fallback, SteeringProgram};
+use cheetah_daemon::dataplane::xdp::{size_at_load, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::{
     Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
     STAT_FAST_CLIENT_SYN, STAT_FAST_FALLBACK_MISS, STAT_FAST_FALLBACK_SYN, STAT_FAST_ICMP_COOKIE,
@@ -107,7 +107,7 @@ pub(super) struct Ports {
 
 /// The setups of the SYN rows: cheetah mode, one per policy the kernel runs (and wrr
 /// both ways: from its cycle and by the credit scan; `bench_config` gives their weights).
-const SYN_SETUPS: [Setup; 7] = [
+const SYN_SETUPS: [Setup; 8] = [
     Setup {
         label: "rr",
         mode: Mode::Cheetah,
@@ -151,6 +151,13 @@ const SYN_SETUPS: [Setup; 7] = [
         mode: Mode::Cheetah,
         forwarding: Forwarding::L2,
         policy: PolicyKind::PowerOfTwo,
+    },
+    // The VIP's Maglev table at the connection's hash (maglev_tables).
+    Setup {
+        label: "maglev",
+        mode: Mode::Cheetah,
+        forwarding: Forwarding::L2,
+        policy: PolicyKind::Maglev,
     },
 ];
 
@@ -199,7 +206,7 @@ fn publish_awrr_cycle(program: &SteeringProgram, plane: &ControlPlane) -> anyhow
 /// The SYN rows of least loaded and of pow2 on a rate: each over its pool's metric, and
 /// the bench's pool (`--servers`) or one of the given size. Every CPU's load view is
 /// all 0, which costs what any other: every position is read either way.
-const LOAD_SYN_SETUPS: [(Setup, LoadMetric, Option<u16>); 3] = [
+const LOAD_SYN_SETUPS: [(Setup, LoadMetric, Option<u16>); 4] = [
     (
         Setup {
             label: "least-loaded",
@@ -219,6 +226,18 @@ const LOAD_SYN_SETUPS: [(Setup, LoadMetric, Option<u16>); 3] = [
         },
         LoadMetric::ActiveConnections,
         Some(4),
+    ),
+    // One word a position (the metric's published row) where active connections read
+    // two (the base and this CPU's own count, one 16-byte entry of this CPU's row).
+    (
+        Setup {
+            label: "least-loaded packets",
+            mode: Mode::Cheetah,
+            forwarding: Forwarding::L2,
+            policy: PolicyKind::LeastLoaded,
+        },
+        LoadMetric::Packets,
+        None,
     ),
     (
         Setup {
@@ -574,7 +593,7 @@ impl Bench {
         let mut open = ObjectBuilder::default()
             .open_memory(BENCH_OBJECT)
             .context("cannot open the embedded bpf/xdp_bench.c")?;
-        size_fallback(&mut open, config.fallback_table_capacity)?;
+        size_at_load(&mut open, config.fallback_table_capacity)?;
         for mut map in open.maps_mut() {
             let entries = match map.name().to_str() {
                 Some("bench_flows") => flows.max(1),
