@@ -697,8 +697,13 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     let rst = unhex(&vector("client-rst-without-timestamps").packet_in);
     assert_eq!(ack[26..38], rst[26..38], "the ACK and the RST are one flow");
     // The SYN five units before the segments; the kernel's clock mid-unit, so that a run
-    // of the test stays in one unit.
-    let unit = 1000u64;
+    // of the test stays in one unit. `now` must not be ahead of the host's monotonic clock
+    // (the kernel's is `monotonic - clock_base_ns`, and the base cannot be negative): on a
+    // machine up for less than 1000 units (about 18 minutes, as a fresh CI machine may
+    // be) unit 1000 would be.
+    let unit = (monotonic_ns() >> UNIT_SHIFT)
+        .saturating_sub(1)
+        .clamp(5, 1000);
     let syn_at = (unit - 5) << UNIT_SHIFT;
     let now = (unit << UNIT_SHIFT) + (1 << (UNIT_SHIFT - 1));
     let kernel = Kernel::load(
