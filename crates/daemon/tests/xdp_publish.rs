@@ -90,6 +90,21 @@ struct Seen {
     mixed: Vec<(usize, Vec<u8>)>,
 }
 
+/// One established ACK with NOP NOP TS from each of `CLIENTS` clients.
+fn client_acks() -> Vec<Vec<u8>> {
+    (0..CLIENTS)
+        .map(|n| {
+            TcpFrame::from_client(
+                testkit::client_ip(n),
+                40_000 + n as u16,
+                ACK,
+                options::nop_nop_ts(n, 0x1234_5678),
+            )
+            .build()
+        })
+        .collect()
+}
+
 #[test]
 fn no_packet_sees_half_of_a_publication() {
     no_packet_sees_half_of_a_publication_in("hash");
@@ -111,17 +126,7 @@ fn no_packet_sees_half_of_a_publication_in(mode: &str) {
     // connection goes elsewhere, and a mix of the two is a third answer.
     let first = tables(mode, 20, &[1, 2, 3, 4]);
     let second = tables(mode, 21, &[3, 1, 2]);
-    let frames: Vec<Vec<u8>> = (0..CLIENTS)
-        .map(|n| {
-            TcpFrame::from_client(
-                testkit::client_ip(n),
-                40_000 + n as u16,
-                ACK,
-                options::nop_nop_ts(n, 0x1234_5678),
-            )
-            .build()
-        })
-        .collect();
+    let frames = client_acks();
     let under_first = outputs(&program, &frames, &first);
     let under_second = outputs(&program, &frames, &second);
     let differ = (0..frames.len())
@@ -207,17 +212,7 @@ fn packets_inside_a_publication_are_forwarded_from_the_other_copy() {
     let before = tables("hash", 20, &[1, 2, 3, 4]);
     // The same pool, every server at another address and MAC.
     let moved = tables("hash", 21, &[1, 2, 3, 4]);
-    let frames: Vec<Vec<u8>> = (0..CLIENTS)
-        .map(|n| {
-            TcpFrame::from_client(
-                testkit::client_ip(n),
-                40_000 + n as u16,
-                ACK,
-                options::nop_nop_ts(n, 0x1234_5678),
-            )
-            .build()
-        })
-        .collect();
+    let frames = client_acks();
     let under_moved = outputs(&program, &frames, &moved);
     // Published last, into both copies: what packets start from.
     let under_before = outputs(&program, &frames, &before);
