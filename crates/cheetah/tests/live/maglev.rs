@@ -6,6 +6,10 @@
 //! exists to avoid (smoke's `add_and_drain_break_nothing` runs the same change through it
 //! and breaks none); here it also shows that established segments do follow the Maglev
 //! table in the kernel, which a path that kept any per-flow state would hide.
+//!
+//! The same change in cheetah mode with `policy = "maglev"` breaks nothing: the kernel
+//! places each SYN by the same table (0 SYNs handed up), and the cookie, not the table,
+//! routes every later segment.
 
 use std::time::Duration;
 
@@ -13,11 +17,16 @@ use crate::support::*;
 
 live_tests! {
     fn maglev_mode_runs_in_the_kernel_and_a_new_server_breaks_connections() {
-        scenario("mgl");
+        scenario("mgl", "maglev");
+    }
+
+    fn maglev_policy_places_syns_in_the_kernel_and_a_new_server_breaks_nothing() {
+        scenario("mgp", "cheetah");
     }
 }
 
-fn scenario(prefix: &str) {
+/// `mode`: "maglev" (the baseline), or "cheetah" with the VIP's policy set to maglev.
+fn scenario(prefix: &str, mode: &str) {
     let testbed = Testbed::up(
         prefix,
         &[
@@ -28,10 +37,14 @@ fn scenario(prefix: &str) {
             "--forwarding",
             "l2",
             "--mode",
-            "maglev",
+            mode,
         ],
     );
     let lb = Lb::start(&testbed, &testbed.config_with_pool(&[1, 2]));
+    let cheetah = mode == "cheetah";
+    if cheetah {
+        lb.ctl_ok(&["policy", "set", &testbed.vip(), "maglev"]);
+    }
     let load = Loadgen::start(
         &testbed,
         "c1",
@@ -60,7 +73,7 @@ fn scenario(prefix: &str) {
     );
     let broken = count(&report["connections_broken"]);
     eprintln!(
-        "maglev: kernel to_server {} to_client {}; handed up {handed_up} ({new_connections_up} new connections); requests {}; broken {broken}",
+        "{mode}: kernel to_server {} to_client {}; handed up {handed_up} ({new_connections_up} new connections); requests {}; broken {broken}",
         kernel("to_server"),
         kernel("to_client"),
         report["requests"]
@@ -79,13 +92,23 @@ fn scenario(prefix: &str) {
         "{handed_up} handed up against {} forwarded\n{metrics}",
         kernel("to_server")
     );
-    // About 33 of the 100 keep-alive connections move to server 3; fewer than 5 would mean
-    // established segments did not follow the table.
-    assert!(
-        broken >= 5,
-        "adding a server under maglev broke {broken} of 100 keep-alive connections: {}",
-        report["broken"]
-    );
+    if cheetah {
+        // The cookie routes every established segment: the table's change moves only
+        // where new connections go.
+        assert_nothing_broken(&report, "a server added under policy = maglev");
+        assert!(
+            kernel("new_connections") > 100.0,
+            "SYNs were not placed in the kernel\n{metrics}"
+        );
+    } else {
+        // About 33 of the 100 keep-alive connections move to server 3; fewer than 5 would
+        // mean established segments did not follow the table.
+        assert!(
+            broken >= 5,
+            "adding a server under maglev broke {broken} of 100 keep-alive connections: {}",
+            report["broken"]
+        );
+    }
     assert!(
         count(&report["requests_by_server"]["s3"]) > 0,
         "the added server got no requests: {}",
