@@ -47,7 +47,6 @@ static __always_inline int fallback_syn(struct xdp_md *ctx, const struct lb_conf
 {
 	__u32 zero = 0, set_index = (__u32)hash & config->fallback_mask, id, previous, stat;
 	struct handshake_words *words;
-	struct server_traffic *traffic;
 	struct fallback_set *set;
 	struct server_info *server;
 	struct toward_server to;
@@ -70,18 +69,11 @@ static __always_inline int fallback_syn(struct xdp_md *ctx, const struct lb_conf
 		return hand_up(STAT_UP_PUBLISHING);
 	// Commit: remembered, counted and booked, then the bytes.
 	evicted = fallback_insert(set, fallback_word(hash, id, now)) == FALLBACK_EVICTED;
-	traffic = bpf_map_lookup_elem(&server_traffic, &id);
-	if (traffic)
-		traffic->opened += 1;
-	add_own_active(id, 1);
+	count_opened(bpf_map_lookup_elem(&server_traffic, &id), id);
 	retransmitted = handshake_on_syn(words, hash, bpf_ntohl(p->tcp->seq), id, now, &previous);
-	if (retransmitted) {
-		// `loads.on_syn_retransmitted(previous)`, folded by userspace as a counted close.
-		traffic = bpf_map_lookup_elem(&server_traffic, &previous);
-		if (traffic)
-			traffic->closed += 1;
-		add_own_active(previous, -1);
-	}
+	// `loads.on_syn_retransmitted(previous)`, folded by userspace as a counted close.
+	if (retransmitted)
+		count_released(bpf_map_lookup_elem(&server_traffic, &previous), previous);
 	if (evicted)
 		stat = retransmitted ? STAT_FAST_FALLBACK_SYN_EVICTED_RETRANSMITTED :
 				       STAT_FAST_FALLBACK_SYN_EVICTED;

@@ -81,26 +81,17 @@ static __always_inline void add_server_traffic(__u32 server, const struct iphdr 
 	if (traffic) {
 		traffic->packets += 1;
 		traffic->bytes += bpf_ntohs(ip->tot_len);
-		if (closed)
-			traffic->closed += 1;
 	}
 	if (closed)
-		add_own_active(server, -1);
+		count_released(traffic, server);
 }
 
 // The core's `loads.on_connection_moved(from, to)`: -1 active on `from` (a released count,
 // as a counted close is) and +1 on `to` without a new connection, folded by userspace.
 static __always_inline void move_count(__u32 from, __u32 to)
 {
-	struct server_traffic *traffic = bpf_map_lookup_elem(&server_traffic, &from);
-
-	if (traffic)
-		traffic->closed += 1;
-	traffic = bpf_map_lookup_elem(&server_traffic, &to);
-	if (traffic)
-		traffic->moved_in += 1;
-	add_own_active(from, -1);
-	add_own_active(to, 1);
+	count_released(bpf_map_lookup_elem(&server_traffic, &from), from);
+	count_moved_in(bpf_map_lookup_elem(&server_traffic, &to), to);
 }
 
 // The core's `now` (the daemon's clock, ns since its start), for the handshake table's
@@ -225,7 +216,6 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	__u32 latched = latched_index(config->copy, index, MAX_VIPS);
 	__u32 zero = 0, position, next_rr = 0, next_cursor = 0, id, previous, stat;
 	struct handshake_words *words;
-	struct server_traffic *traffic;
 	const struct server_info *server;
 	const struct vip_weights *weights;
 	const struct vip_schedule *schedule = NULL;
@@ -346,18 +336,12 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	// random, and pow2 when it drew.
 	if (cpu_rng)
 		*cpu_rng = rng;
-	traffic = bpf_map_lookup_elem(&server_traffic, &id);
-	if (traffic)
-		traffic->opened += 1;
-	add_own_active(id, 1);
+	count_opened(bpf_map_lookup_elem(&server_traffic, &id), id);
 	stat = STAT_FAST_CLIENT_SYN;
 	if (handshake_on_syn(words, hash, bpf_ntohl(p->tcp->seq), id, now, &previous)) {
 		// `loads.on_syn_retransmitted(previous)`: -1 active, as a counted close is, and
 		// so folded by userspace.
-		traffic = bpf_map_lookup_elem(&server_traffic, &previous);
-		if (traffic)
-			traffic->closed += 1;
-		add_own_active(previous, -1);
+		count_released(bpf_map_lookup_elem(&server_traffic, &previous), previous);
 		stat = STAT_FAST_CLIENT_SYN_RETRANSMITTED;
 	}
 	rewrite_toward_server(p, nat, &target, vip_port, backend_port);

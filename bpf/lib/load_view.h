@@ -35,6 +35,32 @@ static __always_inline void add_own_active(__u32 id, __s64 change)
 		row[id].own += change;
 }
 
+// A server's counted connections change in server_traffic (opened, moved_in, closed:
+// what userspace folds) and in this CPU's own count together, so that `own` stays
+// opened + moved_in - closed: every change goes through these three. `traffic` is the
+// server's server_traffic entry as the caller looked it up (NULL: none).
+static __always_inline void count_opened(struct server_traffic *traffic, __u32 id)
+{
+	if (traffic)
+		traffic->opened += 1;
+	add_own_active(id, 1);
+}
+
+static __always_inline void count_moved_in(struct server_traffic *traffic, __u32 id)
+{
+	if (traffic)
+		traffic->moved_in += 1;
+	add_own_active(id, 1);
+}
+
+// A counted close, a retransmitted SYN's earlier pick, a count moved away: -1 active.
+static __always_inline void count_released(struct server_traffic *traffic, __u32 id)
+{
+	if (traffic)
+		traffic->closed += 1;
+	add_own_active(id, -1);
+}
+
 // The rows a pick reads its loads from: this CPU's active row for active connections,
 // the metric's published row for the others.
 struct load_view {
