@@ -19,9 +19,12 @@ use cheetah_core::hash::Secret;
 use cheetah_core::lb::Ingress;
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
+use cheetah_core::types::ServerId;
 use cheetah_core::wire::tcp::flags::ACK;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
-use cheetah_daemon::dataplane::xdp_layout::{FALLBACK_WAYS, SERVER_ID_SPACE, STAT_UP_PUBLISHING};
+use cheetah_daemon::dataplane::xdp_layout::{
+    ServerInfo, FALLBACK_WAYS, SERVER_ID_SPACE, STAT_UP_PUBLISHING,
+};
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher, Wanted};
 use libbpf_rs::MapCore;
 
@@ -241,6 +244,17 @@ fn packets_inside_a_publication_are_forwarded_from_the_other_copy() {
     send_all(&under_before, "half written");
     assert!(window.flip());
     send_all(&under_moved, "flipped");
+    // What a restart would find had the publisher been killed here: the copy packets read.
+    for (key, value) in &moved.servers {
+        let id = u32::from_ne_bytes(key[..4].try_into().unwrap()) as u16;
+        let dip = std::mem::offset_of!(ServerInfo, dip);
+        let moved_dip = Ipv4Addr::from(<[u8; 4]>::try_from(&value[dip..dip + 4]).unwrap());
+        assert_eq!(
+            program.published_server_dip(ServerId(id)).unwrap(),
+            Some(moved_dip),
+            "server {id}: the published address is the copy packets read"
+        );
+    }
     write_servers(window.before_write());
     assert!(!window.flip());
     drop(window);

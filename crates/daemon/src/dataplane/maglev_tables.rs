@@ -22,8 +22,9 @@ use cheetah_core::policy::maglev::MaglevTable;
 use libbpf_rs::libbpf_sys;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
+use super::map_memory::MapMemory;
 use super::publish_window::PublishWindow;
-use super::xdp::{mmap_array, SteeringProgram};
+use super::xdp::SteeringProgram;
 use super::xdp_layout::{
     MaglevChunk, MAGLEV_CHUNK_SLOTS, MAGLEV_NO_SERVER, MAX_VIPS, PUBLISH_COPIES,
 };
@@ -92,14 +93,13 @@ impl Chunks {
     /// Copies every chunk into `inner` through a mapping of it (a memcpy: a batch update
     /// of the same took milliseconds, all of them inside the window).
     fn write(&self, inner: &MapHandle) -> anyhow::Result<()> {
-        let (at, len) = mmap_array(inner.as_fd(), self.bytes.len())
+        let memory = MapMemory::of(inner.as_fd(), self.bytes.len())
             .context("cannot mmap a Maglev table's map")?;
-        // SAFETY: `at` maps at least `bytes.len()` writable bytes (above); the program
+        // SAFETY: `memory` maps at least `bytes.len()` writable bytes (above); the program
         // only reads them, and only in the other copy while this one is written (publish.h).
         unsafe {
-            std::ptr::copy_nonoverlapping(self.bytes.as_ptr(), at.cast(), self.bytes.len());
-            libc::munmap(at, len);
-        }
+            std::ptr::copy_nonoverlapping(self.bytes.as_ptr(), memory.as_ptr(), self.bytes.len())
+        };
         Ok(())
     }
 }

@@ -8,6 +8,7 @@ pub mod host_addrs;
 pub mod io_counters;
 pub mod kernel_loads;
 pub mod maglev_tables;
+pub mod map_memory;
 pub mod meta;
 pub mod neighbour;
 pub mod next_hops;

@@ -6,7 +6,7 @@
 //! kernel answer it with RSTs, until the next `cheetah run` replaces it atomically.
 
 use std::net::Ipv4Addr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
@@ -19,14 +19,15 @@ use cheetah_core::lb::handshakes::HandshakeTable;
 use cheetah_core::lb::SharedTables;
 use cheetah_core::types::ServerId;
 
+use super::map_memory::MapMemory;
 use super::pin::{self, PinDir, PinReport};
 use super::publish_window::{PublishSeq, PublishWindow};
 use super::xdp_layout::{
     ActiveRow, Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, PublishedRow,
     ServerInfo, ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, LOAD_METRICS,
     LOAD_METRIC_BYTES, LOAD_METRIC_PACKETS, LOAD_METRIC_REPORTED, PUBLISH_COPIES, SERVER_FORWARDS,
-    STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_OPTIONS_WALKED, STAT_REPLY_BY_STEERING,
-    UP_REASONS,
+    SERVER_ID_SPACE, STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_OPTIONS_WALKED,
+    STAT_REPLY_BY_STEERING, UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -162,18 +163,20 @@ impl SteeringProgram {
     /// Opens a window of the publisher's latch (`publish_window.rs`): every write to a
     /// map the in-kernel path reads (the tables, the next hops) happens inside one.
     pub fn publish_window(&self) -> anyhow::Result<PublishWindow<'_>> {
+        Ok(self.publish_seq()?.open())
+    }
+
+    /// The latch's word, mapped once.
+    fn publish_seq(&self) -> anyhow::Result<&PublishSeq> {
         if let Some(seq) = self.publish_seq.get() {
-            return Ok(seq.open());
+            return Ok(seq);
         }
         const WORDS: usize = std::mem::size_of::<LbConfigValue>() / 4;
         let words: &'static [[AtomicU32; WORDS]; PUBLISH_COPIES] =
             self.mmap_values("lb_config", PUBLISH_COPIES)?;
         // Entry 0's: the word the program reads (publish.h).
         let word = &words[0][std::mem::offset_of!(LbConfigValue, publish_seq) / 4];
-        Ok(self
-            .publish_seq
-            .get_or_init(|| PublishSeq::new(word))
-            .open())
+        Ok(self.publish_seq.get_or_init(|| PublishSeq::new(word)))
     }
 
     /// The loaded object, for what only tests and the bench do with it
@@ -280,13 +283,13 @@ impl SteeringProgram {
         Ok(unsafe { &*(at as *const T) })
     }
 
-    /// The first `bytes` bytes of the BPF_F_MMAPABLE array `name`, mapped shared and never
-    /// unmapped (see `kernel_words`).
-    fn mmap_bytes(&self, name: &str, bytes: usize) -> anyhow::Result<*mut libc::c_void> {
+    /// The first `bytes` bytes of the BPF_F_MMAPABLE array `name`, mapped shared and kept
+    /// for the process (see `kernel_words`).
+    fn mmap_bytes(&self, name: &str, bytes: usize) -> anyhow::Result<*mut u8> {
         let map = self.try_map(name)?;
-        let (at, _) = mmap_array(map.as_fd(), bytes)
+        let memory = MapMemory::of(map.as_fd(), bytes)
             .with_context(|| format!("cannot mmap the XDP program's {name} map"))?;
-        Ok(at)
+        Ok(memory.keep_for_process())
     }
 
     /// Tells the program where the core's clock starts (`lb_config.clock_base_ns`): the
@@ -321,12 +324,15 @@ impl SteeringProgram {
     }
 
     /// The address the `servers` map holds for `id` as it was last published, if it
-    /// forwards to one (read before this run publishes, it is the earlier run's). Copy 0's:
-    /// a publication leaves both copies equal.
+    /// forwards to one (read before this run publishes, it is the earlier run's). The copy
+    /// packets read: a publisher killed between its flip and its second write left the
+    /// other copy behind (publish_window.rs).
     pub fn published_server_dip(&self, id: ServerId) -> anyhow::Result<Option<Ipv4Addr>> {
+        let copy = self.publish_seq()?.current() & 1;
+        let key = copy * SERVER_ID_SPACE as u32 + u32::from(id.0);
         let value = self
             .try_map("servers")?
-            .lookup(&(id.0 as u32).to_ne_bytes(), MapFlags::ANY)
+            .lookup(&key.to_ne_bytes(), MapFlags::ANY)
             .context("cannot read servers")?;
         Ok(value.and_then(|bytes| {
             let at = |offset: usize| -> [u8; 4] { bytes[offset..offset + 4].try_into().unwrap() };
@@ -404,16 +410,10 @@ impl SteeringProgram {
             bail!("maps active_rows and published_loads are not the layout this build maps");
         }
         let cpus = active.max_entries() as usize;
-        let active = mmap_array(active.as_fd(), cpus * row_bytes)
+        let active = MapMemory::of(active.as_fd(), cpus * row_bytes)
             .context("cannot mmap the XDP program's active_rows map")?;
-        let published = match mmap_array(published.as_fd(), LOAD_METRICS * published_bytes) {
-            Ok(mapped) => mapped,
-            Err(e) => {
-                // SAFETY: the mapping just made, referenced by nothing.
-                unsafe { libc::munmap(active.0, active.1) };
-                return Err(e).context("cannot mmap the XDP program's published_loads map");
-            }
-        };
+        let published = MapMemory::of(published.as_fd(), LOAD_METRICS * published_bytes)
+            .context("cannot mmap the XDP program's published_loads map")?;
         Ok(self.load_rows.get_or_init(|| LoadRows {
             active,
             cpus,
@@ -664,33 +664,6 @@ impl SteeringProgram {
     }
 }
 
-/// The first `bytes` bytes of the BPF_F_MMAPABLE array behind `map`, mapped shared:
-/// where they start, and the mapping's length (whole pages), for `munmap`.
-pub(super) fn mmap_array(
-    map: BorrowedFd<'_>,
-    bytes: usize,
-) -> std::io::Result<(*mut libc::c_void, usize)> {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let len = bytes.div_ceil(page) * page;
-    // SAFETY: a new shared mapping of a map's fd at offset 0, nothing else touched; the
-    // kernel refuses it for a map that is not a BPF_F_MMAPABLE array of `len` bytes or more.
-    let at = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            map.as_raw_fd(),
-            0,
-        )
-    };
-    if at == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((at, len))
-}
-
 /// The XDP program's clock and handshake words, mapped for the rest of the process.
 #[derive(Clone, Copy)]
 pub struct KernelWords {
@@ -820,40 +793,28 @@ pub fn size_at_load(open: &mut OpenObject, fallback_capacity: usize) -> anyhow::
 }
 
 /// `active_rows` (one [`ActiveRow`] per possible CPU) and `published_loads` (one
-/// [`PublishedRow`] per metric), mapped shared: (address, length) of each mapping.
+/// [`PublishedRow`] per metric), mapped shared until the program drops.
 struct LoadRows {
-    active: (*mut libc::c_void, usize),
+    active: MapMemory,
     cpus: usize,
-    published: (*mut libc::c_void, usize),
+    published: MapMemory,
 }
-
-// SAFETY: the mappings are plain shared memory of atomics, valid until drop; nothing in
-// them is tied to a thread.
-unsafe impl Send for LoadRows {}
-// SAFETY: every access goes through atomics.
-unsafe impl Sync for LoadRows {}
 
 impl LoadRows {
     fn active(&self) -> &[ActiveRow] {
         // SAFETY: page-aligned, `cpus` rows long (an array's values are contiguous, each
         // row's size a multiple of 8), mapped until `self` drops; made of atomics with
         // their integers' layout (the C struct's, by shared_layout_tests).
-        unsafe { std::slice::from_raw_parts(self.active.0.cast::<ActiveRow>(), self.cpus) }
+        unsafe { std::slice::from_raw_parts(self.active.as_ptr().cast::<ActiveRow>(), self.cpus) }
     }
 
     fn published(&self) -> &[PublishedRow; LOAD_METRICS] {
         // SAFETY: as `active`, LOAD_METRICS rows long.
-        unsafe { &*self.published.0.cast::<[PublishedRow; LOAD_METRICS]>() }
-    }
-}
-
-impl Drop for LoadRows {
-    fn drop(&mut self) {
-        // SAFETY: mappings this value made and alone refers to (`active`, `published`
-        // borrow from it).
         unsafe {
-            libc::munmap(self.active.0, self.active.1);
-            libc::munmap(self.published.0, self.published.1);
+            &*self
+                .published
+                .as_ptr()
+                .cast::<[PublishedRow; LOAD_METRICS]>()
         }
     }
 }
