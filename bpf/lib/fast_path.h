@@ -492,6 +492,24 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 	return forward_to_server(ctx, p, &to, stat);
 }
 
+// What a reply decides before its publish check and writes after it, when it learns a
+// clock, answers a retried SYN or closes: per CPU, not on the stack, where its 112 bytes
+// would stand beside every local of the deepest path (the program and least-loaded's
+// callback share 512 bytes). Per packet, nothing to keep: not pinned (pin.rs). A reply
+// takes the entry only on those cold branches; the straight line never reads it.
+struct reply_cold {
+	struct clock_learning learning; // a reply whose MSB moved (clock_learn.h)
+	struct handshake_answer answer; // a SYN-ACK that first answers a retried SYN
+	struct close close;             // a FIN or an RST (closes.h)
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct reply_cold);
+} reply_scratch SEC(".maps");
+
 // fast_path.rs `reply_fast` for a server's reply from `sender` (reply_sender.h found it:
 // a forwarding server, on the servers' side, in the plain layout). `p` is the frame as
 // parse_plain_tcp left it; `seq` what publish_begin said before lb_config was read.
@@ -505,18 +523,17 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	__be32 *tsval = &p->ts->tsval;
 	// Where the timestamp option starts within the options, and whether the walk found it.
 	int at, walked = 0;
-	// A FIN or an RST (cheetah mode): its close, and whether it is the first (closes.h).
-	struct close close = {};
+	// The cold branches' state (reply_scratch), taken by the first of them that needs it.
+	struct reply_cold *cold = NULL;
+	// A FIN or an RST (cheetah mode), and whether it is its connection's first (closes.h).
 	int is_close = 0, first_close = 0;
 	// A reply whose MSB moved, learnt in the kernel (clock_learn.h).
-	struct clock_learning learning;
 	int learns = 0;
 	// A SYN-ACK without timestamps (cheetah mode): the fallback set it teaches, the word.
 	struct fallback_set *teaches = NULL;
 	__u64 learned = 0;
 	int without_timestamp = 0;
 	// A SYN-ACK that first answers a retried SYN: the handshake slot's update (handshakes.h).
-	struct handshake_answer answer;
 	int answers = 0;
 	__u16 cookie = 0;
 	__u32 id = sender->server, stat;
@@ -581,9 +598,12 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			if (!words)
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			if (handshake_retried_recently(words, hash, now)) {
+				cold = bpf_map_lookup_elem(&reply_scratch, &zero);
+				if (!cold)
+					return hand_up(STAT_UP_OTHER);
 				answers = handshake_answer_decide(words, hash,
 								  bpf_ntohl(p->tcp->ack_seq) - 1,
-								  id, &answer);
+								  id, &cold->answer);
 				if (answers && without_timestamp)
 					return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			}
@@ -605,7 +625,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 				return hand_up(STAT_UP_CLOCK);
 			seen_word = seen->word[id & (SERVER_ID_SPACE - 1)];
 			if (!cookie_clock_unchanged(seen_word, msb)) {
-				learns = clock_learn_decide(&learning, seen, id, bpf_ntohl(*tsval),
+				if (!cold)
+					cold = bpf_map_lookup_elem(&reply_scratch, &zero);
+				if (!cold)
+					return hand_up(STAT_UP_CLOCK);
+				learns = clock_learn_decide(&cold->learning, id, bpf_ntohl(*tsval),
 							    seen_word, core_now(config), layout);
 				if (!learns)
 					return hand_up(STAT_UP_CLOCK);
@@ -622,11 +646,13 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			__u32 data_len = bpf_ntohs(p->ip->tot_len) - sizeof(struct iphdr) -
 					 p->tcp->doff * 4;
 
-			if (!words)
+			if (!cold)
+				cold = bpf_map_lookup_elem(&reply_scratch, &zero);
+			if (!words || !cold)
 				return hand_up(STAT_UP_OTHER);
 			is_close = 1;
 			first_close = close_seen(words, hash, flags, bpf_ntohl(p->tcp->seq),
-						 data_len, &close);
+						 data_len, &cold->close);
 		}
 	}
 
@@ -640,9 +666,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		return hand_up(STAT_UP_PUBLISHING);
 	// The first write: a clock (or a handshake slot) another writer moved meanwhile goes
 	// up, nothing written. A reply does one or the other, not both.
-	if (learns && !clock_learn_commit(&learning))
+	if (learns && cold && !clock_learn_commit(&cold->learning))
 		return hand_up(STAT_UP_CLOCK);
-	if (answers && !handshake_answer_commit(&answer))
+	if (answers && cold && !handshake_answer_commit(&cold->answer))
 		return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 	next_hop_remember(&hop, p->ip->daddr, seq);
 
@@ -659,15 +685,15 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		else
 			csum_replace_high_half((__u16 *)tsval, &p->tcp->check, cookie);
 		stat = STAT_FAST_SERVER_COOKIE;
-		if (is_close) {
+		if (is_close && cold) {
 			if (first_close)
-				close_record(&close);
+				close_record(&cold->close);
 			stat = first_close ? STAT_FAST_SERVER_CLOSE : STAT_FAST_SERVER_DUPLICATE_CLOSE;
 		}
-		if (learns)
-			stat = clock_learnt_stat(stat, &learning);
-		if (answers && handshake_answer_moves(&answer, id)) {
-			move_count(answer.from, id);
+		if (learns && cold)
+			stat = clock_learnt_stat(stat, &cold->learning);
+		if (answers && cold && handshake_answer_moves(&cold->answer, id)) {
+			move_count(cold->answer.from, id);
 			stat = STAT_FAST_SERVER_COOKIE_MOVED;
 		}
 	} else {

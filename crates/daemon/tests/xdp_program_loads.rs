@@ -154,7 +154,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         "the verifier processed {verified} instructions of its 1,000,000: keep paths whose states cannot be pruned together apart, or move cold ones to a bpf_loop callback or global function"
     );
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 32] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 33] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -369,9 +369,11 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         // One packet's scratch space, per CPU: the options' walk (40 option bytes and
-        // three words) and a FIB lookup's parameters (struct bpf_fib_lookup).
+        // three words), a FIB lookup's parameters (struct bpf_fib_lookup) and a reply's
+        // cold decisions (struct reply_cold: a clock learnt, a handshake answered, a close).
         ("option_walk_scratch", MapType::PercpuArray, 4, 52, 1, 0),
         ("fib_scratch", MapType::PercpuArray, 4, 64, 1, 0),
+        ("reply_scratch", MapType::PercpuArray, 4, 80, 1, 0),
         // VIP index -> the fd of its Maglev table's inner array (made by the publisher).
         (
             "maglev_tables",
