@@ -539,6 +539,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	__u32 id = sender->server, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
 	int nat = config->forwarding == LB_FORWARDING_NAT;
+	// A TCP header too short for the straight line (reply_layout): the core's general
+	// server path takes it, which counts no FastPath; its options hold no timestamp.
+	int general = !p->ts;
 
 	if (cheetah) {
 		struct cookie_layout layout = layout_of(config);
@@ -556,20 +559,24 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			// A server's SYN without ACK (SegmentKind::Syn, not SynAck) answers no SYN
 			// and teaches nothing: left to userspace (the differential fuzzer made one
 			// that the kernel took for an answer moving a load count).
-			if (!(flags & TCP_ACK))
+			// Nor does one without room for a timestamp (the general path's).
+			if (!(flags & TCP_ACK) || general)
 				return hand_up(STAT_UP_LAYOUT);
 			at = syn_timestamp_at(ctx, p);
 		} else {
-			// Also for a FIN or RST: the closes counted here are stamped ones (an RST
-			// without a timestamp goes up, and the core counts it as such).
-			at = plain_has_nop_nop_ts(p) ? 2 : 0;
+			// Also for a FIN or RST: the closes counted here are stamped ones.
+			at = !general && plain_has_nop_nop_ts(p) ? 2 : 0;
 		}
 		if (!at) {
-			// Elsewhere, or none: the core's walk. Without a timestamp only a SYN-ACK
-			// teaches the fallback table.
-			at = timestamp_walk(ctx, p);
-			if (at == TIMESTAMP_MALFORMED ||
-			    (at == TIMESTAMP_NONE && !(flags & TCP_SYN)))
+			// Elsewhere, or none: the core's walk (none over no options).
+			at = p->tcp->doff * 4 == sizeof(struct tcphdr) ? TIMESTAMP_NONE :
+									  timestamp_walk(ctx, p);
+			if (at == TIMESTAMP_MALFORMED)
+				return hand_up(STAT_UP_LAYOUT);
+			// Without a timestamp a SYN-ACK teaches the fallback table; any other
+			// segment is forwarded without a cookie (server_path.rs), an RST never
+			// counted as a close. A FIN's close is left to userspace.
+			if (at == TIMESTAMP_NONE && (flags & (TCP_SYN | TCP_FIN | TCP_RST)) == TCP_FIN)
 				return hand_up(STAT_UP_LAYOUT);
 			without_timestamp = at == TIMESTAMP_NONE;
 			walked = !without_timestamp;
@@ -618,7 +625,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 				learned = fallback_word(hash, id, now);
 			}
 		}
-		if (!teaches) {
+		if (!without_timestamp) {
 			msb = bpf_ntohl(*tsval) >> 16;
 			seen = bpf_map_lookup_elem(&msb_seen, &zero);
 			if (!seen)
@@ -640,7 +647,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		}
 		// closes.rs `on_server_close`, filed under the cookie's hash. Cheetah mode only:
 		// the baselines place no connection by a policy, so they count no close either.
-		if (flags & (TCP_FIN | TCP_RST)) {
+		// An RST without a timestamp is no close (`resets_without_timestamp`).
+		if ((flags & (TCP_FIN | TCP_RST)) && !without_timestamp) {
 			struct close_words *words = bpf_map_lookup_elem(&closes, &zero);
 			// parse_plain_tcp proved IP + TCP header <= total length.
 			__u32 data_len = bpf_ntohs(p->ip->tot_len) - sizeof(struct iphdr) -
@@ -676,6 +684,13 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		stat = fallback_insert(teaches, learned) == FALLBACK_EVICTED ?
 			       STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED :
 			       STAT_FAST_SERVER_FALLBACK_LEARNED;
+	} else if (cheetah && without_timestamp) {
+		if (tcp_flags(p->tcp) & TCP_RST)
+			stat = general ? STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL :
+					 STAT_FAST_SERVER_RESET_NO_TIMESTAMP;
+		else
+			stat = general ? STAT_FAST_SERVER_NO_TIMESTAMP_GENERAL :
+					 STAT_FAST_SERVER_NO_TIMESTAMP;
 	} else if (cheetah) {
 		// The cookie takes the place of the MSB; the low half stays. Where the walk
 		// found it, as the core's general path writes it: the whole word, at any offset.
@@ -697,7 +712,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			stat = STAT_FAST_SERVER_COOKIE_MOVED;
 		}
 	} else {
-		stat = STAT_FAST_SERVER_PLAIN;
+		stat = general ? STAT_FAST_SERVER_PLAIN_GENERAL : STAT_FAST_SERVER_PLAIN;
 	}
 	// server_reply.rs `reply_leaves_as_vip`: with NAT the reply leaves from the VIP's
 	// address and port (the client knows no other), not the server's.
