@@ -125,6 +125,53 @@ fn verifier_counts(object: &Object) -> (u32, u32) {
     (info.verified_insns, info.xlated_prog_len / 8)
 }
 
+/// The verifier's limit on a frame and the frames it calls, together (MAX_BPF_STACK).
+const STACK_LIMIT: i32 = 512;
+/// What least-loaded's bpf_loop callback adds to the program's frame on the SYN path.
+const LEAST_LOADED_CALLBACK_FRAME: i32 = 16;
+/// Room kept free beside them for what the next change needs.
+const STACK_HEADROOM: i32 = 64;
+
+/// The bytes of the program's own frame: the deepest offset from the frame pointer (r10)
+/// that any of its instructions reads or writes.
+fn frame_bytes(insns: &[libbpf_rs::libbpf_sys::bpf_insn]) -> i32 {
+    const FRAME_POINTER: u8 = 10;
+    insns
+        .iter()
+        .filter_map(|insn| {
+            let class = insn.code & 0x07;
+            // LDX reads [src + off]; ST and STX write [dst + off].
+            let base = match class {
+                0x01 => insn.src_reg(),
+                0x02 | 0x03 => insn.dst_reg(),
+                _ => return None,
+            };
+            (base == FRAME_POINTER && insn.off < 0).then(|| -i32::from(insn.off))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_programs_frame_leaves_room_beside_least_loadeds_callback() {
+    let open = ObjectBuilder::default()
+        .open_memory(PROGRAM)
+        .expect("open the embedded object");
+    let program = open
+        .progs()
+        .find(|p| p.name() == PROGRAM_NAME)
+        .expect("program cheetah_lb");
+    let frame = frame_bytes(program.insns());
+    eprintln!("cheetah_lb: a frame of {frame} bytes");
+    assert!(frame > 0, "no instruction of cheetah_lb uses its frame");
+    // Over the limit the program does not load ("combined stack size of 2 calls"); at it,
+    // the next local on a path to the SYN path breaks the load.
+    assert!(
+        frame + LEAST_LOADED_CALLBACK_FRAME + STACK_HEADROOM <= STACK_LIMIT,
+        "cheetah_lb's frame is {frame} bytes: with least-loaded's callback ({LEAST_LOADED_CALLBACK_FRAME}) less than {STACK_HEADROOM} of the verifier's {STACK_LIMIT} are left; move cold state to a per-CPU *_scratch entry (fast_path.h reply_scratch)"
+    );
+}
+
 #[test]
 fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     if !is_root() {
