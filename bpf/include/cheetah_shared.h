@@ -150,6 +150,20 @@ enum xdp_stat {
 	// line (20, 24 or 28 bytes), forwarded by its pick as the core's general path forwards
 	// it: ToServer only.
 	STAT_FAST_CLIENT_PICK_GENERAL,
+	// layout. A server's segment in cheetah mode (not a SYN, not a FIN) whose options hold
+	// no timestamp, forwarded as the core's server path forwards it (no cookie, NAT
+	// undone): FastPath, OptionsSlowPath and ToClient; with RST, ResetsWithoutTimestamp too
+	// (never a close: closes.rs `on_server_close`).
+	STAT_FAST_SERVER_NO_TIMESTAMP,
+	STAT_FAST_SERVER_RESET_NO_TIMESTAMP,
+	// layout. The same two with a TCP header too short for the straight line (20, 24 or 28
+	// bytes: Linux's RST for a segment it does not know has none): the core's general path
+	// takes them, which counts no FastPath.
+	STAT_FAST_SERVER_NO_TIMESTAMP_GENERAL,
+	STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL,
+	// layout. A baseline's server segment whose TCP header is too short for the straight
+	// line, forwarded as the core's general path forwards it: ToClient only.
+	STAT_FAST_SERVER_PLAIN_GENERAL,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

@@ -65,9 +65,9 @@ static __always_inline int clock_cas32(__u32 *words, __u32 index, __u32 *current
 }
 
 // What clock_learn_decide read and decided, for clock_learn_commit.
+// No pointer: it is kept in reply_scratch (maps.h), from which a pointer would read back
+// as a number; the commit finds msb_seen and msb_clock again.
 struct clock_learning {
-	struct msb_seen_words *seen;
-	struct msb_clock_words *clock;
 	__u64 previous; // the anchor read first
 	__u64 limit;    // the bound read
 	__u32 index;    // the server id
@@ -157,6 +157,7 @@ static long clock_publish_entry(__u32 epoch, void *data)
 // are of the last estimate. Past CLOCK_RETRIES rounds the estimate is still moving: the
 // writer moving it publishes after its own write, and goes round as this one does.
 static __always_inline void clock_publish(const struct clock_learning *l,
+					  struct msb_clock_words *clock,
 					  struct msb_restore_words *restores)
 {
 	struct clock_publish_round round = {
@@ -165,7 +166,7 @@ static __always_inline void clock_publish(const struct clock_learning *l,
 		.id_bits = l->id_bits,
 		.epochs = 1 << (16 - l->id_bits),
 	};
-	__u32 *cell = &l->clock->estimates[l->index & (SERVER_ID_SPACE - 1)];
+	__u32 *cell = &clock->estimates[l->index & (SERVER_ID_SPACE - 1)];
 
 	round.estimate = *(volatile __u32 *)cell;
 	for (int i = 0; i < CLOCK_RETRIES; i++) {
@@ -175,7 +176,7 @@ static __always_inline void clock_publish(const struct clock_learning *l,
 		// The stores before the read, as the core's SeqCst ones are: a compare-exchange
 		// that changes nothing (fully ordered, where an atomic add without fetch, as
 		// clang emits one whose result is unused, is not on every JIT).
-		__sync_val_compare_and_swap(&l->clock->writes, 0, 0);
+		__sync_val_compare_and_swap(&clock->writes, 0, 0);
 		now = *(volatile __u32 *)cell;
 		if (now == round.estimate)
 			return;
@@ -189,20 +190,21 @@ static __always_inline void clock_publish(const struct clock_learning *l,
 // anchor is written, so the daemon's refresh raises it within a second, as it does for a
 // server whose replies another LB instance sees.
 static __always_inline void clock_raise_estimate(const struct clock_learning *l, __u16 m,
+						 struct msb_clock_words *clock,
 						 struct msb_restore_words *restores)
 {
 	__u32 index = l->index & (SERVER_ID_SPACE - 1);
-	__u32 current = *(volatile __u32 *)&l->clock->estimates[index];
+	__u32 current = *(volatile __u32 *)&clock->estimates[index];
 
 	for (int i = 0; i < CLOCK_RETRIES; i++) {
 		if ((current & MSB_GENERATION) != l->generation)
 			return;
 		if ((current & MSB_KNOWN) && (__s16)(__u16)(m - (__u16)current) <= 0)
 			return;
-		if (clock_cas32(l->clock->estimates, index, &current,
+		if (clock_cas32(clock->estimates, index, &current,
 				l->generation | MSB_KNOWN | m)) {
-			clock_publish(l, restores);
-			__sync_fetch_and_add(&l->clock->writes, 1);
+			clock_publish(l, clock, restores);
+			__sync_fetch_and_add(&clock->writes, 1);
 			return;
 		}
 	}
@@ -213,8 +215,7 @@ static __always_inline void clock_raise_estimate(const struct clock_learning *l,
 // msb_seen word; `now_ns` the core's `now` (core_now). 1: the kernel learns it (commit
 // with clock_learn_commit after the publish check). 0: userspace does (an anomaly: the
 // core counts and logs it), nothing read having been written.
-static __always_inline int clock_learn_decide(struct clock_learning *l,
-					      struct msb_seen_words *seen, __u32 index,
+static __always_inline int clock_learn_decide(struct clock_learning *l, __u32 index,
 					      __u32 tsval, __u32 current, __u64 now_ns,
 					      struct cookie_layout layout)
 {
@@ -225,8 +226,6 @@ static __always_inline int clock_learn_decide(struct clock_learning *l,
 	if (!clock)
 		return 0;
 	index &= SERVER_ID_SPACE - 1;
-	l->seen = seen;
-	l->clock = clock;
 	l->index = index;
 	l->tsval = tsval;
 	l->now_ms = now_ns / NANOS_PER_MS;
@@ -264,12 +263,13 @@ static __always_inline int clock_learn_commit(const struct clock_learning *l)
 	__u32 zero = 0, index = l->index & (SERVER_ID_SPACE - 1), current = l->current;
 	__u16 msb = l->tsval >> 16;
 	struct msb_restore_words *restores = bpf_map_lookup_elem(&msb_restores, &zero);
-	struct msb_clock_words *clock = l->clock;
+	struct msb_clock_words *clock = bpf_map_lookup_elem(&msb_clock, &zero);
+	struct msb_seen_words *seen = bpf_map_lookup_elem(&msb_seen, &zero);
 	__u64 here;
 
-	if (!restores)
+	if (!restores || !clock || !seen)
 		return 0;
-	if (!clock_cas32(l->seen->word, index, &current, MSB_KNOWN | msb))
+	if (!clock_cas32(seen->word, index, &current, MSB_KNOWN | msb))
 		return 0;
 	here = clock_anchor(l->now_ms, l->tsval);
 	// A failed exchange means a newer anchor (a probe's, another reply's): keep it.
@@ -277,7 +277,7 @@ static __always_inline int clock_learn_commit(const struct clock_learning *l)
 	if (!*(volatile __u8 *)&clock->probed[index])
 		__sync_val_compare_and_swap(&clock->limits[index], l->limit, here);
 	// Anchored just now, the estimate is the MSB the server sent.
-	clock_raise_estimate(l, msb, restores);
+	clock_raise_estimate(l, msb, clock, restores);
 	__sync_fetch_and_add(&clock->writes, 1);
 	return 1;
 }

@@ -16,12 +16,17 @@
 
 #include <linux/types.h>
 
+#include <bpf/bpf_helpers.h>
+
 #include "cheetah_shared.h"
+#include "maps.h"
 #include "parse.h"
 
 // One close: the slot it is filed under and the tag it leaves there.
+// One close: the slot it is filed under and the tag it leaves there. No pointer: it is
+// kept in reply_scratch (maps.h), from which a pointer would read back as a number.
 struct close {
-	__u32 *slot;
+	__u32 index; // the slot's, in closes
 	__u32 tag;
 };
 
@@ -46,15 +51,19 @@ static __always_inline __u32 close_tag(__u64 flow_hash, __u8 flags, __u32 seq, _
 static __always_inline int close_seen(struct close_words *words, __u64 flow_hash, __u8 flags,
 				       __u32 seq, __u32 data_len, struct close *close)
 {
-	close->slot = &words->word[flow_hash & (CLOSE_SLOTS - 1)];
+	close->index = flow_hash & (CLOSE_SLOTS - 1);
 	close->tag = close_tag(flow_hash, flags, seq, data_len);
-	return *(volatile __u32 *)close->slot != close->tag;
+	return *(volatile __u32 *)&words->word[close->index] != close->tag;
 }
 
 // `CloseFilter::first`'s store, for a first close.
 static __always_inline void close_record(const struct close *close)
 {
-	*(volatile __u32 *)close->slot = close->tag;
+	__u32 zero = 0;
+	struct close_words *words = bpf_map_lookup_elem(&closes, &zero);
+
+	if (words)
+		*(volatile __u32 *)&words->word[close->index & (CLOSE_SLOTS - 1)] = close->tag;
 }
 
 #endif

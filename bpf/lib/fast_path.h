@@ -492,6 +492,24 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 	return forward_to_server(ctx, p, &to, stat);
 }
 
+// What a reply decides before its publish check and writes after it, when it learns a
+// clock, answers a retried SYN or closes: per CPU, not on the stack, where its 112 bytes
+// would stand beside every local of the deepest path (the program and least-loaded's
+// callback share 512 bytes). Per packet, nothing to keep: not pinned (pin.rs). A reply
+// takes the entry only on those cold branches; the straight line never reads it.
+struct reply_cold {
+	struct clock_learning learning; // a reply whose MSB moved (clock_learn.h)
+	struct handshake_answer answer; // a SYN-ACK that first answers a retried SYN
+	struct close close;             // a FIN or an RST (closes.h)
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct reply_cold);
+} reply_scratch SEC(".maps");
+
 // fast_path.rs `reply_fast` for a server's reply from `sender` (reply_sender.h found it:
 // a forwarding server, on the servers' side, in the plain layout). `p` is the frame as
 // parse_plain_tcp left it; `seq` what publish_begin said before lb_config was read.
@@ -505,23 +523,25 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	__be32 *tsval = &p->ts->tsval;
 	// Where the timestamp option starts within the options, and whether the walk found it.
 	int at, walked = 0;
-	// A FIN or an RST (cheetah mode): its close, and whether it is the first (closes.h).
-	struct close close = {};
+	// The cold branches' state (reply_scratch), taken by the first of them that needs it.
+	struct reply_cold *cold = NULL;
+	// A FIN or an RST (cheetah mode), and whether it is its connection's first (closes.h).
 	int is_close = 0, first_close = 0;
 	// A reply whose MSB moved, learnt in the kernel (clock_learn.h).
-	struct clock_learning learning;
 	int learns = 0;
 	// A SYN-ACK without timestamps (cheetah mode): the fallback set it teaches, the word.
 	struct fallback_set *teaches = NULL;
 	__u64 learned = 0;
 	int without_timestamp = 0;
 	// A SYN-ACK that first answers a retried SYN: the handshake slot's update (handshakes.h).
-	struct handshake_answer answer;
 	int answers = 0;
 	__u16 cookie = 0;
 	__u32 id = sender->server, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
 	int nat = config->forwarding == LB_FORWARDING_NAT;
+	// A TCP header too short for the straight line (reply_layout): the core's general
+	// server path takes it, which counts no FastPath; its options hold no timestamp.
+	int general = !p->ts;
 
 	if (cheetah) {
 		struct cookie_layout layout = layout_of(config);
@@ -539,20 +559,24 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			// A server's SYN without ACK (SegmentKind::Syn, not SynAck) answers no SYN
 			// and teaches nothing: left to userspace (the differential fuzzer made one
 			// that the kernel took for an answer moving a load count).
-			if (!(flags & TCP_ACK))
+			// Nor does one without room for a timestamp (the general path's).
+			if (!(flags & TCP_ACK) || general)
 				return hand_up(STAT_UP_LAYOUT);
 			at = syn_timestamp_at(ctx, p);
 		} else {
-			// Also for a FIN or RST: the closes counted here are stamped ones (an RST
-			// without a timestamp goes up, and the core counts it as such).
-			at = plain_has_nop_nop_ts(p) ? 2 : 0;
+			// Also for a FIN or RST: the closes counted here are stamped ones.
+			at = !general && plain_has_nop_nop_ts(p) ? 2 : 0;
 		}
 		if (!at) {
-			// Elsewhere, or none: the core's walk. Without a timestamp only a SYN-ACK
-			// teaches the fallback table.
-			at = timestamp_walk(ctx, p);
-			if (at == TIMESTAMP_MALFORMED ||
-			    (at == TIMESTAMP_NONE && !(flags & TCP_SYN)))
+			// Elsewhere, or none: the core's walk (none over no options).
+			at = p->tcp->doff * 4 == sizeof(struct tcphdr) ? TIMESTAMP_NONE :
+									  timestamp_walk(ctx, p);
+			if (at == TIMESTAMP_MALFORMED)
+				return hand_up(STAT_UP_LAYOUT);
+			// Without a timestamp a SYN-ACK teaches the fallback table; any other
+			// segment is forwarded without a cookie (server_path.rs), an RST never
+			// counted as a close. A FIN's close is left to userspace.
+			if (at == TIMESTAMP_NONE && (flags & (TCP_SYN | TCP_FIN | TCP_RST)) == TCP_FIN)
 				return hand_up(STAT_UP_LAYOUT);
 			without_timestamp = at == TIMESTAMP_NONE;
 			walked = !without_timestamp;
@@ -581,9 +605,12 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			if (!words)
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			if (handshake_retried_recently(words, hash, now)) {
+				cold = bpf_map_lookup_elem(&reply_scratch, &zero);
+				if (!cold)
+					return hand_up(STAT_UP_OTHER);
 				answers = handshake_answer_decide(words, hash,
 								  bpf_ntohl(p->tcp->ack_seq) - 1,
-								  id, &answer);
+								  id, &cold->answer);
 				if (answers && without_timestamp)
 					return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			}
@@ -598,14 +625,18 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 				learned = fallback_word(hash, id, now);
 			}
 		}
-		if (!teaches) {
+		if (!without_timestamp) {
 			msb = bpf_ntohl(*tsval) >> 16;
 			seen = bpf_map_lookup_elem(&msb_seen, &zero);
 			if (!seen)
 				return hand_up(STAT_UP_CLOCK);
 			seen_word = seen->word[id & (SERVER_ID_SPACE - 1)];
 			if (!cookie_clock_unchanged(seen_word, msb)) {
-				learns = clock_learn_decide(&learning, seen, id, bpf_ntohl(*tsval),
+				if (!cold)
+					cold = bpf_map_lookup_elem(&reply_scratch, &zero);
+				if (!cold)
+					return hand_up(STAT_UP_CLOCK);
+				learns = clock_learn_decide(&cold->learning, id, bpf_ntohl(*tsval),
 							    seen_word, core_now(config), layout);
 				if (!learns)
 					return hand_up(STAT_UP_CLOCK);
@@ -616,17 +647,20 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		}
 		// closes.rs `on_server_close`, filed under the cookie's hash. Cheetah mode only:
 		// the baselines place no connection by a policy, so they count no close either.
-		if (flags & (TCP_FIN | TCP_RST)) {
+		// An RST without a timestamp is no close (`resets_without_timestamp`).
+		if ((flags & (TCP_FIN | TCP_RST)) && !without_timestamp) {
 			struct close_words *words = bpf_map_lookup_elem(&closes, &zero);
 			// parse_plain_tcp proved IP + TCP header <= total length.
 			__u32 data_len = bpf_ntohs(p->ip->tot_len) - sizeof(struct iphdr) -
 					 p->tcp->doff * 4;
 
-			if (!words)
+			if (!cold)
+				cold = bpf_map_lookup_elem(&reply_scratch, &zero);
+			if (!words || !cold)
 				return hand_up(STAT_UP_OTHER);
 			is_close = 1;
 			first_close = close_seen(words, hash, flags, bpf_ntohl(p->tcp->seq),
-						 data_len, &close);
+						 data_len, &cold->close);
 		}
 	}
 
@@ -640,9 +674,9 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		return hand_up(STAT_UP_PUBLISHING);
 	// The first write: a clock (or a handshake slot) another writer moved meanwhile goes
 	// up, nothing written. A reply does one or the other, not both.
-	if (learns && !clock_learn_commit(&learning))
+	if (learns && cold && !clock_learn_commit(&cold->learning))
 		return hand_up(STAT_UP_CLOCK);
-	if (answers && !handshake_answer_commit(&answer))
+	if (answers && cold && !handshake_answer_commit(&cold->answer))
 		return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 	next_hop_remember(&hop, p->ip->daddr, seq);
 
@@ -650,6 +684,13 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		stat = fallback_insert(teaches, learned) == FALLBACK_EVICTED ?
 			       STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED :
 			       STAT_FAST_SERVER_FALLBACK_LEARNED;
+	} else if (cheetah && without_timestamp) {
+		if (tcp_flags(p->tcp) & TCP_RST)
+			stat = general ? STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL :
+					 STAT_FAST_SERVER_RESET_NO_TIMESTAMP;
+		else
+			stat = general ? STAT_FAST_SERVER_NO_TIMESTAMP_GENERAL :
+					 STAT_FAST_SERVER_NO_TIMESTAMP;
 	} else if (cheetah) {
 		// The cookie takes the place of the MSB; the low half stays. Where the walk
 		// found it, as the core's general path writes it: the whole word, at any offset.
@@ -659,19 +700,19 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		else
 			csum_replace_high_half((__u16 *)tsval, &p->tcp->check, cookie);
 		stat = STAT_FAST_SERVER_COOKIE;
-		if (is_close) {
+		if (is_close && cold) {
 			if (first_close)
-				close_record(&close);
+				close_record(&cold->close);
 			stat = first_close ? STAT_FAST_SERVER_CLOSE : STAT_FAST_SERVER_DUPLICATE_CLOSE;
 		}
-		if (learns)
-			stat = clock_learnt_stat(stat, &learning);
-		if (answers && handshake_answer_moves(&answer, id)) {
-			move_count(answer.from, id);
+		if (learns && cold)
+			stat = clock_learnt_stat(stat, &cold->learning);
+		if (answers && cold && handshake_answer_moves(&cold->answer, id)) {
+			move_count(cold->answer.from, id);
 			stat = STAT_FAST_SERVER_COOKIE_MOVED;
 		}
 	} else {
-		stat = STAT_FAST_SERVER_PLAIN;
+		stat = general ? STAT_FAST_SERVER_PLAIN_GENERAL : STAT_FAST_SERVER_PLAIN;
 	}
 	// server_reply.rs `reply_leaves_as_vip`: with NAT the reply leaves from the VIP's
 	// address and port (the client knows no other), not the server's.

@@ -11,7 +11,10 @@
 
 #include <linux/types.h>
 
+#include <bpf/bpf_helpers.h>
+
 #include "cheetah_shared.h"
+#include "maps.h"
 
 #define HANDSHAKE_VALID (1ull << 63)
 #define HANDSHAKE_ANSWERED (1ull << 62)
@@ -74,13 +77,13 @@ static __always_inline int handshake_on_syn(struct handshake_words *words, __u64
 // What `HandshakeTable::on_syn_ack` does for a SYN-ACK of `server` to a recently retried
 // SYN, decided from one read of the slot (handshake_answer_decide) and written by one
 // compare-and-swap of it (handshake_answer_commit).
+// No pointer: it is kept in reply_scratch (maps.h), from which a pointer would read back
+// as a number; the commit finds the slot again by its index.
 struct handshake_answer {
-	__u64 *slot;
 	__u64 seen;    // the slot as read
 	__u64 written; // what it becomes: answered, held by the server that answered
+	__u32 index;   // the slot's, in handshakes
 	// The server that held the count: it moves to the answering one if that is another.
-	// (Whether it moves is not kept beside it: the reply path's frame has no 8 bytes to
-	// spare, handshake_answer_moves says.)
 	__u32 from;
 };
 
@@ -104,7 +107,7 @@ static __always_inline int handshake_answer_decide(struct handshake_words *words
 	if (!(entry & HANDSHAKE_VALID) || (entry & 0xffffffff) != fingerprint ||
 	    (entry & HANDSHAKE_ANSWERED))
 		return 0;
-	answer->slot = slot;
+	answer->index = flow_hash & (HANDSHAKE_SLOTS - 1);
 	answer->seen = entry;
 	answer->written = (entry & ~(HANDSHAKE_HOLDER_MASK << HANDSHAKE_HOLDER_SHIFT)) |
 			  HANDSHAKE_ANSWERED |
@@ -117,8 +120,13 @@ static __always_inline int handshake_answer_decide(struct handshake_words *words
 // (the caller hands the SYN-ACK up, nothing written, for the core to decide afresh).
 static __always_inline int handshake_answer_commit(const struct handshake_answer *answer)
 {
-	return __sync_val_compare_and_swap(answer->slot, answer->seen, answer->written) ==
-	       answer->seen;
+	__u32 zero = 0;
+	struct handshake_words *words = bpf_map_lookup_elem(&handshakes, &zero);
+
+	if (!words)
+		return 0;
+	return __sync_val_compare_and_swap(&words->slot[answer->index & (HANDSHAKE_SLOTS - 1)],
+					   answer->seen, answer->written) == answer->seen;
 }
 
 #endif

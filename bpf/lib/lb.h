@@ -118,7 +118,7 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 									   STAT_FAST_CLIENT_PICK_GENERAL);
 			if (action != LB_HAND_UP)
 				return action;
-		} else if (refusal == PLAIN_OK) {
+		} else if (reply_layout(refusal)) {
 			// A server's reply the reply_senders map knows needs no steering first.
 			sender = reply_known(ctx, config, &p);
 		}

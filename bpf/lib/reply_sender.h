@@ -36,6 +36,15 @@ static __always_inline __u32 reply_slot_of(const struct reply_key *key)
 	return ((x ^ word[2]) * REPLY_SLOT_MULTIPLIER) >> (64 - REPLY_SLOT_BITS);
 }
 
+// Whether a reply of this layout is the in-kernel path's: the straight line's, or a TCP
+// header too short for it (no options, as Linux's RST for a segment it does not know; or
+// options with no room for a timestamp), which the core's general server path takes and
+// reply_fast follows (parse_plain_tcp set eth, ip and tcp for each).
+static __always_inline int reply_layout(enum plain_refusal refusal)
+{
+	return refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS || refusal == PLAIN_SHORT_OPTIONS;
+}
+
 // The sender reply_senders holds for the reply `p` (l2: by its source MAC too), or NULL.
 static __always_inline const struct reply_sender *reply_lookup(const struct lb_config *config,
 								const struct plain_tcp *p)
@@ -60,7 +69,7 @@ static __always_inline const struct reply_sender *reply_lookup(const struct lb_c
 	return &at->sender;
 }
 
-// The sender of plain segment `p` (parse_plain_tcp said PLAIN_OK) if reply_senders knows it
+// The sender of plain segment `p` (of a reply_layout) if reply_senders knows it
 // and steering would take it as a server's reply the kernel may forward; NULL: find it the
 // old way (nothing was counted).
 static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx,
@@ -106,7 +115,7 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
 		hand_up(STAT_UP_OTHER);
 		return NULL;
 	}
-	if (refusal != PLAIN_OK) {
+	if (!reply_layout(refusal)) {
 		hand_up_refused(refusal);
 		return NULL;
 	}

@@ -181,6 +181,12 @@ fn from_server(nat: bool, server: u16, flags: u8, options: Vec<u8>) -> TcpFrame 
     }
 }
 
+/// Established options without a timestamp: NOP NOP SACK (one block), as a connection
+/// that negotiated SACK but not timestamps sends them.
+fn nop_nop_sack() -> Vec<u8> {
+    vec![1, 1, 5, 10, 0, 0, 0, 1, 0, 0, 0, 2]
+}
+
 /// Where a server's FIN sits: after the data of [`server_fin`], which starts at the
 /// testkit's server sequence number.
 const SERVER_FIN_SEQ: u32 = 2000 + SERVER_FIN_DATA.len() as u32;
@@ -515,6 +521,23 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
             "server-rst",
             "Server 2's RST without options: nothing to put a cookie in.",
             from_server(nat, 2, flags::RST, Vec::new()).build(),
+        ),
+        input(
+            "server-rst-ack-sack-without-timestamp",
+            "Server 2's RST-ACK with NOP NOP SACK and no timestamp: to the client without a cookie, counted as a reset without timestamp, never as a close.",
+            from_server(nat, 2, flags::RST | flags::ACK, nop_nop_sack()).build(),
+        ),
+        input(
+            "server-ack-sack-without-timestamp",
+            "Server 2's ACK with NOP NOP SACK and no timestamp: to the client without a cookie.",
+            from_server(nat, 2, flags::ACK, nop_nop_sack()).build(),
+        ),
+        input(
+            "server-data-without-options",
+            "Server 2's data segment without options (a connection that negotiated no timestamps): to the client without a cookie.",
+            from_server(nat, 2, flags::ACK | flags::PSH, Vec::new())
+                .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
+                .build(),
         ),
         input(
             "server-rst-timestamped",
@@ -893,6 +916,18 @@ fn baseline_inputs() -> Vec<Input> {
             "icmp-frag-needed",
             "ICMP fragmentation-needed about the connection: routed by the hash of the quoted ports.",
             testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 28),
+        ),
+        input(
+            "server-rst",
+            "Server 2's RST without options: to the client unchanged (this mode counts no close).",
+            from_server(false, 2, flags::RST, Vec::new()).build(),
+        ),
+        input(
+            "server-data-without-options",
+            "Server 2's data segment without options: to the client unchanged.",
+            from_server(false, 2, flags::ACK | flags::PSH, Vec::new())
+                .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
+                .build(),
         ),
         input(
             "options-not-parsed",

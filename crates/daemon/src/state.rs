@@ -347,9 +347,12 @@ mod tests {
             // close, a duplicate close; a SYN without options (evicting, retransmitted,
             // both), a fallback miss, a server's SYN-ACK without timestamps (evicting or not),
             // a SYN-ACK that moved its retried SYN's count; a client segment whose timestamp
-            // the walk found; a baseline's client segment too short for the straight line.
+            // the walk found; a baseline's client segment too short for the straight line; a
+            // server's segment without a timestamp (an RST or not; with the straight line's
+            // header or shorter); a baseline's reply too short for the straight line.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
+                1024, 2048, 4096, 8192, 16384,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -365,16 +368,20 @@ mod tests {
             "client cookie (compared or walked) + client pick (straight or general) + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback + SYNs without options + fallback misses"
         );
         assert_eq!(events["fallback_hits"], 50);
-        assert_eq!(events["options_slow_path"], 177 + 256 + 9);
+        assert_eq!(
+            events["options_slow_path"],
+            177 + 256 + 9 + 1024 + 2048 + 4096 + 8192
+        );
         assert_eq!(events["fallback_connections"], 15);
         assert_eq!(events["fallback_evictions"], 74);
         assert_eq!(events["fallback_learned_from_server"], 96);
         assert_eq!(events["fallback_misses"], 16);
         assert_eq!(
-            events["to_client"], 650,
-            "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves"
+            events["to_client"], 650 + 1024 + 2048 + 4096 + 8192 + 16384,
+            "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves + replies without timestamps + baseline replies too short"
         );
-        assert_eq!(events["fast_path"], 680);
+        assert_eq!(events["fast_path"], 680 + 1024 + 2048);
+        assert_eq!(events["resets_without_timestamp"], 2048 + 8192);
         assert_eq!(events["cookie_routed"], 10 + 256);
         assert_eq!(events["cookies_inserted"], 514);
         assert_eq!(events["options_fast_path"], 1624 - 9);

@@ -38,7 +38,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 45;
+const STAT_COUNT: u32 = 50;
 const STAT_SLOTS: u32 = 64;
 const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
@@ -125,6 +125,53 @@ fn verifier_counts(object: &Object) -> (u32, u32) {
     (info.verified_insns, info.xlated_prog_len / 8)
 }
 
+/// The verifier's limit on a frame and the frames it calls, together (MAX_BPF_STACK).
+const STACK_LIMIT: i32 = 512;
+/// What least-loaded's bpf_loop callback adds to the program's frame on the SYN path.
+const LEAST_LOADED_CALLBACK_FRAME: i32 = 16;
+/// Room kept free beside them for what the next change needs.
+const STACK_HEADROOM: i32 = 64;
+
+/// The bytes of the program's own frame: the deepest offset from the frame pointer (r10)
+/// that any of its instructions reads or writes.
+fn frame_bytes(insns: &[libbpf_rs::libbpf_sys::bpf_insn]) -> i32 {
+    const FRAME_POINTER: u8 = 10;
+    insns
+        .iter()
+        .filter_map(|insn| {
+            let class = insn.code & 0x07;
+            // LDX reads [src + off]; ST and STX write [dst + off].
+            let base = match class {
+                0x01 => insn.src_reg(),
+                0x02 | 0x03 => insn.dst_reg(),
+                _ => return None,
+            };
+            (base == FRAME_POINTER && insn.off < 0).then(|| -i32::from(insn.off))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_programs_frame_leaves_room_beside_least_loadeds_callback() {
+    let open = ObjectBuilder::default()
+        .open_memory(PROGRAM)
+        .expect("open the embedded object");
+    let program = open
+        .progs()
+        .find(|p| p.name() == PROGRAM_NAME)
+        .expect("program cheetah_lb");
+    let frame = frame_bytes(program.insns());
+    eprintln!("cheetah_lb: a frame of {frame} bytes");
+    assert!(frame > 0, "no instruction of cheetah_lb uses its frame");
+    // Over the limit the program does not load ("combined stack size of 2 calls"); at it,
+    // the next local on a path to the SYN path breaks the load.
+    assert!(
+        frame + LEAST_LOADED_CALLBACK_FRAME + STACK_HEADROOM <= STACK_LIMIT,
+        "cheetah_lb's frame is {frame} bytes: with least-loaded's callback ({LEAST_LOADED_CALLBACK_FRAME}) less than {STACK_HEADROOM} of the verifier's {STACK_LIMIT} are left; move cold state to a per-CPU *_scratch entry (fast_path.h reply_scratch)"
+    );
+}
+
 #[test]
 fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
     if !is_root() {
@@ -154,7 +201,7 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         "the verifier processed {verified} instructions of its 1,000,000: keep paths whose states cannot be pruned together apart, or move cold ones to a bpf_loop callback or global function"
     );
 
-    let expected: [(&str, MapType, u32, u32, u32, u32); 32] = [
+    let expected: [(&str, MapType, u32, u32, u32, u32); 33] = [
         (
             "xsks",
             MapType::Xskmap,
@@ -369,9 +416,11 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
             0,
         ),
         // One packet's scratch space, per CPU: the options' walk (40 option bytes and
-        // three words) and a FIB lookup's parameters (struct bpf_fib_lookup).
+        // three words), a FIB lookup's parameters (struct bpf_fib_lookup) and a reply's
+        // cold decisions (struct reply_cold: a clock learnt, a handshake answered, a close).
         ("option_walk_scratch", MapType::PercpuArray, 4, 52, 1, 0),
         ("fib_scratch", MapType::PercpuArray, 4, 64, 1, 0),
+        ("reply_scratch", MapType::PercpuArray, 4, 80, 1, 0),
         // VIP index -> the fd of its Maglev table's inner array (made by the publisher).
         (
             "maglev_tables",

@@ -217,6 +217,26 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_FAST_CLIENT_PICK_GENERAL",
             STAT_FAST_CLIENT_PICK_GENERAL as usize,
         ),
+        (
+            "STAT_FAST_SERVER_NO_TIMESTAMP",
+            STAT_FAST_SERVER_NO_TIMESTAMP as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_RESET_NO_TIMESTAMP",
+            STAT_FAST_SERVER_RESET_NO_TIMESTAMP as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_NO_TIMESTAMP_GENERAL",
+            STAT_FAST_SERVER_NO_TIMESTAMP_GENERAL as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL",
+            STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_PLAIN_GENERAL",
+            STAT_FAST_SERVER_PLAIN_GENERAL as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

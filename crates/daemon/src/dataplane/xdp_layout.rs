@@ -114,7 +114,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 20] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 25] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -300,6 +300,39 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 20] = [
     // A baseline's client segment too short for the straight line: the general path's
     // pick counts only its verdict.
     (STAT_FAST_CLIENT_PICK_GENERAL, &[Counter::ToServer]),
+    // A server's segment without a timestamp: `reply_general`'s count (the straight line's
+    // header only), the option walk, an RST's `resets_without_timestamp`, the verdict.
+    (
+        STAT_FAST_SERVER_NO_TIMESTAMP,
+        &[
+            Counter::FastPath,
+            Counter::OptionsSlowPath,
+            Counter::ToClient,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_RESET_NO_TIMESTAMP,
+        &[
+            Counter::FastPath,
+            Counter::OptionsSlowPath,
+            Counter::ResetsWithoutTimestamp,
+            Counter::ToClient,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_NO_TIMESTAMP_GENERAL,
+        &[Counter::OptionsSlowPath, Counter::ToClient],
+    ),
+    (
+        STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::ResetsWithoutTimestamp,
+            Counter::ToClient,
+        ],
+    ),
+    // A baseline's reply on the general path counts only its verdict.
+    (STAT_FAST_SERVER_PLAIN_GENERAL, &[Counter::ToClient]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -354,7 +387,17 @@ pub const OPTIONS_WALKED: (Counter, Counter) = (Counter::OptionsFastPath, Counte
 /// 24 or 28 bytes), forwarded in the kernel by its pick.
 pub const STAT_FAST_CLIENT_PICK_GENERAL: u32 = 44;
 
-pub const STAT_COUNT: u32 = 45;
+/// A server's segment in cheetah mode (neither SYN nor FIN) without a timestamp option,
+/// forwarded in the kernel without a cookie; with RST (never a close), or not.
+pub const STAT_FAST_SERVER_NO_TIMESTAMP: u32 = 45;
+pub const STAT_FAST_SERVER_RESET_NO_TIMESTAMP: u32 = 46;
+/// The same with a TCP header too short for the straight line (the core's general path).
+pub const STAT_FAST_SERVER_NO_TIMESTAMP_GENERAL: u32 = 47;
+pub const STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL: u32 = 48;
+/// A baseline's server segment whose TCP header is too short for the straight line.
+pub const STAT_FAST_SERVER_PLAIN_GENERAL: u32 = 49;
+
+pub const STAT_COUNT: u32 = 50;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;
