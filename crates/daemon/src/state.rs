@@ -13,11 +13,14 @@ use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::lb::{Counter, LbShared, WorkerCounters};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::Nanos;
+use cheetah_core::verdict::DropReason;
 use serde::Serialize;
 
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::xdp::SteeringStats;
-use crate::dataplane::xdp_layout::{FAST_BUNDLES, FAST_EVENTS, OPTIONS_WALKED, UP_REASONS};
+use crate::dataplane::xdp_layout::{
+    FAST_BUNDLES, FAST_EVENTS, KERNEL_DROPS, OPTIONS_WALKED, UP_REASONS,
+};
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
 use crate::health::{self, HealthBook, Readiness};
@@ -120,6 +123,25 @@ impl SteeringCounters {
                 total
             };
             (*counter, total)
+        })
+    }
+
+    /// Packets the in-kernel path dropped, under the core's reasons (every reason, zeros
+    /// included, as a worker's drops are shown).
+    pub fn kernel_drops(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
+        DropReason::ALL.iter().map(move |reason| {
+            let dropped = KERNEL_DROPS
+                .iter()
+                .filter(|(_, dropped)| dropped == reason)
+                .flat_map(|(stat, _)| {
+                    FAST_EVENTS
+                        .iter()
+                        .zip(&self.events)
+                        .filter(move |((index, _), _)| index == stat)
+                        .map(|(_, cell)| cell.load(Relaxed))
+                })
+                .fold(0, u64::wrapping_add);
+            (*reason, dropped)
         })
     }
 
@@ -347,9 +369,12 @@ mod tests {
             // close, a duplicate close; a SYN without options (evicting, retransmitted,
             // both), a fallback miss, a server's SYN-ACK without timestamps (evicting or not),
             // a SYN-ACK that moved its retried SYN's count; a client segment whose timestamp
-            // the walk found; a baseline's client segment too short for the straight line.
+            // the walk found; a baseline's client segment too short for the straight line;
+            // drops for malformed options (truncated, bad length, overrun, bad timestamp
+            // length), of a client's segment and of a server's reply.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
+                1000, 2000, 3000, 4000, 10, 20, 30, 40,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -374,7 +399,11 @@ mod tests {
             events["to_client"], 650,
             "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves"
         );
-        assert_eq!(events["fast_path"], 680);
+        assert_eq!(
+            events["fast_path"],
+            680 + 100,
+            "+ the server replies dropped"
+        );
         assert_eq!(events["cookie_routed"], 10 + 256);
         assert_eq!(events["cookies_inserted"], 514);
         assert_eq!(events["options_fast_path"], 1624 - 9);
@@ -386,6 +415,24 @@ mod tests {
         assert_eq!(events["icmp_routed_by_cookie"], 400);
         assert_eq!(events["new_connections"], 1100);
         assert_eq!(events["syn_retransmissions"], 1012);
+        assert_eq!(
+            events["dropped"], 10100,
+            "every kernel drop is a dropped verdict"
+        );
+        let drops: std::collections::BTreeMap<&str, u64> = counters
+            .kernel_drops()
+            .map(|(r, n)| (r.name(), n))
+            .collect();
+        assert_eq!(
+            drops.len(),
+            DropReason::COUNT,
+            "every reason, zeros included"
+        );
+        assert_eq!(drops["tcp_option_truncated"], 1010);
+        assert_eq!(drops["tcp_option_bad_length"], 2020);
+        assert_eq!(drops["tcp_option_overrun"], 3030);
+        assert_eq!(drops["bad_timestamp_option_length"], 4040);
+        assert_eq!(drops.values().sum::<u64>(), 10100);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

@@ -8,6 +8,7 @@ use std::mem::{offset_of, size_of};
 
 use cheetah_core::lb::{Bundle, Counter};
 use cheetah_core::types::Mac;
+use cheetah_core::verdict::DropReason;
 
 /// `CHEETAH_PIN_LAYOUT`: the layout of the pinned maps' contents (`dataplane/pin.rs`).
 pub const PIN_LAYOUT: u32 = 4;
@@ -114,7 +115,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 20] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 28] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -300,6 +301,29 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 20] = [
     // A baseline's client segment too short for the straight line: the general path's
     // pick counts only its verdict.
     (STAT_FAST_CLIENT_PICK_GENERAL, &[Counter::ToServer]),
+    // A segment whose options the core drops, dropped in the kernel: the verdict's count
+    // (its reason is in KERNEL_DROPS).
+    (STAT_DROP_TCP_OPTION_TRUNCATED, &[Counter::Dropped]),
+    (STAT_DROP_TCP_OPTION_BAD_LENGTH, &[Counter::Dropped]),
+    (STAT_DROP_TCP_OPTION_OVERRUN, &[Counter::Dropped]),
+    (STAT_DROP_BAD_TIMESTAMP_OPTION_LENGTH, &[Counter::Dropped]),
+    // A server's reply: its server path's count first.
+    (
+        STAT_DROP_SERVER_TCP_OPTION_TRUNCATED,
+        &[Counter::FastPath, Counter::Dropped],
+    ),
+    (
+        STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH,
+        &[Counter::FastPath, Counter::Dropped],
+    ),
+    (
+        STAT_DROP_SERVER_TCP_OPTION_OVERRUN,
+        &[Counter::FastPath, Counter::Dropped],
+    ),
+    (
+        STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH,
+        &[Counter::FastPath, Counter::Dropped],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -354,7 +378,52 @@ pub const OPTIONS_WALKED: (Counter, Counter) = (Counter::OptionsFastPath, Counte
 /// 24 or 28 bytes), forwarded in the kernel by its pick.
 pub const STAT_FAST_CLIENT_PICK_GENERAL: u32 = 44;
 
-pub const STAT_COUNT: u32 = 45;
+/// A segment to a VIP whose TCP options the core drops, dropped in the kernel: one entry
+/// per reason, in the order of the options' walk's codes (parse.h).
+pub const STAT_DROP_TCP_OPTION_TRUNCATED: u32 = 45;
+pub const STAT_DROP_TCP_OPTION_BAD_LENGTH: u32 = 46;
+pub const STAT_DROP_TCP_OPTION_OVERRUN: u32 = 47;
+pub const STAT_DROP_BAD_TIMESTAMP_OPTION_LENGTH: u32 = 48;
+/// The same for a server's reply (the core counted `fast_path` first).
+pub const STAT_DROP_SERVER_TCP_OPTION_TRUNCATED: u32 = 49;
+pub const STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH: u32 = 50;
+pub const STAT_DROP_SERVER_TCP_OPTION_OVERRUN: u32 = 51;
+pub const STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH: u32 = 52;
+/// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
+/// the core's names (`cheetah_drops`, worker `xdp`).
+pub const KERNEL_DROPS: [(u32, DropReason); 8] = [
+    (
+        STAT_DROP_TCP_OPTION_TRUNCATED,
+        DropReason::TcpOptionTruncated,
+    ),
+    (
+        STAT_DROP_TCP_OPTION_BAD_LENGTH,
+        DropReason::TcpOptionBadLength,
+    ),
+    (STAT_DROP_TCP_OPTION_OVERRUN, DropReason::TcpOptionOverrun),
+    (
+        STAT_DROP_BAD_TIMESTAMP_OPTION_LENGTH,
+        DropReason::BadTimestampOptionLength,
+    ),
+    (
+        STAT_DROP_SERVER_TCP_OPTION_TRUNCATED,
+        DropReason::TcpOptionTruncated,
+    ),
+    (
+        STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH,
+        DropReason::TcpOptionBadLength,
+    ),
+    (
+        STAT_DROP_SERVER_TCP_OPTION_OVERRUN,
+        DropReason::TcpOptionOverrun,
+    ),
+    (
+        STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH,
+        DropReason::BadTimestampOptionLength,
+    ),
+];
+
+pub const STAT_COUNT: u32 = 53;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;
