@@ -32,7 +32,8 @@
 //!   handles a packet the core would drop, pass, copy or count differently.
 //! * **dropped in the kernel** (a `STAT_DROP_*` counter moved, `xdp_layout::KERNEL_DROPS`):
 //!   `XDP_DROP`, the frame unchanged, and the core drops it for that very reason, counting
-//!   `dropped` and that reason and nothing else; no `server_traffic` or shared word moved.
+//!   that reason and exactly what the entry stands for (`dropped`, and a reply's
+//!   `fast_path`); no `server_traffic` or shared word moved.
 //! * **handed up** (no `STAT_FAST_*` moved): the frame is unchanged, the action `XDP_DROP`
 //!   or `XDP_PASS` (no AF_XDP socket is bound), exactly one `STAT_UP_*` reason moved or,
 //!   for a packet the fast path did not look at, none and a steering counter did, no
@@ -353,10 +354,12 @@ fn judge(
         if kernel.frame != input {
             return Err("dropped with its bytes changed".into());
         }
-        let mut stands_for = vec![
-            format!("{} +1", Counter::Dropped.name()),
-            format!("drop:{} +1", reason.name()),
-        ];
+        let mut stands_for: Vec<String> = kernel
+            .counted()
+            .iter()
+            .map(|c| format!("{} +1", c.name()))
+            .chain([format!("drop:{} +1", reason.name())])
+            .collect();
         let mut core_moved = core.moved.clone();
         stands_for.sort();
         core_moved.sort();
