@@ -569,11 +569,13 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			// Elsewhere, or none: the core's walk. Without a timestamp only a SYN-ACK
 			// teaches the fallback table.
 			at = timestamp_walk(ctx, p);
-			if (timestamp_malformed(at))
-				return drop_malformed_options(STAT_DROP_SERVER_TCP_OPTION_TRUNCATED,
-							      at);
-			if (at < 0 && (at != TIMESTAMP_NONE || !(flags & TCP_SYN)))
+			if (at < TIMESTAMP_NONE || (at == TIMESTAMP_NONE && !(flags & TCP_SYN))) {
+				// Malformed: the core drops it (after its server path's count).
+				if (timestamp_malformed(at))
+					return drop_malformed_options(
+						STAT_DROP_SERVER_TCP_OPTION_TRUNCATED, at);
 				return hand_up(STAT_UP_LAYOUT);
+			}
 			without_timestamp = at == TIMESTAMP_NONE;
 			walked = !without_timestamp;
 		}
