@@ -164,6 +164,9 @@ enum xdp_stat {
 	STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH,
 	STAT_DROP_SERVER_TCP_OPTION_OVERRUN,
 	STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH,
+	// An IPv4 fragment to a VIP address (untagged, its IP header as the core checks it),
+	// dropped in the kernel: the core's `dropped` and `unsupported_fragment`.
+	STAT_DROP_UNSUPPORTED_FRAGMENT,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

@@ -135,6 +135,11 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		if (!fast || vip || slot)
 			return steer_to_socket(ctx, owner);
 		if (owner & META_TO_VIP) {
+			// A fragment to a VIP address: the core drops it, whatever it carries.
+			if (refusal != PLAIN_OK && ipv4_fragment(ctx)) {
+				count(STAT_DROP_UNSUPPORTED_FRAGMENT);
+				return XDP_DROP;
+			}
 			if (refusal == PLAIN_NOT_TCP)
 				action = icmp_fast(ctx, config, seq);
 			else

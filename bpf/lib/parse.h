@@ -114,6 +114,27 @@ static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 	return PLAIN_OK;
 }
 
+// Whether an untagged IPv4 frame is a fragment (MF set or an offset) whose IP header the
+// core's `Ipv4Packet::new_checked` accepts (version 4, header and total length within the
+// frame): the core drops such a packet to a VIP address as `unsupported_fragment`,
+// whatever it carries. 0 for anything the core would drop for another reason first.
+static __always_inline int ipv4_fragment(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	__u32 ip_len, header_len, total_len;
+
+	if ((void *)(ip + 1) > data_end)
+		return 0;
+	ip_len = data_end - (void *)ip;
+	header_len = ip->ihl * 4;
+	total_len = bpf_ntohs(ip->tot_len);
+	return ip->version == 4 && header_len >= sizeof(struct iphdr) && header_len <= ip_len &&
+	       total_len >= header_len && total_len <= ip_len &&
+	       (ip->frag_off & bpf_htons(0x3fff)) != 0;
+}
+
 // Whether the TCP options start NOP NOP TS (core fast_path.rs `NOP_NOP_TS`).
 static __always_inline int plain_has_nop_nop_ts(const struct plain_tcp *view)
 {

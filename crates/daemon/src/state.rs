@@ -371,10 +371,10 @@ mod tests {
             // a SYN-ACK that moved its retried SYN's count; a client segment whose timestamp
             // the walk found; a baseline's client segment too short for the straight line;
             // drops for malformed options (truncated, bad length, overrun, bad timestamp
-            // length), of a client's segment and of a server's reply.
+            // length), of a client's segment and of a server's reply; fragments to a VIP.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
-                1000, 2000, 3000, 4000, 10, 20, 30, 40,
+                1000, 2000, 3000, 4000, 10, 20, 30, 40, 5,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -432,7 +432,8 @@ mod tests {
         assert_eq!(drops["tcp_option_bad_length"], 2020);
         assert_eq!(drops["tcp_option_overrun"], 3030);
         assert_eq!(drops["bad_timestamp_option_length"], 4040);
-        assert_eq!(drops.values().sum::<u64>(), 10100);
+        assert_eq!(drops["unsupported_fragment"], 5);
+        assert_eq!(drops.values().sum::<u64>(), 10105);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

@@ -165,6 +165,7 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             // A quoted timestamp where no wide compare looks: found by the options' walk.
             "icmp-frag-needed-cookie-sack-before-ts",
             "icmp-frag-needed-cookie-ts-odd-offset",
+            "unsupported-fragment",
         ],
     ),
     (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),
@@ -184,6 +185,8 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "icmp-frag-needed-port-40003",
     // A TCP header too short for the straight line: the general path's pick.
     "options-not-parsed",
+    // A fragment to a VIP address: dropped in every mode.
+    "unsupported-fragment",
 ];
 
 // --- One suite ----------------------------------------------------------------------------

@@ -249,6 +249,10 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH",
             STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH as usize,
         ),
+        (
+            "STAT_DROP_UNSUPPORTED_FRAGMENT",
+            STAT_DROP_UNSUPPORTED_FRAGMENT as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

@@ -115,7 +115,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 28] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 29] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -324,6 +324,7 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 28] = [
         STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH,
         &[Counter::FastPath, Counter::Dropped],
     ),
+    (STAT_DROP_UNSUPPORTED_FRAGMENT, &[Counter::Dropped]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -389,9 +390,11 @@ pub const STAT_DROP_SERVER_TCP_OPTION_TRUNCATED: u32 = 49;
 pub const STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH: u32 = 50;
 pub const STAT_DROP_SERVER_TCP_OPTION_OVERRUN: u32 = 51;
 pub const STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH: u32 = 52;
+/// An IPv4 fragment to a VIP address, dropped in the kernel.
+pub const STAT_DROP_UNSUPPORTED_FRAGMENT: u32 = 53;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
-pub const KERNEL_DROPS: [(u32, DropReason); 8] = [
+pub const KERNEL_DROPS: [(u32, DropReason); 9] = [
     (
         STAT_DROP_TCP_OPTION_TRUNCATED,
         DropReason::TcpOptionTruncated,
@@ -421,9 +424,13 @@ pub const KERNEL_DROPS: [(u32, DropReason); 8] = [
         STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH,
         DropReason::BadTimestampOptionLength,
     ),
+    (
+        STAT_DROP_UNSUPPORTED_FRAGMENT,
+        DropReason::UnsupportedFragment,
+    ),
 ];
 
-pub const STAT_COUNT: u32 = 53;
+pub const STAT_COUNT: u32 = 54;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;
