@@ -17,8 +17,9 @@
 // hash and maglev mode with l2 forwarding, any such error, to `pool[h % n]` or the VIP's
 // Maglev table's pick of the quoted connection as the core picks it (nothing in the quote
 // changes then). The rest goes up, unchanged: a quote without a cookie (8 bytes of TCP
-// only, options without a timestamp, or malformed ones) as STAT_UP_ICMP, since userspace may have to route it by the
-// fallback table or copy it to every server of the VIP; the others by the usual reasons.
+// only, options without a timestamp, or malformed ones) as STAT_UP_ICMP, since userspace
+// may have to route it by the fallback table or copy it to every server of the VIP; the
+// others by the usual reasons.
 
 #ifndef CHEETAH_LIB_ICMP_PATH_H
 #define CHEETAH_LIB_ICMP_PATH_H
