@@ -416,7 +416,7 @@ mod tests {
         assert_eq!(events["new_connections"], 1100);
         assert_eq!(events["syn_retransmissions"], 1012);
         assert_eq!(
-            events["dropped"], 10100,
+            events["dropped"], 10105,
             "every kernel drop is a dropped verdict"
         );
         let drops: std::collections::BTreeMap<&str, u64> = counters
