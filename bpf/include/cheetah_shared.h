@@ -164,6 +164,23 @@ enum xdp_stat {
 	// layout. A baseline's server segment whose TCP header is too short for the straight
 	// line, forwarded as the core's general path forwards it: ToClient only.
 	STAT_FAST_SERVER_PLAIN_GENERAL,
+	// drops. A client's ACK or SYN to a cheetah-mode VIP whose TCP options the core drops,
+	// dropped in the kernel (XDP_DROP): the core's
+	// `dropped` and its drops_by_reason entry of the same name. In the order of the walk's
+	// codes (parse.h TIMESTAMP_OPTION_TRUNCATED ... TIMESTAMP_BAD_LENGTH).
+	STAT_DROP_TCP_OPTION_TRUNCATED,
+	STAT_DROP_TCP_OPTION_BAD_LENGTH,
+	STAT_DROP_TCP_OPTION_OVERRUN,
+	STAT_DROP_BAD_TIMESTAMP_OPTION_LENGTH,
+	// The same for a server's reply, for which the core also counted its server path's
+	// `fast_path` first.
+	STAT_DROP_SERVER_TCP_OPTION_TRUNCATED,
+	STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH,
+	STAT_DROP_SERVER_TCP_OPTION_OVERRUN,
+	STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH,
+	// An IPv4 fragment to a VIP address (untagged, its IP header as the core checks it),
+	// dropped in the kernel: the core's `dropped` and `unsupported_fragment`.
+	STAT_DROP_UNSUPPORTED_FRAGMENT,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

@@ -5,7 +5,8 @@
 // puts it or wherever the core's walk finds it (timestamp_walk), takes the VIP's policy
 // (syn_fast, fast_path.h); options the walk finds well formed and without a timestamp make
 // it a connection without timestamps, placed by the VIP's Maglev table and remembered
-// (fallback_syn, fallback.h); malformed options go up (`layout`), for the core to drop.
+// (fallback_syn, fallback.h); malformed options are dropped, counted under the core's
+// reason.
 // A SYN without any options is client_fallback's (fallback.h).
 
 #ifndef CHEETAH_LIB_CLIENT_SYN_H
@@ -41,6 +42,8 @@ static __always_inline int client_syn(struct xdp_md *ctx, const struct lb_config
 			return fallback_syn(ctx, config, seq, p, vip,
 					    siphash_finish(vip->hash_prefix, p->ip->saddr,
 							   p->tcp->source));
+		if (timestamp_malformed(at))
+			return drop_malformed_options(STAT_DROP_TCP_OPTION_TRUNCATED, at);
 		if (at < 0)
 			return hand_up(STAT_UP_LAYOUT);
 		walked = 1;

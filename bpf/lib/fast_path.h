@@ -52,6 +52,24 @@ static __always_inline int hand_up(__u32 reason)
 	return LB_HAND_UP;
 }
 
+// A segment whose TCP options the core drops (parse.h timestamp_malformed: `found` is the
+// walk's code) dropped here, counted under the core's reason: a flood of malformed options
+// costs the kernel's walk, not a trip to userspace each.
+// `first` is the entry of the first reason: STAT_DROP_TCP_OPTION_TRUNCATED for a client's
+// segment, STAT_DROP_SERVER_TCP_OPTION_TRUNCATED for a server's reply.
+_Static_assert(STAT_DROP_BAD_TIMESTAMP_OPTION_LENGTH - STAT_DROP_TCP_OPTION_TRUNCATED ==
+			       TIMESTAMP_OPTION_TRUNCATED - TIMESTAMP_BAD_LENGTH &&
+		       STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH -
+				       STAT_DROP_SERVER_TCP_OPTION_TRUNCATED ==
+			       TIMESTAMP_OPTION_TRUNCATED - TIMESTAMP_BAD_LENGTH,
+	       "one STAT_DROP_* per malformed code of the options' walk, in its order");
+
+static __always_inline int drop_malformed_options(__u32 first, int found)
+{
+	count(first + (TIMESTAMP_OPTION_TRUNCATED - found));
+	return XDP_DROP;
+}
+
 static __always_inline int hand_up_refused(enum plain_refusal refusal)
 {
 	return hand_up(refusal == PLAIN_NOT_TCP ? STAT_UP_OTHER : STAT_UP_LAYOUT);
@@ -458,8 +476,8 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 		// TSecr (RFC 7323), so userspace routes it like one without timestamps.
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
 			return hand_up(STAT_UP_NEW_CONNECTION);
-		// An ACK with a timestamp went to client_by_cookie, one without to client_fallback
-		// (lb.h): this one's options are malformed, which the core drops.
+		// An ACK with a timestamp went to client_by_cookie, one without to client_fallback,
+		// one with malformed options was dropped (lb.h): the walk could not run on this one.
 		return hand_up(STAT_UP_LAYOUT);
 	} else {
 		// The baselines: this same path with `pool[h % n]` or the VIP's Maglev table for
@@ -571,13 +589,19 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			// Elsewhere, or none: the core's walk (none over no options).
 			at = p->tcp->doff * 4 == sizeof(struct tcphdr) ? TIMESTAMP_NONE :
 									  timestamp_walk(ctx, p);
-			if (at == TIMESTAMP_MALFORMED)
-				return hand_up(STAT_UP_LAYOUT);
 			// Without a timestamp a SYN-ACK teaches the fallback table; any other
 			// segment is forwarded without a cookie (server_path.rs), an RST never
 			// counted as a close. A FIN's close is left to userspace.
-			if (at == TIMESTAMP_NONE && (flags & (TCP_SYN | TCP_FIN | TCP_RST)) == TCP_FIN)
+			if (at < TIMESTAMP_NONE ||
+			    (at == TIMESTAMP_NONE && (flags & (TCP_SYN | TCP_FIN | TCP_RST)) == TCP_FIN)) {
+				// Malformed: the core drops it (after its server path's count, which
+				// the general path, a header too short for the straight line, does
+				// not make: that one is left to userspace).
+				if (timestamp_malformed(at) && !general)
+					return drop_malformed_options(
+						STAT_DROP_SERVER_TCP_OPTION_TRUNCATED, at);
 				return hand_up(STAT_UP_LAYOUT);
+			}
 			without_timestamp = at == TIMESTAMP_NONE;
 			walked = !without_timestamp;
 		}

@@ -11,13 +11,15 @@
 //
 // The kernel takes the straight case only: an untagged IPv4 frame without IP options
 // carrying an error (destination unreachable, time exceeded, parameter problem) that
-// quotes a VIP's TCP segment with a whole TCP header whose options start NOP NOP TS, in
+// quotes a VIP's TCP segment with a whole TCP header whose options hold a timestamp (NOP
+// NOP TS first, or wherever the core's walk finds it: parse.h tcp_timestamp_walk), in
 // cheetah mode, whose cookie names a forwarding server with a known, recent clock; and in
 // hash and maglev mode with l2 forwarding, any such error, to `pool[h % n]` or the VIP's
 // Maglev table's pick of the quoted connection as the core picks it (nothing in the quote
-// changes then). The rest goes up, unchanged: a quote without a cookie where the kernel looks (8 bytes of TCP
-// only, or other options) as STAT_UP_ICMP, since userspace may have to route it by the
-// fallback table or copy it to every server of the VIP; the others by the usual reasons.
+// changes then). The rest goes up, unchanged: a quote without a cookie (8 bytes of TCP
+// only, options without a timestamp, or malformed ones) as STAT_UP_ICMP, since userspace
+// may have to route it by the fallback table or copy it to every server of the VIP; the
+// others by the usual reasons.
 
 #ifndef CHEETAH_LIB_ICMP_PATH_H
 #define CHEETAH_LIB_ICMP_PATH_H
@@ -78,6 +80,18 @@ static __always_inline void icmp_write_u32(struct icmp_error *icmp, __be32 *fiel
 						bpf_ntohl(new)));
 }
 
+// The same for a 32-bit word at any offset (`odd_offset`: its parity from the ICMP header)
+// in a quoted TCP option: byte copies, the change byte-swapped into the checksum at an
+// odd offset (checksum.rs `update`).
+static __always_inline void icmp_write_option_u32(struct icmp_error *icmp, __u8 *field,
+						  int odd_offset, __u32 old, __u32 new)
+{
+	__be32 new_be = bpf_htonl(new);
+
+	__builtin_memcpy(field, &new_be, sizeof(new_be));
+	icmp->check = bpf_htons(csum_update_u32_at(bpf_ntohs(icmp->check), odd_offset, old, new));
+}
+
 // `Embedded::update_tcp_checksum` for a changed 32-bit field (`old`, `new` in host order)
 // of the quoted TCP header, whose checksum the kernel's quote always holds.
 static __always_inline void icmp_quoted_tcp_u32_changed(struct icmp_error *icmp,
@@ -127,7 +141,9 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	struct vip_info *vip;
 	struct vip_key key = {};
 	__be16 vip_port, backend_port;
-	int nat;
+	int nat, at;
+	__u8 *option, *tsval;
+	__be32 tsval_be;
 	__u32 total_len, quote_len, id, old_tsval, new_tsval;
 	__u16 restored;
 	__u64 hash;
@@ -181,17 +197,28 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	// The baselines' NAT rewrite of the quote is userspace's.
 	if (config->mode != LB_MODE_CHEETAH)
 		return hand_up(STAT_UP_OTHER);
-	// The cookie, where the kernel looks for it: a whole TCP header within the quote
-	// (which ends with the IP packet), its options starting NOP NOP TS.
+	// The cookie, where the core's `tsval_at` looks for it: a whole TCP header within the
+	// quote (which ends with the IP packet) with room for a timestamp option, its options
+	// starting NOP NOP TS or, else, the first timestamp option the core's walk finds in
+	// them. The walk's answer without one, or malformed options, is the core's `None`
+	// (no cookie: it routes by the fallback table or copies), not a drop.
 	quote_len = total_len - sizeof(struct iphdr) - ICMP_HEADER_LEN;
 	if ((void *)(quoted_ts + 1) > data_end || quote_len < ICMP_QUOTE_WITH_TS ||
 	    quoted_tcp->doff * 4 < TCP_WITH_TS_LEN ||
-	    sizeof(struct iphdr) + quoted_tcp->doff * 4 > quote_len ||
-	    *(__be32 *)quoted_ts != bpf_htonl(NOP_NOP_TS))
+	    sizeof(struct iphdr) + quoted_tcp->doff * 4 > quote_len)
 		return hand_up(STAT_UP_ICMP);
+	at = *(__be32 *)quoted_ts == bpf_htonl(NOP_NOP_TS) ? 2 :
+								  tcp_timestamp_walk(ctx, quoted_tcp);
+	// Hidden from the verifier, so that what follows is verified once for both finds.
+	asm volatile("" : "+r"(at));
+	option = tcp_timestamp_option_at(ctx, (__u8 *)quoted_ts, at);
+	if (!option)
+		return hand_up(STAT_UP_ICMP);
+	tsval = option + TCP_TIMESTAMP_TSVAL;
 	// The connection's hash: its client is the quoted destination.
 	hash = siphash_finish(vip->hash_prefix, quoted_ip->daddr, quoted_tcp->dest);
-	old_tsval = bpf_ntohl(quoted_ts->tsval);
+	__builtin_memcpy(&tsval_be, tsval, sizeof(tsval_be));
+	old_tsval = bpf_ntohl(tsval_be);
 	// An unknown clock (the core then routes without restoring) or one beyond the idle
 	// limit (which the core counts) is the core's.
 	server = route_by_cookie(config->copy, layout, old_tsval >> 16, hash, &id, &restored);
@@ -205,10 +232,13 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		return hand_up(STAT_UP_PUBLISHING);
 	// The quoted TSval restored (the whole word written, as the core writes it, even when
 	// the MSB is the same), then the quoted TCP checksum; each change folded into the
-	// ICMP checksum.
+	// ICMP checksum, byte-swapped at an odd offset (the quoted TCP header sits at an even
+	// one from the ICMP header, so the parity from either is the option's).
 	new_tsval = (__u32)bpf_ntohs(restored) << 16 | (old_tsval & 0xffff);
-	icmp_write_u32(icmp, &quoted_ts->tsval, bpf_htonl(new_tsval));
-	icmp_quoted_tcp_u32_changed(icmp, quoted_tcp, old_tsval, new_tsval);
+	icmp_write_option_u32(icmp, tsval, at & 1, old_tsval, new_tsval);
+	icmp_write_u16(icmp, &quoted_tcp->check,
+		       bpf_htons(csum_update_u32_at(bpf_ntohs(quoted_tcp->check), at & 1,
+						    old_tsval, new_tsval)));
 	// `rewrite_for_server`: with NAT, the outer destination, the quoted source (and the
 	// quoted IP header checksum that covers it) and the quoted source port become the
 	// server's.

@@ -108,8 +108,13 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 			// segment, on the core's general path (client_fast).
 			if ((refusal == PLAIN_NO_OPTIONS && cheetah) || without_timestamp)
 				action = client_fallback(ctx, config, seq, &p, vip);
+			// Options the walk found malformed (only a cheetah-mode walk sets
+			// ts_at below 0): the core drops the segment, and so does the kernel.
+			else if (timestamp_malformed(ts_at))
+				action = drop_malformed_options(STAT_DROP_TCP_OPTION_TRUNCATED,
+								ts_at);
 			else if (refusal == PLAIN_SHORT_OPTIONS && cheetah)
-				action = hand_up(STAT_UP_LAYOUT); // malformed: the core drops
+				action = hand_up(STAT_UP_LAYOUT); // the walk did not run
 			else if (is_client_syn(config, &p))
 				action = client_syn(ctx, config, seq, &p, vip);
 			else
@@ -130,6 +135,11 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		if (!fast || vip || slot)
 			return steer_to_socket(ctx, owner);
 		if (owner & META_TO_VIP) {
+			// A fragment to a VIP address: the core drops it, whatever it carries.
+			if (refusal != PLAIN_OK && ipv4_fragment(ctx)) {
+				count(STAT_DROP_UNSUPPORTED_FRAGMENT);
+				return XDP_DROP;
+			}
 			if (refusal == PLAIN_NOT_TCP)
 				action = icmp_fast(ctx, config, seq);
 			else

@@ -114,6 +114,27 @@ static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 	return PLAIN_OK;
 }
 
+// Whether an untagged IPv4 frame is a fragment (MF set or an offset) whose IP header the
+// core's `Ipv4Packet::new_checked` accepts (version 4, header and total length within the
+// frame): the core drops such a packet to a VIP address as `unsupported_fragment`,
+// whatever it carries. 0 for anything the core would drop for another reason first.
+static __always_inline int ipv4_fragment(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	__u32 ip_len, header_len, total_len;
+
+	if ((void *)(ip + 1) > data_end)
+		return 0;
+	ip_len = data_end - (void *)ip;
+	header_len = ip->ihl * 4;
+	total_len = bpf_ntohs(ip->tot_len);
+	return ip->version == 4 && header_len >= sizeof(struct iphdr) && header_len <= ip_len &&
+	       total_len >= header_len && total_len <= ip_len &&
+	       (ip->frag_off & bpf_htons(0x3fff)) != 0;
+}
+
 // Whether the TCP options start NOP NOP TS (core fast_path.rs `NOP_NOP_TS`).
 static __always_inline int plain_has_nop_nop_ts(const struct plain_tcp *view)
 {
@@ -168,16 +189,30 @@ static __always_inline __u32 syn_timestamp_at(struct xdp_md *ctx, const struct p
 #define TCP_TIMESTAMP_AT_MAX (TCP_OPTIONS_MAX - TCP_TIMESTAMP_LEN)
 
 // What the core's walk (wire/tcp_options.rs `find_timestamp_slow`) says of a segment's
-// options besides an offset (>= 0): `Ok(None)`, or an `Err` (the core drops the segment).
+// options besides an offset (>= 0): `Ok(None)`, or the `Err` it drops the segment for, one
+// code per DropReason, in the order of the STAT_DROP_* entries they are counted under
+// (timestamp_drop_stat). TIMESTAMP_UNWALKED is no answer of the core's: the walk could
+// not run (its scratch entry or the options unreadable, which never happens), so the
+// caller hands the segment up for the core to decide.
 #define TIMESTAMP_NONE (-1)
-#define TIMESTAMP_MALFORMED (-2)
+#define TIMESTAMP_UNWALKED (-2)
+#define TIMESTAMP_OPTION_TRUNCATED (-3)   // DropReason::TcpOptionTruncated
+#define TIMESTAMP_OPTION_BAD_LENGTH (-4)  // DropReason::TcpOptionBadLength
+#define TIMESTAMP_OPTION_OVERRUN (-5)     // DropReason::TcpOptionOverrun
+#define TIMESTAMP_BAD_LENGTH (-6)         // DropReason::BadTimestampOptionLength
+
+// Whether the walk's answer is one the core drops the segment for.
+static __always_inline int timestamp_malformed(int found)
+{
+	return found <= TIMESTAMP_OPTION_TRUNCATED && found >= TIMESTAMP_BAD_LENGTH;
+}
 
 // The state of timestamp_walk (one bpf_loop step per option).
 struct option_walk {
 	__u8 options[TCP_OPTIONS_MAX];
 	__u32 len;
 	__u32 at;
-	// Set by the step that ends the walk: an offset, TIMESTAMP_NONE or TIMESTAMP_MALFORMED.
+	// Set by the step that ends the walk: an offset, TIMESTAMP_NONE or a malformed code.
 	int found;
 };
 
@@ -212,56 +247,66 @@ static long option_walk_step(__u32 i, void *context)
 		walk->at = at + 1;
 		return 0;
 	}
-	// Truncated, a bad length, an overrun, a timestamp of another length: the core drops.
-	walk->found = TIMESTAMP_MALFORMED;
+	// Truncated, a bad length, an overrun, a timestamp of another length: the core drops,
+	// each for its own reason, checked in the core's order.
+	walk->found = TIMESTAMP_OPTION_TRUNCATED;
 	if (at + 1 >= walk->len || at + 1 >= TCP_OPTIONS_MAX)
 		return 1;
 	len = walk->options[at + 1];
-	if (len < 2 || at + len > walk->len)
+	walk->found = TIMESTAMP_OPTION_BAD_LENGTH;
+	if (len < 2)
+		return 1;
+	walk->found = TIMESTAMP_OPTION_OVERRUN;
+	if (at + len > walk->len)
 		return 1;
 	if (kind == TCP_OPTION_TIMESTAMP) {
-		if (len == TCP_TIMESTAMP_LEN)
-			walk->found = at;
+		walk->found = len == TCP_TIMESTAMP_LEN ? (int)at : TIMESTAMP_BAD_LENGTH;
 		return 1;
 	}
 	walk->at = at + len;
 	return 0;
 }
 
-// The core's walk over the options of `view` (the straight line's layout, PLAIN_OK): the
-// offset of the first timestamp option within the options (at most TCP_TIMESTAMP_AT_MAX),
-// TIMESTAMP_NONE or TIMESTAMP_MALFORMED. The one rule for every segment whose timestamp
-// is not where the wide compares look (plain_has_nop_nop_ts, syn_timestamp_at); only
-// those pay for it. A bpf_loop over a copy of the options, so the verifier walks one
-// step, not forty.
-static __always_inline int timestamp_walk(struct xdp_md *ctx, const struct plain_tcp *view)
+// The core's walk over the options of the TCP header at `tcp`, which the caller proved
+// within the frame and within its IP packet, options included: the offset of the first
+// timestamp option within the options (at most TCP_TIMESTAMP_AT_MAX), TIMESTAMP_NONE, a
+// malformed code (the core drops), or TIMESTAMP_UNWALKED. A bpf_loop over a copy of the
+// options, so the verifier walks one step, not forty.
+static __always_inline int tcp_timestamp_walk(struct xdp_md *ctx, const struct tcphdr *tcp)
 {
-	__u32 offset = (void *)(view->tcp + 1) - (void *)(long)ctx->data;
-	__u32 len = view->tcp->doff * 4 - sizeof(struct tcphdr);
+	__u32 offset = (void *)(tcp + 1) - (void *)(long)ctx->data;
+	__u32 len = tcp->doff * 4 - sizeof(struct tcphdr);
 	struct option_walk *walk;
 	__u32 zero = 0;
 
-	// parse_plain_tcp proved 12 <= len <= 40 and the options within the frame.
+	// The callers proved 4 <= len <= 40 and the options within the frame.
 	if (len == 0 || len > TCP_OPTIONS_MAX)
-		return TIMESTAMP_MALFORMED;
+		return TIMESTAMP_UNWALKED;
 	walk = bpf_map_lookup_elem(&option_walk_scratch, &zero);
 	if (!walk)
-		return TIMESTAMP_MALFORMED;
+		return TIMESTAMP_UNWALKED;
 	walk->len = len;
 	walk->at = 0;
-	walk->found = TIMESTAMP_MALFORMED;
+	walk->found = TIMESTAMP_UNWALKED;
 	if (bpf_xdp_load_bytes(ctx, offset, walk->options, len))
-		return TIMESTAMP_MALFORMED;
+		return TIMESTAMP_UNWALKED;
 	// Each step moves on by a byte at least: as many steps as bytes end the walk.
 	bpf_loop(TCP_OPTIONS_MAX + 1, option_walk_step, &walk, 0);
 	return walk->found;
 }
 
-// The timestamp option that timestamp_walk found at `at` (within the options of `view`),
-// proven within the frame for the verifier; NULL if it is not (it always is: the walk
-// read it from there).
-static __always_inline __u8 *timestamp_option_at(struct xdp_md *ctx, const struct plain_tcp *view,
-						 int at)
+// The walk over the options of `view` (the straight line's layout, PLAIN_OK, or
+// PLAIN_SHORT_OPTIONS). The one rule for every segment whose timestamp is not where the
+// wide compares look (plain_has_nop_nop_ts, syn_timestamp_at); only those pay for it.
+static __always_inline int timestamp_walk(struct xdp_md *ctx, const struct plain_tcp *view)
+{
+	return tcp_timestamp_walk(ctx, view->tcp);
+}
+
+// The timestamp option that the walk found at `at` within the options at `options` (12
+// bytes of them proven within the frame), proven within the frame for the verifier; NULL
+// if it is not (it always is: the walk read it from there).
+static __always_inline __u8 *tcp_timestamp_option_at(struct xdp_md *ctx, __u8 *options, int at)
 {
 	__u8 *option;
 	__u32 offset;
@@ -272,10 +317,17 @@ static __always_inline __u8 *timestamp_option_at(struct xdp_md *ctx, const struc
 	// copy of `at` and add another, whose bounds the verifier never learnt.
 	offset = at;
 	asm volatile("" : "+r"(offset));
-	option = (__u8 *)view->ts + (offset & 0x1f);
+	option = options + (offset & 0x1f);
 	if ((void *)(option + TCP_TIMESTAMP_LEN) > (void *)(long)ctx->data_end)
 		return NULL;
 	return option;
+}
+
+// The same within the options of `view`.
+static __always_inline __u8 *timestamp_option_at(struct xdp_md *ctx, const struct plain_tcp *view,
+						 int at)
+{
+	return tcp_timestamp_option_at(ctx, (__u8 *)view->ts, at);
 }
 
 // The TCP flags byte (CWR ECE URG ACK PSH RST SYN FIN).

@@ -215,15 +215,17 @@ fn client_ack(tsecr: u32) -> Vec<u8> {
 
 /// What the client received from the VIP, cookie in TSval (quoted by ICMP errors).
 fn seen_by_client(server: u16) -> Vec<u8> {
-    TcpFrame::from_server_l2(
-        server,
-        client(),
-        CLIENT_PORT,
-        flags::ACK,
-        options::nop_nop_ts(cookie_ts(server, M, 0x5678), CLIENT_TS + 1),
-    )
-    .with_payload(&[0x42; 100])
-    .build()
+    seen_by_client_with(options::nop_nop_ts(
+        cookie_ts(server, M, 0x5678),
+        CLIENT_TS + 1,
+    ))
+}
+
+/// A data segment from the VIP as the client sees it, with these options.
+fn seen_by_client_with(options: Vec<u8>) -> Vec<u8> {
+    TcpFrame::from_server_l2(2, client(), CLIENT_PORT, flags::ACK, options)
+        .with_payload(&[0x42; 100])
+        .build()
 }
 
 fn syn(options: Vec<u8>) -> Vec<u8> {
@@ -341,6 +343,44 @@ fn malformed_options() -> Vec<Input> {
             "bad-timestamp-option-length",
             "Options: a TS option with length 8 instead of 10 (fits the option area).",
             with(vec![8, 8, 0, 0, 0, 0, 0, 0]),
+        ),
+    ]
+}
+
+/// The same malformations in a TCP header with room for a timestamp (the straight line's
+/// layout, not NOP NOP TS): a client's ACK and SYN, each dropped for the walk's reason.
+fn malformed_long_options() -> Vec<Input> {
+    let ack = |opts: Vec<u8>| from_client(flags::ACK, opts).build();
+    vec![
+        input(
+            "established-option-truncated",
+            "Client ACK with 11 NOPs then a kind without its length byte: tcp_option_truncated.",
+            ack(vec![1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2]),
+        ),
+        input(
+            "established-option-bad-length",
+            "Client ACK with NOP NOP SACK of length 0: tcp_option_bad_length.",
+            ack(vec![1, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+        ),
+        input(
+            "established-option-overrun",
+            "Client ACK with NOP NOP SACK of length 30 in 12 option bytes: tcp_option_overrun.",
+            ack(vec![1, 1, 5, 30, 0, 0, 0, 0, 0, 0, 0, 0]),
+        ),
+        input(
+            "established-bad-timestamp-length",
+            "Client ACK with NOP NOP and a TS option of length 8: bad_timestamp_option_length.",
+            ack(vec![1, 1, 8, 8, 0, 0, 0, 1, 0, 0, 0, 2]),
+        ),
+        input(
+            "syn-option-overrun",
+            "SYN whose MSS option claims 40 bytes in 20: not a Table 1 layout, the walk finds an overrun.",
+            syn(vec![2, 40, 5, 0xb4, 4, 2, 1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 1]),
+        ),
+        input(
+            "syn-bad-timestamp-length",
+            "SYN with MSS then a TS option of length 12: bad_timestamp_option_length.",
+            syn(vec![2, 4, 5, 0xb4, 8, 12, 0, 0, 0, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1]),
         ),
     ]
 }
@@ -694,6 +734,12 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         )
         .msb(2, M),
         input(
+            "server-data-option-overrun",
+            "Server 2's data segment with NOP NOP SACK of length 30 in 12 option bytes: malformed, dropped.",
+            from_server(nat, 2, flags::ACK, vec![1, 1, 5, 30, 0, 0, 0, 0, 0, 0, 0, 0]).build(),
+        )
+        .msb(2, M),
+        input(
             "syn-ts-after-wscale",
             "SYN with MSS WS NOP TS SAckOK: not a Table 1 layout, found by the option walk; round-robin picks.",
             syn(
@@ -728,6 +774,41 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         )
         .msb(2, M),
         input(
+            "icmp-frag-needed-cookie-sack-before-ts",
+            "ICMP fragmentation-needed quoting a segment with NOP NOP SACK(1 block) NOP NOP TS carrying server 2's cookie: the option walk finds the quoted TSval; routed to server 2, TSval restored.",
+            testkit::icmp_frag_needed(
+                ROUTER,
+                &seen_by_client_with(
+                    [
+                        &[1u8, 1, 5, 10, 0, 0, 0, 1, 0, 0, 0, 2, 1, 1][..],
+                        &ts_option(cookie_ts(2, M, 0x5678), CLIENT_TS + 1),
+                    ]
+                    .concat(),
+                ),
+                20 + 44 + 8,
+            ),
+        )
+        .msb(2, M),
+        input(
+            "icmp-frag-needed-cookie-ts-odd-offset",
+            "ICMP fragmentation-needed quoting a segment with NOP TS NOP carrying server 2's cookie: the quoted TSval at an odd offset, restored with the byte-swapped checksum updates; routed to server 2.",
+            testkit::icmp_frag_needed(
+                ROUTER,
+                &seen_by_client_with(options::nop_ts_nop(cookie_ts(2, M, 0x5678), CLIENT_TS + 1)),
+                20 + 32 + 8,
+            ),
+        )
+        .msb(2, M),
+        input(
+            "icmp-frag-needed-quote-malformed",
+            "ICMP fragmentation-needed quoting a segment whose options overrun (NOP NOP SACK of length 30 in 12 bytes): no cookie for the core, which copies it to every active server.",
+            testkit::icmp_frag_needed(
+                ROUTER,
+                &seen_by_client_with(vec![1, 1, 5, 30, 0, 0, 0, 0, 0, 0, 0, 0]),
+                20 + 32 + 8,
+            ),
+        ),
+        input(
             "icmp-frag-needed-8-bytes",
             "ICMP fragmentation-needed quoting only IP and 8 bytes of TCP: no cookie, copied to every active server.",
             testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 28),
@@ -735,6 +816,7 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
     ];
     inputs.extend(malformed_common());
     inputs.extend(malformed_options());
+    inputs.extend(malformed_long_options());
     inputs
 }
 

@@ -203,19 +203,34 @@ impl Collector for DaemonCollector {
                 })
                 .chain(kernel.into_iter().flatten()),
         )?;
+        // The kernel's drops under the core's reasons, as worker xdp (as its events are).
+        let kernel_drops = state.steering.fast_path.load(Relaxed).then(|| {
+            state.steering.kernel_drops().map(|(r, n)| {
+                (
+                    vec![
+                        ("worker", "xdp".to_string()),
+                        ("reason", r.name().to_string()),
+                    ],
+                    Count(n),
+                )
+            })
+        });
         family(
             e,
             "cheetah_drops",
-            "Packets dropped by each worker, by reason (every reason, zeros included).",
+            "Packets dropped by each worker, by reason (every reason, zeros included); worker xdp: packets the XDP program dropped in the kernel.",
             MetricType::Counter,
-            workers.iter().flat_map(|w| {
-                DropReason::ALL.iter().map(|r| {
-                    (
-                        with(worker(w.index), "reason", r.name()),
-                        Count(w.counters.drops(*r)),
-                    )
+            workers
+                .iter()
+                .flat_map(|w| {
+                    DropReason::ALL.iter().map(|r| {
+                        (
+                            with(worker(w.index), "reason", r.name()),
+                            Count(w.counters.drops(*r)),
+                        )
+                    })
                 })
-            }),
+                .chain(kernel_drops.into_iter().flatten()),
         )?;
         if let Some(first) = workers.first() {
             for (i, (name, help, _)) in first.io.samples().enumerate() {

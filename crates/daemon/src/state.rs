@@ -13,11 +13,14 @@ use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::lb::{Counter, LbShared, WorkerCounters};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::Nanos;
+use cheetah_core::verdict::DropReason;
 use serde::Serialize;
 
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::xdp::SteeringStats;
-use crate::dataplane::xdp_layout::{FAST_BUNDLES, FAST_EVENTS, OPTIONS_WALKED, UP_REASONS};
+use crate::dataplane::xdp_layout::{
+    FAST_BUNDLES, FAST_EVENTS, KERNEL_DROPS, OPTIONS_WALKED, UP_REASONS,
+};
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
 use crate::health::{self, HealthBook, Readiness};
@@ -48,7 +51,7 @@ pub struct InterfaceStatus {
 /// was bound (the LB restarting), passed to the host, and sent without metadata room; and
 /// with `[daemon] datapath = "xdp"`, the packets its in-kernel path handled (by core
 /// bundle) and those it handed to userspace (by reason).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SteeringCounters {
     pub to_socket: AtomicU64,
     pub no_socket: AtomicU64,
@@ -67,6 +70,27 @@ pub struct SteeringCounters {
     fast: [AtomicU64; FAST_BUNDLES.len()],
     up: [AtomicU64; UP_REASONS.len()],
     events: [AtomicU64; FAST_EVENTS.len()],
+}
+
+// By hand: `events` is longer than the arrays std derives `Default` for.
+impl Default for SteeringCounters {
+    fn default() -> Self {
+        let zero = || AtomicU64::new(0);
+        SteeringCounters {
+            to_socket: zero(),
+            no_socket: zero(),
+            passed_to_host: zero(),
+            no_metadata_room: zero(),
+            next_hop_miss: zero(),
+            next_hop_cache_miss: zero(),
+            reply_by_steering: zero(),
+            options_walked: zero(),
+            fast_path: AtomicBool::new(false),
+            fast: std::array::from_fn(|_| zero()),
+            up: std::array::from_fn(|_| zero()),
+            events: std::array::from_fn(|_| zero()),
+        }
+    }
 }
 
 impl SteeringCounters {
@@ -120,6 +144,25 @@ impl SteeringCounters {
                 total
             };
             (*counter, total)
+        })
+    }
+
+    /// Packets the in-kernel path dropped, under the core's reasons (every reason, zeros
+    /// included, as a worker's drops are shown).
+    pub fn kernel_drops(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
+        DropReason::ALL.iter().map(move |reason| {
+            let dropped = KERNEL_DROPS
+                .iter()
+                .filter(|(_, dropped)| dropped == reason)
+                .flat_map(|(stat, _)| {
+                    FAST_EVENTS
+                        .iter()
+                        .zip(&self.events)
+                        .filter(move |((index, _), _)| index == stat)
+                        .map(|(_, cell)| cell.load(Relaxed))
+                })
+                .fold(0, u64::wrapping_add);
+            (*reason, dropped)
         })
     }
 
@@ -349,10 +392,12 @@ mod tests {
             // a SYN-ACK that moved its retried SYN's count; a client segment whose timestamp
             // the walk found; a baseline's client segment too short for the straight line; a
             // server's segment without a timestamp (an RST or not; with the straight line's
-            // header or shorter); a baseline's reply too short for the straight line.
+            // header or shorter); a baseline's reply too short for the straight line; drops
+            // for malformed options (truncated, bad length, overrun, bad timestamp length),
+            // of a client's segment and of a server's reply; fragments to a VIP.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
-                1024, 2048, 4096, 8192, 16384,
+                1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -380,7 +425,11 @@ mod tests {
             events["to_client"], 650 + 1024 + 2048 + 4096 + 8192 + 16384,
             "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves + replies without timestamps + baseline replies too short"
         );
-        assert_eq!(events["fast_path"], 680 + 1024 + 2048);
+        assert_eq!(
+            events["fast_path"],
+            680 + 1024 + 2048 + 100,
+            "+ the server replies dropped"
+        );
         assert_eq!(events["resets_without_timestamp"], 2048 + 8192);
         assert_eq!(events["cookie_routed"], 10 + 256);
         assert_eq!(events["cookies_inserted"], 514);
@@ -393,6 +442,25 @@ mod tests {
         assert_eq!(events["icmp_routed_by_cookie"], 400);
         assert_eq!(events["new_connections"], 1100);
         assert_eq!(events["syn_retransmissions"], 1012);
+        assert_eq!(
+            events["dropped"], 10105,
+            "every kernel drop is a dropped verdict"
+        );
+        let drops: std::collections::BTreeMap<&str, u64> = counters
+            .kernel_drops()
+            .map(|(r, n)| (r.name(), n))
+            .collect();
+        assert_eq!(
+            drops.len(),
+            DropReason::COUNT,
+            "every reason, zeros included"
+        );
+        assert_eq!(drops["tcp_option_truncated"], 1010);
+        assert_eq!(drops["tcp_option_bad_length"], 2020);
+        assert_eq!(drops["tcp_option_overrun"], 3030);
+        assert_eq!(drops["bad_timestamp_option_length"], 4040);
+        assert_eq!(drops["unsupported_fragment"], 5);
+        assert_eq!(drops.values().sum::<u64>(), 10105);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

@@ -30,6 +30,10 @@
 //!   exactly as the core changes them, the core being run on the words as they were before
 //!   the kernel ran, i.e. as if the packet had gone up instead. So the kernel never
 //!   handles a packet the core would drop, pass, copy or count differently.
+//! * **dropped in the kernel** (a `STAT_DROP_*` counter moved, `xdp_layout::KERNEL_DROPS`):
+//!   `XDP_DROP`, the frame unchanged, and the core drops it for that very reason, counting
+//!   that reason and exactly what the entry stands for (`dropped`, and a reply's
+//!   `fast_path`); no `server_traffic` or shared word moved.
 //! * **handed up** (no `STAT_FAST_*` moved): the frame is unchanged, the action `XDP_DROP`
 //!   or `XDP_PASS` (no AF_XDP socket is bound), exactly one `STAT_UP_*` reason moved or,
 //!   for a packet the fast path did not look at, none and a steering counter did, no
@@ -336,6 +340,41 @@ fn judge(
             kernel.up,
             kernel.steered
         ));
+    }
+    // Dropped in the kernel: the core drops it for the same reason and counts nothing else.
+    if let Some(reason) = kernel.dropped_for() {
+        if core.verdict != Verdict::Drop(reason) || kernel.action != XDP_DROP {
+            return Err(format!(
+                "the kernel {} for {}, the core says {}",
+                action_name(kernel.action),
+                reason.name(),
+                verdict_name(core.verdict)
+            ));
+        }
+        if kernel.frame != input {
+            return Err("dropped with its bytes changed".into());
+        }
+        let mut stands_for: Vec<String> = kernel
+            .counted()
+            .iter()
+            .map(|c| format!("{} +1", c.name()))
+            .chain([format!("drop:{} +1", reason.name())])
+            .collect();
+        let mut core_moved = core.moved.clone();
+        stands_for.sort();
+        core_moved.sort();
+        if core_moved != stands_for {
+            return Err(format!(
+                "counters: the kernel's drop stands for {stands_for:?}, the core counted {core_moved:?}"
+            ));
+        }
+        if !kernel.traffic.is_empty() || !kernel_wrote.is_empty() {
+            return Err(format!(
+                "dropped, but server_traffic moved ({:?}) or shared words changed ({kernel_wrote:?})",
+                kernel.traffic
+            ));
+        }
+        return Ok(Outcome::Handled(format!("drop:{}", reason.name())));
     }
     let Some((action, expected)) = after_egress(
         topology,

@@ -237,6 +237,42 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_FAST_SERVER_PLAIN_GENERAL",
             STAT_FAST_SERVER_PLAIN_GENERAL as usize,
         ),
+        (
+            "STAT_DROP_TCP_OPTION_TRUNCATED",
+            STAT_DROP_TCP_OPTION_TRUNCATED as usize,
+        ),
+        (
+            "STAT_DROP_TCP_OPTION_BAD_LENGTH",
+            STAT_DROP_TCP_OPTION_BAD_LENGTH as usize,
+        ),
+        (
+            "STAT_DROP_TCP_OPTION_OVERRUN",
+            STAT_DROP_TCP_OPTION_OVERRUN as usize,
+        ),
+        (
+            "STAT_DROP_BAD_TIMESTAMP_OPTION_LENGTH",
+            STAT_DROP_BAD_TIMESTAMP_OPTION_LENGTH as usize,
+        ),
+        (
+            "STAT_DROP_SERVER_TCP_OPTION_TRUNCATED",
+            STAT_DROP_SERVER_TCP_OPTION_TRUNCATED as usize,
+        ),
+        (
+            "STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH",
+            STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH as usize,
+        ),
+        (
+            "STAT_DROP_SERVER_TCP_OPTION_OVERRUN",
+            STAT_DROP_SERVER_TCP_OPTION_OVERRUN as usize,
+        ),
+        (
+            "STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH",
+            STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH as usize,
+        ),
+        (
+            "STAT_DROP_UNSUPPORTED_FRAGMENT",
+            STAT_DROP_UNSUPPORTED_FRAGMENT as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

@@ -60,7 +60,7 @@ pub enum XdpMode {
 }
 
 /// Counters kept by the XDP program itself (per CPU, summed here).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SteeringStats {
     pub to_socket: u64,
     /// Owned packets dropped because no socket was bound for their queue.
@@ -83,6 +83,25 @@ pub struct SteeringStats {
     pub reply_by_steering: u64,
     /// Packets handled whose timestamp the options' walk found (`STAT_OPTIONS_WALKED`).
     pub options_walked: u64,
+}
+
+// By hand: `events` is longer than the arrays std derives `Default` for.
+impl Default for SteeringStats {
+    fn default() -> Self {
+        SteeringStats {
+            to_socket: 0,
+            no_socket: 0,
+            passed_to_host: 0,
+            no_metadata_room: 0,
+            fast: [0; FAST_BUNDLES.len()],
+            up: [0; UP_REASONS.len()],
+            events: [0; FAST_EVENTS.len()],
+            next_hop_miss: 0,
+            next_hop_cache_miss: 0,
+            reply_by_steering: 0,
+            options_walked: 0,
+        }
+    }
 }
 
 pub struct SteeringProgram {

@@ -8,6 +8,7 @@ use std::mem::{offset_of, size_of};
 
 use cheetah_core::lb::{Bundle, Counter};
 use cheetah_core::types::Mac;
+use cheetah_core::verdict::DropReason;
 
 /// `CHEETAH_PIN_LAYOUT`: the layout of the pinned maps' contents (`dataplane/pin.rs`).
 pub const PIN_LAYOUT: u32 = 4;
@@ -114,7 +115,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 25] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 34] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -333,6 +334,30 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 25] = [
     ),
     // A baseline's reply on the general path counts only its verdict.
     (STAT_FAST_SERVER_PLAIN_GENERAL, &[Counter::ToClient]),
+    // A segment whose options the core drops, dropped in the kernel: the verdict's count
+    // (its reason is in KERNEL_DROPS).
+    (STAT_DROP_TCP_OPTION_TRUNCATED, &[Counter::Dropped]),
+    (STAT_DROP_TCP_OPTION_BAD_LENGTH, &[Counter::Dropped]),
+    (STAT_DROP_TCP_OPTION_OVERRUN, &[Counter::Dropped]),
+    (STAT_DROP_BAD_TIMESTAMP_OPTION_LENGTH, &[Counter::Dropped]),
+    // A server's reply: its server path's count first.
+    (
+        STAT_DROP_SERVER_TCP_OPTION_TRUNCATED,
+        &[Counter::FastPath, Counter::Dropped],
+    ),
+    (
+        STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH,
+        &[Counter::FastPath, Counter::Dropped],
+    ),
+    (
+        STAT_DROP_SERVER_TCP_OPTION_OVERRUN,
+        &[Counter::FastPath, Counter::Dropped],
+    ),
+    (
+        STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH,
+        &[Counter::FastPath, Counter::Dropped],
+    ),
+    (STAT_DROP_UNSUPPORTED_FRAGMENT, &[Counter::Dropped]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -397,7 +422,58 @@ pub const STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL: u32 = 48;
 /// A baseline's server segment whose TCP header is too short for the straight line.
 pub const STAT_FAST_SERVER_PLAIN_GENERAL: u32 = 49;
 
-pub const STAT_COUNT: u32 = 50;
+/// A segment to a VIP whose TCP options the core drops, dropped in the kernel: one entry
+/// per reason, in the order of the options' walk's codes (parse.h).
+pub const STAT_DROP_TCP_OPTION_TRUNCATED: u32 = 50;
+pub const STAT_DROP_TCP_OPTION_BAD_LENGTH: u32 = 51;
+pub const STAT_DROP_TCP_OPTION_OVERRUN: u32 = 52;
+pub const STAT_DROP_BAD_TIMESTAMP_OPTION_LENGTH: u32 = 53;
+/// The same for a server's reply (the core counted `fast_path` first).
+pub const STAT_DROP_SERVER_TCP_OPTION_TRUNCATED: u32 = 54;
+pub const STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH: u32 = 55;
+pub const STAT_DROP_SERVER_TCP_OPTION_OVERRUN: u32 = 56;
+pub const STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH: u32 = 57;
+/// An IPv4 fragment to a VIP address, dropped in the kernel.
+pub const STAT_DROP_UNSUPPORTED_FRAGMENT: u32 = 58;
+/// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
+/// the core's names (`cheetah_drops`, worker `xdp`).
+pub const KERNEL_DROPS: [(u32, DropReason); 9] = [
+    (
+        STAT_DROP_TCP_OPTION_TRUNCATED,
+        DropReason::TcpOptionTruncated,
+    ),
+    (
+        STAT_DROP_TCP_OPTION_BAD_LENGTH,
+        DropReason::TcpOptionBadLength,
+    ),
+    (STAT_DROP_TCP_OPTION_OVERRUN, DropReason::TcpOptionOverrun),
+    (
+        STAT_DROP_BAD_TIMESTAMP_OPTION_LENGTH,
+        DropReason::BadTimestampOptionLength,
+    ),
+    (
+        STAT_DROP_SERVER_TCP_OPTION_TRUNCATED,
+        DropReason::TcpOptionTruncated,
+    ),
+    (
+        STAT_DROP_SERVER_TCP_OPTION_BAD_LENGTH,
+        DropReason::TcpOptionBadLength,
+    ),
+    (
+        STAT_DROP_SERVER_TCP_OPTION_OVERRUN,
+        DropReason::TcpOptionOverrun,
+    ),
+    (
+        STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH,
+        DropReason::BadTimestampOptionLength,
+    ),
+    (
+        STAT_DROP_UNSUPPORTED_FRAGMENT,
+        DropReason::UnsupportedFragment,
+    ),
+];
+
+pub const STAT_COUNT: u32 = 59;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;

@@ -18,6 +18,7 @@ use cheetah_core::hash::Secret;
 use cheetah_core::lb::{Counter, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::ServerId;
+use cheetah_core::verdict::DropReason;
 use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::{CloseWords, KernelWords, SteeringProgram};
@@ -117,6 +118,17 @@ impl KernelRun {
     /// Handled in the kernel: a `STAT_FAST_*` counter moved.
     pub fn handled(&self) -> bool {
         !self.fast.is_empty() || !self.events.is_empty()
+    }
+
+    /// The core's reason for the `STAT_DROP_*` counter that moved, if the kernel dropped
+    /// the packet (`xdp_layout::KERNEL_DROPS`).
+    pub fn dropped_for(&self) -> Option<DropReason> {
+        self.events.iter().find_map(|&i| {
+            KERNEL_DROPS
+                .iter()
+                .find(|(stat, _)| *stat == FAST_EVENTS[i].0)
+                .map(|(_, reason)| *reason)
+        })
     }
 
     /// How many `STAT_FAST_*` counters moved (one, when it was handled).
