@@ -354,20 +354,12 @@ fn judge(
         if kernel.frame != input {
             return Err("dropped with its bytes changed".into());
         }
-        let mut stands_for: Vec<String> = kernel
-            .counted()
-            .iter()
-            .map(|c| format!("{} +1", c.name()))
-            .chain([format!("drop:{} +1", reason.name())])
-            .collect();
-        let mut core_moved = core.moved.clone();
-        stands_for.sort();
-        core_moved.sort();
-        if core_moved != stands_for {
-            return Err(format!(
-                "counters: the kernel's drop stands for {stands_for:?}, the core counted {core_moved:?}"
-            ));
-        }
+        same_counters(
+            &kernel.counted(),
+            Some(format!("drop:{} +1", reason.name())),
+            &core.moved,
+            "drop",
+        )?;
         if !kernel.traffic.is_empty() || !kernel_wrote.is_empty() {
             return Err(format!(
                 "dropped, but server_traffic moved ({:?}) or shared words changed ({kernel_wrote:?})",
@@ -399,19 +391,7 @@ fn judge(
     }
     let stat = kernel.fast_stat();
     let name = kernel.fast_name();
-    let mut stands_for: Vec<String> = kernel
-        .counted()
-        .iter()
-        .map(|c| format!("{} +1", c.name()))
-        .collect();
-    let mut core_moved = core.moved.clone();
-    stands_for.sort();
-    core_moved.sort();
-    if core_moved != stands_for {
-        return Err(format!(
-            "counters: the kernel's {name} stands for {stands_for:?}, the core counted {core_moved:?}"
-        ));
-    }
+    same_counters(&kernel.counted(), None, &core.moved, &name)?;
     let total_len = u64::from(u16::from_be_bytes([input[16], input[17]]));
     let traffic: Vec<(u16, u64, u64)> = kernel
         .traffic
@@ -479,6 +459,30 @@ fn judge(
 }
 
 // --- The run -----------------------------------------------------------------------------
+
+/// Whether the core's counters that moved (`core_moved`, one "name +1" each) are those the
+/// kernel's entry `what` stands for (`counted`, plus `extra`), in any order.
+fn same_counters(
+    counted: &[Counter],
+    extra: Option<String>,
+    core_moved: &[String],
+    what: &str,
+) -> Result<(), String> {
+    let mut stands_for: Vec<String> = counted
+        .iter()
+        .map(|c| format!("{} +1", c.name()))
+        .chain(extra)
+        .collect();
+    let mut core_moved = core_moved.to_vec();
+    stands_for.sort();
+    core_moved.sort();
+    if core_moved != stands_for {
+        return Err(format!(
+            "counters: the kernel's {what} stands for {stands_for:?}, the core counted {core_moved:?}"
+        ));
+    }
+    Ok(())
+}
 
 fn env_value(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())

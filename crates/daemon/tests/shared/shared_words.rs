@@ -7,11 +7,12 @@
 //! The maps are found by their shape, not their names, so a table that moves into the
 //! kernel is covered without changing the test.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 
 use libbpf_rs::libbpf_sys::BPF_F_MMAPABLE;
 use libbpf_rs::{MapCore, MapType};
 
+use cheetah_daemon::dataplane::map_memory::MapMemory;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 
 /// The load view's rows (bpf/lib/load_view.h), not words the core shares.
@@ -21,7 +22,8 @@ struct Mapping {
     name: String,
     at: *mut u8,
     len: usize,
-    mapped: usize,
+    // Unmapped when the mapping drops.
+    _memory: MapMemory,
 }
 
 /// The shared words as they were at the last [`SharedWords::settle`], and the live mappings.
@@ -35,8 +37,6 @@ pub type Words = Vec<Vec<u8>>;
 
 impl SharedWords {
     pub fn of(program: &SteeringProgram) -> Self {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let maps: Vec<Mapping> = program
             .object()
             .maps()
@@ -59,31 +59,13 @@ impl SharedWords {
                 // table's sets; the other tables are one value).
                 let len =
                     map.value_size().next_multiple_of(8) as usize * map.max_entries() as usize;
-                let mapped = len.div_ceil(page) * page;
-                // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's fd, whose first
-                // `len` bytes are its values; the kernel refuses the call otherwise.
-                let at = unsafe {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        mapped,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_SHARED,
-                        map.as_fd().as_raw_fd(),
-                        0,
-                    )
-                };
-                assert_ne!(
-                    at,
-                    libc::MAP_FAILED,
-                    "mmap {}: {}",
-                    map.name().to_string_lossy(),
-                    std::io::Error::last_os_error()
-                );
+                let memory = MapMemory::of(map.as_fd(), len)
+                    .unwrap_or_else(|e| panic!("mmap {}: {e}", map.name().to_string_lossy()));
                 Mapping {
                     name: map.name().to_string_lossy().into_owned(),
-                    at: at.cast(),
+                    at: memory.as_ptr(),
                     len,
-                    mapped,
+                    _memory: memory,
                 }
             })
             .collect();
@@ -192,15 +174,6 @@ impl SharedWords {
         for (map, words) in self.maps.iter().zip(&self.settled) {
             // SAFETY: as `live`, writing: no reader holds a slice of it now.
             unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), map.at, map.len) };
-        }
-    }
-}
-
-impl Drop for SharedWords {
-    fn drop(&mut self) {
-        for map in &self.maps {
-            // SAFETY: mapped by `of`, unmapped once.
-            unsafe { libc::munmap(map.at.cast(), map.mapped) };
         }
     }
 }
