@@ -143,6 +143,11 @@ fn worker(index: usize) -> Labels {
     vec![("worker", index.to_string())]
 }
 
+/// The XDP program's in-kernel path, reported as one more worker.
+fn kernel_worker() -> Labels {
+    vec![("worker", "xdp".to_string())]
+}
+
 fn with(mut labels: Labels, key: &'static str, value: impl Into<String>) -> Labels {
     labels.push((key, value.into()));
     labels
@@ -176,15 +181,10 @@ impl Collector for DaemonCollector {
         // The XDP program's in-kernel path counts as one more worker, `xdp`, so that a sum
         // over workers is every packet the LB handled.
         let kernel = state.steering.fast_path.load(Relaxed).then(|| {
-            state.steering.kernel_events().map(|(c, n)| {
-                (
-                    vec![
-                        ("worker", "xdp".to_string()),
-                        ("event", c.name().to_string()),
-                    ],
-                    Count(n),
-                )
-            })
+            state
+                .steering
+                .kernel_events()
+                .map(|(c, n)| (with(kernel_worker(), "event", c.name()), Count(n)))
         });
         family(
             e,
@@ -205,15 +205,10 @@ impl Collector for DaemonCollector {
         )?;
         // The kernel's drops under the core's reasons, as worker xdp (as its events are).
         let kernel_drops = state.steering.fast_path.load(Relaxed).then(|| {
-            state.steering.kernel_drops().map(|(r, n)| {
-                (
-                    vec![
-                        ("worker", "xdp".to_string()),
-                        ("reason", r.name().to_string()),
-                    ],
-                    Count(n),
-                )
-            })
+            state
+                .steering
+                .kernel_drops()
+                .map(|(r, n)| (with(kernel_worker(), "reason", r.name()), Count(n)))
         });
         family(
             e,
