@@ -147,6 +147,9 @@ pub struct Args {
     /// (10.2.0.0/16), so that the next_hops trie is deep where the client's lookup goes.
     #[arg(long, default_value_t = 0)]
     xdp_routes: u32,
+    /// With --xdp: only the SYN rows (one per policy), for a quick look at the policies.
+    #[arg(long)]
+    xdp_syn_only: bool,
     /// Count the packets per second the LB's XDP program forwards on a veth with one CPU,
     /// against an XDP_TX reflector on the same veth with the same sender (root; see
     /// bench/xdp_live.rs). Uses --servers and --markdown.
@@ -252,6 +255,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             runs: args.xdp_runs,
             routes: args.xdp_routes,
             katran: args.xdp_katran,
+            syn_only: args.xdp_syn_only,
             servers: args.servers,
             core: args.core,
             realtime: args.realtime,

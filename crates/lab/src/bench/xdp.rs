@@ -88,6 +88,8 @@ pub struct Options {
     pub routes: u32,
     /// Katran's own program to time beside cheetah's (xdp_katran.rs).
     pub katran: Option<std::path::PathBuf>,
+    /// Only the SYN rows (SYN_SETUPS, LOAD_SYN_SETUPS), without Katran's.
+    pub syn_only: bool,
     pub servers: u16,
     pub core: Option<usize>,
     pub realtime: bool,
@@ -442,7 +444,12 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     let (pin, rt, placement) = place(options.core, options.realtime);
     let mut rows = Vec::new();
     let mut breakdowns = Vec::new();
-    for (n, setup) in SETUPS.iter().enumerate() {
+    let setups = if options.syn_only {
+        &[][..]
+    } else {
+        &SETUPS[..]
+    };
+    for (n, setup) in setups.iter().enumerate() {
         let bench = Bench::load(setup, options.servers, 0)?;
         let paths: &[Path] = match (setup.mode, setup.forwarding) {
             (Mode::Cheetah, Forwarding::L2) => &[
@@ -508,7 +515,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         rows.push(row);
     }
     let katran = match &options.katran {
-        Some(object) => {
+        Some(object) if !options.syn_only => {
             let bench = Bench::load(&SETUPS[0], options.servers, 0)?;
             Some(xdp_katran::rows(
                 object,
@@ -518,7 +525,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 options.servers,
             )?)
         }
-        None => None,
+        _ => None,
     };
     if let Some(rt) = rt {
         rt.release();
