@@ -5,7 +5,7 @@
 #  1. (a few seconds) the core alone: the same churn over 20,000 simulated connections in
 #     cheetah, plain-hash and Maglev modes;
 #  2. the main show, about 6 minutes: `cheetah testbed churn` builds a testbed with 8 nginx
-#     servers in network namespaces, runs `cheetah run` (AF_XDP) in front of them and drives
+#     servers in network namespaces, runs `cheetah run` (XDP datapath) in front of them and drives
 #     hundreds of real Linux TCP connections through it (some idle 40 s between requests,
 #     some 100 s, longer than a period of the servers' timestamp MSB) while servers are added, drained
 #     and removed, the policy goes rr -> pow2 -> awrr and the LB is restarted twice
