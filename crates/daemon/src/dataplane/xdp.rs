@@ -141,9 +141,10 @@ impl SteeringProgram {
             Some(dir) => pin::prepare(&mut open, dir)?,
             None => PinReport::default(),
         };
-        let object = open
-            .load()
-            .context("the kernel refused the XDP program (needs root, BPF and XDP support)")?;
+        let object = open.load().context(
+            "the kernel refused the XDP program (needs root, BPF and XDP support, Linux 5.18 \
+                 or later)",
+        )?;
         Ok(SteeringProgram {
             pins: report,
             ..Self::from_object(object)
