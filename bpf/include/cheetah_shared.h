@@ -206,8 +206,10 @@ struct backend_info {
 #define COOKIE_SPACE 65536
 // Entries of the VIP maps (vips, vips_by_index): as many as vip_addrs holds.
 #define MAX_VIPS 4096
-// Servers of a hash-mode pool the kernel picks from; a bigger pool is left to userspace.
+// Servers of a pool held in vip_info itself; a bigger one is in the VIP's vip_big_pools
+// entry (struct vip_big_pool), which holds any pool: its members are distinct ids.
 #define MAX_HASH_POOL 64
+#define MAX_BIG_POOL SERVER_ID_SPACE
 
 // The one entry of the lb_config array.
 #define LB_FAST_PATH (1u << 0) // the in-kernel path is on ([daemon] datapath = "xdp")
@@ -267,9 +269,9 @@ struct vip_info {
 	__u16 port;           // network byte order
 	__u16 backend_port;   // network byte order (nat: the servers' port)
 	__u16 index;          // the VIP's index in the tables snapshot
-	__u16 pool_len;       // servers in pool; 0 = not published (left to userspace), or
-			      // more than MAX_HASH_POOL (only maglev places its SYNs then)
-	__u16 pool[MAX_HASH_POOL];
+	__u16 pool_len;       // servers in the pool; 0 = not published (left to userspace),
+			      // or more than the kernel holds (only maglev places its SYNs then)
+	__u16 pool[MAX_HASH_POOL]; // the pool, if it has at most MAX_HASH_POOL servers
 	__u8 policy;          // cheetah mode: KERNEL_POLICY_* the kernel places a SYN by
 	__u8 load_metric;     // pow2, least loaded: LOAD_METRIC_* the pool's loads are compared under
 	__u8 pad[2];
@@ -355,6 +357,13 @@ struct active_row {
 
 struct published_row {
 	__u64 server[SERVER_ID_SPACE];
+};
+
+// Value of the vip_big_pools hash map (by VIP index, as an array's): the pool of a VIP with
+// more than MAX_HASH_POOL servers and at most MAX_BIG_POOL, by position, where vip_info
+// has no room for it.
+struct vip_big_pool {
+	__u16 id[MAX_BIG_POOL];
 };
 
 // Value of the vip_weights array (by VIP index), for a wrr VIP: the configured weight of

@@ -37,6 +37,7 @@
 #include "next_hop.h"
 #include "parse.h"
 #include "policy.h"
+#include "pool.h"
 #include "publish.h"
 #include "schedule.h"
 #include "siphash.h"
@@ -234,6 +235,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	__u32 latched = latched_index(config->copy, index, MAX_VIPS);
 	__u32 zero = 0, position, next_rr = 0, next_cursor = 0, id, previous, stat;
 	struct handshake_words *words;
+	const struct vip_big_pool *big = NULL;
 	const struct server_info *server;
 	const struct vip_weights *weights;
 	const struct vip_schedule *schedule = NULL;
@@ -248,8 +250,11 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 
 	// Decide: every read, no write. (client_syn found the timestamp where Table 1 puts it,
 	// or, `walked`, elsewhere.)
+	// wrr and awrr keep per-position state for MAX_HASH_POOL positions: a bigger pool is
+	// never published with them (xdp_tables.rs kernel_policy).
 	if (policy == KERNEL_POLICY_NONE ||
-	    (policy != KERNEL_POLICY_MAGLEV && (pool_len == 0 || pool_len > MAX_HASH_POOL)))
+	    (policy != KERNEL_POLICY_MAGLEV && !vip_pool_open(config->copy, vip, &big)) ||
+	    (big && (policy == KERNEL_POLICY_WRR || policy == KERNEL_POLICY_AWRR)))
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	state = bpf_map_lookup_elem(&policy_state, &index);
 	words = bpf_map_lookup_elem(&handshakes, &zero);
@@ -307,8 +312,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 			return hand_up(STAT_UP_NEW_CONNECTION);
 		if (!load_view_open(vip->load_metric, &view))
 			return hand_up(STAT_UP_OTHER);
-		first_id = vip->pool[first & (MAX_HASH_POOL - 1)];
-		second_id = vip->pool[second & (MAX_HASH_POOL - 1)];
+		first_id = vip_pool_member(vip, big, first);
+		second_id = vip_pool_member(vip, big, second);
 		first_load = view_load(&view, vip->load_metric, first_id);
 		second_load = view_load(&view, vip->load_metric, second_id);
 		// On equal loads the first drawn wins.
@@ -316,7 +321,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		break;
 	}
 	case KERNEL_POLICY_LEAST_LOADED:
-		if (!least_loaded_decide(state, vip, pool_len, &position, &next_rr))
+		if (!least_loaded_decide(state, vip, big, pool_len, &position, &next_rr))
 			return hand_up(STAT_UP_OTHER);
 		break;
 	case KERNEL_POLICY_MAGLEV:
@@ -329,11 +334,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	default:
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	}
-	if (policy != KERNEL_POLICY_MAGLEV) {
-		// The verifier cannot bound the positions; the mask gives it the array's bound.
-		asm volatile("" : "+r"(position));
-		id = vip->pool[position & (MAX_HASH_POOL - 1)];
-	}
+	if (policy != KERNEL_POLICY_MAGLEV)
+		id = vip_pool_member(vip, big, position);
 	server = server_at(config->copy, id);
 	if (!server || !(server->flags & SERVER_EGRESS))
 		return hand_up(STAT_UP_NEXT_HOP);
@@ -484,17 +486,11 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 		// the cookie stage, for every segment (SYN too), as the core's.
 		hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
 		if (config->mode == LB_MODE_HASH) {
-			__u32 pool_len = vip->pool_len;
-			__u64 slot;
+			const struct vip_big_pool *big;
 
-			if (pool_len == 0 || pool_len > MAX_HASH_POOL)
+			if (!vip_pool_open(config->copy, vip, &big))
 				return hand_up(STAT_UP_OTHER);
-			slot = hash % pool_len;
-			// The verifier cannot bound a remainder; the mask gives it the array's
-			// bound, and the empty asm keeps clang from dropping the mask it knows is
-			// a no-op.
-			asm volatile("" : "+r"(slot));
-			id = vip->pool[slot & (MAX_HASH_POOL - 1)];
+			id = vip_pool_member(vip, big, hash % vip->pool_len);
 		} else if (!maglev_lookup(config, vip->index, hash, &id)) {
 			// No table: an empty pool (the core drops) or not published yet.
 			return hand_up(STAT_UP_OTHER);

@@ -39,6 +39,7 @@
 #include "maglev.h"
 #include "maps.h"
 #include "parse.h"
+#include "pool.h"
 #include "publish.h"
 #include "siphash.h"
 
@@ -109,17 +110,14 @@ static __always_inline long icmp_baseline_pick(const struct lb_config *config,
 					       __be16 client_port)
 {
 	__u64 hash = siphash_finish(vip->hash_prefix, client, client_port);
-	__u32 pool_len = vip->pool_len, id;
-	__u64 slot;
+	const struct vip_big_pool *big;
+	__u32 id;
 
 	if (config->mode == LB_MODE_MAGLEV)
 		return maglev_lookup(config, vip->index, hash, &id) ? id : -1;
-	if (pool_len == 0 || pool_len > MAX_HASH_POOL)
+	if (!vip_pool_open(config->copy, vip, &big))
 		return -1;
-	slot = hash % pool_len;
-	// The verifier cannot bound a remainder; the mask gives it the array's bound.
-	asm volatile("" : "+r"(slot));
-	return vip->pool[slot & (MAX_HASH_POOL - 1)];
+	return vip_pool_member(vip, big, hash % vip->pool_len);
 }
 
 // lb/icmp_path.rs `client_icmp` for a packet to a VIP address that is not TCP (steering's

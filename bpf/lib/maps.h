@@ -211,6 +211,17 @@ struct {
 	__type(value, struct vip_weights);
 } vip_weights SEC(".maps");
 
+// VIP index (of a copy, as an array's: publish.h latched_index) -> its pool, for the VIPs
+// whose pool vip_info cannot hold (cheetah_shared.h struct vip_big_pool). Written at a
+// publication; without preallocation only those VIPs take memory (32 KiB each).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, PUBLISH_COPIES * MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct vip_big_pool);
+} vip_big_pools SEC(".maps");
+
 // VIP index (of a copy, as an array's: publish.h latched_index) -> the cycle of its wrr
 // weights, for the wrr VIPs whose cycle fits (cheetah_shared.h struct vip_schedule; the
 // others scan vip_weights). Written at a publication. A hash map without preallocation

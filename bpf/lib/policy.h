@@ -20,6 +20,7 @@
 #include "cheetah_shared.h"
 #include "load_view.h"
 #include "maps.h"
+#include "pool.h"
 
 // rr.rs `RoundRobin::pick`: the cursor's position (0 if it is beyond the pool, which only a
 // cursor seeded for another pool can be), and the cursor moves one on.
@@ -165,6 +166,7 @@ static __always_inline int pow2_draw(struct policy_rng *rng, __u32 pool_len, __u
 // their own (the program's frame leaves them none), so whatever outlives a step lives here.
 struct least_scan {
 	const struct vip_info *vip;
+	const struct vip_big_pool *big; // NULL: the pool is in vip_info (pool.h)
 	struct load_view view;
 	__u64 best_load;
 	__u32 start;
@@ -185,7 +187,7 @@ static __always_inline int least_scan_one(struct least_scan *scan, __u32 metric,
 		return 0;
 	if (position >= scan->pool_len)
 		position -= scan->pool_len;
-	load = view_load(&scan->view, metric, scan->vip->pool[position & (MAX_HASH_POOL - 1)]);
+	load = view_load(&scan->view, metric, vip_pool_member(scan->vip, scan->big, position));
 	// Strictly less: the first minimum from the start wins (best_load starts above every
 	// load, so the start's is taken; testing `j == 0` instead would keep `j` on the stack).
 	if (load < scan->best_load) {
@@ -219,11 +221,13 @@ LEAST_SCAN_STEP(least_scan_published, LOAD_METRIC_PACKETS)
 // (*next). A bpf_loop, as wrr's scan is, of LEAST_SCAN_STRIDE positions a step, over the
 // rows looked up once. 0 if the view has no row for this CPU or the metric.
 static __always_inline int least_loaded_decide(const struct policy_state *state,
-					       const struct vip_info *vip, __u32 pool_len,
+					       const struct vip_info *vip,
+					       const struct vip_big_pool *big, __u32 pool_len,
 					       __u32 *position, __u32 *next)
 {
 	struct least_scan scan = {
 		.vip = vip,
+		.big = big,
 		.start = state->rr_position % pool_len,
 		.pool_len = pool_len,
 		.best_load = ~0ull,

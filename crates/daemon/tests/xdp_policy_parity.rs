@@ -1,6 +1,7 @@
 //! The kernel's VIP policies (bpf/lib/policy.h, run by `syn_fast` in bpf/lib/fast_path.h)
 //! held to the core's: for rr, wrr (unequal weights), random (the same seed), hash, maglev
-//! (the VIP's Maglev table, also over a pool bigger than the kernel's pool array), and
+//! (the VIP's Maglev table, also over a pool bigger than the kernel holds), every policy
+//! over a pool bigger than `vip_info` holds (`vip_big_pools`) but wrr and awrr, and
 //! least loaded and pow2 over the loads their own picks make, a sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
 //! servers in the same order as the core's policy instance given the same initial state
 //! (every CPU seeded as the core's worker, `PolicySeeds::AsWorker`), with the core's bytes
@@ -94,6 +95,12 @@ fn config(policy: &str, n: u16, weights: &[(u16, u32)]) -> LbConfig {
 
 /// [`config`] with `vip_extra` lines in the VIP's table.
 fn config_with(policy: &str, vip_extra: &str, n: u16, weights: &[(u16, u32)]) -> LbConfig {
+    LbConfig::from_toml(&config_text(policy, vip_extra, n, weights))
+        .unwrap_or_else(|e| panic!("{policy}: {e}"))
+}
+
+/// The text of [`config_with`]'s config.
+fn config_text(policy: &str, vip_extra: &str, n: u16, weights: &[(u16, u32)]) -> String {
     let mut text = String::from(
         "mode = \"cheetah\"\nforwarding = \"l2\"\ncookie_epoch_bits = 4\nfallback_table_capacity = 4096\n",
     );
@@ -113,7 +120,7 @@ fn config_with(policy: &str, vip_extra: &str, n: u16, weights: &[(u16, u32)]) ->
     for (id, weight) in weights {
         text += &format!("\"{id}\" = {weight}\n");
     }
-    LbConfig::from_toml(&text).unwrap_or_else(|e| panic!("{policy}: {e}"))
+    text
 }
 
 fn checksum(words: impl Iterator<Item = u16>) -> u16 {
@@ -448,7 +455,7 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         ("awrr", config("awrr", 7, &[])),
         ("random", config("random", 7, &[])),
         ("hash", config("hash", 7, &[])),
-        // The biggest pool the kernel holds.
+        // The biggest pool vip_info holds itself.
         (
             "random, 64 servers",
             config("random", MAX_HASH_POOL as u16, &[]),
@@ -461,6 +468,20 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
             config("least-loaded", MAX_HASH_POOL as u16, &[]),
         ),
         ("pow2", config("pow2", 7, &[])),
+        // Over MAX_HASH_POOL: the pool from the VIP's vip_big_pools entry.
+        (
+            "rr, 65 servers",
+            config("rr", MAX_HASH_POOL as u16 + 1, &[]),
+        ),
+        ("random, 300 servers", config("random", 300, &[])),
+        ("hash, 300 servers", config("hash", 300, &[])),
+        ("pow2, 300 servers", config("pow2", 300, &[])),
+        (
+            "least-loaded, 300 servers",
+            config("least-loaded", 300, &[]),
+        ),
+        // The most servers the cookie carries with 4 epoch bits.
+        ("rr, 4095 servers", config("rr", 4095, &[])),
         // By the published Maglev table, which holds a pool of any size.
         ("maglev", config("maglev", 7, &[])),
         (
@@ -527,16 +548,68 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
             fail("this CPU's policy state did not move: the picks ran elsewhere".into());
         }
     }
-    // A pool the kernel does not hold goes up, counted as a new connection for userspace.
-    let big = config("rr", MAX_HASH_POOL as u16 + 1, &[]);
-    let run = run_policy(&big);
-    if run.kernel_picks.iter().any(|&p| p != 0) {
-        failures.push("a pool of 65 servers was placed in the kernel".into());
+    // A pool the kernel does not hold goes up, counted as a new connection for userspace:
+    // one over MAX_HASH_POOL for a policy with state per position.
+    let odd_65: Vec<(u16, u32)> = (1..=MAX_HASH_POOL as u16 + 1)
+        .map(|id| (id, 2 * u32::from(id) - 1))
+        .collect();
+    for (name, config) in [
+        (
+            "wrr, 65 servers",
+            config("wrr", MAX_HASH_POOL as u16 + 1, &odd_65),
+        ),
+        (
+            "awrr, 65 servers",
+            config("awrr", MAX_HASH_POOL as u16 + 1, &[]),
+        ),
+    ] {
+        let run = run_policy(&config);
+        if run.kernel_picks.iter().any(|&p| p != 0) {
+            failures.push(format!("{name}: placed in the kernel"));
+        }
     }
     assert!(
         failures.is_empty(),
         "the kernel's policies disagree with the core's:\n{}",
         failures.join("\n")
+    );
+}
+
+/// Hash mode (a baseline) places every client segment by `pool[h % n]` in the kernel, from
+/// the VIP's vip_big_pools entry for a pool over MAX_HASH_POOL: the core's server and
+/// bytes for each.
+#[test]
+fn hash_mode_picks_from_a_pool_bigger_than_vip_info_holds_as_the_core_does() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return;
+    }
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    let servers = 300;
+    let text =
+        config_text("hash", "", servers, &[]).replace("mode = \"cheetah\"", "mode = \"hash\"");
+    let config = LbConfig::from_toml(&text).unwrap();
+    let lb = set_up(&config);
+    let mut worker = Worker::new(Arc::clone(lb.core_plane.shared()), lb.worker_config);
+    let mut picks = std::collections::BTreeSet::new();
+    for (n, frame) in syns().iter().enumerate() {
+        let (action, out) = lb.program.test_run(frame, lb.servers_ifindex).unwrap();
+        let mut core_out = frame.clone();
+        let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+        let Verdict::ToServer(core_pick) = verdict else {
+            panic!("segment {n}: the core says {verdict:?}");
+        };
+        assert_eq!(action, XDP_TX, "segment {n} went up");
+        assert_eq!(picked(&out, servers), core_pick.0, "segment {n}");
+        core_out[0..6].copy_from_slice(&server_mac(core_pick.0));
+        core_out[6..12].copy_from_slice(&SERVERS.mac);
+        assert!(out == core_out, "segment {n}: bytes differ from the core's");
+        picks.insert(core_pick.0);
+    }
+    // Positions beyond vip_info's 64 were read.
+    assert!(
+        picks.iter().any(|&id| id > MAX_HASH_POOL as u16),
+        "{picks:?}"
     );
 }
 

@@ -293,6 +293,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("COOKIE_SPACE", COOKIE_SPACE),
         ("MAX_VIPS", MAX_VIPS),
         ("MAX_HASH_POOL", MAX_HASH_POOL),
+        ("MAX_BIG_POOL", MAX_BIG_POOL),
         ("REPLY_SLOT_BITS", REPLY_SLOT_BITS as usize),
         ("REPLY_SLOTS", REPLY_SLOTS),
         ("REPLY_SLOT_MULTIPLIER", REPLY_SLOT_MULTIPLIER as usize),
@@ -457,6 +458,7 @@ fn rust_side() -> BTreeMap<String, u64> {
     ));
     values.extend(layout!(VipWeights, "struct vip_weights", total, weight));
     values.extend(layout!(VipSchedule, "struct vip_schedule", len, position));
+    values.extend(layout!(VipBigPool, "struct vip_big_pool", id));
     values.extend(layout!(
         PolicyState,
         "struct policy_state",

@@ -19,7 +19,11 @@ pub const SERVER_ID_SPACE: usize = 16384;
 pub const SERVER_SIDE_SLOTS: usize = 1024;
 pub const COOKIE_SPACE: usize = 65536;
 pub const MAX_VIPS: usize = 4096;
+/// Servers of a pool `vip_info` holds itself; a bigger one is in the VIP's
+/// `vip_big_pools` entry ([`VipBigPool`]), which holds any pool (its members are
+/// distinct ids).
 pub const MAX_HASH_POOL: usize = 64;
+pub const MAX_BIG_POOL: usize = SERVER_ID_SPACE;
 /// `vip_slots` (`struct vip_slot`): `VIP_SLOTS` slots, a VIP's by a multiplicative hash.
 pub const VIP_SLOT_BITS: u32 = 13;
 pub const VIP_SLOTS: usize = 1 << VIP_SLOT_BITS;
@@ -975,6 +979,26 @@ impl Encode for VipWeights {
             .put(offset_of!(Self, total), &self.total.to_ne_bytes())
             .put(offset_of!(Self, weight), &weight)
             .0
+    }
+}
+
+/// `struct vip_big_pool`: the pool of a VIP with more than [`MAX_HASH_POOL`] servers, by
+/// position.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VipBigPool {
+    pub id: [u16; MAX_BIG_POOL],
+}
+
+impl VipBigPool {
+    /// The value for `pool` (its first [`MAX_BIG_POOL`] ids; the rest of the array 0).
+    pub fn value_of(pool: &[u16]) -> Vec<u8> {
+        let ids: Vec<u8> = pool
+            .iter()
+            .take(MAX_BIG_POOL)
+            .flat_map(|id| id.to_ne_bytes())
+            .collect();
+        Bytes::of::<Self>().put(offset_of!(Self, id), &ids).0
     }
 }
 

@@ -1,8 +1,8 @@
 //! Publishes the core's tables into the XDP program's maps, so its in-kernel path
 //! (`bpf/lib/fast_path.h`) forwards exactly as the core would, and its steering knows the
-//! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `vip_weights`,
-//! `vip_slots`, `servers`, `server_macs`, `backends`, `reply_senders`, `server_side` and
-//! `maglev_tables` (`maglev_tables.rs`); and, on every new snapshot, the
+//! LB's packets: `lb_config`, `vip_addrs`, `vips`, `vips_by_index`, `vip_big_pools`,
+//! `vip_weights`, `vip_slots`, `servers`, `server_macs`, `backends`, `reply_senders`,
+//! `server_side` and `maglev_tables` (`maglev_tables.rs`); and, on every new snapshot, the
 //! per-CPU policy state the kernel's SYN path starts from (`xdp_policy.rs`).
 //!
 //! [`wanted`] works out every map's entries from a snapshot, the LB's interfaces and their
@@ -59,6 +59,8 @@ pub struct Wanted {
     pub vips_by_index: Entries,
     pub vip_slots: Entries,
     pub vip_weights: Entries,
+    /// The pools over MAX_HASH_POOL servers (`vip_big_pools`), by VIP index.
+    pub vip_big_pools: Entries,
     /// The cycles of the wrr VIPs whose cycle fits a `Schedule`.
     pub wrr_schedules: Entries,
     pub servers: Entries,
@@ -80,14 +82,28 @@ fn array_key(index: usize) -> Vec<u8> {
     (index as u32).to_ne_bytes().to_vec()
 }
 
+/// Whether the kernel holds a pool of `pool_len` servers (`pool.h`): in `vip_info` up to
+/// MAX_HASH_POOL, in `vip_big_pools` up to MAX_BIG_POOL.
+pub fn kernel_holds_pool(pool_len: usize) -> bool {
+    (1..=MAX_BIG_POOL).contains(&pool_len)
+}
+
 /// The policy the kernel places a VIP's SYNs by (`vip_info.policy`): every policy, run as
-/// the core does, for a pool it holds (1 to MAX_HASH_POOL servers), pow2 and least loaded
-/// over each CPU's load view (`kernel_loads.rs`); maglev for a pool of any size, from the
-/// VIP's Maglev table (`maglev_tables`, published for every non-empty pool outside hash
-/// mode), never from `vip_info.pool`. NONE leaves them to userspace (an empty pool, a
-/// bigger one). Every metric's loads are in that view: `_metric` does not decide.
+/// the core does, for a pool it holds (1 to MAX_BIG_POOL servers; wrr and awrr, whose
+/// per-position state has MAX_HASH_POOL entries, up to MAX_HASH_POOL), pow2 and least
+/// loaded over each CPU's load view (`kernel_loads.rs`); maglev for a pool of any size,
+/// from the VIP's Maglev table (`maglev_tables`, published for every non-empty pool
+/// outside hash mode), never from the pool. NONE leaves them to userspace (an empty pool,
+/// a bigger one). Every metric's loads are in that view: `_metric` does not decide.
 pub fn kernel_policy(kind: PolicyKind, _metric: LoadMetric, pool_len: usize) -> u8 {
-    if pool_len == 0 || (pool_len > MAX_HASH_POOL && kind != PolicyKind::Maglev) {
+    let per_position_state = matches!(
+        kind,
+        PolicyKind::WeightedRoundRobin | PolicyKind::AutoWeightedRoundRobin
+    );
+    if pool_len == 0
+        || (kind != PolicyKind::Maglev && !kernel_holds_pool(pool_len))
+        || (per_position_state && pool_len > MAX_HASH_POOL)
+    {
         return KERNEL_POLICY_NONE;
     }
     match kind {
@@ -174,8 +190,8 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             port: vip.port.to_be_bytes(),
             backend_port: vip.backend_port.to_be_bytes(),
             index: index as u16,
-            // A bigger pool is left to userspace: the kernel picks from a bounded array.
-            pool_len: if pool.len() <= MAX_HASH_POOL {
+            // A bigger pool is left to userspace: the kernel picks from bounded arrays.
+            pool_len: if kernel_holds_pool(pool.len()) {
                 pool.len() as u16
             } else {
                 0
@@ -185,8 +201,15 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             load_metric: kernel_load_metric(vip.pool.metric),
             pad: [0; 2],
         };
-        for (slot, id) in info.pool.iter_mut().zip(pool) {
-            *slot = id.0;
+        if pool.len() <= MAX_HASH_POOL {
+            for (slot, id) in info.pool.iter_mut().zip(pool) {
+                *slot = id.0;
+            }
+        } else if kernel_holds_pool(pool.len()) {
+            let ids: Vec<u16> = pool.iter().map(|id| id.0).collect();
+            wanted
+                .vip_big_pools
+                .insert(array_key(index), VipBigPool::value_of(&ids));
         }
         if info.policy == KERNEL_POLICY_WRR {
             // As SmoothWeights takes them: a weight of 0 counts as 1.
@@ -462,7 +485,7 @@ fn write_copy(
         )
     };
     let field = |offset: usize, width: usize| (Kind::Hash, Latch::Field { offset, width });
-    let maps: [PublishedMap; 11] = [
+    let maps: [PublishedMap; 12] = [
         (
             "servers",
             array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
@@ -474,6 +497,12 @@ fn write_copy(
             array(MAX_VIPS, std::mem::size_of::<VipWeights>()),
             &wanted.vip_weights,
             last.map(|l| &l.vip_weights),
+        ),
+        (
+            "vip_big_pools",
+            (Kind::Hash, Latch::Index { entries: MAX_VIPS }),
+            &wanted.vip_big_pools,
+            last.map(|l| &l.vip_big_pools),
         ),
         (
             "wrr_schedules",
@@ -845,14 +874,23 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 "{kind}"
             );
             assert_eq!(kernel_policy(kind, active, 0), KERNEL_POLICY_NONE, "{kind}");
-            let bigger = if kind == Maglev {
+            // Beyond vip_info, in vip_big_pools: all but the policies with state per
+            // position (wrr, awrr).
+            let big = match kind {
+                WeightedRoundRobin | AutoWeightedRoundRobin => KERNEL_POLICY_NONE,
+                _ => expected,
+            };
+            for len in [MAX_HASH_POOL + 1, MAX_BIG_POOL] {
+                assert_eq!(kernel_policy(kind, active, len), big, "{kind} {len}");
+            }
+            let beyond = if kind == Maglev {
                 KERNEL_POLICY_MAGLEV
             } else {
                 KERNEL_POLICY_NONE
             };
             assert_eq!(
-                kernel_policy(kind, active, MAX_HASH_POOL + 1),
-                bigger,
+                kernel_policy(kind, active, MAX_BIG_POOL + 1),
+                beyond,
                 "{kind}"
             );
         }
