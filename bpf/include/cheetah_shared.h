@@ -181,11 +181,27 @@ enum xdp_stat {
 	// An IPv4 fragment to a VIP address (untagged, its IP header as the core checks it),
 	// dropped in the kernel: the core's `dropped` and `unsupported_fragment`.
 	STAT_DROP_UNSUPPORTED_FRAGMENT,
+	// Traffic to a VIP address that is no VIP's, dropped in the kernel as the core drops
+	// it (untagged, its IP header as the core checks it, no fragment): UDP, an IP protocol
+	// other than TCP, UDP and ICMP, and (LB_EVERY_VIP) a TCP segment to a port no VIP is
+	// on. The core's `dropped` and its reason of the same name.
+	STAT_DROP_UNSUPPORTED_UDP,
+	STAT_DROP_UNSUPPORTED_PROTOCOL,
+	STAT_DROP_VIP_PORT_UNKNOWN,
+	// l2: a TCP segment from a VIP address on the servers' side: from a server the
+	// snapshot keeps but no longer forwards for (`server_removed`), or from a MAC no
+	// server has (`unknown_server_source`). The core's `dropped` and that reason; for a
+	// removed server's segment of the straight line's layout, its `fast_path` first.
+	STAT_DROP_SERVER_REMOVED,
+	STAT_DROP_UNKNOWN_SERVER_SOURCE,
+	// A removed server's segment whose TCP header is too short for the straight line: the
+	// core's general path, which counts no `fast_path`.
+	STAT_DROP_SERVER_REMOVED_GENERAL,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which
 // adds one keeps the map's definition, and so its pinned counters.
-#define STAT_SLOTS 64
+#define STAT_SLOTS 128
 
 // Key of the backends map.
 struct backend_key {
@@ -213,6 +229,9 @@ struct backend_info {
 
 // The one entry of the lb_config array.
 #define LB_FAST_PATH (1u << 0) // the in-kernel path is on ([daemon] datapath = "xdp")
+// vips holds every VIP of the snapshot (there are at most MAX_VIPS): a TCP segment to a
+// VIP address on a port vips does not hold is no VIP's.
+#define LB_EVERY_VIP (1u << 1)
 #define LB_MODE_CHEETAH 0
 #define LB_MODE_HASH 1
 #define LB_MODE_MAGLEV 2

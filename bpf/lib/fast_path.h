@@ -71,6 +71,17 @@ static __always_inline int drop_malformed_options(__u32 first, int found)
 	return XDP_DROP;
 }
 
+// A drop decided on the published tables read under `seq` (whose VIP or server a packet
+// is): counted under `stat` if no publication moved on meanwhile, else handed up (the
+// core decides on one snapshot).
+static __always_inline int drop_by_tables(__u32 seq, __u32 stat)
+{
+	if (!publish_unchanged(seq))
+		return hand_up(STAT_UP_PUBLISHING);
+	count(stat);
+	return XDP_DROP;
+}
+
 static __always_inline int hand_up_refused(enum plain_refusal refusal)
 {
 	return hand_up(refusal == PLAIN_NOT_TCP ? STAT_UP_OTHER : STAT_UP_LAYOUT);

@@ -25,6 +25,7 @@
 #include "fast_path.h"
 #include "icmp_path.h"
 #include "maps.h"
+#include "not_a_vip.h"
 #include "publish.h"
 #include "reply_sender.h"
 #include "steer.h"
@@ -43,7 +44,7 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 	// Set on every path: clang may carry its fields in registers the verifier must see written.
 	struct plain_tcp p = {};
 	__u32 zero = 0, owner = 0, seq = 0, copy = 0;
-	int fast, action, cookie = 0, without_timestamp = 0;
+	int fast, action, cookie = 0, without_timestamp = 0, dropped = LB_HAND_UP;
 	// Where an established segment's timestamp option starts within its options, and
 	// whether the walk found it there (not the straight line's NOP NOP TS).
 	int ts_at = 0, walked = 0;
@@ -140,6 +141,9 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 				count(STAT_DROP_UNSUPPORTED_FRAGMENT);
 				return XDP_DROP;
 			}
+			action = not_a_vip(ctx, config, seq, refusal);
+			if (action != LB_HAND_UP)
+				return action;
 			if (refusal == PLAIN_NOT_TCP)
 				action = icmp_fast(ctx, config, seq);
 			else
@@ -148,9 +152,10 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 				return action;
 			return steer_to_socket(ctx, owner);
 		}
-		sender = reply_by_steering(ctx, config, backend, &p, refusal, &by_steering);
+		sender = reply_by_steering(ctx, config, seq, backend, &p, refusal, &by_steering,
+					   &dropped);
 		if (!sender)
-			return steer_to_socket(ctx, owner);
+			return dropped != LB_HAND_UP ? dropped : steer_to_socket(ctx, owner);
 	}
 	action = reply_fast(ctx, config, seq, sender, &p);
 	if (action != LB_HAND_UP)

@@ -114,11 +114,10 @@ static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 	return PLAIN_OK;
 }
 
-// Whether an untagged IPv4 frame is a fragment (MF set or an offset) whose IP header the
-// core's `Ipv4Packet::new_checked` accepts (version 4, header and total length within the
-// frame): the core drops such a packet to a VIP address as `unsupported_fragment`,
-// whatever it carries. 0 for anything the core would drop for another reason first.
-static __always_inline int ipv4_fragment(struct xdp_md *ctx)
+// Whether an untagged IPv4 frame's IP header is one the core's `Ipv4Packet::new_checked`
+// accepts (version 4, header and total length within the frame): the core drops a packet
+// to a VIP address by what it carries only then, for any other reason first.
+static __always_inline int ipv4_checked(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -131,8 +130,17 @@ static __always_inline int ipv4_fragment(struct xdp_md *ctx)
 	header_len = ip->ihl * 4;
 	total_len = bpf_ntohs(ip->tot_len);
 	return ip->version == 4 && header_len >= sizeof(struct iphdr) && header_len <= ip_len &&
-	       total_len >= header_len && total_len <= ip_len &&
-	       (ip->frag_off & bpf_htons(0x3fff)) != 0;
+	       total_len >= header_len && total_len <= ip_len;
+}
+
+// Whether an untagged IPv4 frame (ipv4_checked) is a fragment (MF set or an offset): the
+// core drops such a packet to a VIP address as `unsupported_fragment`, whatever it
+// carries.
+static __always_inline int ipv4_fragment(struct xdp_md *ctx)
+{
+	struct iphdr *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
+
+	return ipv4_checked(ctx) && (ip->frag_off & bpf_htons(0x3fff)) != 0;
 }
 
 // Whether the TCP options start NOP NOP TS (core fast_path.rs `NOP_NOP_TS`).

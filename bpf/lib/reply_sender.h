@@ -97,18 +97,35 @@ static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx
 }
 
 // The sender of a segment steering called a server's reply (`backend`: its backends entry
-// with NAT; counted as STAT_REPLY_BY_STEERING), copied into `found`; NULL when the kernel leaves it to userspace, having
-// counted why: on the clients' side, not the plain layout, or no forwarding server.
+// with NAT; counted as STAT_REPLY_BY_STEERING), copied into `found`; NULL when the kernel
+// leaves it to userspace, having counted why (on the clients' side, not the plain layout,
+// or no forwarding server), or, in l2, drops it as the core does (*dropped: the action),
+// having counted that: from a MAC no server has (`unknown_server_source`, on either side:
+// the core asks before the side), from a port of a VIP address no VIP is on
+// (`vip_port_unknown`), or from a server that no longer forwards (`server_removed`).
 static __always_inline const struct reply_sender *
-reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
+reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 		  const struct backend_info *backend, const struct plain_tcp *p,
-		  enum plain_refusal refusal, struct reply_sender *found)
+		  enum plain_refusal refusal, struct reply_sender *found, int *dropped)
 {
+	int l2 = config->forwarding != LB_FORWARDING_NAT;
 	struct server_info *server;
 	struct vip_info *vip;
+	__u32 *by_mac = NULL;
 	__u32 id;
 
 	count(STAT_REPLY_BY_STEERING);
+	if (l2 && reply_layout(refusal)) {
+		struct mac_key mac = {};
+
+		__builtin_memcpy(mac.mac, p->eth->h_source, ETH_ALEN);
+		mac.copy = config->copy;
+		by_mac = bpf_map_lookup_elem(&server_macs, &mac);
+		if (!by_mac) {
+			*dropped = drop_by_tables(seq, STAT_DROP_UNKNOWN_SERVER_SOURCE);
+			return NULL;
+		}
+	}
 	// Only the servers' side carries replies (sides.rs): what only claims to be one is
 	// for userspace to drop.
 	if (!on_server_side(config->copy, ctx->ingress_ifindex)) {
@@ -119,7 +136,7 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
 		hand_up_refused(refusal);
 		return NULL;
 	}
-	if (config->forwarding == LB_FORWARDING_NAT) {
+	if (!l2) {
 		__u32 index;
 
 		if (!backend) {
@@ -130,14 +147,9 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
 		index = latched_index(config->copy, backend->vip_index, MAX_VIPS);
 		vip = bpf_map_lookup_elem(&vips_by_index, &index);
 	} else {
-		struct mac_key mac = {};
 		struct vip_key key = {};
-		__u32 *by_mac;
 
-		__builtin_memcpy(mac.mac, p->eth->h_source, ETH_ALEN);
-		mac.copy = config->copy;
-		by_mac = bpf_map_lookup_elem(&server_macs, &mac);
-		if (!by_mac) {
+		if (!by_mac) { // (looked up above for this layout: for the verifier)
 			hand_up(STAT_UP_OTHER);
 			return NULL;
 		}
@@ -147,12 +159,22 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config,
 		key.protocol = IPPROTO_TCP;
 		key.copy = config->copy;
 		vip = bpf_map_lookup_elem(&vips, &key);
+		// A known server's segment from its VIP address, but from a port no VIP is on.
+		if (!vip && (config->flags & LB_EVERY_VIP)) {
+			*dropped = drop_by_tables(seq, STAT_DROP_VIP_PORT_UNKNOWN);
+			return NULL;
+		}
 	}
 	if (!vip) {
 		hand_up(STAT_UP_OTHER);
 		return NULL;
 	}
 	server = server_at(config->copy, id);
+	if (l2 && server && !(server->flags & SERVER_FORWARDS)) {
+		*dropped = drop_by_tables(seq, refusal == PLAIN_OK ? STAT_DROP_SERVER_REMOVED :
+								     STAT_DROP_SERVER_REMOVED_GENERAL);
+		return NULL;
+	}
 	if (!server || !(server->flags & SERVER_FORWARDS)) {
 		hand_up(STAT_UP_OTHER);
 		return NULL;

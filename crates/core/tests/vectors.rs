@@ -259,6 +259,11 @@ fn malformed_common() -> Vec<Input> {
     let mut udp = good.clone();
     udp[23] = ip_proto::UDP;
     testkit::refill_ipv4_checksum(&mut udp, 14);
+    let mut gre = good.clone();
+    gre[23] = 47;
+    testkit::refill_ipv4_checksum(&mut gre, 14);
+    let mut other_port_ack = from_client(flags::ACK, Vec::new());
+    other_port_ack.dst_port = 8443;
     let mut other_port = from_client(flags::SYN, options::linux_syn(CLIENT_TS, 0));
     other_port.dst_port = 8443;
     vec![
@@ -306,6 +311,16 @@ fn malformed_common() -> Vec<Input> {
             "vip-port-unknown",
             "A SYN to the VIP address on port 8443, where no VIP is configured.",
             other_port.build(),
+        ),
+        input(
+            "vip-port-unknown-no-options",
+            "An ACK without TCP options to the VIP address on port 8443.",
+            other_port_ack.build(),
+        ),
+        input(
+            "unsupported-protocol",
+            "GRE to the VIP address (protocol byte of the SYN changed to 47).",
+            gre,
         ),
         input(
             "arp",
@@ -1140,6 +1155,11 @@ fn suites() -> Vec<Suite> {
                     from_server(false, 3, flags::ACK, options::nop_nop_ts(SERVER_TS, 0)).build(),
                 ),
                 input(
+                    "server-removed-rst",
+                    "An RST without options from removed server 3: the general path's drop.",
+                    from_server(false, 3, flags::RST, Vec::new()).build(),
+                ),
+                input(
                     "syn-skips-removed-server",
                     "A new connection: round-robin over the servers left (1 and 2).",
                     linux_syn(),
@@ -1298,7 +1318,16 @@ fn regenerate(suite: &Suite, dir: &Path) {
     let config_text = toml::to_string_pretty(&suite.config).unwrap();
     // What is written must read back as the same config.
     assert_eq!(LbConfig::from_toml(&config_text).unwrap(), suite.config);
-    std::fs::write(dir.join("config.toml"), config_text).unwrap();
+    // A config file that already reads as the suite's is kept as written (serializing
+    // would spell out every default field, a diff that says nothing).
+    let config_path = dir.join("config.toml");
+    let kept = std::fs::read_to_string(&config_path)
+        .ok()
+        .and_then(|text| LbConfig::from_toml(&text).ok())
+        .is_some_and(|config| config == suite.config);
+    if !kept {
+        std::fs::write(&config_path, config_text).unwrap();
+    }
     std::fs::write(dir.join("secret.hex"), format!("{}\n", SECRET.to_hex())).unwrap();
     let defined = defined(suite);
     let file = VectorFile {

@@ -394,10 +394,14 @@ mod tests {
             // server's segment without a timestamp (an RST or not; with the straight line's
             // header or shorter); a baseline's reply too short for the straight line; drops
             // for malformed options (truncated, bad length, overrun, bad timestamp length),
-            // of a client's segment and of a server's reply; fragments to a VIP.
+            // of a client's segment and of a server's reply; fragments to a VIP; UDP, another
+            // protocol and an unknown port at a VIP address; a removed server's segment and
+            // one from a MAC no server has; a removed server's too short for the straight
+            // line.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
-                1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5,
+                1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
+                80, 90, 100, 110,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -427,8 +431,8 @@ mod tests {
         );
         assert_eq!(
             events["fast_path"],
-            680 + 1024 + 2048 + 100,
-            "+ the server replies dropped"
+            680 + 1024 + 2048 + 100 + 90,
+            "+ the server replies dropped (malformed options, a removed server's)"
         );
         assert_eq!(events["resets_without_timestamp"], 2048 + 8192);
         assert_eq!(events["cookie_routed"], 10 + 256);
@@ -443,7 +447,8 @@ mod tests {
         assert_eq!(events["new_connections"], 1100);
         assert_eq!(events["syn_retransmissions"], 1012);
         assert_eq!(
-            events["dropped"], 10105,
+            events["dropped"],
+            10105 + 510,
             "every kernel drop is a dropped verdict"
         );
         let drops: std::collections::BTreeMap<&str, u64> = counters
@@ -460,7 +465,12 @@ mod tests {
         assert_eq!(drops["tcp_option_overrun"], 3030);
         assert_eq!(drops["bad_timestamp_option_length"], 4040);
         assert_eq!(drops["unsupported_fragment"], 5);
-        assert_eq!(drops.values().sum::<u64>(), 10105);
+        assert_eq!(drops["unsupported_udp"], 60);
+        assert_eq!(drops["unsupported_protocol"], 70);
+        assert_eq!(drops["vip_port_unknown"], 80);
+        assert_eq!(drops["server_removed"], 90 + 110);
+        assert_eq!(drops["unknown_server_source"], 100);
+        assert_eq!(drops.values().sum::<u64>(), 10105 + 510);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

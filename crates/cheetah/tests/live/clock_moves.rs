@@ -226,12 +226,22 @@ fn spoof(forwarding: &str, prefix: &str) {
     );
     // Each spoof was dropped, for the reason its path gives: one arriving on a client-side
     // interface (c0's, on the LB's own segment) is not believed to be a reply; one
-    // addressed to a VIP (from c1, through the router) never is one.
-    let drops = deltas(&drops_before, &drops_by_reason(&lb.metrics()));
-    eprintln!("drops during the spoof: {drops:?}");
-    let dropped = |reason: &str| drops.get(reason).copied().unwrap_or(0);
+    // addressed to a VIP (from c1, through the router) never is one. The workers count
+    // their drops at once, the kernel's reach the metrics within a second.
     let addressed_to_a_vip = spoofs.iter().filter(|s| s.2 == vip_other_port).count() as u64;
     let client_side = spoofs.len() as u64 - addressed_to_a_vip;
+    let counted = Instant::now();
+    let drops = loop {
+        let drops = deltas(&drops_before, &drops_by_reason(&lb.metrics()));
+        let all = drops.get("reply_from_client_side").copied().unwrap_or(0)
+            + drops.get("vip_port_unknown").copied().unwrap_or(0);
+        if all >= 20 * spoofs.len() as u64 || counted.elapsed() > Duration::from_secs(3) {
+            break drops;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("drops during the spoof: {drops:?}");
+    let dropped = |reason: &str| drops.get(reason).copied().unwrap_or(0);
     assert_eq!(
         dropped("reply_from_client_side"),
         20 * client_side,

@@ -273,6 +273,30 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_DROP_UNSUPPORTED_FRAGMENT",
             STAT_DROP_UNSUPPORTED_FRAGMENT as usize,
         ),
+        (
+            "STAT_DROP_UNSUPPORTED_UDP",
+            STAT_DROP_UNSUPPORTED_UDP as usize,
+        ),
+        (
+            "STAT_DROP_UNSUPPORTED_PROTOCOL",
+            STAT_DROP_UNSUPPORTED_PROTOCOL as usize,
+        ),
+        (
+            "STAT_DROP_VIP_PORT_UNKNOWN",
+            STAT_DROP_VIP_PORT_UNKNOWN as usize,
+        ),
+        (
+            "STAT_DROP_SERVER_REMOVED",
+            STAT_DROP_SERVER_REMOVED as usize,
+        ),
+        (
+            "STAT_DROP_UNKNOWN_SERVER_SOURCE",
+            STAT_DROP_UNKNOWN_SERVER_SOURCE as usize,
+        ),
+        (
+            "STAT_DROP_SERVER_REMOVED_GENERAL",
+            STAT_DROP_SERVER_REMOVED_GENERAL as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (
@@ -302,6 +326,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("VIP_SLOT_MULTIPLIER", VIP_SLOT_MULTIPLIER as usize),
         ("VIP_SLOT_USED", VIP_SLOT_USED as usize),
         ("LB_FAST_PATH", LB_FAST_PATH as usize),
+        ("LB_EVERY_VIP", LB_EVERY_VIP as usize),
         ("LB_MODE_CHEETAH", LB_MODE_CHEETAH as usize),
         ("LB_MODE_HASH", LB_MODE_HASH as usize),
         ("LB_MODE_MAGLEV", LB_MODE_MAGLEV as usize),

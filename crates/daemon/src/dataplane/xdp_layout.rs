@@ -36,6 +36,8 @@ pub const REPLY_SLOTS: usize = 1 << REPLY_SLOT_BITS;
 pub const REPLY_SLOT_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
 
 pub const LB_FAST_PATH: u32 = 1 << 0;
+/// `vips` holds every VIP of the snapshot (at most [`MAX_VIPS`]).
+pub const LB_EVERY_VIP: u32 = 1 << 1;
 pub const LB_MODE_CHEETAH: u8 = 0;
 pub const LB_MODE_HASH: u8 = 1;
 pub const LB_MODE_MAGLEV: u8 = 2;
@@ -119,7 +121,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 34] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 40] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -362,6 +364,16 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 34] = [
         &[Counter::FastPath, Counter::Dropped],
     ),
     (STAT_DROP_UNSUPPORTED_FRAGMENT, &[Counter::Dropped]),
+    (STAT_DROP_UNSUPPORTED_UDP, &[Counter::Dropped]),
+    (STAT_DROP_UNSUPPORTED_PROTOCOL, &[Counter::Dropped]),
+    (STAT_DROP_VIP_PORT_UNKNOWN, &[Counter::Dropped]),
+    // The straight line found the sender and counted it before the general path dropped it.
+    (
+        STAT_DROP_SERVER_REMOVED,
+        &[Counter::FastPath, Counter::Dropped],
+    ),
+    (STAT_DROP_UNKNOWN_SERVER_SOURCE, &[Counter::Dropped]),
+    (STAT_DROP_SERVER_REMOVED_GENERAL, &[Counter::Dropped]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -439,9 +451,19 @@ pub const STAT_DROP_SERVER_TCP_OPTION_OVERRUN: u32 = 56;
 pub const STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH: u32 = 57;
 /// An IPv4 fragment to a VIP address, dropped in the kernel.
 pub const STAT_DROP_UNSUPPORTED_FRAGMENT: u32 = 58;
+/// Traffic to a VIP address that no VIP takes, dropped in the kernel (not_a_vip.h).
+pub const STAT_DROP_UNSUPPORTED_UDP: u32 = 59;
+pub const STAT_DROP_UNSUPPORTED_PROTOCOL: u32 = 60;
+pub const STAT_DROP_VIP_PORT_UNKNOWN: u32 = 61;
+/// l2: a segment from a VIP address of a server that no longer forwards, or from a MAC no
+/// server has (reply_sender.h).
+pub const STAT_DROP_SERVER_REMOVED: u32 = 62;
+pub const STAT_DROP_UNKNOWN_SERVER_SOURCE: u32 = 63;
+/// A removed server's segment too short for the straight line (no `fast_path`).
+pub const STAT_DROP_SERVER_REMOVED_GENERAL: u32 = 64;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
-pub const KERNEL_DROPS: [(u32, DropReason); 9] = [
+pub const KERNEL_DROPS: [(u32, DropReason); 15] = [
     (
         STAT_DROP_TCP_OPTION_TRUNCATED,
         DropReason::TcpOptionTruncated,
@@ -475,12 +497,24 @@ pub const KERNEL_DROPS: [(u32, DropReason); 9] = [
         STAT_DROP_UNSUPPORTED_FRAGMENT,
         DropReason::UnsupportedFragment,
     ),
+    (STAT_DROP_UNSUPPORTED_UDP, DropReason::UnsupportedUdp),
+    (
+        STAT_DROP_UNSUPPORTED_PROTOCOL,
+        DropReason::UnsupportedProtocol,
+    ),
+    (STAT_DROP_VIP_PORT_UNKNOWN, DropReason::VipPortUnknown),
+    (STAT_DROP_SERVER_REMOVED, DropReason::ServerRemoved),
+    (
+        STAT_DROP_UNKNOWN_SERVER_SOURCE,
+        DropReason::UnknownServerSource,
+    ),
+    (STAT_DROP_SERVER_REMOVED_GENERAL, DropReason::ServerRemoved),
 ];
 
-pub const STAT_COUNT: u32 = 59;
+pub const STAT_COUNT: u32 = 65;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
-pub const STAT_SLOTS: u32 = 64;
+pub const STAT_SLOTS: u32 = 128;
 /// Slots of a Maglev table per entry of its inner array (`struct maglev_chunk`).
 pub const MAGLEV_CHUNK_SLOTS: usize = 32;
 /// A slot past a table's end in its last chunk.

@@ -134,9 +134,16 @@ pub fn kernel_load_metric(metric: LoadMetric) -> u8 {
 pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Wanted {
     let snapshot = publication.snapshot;
     let id_bits = publication.layout.id_bits();
+    // Every VIP below MAX_VIPS goes into vips; an address's port vips does not hold is
+    // then no VIP's only if there is none beyond.
+    let every_vip = if snapshot.vips.len() <= MAX_VIPS {
+        LB_EVERY_VIP
+    } else {
+        0
+    };
     let config = LbConfigValue {
         flags: if publication.fast_path {
-            LB_FAST_PATH
+            LB_FAST_PATH | every_vip
         } else {
             0
         },
@@ -767,7 +774,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     fn the_config_word_says_mode_forwarding_layout_and_fast_path() {
         let plane = plane("cookie_epoch_bits = 4");
         let on = wanted_of(&plane, true).config;
-        assert_eq!(on.flags, LB_FAST_PATH);
+        assert_eq!(on.flags, LB_FAST_PATH | LB_EVERY_VIP);
         assert_eq!(
             (on.mode, on.forwarding),
             (LB_MODE_CHEETAH, LB_FORWARDING_L2)
@@ -786,6 +793,25 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             (hash.mode, hash.forwarding),
             (LB_MODE_HASH, LB_FORWARDING_NAT)
         );
+    }
+
+    #[test]
+    fn a_snapshot_with_more_vips_than_the_kernel_holds_says_so() {
+        let vips = |n: usize| -> String {
+            (0..n)
+                .map(|i| {
+                    format!(
+                        "[[vips]]\naddress = \"10.0.0.100\"\nport = {}\nservers = [1]\n",
+                        1000 + i
+                    )
+                })
+                .collect()
+        };
+        // With the plane's own VIP: MAX_VIPS, then one more.
+        let at_most = wanted_of(&plane(&vips(MAX_VIPS - 1)), true).config;
+        assert_eq!(at_most.flags, LB_FAST_PATH | LB_EVERY_VIP);
+        let beyond = wanted_of(&plane(&vips(MAX_VIPS)), true).config;
+        assert_eq!(beyond.flags, LB_FAST_PATH, "a VIP vips does not hold");
     }
 
     #[test]

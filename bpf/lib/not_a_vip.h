@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// Traffic to a VIP address that no VIP takes, dropped in the kernel under the core's
+// reason (worker.rs `classify_rest`): UDP (`unsupported_udp`), an IP protocol other than
+// TCP, UDP and ICMP (`unsupported_protocol`), and a TCP segment to a port no VIP is on
+// (`vip_port_unknown`). A flood of it (a port scan of a VIP, UDP at a VIP address) then
+// costs the kernel a few lookups a packet, not a trip to a userspace worker each.
+
+#ifndef CHEETAH_LIB_NOT_A_VIP_H
+#define CHEETAH_LIB_NOT_A_VIP_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <bpf/bpf_helpers.h>
+
+#include "cheetah_shared.h"
+#include "fast_path.h"
+#include "parse.h"
+#include "publish.h"
+#include "stats.h"
+
+// A packet steering gave to a VIP address (META_TO_VIP) that is not a fragment and that
+// the client path left (`refusal`: parse_plain_tcp's answer; for a TCP layout of its,
+// vips held no VIP at its address and port): dropped as the core drops it, or LB_HAND_UP
+// without a count (ICMP, and whatever the core drops for another reason first).
+static __always_inline int not_a_vip(struct xdp_md *ctx, const struct lb_config *config,
+				     __u32 seq, enum plain_refusal refusal)
+{
+	struct iphdr *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
+
+	if (refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS || refusal == PLAIN_SHORT_OPTIONS) {
+		// The IP and TCP headers are those the core checks (parse.h); its index of VIPs
+		// is the kernel's only if vips holds every one.
+		if (config->flags & LB_EVERY_VIP)
+			return drop_by_tables(seq, STAT_DROP_VIP_PORT_UNKNOWN);
+		return LB_HAND_UP;
+	}
+	if (refusal != PLAIN_NOT_TCP || !ipv4_checked(ctx) || (void *)(ip + 1) > (void *)(long)ctx->data_end)
+		return LB_HAND_UP;
+	if (ip->protocol == IPPROTO_UDP)
+		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_UDP);
+	if (ip->protocol != IPPROTO_ICMP)
+		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_PROTOCOL);
+	return LB_HAND_UP;
+}
+
+#endif
