@@ -121,10 +121,12 @@ static __always_inline int ipv4_checked(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
 	struct iphdr *ip = data + sizeof(struct ethhdr);
 	__u32 ip_len, header_len, total_len;
 
-	if ((void *)(ip + 1) > data_end)
+	// (Steering also owns tagged frames: their IP header is not here.)
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return 0;
 	ip_len = data_end - (void *)ip;
 	header_len = ip->ihl * 4;

@@ -38,6 +38,56 @@ static __always_inline int pass(void)
 	return XDP_PASS;
 }
 
+#define ETH_P_8021Q_TAG 0x8100
+#define ETH_P_8021AD_TAG 0x88a8
+
+// One 802.1Q or 802.1ad tag: its TCI and the EtherType after it.
+struct vlan_tag {
+	__be16 tci;
+	__be16 proto;
+};
+
+// Whether `proto` is a VLAN tag's EtherType the core reads past (wire/ethernet.rs).
+static __always_inline int vlan_tag_type(__be16 proto)
+{
+	return proto == bpf_htons(ETH_P_8021Q_TAG) || proto == bpf_htons(ETH_P_8021AD_TAG);
+}
+
+// The IPv4 header of a frame as the core's EthernetFrame finds it: untagged, or after one
+// or two VLAN tags (802.1Q or 802.1ad); NULL for anything else, or a header cut short.
+// Steering owns a tagged VIP packet as an untagged one: the workers take it, tag kept.
+static __always_inline struct iphdr *steered_ipv4(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct vlan_tag *tag = (void *)(eth + 1);
+	struct iphdr *ip;
+
+	if ((void *)(eth + 1) > data_end)
+		return NULL;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		ip = (void *)(eth + 1);
+	} else if (vlan_tag_type(eth->h_proto)) {
+		if ((void *)(tag + 1) > data_end)
+			return NULL;
+		if (tag->proto == bpf_htons(ETH_P_IP)) {
+			ip = (void *)(tag + 1);
+		} else if (vlan_tag_type(tag->proto)) {
+			if ((void *)(tag + 2) > data_end || tag[1].proto != bpf_htons(ETH_P_IP))
+				return NULL;
+			ip = (void *)(tag + 2);
+		} else {
+			return NULL;
+		}
+	} else {
+		return NULL;
+	}
+	if ((void *)(ip + 1) > data_end)
+		return NULL;
+	return ip;
+}
+
 // Asks the kernel's FIB and neighbour table for the next hop of a server's reply toward
 // its client: a bpf_fib_lookup return code, with `fib` filled as the helper fills it.
 static __always_inline int fib_toward_client(struct xdp_md *ctx, const struct iphdr *ip,
@@ -89,16 +139,15 @@ static __always_inline int write_meta(struct xdp_md *ctx, __u32 flags)
 {
 	struct cheetah_meta *meta;
 	struct iphdr *ip;
-	void *data;
 
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct cheetah_meta)))
 		return 0;
 	meta = (void *)(long)ctx->data_meta;
-	data = (void *)(long)ctx->data;
-	if ((void *)(meta + 1) > data)
+	if ((void *)(meta + 1) > (void *)(long)ctx->data)
 		return 0;
-	ip = data + sizeof(struct ethhdr);
-	if ((void *)(ip + 1) > (void *)(long)ctx->data_end)
+	// Past any VLAN tags, as steer_owner found it.
+	ip = steered_ipv4(ctx);
+	if (!ip)
 		return 0;
 	__builtin_memset(meta, 0, sizeof(*meta));
 	if (flags & META_FROM_SERVER)
@@ -115,18 +164,12 @@ static __always_inline __u32 steer_owner(struct xdp_md *ctx, __u32 copy,
 					 struct backend_info **backend)
 {
 	struct vip_addr_key addr = { .copy = copy };
-	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip;
+	struct iphdr *ip = steered_ipv4(ctx);
 
 	*backend = NULL;
-	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if (!ip)
 		return 0;
-	ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end)
-		return 0;
-
 	addr.addr = ip->daddr;
 	if (bpf_map_lookup_elem(&vip_addrs, &addr))
 		return META_TO_VIP;

@@ -271,6 +271,18 @@ fn judge(
                 kernel.up_name(),
                 action_name(kernel.action)
             ));
+        } else if kernel.action == XDP_PASS
+            && matches!(
+                verdict,
+                Verdict::ToServer(_) | Verdict::ToClient | Verdict::ToAllServers { .. }
+            )
+        {
+            // XDP_PASS gives the packet to the host's stack, not to a worker: what the
+            // core forwards must reach a worker (steered: XDP_DROP here, no socket bound).
+            fail(format!(
+                "passed to the host, but the core says {}",
+                verdict_name(verdict)
+            ));
         }
         report.up.push(format!("{what} ({})", kernel.up_name()));
         return;
