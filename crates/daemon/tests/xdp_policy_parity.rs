@@ -88,6 +88,17 @@ fn server_mac(id: u16) -> Mac {
     [0x02, 0x00, 0x00, 0x01, (id >> 8) as u8, id as u8]
 }
 
+/// Enters this test's LB namespace; false (the test is skipped, loudly) without root, which
+/// loading the XDP program and making a namespace need.
+fn in_lb_namespace() -> bool {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+        return false;
+    }
+    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
+    true
+}
+
 /// A cheetah-mode l2 config: one VIP of `policy` over servers 1..=n, with `weights`.
 fn config(policy: &str, n: u16, weights: &[(u16, u32)]) -> LbConfig {
     config_with(policy, "", n, weights)
@@ -431,11 +442,9 @@ fn first_difference(kernel: &[u16], core: &[u16]) -> String {
 
 #[test]
 fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
-    if !is_root() {
-        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+    if !in_lb_namespace() {
         return;
     }
-    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
     let wrr_weights = [(1, 5), (2, 1), (3, 3), (4, 2), (5, 7), (6, 1), (7, 4)];
     // Odd weights 1, 3, .., 127: a cycle of exactly SCHEDULE_CAP (64^2) entries.
     let odd_weights: Vec<(u16, u32)> = (1..=MAX_HASH_POOL as u16)
@@ -580,11 +589,9 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
 /// bytes for each.
 #[test]
 fn hash_mode_picks_from_a_pool_bigger_than_vip_info_holds_as_the_core_does() {
-    if !is_root() {
-        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+    if !in_lb_namespace() {
         return;
     }
-    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
     let servers = 300;
     let text =
         config_text("hash", "", servers, &[]).replace("mode = \"cheetah\"", "mode = \"hash\"");
@@ -615,11 +622,9 @@ fn hash_mode_picks_from_a_pool_bigger_than_vip_info_holds_as_the_core_does() {
 
 #[test]
 fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does() {
-    if !is_root() {
-        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+    if !in_lb_namespace() {
         return;
     }
-    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
     let config = config("rr", 7, &[]);
     let lb = set_up(&config);
     // The core's worker over tables of its own, seeded as the kernel's CPUs: it sees the
@@ -796,11 +801,9 @@ fn kernel_picks(lb: &Lb, servers: u16, count: u32) -> Vec<u16> {
 
 #[test]
 fn kernel_load_aware_policies_pick_the_cores_servers_given_the_same_loads() {
-    if !is_root() {
-        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+    if !in_lb_namespace() {
         return;
     }
-    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
     let metrics = [
         ("active-connections", LoadMetric::ActiveConnections),
         ("reported", LoadMetric::Reported),
@@ -909,11 +912,9 @@ fn kernel_load_aware_policies_pick_the_cores_servers_given_the_same_loads() {
 /// the replacements (outside the publish window) must not hand a SYN up.
 #[test]
 fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
-    if !is_root() {
-        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+    if !in_lb_namespace() {
         return;
     }
-    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
     let cases = [
         (
             "awrr, reported load",
@@ -1040,11 +1041,9 @@ fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
 
 #[test]
 fn absurd_published_loads_and_cursors_keep_picks_inside_the_pool() {
-    if !is_root() {
-        eprintln!("\n*** SKIPPED xdp_policy_parity: needs root (loads the XDP program, makes a network namespace) ***\n");
+    if !in_lb_namespace() {
         return;
     }
-    enter_lb_namespace(&SERVERS, &CLIENTS, &GATEWAY_MAC);
     // What no fold publishes: a negative or extreme base, a NaN's or -0.0's bits, the
     // words of two different folds mixed.
     let absurd = [
