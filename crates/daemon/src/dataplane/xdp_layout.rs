@@ -115,7 +115,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 34] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 36] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -358,6 +358,26 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 34] = [
         &[Counter::FastPath, Counter::Dropped],
     ),
     (STAT_DROP_UNSUPPORTED_FRAGMENT, &[Counter::Dropped]),
+    // A server's FIN without a timestamp: STAT_FAST_SERVER_NO_TIMESTAMP's counters, plus
+    // the close `on_server_close` counts.
+    (
+        STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE,
+        &[
+            Counter::FastPath,
+            Counter::OptionsSlowPath,
+            Counter::ToClient,
+            Counter::ServerCloses,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE,
+        &[
+            Counter::FastPath,
+            Counter::OptionsSlowPath,
+            Counter::ToClient,
+            Counter::DuplicateCloses,
+        ],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -435,6 +455,16 @@ pub const STAT_DROP_SERVER_TCP_OPTION_OVERRUN: u32 = 56;
 pub const STAT_DROP_SERVER_BAD_TIMESTAMP_OPTION_LENGTH: u32 = 57;
 /// An IPv4 fragment to a VIP address, dropped in the kernel.
 pub const STAT_DROP_UNSUPPORTED_FRAGMENT: u32 = 58;
+/// A server's FIN without a timestamp option in cheetah mode, its close counted as a
+/// stamped one's: the first of its connection, or one already counted.
+pub const STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE: u32 = 59;
+pub const STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE: u32 = 60;
+/// Counted beside the `STAT_FAST_*` entry of a server segment whose TCP header is too
+/// short for the straight line, where that entry stands for `fast_path`: the core's
+/// general path took it, which counts none ([`SERVER_GENERAL`]).
+pub const STAT_SERVER_GENERAL: u32 = 61;
+/// The counter one [`STAT_SERVER_GENERAL`] packet takes a count off.
+pub const SERVER_GENERAL: Counter = Counter::FastPath;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
 pub const KERNEL_DROPS: [(u32, DropReason); 9] = [
@@ -473,7 +503,7 @@ pub const KERNEL_DROPS: [(u32, DropReason); 9] = [
     ),
 ];
 
-pub const STAT_COUNT: u32 = 59;
+pub const STAT_COUNT: u32 = 62;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 64;
