@@ -709,11 +709,17 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		stat = fallback_insert(teaches, learned) == FALLBACK_EVICTED ?
 			       STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED :
 			       STAT_FAST_SERVER_FALLBACK_LEARNED;
+		// This entry, and the unstamped close's, have no _GENERAL twin: they stand
+		// for the straight line's FastPath, which the general path does not count.
+		if (general)
+			count(STAT_SERVER_GENERAL);
 	} else if (cheetah && without_timestamp && is_close && cold) {
 		if (first_close)
 			close_record(&cold->close);
 		stat = first_close ? STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE :
 				     STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE;
+		if (general)
+			count(STAT_SERVER_GENERAL);
 	} else if (cheetah && without_timestamp) {
 		if (tcp_flags(p->tcp) & TCP_RST)
 			stat = general ? STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL :
@@ -758,9 +764,6 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	add_server_traffic(id, p->ip, first_close);
 	count(stat);
 	count_options_walked(walked);
-	// The entries that have no _GENERAL twin stand for the straight line's FastPath.
-	if (general && (teaches || is_close))
-		count(STAT_SERVER_GENERAL);
 	return send_out(ctx, hop.hop.ifindex);
 }
 
