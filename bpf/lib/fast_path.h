@@ -583,7 +583,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			// a timestamp: the walk below finds none, and it teaches the fallback table.
 			at = general ? 0 : syn_timestamp_at(ctx, p);
 		} else {
-			// Also for a FIN or RST: the closes counted here are stamped ones.
+			// Also for a FIN or RST, whose close counts with a timestamp or without.
 			at = !general && plain_has_nop_nop_ts(p) ? 2 : 0;
 		}
 		if (!at) {
