@@ -197,6 +197,19 @@ enum xdp_stat {
 	// A removed server's segment whose TCP header is too short for the straight line: the
 	// core's general path, which counts no `fast_path`.
 	STAT_DROP_SERVER_REMOVED_GENERAL,
+	// fin. A server's FIN without a timestamp option (cheetah mode), its close filed as a
+	// stamped one's (lb/closes.rs `on_server_close`): FastPath, OptionsSlowPath and
+	// ToClient, plus `server_closes` (the first close of its connection:
+	// server_traffic.closed went up) or `duplicate_closes`.
+	STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE,
+	STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE,
+	// fin. Counted beside the entry of a server segment whose TCP header is too short for
+	// the straight line (20, 24 or 28 bytes: a FIN without options, a SYN-ACK with only
+	// MSS) where that entry stands for the straight line's FastPath
+	// (STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE, _DUPLICATE_CLOSE,
+	// STAT_FAST_SERVER_FALLBACK_LEARNED, _EVICTED): the core's general path took it, which
+	// counts no FastPath (metrics take one off). One entry, not a _GENERAL twin of each.
+	STAT_SERVER_GENERAL,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

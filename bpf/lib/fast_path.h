@@ -584,12 +584,13 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			// A server's SYN without ACK (SegmentKind::Syn, not SynAck) answers no SYN
 			// and teaches nothing: left to userspace (the differential fuzzer made one
 			// that the kernel took for an answer moving a load count).
-			// Nor does one without room for a timestamp (the general path's).
-			if (!(flags & TCP_ACK) || general)
+			if (!(flags & TCP_ACK))
 				return hand_up(STAT_UP_LAYOUT);
-			at = syn_timestamp_at(ctx, p);
+			// A header too short for the straight line (only MSS, say) has no room for
+			// a timestamp: the walk below finds none, and it teaches the fallback table.
+			at = general ? 0 : syn_timestamp_at(ctx, p);
 		} else {
-			// Also for a FIN or RST: the closes counted here are stamped ones.
+			// Also for a FIN or RST, whose close counts with a timestamp or without.
 			at = !general && plain_has_nop_nop_ts(p) ? 2 : 0;
 		}
 		if (!at) {
@@ -598,9 +599,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 									  timestamp_walk(ctx, p);
 			// Without a timestamp a SYN-ACK teaches the fallback table; any other
 			// segment is forwarded without a cookie (server_path.rs), an RST never
-			// counted as a close. A FIN's close is left to userspace.
-			if (at < TIMESTAMP_NONE ||
-			    (at == TIMESTAMP_NONE && (flags & (TCP_SYN | TCP_FIN | TCP_RST)) == TCP_FIN)) {
+			// counted as a close, a FIN's close counted as a stamped one's.
+			if (at < TIMESTAMP_NONE) {
 				// Malformed: the core drops it (after its server path's count, which
 				// the general path, a header too short for the straight line, does
 				// not make: that one is left to userspace).
@@ -676,10 +676,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			}
 			cookie = cookie_encode(layout, id, hash, msb);
 		}
-		// closes.rs `on_server_close`, filed under the cookie's hash. Cheetah mode only:
-		// the baselines place no connection by a policy, so they count no close either.
-		// An RST without a timestamp is no close (`resets_without_timestamp`).
-		if ((flags & (TCP_FIN | TCP_RST)) && !without_timestamp) {
+		// closes.rs `on_server_close`, filed under the connection's hash, with or without
+		// a timestamp. Cheetah mode only: the baselines place no connection by a policy,
+		// so they count no close either. An RST without a timestamp is no close
+		// (`resets_without_timestamp`), with FIN too: RST wins.
+		if ((flags & (TCP_FIN | TCP_RST)) && !((flags & TCP_RST) && without_timestamp)) {
 			struct close_words *words = bpf_map_lookup_elem(&closes, &zero);
 			// parse_plain_tcp proved IP + TCP header <= total length.
 			__u32 data_len = bpf_ntohs(p->ip->tot_len) - sizeof(struct iphdr) -
@@ -715,6 +716,17 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		stat = fallback_insert(teaches, learned) == FALLBACK_EVICTED ?
 			       STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED :
 			       STAT_FAST_SERVER_FALLBACK_LEARNED;
+		// This entry, and the unstamped close's, have no _GENERAL twin: they stand
+		// for the straight line's FastPath, which the general path does not count.
+		if (general)
+			count(STAT_SERVER_GENERAL);
+	} else if (cheetah && without_timestamp && is_close && cold) {
+		if (first_close)
+			close_record(&cold->close);
+		stat = first_close ? STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE :
+				     STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE;
+		if (general)
+			count(STAT_SERVER_GENERAL);
 	} else if (cheetah && without_timestamp) {
 		if (tcp_flags(p->tcp) & TCP_RST)
 			stat = general ? STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL :

@@ -204,6 +204,13 @@ fn server_fin(nat: bool) -> Vec<u8> {
     .build()
 }
 
+/// [`server_fin`] of a connection without timestamps: no options.
+fn server_fin_without_timestamp(nat: bool) -> Vec<u8> {
+    from_server(nat, 2, flags::FIN | flags::ACK, Vec::new())
+        .with_payload(SERVER_FIN_DATA)
+        .build()
+}
+
 fn client_ack(tsecr: u32) -> Vec<u8> {
     from_client(
         flags::ACK | flags::PSH,
@@ -638,6 +645,45 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         )
         .msb(2, M)
         .after(server_fin(nat)),
+        // A connection without timestamps closes as one with them: its FIN counts once.
+        input(
+            "server-fin-without-timestamp",
+            "Server 2's FIN-ACK with its last data and no options (a connection that negotiated no timestamps): to the client without a cookie, the connection counted closed.",
+            server_fin_without_timestamp(nat),
+        ),
+        input(
+            "server-fin-without-timestamp-retransmitted",
+            "Server 2's FIN-ACK without options sent again, its data acknowledged meanwhile: the close is counted once, at the first.",
+            TcpFrame {
+                seq: SERVER_FIN_SEQ,
+                ..from_server(nat, 2, flags::FIN | flags::ACK, Vec::new())
+            }
+            .build(),
+        )
+        .after(server_fin_without_timestamp(nat)),
+        input(
+            "server-fin-sack-without-timestamp",
+            "Server 2's FIN-ACK with its last data and NOP NOP SACK, no timestamp (a header long enough for the straight line): no cookie, the connection counted closed.",
+            from_server(nat, 2, flags::FIN | flags::ACK, nop_nop_sack())
+                .with_payload(SERVER_FIN_DATA)
+                .build(),
+        ),
+        input(
+            "server-syn-ack-mss-only",
+            "Server 2's SYN-ACK with only MSS (a 24-byte header, no room for a timestamp): to the client unchanged, the fallback table taught server 2.",
+            from_server(nat, 2, flags::SYN | flags::ACK, vec![2, 4, 0x05, 0xb4]).build(),
+        ),
+        input(
+            "server-syn-ack-mss-nop-ws",
+            "Server 2's SYN-ACK with MSS NOP WScale (a 28-byte header, no timestamp): to the client unchanged, the fallback table taught server 2.",
+            from_server(
+                nat,
+                2,
+                flags::SYN | flags::ACK,
+                vec![2, 4, 0x05, 0xb4, 1, 3, 3, 7],
+            )
+            .build(),
+        ),
         // Layouts no wide compare places: the option walk finds the timestamp (or finds
         // none) and the segment is handled exactly as at the usual place.
         input(

@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::xdp::SteeringStats;
 use crate::dataplane::xdp_layout::{
-    FAST_BUNDLES, FAST_EVENTS, KERNEL_DROPS, OPTIONS_WALKED, UP_REASONS,
+    FAST_BUNDLES, FAST_EVENTS, KERNEL_DROPS, OPTIONS_WALKED, SERVER_GENERAL, UP_REASONS,
 };
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
@@ -65,6 +65,9 @@ pub struct SteeringCounters {
     pub reply_by_steering: AtomicU64,
     /// Packets the kernel handled whose timestamp the options' walk found.
     pub options_walked: AtomicU64,
+    /// Server segments the kernel handled that the core's general path takes (no
+    /// `fast_path`), beside an entry that stands for one.
+    pub server_general: AtomicU64,
     /// The in-kernel path is on: its packets are reported as a worker of their own.
     pub fast_path: AtomicBool,
     fast: [AtomicU64; FAST_BUNDLES.len()],
@@ -85,6 +88,7 @@ impl Default for SteeringCounters {
             next_hop_cache_miss: zero(),
             reply_by_steering: zero(),
             options_walked: zero(),
+            server_general: zero(),
             fast_path: AtomicBool::new(false),
             fast: std::array::from_fn(|_| zero()),
             up: std::array::from_fn(|_| zero()),
@@ -106,6 +110,7 @@ impl SteeringCounters {
         self.reply_by_steering
             .store(stats.reply_by_steering, Relaxed);
         self.options_walked.store(stats.options_walked, Relaxed);
+        self.server_general.store(stats.server_general, Relaxed);
         for (cell, value) in self.fast.iter().zip(stats.fast) {
             cell.store(value, Relaxed);
         }
@@ -140,6 +145,12 @@ impl SteeringCounters {
                 total.wrapping_sub(walked)
             } else if *counter == walk {
                 total.wrapping_add(walked)
+            } else {
+                total
+            };
+            // A general-path packet's entry stands for the straight line's `fast_path`.
+            let total = if *counter == SERVER_GENERAL {
+                total.wrapping_sub(self.server_general.load(Relaxed))
             } else {
                 total
             };
@@ -397,14 +408,16 @@ mod tests {
             // of a client's segment and of a server's reply; fragments to a VIP; UDP, another
             // protocol and an unknown port at a VIP address; a removed server's segment and
             // one from a MAC no server has; a removed server's too short for the straight
-            // line.
+            // line; a server's FIN without a timestamp, a first close or a duplicate.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
                 1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
-                80, 90, 100, 110,
+                80, 90, 100, 110, 6000, 7000,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
+            // Of those counted under fast_path, 3 took the core's general path.
+            server_general: 3,
             ..SteeringStats::default()
         };
         counters.store(&stats);
@@ -419,28 +432,28 @@ mod tests {
         assert_eq!(events["fallback_hits"], 50);
         assert_eq!(
             events["options_slow_path"],
-            177 + 256 + 9 + 1024 + 2048 + 4096 + 8192
+            177 + 256 + 9 + 1024 + 2048 + 4096 + 8192 + 13000
         );
         assert_eq!(events["fallback_connections"], 15);
         assert_eq!(events["fallback_evictions"], 74);
         assert_eq!(events["fallback_learned_from_server"], 96);
         assert_eq!(events["fallback_misses"], 16);
         assert_eq!(
-            events["to_client"], 650 + 1024 + 2048 + 4096 + 8192 + 16384,
-            "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves + replies without timestamps + baseline replies too short"
+            events["to_client"], 650 + 1024 + 2048 + 4096 + 8192 + 16384 + 13000,
+            "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves + replies without timestamps + baseline replies too short + FINs without timestamps"
         );
         assert_eq!(
             events["fast_path"],
-            680 + 1024 + 2048 + 100 + 90,
-            "+ the server replies dropped (malformed options, a removed server's)"
+            680 + 1024 + 2048 + 100 + 90 + 13000 - 3,
+            "+ the server replies dropped (malformed options, a removed server's) + FINs without timestamps - the general path's"
         );
         assert_eq!(events["resets_without_timestamp"], 2048 + 8192);
         assert_eq!(events["cookie_routed"], 10 + 256);
         assert_eq!(events["cookies_inserted"], 514);
         assert_eq!(events["options_fast_path"], 1624 - 9);
         assert_eq!(events["handshake_count_moved"], 128);
-        assert_eq!(events["server_closes"], 118);
-        assert_eq!(events["duplicate_closes"], 230);
+        assert_eq!(events["server_closes"], 118 + 6000);
+        assert_eq!(events["duplicate_closes"], 230 + 7000);
         assert_eq!(events["ts_msb_learned"], 23);
         assert_eq!(events["ts_msb_advanced"], 33);
         assert_eq!(events["icmp_routed_by_cookie"], 400);

@@ -153,6 +153,13 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-rst-ack-sack-without-timestamp",
             "server-ack-sack-without-timestamp",
             "server-data-without-options",
+            // A connection without timestamps: its close counted, its SYN-ACK teaching the
+            // fallback table, whatever the header's length.
+            "server-fin-without-timestamp",
+            "server-fin-without-timestamp-retransmitted",
+            "server-fin-sack-without-timestamp",
+            "server-syn-ack-mss-only",
+            "server-syn-ack-mss-nop-ws",
             // Options the core drops for a reason of the walk's: dropped in the kernel,
             // counted under that reason.
             "tcp-option-truncated",

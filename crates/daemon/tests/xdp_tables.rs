@@ -19,8 +19,8 @@ use cheetah_daemon::dataplane::vip_slots;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
     Encode, MaglevChunk, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, PUBLISH_COPIES,
-    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE,
-    STAT_REPLY_BY_STEERING, STAT_UP_COOKIE, STAT_UP_OTHER, VIP_SLOTS,
+    STAT_DROP_VIP_PORT_UNKNOWN, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK,
+    STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_COOKIE, STAT_UP_OTHER, VIP_SLOTS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::{MapCore, MapFlags};
@@ -32,6 +32,7 @@ use root::is_root;
 mod on_loopback;
 use on_loopback::{lo, stat, LOOPBACK, ROUTES_VIA_LO, XDP_TX};
 
+const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 
 fn publish(
@@ -259,10 +260,12 @@ fn a_client_segment_finds_its_vip_by_its_slot() {
             .update(&key.to_ne_bytes(), &empty, MapFlags::ANY)
             .unwrap();
     }
-    let other = stat(&program, STAT_UP_OTHER);
-    let (_, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
-    assert_eq!(bytes, frame, "no VIP known: up, unchanged");
-    assert_eq!(stat(&program, STAT_UP_OTHER), other + 1);
+    // No VIP at its address and port, where vips holds every VIP (LB_EVERY_VIP): dropped
+    // as the core drops a segment to a port no VIP is on, unchanged.
+    let unknown = stat(&program, STAT_DROP_VIP_PORT_UNKNOWN);
+    let (verdict, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
+    assert_eq!((verdict, bytes), (XDP_DROP, frame), "no VIP known");
+    assert_eq!(stat(&program, STAT_DROP_VIP_PORT_UNKNOWN), unknown + 1);
     assert_eq!(stat(&program, STAT_FAST_CLIENT_COOKIE), routed + 1);
 }
 

@@ -297,13 +297,22 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_DROP_SERVER_REMOVED_GENERAL",
             STAT_DROP_SERVER_REMOVED_GENERAL as usize,
         ),
+        (
+            "STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE",
+            STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE",
+            STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE as usize,
+        ),
+        ("STAT_SERVER_GENERAL", STAT_SERVER_GENERAL as usize),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (
             "STAT_COUNT",
             // The event counters: STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING,
-            // STAT_NEXT_HOP_CACHE_MISS and STAT_OPTIONS_WALKED.
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 4 + FAST_EVENTS.len(),
+            // STAT_NEXT_HOP_CACHE_MISS, STAT_OPTIONS_WALKED and STAT_SERVER_GENERAL.
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 5 + FAST_EVENTS.len(),
         ),
         ("STAT_SLOTS", STAT_SLOTS as usize),
         ("CHEETAH_PIN_LAYOUT", PIN_LAYOUT as usize),

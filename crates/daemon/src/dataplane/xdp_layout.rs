@@ -121,7 +121,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 40] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 42] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -374,6 +374,26 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 40] = [
     ),
     (STAT_DROP_UNKNOWN_SERVER_SOURCE, &[Counter::Dropped]),
     (STAT_DROP_SERVER_REMOVED_GENERAL, &[Counter::Dropped]),
+    // A server's FIN without a timestamp: STAT_FAST_SERVER_NO_TIMESTAMP's counters, plus
+    // the close `on_server_close` counts.
+    (
+        STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE,
+        &[
+            Counter::FastPath,
+            Counter::OptionsSlowPath,
+            Counter::ToClient,
+            Counter::ServerCloses,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE,
+        &[
+            Counter::FastPath,
+            Counter::OptionsSlowPath,
+            Counter::ToClient,
+            Counter::DuplicateCloses,
+        ],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -461,6 +481,16 @@ pub const STAT_DROP_SERVER_REMOVED: u32 = 62;
 pub const STAT_DROP_UNKNOWN_SERVER_SOURCE: u32 = 63;
 /// A removed server's segment too short for the straight line (no `fast_path`).
 pub const STAT_DROP_SERVER_REMOVED_GENERAL: u32 = 64;
+/// A server's FIN without a timestamp option in cheetah mode, its close counted as a
+/// stamped one's: the first of its connection, or one already counted.
+pub const STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE: u32 = 65;
+pub const STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE: u32 = 66;
+/// Counted beside the `STAT_FAST_*` entry of a server segment whose TCP header is too
+/// short for the straight line, where that entry stands for `fast_path`: the core's
+/// general path took it, which counts none ([`SERVER_GENERAL`]).
+pub const STAT_SERVER_GENERAL: u32 = 67;
+/// The counter one [`STAT_SERVER_GENERAL`] packet takes a count off.
+pub const SERVER_GENERAL: Counter = Counter::FastPath;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
 pub const KERNEL_DROPS: [(u32, DropReason); 15] = [
@@ -511,7 +541,7 @@ pub const KERNEL_DROPS: [(u32, DropReason); 15] = [
     (STAT_DROP_SERVER_REMOVED_GENERAL, DropReason::ServerRemoved),
 ];
 
-pub const STAT_COUNT: u32 = 65;
+pub const STAT_COUNT: u32 = 68;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 128;
