@@ -564,7 +564,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	__u32 id = sender->server, stat;
 	int cheetah = config->mode == LB_MODE_CHEETAH;
 	int nat = config->forwarding == LB_FORWARDING_NAT;
-	// A TCP header too short for the straight line (reply_layout): the core's general
+	// A TCP header too short for the straight line (plain_tcp_set): the core's general
 	// server path takes it, which counts no FastPath; its options hold no timestamp.
 	int general = !p->ts;
 

@@ -65,9 +65,7 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 		// segment, a client's established one in cheetah mode, finds its VIP by an array
 		// read in vip_slots (vip_slots.h); any other, or one whose VIP has no slot, in vips.
 		refusal = parse_plain_tcp(ctx, &p);
-		if ((refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS ||
-		     refusal == PLAIN_SHORT_OPTIONS) &&
-		    may_be_vip_addr(config, p.ip->daddr)) {
+		if (plain_tcp_set(refusal) && may_be_vip_addr(config, p.ip->daddr)) {
 			// The options' walk (timestamp_walk) only when they do not start NOP NOP TS.
 			// Options too short for a timestamp are walked too (none, or malformed).
 			if (config->mode == LB_MODE_CHEETAH &&
@@ -124,7 +122,7 @@ static __always_inline int lb_process(struct xdp_md *ctx)
 									   STAT_FAST_CLIENT_PICK_GENERAL);
 			if (action != LB_HAND_UP)
 				return action;
-		} else if (reply_layout(refusal)) {
+		} else if (plain_tcp_set(refusal)) {
 			// A server's reply the reply_senders map knows needs no steering first.
 			sender = reply_known(ctx, config, &p);
 		}

@@ -30,14 +30,15 @@ static __always_inline int not_a_vip(struct xdp_md *ctx, const struct lb_config 
 {
 	struct iphdr *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
 
-	if (refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS || refusal == PLAIN_SHORT_OPTIONS) {
-		// The IP and TCP headers are those the core checks (parse.h); its index of VIPs
-		// is the kernel's only if vips holds every one.
+	if (plain_tcp_set(refusal)) {
+		// Its index of VIPs is the kernel's only if vips holds every one.
 		if (config->flags & LB_EVERY_VIP)
 			return drop_by_tables(seq, STAT_DROP_VIP_PORT_UNKNOWN);
 		return LB_HAND_UP;
 	}
-	if (refusal != PLAIN_NOT_TCP || !ipv4_checked(ctx) || (void *)(ip + 1) > (void *)(long)ctx->data_end)
+	// (ipv4_checked bounds the header too, but not for the verifier, which sees `ip` anew.)
+	if (refusal != PLAIN_NOT_TCP || !ipv4_checked(ctx) ||
+	    (void *)(ip + 1) > (void *)(long)ctx->data_end)
 		return LB_HAND_UP;
 	if (ip->protocol == IPPROTO_UDP)
 		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_UDP);

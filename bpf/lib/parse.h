@@ -62,6 +62,15 @@ enum plain_refusal {
 	PLAIN_SHORT_OPTIONS,
 };
 
+// Whether parse_plain_tcp set eth, ip and tcp: the straight line's layout, or a TCP header
+// too short for it (no options, as Linux's RST for a segment it does not know; or options
+// with no room for a timestamp), which the core's general path takes. Either way the IP
+// and TCP headers are ones the core's checks accept.
+static __always_inline int plain_tcp_set(enum plain_refusal refusal)
+{
+	return refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS || refusal == PLAIN_SHORT_OPTIONS;
+}
+
 // Fills `view` if the frame is the straight line's layout (core `plain_ipv4_tcp`).
 static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 							  struct plain_tcp *view)

@@ -36,15 +36,6 @@ static __always_inline __u32 reply_slot_of(const struct reply_key *key)
 	return ((x ^ word[2]) * REPLY_SLOT_MULTIPLIER) >> (64 - REPLY_SLOT_BITS);
 }
 
-// Whether a reply of this layout is the in-kernel path's: the straight line's, or a TCP
-// header too short for it (no options, as Linux's RST for a segment it does not know; or
-// options with no room for a timestamp), which the core's general server path takes and
-// reply_fast follows (parse_plain_tcp set eth, ip and tcp for each).
-static __always_inline int reply_layout(enum plain_refusal refusal)
-{
-	return refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS || refusal == PLAIN_SHORT_OPTIONS;
-}
-
 // The sender reply_senders holds for the reply `p` (l2: by its source MAC too), or NULL.
 static __always_inline const struct reply_sender *reply_lookup(const struct lb_config *config,
 								const struct plain_tcp *p)
@@ -69,7 +60,7 @@ static __always_inline const struct reply_sender *reply_lookup(const struct lb_c
 	return &at->sender;
 }
 
-// The sender of plain segment `p` (of a reply_layout) if reply_senders knows it
+// The sender of plain segment `p` (of a layout plain_tcp_set takes) if reply_senders knows it
 // and steering would take it as a server's reply the kernel may forward; NULL: find it the
 // old way (nothing was counted).
 static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx,
@@ -115,7 +106,7 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 	__u32 id;
 
 	count(STAT_REPLY_BY_STEERING);
-	if (l2 && reply_layout(refusal)) {
+	if (l2 && plain_tcp_set(refusal)) {
 		struct mac_key mac = {};
 
 		__builtin_memcpy(mac.mac, p->eth->h_source, ETH_ALEN);
@@ -132,7 +123,7 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 		hand_up(STAT_UP_OTHER);
 		return NULL;
 	}
-	if (!reply_layout(refusal)) {
+	if (!plain_tcp_set(refusal)) {
 		hand_up_refused(refusal);
 		return NULL;
 	}
