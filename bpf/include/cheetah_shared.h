@@ -194,8 +194,9 @@ enum xdp_stat {
 	// removed server's segment of the straight line's layout, its `fast_path` first.
 	STAT_DROP_SERVER_REMOVED,
 	STAT_DROP_UNKNOWN_SERVER_SOURCE,
-	// A removed server's segment whose TCP header is too short for the straight line: the
-	// core's general path, which counts no `fast_path`.
+	// A removed server's segment whose TCP header is too short for the straight line, and
+	// (nat) any late reply of a removed server: the core's general path, which counts no
+	// `fast_path`.
 	STAT_DROP_SERVER_REMOVED_GENERAL,
 	// fin. A server's FIN without a timestamp option (cheetah mode), its close filed as a
 	// stamped one's (lb/closes.rs `on_server_close`): FastPath, OptionsSlowPath and
@@ -210,6 +211,10 @@ enum xdp_stat {
 	// STAT_FAST_SERVER_FALLBACK_LEARNED, _EVICTED): the core's general path took it, which
 	// counts no FastPath (metrics take one off). One entry, not a _GENERAL twin of each.
 	STAT_SERVER_GENERAL,
+	// A server's reply (l2: from a server's MAC and a VIP's address and port; nat: from a
+	// current backend) that arrived on an interface facing the clients: forged, dropped
+	// in the kernel as the core drops it (`dropped`, `reply_from_client_side`).
+	STAT_DROP_REPLY_FROM_CLIENT_SIDE,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which
@@ -226,8 +231,12 @@ struct backend_key {
 // Value of the backends map: which server and VIP a NAT backend (DIP, port) is.
 struct backend_info {
 	__u16 server;
-	__u16 vip_index;
+	__u16 vip_index; // BACKEND_NO_VIP: no VIP's pool has this (DIP, port) now
 };
+
+// backend_info.vip_index of an allocated server's (DIP, port) that no current backend is
+// (a removed server's, whose late replies the core drops as `server_removed`).
+#define BACKEND_NO_VIP 0xffff
 
 // Server ids (ServerId::SPACE) and unmasked cookies (2^16): the sizes of the arrays
 // indexed by them, so an id or cookie read from a packet needs no bounds check.

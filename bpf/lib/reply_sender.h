@@ -89,11 +89,13 @@ static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx
 
 // The sender of a segment steering called a server's reply (`backend`: its backends entry
 // with NAT; counted as STAT_REPLY_BY_STEERING), copied into `found`; NULL when the kernel
-// leaves it to userspace, having counted why (on the clients' side, not the plain layout,
-// or no forwarding server), or, in l2, drops it as the core does (*dropped: the action),
-// having counted that: from a MAC no server has (`unknown_server_source`, on either side:
-// the core asks before the side), from a port of a VIP address no VIP is on
-// (`vip_port_unknown`), or from a server that no longer forwards (`server_removed`).
+// leaves it to userspace, having counted why (not the plain layout, or no forwarding
+// server), or drops it as the core does (*dropped: the action), having counted that:
+// - a sender the core finds, on the clients' side (`reply_from_client_side`);
+// - l2: from a MAC no server has (`unknown_server_source`, on either side: the core asks
+//   before the side), from a port of a VIP address no VIP is on (`vip_port_unknown`), or
+//   from a server that no longer forwards (`server_removed`);
+// - nat: from a (DIP, port) no current backend has, of a removed server (`server_removed`).
 static __always_inline const struct reply_sender *
 reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 		  const struct backend_info *backend, const struct plain_tcp *p,
@@ -103,6 +105,7 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 	struct server_info *server;
 	struct vip_info *vip;
 	__u32 *by_mac = NULL;
+	int client_side;
 	__u32 id;
 
 	count(STAT_REPLY_BY_STEERING);
@@ -117,14 +120,13 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 			return NULL;
 		}
 	}
-	// Only the servers' side carries replies (sides.rs): what only claims to be one is
-	// for userspace to drop.
-	if (!on_server_side(config->copy, ctx->ingress_ifindex)) {
-		hand_up(STAT_UP_OTHER);
-		return NULL;
-	}
+	// Only the servers' side carries replies (sides.rs).
+	client_side = !on_server_side(config->copy, ctx->ingress_ifindex);
 	if (!plain_tcp_set(refusal)) {
-		hand_up_refused(refusal);
+		if (client_side)
+			hand_up(STAT_UP_OTHER);
+		else
+			hand_up_refused(refusal);
 		return NULL;
 	}
 	if (!l2) {
@@ -135,6 +137,21 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 			return NULL;
 		}
 		id = backend->server;
+		// No current backend at this (DIP, port): the core's drop of a removed server's
+		// late reply (`removed_server_at`, by its DIP, on either side) if the server the
+		// entry names was removed. Its general path: no `fast_path` before it.
+		if (backend->vip_index == BACKEND_NO_VIP) {
+			server = server_at(config->copy, id);
+			if (server && !(server->flags & SERVER_FORWARDS))
+				*dropped = drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
+			else
+				hand_up(STAT_UP_OTHER);
+			return NULL;
+		}
+		if (client_side) {
+			*dropped = drop_by_tables(seq, STAT_DROP_REPLY_FROM_CLIENT_SIDE);
+			return NULL;
+		}
 		index = latched_index(config->copy, backend->vip_index, MAX_VIPS);
 		vip = bpf_map_lookup_elem(&vips_by_index, &index);
 	} else {
@@ -150,13 +167,20 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 		key.protocol = IPPROTO_TCP;
 		key.copy = config->copy;
 		vip = bpf_map_lookup_elem(&vips, &key);
-		// A known server's segment from its VIP address, but from a port no VIP is on.
+		// A known server's segment from its VIP address, but from a port no VIP is on
+		// (on either side: the core asks before it checks the side).
 		if (!vip && (config->flags & LB_EVERY_VIP)) {
 			*dropped = drop_by_tables(seq, STAT_DROP_VIP_PORT_UNKNOWN);
 			return NULL;
 		}
+		// A server's reply that arrived where clients are: forged, dropped before
+		// anything is learnt from it.
+		if (vip && client_side) {
+			*dropped = drop_by_tables(seq, STAT_DROP_REPLY_FROM_CLIENT_SIDE);
+			return NULL;
+		}
 	}
-	if (!vip) {
+	if (!vip || client_side) {
 		hand_up(STAT_UP_OTHER);
 		return NULL;
 	}

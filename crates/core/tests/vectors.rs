@@ -1154,6 +1154,7 @@ fn suites() -> Vec<Suite> {
     ));
     let mut nat_config = testkit::config(Mode::Cheetah, Forwarding::Nat, PolicyKind::RoundRobin, 3);
     nat_config.vips[0].backend_port = Some(BACKEND_PORT);
+    let nat_removed_config = nat_config.clone();
     vec![
         Suite {
             name: "l2-cheetah",
@@ -1209,6 +1210,28 @@ fn suites() -> Vec<Suite> {
                     "syn-skips-removed-server",
                     "A new connection: round-robin over the servers left (1 and 2).",
                     linux_syn(),
+                ),
+            ],
+        },
+        Suite {
+            name: "nat-cheetah-removed",
+            config: nat_removed_config,
+            removed_servers: vec![3],
+            inputs: vec![
+                input(
+                    "server-removed",
+                    "A late reply from removed server 3 (its DIP and the backend port): dropped.",
+                    from_server(true, 3, flags::ACK, options::nop_nop_ts(SERVER_TS, 0)).build(),
+                ),
+                input(
+                    "server-removed-rst",
+                    "An RST without options from removed server 3: dropped.",
+                    from_server(true, 3, flags::RST, Vec::new()).build(),
+                ),
+                input(
+                    "reply-of-a-current-server",
+                    "A reply from server 2, beside the removed one: forwarded.",
+                    from_server(true, 2, flags::ACK, options::nop_nop_ts(SERVER_TS, 0)).build(),
                 ),
             ],
         },

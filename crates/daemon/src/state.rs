@@ -408,11 +408,12 @@ mod tests {
             // of a client's segment and of a server's reply; fragments to a VIP; UDP, another
             // protocol and an unknown port at a VIP address; a removed server's segment and
             // one from a MAC no server has; a removed server's too short for the straight
-            // line; a server's FIN without a timestamp, a first close or a duplicate.
+            // line; a server's reply on the clients' side; a server's FIN without a
+            // timestamp, a first close or a duplicate.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
                 1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
-                80, 90, 100, 110, 6000, 7000,
+                80, 90, 100, 110, 120, 6000, 7000,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -461,7 +462,7 @@ mod tests {
         assert_eq!(events["syn_retransmissions"], 1012);
         assert_eq!(
             events["dropped"],
-            10105 + 510,
+            10105 + 510 + 120,
             "every kernel drop is a dropped verdict"
         );
         let drops: std::collections::BTreeMap<&str, u64> = counters
@@ -483,7 +484,8 @@ mod tests {
         assert_eq!(drops["vip_port_unknown"], 80);
         assert_eq!(drops["server_removed"], 90 + 110);
         assert_eq!(drops["unknown_server_source"], 100);
-        assert_eq!(drops.values().sum::<u64>(), 10105 + 510);
+        assert_eq!(drops["reply_from_client_side"], 120);
+        assert_eq!(drops.values().sum::<u64>(), 10105 + 510 + 120);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

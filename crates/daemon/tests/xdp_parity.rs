@@ -56,6 +56,10 @@
 //! handled by the kernel the first time they were sent (the replies among them are each
 //! their server's first: the kernel learns its clock).
 //!
+//! Every reply the core forwards is then sent again on the clients' interface, where it can
+//! only be forged: the core drops it as `reply_from_client_side`, and for the required
+//! replies the kernel must too.
+//!
 //! The namespace is the test thread's own (`unshare`), so it and its interfaces go away
 //! with the thread whatever happens; the publisher is given the routes and neighbours of
 //! `/proc/thread-self/net`, since `/proc/net` is the process's first thread's.
@@ -478,7 +482,7 @@ struct CoreRun {
 }
 
 impl CoreRun {
-    fn of(worker: &mut Worker, packet_in: &[u8], now: u64) -> Self {
+    fn of(worker: &mut Worker, packet_in: &[u8], now: u64, ingress: Ingress) -> Self {
         // Per-packet counters only: a worker also counts its merges and reloads.
         let counters: Vec<Counter> = Counter::ALL
             .iter()
@@ -490,7 +494,7 @@ impl CoreRun {
         };
         let before = read(worker);
         let mut frame = packet_in.to_vec();
-        let verdict = worker.process(&mut frame, now, Ingress::ServerSide);
+        let verdict = worker.process(&mut frame, now, ingress);
         let mut counted: Vec<Counter> = counters
             .iter()
             .zip(read(worker).iter().zip(before))
@@ -557,37 +561,39 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
         let main = packets.len() - 1;
         for (n, (what, now, packet_in, expected_verdict)) in packets.iter().enumerate() {
             let packet_in = unhex(packet_in);
-            let mut send = |report: &mut SuiteReport, worker: &mut Worker, what: &str| {
-                // Kernel first, then the core: the order a packet meets them. The core
-                // decides from the shared words as they were before the kernel's run.
-                shared.settle();
-                let kernel = (packet_in.len() >= ETH_HLEN)
-                    .then(|| program.run(topology.servers, &packet_in, &every_id, *now));
-                let kernel_wrote = shared.changed();
-                let after_kernel = shared.copy();
-                shared.restore_settled();
-                let core = CoreRun::of(worker, &packet_in, *now);
-                let words = WordsRun {
-                    kernel_wrote,
-                    differ: shared.core_differences(&after_kernel),
+            let mut send =
+                |report: &mut SuiteReport, worker: &mut Worker, what: &str, ingress: Ingress| {
+                    // Kernel first, then the core: the order a packet meets them. The core
+                    // decides from the shared words as they were before the kernel's run.
+                    shared.settle();
+                    let kernel = (packet_in.len() >= ETH_HLEN)
+                        .then(|| program.run(topology.port(ingress), &packet_in, &every_id, *now));
+                    let kernel_wrote = shared.changed();
+                    let after_kernel = shared.copy();
+                    shared.restore_settled();
+                    let core = CoreRun::of(worker, &packet_in, *now, ingress);
+                    let words = WordsRun {
+                        kernel_wrote,
+                        differ: shared.core_differences(&after_kernel),
+                    };
+                    match &kernel {
+                        Some(kernel) => judge(
+                            report,
+                            next_hops,
+                            topology,
+                            &suite.config,
+                            what,
+                            &packet_in,
+                            kernel,
+                            &words,
+                            &core,
+                        ),
+                        None => report.not_runnable.push(what.to_string()),
+                    }
+                    (kernel, core.verdict, core.frame)
                 };
-                match &kernel {
-                    Some(kernel) => judge(
-                        report,
-                        next_hops,
-                        topology,
-                        &suite.config,
-                        what,
-                        &packet_in,
-                        kernel,
-                        &words,
-                        &core,
-                    ),
-                    None => report.not_runnable.push(what.to_string()),
-                }
-                (kernel, core.verdict, core.frame)
-            };
-            let (kernel, verdict, core_out) = send(&mut report, &mut worker, what);
+            let (kernel, verdict, core_out) =
+                send(&mut report, &mut worker, what, Ingress::ServerSide);
             // The core is the reference only while it still gives the files' answer.
             if verdict_name(verdict) != *expected_verdict
                 || (n == main && hex(&core_out) != vector.packet_out)
@@ -599,7 +605,22 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
                 ));
             }
             if kernel.is_some_and(|k| k.up == [CLOCK]) {
-                send(&mut report, &mut worker, &format!("{what} (again)"));
+                send(
+                    &mut report,
+                    &mut worker,
+                    &format!("{what} (again)"),
+                    Ingress::ServerSide,
+                );
+            }
+            // The same reply again, as if it came from where the clients are: what a
+            // forged one is (the core drops it before it learns anything).
+            if n == main && verdict == Verdict::ToClient {
+                send(
+                    &mut report,
+                    &mut worker,
+                    &format!("{what} {CLIENT_SIDE}"),
+                    Ingress::ClientSide,
+                );
             }
         }
         drop(worker);
@@ -608,15 +629,23 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
     report
 }
 
-/// The vectors of `MUST_BE_HANDLED_IN_KERNEL` this suite has that the kernel did not handle.
+/// How a reply sent again on the clients' side is named in a report.
+const CLIENT_SIDE: &str = "(client side)";
+
+/// The vectors of `MUST_BE_HANDLED_IN_KERNEL` this suite has that the kernel did not handle;
+/// the replies among them also as sent on the clients' side (dropped in the kernel).
 fn not_handled(suite: &Suite, report: &SuiteReport) -> Option<(Vec<String>, Vec<String>)> {
     let (_, required) = MUST_BE_HANDLED_IN_KERNEL
         .iter()
         .find(|(mode, _)| *mode == suite.config.mode)?;
     let present: Vec<String> = required
         .iter()
-        .filter(|name| suite.file.vector.iter().any(|v| v.name == **name))
-        .map(|name| format!("{}/{name}", suite.name))
+        .filter_map(|name| suite.file.vector.iter().find(|v| v.name == *name))
+        .flat_map(|v| {
+            let name = format!("{}/{}", suite.name, v.name);
+            let client_side = (v.verdict == "to_client").then(|| format!("{name} {CLIENT_SIDE}"));
+            std::iter::once(name).chain(client_side)
+        })
         .collect();
     let missing = present
         .iter()
@@ -827,7 +856,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     // The SYN (options, none a timestamp): a new connection, placed by the VIP's Maglev
     // table and remembered, in the kernel as in the core.
     let syn_run = kernel.run(topology.servers, &syn, &ids, syn_at);
-    let syn_core = CoreRun::of(&mut reference, &syn, syn_at);
+    let syn_core = CoreRun::of(&mut reference, &syn, syn_at, Ingress::ServerSide);
     let placed = syn_core.verdict;
     assert_kernel_is_core(
         &topology,
@@ -855,7 +884,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     assert_eq!(table.export(now)[0].idle_units, 5);
     // Sent again: the handshake table knows it, the earlier pick's count is released.
     let again = kernel.run(topology.servers, &syn, &ids, syn_at);
-    let again_core = CoreRun::of(&mut reference, &syn, syn_at);
+    let again_core = CoreRun::of(&mut reference, &syn, syn_at, Ingress::ServerSide);
     assert_kernel_is_core(
         &topology,
         &suite.config,
@@ -873,7 +902,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     // Its ACK and its RST: forwarded by the kernel from the core's entry.
     for (what, segment) in [("ACK", &ack), ("RST without ACK", &rst)] {
         let run = kernel.run(topology.servers, segment, &ids, now);
-        let core = CoreRun::of(&mut reference, segment, now);
+        let core = CoreRun::of(&mut reference, segment, now, Ingress::ServerSide);
         assert_eq!(
             core.verdict, placed,
             "{what}: the core routes it by the table"
@@ -901,7 +930,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     let mut stranger = ack.clone();
     stranger[34..36].copy_from_slice(&0x9c41u16.to_be_bytes());
     let run = kernel.run(topology.servers, &stranger, &ids, now);
-    let core = CoreRun::of(&mut reference, &stranger, now);
+    let core = CoreRun::of(&mut reference, &stranger, now, Ingress::ServerSide);
     assert!(core.counted.contains(&Counter::FallbackMisses));
     assert_kernel_is_core(
         &topology,
@@ -918,7 +947,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     bare_syn[34..36].copy_from_slice(&0x9c42u16.to_be_bytes());
     bare_syn[47] = 0x02;
     let run = kernel.run(topology.servers, &bare_syn, &ids, now);
-    let core = CoreRun::of(&mut reference, &bare_syn, now);
+    let core = CoreRun::of(&mut reference, &bare_syn, now, Ingress::ServerSide);
     assert_kernel_is_core(
         &topology,
         &suite.config,
@@ -959,7 +988,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
         syn[34..36].copy_from_slice(&port.to_be_bytes());
         let at = now + n as u64 * (1 << UNIT_SHIFT);
         let run = kernel.run(topology.servers, &syn, &ids, at);
-        let core = CoreRun::of(&mut reference, &syn, at);
+        let core = CoreRun::of(&mut reference, &syn, at, Ingress::ServerSide);
         let (what, stat) = if n < FALLBACK_WAYS {
             (format!("SYN {n} into a set"), STAT_FAST_FALLBACK_SYN)
         } else {
@@ -988,7 +1017,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     )
     .build();
     let run = kernel.run(topology.servers, &syn_ack, &ids, now);
-    let core = CoreRun::of(&mut reference, &syn_ack, now);
+    let core = CoreRun::of(&mut reference, &syn_ack, now, Ingress::ServerSide);
     assert_eq!(
         (run.fast_moved(), &run.up[..]),
         (1, &[][..] as &[&str]),

@@ -14,6 +14,7 @@ use super::xdp::{
     STAT_TO_SOCKET,
 };
 use super::xdp_layout::*;
+use super::xdp_tables::NO_VIP;
 use cheetah_core::cookie::msb::{self, ClockWords, BEYOND_IDLE_LIMIT, COOKIES, KNOWN};
 use cheetah_core::lb::fallback;
 use cheetah_core::types::ServerId;
@@ -306,6 +307,11 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE as usize,
         ),
         ("STAT_SERVER_GENERAL", STAT_SERVER_GENERAL as usize),
+        (
+            "STAT_DROP_REPLY_FROM_CLIENT_SIDE",
+            STAT_DROP_REPLY_FROM_CLIENT_SIDE as usize,
+        ),
+        ("BACKEND_NO_VIP", NO_VIP as usize),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

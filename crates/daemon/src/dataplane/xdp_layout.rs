@@ -121,7 +121,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 42] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 43] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -374,6 +374,7 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 42] = [
     ),
     (STAT_DROP_UNKNOWN_SERVER_SOURCE, &[Counter::Dropped]),
     (STAT_DROP_SERVER_REMOVED_GENERAL, &[Counter::Dropped]),
+    (STAT_DROP_REPLY_FROM_CLIENT_SIDE, &[Counter::Dropped]),
     // A server's FIN without a timestamp: STAT_FAST_SERVER_NO_TIMESTAMP's counters, plus
     // the close `on_server_close` counts.
     (
@@ -479,7 +480,8 @@ pub const STAT_DROP_VIP_PORT_UNKNOWN: u32 = 61;
 /// server has (reply_sender.h).
 pub const STAT_DROP_SERVER_REMOVED: u32 = 62;
 pub const STAT_DROP_UNKNOWN_SERVER_SOURCE: u32 = 63;
-/// A removed server's segment too short for the straight line (no `fast_path`).
+/// A removed server's segment too short for the straight line, and (nat) any late reply
+/// of a removed server: the core's general path (no `fast_path`).
 pub const STAT_DROP_SERVER_REMOVED_GENERAL: u32 = 64;
 /// A server's FIN without a timestamp option in cheetah mode, its close counted as a
 /// stamped one's: the first of its connection, or one already counted.
@@ -491,9 +493,12 @@ pub const STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE: u32 = 66;
 pub const STAT_SERVER_GENERAL: u32 = 67;
 /// The counter one [`STAT_SERVER_GENERAL`] packet takes a count off.
 pub const SERVER_GENERAL: Counter = Counter::FastPath;
+/// A server's reply that arrived on an interface facing the clients, dropped in the kernel
+/// (reply_sender.h).
+pub const STAT_DROP_REPLY_FROM_CLIENT_SIDE: u32 = 68;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
-pub const KERNEL_DROPS: [(u32, DropReason); 15] = [
+pub const KERNEL_DROPS: [(u32, DropReason); 16] = [
     (
         STAT_DROP_TCP_OPTION_TRUNCATED,
         DropReason::TcpOptionTruncated,
@@ -539,9 +544,13 @@ pub const KERNEL_DROPS: [(u32, DropReason); 15] = [
         DropReason::UnknownServerSource,
     ),
     (STAT_DROP_SERVER_REMOVED_GENERAL, DropReason::ServerRemoved),
+    (
+        STAT_DROP_REPLY_FROM_CLIENT_SIDE,
+        DropReason::ReplyFromClientSide,
+    ),
 ];
 
-pub const STAT_COUNT: u32 = 68;
+pub const STAT_COUNT: u32 = 69;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 128;

@@ -72,10 +72,10 @@ pub struct Wanted {
     pub maglev: MaglevTables,
 }
 
-/// A `backend_info.vip_index` that names no VIP (`vips_by_index` has `MAX_VIPS` entries):
-/// an allocated server's (DIP, port) whose replies must still reach userspace, to be
-/// dropped and counted there, but which no VIP claims (a removed server's, or one outside
-/// every pool with that backend port).
+/// A `backend_info.vip_index` that names no VIP (`BACKEND_NO_VIP`; `vips_by_index` has
+/// `MAX_VIPS` entries): an allocated server's (DIP, port) that no VIP claims (a removed
+/// server's, whose late replies the kernel drops as the core does, or one outside every
+/// pool with that backend port, whose replies go up).
 pub const NO_VIP: u16 = u16::MAX;
 
 fn array_key(index: usize) -> Vec<u8> {
