@@ -332,7 +332,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		break;
 	}
 	case KERNEL_POLICY_LEAST_LOADED:
-		if (!least_loaded_decide(state, vip, big, pool_len, &position, &next_rr))
+		if (!least_loaded_decide(state, vip, big, pool_len, seq, &position, &next_rr))
 			return hand_up(STAT_UP_OTHER);
 		break;
 	case KERNEL_POLICY_MAGLEV:

@@ -26,13 +26,22 @@ static __always_inline struct active_load *own_active_row(void)
 // Adds `change` to this CPU's own count of server `id`'s active connections, wherever
 // server_traffic's opened, moved_in or closed move, so that `own` stays their
 // opened + moved_in - closed (ServerTraffic::active_delta), from which userspace's base
-// is computed. Ids beyond the id space have no server_traffic entry either.
+// is computed; and logs the change for least loaded's caches (load_changes). Ids beyond
+// the id space have no server_traffic entry either.
 static __always_inline void add_own_active(__u32 id, __s64 change)
 {
 	struct active_load *row = own_active_row();
+	struct load_changes *log;
+	__u32 zero = 0;
 
-	if (row && id < SERVER_ID_SPACE)
-		row[id].own += change;
+	if (!row || id >= SERVER_ID_SPACE)
+		return;
+	row[id].own += change;
+	log = bpf_map_lookup_elem(&load_changes_cache, &zero);
+	if (log) {
+		log->id[log->seq & (LOAD_CHANGES - 1)] = id;
+		log->seq += 1;
+	}
 }
 
 // A server's counted connections change in server_traffic (opened, moved_in, closed:

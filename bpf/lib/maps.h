@@ -278,6 +278,59 @@ struct {
 	__type(value, struct published_row);
 } published_loads SEC(".maps");
 
+// One word userspace adds 1 to after every change it makes to the loads a pick reads (a
+// fold's bases in active_rows, the published_loads): what least_loaded.h's caches were
+// computed under. Mapped by userspace (xdp.rs load_generation).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} load_generation SEC(".maps");
+
+// The kernel's alone, not pinned (pin.rs, `*_cache`: the caches it serves start empty with
+// the program). This CPU's last LOAD_CHANGES changes of its own active counts
+// (load_view.h add_own_active), by server id: what least_loaded.h's caches have to catch
+// up with.
+#define LOAD_CHANGES 8
+struct load_changes {
+	__u32 seq;               // changes logged, wrapping; the next goes to id[seq % LOAD_CHANGES]
+	__u16 id[LOAD_CHANGES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct load_changes);
+} load_changes_cache SEC(".maps");
+
+// The kernel's alone, not pinned (`*_cache`). Per CPU and direct-mapped by VIP index: what
+// least loaded needs of a pool of at most MAX_HASH_POOL servers to pick in O(1) instead of
+// scanning it (least_loaded.h): the least load, the positions at it and at one more.
+#define LEAST_CACHE_SLOTS 16
+struct least_cached {
+	__u64 min;             // the pool's least load, as view_load gives it
+	__u64 at_min;          // bit i: pool position i's load is min
+	__u64 above_min;       // bit i: position i's load is min + 1 (all such if above_complete)
+	__u64 generation;      // load_generation's word when the slot was filled
+	__u32 vip;             // VIP index + 1 of the slot's pool (0: none)
+	__u32 seq;             // the publish_seq the pool was read under
+	__u32 changes_seen;    // load_changes.seq caught up with
+	__u32 above_complete;
+	// Server id -> its position in the pool as the last fill wrote it; a stale entry is
+	// told by the pool's member at that position.
+	__u8 position_of[SERVER_ID_SPACE];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LEAST_CACHE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct least_cached);
+} least_loaded_cache SEC(".maps");
+
 // This CPU's random generator for the random policy, seeded by userspace.
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

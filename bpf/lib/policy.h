@@ -18,6 +18,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
+#include "least_loaded.h"
 #include "load_view.h"
 #include "maps.h"
 #include "pool.h"
@@ -218,12 +219,14 @@ LEAST_SCAN_STEP(least_scan_published, LOAD_METRIC_PACKETS)
 
 // least_loaded.rs `LeastLoaded::pick`: the scan starts at the cursor's position in the
 // pool, goes round once, and the first least loaded wins; the cursor becomes start + 1
-// (*next). A bpf_loop, as wrr's scan is, of LEAST_SCAN_STRIDE positions a step, over the
-// rows looked up once. 0 if the view has no row for this CPU or the metric.
+// (*next). A pool in vip_info is picked from this CPU's cache of its least loaded
+// positions (least_loaded.h); a bigger one is scanned: a bpf_loop, as wrr's scan is, of
+// LEAST_SCAN_STRIDE positions a step, over the rows looked up once. 0 if the view has no
+// row for this CPU or the metric. `seq`: the publish_seq the pool was read under.
 static __always_inline int least_loaded_decide(const struct policy_state *state,
 					       const struct vip_info *vip,
 					       const struct vip_big_pool *big, __u32 pool_len,
-					       __u32 *position, __u32 *next)
+					       __u32 seq, __u32 *position, __u32 *next)
 {
 	struct least_scan scan = {
 		.vip = vip,
@@ -235,6 +238,8 @@ static __always_inline int least_loaded_decide(const struct policy_state *state,
 	__u32 metric = vip->load_metric;
 	__u32 steps = (pool_len + LEAST_SCAN_STRIDE - 1) / LEAST_SCAN_STRIDE;
 
+	if (!big)
+		return least_loaded_cached(state, vip, pool_len, seq, position, next);
 	scan.best = scan.start;
 	if (!load_view_open(metric, &scan.view))
 		return 0;

@@ -163,6 +163,12 @@ fn handshake_segment(from: End, to: End, flags: u8, seq: u32, ack: u32, tsval: u
     let options = [
         2, 4, 0x05, 0xb4, 4, 2, 8, 10, ts[0], ts[1], ts[2], ts[3], 0, 0, 0, 0, 1, 3, 3, 7,
     ];
+    segment(from, to, flags, seq, ack, &options)
+}
+
+/// A TCP segment from `from` to `to` with `options` (a multiple of 4 bytes), checksums
+/// set.
+fn segment(from: End, to: End, flags: u8, seq: u32, ack: u32, options: &[u8]) -> Vec<u8> {
     let tcp_len = 20 + options.len();
     let mut frame = Vec::new();
     frame.extend_from_slice(&to.mac);
@@ -182,7 +188,7 @@ fn handshake_segment(from: End, to: End, flags: u8, seq: u32, ack: u32, tsval: u
     tcp.push(((tcp_len / 4) as u8) << 4);
     tcp.push(flags);
     tcp.extend_from_slice(&[0xfa, 0xf0, 0, 0, 0, 0]);
-    tcp.extend_from_slice(&options);
+    tcp.extend_from_slice(options);
     let mut pseudo = Vec::new();
     pseudo.extend_from_slice(&from.addr.octets());
     pseudo.extend_from_slice(&to.addr.octets());
@@ -198,6 +204,7 @@ fn handshake_segment(from: End, to: End, flags: u8, seq: u32, ack: u32, tsval: u
 
 const TCP_SYN: u8 = 0x02;
 const TCP_SYN_ACK: u8 = 0x12;
+const TCP_FIN_ACK: u8 = 0x11;
 
 fn vip_end(mac: Mac) -> End {
     End {
@@ -1086,4 +1093,143 @@ fn absurd_published_loads_and_cursors_keep_picks_inside_the_pool() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// least loaded over a pool vip_info holds is picked from a per-CPU cache of the least
+/// loaded positions (bpf/lib/least_loaded.h), which this CPU's own picks and closes and
+/// every change of the published loads move. Through SYNs, retried SYNs, servers' FINs
+/// (each a close: -1 active in both views) and folds (new bases), and then through
+/// publications of new packet rates, the kernel must pick the core's servers, SYN for SYN.
+#[test]
+fn least_loaded_follows_picks_closes_and_folds_as_the_core_does() {
+    if !in_lb_namespace() {
+        return;
+    }
+    let config = config("least-loaded", 12, &[]);
+    let servers = config.servers.len() as u16;
+    let lb = set_up(&config);
+    let mut worker = Worker::new(Arc::clone(lb.core_plane.shared()), lb.worker_config);
+    let mut kernel_loads = KernelLoads::new(Arc::clone(&lb.kernel_plane.shared().loads));
+    pin_to_this_cpu();
+    let msb = 0x0042u32;
+    let clocks: Vec<(ServerId, u32)> = (1..=servers).map(|id| (ServerId(id), msb << 16)).collect();
+    lb.kernel_plane.shared().msb.import(&clocks, 0);
+    lb.core_plane.shared().msb.import(&clocks, 0);
+    let mut now = NOW;
+    // Open connections: (client, isn, server).
+    let mut open: Vec<(End, u32, u16)> = Vec::new();
+    let (mut kernel_picks, mut core_picks) = (Vec::new(), Vec::new());
+    let mut closes = 0;
+    for i in 0..1500u32 {
+        if i % 250 == 249 {
+            // A fold: the kernel's bases move and its caches must fill again; the core's
+            // worker merges the same totals.
+            now += MERGE_INTERVAL;
+            worker.tick(now);
+            kernel_loads
+                .fold(&lb.program, lb.kernel_plane.shared())
+                .unwrap();
+        }
+        // Close about as often as open, in bursts, from anywhere in the open set.
+        let spin = i.wrapping_mul(2_654_435_761);
+        if spin % 7 < 3 {
+            for _ in 0..1 + spin % 3 {
+                if open.is_empty() {
+                    break;
+                }
+                let (client, isn, server) = open.swap_remove((spin as usize >> 8) % open.len());
+                let ts = (msb << 16 | 0x0200).to_be_bytes();
+                let options = [1, 1, 8, 10, ts[0], ts[1], ts[2], ts[3], 0, 0, 0, 1];
+                let to = End {
+                    mac: SERVERS.mac,
+                    ..client
+                };
+                let fin = segment(
+                    vip_end(server_mac(server)),
+                    to,
+                    TCP_FIN_ACK,
+                    7,
+                    isn.wrapping_add(1),
+                    &options,
+                );
+                let (action, _) = lb.program.test_run(&fin, lb.servers_ifindex).unwrap();
+                let mut core_out = fin.clone();
+                let verdict = worker.process(&mut core_out, now, Ingress::ServerSide);
+                assert_eq!(verdict, Verdict::ToClient, "FIN {closes}");
+                assert_eq!(action, XDP_REDIRECT, "FIN {closes}: the kernel took it");
+                closes += 1;
+            }
+        }
+        let client = End {
+            mac: [0x02, 0xaa, 0, 0, 0, 1],
+            addr: Ipv4Addr::new(10, 8, 1 + (i / 250) as u8, (i % 250 + 1) as u8),
+            port: 30_000 + i as u16,
+        };
+        let isn = 0x2000_0000 ^ spin;
+        let frame = syn(client.addr, client.port, isn);
+        // Every 9th SYN is sent twice: the retry releases the first pick's count.
+        for _ in 0..1 + u32::from(i % 9 == 0) {
+            let (action, out) = lb.program.test_run(&frame, lb.servers_ifindex).unwrap();
+            let mut core_out = frame.clone();
+            let verdict = worker.process(&mut core_out, now, Ingress::ServerSide);
+            let Verdict::ToServer(core_pick) = verdict else {
+                panic!("SYN {i}: the core says {verdict:?}");
+            };
+            assert_eq!(action, XDP_TX, "SYN {i} went up");
+            kernel_picks.push(picked(&out, servers));
+            core_picks.push(core_pick.0);
+            open.retain(|(c, ..)| c.port != client.port);
+            open.push((client, isn, core_pick.0));
+        }
+    }
+    assert!(closes > 400, "{closes} closes");
+    assert!(
+        kernel_picks == core_picks,
+        "least-loaded, active connections: the kernel's picks differ from the core's, {}",
+        first_difference(&kernel_picks, &core_picks)
+    );
+
+    // Published packet rates, a new set every 40 SYNs: each publication must reach the
+    // cache (the core's policy reads the same view).
+    let config = config_with("least-loaded", "load_metric = \"packets\"", 12, &[]);
+    let lb = set_up(&config);
+    pin_to_this_cpu();
+    let pool = lb.kernel_plane.shared().snapshot.load().vips[0]
+        .pool
+        .clone();
+    let mut policy = LeastLoaded::new(lb.worker_config.index);
+    let mut rng = PolicyRng::seed_from_u64(lb.worker_config.seed);
+    let (mut kernel_picks, mut core_picks) = (Vec::new(), Vec::new());
+    for round in 0..6u16 {
+        let mut view = LoadView::new();
+        for id in 1..=servers {
+            let rate = f64::from((id * 5 + round * 3) % 7) * 1000.5;
+            view.set_load(ServerId(id), LoadMetric::Packets, rate);
+        }
+        publish(&lb.program, &view, servers);
+        for k in 0..40u32 {
+            let i = u32::from(round) * 40 + k;
+            let client = Ipv4Addr::new(10, 9, 1 + (i / 250) as u8, (i % 250 + 1) as u8);
+            let frame = syn(client, 20_000 + i as u16, 0x3000_0000 ^ i);
+            let (action, out) = lb.program.test_run(&frame, lb.servers_ifindex).unwrap();
+            kernel_picks.push(if action == XDP_TX {
+                picked(&out, servers)
+            } else {
+                0
+            });
+            let mut ctx = PickContext {
+                pool: &pool,
+                flow_hash: 0,
+                loads: &view,
+                rng: &mut rng,
+                now: NOW,
+            };
+            core_picks.push(policy.pick(&mut ctx).unwrap().0);
+        }
+    }
+    assert!(
+        kernel_picks == core_picks,
+        "least-loaded, packet rates: the kernel's picks differ from the core's, {}",
+        first_difference(&kernel_picks, &core_picks)
+    );
 }

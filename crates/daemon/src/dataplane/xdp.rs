@@ -7,7 +7,10 @@
 
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU32, AtomicU64,
+    Ordering::{Relaxed, Release},
+};
 use std::sync::OnceLock;
 
 use cheetah_core::cookie::msb::COOKIES;
@@ -369,7 +372,7 @@ impl SteeringProgram {
     /// active-connection base into its row of `active_rows`, and the published loads, which
     /// are the same for every CPU (`published_loads` in kernel_loads.rs makes them so),
     /// into `published_loads`. Word by word through the mappings, never a word the kernel
-    /// writes (an entry's `own`).
+    /// writes (an entry's `own`); then `load_generation` moves.
     pub fn set_server_load(&self, id: ServerId, per_cpu: &[ServerLoadValue]) -> anyhow::Result<()> {
         let rows = self.load_rows()?;
         let active = rows.active();
@@ -401,6 +404,8 @@ impl SteeringProgram {
         ] {
             published[usize::from(metric)].server[server].store(load, Relaxed);
         }
+        // After the loads: a pick that reads the new generation reads them too.
+        rows.generation.fetch_add(1, Release);
         Ok(())
     }
 
@@ -437,10 +442,12 @@ impl SteeringProgram {
             .context("cannot mmap the XDP program's active_rows map")?;
         let published = MapMemory::of(published.as_fd(), LOAD_METRICS * published_bytes)
             .context("cannot mmap the XDP program's published_loads map")?;
+        let generation = self.mmap_value::<AtomicU64>("load_generation")?;
         Ok(self.load_rows.get_or_init(|| LoadRows {
             active,
             cpus,
             published,
+            generation,
         }))
     }
 
@@ -822,6 +829,9 @@ struct LoadRows {
     active: MapMemory,
     cpus: usize,
     published: MapMemory,
+    /// `load_generation`: moved after every change of the rows, for least loaded's
+    /// per-CPU caches in the kernel (bpf/lib/least_loaded.h) to fill again.
+    generation: &'static AtomicU64,
 }
 
 impl LoadRows {
