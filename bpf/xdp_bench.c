@@ -194,7 +194,7 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 	server = server_at(copy, id);
 	if (!server || !(server->flags & SERVER_FORWARDS))
 		return XDP_ABORTED;
-	if (!cookie_restore(&msb_restores, unmasked, &restored))
+	if (cookie_restore(&msb_restores, unmasked, &restored) != COOKIE_RESTORED)
 		return XDP_ABORTED;
 	if (!(server->flags & SERVER_EGRESS))
 		return XDP_ABORTED;

@@ -215,6 +215,13 @@ enum xdp_stat {
 	// current backend) that arrived on an interface facing the clients: forged, dropped
 	// in the kernel as the core drops it (`dropped`, `reply_from_client_side`).
 	STAT_DROP_REPLY_FROM_CLIENT_SIDE,
+	// cheetah mode: a client's segment whose cookie routes nowhere, dropped in the kernel
+	// as the core's cookie stage drops it (FastPath, OptionsFastPath, `dropped` and the
+	// reason: `cookie_unknown_server`, `cookie_server_removed`, `ts_msb_unknown`; a walked
+	// timestamp also counts STAT_OPTIONS_WALKED). A forged-cookie flood stays in the kernel.
+	STAT_DROP_COOKIE_UNKNOWN_SERVER,
+	STAT_DROP_COOKIE_SERVER_REMOVED,
+	STAT_DROP_TS_MSB_UNKNOWN,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which
@@ -457,6 +464,7 @@ struct handshake_words {
 // Value of the servers array, indexed by server id.
 #define SERVER_FORWARDS (1u << 0) // its cookies route and replies are taken (SlotState::forwards)
 #define SERVER_EGRESS (1u << 1)   // egress_ifindex and both MACs are resolved
+#define SERVER_REMOVED (1u << 2)  // retired (SlotState::Removed): not allocated if unset
 struct server_info {
 	__u32 flags;
 	__u32 dip; // network byte order

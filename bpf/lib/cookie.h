@@ -68,12 +68,16 @@ static __always_inline __u32 cookie_server(struct cookie_layout layout, __u16 un
 	return unmasked & layout.id_mask & (SERVER_ID_SPACE - 1);
 }
 
+// cookie_restore's answers.
+#define COOKIE_RESTORED 1
+#define COOKIE_CLOCK_UNKNOWN 0 // the core drops the echo (`ts_msb_unknown`)
+#define COOKIE_FOR_THE_CORE -1 // beyond the idle limit, which the core counts; or no map
+
 // `MsbTable::restore_unmasked` for the straight line: the two bytes that replace the
 // echoed cookie (the restored MSB, as it lies in the packet: the entry keeps it in network
-// order), read from `restores`, an msb_restores-shaped map (one entry: every word). 0 when
-// the clock is unknown;
-// also 0 beyond the idle limit, which the core counts (`echoes_beyond_idle_limit`): the
-// kernel leaves such an echo to it.
+// order), read from `restores`, an msb_restores-shaped map (one entry: every word).
+// COOKIE_RESTORED, COOKIE_CLOCK_UNKNOWN, or COOKIE_FOR_THE_CORE beyond the idle limit
+// (`echoes_beyond_idle_limit`): the kernel leaves such an echo to the core.
 static __always_inline int cookie_restore(void *restores, __u16 unmasked, __u16 *restored)
 {
 	__u32 zero = 0;
@@ -81,12 +85,14 @@ static __always_inline int cookie_restore(void *restores, __u16 unmasked, __u16 
 	__u32 word;
 
 	if (!words)
-		return 0;
+		return COOKIE_FOR_THE_CORE;
 	word = words->word[unmasked];
-	if ((word & (MSB_KNOWN | MSB_BEYOND_IDLE_LIMIT)) != MSB_KNOWN)
-		return 0;
+	if (!(word & MSB_KNOWN))
+		return COOKIE_CLOCK_UNKNOWN;
+	if (word & MSB_BEYOND_IDLE_LIMIT)
+		return COOKIE_FOR_THE_CORE;
 	*restored = (__u16)word;
-	return 1;
+	return COOKIE_RESTORED;
 }
 
 // `MsbTable::learn`'s first test: a reply whose MSB is the newest seen, or the one before

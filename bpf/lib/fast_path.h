@@ -384,23 +384,37 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 
 // cookie_stage.rs `route_by_cookie`: the server an echoed cookie (`echoed`, the 16 bits
 // as a number) of the connection with hash `hash` names, with its id and the MSB the echo
-// restores to. NULL when the kernel leaves the packet to userspace, having counted why:
-// no forwarding server, an unknown clock or an echo beyond the idle limit (`cookie`), or
-// no resolved egress (`next_hop`). Client segments and ICMP errors decode alike.
+// restores to. NULL when the kernel does not route it: either with *drop the STAT_DROP_*
+// entry of the core's reason, nothing counted yet (a cookie naming a server that is not
+// allocated or was removed, or a clock the LB does not know), or, *drop 0, left to
+// userspace, having counted why: an echo beyond the idle limit (`cookie`), or no resolved
+// egress (`next_hop`). Client segments and ICMP errors decode alike.
 static __always_inline struct server_info *route_by_cookie(__u32 copy, struct cookie_layout layout,
 							   __u16 echoed, __u64 hash, __u32 *id,
-							   __u16 *restored)
+							   __u16 *restored, __u32 *drop)
 {
 	__u16 unmasked = cookie_unmask(layout, echoed, hash);
 	struct server_info *server;
+	int restore;
 
+	*drop = 0;
 	*id = cookie_server(layout, unmasked);
 	server = server_at(copy, *id);
-	if (!server || !(server->flags & SERVER_FORWARDS)) {
+	if (!server) {
 		hand_up(STAT_UP_COOKIE);
 		return NULL;
 	}
-	if (!cookie_restore(&msb_restores, unmasked, restored)) {
+	if (!(server->flags & SERVER_FORWARDS)) {
+		*drop = server->flags & SERVER_REMOVED ? STAT_DROP_COOKIE_SERVER_REMOVED :
+							 STAT_DROP_COOKIE_UNKNOWN_SERVER;
+		return NULL;
+	}
+	restore = cookie_restore(&msb_restores, unmasked, restored);
+	if (restore == COOKIE_CLOCK_UNKNOWN) {
+		*drop = STAT_DROP_TS_MSB_UNKNOWN;
+		return NULL;
+	}
+	if (restore != COOKIE_RESTORED) {
 		hand_up(STAT_UP_COOKIE);
 		return NULL;
 	}
@@ -426,7 +440,8 @@ static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_
 	struct server_info *server;
 	__u8 *option = timestamp_option_at(ctx, p, at);
 	__u16 restored = 0;
-	__u32 id;
+	__u32 id, drop;
+	int action;
 	// The VIP's side of the id was hashed by userspace (the packet's destination is the
 	// VIP's address and port: that is how it was found).
 	__u64 hash = siphash_finish(hash_prefix, p->ip->saddr, p->tcp->source);
@@ -436,9 +451,17 @@ static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_
 	// The cookie is TSecr's high half.
 	server = route_by_cookie(config->copy, layout_of(config),
 				 bpf_ntohs(*(__be16 *)(option + TCP_TIMESTAMP_TSECR)), hash, &id,
-				 &restored);
-	if (!server)
-		return LB_HAND_UP;
+				 &restored, &drop);
+	if (!server) {
+		// A cookie that routes nowhere (forged, or of a removed server or an unknown
+		// clock): dropped as the core drops it, its cookie stage's counts first.
+		if (!drop)
+			return LB_HAND_UP;
+		action = drop_by_tables(seq, drop);
+		if (action == XDP_DROP)
+			count_options_walked(walked);
+		return action;
+	}
 	to.server = *server;
 	to.id = id;
 	to.forwarding = config->forwarding;

@@ -142,7 +142,7 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	int nat, at;
 	__u8 *option, *tsval;
 	__be32 tsval_be;
-	__u32 total_len, quote_len, id, old_tsval, new_tsval;
+	__u32 total_len, quote_len, id, old_tsval, new_tsval, drop;
 	__u16 restored;
 	__u64 hash;
 
@@ -217,11 +217,13 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	hash = siphash_finish(vip->hash_prefix, quoted_ip->daddr, quoted_tcp->dest);
 	__builtin_memcpy(&tsval_be, tsval, sizeof(tsval_be));
 	old_tsval = bpf_ntohl(tsval_be);
-	// An unknown clock (the core then routes without restoring) or one beyond the idle
-	// limit (which the core counts) is the core's.
-	server = route_by_cookie(config->copy, layout, old_tsval >> 16, hash, &id, &restored);
+	// A cookie naming no forwarding server, an unknown clock (the core then routes
+	// without restoring) or one beyond the idle limit (which the core counts) is the
+	// core's.
+	server = route_by_cookie(config->copy, layout, old_tsval >> 16, hash, &id, &restored,
+				 &drop);
 	if (!server)
-		return LB_HAND_UP;
+		return drop ? hand_up(STAT_UP_COOKIE) : LB_HAND_UP;
 	target = *server;
 	vip_port = vip->port;
 	backend_port = vip->backend_port;

@@ -409,11 +409,12 @@ mod tests {
             // protocol and an unknown port at a VIP address; a removed server's segment and
             // one from a MAC no server has; a removed server's too short for the straight
             // line; a server's reply on the clients' side; a server's FIN without a
-            // timestamp, a first close or a duplicate.
+            // timestamp, a first close or a duplicate; a cookie naming an unknown server,
+            // a removed one, an unknown clock.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
                 1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
-                80, 90, 100, 110, 120, 6000, 7000,
+                80, 90, 100, 110, 120, 6000, 7000, 130, 140, 150,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -445,13 +446,13 @@ mod tests {
         );
         assert_eq!(
             events["fast_path"],
-            680 + 1024 + 2048 + 100 + 90 + 13000 - 3,
-            "+ the server replies dropped (malformed options, a removed server's) + FINs without timestamps - the general path's"
+            680 + 1024 + 2048 + 100 + 90 + 13000 + 420 - 3,
+            "+ the server replies dropped (malformed options, a removed server's) + FINs without timestamps + cookies routing nowhere - the general path's"
         );
         assert_eq!(events["resets_without_timestamp"], 2048 + 8192);
         assert_eq!(events["cookie_routed"], 10 + 256);
         assert_eq!(events["cookies_inserted"], 514);
-        assert_eq!(events["options_fast_path"], 1624 - 9);
+        assert_eq!(events["options_fast_path"], 1624 + 420 - 9);
         assert_eq!(events["handshake_count_moved"], 128);
         assert_eq!(events["server_closes"], 118 + 6000);
         assert_eq!(events["duplicate_closes"], 230 + 7000);
@@ -462,7 +463,7 @@ mod tests {
         assert_eq!(events["syn_retransmissions"], 1012);
         assert_eq!(
             events["dropped"],
-            10105 + 510 + 120,
+            10105 + 510 + 120 + 420,
             "every kernel drop is a dropped verdict"
         );
         let drops: std::collections::BTreeMap<&str, u64> = counters
@@ -485,7 +486,10 @@ mod tests {
         assert_eq!(drops["server_removed"], 90 + 110);
         assert_eq!(drops["unknown_server_source"], 100);
         assert_eq!(drops["reply_from_client_side"], 120);
-        assert_eq!(drops.values().sum::<u64>(), 10105 + 510 + 120);
+        assert_eq!(drops["cookie_unknown_server"], 130);
+        assert_eq!(drops["cookie_server_removed"], 140);
+        assert_eq!(drops["ts_msb_unknown"], 150);
+        assert_eq!(drops.values().sum::<u64>(), 10105 + 510 + 120 + 420);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

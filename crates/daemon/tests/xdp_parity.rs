@@ -191,6 +191,10 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-removed",
             "server-removed-rst",
             "unknown-server-source",
+            // A cookie that routes nowhere: dropped in the kernel under the core's reason.
+            "forged-cookie",
+            "msb-unknown",
+            "cookie-server-removed",
         ],
     ),
     (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),

@@ -312,6 +312,18 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_DROP_REPLY_FROM_CLIENT_SIDE as usize,
         ),
         ("BACKEND_NO_VIP", NO_VIP as usize),
+        (
+            "STAT_DROP_COOKIE_UNKNOWN_SERVER",
+            STAT_DROP_COOKIE_UNKNOWN_SERVER as usize,
+        ),
+        (
+            "STAT_DROP_COOKIE_SERVER_REMOVED",
+            STAT_DROP_COOKIE_SERVER_REMOVED as usize,
+        ),
+        (
+            "STAT_DROP_TS_MSB_UNKNOWN",
+            STAT_DROP_TS_MSB_UNKNOWN as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (
@@ -349,6 +361,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("LB_FORWARDING_NAT", LB_FORWARDING_NAT as usize),
         ("SERVER_FORWARDS", SERVER_FORWARDS as usize),
         ("SERVER_EGRESS", SERVER_EGRESS as usize),
+        ("SERVER_REMOVED", SERVER_REMOVED as usize),
         // The kernel reads the core's clock words as they are: the flags are the core's.
         ("MSB_KNOWN", KNOWN as usize),
         ("MSB_BEYOND_IDLE_LIMIT", BEYOND_IDLE_LIMIT as usize),

@@ -69,6 +69,9 @@ pub const HANDSHAKE_RETRY_SLOTS: usize = 1 << 12;
 
 pub const SERVER_FORWARDS: u32 = 1 << 0;
 pub const SERVER_EGRESS: u32 = 1 << 1;
+/// `server_info.flags`: a removed server's entry (SlotState::Removed), which tells its
+/// cookies (`cookie_server_removed`) from those of an id never allocated.
+pub const SERVER_REMOVED: u32 = 1 << 2;
 
 /// Indices of the per-CPU `stats` array after the steering counters (`enum xdp_stat`):
 /// packets the kernel handled, one per core bundle (`cheetah_core::lb::Bundle`).
@@ -121,7 +124,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 43] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 46] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -394,6 +397,30 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 43] = [
             Counter::ToClient,
             Counter::DuplicateCloses,
         ],
+    ), // A cookie that routes nowhere: the cookie stage's counts, then the drop.
+    (
+        STAT_DROP_COOKIE_UNKNOWN_SERVER,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::Dropped,
+        ],
+    ),
+    (
+        STAT_DROP_COOKIE_SERVER_REMOVED,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::Dropped,
+        ],
+    ),
+    (
+        STAT_DROP_TS_MSB_UNKNOWN,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::Dropped,
+        ],
     ),
 ];
 
@@ -496,9 +523,14 @@ pub const SERVER_GENERAL: Counter = Counter::FastPath;
 /// A server's reply that arrived on an interface facing the clients, dropped in the kernel
 /// (reply_sender.h).
 pub const STAT_DROP_REPLY_FROM_CLIENT_SIDE: u32 = 68;
+/// A client segment whose cookie routes nowhere (fast_path.h route_by_cookie), dropped in
+/// the kernel: it names an id no server has, a removed server, or an unknown clock.
+pub const STAT_DROP_COOKIE_UNKNOWN_SERVER: u32 = 69;
+pub const STAT_DROP_COOKIE_SERVER_REMOVED: u32 = 70;
+pub const STAT_DROP_TS_MSB_UNKNOWN: u32 = 71;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
-pub const KERNEL_DROPS: [(u32, DropReason); 16] = [
+pub const KERNEL_DROPS: [(u32, DropReason); 19] = [
     (
         STAT_DROP_TCP_OPTION_TRUNCATED,
         DropReason::TcpOptionTruncated,
@@ -548,9 +580,18 @@ pub const KERNEL_DROPS: [(u32, DropReason); 16] = [
         STAT_DROP_REPLY_FROM_CLIENT_SIDE,
         DropReason::ReplyFromClientSide,
     ),
+    (
+        STAT_DROP_COOKIE_UNKNOWN_SERVER,
+        DropReason::CookieUnknownServer,
+    ),
+    (
+        STAT_DROP_COOKIE_SERVER_REMOVED,
+        DropReason::CookieServerRemoved,
+    ),
+    (STAT_DROP_TS_MSB_UNKNOWN, DropReason::TsMsbUnknown),
 ];
 
-pub const STAT_COUNT: u32 = 69;
+pub const STAT_COUNT: u32 = 72;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 128;

@@ -279,10 +279,10 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             continue;
         }
         let mut info = ServerInfo {
-            flags: if slot.state.forwards() {
-                SERVER_FORWARDS
-            } else {
-                0
+            flags: match slot.state {
+                _ if slot.state.forwards() => SERVER_FORWARDS,
+                SlotState::Removed => SERVER_REMOVED,
+                _ => 0,
             },
             dip: slot.dip.to_be_bytes(),
             ..ServerInfo::default()
