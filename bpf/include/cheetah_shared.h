@@ -204,13 +204,15 @@ enum xdp_stat {
 	// server_traffic.closed went up) or `duplicate_closes`.
 	STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE,
 	STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE,
-	// fin. Counted beside the entry of a server segment whose TCP header is too short for
-	// the straight line (20, 24 or 28 bytes: a FIN without options, a SYN-ACK with only
-	// MSS) where that entry stands for the straight line's FastPath
-	// (STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE, _DUPLICATE_CLOSE,
-	// STAT_FAST_SERVER_FALLBACK_LEARNED, _EVICTED): the core's general path took it, which
-	// counts no FastPath (metrics take one off). One entry, not a _GENERAL twin of each.
-	STAT_SERVER_GENERAL,
+	// fin. Counted beside the entry of a segment the core's general path took, which counts
+	// no FastPath, where that entry stands for the straight line's FastPath (metrics take
+	// one off): a server segment whose TCP header is too short for the straight line (20,
+	// 24 or 28 bytes: a FIN without options, a SYN-ACK with only MSS;
+	// STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE, _DUPLICATE_CLOSE,
+	// STAT_FAST_SERVER_FALLBACK_LEARNED, _EVICTED), and a client segment whose walked
+	// timestamp's cookie routes nowhere (STAT_DROP_COOKIE_*, STAT_DROP_TS_MSB_UNKNOWN). One
+	// entry, not a _GENERAL twin of each.
+	STAT_GENERAL_PATH,
 	// A server's reply (l2: from a server's MAC and a VIP's address and port; nat: from a
 	// current backend) that arrived on an interface facing the clients: forged, dropped
 	// in the kernel as the core drops it (`dropped`, `reply_from_client_side`).
@@ -218,7 +220,8 @@ enum xdp_stat {
 	// cheetah mode: a client's segment whose cookie routes nowhere, dropped in the kernel
 	// as the core's cookie stage drops it (FastPath, OptionsFastPath, `dropped` and the
 	// reason: `cookie_unknown_server`, `cookie_server_removed`, `ts_msb_unknown`; a walked
-	// timestamp also counts STAT_OPTIONS_WALKED). A forged-cookie flood stays in the kernel.
+	// timestamp, which the core's general path took, also counts STAT_OPTIONS_WALKED and
+	// STAT_GENERAL_PATH). A forged-cookie flood stays in the kernel.
 	STAT_DROP_COOKIE_UNKNOWN_SERVER,
 	STAT_DROP_COOKIE_SERVER_REMOVED,
 	STAT_DROP_TS_MSB_UNKNOWN,

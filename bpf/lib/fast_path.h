@@ -458,8 +458,11 @@ static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_
 		if (!drop)
 			return LB_HAND_UP;
 		action = drop_by_tables(seq, drop);
-		if (action == XDP_DROP)
-			count_options_walked(walked);
+		// A walked timestamp is the core's general path, which counts no fast_path.
+		if (action == XDP_DROP && walked) {
+			count(STAT_OPTIONS_WALKED);
+			count(STAT_GENERAL_PATH);
+		}
 		return action;
 	}
 	to.server = *server;
@@ -742,14 +745,14 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		// This entry, and the unstamped close's, have no _GENERAL twin: they stand
 		// for the straight line's FastPath, which the general path does not count.
 		if (general)
-			count(STAT_SERVER_GENERAL);
+			count(STAT_GENERAL_PATH);
 	} else if (cheetah && without_timestamp && is_close && cold) {
 		if (first_close)
 			close_record(&cold->close);
 		stat = first_close ? STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE :
 				     STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE;
 		if (general)
-			count(STAT_SERVER_GENERAL);
+			count(STAT_GENERAL_PATH);
 	} else if (cheetah && without_timestamp) {
 		if (tcp_flags(p->tcp) & TCP_RST)
 			stat = general ? STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL :

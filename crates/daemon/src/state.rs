@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::clock::{unix_ms, Clock};
 use crate::dataplane::xdp::SteeringStats;
 use crate::dataplane::xdp_layout::{
-    FAST_BUNDLES, FAST_EVENTS, KERNEL_DROPS, OPTIONS_WALKED, SERVER_GENERAL, UP_REASONS,
+    FAST_BUNDLES, FAST_EVENTS, GENERAL_PATH, KERNEL_DROPS, OPTIONS_WALKED, UP_REASONS,
 };
 use crate::dataplane::IoCounters;
 use crate::fallback_state;
@@ -67,7 +67,7 @@ pub struct SteeringCounters {
     pub options_walked: AtomicU64,
     /// Server segments the kernel handled that the core's general path takes (no
     /// `fast_path`), beside an entry that stands for one.
-    pub server_general: AtomicU64,
+    pub general_path: AtomicU64,
     /// The in-kernel path is on: its packets are reported as a worker of their own.
     pub fast_path: AtomicBool,
     fast: [AtomicU64; FAST_BUNDLES.len()],
@@ -88,7 +88,7 @@ impl Default for SteeringCounters {
             next_hop_cache_miss: zero(),
             reply_by_steering: zero(),
             options_walked: zero(),
-            server_general: zero(),
+            general_path: zero(),
             fast_path: AtomicBool::new(false),
             fast: std::array::from_fn(|_| zero()),
             up: std::array::from_fn(|_| zero()),
@@ -110,7 +110,7 @@ impl SteeringCounters {
         self.reply_by_steering
             .store(stats.reply_by_steering, Relaxed);
         self.options_walked.store(stats.options_walked, Relaxed);
-        self.server_general.store(stats.server_general, Relaxed);
+        self.general_path.store(stats.general_path, Relaxed);
         for (cell, value) in self.fast.iter().zip(stats.fast) {
             cell.store(value, Relaxed);
         }
@@ -149,8 +149,8 @@ impl SteeringCounters {
                 total
             };
             // A general-path packet's entry stands for the straight line's `fast_path`.
-            let total = if *counter == SERVER_GENERAL {
-                total.wrapping_sub(self.server_general.load(Relaxed))
+            let total = if *counter == GENERAL_PATH {
+                total.wrapping_sub(self.general_path.load(Relaxed))
             } else {
                 total
             };
@@ -419,7 +419,7 @@ mod tests {
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
             // Of those counted under fast_path, 3 took the core's general path.
-            server_general: 3,
+            general_path: 3,
             ..SteeringStats::default()
         };
         counters.store(&stats);

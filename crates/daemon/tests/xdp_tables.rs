@@ -19,8 +19,9 @@ use cheetah_daemon::dataplane::vip_slots;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
     Encode, MaglevChunk, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, PUBLISH_COPIES,
-    STAT_DROP_VIP_PORT_UNKNOWN, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK,
-    STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_COOKIE, STAT_UP_OTHER, VIP_SLOTS,
+    STAT_DROP_TS_MSB_UNKNOWN, STAT_DROP_VIP_PORT_UNKNOWN, STAT_FAST_CLIENT_COOKIE,
+    STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_OTHER,
+    VIP_SLOTS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::{MapCore, MapFlags};
@@ -84,10 +85,14 @@ fn the_kernel_forwards_by_the_published_tables_and_the_shared_clock() {
 
     let mut publisher = Publisher::new();
     publish(&program, &plane, &mut publisher, true);
-    let unknown = stat(&program, STAT_UP_COOKIE);
-    let (_, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
-    assert_eq!(bytes, frame, "an unknown clock: handed up unchanged");
-    assert_eq!(stat(&program, STAT_UP_COOKIE), unknown + 1);
+    let unknown = stat(&program, STAT_DROP_TS_MSB_UNKNOWN);
+    let (action, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
+    assert_eq!(
+        (action, bytes == frame),
+        (XDP_DROP, true),
+        "an unknown clock: dropped as the core drops it (ts_msb_unknown)"
+    );
+    assert_eq!(stat(&program, STAT_DROP_TS_MSB_UNKNOWN), unknown + 1);
 
     // A reply teaches the core's table; the kernel reads the same words.
     shared

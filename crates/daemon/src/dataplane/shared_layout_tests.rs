@@ -306,7 +306,7 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE",
             STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE as usize,
         ),
-        ("STAT_SERVER_GENERAL", STAT_SERVER_GENERAL as usize),
+        ("STAT_GENERAL_PATH", STAT_GENERAL_PATH as usize),
         (
             "STAT_DROP_REPLY_FROM_CLIENT_SIDE",
             STAT_DROP_REPLY_FROM_CLIENT_SIDE as usize,
@@ -329,7 +329,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         (
             "STAT_COUNT",
             // The event counters: STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING,
-            // STAT_NEXT_HOP_CACHE_MISS, STAT_OPTIONS_WALKED and STAT_SERVER_GENERAL.
+            // STAT_NEXT_HOP_CACHE_MISS, STAT_OPTIONS_WALKED and STAT_GENERAL_PATH.
             stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 5 + FAST_EVENTS.len(),
         ),
         ("STAT_SLOTS", STAT_SLOTS as usize),

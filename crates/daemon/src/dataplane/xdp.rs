@@ -29,8 +29,8 @@ use super::xdp_layout::{
     ActiveRow, Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, PublishedRow,
     ServerInfo, ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, LOAD_METRICS,
     LOAD_METRIC_BYTES, LOAD_METRIC_PACKETS, LOAD_METRIC_REPORTED, PUBLISH_COPIES, SERVER_FORWARDS,
-    SERVER_ID_SPACE, STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_OPTIONS_WALKED,
-    STAT_REPLY_BY_STEERING, STAT_SERVER_GENERAL, UP_REASONS,
+    SERVER_ID_SPACE, STAT_GENERAL_PATH, STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS,
+    STAT_OPTIONS_WALKED, STAT_REPLY_BY_STEERING, UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -86,8 +86,8 @@ pub struct SteeringStats {
     pub reply_by_steering: u64,
     /// Packets handled whose timestamp the options' walk found (`STAT_OPTIONS_WALKED`).
     pub options_walked: u64,
-    /// Server segments handled that the core's general path takes (`STAT_SERVER_GENERAL`).
-    pub server_general: u64,
+    /// Server segments handled that the core's general path takes (`STAT_GENERAL_PATH`).
+    pub general_path: u64,
 }
 
 // By hand: `events` is longer than the arrays std derives `Default` for.
@@ -105,7 +105,7 @@ impl Default for SteeringStats {
             next_hop_cache_miss: 0,
             reply_by_steering: 0,
             options_walked: 0,
-            server_general: 0,
+            general_path: 0,
         }
     }
 }
@@ -667,7 +667,7 @@ impl SteeringProgram {
             next_hop_cache_miss: sum(STAT_NEXT_HOP_CACHE_MISS),
             reply_by_steering: sum(STAT_REPLY_BY_STEERING),
             options_walked: sum(STAT_OPTIONS_WALKED),
-            server_general: sum(STAT_SERVER_GENERAL),
+            general_path: sum(STAT_GENERAL_PATH),
         }
     }
 

@@ -514,12 +514,13 @@ pub const STAT_DROP_SERVER_REMOVED_GENERAL: u32 = 64;
 /// stamped one's: the first of its connection, or one already counted.
 pub const STAT_FAST_SERVER_NO_TIMESTAMP_CLOSE: u32 = 65;
 pub const STAT_FAST_SERVER_NO_TIMESTAMP_DUPLICATE_CLOSE: u32 = 66;
-/// Counted beside the `STAT_FAST_*` entry of a server segment whose TCP header is too
-/// short for the straight line, where that entry stands for `fast_path`: the core's
-/// general path took it, which counts none ([`SERVER_GENERAL`]).
-pub const STAT_SERVER_GENERAL: u32 = 67;
-/// The counter one [`STAT_SERVER_GENERAL`] packet takes a count off.
-pub const SERVER_GENERAL: Counter = Counter::FastPath;
+/// Counted beside the entry of a segment the core's general path took, which counts no
+/// `fast_path`, where that entry stands for the straight line's ([`GENERAL_PATH`]): a
+/// server segment whose TCP header is too short for the straight line, a client segment
+/// whose walked timestamp's cookie routes nowhere.
+pub const STAT_GENERAL_PATH: u32 = 67;
+/// The counter one [`STAT_GENERAL_PATH`] packet takes a count off.
+pub const GENERAL_PATH: Counter = Counter::FastPath;
 /// A server's reply that arrived on an interface facing the clients, dropped in the kernel
 /// (reply_sender.h).
 pub const STAT_DROP_REPLY_FROM_CLIENT_SIDE: u32 = 68;

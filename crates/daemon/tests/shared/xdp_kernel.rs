@@ -98,10 +98,9 @@ pub struct KernelRun {
     /// `STAT_OPTIONS_WALKED` moved: the options' walk found the timestamp its
     /// `STAT_FAST_*` entry stands for a compare's find of (`xdp_layout::OPTIONS_WALKED`).
     pub options_walked: bool,
-    /// `STAT_SERVER_GENERAL` moved: the core's general path took the server segment its
-    /// `STAT_FAST_*` entry stands for a straight line's `fast_path` of
-    /// (`xdp_layout::SERVER_GENERAL`).
-    pub server_general: bool,
+    /// `STAT_GENERAL_PATH` moved: the core's general path took the segment whose entry
+    /// stands for a straight line's `fast_path` (`xdp_layout::GENERAL_PATH`).
+    pub general_path: bool,
 }
 
 impl KernelRun {
@@ -115,7 +114,7 @@ impl KernelRun {
                     .map(|&i| format!("{:?}", FAST_EVENTS[i].1)),
             )
             .chain(self.options_walked.then(|| "OptionsWalked".to_string()))
-            .chain(self.server_general.then(|| "ServerGeneral".to_string()))
+            .chain(self.general_path.then(|| "GeneralPath".to_string()))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -171,14 +170,14 @@ impl KernelRun {
                 None => counted.push(compared),
             }
         }
-        if self.server_general {
+        if self.general_path {
             // Only an entry that stands for the straight line's count can take it off:
             // otherwise the kernel counted one more than it stands for.
-            match counted.iter().position(|c| *c == SERVER_GENERAL) {
+            match counted.iter().position(|c| *c == GENERAL_PATH) {
                 Some(at) => {
                     counted.remove(at);
                 }
-                None => counted.push(SERVER_GENERAL),
+                None => counted.push(GENERAL_PATH),
             }
         }
         counted.sort_by_key(|c| *c as u8);
@@ -467,7 +466,7 @@ impl Kernel {
             next_hop_miss: stats_after.next_hop_miss != stats_before.next_hop_miss,
             reply_by_steering: stats_after.reply_by_steering != stats_before.reply_by_steering,
             options_walked: stats_after.options_walked != stats_before.options_walked,
-            server_general: stats_after.server_general != stats_before.server_general,
+            general_path: stats_after.general_path != stats_before.general_path,
         }
     }
 }
