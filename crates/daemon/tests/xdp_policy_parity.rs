@@ -37,7 +37,8 @@ use cheetah_core::policy::least_loaded::LeastLoaded;
 use cheetah_core::policy::pow2::PowerOfTwo;
 use cheetah_core::policy::schedule::Schedule;
 use cheetah_core::policy::{
-    LoadMetric, LoadView, PickContext, Policy, PolicyRng, ReportedLoad, WorkerLoads, MERGE_INTERVAL,
+    LoadMetric, LoadView, PickContext, Policy, PolicyRng, PoolSnapshot, ReportedLoad, WorkerLoads,
+    MERGE_INTERVAL,
 };
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{Mac, ServerId};
@@ -791,7 +792,12 @@ fn publish(program: &SteeringProgram, view: &LoadView, n: u16) {
 
 /// The servers the kernel picked for client SYNs 0..count (0: it went up).
 fn kernel_picks(lb: &Lb, servers: u16, count: u32) -> Vec<u16> {
-    (0..count)
+    kernel_picks_of(lb, servers, 0..count)
+}
+
+/// The servers the kernel picked for the SYNs of `clients` (0: it went up).
+fn kernel_picks_of(lb: &Lb, servers: u16, clients: std::ops::Range<u32>) -> Vec<u16> {
+    clients
         .map(|i| {
             let (action, out) = lb
                 .program
@@ -804,6 +810,23 @@ fn kernel_picks(lb: &Lb, servers: u16, count: u32) -> Vec<u16> {
             }
         })
         .collect()
+}
+
+/// The core's pick of `policy` over `pool` under `view`'s loads.
+fn core_pick(
+    policy: &mut dyn Policy,
+    pool: &PoolSnapshot,
+    view: &LoadView,
+    rng: &mut PolicyRng,
+) -> ServerId {
+    let mut ctx = PickContext {
+        pool,
+        flow_hash: 0,
+        loads: view,
+        rng,
+        now: NOW,
+    };
+    policy.pick(&mut ctx).unwrap()
 }
 
 #[test]
@@ -862,14 +885,7 @@ fn kernel_load_aware_policies_pick_the_cores_servers_given_the_same_loads() {
         let kernel = kernel_picks(&lb, servers, CLIENTS_COUNT);
         let mut core = Vec::new();
         for _ in 0..CLIENTS_COUNT {
-            let mut ctx = PickContext {
-                pool: &pool,
-                flow_hash: 0,
-                loads: &view,
-                rng: &mut rng,
-                now: NOW,
-            };
-            let id = policy.pick(&mut ctx).unwrap();
+            let id = core_pick(policy.as_mut(), &pool, &view, &mut rng);
             let active = view.active_connections(id) as f64;
             view.set_load(id, LoadMetric::ActiveConnections, active + 1.0);
             core.push(id.0);
@@ -1207,24 +1223,10 @@ fn least_loaded_follows_picks_closes_and_folds_as_the_core_does() {
             view.set_load(ServerId(id), LoadMetric::Packets, rate);
         }
         publish(&lb.program, &view, servers);
-        for k in 0..40u32 {
-            let i = u32::from(round) * 40 + k;
-            let client = Ipv4Addr::new(10, 9, 1 + (i / 250) as u8, (i % 250 + 1) as u8);
-            let frame = syn(client, 20_000 + i as u16, 0x3000_0000 ^ i);
-            let (action, out) = lb.program.test_run(&frame, lb.servers_ifindex).unwrap();
-            kernel_picks.push(if action == XDP_TX {
-                picked(&out, servers)
-            } else {
-                0
-            });
-            let mut ctx = PickContext {
-                pool: &pool,
-                flow_hash: 0,
-                loads: &view,
-                rng: &mut rng,
-                now: NOW,
-            };
-            core_picks.push(policy.pick(&mut ctx).unwrap().0);
+        let first = u32::from(round) * 40;
+        kernel_picks.extend(kernel_picks_of(&lb, servers, first..first + 40));
+        for _ in 0..40 {
+            core_picks.push(core_pick(&mut policy, &pool, &view, &mut rng).0);
         }
     }
     assert!(
