@@ -35,6 +35,7 @@
 #include "cheetah_shared.h"
 #include "load_view.h"
 #include "maps.h"
+#include "pool.h"
 
 // What the fill's and the catch-up's steps share (bpf_loop callbacks: kept on the
 // caller's stack).
@@ -84,7 +85,7 @@ static __always_inline void least_place(struct least_cached *cache, __u32 positi
 	{                                                                                  \
 		struct least_pick *pick = context;                                         \
 		struct least_cached *cache = pick->cache;                                  \
-		__u32 id = pick->vip->pool[i & (MAX_HASH_POOL - 1)];                       \
+		__u32 id = vip_pool_member(pick->vip, NULL, i);                            \
                                                                                            \
 		cache->position_of[id & (SERVER_ID_SPACE - 1)] = i;                        \
 		least_place(cache, i, view_load(&pick->view, metric, id));                 \
@@ -104,7 +105,7 @@ static long least_catch_up(__u32 k, void *context)
 	__u32 position = cache->position_of[id & (SERVER_ID_SPACE - 1)];
 	__u64 bit;
 
-	if (position >= pick->pool_len || pick->vip->pool[position & (MAX_HASH_POOL - 1)] != id)
+	if (position >= pick->pool_len || vip_pool_member(pick->vip, NULL, position) != id)
 		return 0; // not in this pool
 	bit = 1ull << (position & (MAX_HASH_POOL - 1));
 	cache->at_min &= ~bit;

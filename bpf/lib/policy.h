@@ -217,16 +217,15 @@ static __always_inline int least_scan_one(struct least_scan *scan, __u32 metric,
 LEAST_SCAN_STEP(least_scan_active, LOAD_METRIC_ACTIVE)
 LEAST_SCAN_STEP(least_scan_published, LOAD_METRIC_PACKETS)
 
-// least_loaded.rs `LeastLoaded::pick`: the scan starts at the cursor's position in the
-// pool, goes round once, and the first least loaded wins; the cursor becomes start + 1
-// (*next). A pool in vip_info is picked from this CPU's cache of its least loaded
-// positions (least_loaded.h); a bigger one is scanned: a bpf_loop, as wrr's scan is, of
+// least_loaded.rs `LeastLoaded::pick` over a pool bigger than vip_info holds (`big`): the
+// scan starts at the cursor's position in the pool, goes round once, and the first least
+// loaded wins; the cursor becomes start + 1 (*next). A bpf_loop, as wrr's scan is, of
 // LEAST_SCAN_STRIDE positions a step, over the rows looked up once. 0 if the view has no
-// row for this CPU or the metric. `seq`: the publish_seq the pool was read under.
-static __always_inline int least_loaded_decide(const struct policy_state *state,
-					       const struct vip_info *vip,
-					       const struct vip_big_pool *big, __u32 pool_len,
-					       __u32 seq, __u32 *position, __u32 *next)
+// row for this CPU or the metric.
+static __always_inline int least_loaded_scan(const struct policy_state *state,
+					     const struct vip_info *vip,
+					     const struct vip_big_pool *big, __u32 pool_len,
+					     __u32 *position, __u32 *next)
 {
 	struct least_scan scan = {
 		.vip = vip,
@@ -238,8 +237,6 @@ static __always_inline int least_loaded_decide(const struct policy_state *state,
 	__u32 metric = vip->load_metric;
 	__u32 steps = (pool_len + LEAST_SCAN_STRIDE - 1) / LEAST_SCAN_STRIDE;
 
-	if (!big)
-		return least_loaded_cached(state, vip, pool_len, seq, position, next);
 	scan.best = scan.start;
 	if (!load_view_open(metric, &scan.view))
 		return 0;
@@ -250,6 +247,19 @@ static __always_inline int least_loaded_decide(const struct policy_state *state,
 	*next = scan.start + 1;
 	*position = scan.best;
 	return 1;
+}
+
+// least_loaded.rs `LeastLoaded::pick`: a pool in vip_info from this CPU's cache of its
+// least loaded positions (least_loaded.h), a bigger one by a scan. `seq`: the publish_seq
+// the pool was read under.
+static __always_inline int least_loaded_decide(const struct policy_state *state,
+					       const struct vip_info *vip,
+					       const struct vip_big_pool *big, __u32 pool_len,
+					       __u32 seq, __u32 *position, __u32 *next)
+{
+	if (big)
+		return least_loaded_scan(state, vip, big, pool_len, position, next);
+	return least_loaded_cached(state, vip, pool_len, seq, position, next);
 }
 
 #endif
