@@ -261,6 +261,16 @@ fn mutated(frames: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<
         })
 }
 
+/// The frame untagged, behind an 802.1Q tag, or behind 802.1ad and 802.1Q tags (a trunk
+/// port's traffic): the straight line reads past the tags as the general pipeline does.
+fn sometimes_tagged(frames: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
+    (frames, 0u8..4).prop_map(|(frame, tags)| match tags {
+        1 => testkit::vlan_tagged(&frame),
+        2 => testkit::qinq_tagged(&frame),
+        _ => frame,
+    })
+}
+
 const MODES: [(Mode, Forwarding); 6] = [
     (Mode::Cheetah, Forwarding::L2),
     (Mode::Cheetah, Forwarding::Nat),
@@ -282,7 +292,10 @@ fn fast_path_gives_the_general_pipelines_verdict_and_bytes() {
             cases: 20_000,
             ..Config::default()
         });
-        let packets = prop_oneof![mutated(client_frames()), mutated(reply_frames(forwarding))];
+        let packets = prop_oneof![
+            mutated(sometimes_tagged(client_frames())),
+            mutated(sometimes_tagged(reply_frames(forwarding)))
+        ];
         runner
             .run(&packets, |packet| {
                 let (fast, general, now) = &mut *pair.borrow_mut();
@@ -356,6 +369,38 @@ fn the_fast_path_is_taken_for_the_common_case() {
     );
     assert!(testkit::checksums_valid(&f));
     assert_eq!(w.counters().bundle(Bundle::ClientCookie), 1);
+}
+
+/// A trunk port's segment, behind one VLAN tag or two, takes the same straight line as an
+/// untagged one and keeps its tags.
+#[test]
+fn tagged_segments_take_the_straight_line_with_their_tags() {
+    let (_plane, mut w) = worker(Mode::Cheetah, Forwarding::L2, true);
+    let untagged = frame(testkit::client_ip(1), 40_000, 2, 0x0125, ACK, false, 10);
+    let mut expected = untagged.clone();
+    assert_eq!(
+        w.process(&mut expected, 5, Ingress::ServerSide),
+        Verdict::ToServer(ServerId(2))
+    );
+    for (tags, mut f) in [
+        (4, testkit::vlan_tagged(&untagged)),
+        (8, testkit::qinq_tagged(&untagged)),
+    ] {
+        let before = w.counters().bundle(Bundle::ClientCookie);
+        let tags_in = f[12..12 + tags].to_vec();
+        assert_eq!(
+            w.process(&mut f, 5, Ingress::ServerSide),
+            Verdict::ToServer(ServerId(2))
+        );
+        assert_eq!(
+            w.counters().bundle(Bundle::ClientCookie),
+            before + 1,
+            "{tags}-byte tags"
+        );
+        assert_eq!(f[12..12 + tags], tags_in[..], "tags kept");
+        assert_eq!(f[..12], expected[..12]);
+        assert_eq!(f[12 + tags..], expected[12..], "{tags}-byte tags");
+    }
 }
 
 /// Every Table 1 layout a server uses (NOP NOP TS on later segments, the four SYN-ACK rows)

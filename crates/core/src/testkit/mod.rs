@@ -375,6 +375,15 @@ pub fn vlan_tagged(frame: &[u8]) -> Vec<u8> {
     tagged
 }
 
+/// Inserts an 802.1ad tag (S-VLAN 7) and an 802.1Q tag (VLAN 42) after the MAC addresses:
+/// a QinQ trunk's frame.
+pub fn qinq_tagged(frame: &[u8]) -> Vec<u8> {
+    let mut tagged = frame[..12].to_vec();
+    tagged.extend_from_slice(&[0x88, 0xa8, 0x00, 0x07]);
+    tagged.extend_from_slice(&vlan_tagged(frame)[12..]);
+    tagged
+}
+
 /// A broadcast ARP request from the client at `sender_ip` for the VIP (passed to the host).
 pub fn arp_request(sender_ip: u32) -> Vec<u8> {
     let mut frame = vec![0xff; 6];

@@ -14,8 +14,10 @@ pub mod ethertype {
 
 /// An untagged header.
 pub const HEADER_LEN: usize = 14;
-const TAG_LEN: usize = 4;
-const MAX_TAGS: usize = 2;
+/// One 802.1Q or 802.1ad tag: TPID and TCI.
+pub const TAG_LEN: usize = 4;
+/// The most tags a frame is read past (an outer 802.1ad and an inner 802.1Q).
+pub const MAX_TAGS: usize = 2;
 
 /// Byte offsets of the header's fields, for code that reads a header it has already
 /// checked without going through a view.
