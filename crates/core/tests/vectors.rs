@@ -1029,6 +1029,63 @@ fn layout_suite(name: &'static str, k: u8, extra_server: Option<u16>) -> Suite {
 }
 
 /// Hash and Maglev modes: every packet of a connection goes where the hash says.
+/// A trunk port's traffic in cheetah mode: behind one VLAN tag or two, the same verdicts
+/// and bytes as untagged, tags kept.
+fn tagged_cheetah_inputs(nat: bool) -> Vec<Input> {
+    let established = client_ack(cookie_ts(2, M, 0x5678));
+    let server_data = from_server(
+        nat,
+        2,
+        flags::ACK | flags::PSH,
+        options::nop_nop_ts(SERVER_TS + 1, CLIENT_TS + 1),
+    )
+    .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
+    .build();
+    let syn_ack = from_server(
+        nat,
+        2,
+        flags::SYN | flags::ACK,
+        options::linux_syn(SERVER_TS, CLIENT_TS),
+    )
+    .build();
+    let mut three_tags = testkit::qinq_tagged(&testkit::vlan_tagged(&linux_syn()));
+    three_tags[12..14].copy_from_slice(&[0x81, 0x00]);
+    vec![
+        input(
+            "vlan-tagged-established",
+            "Client ACK behind an 802.1Q tag echoing server 2's cookie: TSecr restored, tag kept.",
+            testkit::vlan_tagged(&established),
+        )
+        .msb(2, M),
+        input(
+            "qinq-tagged-established",
+            "The same ACK behind 802.1ad and 802.1Q tags: both tags kept.",
+            testkit::qinq_tagged(&established),
+        )
+        .msb(2, M),
+        input(
+            "vlan-tagged-server-data",
+            "Server 2's data segment behind an 802.1Q tag: cookie inserted, tag kept.",
+            testkit::vlan_tagged(&server_data),
+        ),
+        input(
+            "qinq-tagged-server-syn-ack",
+            "Server 2's SYN-ACK behind 802.1ad and 802.1Q tags: cookie inserted, tags kept.",
+            testkit::qinq_tagged(&syn_ack),
+        ),
+        input(
+            "qinq-tagged-syn",
+            "A Linux SYN behind 802.1ad and 802.1Q tags: balanced, tags kept.",
+            testkit::qinq_tagged(&linux_syn()),
+        ),
+        input(
+            "three-tags",
+            "A SYN behind three tags: more than the LB reads past, passed to the host.",
+            three_tags,
+        ),
+    ]
+}
+
 fn baseline_inputs() -> Vec<Input> {
     let mut bad_sum = client_ack(CLIENT_TS);
     bad_sum[14 + 20 + 16] ^= 0x5a;
@@ -1107,6 +1164,26 @@ fn baseline_inputs() -> Vec<Input> {
             testkit::icmp_frag_needed(ROUTER, &quoted, 28),
         )
     }));
+    inputs.extend([
+        input(
+            "vlan-tagged-established-ack",
+            "The client ACK behind an 802.1Q tag: the hash's server, tag kept.",
+            testkit::vlan_tagged(&client_ack(0x2222_3333)),
+        ),
+        input(
+            "qinq-tagged-server-syn-ack",
+            "Server 2's SYN-ACK behind 802.1ad and 802.1Q tags: to the client, tags kept.",
+            testkit::qinq_tagged(
+                &from_server(
+                    false,
+                    2,
+                    flags::SYN | flags::ACK,
+                    options::linux_syn(SERVER_TS, CLIENT_TS),
+                )
+                .build(),
+            ),
+        ),
+    ]);
     inputs.extend(malformed_common());
     inputs
 }
@@ -1128,6 +1205,7 @@ fn with_ipv6_vip(mut config: LbConfig) -> LbConfig {
 fn suites() -> Vec<Suite> {
     let mut l2 = cheetah_inputs(false);
     l2.extend(epoch_inputs(CookieLayout::DEFAULT));
+    l2.extend(tagged_cheetah_inputs(false));
     l2.push(input(
         "unsupported-ipv6",
         "An IPv6 SYN to the suite's IPv6 VIP 2001:db8::100.",
@@ -1143,6 +1221,7 @@ fn suites() -> Vec<Suite> {
         .build(),
     ));
     let mut nat = cheetah_inputs(true);
+    nat.extend(tagged_cheetah_inputs(true));
     nat.push(input(
         "unknown-source-passes",
         "In NAT mode a reply from an address:port that is no backend is not ours: passed.",

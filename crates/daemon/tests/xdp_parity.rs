@@ -195,6 +195,13 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "forged-cookie",
             "msb-unknown",
             "cookie-server-removed",
+            // A trunk port's frames: decided untagged (vlan.h), tags put back.
+            "vlan-tagged-syn",
+            "qinq-tagged-syn",
+            "vlan-tagged-established",
+            "qinq-tagged-established",
+            "vlan-tagged-server-data",
+            "qinq-tagged-server-syn-ack",
         ],
     ),
     (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),
@@ -224,6 +231,10 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "vip-port-unknown",
     "vip-port-unknown-no-options",
     "unknown-server-source",
+    // A trunk port's frames: decided untagged (vlan.h), tags put back.
+    "vlan-tagged-syn",
+    "vlan-tagged-established-ack",
+    "qinq-tagged-server-syn-ack",
 ];
 
 // --- One suite ----------------------------------------------------------------------------

@@ -296,6 +296,10 @@ pub(super) enum Path {
     /// VIP whose slot another took.
     ClientVipByHash,
     ServerToClient,
+    /// Client->server and server->client behind an 802.1Q tag (a trunk port): the tag
+    /// lifted while the LB decides and put back after (bpf/lib/vlan.h).
+    TaggedClientToServer,
+    TaggedServerToClient,
     /// Server->client with `reply_senders` empty: the sender found the old way, by
     /// steering's lookups and the sender's maps, as a reply the map does not know.
     ReplyBySteering,
@@ -456,6 +460,8 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 Path::ClientToServer,
                 Path::ClientVipByHash,
                 Path::ServerToClient,
+                Path::TaggedClientToServer,
+                Path::TaggedServerToClient,
                 Path::ClockAdvanced,
                 Path::ReplyBySteering,
                 Path::ServerFin,
@@ -885,9 +891,11 @@ impl Bench {
 
     fn row(&self, setup: &Setup, path: Path, ports: &Ports, runs: u32) -> anyhow::Result<Row> {
         let direction = match path {
-            Path::ClientToServer | Path::ClientVipByHash | Path::Syn | Path::FallbackSyn => {
-                Path::ClientToServer
-            }
+            Path::ClientToServer
+            | Path::ClientVipByHash
+            | Path::TaggedClientToServer
+            | Path::Syn
+            | Path::FallbackSyn => Path::ClientToServer,
             Path::ServerFin
             | Path::Icmp
             | Path::FallbackHit
@@ -903,7 +911,12 @@ impl Bench {
             (frame, STAT_FAST_FALLBACK_SYN, Some(hash))
         } else {
             let (frame, stat) = self.frame(direction)?;
-            (frame, stat, None)
+            match path {
+                Path::TaggedClientToServer | Path::TaggedServerToClient => {
+                    (testkit::vlan_tagged(&frame), stat, None)
+                }
+                _ => (frame, stat, None),
+            }
         };
         let fast_stat = match (setup.mode, cookie_stat) {
             (Mode::Cheetah, stat) => stat,
@@ -916,17 +929,23 @@ impl Bench {
             _ => ports.servers.ifindex,
         };
         let (subject, expected_action) = match path {
-            Path::ClientToServer | Path::ClientVipByHash | Path::Syn | Path::FallbackSyn => {
-                ("bench_lb", XDP_TX)
-            }
-            Path::ServerToClient | Path::ServerFin | Path::ClockAdvanced
+            Path::ClientToServer
+            | Path::ClientVipByHash
+            | Path::TaggedClientToServer
+            | Path::Syn
+            | Path::FallbackSyn => ("bench_lb", XDP_TX),
+            Path::ServerToClient
+            | Path::TaggedServerToClient
+            | Path::ServerFin
+            | Path::ClockAdvanced
                 if ports.clients.ifindex == ingress =>
             {
                 ("bench_lb", XDP_TX)
             }
-            Path::ServerToClient | Path::ServerFin | Path::ClockAdvanced => {
-                ("bench_lb", XDP_REDIRECT)
-            }
+            Path::ServerToClient
+            | Path::TaggedServerToClient
+            | Path::ServerFin
+            | Path::ClockAdvanced => ("bench_lb", XDP_REDIRECT),
             Path::Icmp if ports.servers.ifindex == ingress => ("bench_lb", XDP_TX),
             Path::Icmp => ("bench_lb", XDP_REDIRECT),
             Path::NextHopMiss | Path::NextHopCacheMiss | Path::ReplyBySteering
@@ -1026,7 +1045,8 @@ impl Bench {
             _ => format!(
                 "{} {} ({}){}",
                 match path {
-                    Path::ClientToServer | Path::ClientVipByHash => "established client->server",
+                    Path::ClientToServer | Path::ClientVipByHash | Path::TaggedClientToServer =>
+                        "established client->server",
                     Path::ServerFin => "server FIN",
                     Path::ClockAdvanced => "server->client, clock advanced,",
                     Path::Icmp => "ICMP error by cookie",
@@ -1042,6 +1062,7 @@ impl Bench {
                     Path::NextHopCacheMiss => ", next-hop cache miss",
                     Path::ReplyBySteering => ", sender by steering (reply_senders empty)",
                     Path::ClientVipByHash => ", VIP by hash (vip_slots empty)",
+                    Path::TaggedClientToServer | Path::TaggedServerToClient => ", 802.1Q tagged",
                     _ => "",
                 }
             ),
@@ -1056,6 +1077,8 @@ impl Bench {
             | Path::ClientVipByHash
             | Path::ClientToServer
             | Path::ServerToClient
+            | Path::TaggedClientToServer
+            | Path::TaggedServerToClient
             | Path::Syn
             | Path::ServerFin
             | Path::Icmp

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+//
+// Tagged frames (a trunk port: one 802.1Q tag, or 802.1ad then 802.1Q) take the same
+// in-kernel path as untagged ones: their tags are lifted off before the LB decides and put
+// back after, so every rule below (parse.h onward) reads an untagged frame at fixed
+// offsets. The core's straight line reads past the same tags (fast_path.rs
+// `plain_ipv4_tcp`) and keeps them, so verdict, bytes and counters stay the core's.
+//
+// Only a tagged IPv4 frame is lifted: anything else behind tags (IPv6, ARP, a third tag)
+// is the host's, as the core and steering say, and stays as it came.
+
+#ifndef CHEETAH_LIB_VLAN_H
+#define CHEETAH_LIB_VLAN_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "steer.h"
+
+// The MAC addresses in front of the tags.
+#define VLAN_MACS_LEN 12
+#define VLAN_TAG_LEN 4
+
+// What vlan_lift took off: the tags' bytes (TPID and TCI each), as many as it took.
+struct vlan_tags {
+	__u32 words[2];
+};
+
+// How many bytes of tags a tagged IPv4 frame carries in front of its EtherType (4 or 8),
+// or 0 for any other frame (untagged included).
+static __always_inline __u32 vlan_tags_len(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct vlan_tag *tag = (void *)(eth + 1);
+
+	if ((void *)(tag + 2) > data_end || !vlan_tag_type(eth->h_proto))
+		return 0;
+	if (tag[0].proto == bpf_htons(ETH_P_IP))
+		return VLAN_TAG_LEN;
+	if (vlan_tag_type(tag[0].proto) && tag[1].proto == bpf_htons(ETH_P_IP))
+		return 2 * VLAN_TAG_LEN;
+	return 0;
+}
+
+// The MACs as three words, moved in registers rather than through the stack: the program's
+// frame adds to the LB's (lb.h).
+struct vlan_macs {
+	__u32 words[3];
+};
+
+static __always_inline void vlan_macs_read(struct vlan_macs *macs, const void *at)
+{
+	macs->words[0] = *(const __u32 *)at;
+	macs->words[1] = *(const __u32 *)(at + 4);
+	macs->words[2] = *(const __u32 *)(at + 8);
+}
+
+static __always_inline void vlan_macs_write(void *at, const struct vlan_macs *macs)
+{
+	*(__u32 *)at = macs->words[0];
+	*(__u32 *)(at + 4) = macs->words[1];
+	*(__u32 *)(at + 8) = macs->words[2];
+}
+
+// Takes `len` bytes of tags (vlan_tags_len) off the frame into `tags`: the MACs move up
+// over them and the frame starts `len` bytes later. 0 if the frame was left as it was.
+static __always_inline int vlan_lift(struct xdp_md *ctx, __u32 len, struct vlan_tags *tags)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct vlan_macs macs;
+
+	if (data + VLAN_MACS_LEN + 2 * VLAN_TAG_LEN > data_end)
+		return 0;
+	vlan_macs_read(&macs, data);
+	tags->words[0] = *(__u32 *)(data + VLAN_MACS_LEN);
+	tags->words[1] = *(__u32 *)(data + VLAN_MACS_LEN + VLAN_TAG_LEN);
+	vlan_macs_write(data + (len == 2 * VLAN_TAG_LEN ? 2 * VLAN_TAG_LEN : VLAN_TAG_LEN), &macs);
+	return bpf_xdp_adjust_head(ctx, (int)len) == 0;
+}
+
+// Puts back the `len` bytes of tags vlan_lift took, behind the frame's MACs as they are
+// now (the LB may have rewritten them). 0 if there was no room in front of the frame.
+static __always_inline int vlan_put_back(struct xdp_md *ctx, __u32 len,
+					 const struct vlan_tags *tags)
+{
+	void *data, *data_end;
+	struct vlan_macs macs;
+
+	if (bpf_xdp_adjust_head(ctx, -(int)len))
+		return 0;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + VLAN_MACS_LEN + 2 * VLAN_TAG_LEN > data_end)
+		return 0;
+	vlan_macs_read(&macs, data + (len == 2 * VLAN_TAG_LEN ? 2 * VLAN_TAG_LEN : VLAN_TAG_LEN));
+	vlan_macs_write(data, &macs);
+	*(__u32 *)(data + VLAN_MACS_LEN) = tags->words[0];
+	if (len == 2 * VLAN_TAG_LEN)
+		*(__u32 *)(data + VLAN_MACS_LEN + VLAN_TAG_LEN) = tags->words[1];
+	return 1;
+}
+
+// Runs `decide` (the LB: an XDP verdict) on the frame, tags lifted while it runs if it
+// has any. The frame gets its tags back whatever the verdict: one sent on (TX, REDIRECT,
+// PASS) needs them, and a dropped one then leaves as it came, as the core leaves it.
+static __always_inline int with_tags_lifted(struct xdp_md *ctx, int (*decide)(struct xdp_md *))
+{
+	struct vlan_tags tags;
+	__u32 len = vlan_tags_len(ctx);
+	int action;
+
+	if (!len || !vlan_lift(ctx, len, &tags))
+		return decide(ctx);
+	action = decide(ctx);
+	if (action == XDP_ABORTED)
+		return action;
+	if (!vlan_put_back(ctx, len, &tags)) {
+		count(STAT_NO_METADATA_ROOM);
+		return XDP_DROP;
+	}
+	return action;
+}
+
+#endif
