@@ -90,7 +90,7 @@ mod shared_words;
 use shared_words::SharedWords;
 #[path = "shared/frame_mutator.rs"]
 mod frame_mutator;
-use frame_mutator::{Dictionary, Mutator};
+use frame_mutator::{l3_offset, Dictionary, Mutator};
 // The corpus's input format, read where the fuzz target and its stable replay read it.
 #[allow(dead_code)]
 #[path = "../../../fuzz/harness/input.rs"]
@@ -282,7 +282,8 @@ fn traffic_server(config: &LbConfig, verdict: Verdict, input: &[u8]) -> Option<u
                     .and_then(parse_mac)
                     .is_some_and(|mac| input.get(6..12) == Some(&mac[..])),
                 Forwarding::Nat => {
-                    matches!(s.dip, IpAddr::V4(dip) if input.get(26..30) == Some(&dip.octets()[..]))
+                    let src = l3_offset(input) + 12;
+                    matches!(s.dip, IpAddr::V4(dip) if input.get(src..src + 4) == Some(&dip.octets()[..]))
                 }
             })
             .map(|s| s.id),
@@ -392,7 +393,8 @@ fn judge(
     let stat = kernel.fast_stat();
     let name = kernel.fast_name();
     same_counters(&kernel.counted(), None, &core.moved, &name)?;
-    let total_len = u64::from(u16::from_be_bytes([input[16], input[17]]));
+    let l3 = l3_offset(input);
+    let total_len = u64::from(u16::from_be_bytes([input[l3 + 2], input[l3 + 3]]));
     let traffic: Vec<(u16, u64, u64)> = kernel
         .traffic
         .iter()

@@ -6,6 +6,7 @@
 //! are left as the mutation leaves them: neither the kernel nor the core verifies one, and
 //! both must carry a wrong one on exactly as wrong (included by path, `#[path]`).
 
+use cheetah_core::wire::EthernetFrame;
 use rand_core::RngCore;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -19,6 +20,12 @@ pub struct Dictionary {
 }
 
 const ETH: usize = 14;
+
+/// Where the IP header starts: past the Ethernet header and up to two VLAN tags, as the
+/// core's `EthernetFrame` finds it (14 for a frame too short for one).
+pub fn l3_offset(frame: &[u8]) -> usize {
+    EthernetFrame::new_checked(frame).map_or(ETH, |f| f.payload_offset())
+}
 const INTERESTING: [u8; 14] = [
     0x00, 0xff, 0x01, 0x7f, 0x80, 0x08, 0x0a, 0x02, 0x10, 0x12, 0x11, 0x04, 0x14, 0x05,
 ];
@@ -67,9 +74,11 @@ impl Mutator<'_> {
     }
 
     fn mutate_once(&mut self, frame: &mut Vec<u8>, others: &[Vec<u8>]) -> &'static str {
-        let ip = frame.len() >= ETH + 20;
+        // Past any VLAN tags, as the LB reads the frame.
+        let l3 = l3_offset(frame);
+        let ip = frame.len() >= l3 + 20;
         let l4 = if ip {
-            ETH + usize::from(frame[ETH] & 0x0f) * 4
+            l3 + usize::from(frame[l3] & 0x0f) * 4
         } else {
             usize::MAX
         };
@@ -124,7 +133,7 @@ impl Mutator<'_> {
             8 if ip => {
                 let version = if self.chance(8) { 6 } else { 4 };
                 let ihl = self.pick(&[4u8, 5, 5, 6, 7, 15, 0, 3]);
-                frame[ETH] = version << 4 | ihl;
+                frame[l3] = version << 4 | ihl;
                 "ihl"
             }
             9 if ip => {
@@ -132,25 +141,25 @@ impl Mutator<'_> {
                 let value = if self.chance(2) {
                     frag
                 } else {
-                    u16::from_be_bytes([frame[ETH + 6], frame[ETH + 7]]) ^ frag
+                    u16::from_be_bytes([frame[l3 + 6], frame[l3 + 7]]) ^ frag
                 };
-                frame[ETH + 6..ETH + 8].copy_from_slice(&value.to_be_bytes());
+                frame[l3 + 6..l3 + 8].copy_from_slice(&value.to_be_bytes());
                 "frag bits"
             }
             10 if ip => {
-                frame[ETH + 9] = self.pick(&[6u8, 6, 17, 1, 0, 255, 58]);
+                frame[l3 + 9] = self.pick(&[6u8, 6, 17, 1, 0, 255, 58]);
                 "protocol"
             }
             11 if ip => {
-                let total = u16::from_be_bytes([frame[ETH + 2], frame[ETH + 3]]);
+                let total = u16::from_be_bytes([frame[l3 + 2], frame[l3 + 3]]);
                 let total = match self.below(5) {
-                    0 => (len - ETH) as u16,
+                    0 => (len - l3) as u16,
                     1 => total.wrapping_add(1 + self.below(8) as u16),
                     2 => total.wrapping_sub(1 + self.below(8) as u16),
                     3 => self.pick(&[0u16, 20, 40, 52, 0xffff]),
                     _ => self.rng.next_u64() as u16,
                 };
-                frame[ETH + 2..ETH + 4].copy_from_slice(&total.to_be_bytes());
+                frame[l3 + 2..l3 + 4].copy_from_slice(&total.to_be_bytes());
                 "tot_len"
             }
             12 if tcp => {
@@ -214,7 +223,7 @@ impl Mutator<'_> {
                 "port"
             }
             18 | 19 if ip => {
-                let which = ETH + 12 + 4 * self.below(2);
+                let which = l3 + 12 + 4 * self.below(2);
                 let addr = if self.chance(5) || self.dictionary.addrs.is_empty() {
                     (self.rng.next_u64() as u32).to_be_bytes()
                 } else {
