@@ -1,7 +1,8 @@
 //! The kernel's VIP policies (bpf/lib/policy.h, run by `syn_fast` in bpf/lib/fast_path.h)
 //! held to the core's: for rr, wrr (unequal weights), random (the same seed), hash, maglev
 //! (the VIP's Maglev table, also over a pool bigger than the kernel holds), every policy
-//! over a pool bigger than `vip_info` holds (`vip_big_pools`) but wrr and awrr, and
+//! over a pool bigger than `vip_info` holds (`vip_big_pools`) but awrr (and wrr only from a
+//! cycle that fits), and
 //! least loaded and pow2 over the loads their own picks make, a sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
 //! servers in the same order as the core's policy instance given the same initial state
 //! (every CPU seeded as the core's worker, `PolicySeeds::AsWorker`), with the core's bytes
@@ -448,6 +449,11 @@ fn first_difference(kernel: &[u16], core: &[u16]) -> String {
     }
 }
 
+/// Weights 1, 2, 3, 4, 5, 1, 2, .. for servers 1 to `n`.
+fn weights_1_to_5(n: u16) -> Vec<(u16, u32)> {
+    (1..=n).map(|id| (id, 1 + u32::from(id - 1) % 5)).collect()
+}
+
 #[test]
 fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
     if !in_lb_namespace() {
@@ -490,6 +496,9 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
             "rr, 65 servers",
             config("rr", MAX_HASH_POOL as u16 + 1, &[]),
         ),
+        // wrr from its cycle alone (the credits' state holds 64 positions): weights 1 to 5
+        // over 200 servers, a cycle of 600.
+        ("wrr, 200 servers", config("wrr", 200, &weights_1_to_5(200))),
         ("random, 300 servers", config("random", 300, &[])),
         ("hash, 300 servers", config("hash", 300, &[])),
         ("pow2, 300 servers", config("pow2", 300, &[])),
@@ -566,15 +575,17 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         }
     }
     // A pool the kernel does not hold goes up, counted as a new connection for userspace:
-    // one over MAX_HASH_POOL for a policy with state per position.
+    // one over MAX_HASH_POOL for a policy with state per position, unless wrr's cycle
+    // fits (at most 4096 entries naming at most 256 positions).
     let odd_65: Vec<(u16, u32)> = (1..=MAX_HASH_POOL as u16 + 1)
         .map(|id| (id, 2 * u32::from(id) - 1))
         .collect();
     for (name, config) in [
         (
-            "wrr, 65 servers",
+            "wrr, 65 servers, a cycle over the cap",
             config("wrr", MAX_HASH_POOL as u16 + 1, &odd_65),
         ),
+        ("wrr, 300 servers", config("wrr", 300, &weights_1_to_5(300))),
         (
             "awrr, 65 servers",
             config("awrr", MAX_HASH_POOL as u16 + 1, &[]),

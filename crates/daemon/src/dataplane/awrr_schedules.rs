@@ -71,7 +71,7 @@ impl AwrrSchedules {
         let mut awrr = Vec::new();
         for (index, vip) in snapshot.vips.iter().take(MAX_VIPS).enumerate() {
             let pool = &vip.pool;
-            if kernel_policy(vip.policy, pool.metric, pool.servers.len()) != KERNEL_POLICY_AWRR {
+            if kernel_policy(vip.policy, &pool.weights) != KERNEL_POLICY_AWRR {
                 continue;
             }
             let index = index as u32;

@@ -88,21 +88,26 @@ pub fn kernel_holds_pool(pool_len: usize) -> bool {
     (1..=MAX_BIG_POOL).contains(&pool_len)
 }
 
-/// The policy the kernel places a VIP's SYNs by (`vip_info.policy`): every policy, run as
-/// the core does, for a pool it holds (1 to MAX_BIG_POOL servers; wrr and awrr, whose
-/// per-position state has MAX_HASH_POOL entries, up to MAX_HASH_POOL), pow2 and least
-/// loaded over each CPU's load view (`kernel_loads.rs`); maglev for a pool of any size,
-/// from the VIP's Maglev table (`maglev_tables`, published for every non-empty pool
-/// outside hash mode), never from the pool. NONE leaves them to userspace (an empty pool,
-/// a bigger one). Every metric's loads are in that view: `_metric` does not decide.
-pub fn kernel_policy(kind: PolicyKind, _metric: LoadMetric, pool_len: usize) -> u8 {
-    let per_position_state = matches!(
-        kind,
-        PolicyKind::WeightedRoundRobin | PolicyKind::AutoWeightedRoundRobin
-    );
+/// The policy the kernel places a VIP's SYNs by (`vip_info.policy`), given its pool's
+/// weights (one per server): every policy, run as the core does, for a pool it holds (1 to
+/// MAX_BIG_POOL servers), pow2 and least loaded over each CPU's load view
+/// (`kernel_loads.rs`); maglev for a pool of any size, from the VIP's Maglev table
+/// (`maglev_tables`, published for every non-empty pool outside hash mode), never from the
+/// pool. wrr and awrr keep per-position state for MAX_HASH_POOL positions: over that,
+/// only a wrr pool whose cycle fits a [`Schedule`] (at most 256 servers), which the kernel
+/// reads instead of scanning credits. NONE leaves them to userspace (an empty pool, a
+/// bigger one).
+pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
+    let pool_len = weights.len();
+    let within_state = pool_len <= MAX_HASH_POOL
+        || match kind {
+            PolicyKind::WeightedRoundRobin => Schedule::of_weights(weights).is_some(),
+            PolicyKind::AutoWeightedRoundRobin => false,
+            _ => true,
+        };
     if pool_len == 0
         || (kind != PolicyKind::Maglev && !kernel_holds_pool(pool_len))
-        || (per_position_state && pool_len > MAX_HASH_POOL)
+        || !within_state
     {
         return KERNEL_POLICY_NONE;
     }
@@ -204,7 +209,7 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
                 0
             },
             pool: [0; MAX_HASH_POOL],
-            policy: kernel_policy(vip.policy, vip.pool.metric, pool.len()),
+            policy: kernel_policy(vip.policy, &vip.pool.weights),
             load_metric: kernel_load_metric(vip.pool.metric),
             pad: [0; 2],
         };
@@ -218,7 +223,9 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
                 .vip_big_pools
                 .insert(array_key(index), VipBigPool::value_of(&ids));
         }
-        if info.policy == KERNEL_POLICY_WRR {
+        // The credit scan's weights, for a pool whose per-position state the kernel holds
+        // (a bigger one is served from its cycle alone).
+        if info.policy == KERNEL_POLICY_WRR && pool.len() <= MAX_HASH_POOL {
             // As SmoothWeights takes them: a weight of 0 counts as 1.
             let mut weights = VipWeights {
                 total: 0,
@@ -231,6 +238,8 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             wanted
                 .vip_weights
                 .insert(array_key(index), weights.to_bytes());
+        }
+        if info.policy == KERNEL_POLICY_WRR {
             if let Some(schedule) = Schedule::of_weights(&vip.pool.weights) {
                 wanted
                     .wrr_schedules
@@ -688,6 +697,7 @@ mod tests {
 
     use cheetah_core::config::LbConfig;
     use cheetah_core::hash::Secret;
+    use cheetah_core::policy::schedule::SCHEDULE_MAX_POSITIONS;
     use cheetah_core::tables::ControlPlane;
 
     use super::*;
@@ -882,7 +892,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     #[test]
     fn the_kernel_runs_every_policy_for_pools_it_holds_and_maglev_for_any() {
         use PolicyKind::*;
-        let active = LoadMetric::ActiveConnections;
+        let equal = |len: usize| vec![1u32; len];
         for (kind, expected) in [
             (RoundRobin, KERNEL_POLICY_RR),
             (WeightedRoundRobin, KERNEL_POLICY_WRR),
@@ -893,21 +903,22 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             (Maglev, KERNEL_POLICY_MAGLEV),
             (AutoWeightedRoundRobin, KERNEL_POLICY_AWRR),
         ] {
-            assert_eq!(kernel_policy(kind, active, 3), expected, "{kind}");
+            assert_eq!(kernel_policy(kind, &equal(3)), expected, "{kind}");
             assert_eq!(
-                kernel_policy(kind, active, MAX_HASH_POOL),
+                kernel_policy(kind, &equal(MAX_HASH_POOL)),
                 expected,
                 "{kind}"
             );
-            assert_eq!(kernel_policy(kind, active, 0), KERNEL_POLICY_NONE, "{kind}");
-            // Beyond vip_info, in vip_big_pools: all but the policies with state per
-            // position (wrr, awrr).
-            let big = match kind {
-                WeightedRoundRobin | AutoWeightedRoundRobin => KERNEL_POLICY_NONE,
-                _ => expected,
-            };
-            for len in [MAX_HASH_POOL + 1, MAX_BIG_POOL] {
-                assert_eq!(kernel_policy(kind, active, len), big, "{kind} {len}");
+            assert_eq!(kernel_policy(kind, &[]), KERNEL_POLICY_NONE, "{kind}");
+            // Beyond vip_info, in vip_big_pools: all but awrr, whose state is per position;
+            // wrr from its cycle, which names at most 256 positions.
+            for len in [MAX_HASH_POOL + 1, SCHEDULE_MAX_POSITIONS, MAX_BIG_POOL] {
+                let big = match kind {
+                    AutoWeightedRoundRobin => KERNEL_POLICY_NONE,
+                    WeightedRoundRobin if len > SCHEDULE_MAX_POSITIONS => KERNEL_POLICY_NONE,
+                    _ => expected,
+                };
+                assert_eq!(kernel_policy(kind, &equal(len)), big, "{kind} {len}");
             }
             let beyond = if kind == Maglev {
                 KERNEL_POLICY_MAGLEV
@@ -915,13 +926,21 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 KERNEL_POLICY_NONE
             };
             assert_eq!(
-                kernel_policy(kind, active, MAX_BIG_POOL + 1),
+                kernel_policy(kind, &equal(MAX_BIG_POOL + 1)),
                 beyond,
                 "{kind}"
             );
         }
-        // Every metric's loads are in each CPU's view; awrr's buckets come from the
-        // daemon's view, which has every metric too.
+        // wrr over 64 servers only with a cycle that fits: odd weights 1, 3, .., 129 make
+        // one of 65^2 entries, over SCHEDULE_CAP; 1, 2, 1, 2, .. one of 98.
+        let odd: Vec<u32> = (0..MAX_HASH_POOL as u32 + 1).map(|i| 2 * i + 1).collect();
+        assert_eq!(kernel_policy(WeightedRoundRobin, &odd), KERNEL_POLICY_NONE);
+        let alternating: Vec<u32> = (0..MAX_HASH_POOL as u32 + 1).map(|i| 1 + i % 2).collect();
+        assert_eq!(
+            kernel_policy(WeightedRoundRobin, &alternating),
+            KERNEL_POLICY_WRR
+        );
+        // Every metric's loads are in each CPU's view (the metric does not decide).
         for (metric, expected) in [
             (LoadMetric::ActiveConnections, LOAD_METRIC_ACTIVE),
             (LoadMetric::Reported, LOAD_METRIC_REPORTED),
@@ -929,9 +948,6 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             (LoadMetric::Bytes, LOAD_METRIC_BYTES),
         ] {
             assert_eq!(kernel_load_metric(metric), expected, "{metric:?}");
-            for kind in [PowerOfTwo, LeastLoaded, AutoWeightedRoundRobin] {
-                assert_ne!(kernel_policy(kind, metric, 3), KERNEL_POLICY_NONE, "{kind}");
-            }
         }
     }
 
