@@ -9,14 +9,15 @@
 // Every checksum the core updates (outer IP, ICMP, quoted IP, quoted TCP) is updated the
 // same way, in the same order, so even the two encodings of zero come out as the core's.
 //
-// The kernel takes the straight case only: an untagged IPv4 frame without IP options
+// The kernel takes the straight case only: an IPv4 frame (tags lifted, vlan.h) without IP options
 // carrying an error (destination unreachable, time exceeded, parameter problem) that
 // quotes a VIP's TCP segment with a whole TCP header whose options hold a timestamp (NOP
 // NOP TS first, or wherever the core's walk finds it: parse.h tcp_timestamp_walk), in
 // cheetah mode, whose cookie names a forwarding server with a known, recent clock; and in
 // hash and maglev mode with l2 forwarding, any such error, to `pool[h % n]` or the VIP's
 // Maglev table's pick of the quoted connection as the core picks it (nothing in the quote
-// changes then). The rest goes up, unchanged: a quote without a cookie (8 bytes of TCP
+// changes then). A cookie that names an id no server has or a removed server is dropped,
+// as the core drops it. The rest goes up, unchanged: a quote without a cookie (8 bytes of TCP
 // only, options without a timestamp, or malformed ones) as STAT_UP_ICMP, since userspace
 // may have to route it by the fallback table or copy it to every server of the VIP; the
 // others by the usual reasons.
@@ -217,11 +218,15 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	hash = siphash_finish(vip->hash_prefix, quoted_ip->daddr, quoted_tcp->dest);
 	__builtin_memcpy(&tsval_be, tsval, sizeof(tsval_be));
 	old_tsval = bpf_ntohl(tsval_be);
-	// A cookie naming no forwarding server, an unknown clock (the core then routes
-	// without restoring) or one beyond the idle limit (which the core counts) is the
-	// core's.
+	// A cookie naming an id no server has or a removed server is dropped, as the core
+	// drops it; an unknown clock (the core then routes without restoring) or an echo
+	// beyond the idle limit (which the core counts) is the core's.
 	server = route_by_cookie(config->copy, layout, old_tsval >> 16, hash, &id, &restored,
 				 &drop);
+	if (!server && drop == STAT_DROP_COOKIE_UNKNOWN_SERVER)
+		return drop_by_tables(seq, STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER);
+	if (!server && drop == STAT_DROP_COOKIE_SERVER_REMOVED)
+		return drop_by_tables(seq, STAT_DROP_ICMP_COOKIE_SERVER_REMOVED);
 	if (!server)
 		return drop ? hand_up(STAT_UP_COOKIE) : LB_HAND_UP;
 	target = *server;

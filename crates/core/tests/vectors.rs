@@ -835,6 +835,12 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         )
         .msb(2, M),
         input(
+            "icmp-frag-needed-forged-cookie",
+            "ICMP fragmentation-needed quoting a segment whose cookie names server 77, which does not exist: dropped.",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client(77), 20 + 32 + 8),
+        )
+        .msb(2, M),
+        input(
             "icmp-frag-needed-cookie-sack-before-ts",
             "ICMP fragmentation-needed quoting a segment with NOP NOP SACK(1 block) NOP NOP TS carrying server 2's cookie: the option walk finds the quoted TSval; routed to server 2, TSval restored.",
             testkit::icmp_frag_needed(
@@ -1273,6 +1279,12 @@ fn suites() -> Vec<Suite> {
                     "cookie-server-removed",
                     "A client ACK echoing the cookie of server 3, which was removed.",
                     client_ack(cookie_ts(3, M, 0x5678)),
+                )
+                .msb(3, M),
+                input(
+                    "icmp-frag-needed-cookie-server-removed",
+                    "ICMP fragmentation-needed quoting a segment with the cookie of server 3, which was removed: dropped.",
+                    testkit::icmp_frag_needed(ROUTER, &seen_by_client(3), 20 + 32 + 8),
                 )
                 .msb(3, M),
                 input(

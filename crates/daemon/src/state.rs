@@ -410,11 +410,12 @@ mod tests {
             // one from a MAC no server has; a removed server's too short for the straight
             // line; a server's reply on the clients' side; a server's FIN without a
             // timestamp, a first close or a duplicate; a cookie naming an unknown server,
-            // a removed one, an unknown clock.
+            // a removed one, an unknown clock; an ICMP error's quoted cookie naming an
+            // unknown server, a removed one.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
                 1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
-                80, 90, 100, 110, 120, 6000, 7000, 130, 140, 150,
+                80, 90, 100, 110, 120, 6000, 7000, 130, 140, 150, 160, 170,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -463,7 +464,7 @@ mod tests {
         assert_eq!(events["syn_retransmissions"], 1012);
         assert_eq!(
             events["dropped"],
-            10105 + 510 + 120 + 420,
+            10105 + 510 + 120 + 420 + 330,
             "every kernel drop is a dropped verdict"
         );
         let drops: std::collections::BTreeMap<&str, u64> = counters
@@ -486,10 +487,10 @@ mod tests {
         assert_eq!(drops["server_removed"], 90 + 110);
         assert_eq!(drops["unknown_server_source"], 100);
         assert_eq!(drops["reply_from_client_side"], 120);
-        assert_eq!(drops["cookie_unknown_server"], 130);
-        assert_eq!(drops["cookie_server_removed"], 140);
+        assert_eq!(drops["cookie_unknown_server"], 130 + 160);
+        assert_eq!(drops["cookie_server_removed"], 140 + 170);
         assert_eq!(drops["ts_msb_unknown"], 150);
-        assert_eq!(drops.values().sum::<u64>(), 10105 + 510 + 120 + 420);
+        assert_eq!(drops.values().sum::<u64>(), 10105 + 510 + 120 + 420 + 330);
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

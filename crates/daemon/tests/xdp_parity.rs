@@ -195,6 +195,8 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "forged-cookie",
             "msb-unknown",
             "cookie-server-removed",
+            "icmp-frag-needed-forged-cookie",
+            "icmp-frag-needed-cookie-server-removed",
             // A trunk port's frames: decided untagged (vlan.h), tags put back.
             "vlan-tagged-syn",
             "qinq-tagged-syn",

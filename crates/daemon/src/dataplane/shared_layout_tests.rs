@@ -324,6 +324,14 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_DROP_TS_MSB_UNKNOWN",
             STAT_DROP_TS_MSB_UNKNOWN as usize,
         ),
+        (
+            "STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER",
+            STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER as usize,
+        ),
+        (
+            "STAT_DROP_ICMP_COOKIE_SERVER_REMOVED",
+            STAT_DROP_ICMP_COOKIE_SERVER_REMOVED as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

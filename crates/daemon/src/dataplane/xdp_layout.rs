@@ -124,7 +124,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 46] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 48] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -422,6 +422,9 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 46] = [
             Counter::Dropped,
         ],
     ),
+    // An ICMP error's quoted cookie that routes nowhere: the ICMP path counts only the drop.
+    (STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER, &[Counter::Dropped]),
+    (STAT_DROP_ICMP_COOKIE_SERVER_REMOVED, &[Counter::Dropped]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -529,9 +532,13 @@ pub const STAT_DROP_REPLY_FROM_CLIENT_SIDE: u32 = 68;
 pub const STAT_DROP_COOKIE_UNKNOWN_SERVER: u32 = 69;
 pub const STAT_DROP_COOKIE_SERVER_REMOVED: u32 = 70;
 pub const STAT_DROP_TS_MSB_UNKNOWN: u32 = 71;
+/// An ICMP error whose quoted cookie names an id no server has, or a removed server,
+/// dropped in the kernel (icmp_path.h).
+pub const STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER: u32 = 72;
+pub const STAT_DROP_ICMP_COOKIE_SERVER_REMOVED: u32 = 73;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
-pub const KERNEL_DROPS: [(u32, DropReason); 19] = [
+pub const KERNEL_DROPS: [(u32, DropReason); 21] = [
     (
         STAT_DROP_TCP_OPTION_TRUNCATED,
         DropReason::TcpOptionTruncated,
@@ -590,9 +597,17 @@ pub const KERNEL_DROPS: [(u32, DropReason); 19] = [
         DropReason::CookieServerRemoved,
     ),
     (STAT_DROP_TS_MSB_UNKNOWN, DropReason::TsMsbUnknown),
+    (
+        STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER,
+        DropReason::CookieUnknownServer,
+    ),
+    (
+        STAT_DROP_ICMP_COOKIE_SERVER_REMOVED,
+        DropReason::CookieServerRemoved,
+    ),
 ];
 
-pub const STAT_COUNT: u32 = 72;
+pub const STAT_COUNT: u32 = 74;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 128;
