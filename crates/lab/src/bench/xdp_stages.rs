@@ -4,7 +4,9 @@
 //! XDP_TX. One round runs bench_trivial, every stage program and bench_lb, in that order,
 //! on the same frame; a stage's increment is the median over the rounds of (its time - the
 //! previous program's time), so drift hits both sides of every difference alike, as in the
-//! lb/trivial rows. The last increment ("send_out") is bench_lb against the last stage.
+//! lb/trivial rows. After the stages comes bench_lb_inline, the LB inlined without the tag
+//! check and the call of lb_process (send_out and the stages' glue), then bench_lb (what
+//! the tag check and the call add).
 //! After bench_lb the round runs bench_lb_twin, the same code loaded at another address:
 //! its difference from bench_lb is placement alone (caches, branch predictors), the
 //! resolution of every increment.
@@ -75,6 +77,7 @@ pub(super) fn breakdown(
     let object = bench.program.object();
     let mut names = vec!["bench_trivial".to_string()];
     names.extend((1..=adds.len()).map(|k| format!("{prefix}{k}")));
+    names.push("bench_lb_inline".into());
     names.push("bench_lb".into());
     names.push("bench_lb_twin".into());
     let programs: Vec<ProgramMut<'_>> = names
@@ -82,7 +85,7 @@ pub(super) fn breakdown(
         .map(|name| program(object, name))
         .collect::<anyhow::Result<_>>()?;
     let expected = |p: usize| {
-        if p + 2 >= names.len() {
+        if p + 3 >= names.len() {
             whole_action
         } else {
             XDP_TX
@@ -115,7 +118,12 @@ pub(super) fn breakdown(
         .map(|p| Stage {
             adds: match adds.get(p - 1) {
                 Some(stage) => stage.to_string(),
-                None if p + 1 < names.len() => "send_out (the whole path: bench_lb)".into(),
+                None if p + 2 < names.len() => {
+                    "send_out (the whole path, the LB inlined: bench_lb_inline)".into()
+                }
+                None if p + 1 < names.len() => {
+                    "vlan.h's tag check and the call to the global cheetah_decide (bench_lb)".into()
+                }
                 None => "nothing: bench_lb_twin, the same code at another address".into(),
             },
             increment: spread(differences(p, p - 1)),
