@@ -80,7 +80,18 @@ static __always_inline int vlan_lift(struct xdp_md *ctx, __u32 len, struct vlan_
 	tags->words[0] = *(__u32 *)(data + VLAN_MACS_LEN);
 	tags->words[1] = *(__u32 *)(data + VLAN_MACS_LEN + VLAN_TAG_LEN);
 	vlan_macs_write(data + (len == 2 * VLAN_TAG_LEN ? 2 * VLAN_TAG_LEN : VLAN_TAG_LEN), &macs);
-	return bpf_xdp_adjust_head(ctx, (int)len) == 0;
+	if (bpf_xdp_adjust_head(ctx, (int)len) == 0)
+		return 1;
+	// (vlan_tags_len left room for the move, so this never runs.) The frame as it came:
+	// the MACs and the tags the move overwrote written back.
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + VLAN_MACS_LEN + 2 * VLAN_TAG_LEN > data_end)
+		return 0;
+	vlan_macs_write(data, &macs);
+	*(__u32 *)(data + VLAN_MACS_LEN) = tags->words[0];
+	*(__u32 *)(data + VLAN_MACS_LEN + VLAN_TAG_LEN) = tags->words[1];
+	return 0;
 }
 
 // Puts back the `len` bytes of tags vlan_lift took, behind the frame's MACs as they are
