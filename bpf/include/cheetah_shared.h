@@ -52,7 +52,7 @@ enum xdp_stat {
 	STAT_TO_SOCKET,
 	STAT_NO_SOCKET,
 	STAT_PASSED,
-	STAT_NO_METADATA_ROOM,  // also: no room in front of a tagged frame to put its tags back (vlan.h)
+	STAT_NO_METADATA_ROOM,  // also: no room to lift a tagged frame's tags or put them back (vlan.h)
 	// Packets the in-kernel path handled, one per core `Bundle` (lb/counters.rs): each
 	// stands for every counter of its bundle, so metrics add them under the core's names.
 	STAT_FAST_CLIENT_COOKIE,

@@ -67,7 +67,9 @@ static __always_inline void vlan_macs_write(void *at, const struct vlan_macs *ma
 }
 
 // Takes `len` bytes of tags (vlan_tags_len) off the frame into `tags`: the MACs move up
-// over them and the frame starts `len` bytes later. 0 if the frame was left as it was.
+// over them and the frame starts `len` bytes later. 1 if so; 0 if the frame was left as
+// it was; -1 if the MACs moved but the frame's start could not (vlan_tags_len left room
+// for it, so this never happens): the frame is then neither tagged nor untagged.
 static __always_inline int vlan_lift(struct xdp_md *ctx, __u32 len, struct vlan_tags *tags)
 {
 	void *data = (void *)(long)ctx->data;
@@ -80,18 +82,7 @@ static __always_inline int vlan_lift(struct xdp_md *ctx, __u32 len, struct vlan_
 	tags->words[0] = *(__u32 *)(data + VLAN_MACS_LEN);
 	tags->words[1] = *(__u32 *)(data + VLAN_MACS_LEN + VLAN_TAG_LEN);
 	vlan_macs_write(data + (len == 2 * VLAN_TAG_LEN ? 2 * VLAN_TAG_LEN : VLAN_TAG_LEN), &macs);
-	if (bpf_xdp_adjust_head(ctx, (int)len) == 0)
-		return 1;
-	// (vlan_tags_len left room for the move, so this never runs.) The frame as it came:
-	// the MACs and the tags the move overwrote written back.
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	if (data + VLAN_MACS_LEN + 2 * VLAN_TAG_LEN > data_end)
-		return 0;
-	vlan_macs_write(data, &macs);
-	*(__u32 *)(data + VLAN_MACS_LEN) = tags->words[0];
-	*(__u32 *)(data + VLAN_MACS_LEN + VLAN_TAG_LEN) = tags->words[1];
-	return 0;
+	return bpf_xdp_adjust_head(ctx, (int)len) == 0 ? 1 : -1;
 }
 
 // Puts back the `len` bytes of tags vlan_lift took, behind the frame's MACs as they are
@@ -123,10 +114,17 @@ static __always_inline int with_tags_lifted(struct xdp_md *ctx, int (*decide)(st
 {
 	struct vlan_tags tags;
 	__u32 len = vlan_tags_len(ctx);
-	int action;
+	int action, lifted;
 
-	if (!len || !vlan_lift(ctx, len, &tags))
+	if (!len)
 		return decide(ctx);
+	lifted = vlan_lift(ctx, len, &tags);
+	if (lifted == 0)
+		return decide(ctx);
+	if (lifted < 0) {
+		count(STAT_NO_METADATA_ROOM);
+		return XDP_DROP;
+	}
 	action = decide(ctx);
 	if (action == XDP_ABORTED)
 		return action;
