@@ -103,12 +103,9 @@ fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u16)> {
 #[cold]
 #[inline(never)]
 fn l3_past_tags(packet: &[u8]) -> Option<usize> {
-    let is_tag = |ethertype: u16| {
-        ethertype == ethernet::ethertype::VLAN || ethertype == ethernet::ethertype::QINQ
-    };
     let mut at = ethernet::field::ETHERTYPE;
     for _ in 0..ethernet::MAX_TAGS {
-        if !is_tag(read_u16(packet, at)) {
+        if !ethernet::is_tag(read_u16(packet, at)) {
             return None;
         }
         at += ethernet::TAG_LEN;

@@ -27,6 +27,12 @@ pub mod field {
     pub const ETHERTYPE: usize = 12;
 }
 
+/// Whether `ethertype` is a VLAN tag's (802.1Q or 802.1ad), which a reader steps past.
+#[inline]
+pub fn is_tag(ethertype: u16) -> bool {
+    ethertype == ethertype::VLAN || ethertype == ethertype::QINQ
+}
+
 /// A view of an Ethernet frame; the EtherType is the one after any VLAN tags.
 #[derive(Debug)]
 pub struct EthernetFrame<T> {
@@ -44,7 +50,7 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
         let mut offset = field::ETHERTYPE;
         let mut ethertype = read_u16(bytes, offset);
         let mut tags = 0;
-        while (ethertype == ethertype::VLAN || ethertype == ethertype::QINQ) && tags < MAX_TAGS {
+        while is_tag(ethertype) && tags < MAX_TAGS {
             offset += TAG_LEN;
             if bytes.len() < offset + 2 {
                 return Err(DropReason::TruncatedEthernet);
