@@ -307,21 +307,25 @@ struct {
 } load_changes_cache SEC(".maps");
 
 // The kernel's alone, not pinned (`*_cache`). Per CPU and direct-mapped by VIP index: what
-// least loaded needs of a pool of at most MAX_HASH_POOL servers to pick in O(1) instead of
-// scanning it (least_loaded.h): the least load, the positions at it and at one more.
+// least loaded needs of a pool of at most LEAST_CACHE_POSITIONS servers to pick in O(1)
+// instead of scanning it (least_loaded.h): the least load, the positions at it and at one
+// more, each set a bit per position in LEAST_SET_WORDS words under a summary word.
 #define LEAST_CACHE_SLOTS 16
+#define LEAST_SET_WORDS 64
+#define LEAST_CACHE_POSITIONS (LEAST_SET_WORDS * 64)
 struct least_cached {
 	__u64 min;             // the pool's least load, as view_load gives it
-	__u64 at_min;          // bit i: pool position i's load is min
-	__u64 above_min;       // bit i: position i's load is min + 1 (all such if above_complete)
 	__u64 generation;      // load_generation's word when the slot was filled
 	__u32 vip;             // VIP index + 1 of the slot's pool (0: none)
 	__u32 seq;             // the publish_seq the pool was read under
 	__u32 changes_seen;    // load_changes.seq caught up with
-	__u32 above_complete;
-	// Server id -> its position in the pool as the last fill wrote it; a stale entry is
-	// told by the pool's member at that position.
-	__u8 position_of[SERVER_ID_SPACE];
+	__u32 above_complete;  // the min + 1 set holds every such position, not a subset
+	__u32 at;              // which of sets holds the positions at min; the other, min + 1
+	__u32 pad;
+	// Bit w of summary[s]: word w of sets[s] holds positions. A word whose bit is clear is
+	// stale and reads as empty, so that emptying a set is one store, whatever its size.
+	__u64 summary[2];
+	__u64 sets[2][LEAST_SET_WORDS]; // bit p % 64 of word p / 64: pool position p
 };
 
 struct {
@@ -330,6 +334,21 @@ struct {
 	__type(key, __u32);
 	__type(value, struct least_cached);
 } least_loaded_cache SEC(".maps");
+
+// The kernel's alone, not pinned (`*_cache`); the slot of least_loaded_cache's beside it:
+// server id -> its position in the slot's pool as the last fill wrote it; a stale entry is
+// told by the pool's member at that position. A map of its own: with the sets, a slot
+// would pass the 32 KiB a per-CPU value may hold.
+struct least_positions {
+	__u16 position_of[SERVER_ID_SPACE];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LEAST_CACHE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct least_positions);
+} least_positions_cache SEC(".maps");
 
 // This CPU's random generator for the random policy, seeded by userspace.
 struct {

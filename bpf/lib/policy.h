@@ -217,7 +217,7 @@ static __always_inline int least_scan_one(struct least_scan *scan, __u32 metric,
 LEAST_SCAN_STEP(least_scan_active, LOAD_METRIC_ACTIVE)
 LEAST_SCAN_STEP(least_scan_published, LOAD_METRIC_PACKETS)
 
-// least_loaded.rs `LeastLoaded::pick` over a pool bigger than vip_info holds (`big`): the
+// least_loaded.rs `LeastLoaded::pick` over a pool bigger than least_loaded.h caches: the
 // scan starts at the cursor's position in the pool, goes round once, and the first least
 // loaded wins; the cursor becomes start + 1 (*next). A bpf_loop, as wrr's scan is, of
 // LEAST_SCAN_STRIDE positions a step, over the rows looked up once. 0 if the view has no
@@ -249,17 +249,17 @@ static __always_inline int least_loaded_scan(const struct policy_state *state,
 	return 1;
 }
 
-// least_loaded.rs `LeastLoaded::pick`: a pool in vip_info from this CPU's cache of its
-// least loaded positions (least_loaded.h), a bigger one by a scan. `seq`: the publish_seq
-// the pool was read under.
+// least_loaded.rs `LeastLoaded::pick`: a pool of at most LEAST_CACHE_POSITIONS servers
+// from this CPU's cache of its least loaded positions (least_loaded.h), a bigger one by a
+// scan. `seq`: the publish_seq the pool was read under.
 static __always_inline int least_loaded_decide(const struct policy_state *state,
 					       const struct vip_info *vip,
 					       const struct vip_big_pool *big, __u32 pool_len,
 					       __u32 seq, __u32 *position, __u32 *next)
 {
-	if (big)
+	if (pool_len > LEAST_CACHE_POSITIONS)
 		return least_loaded_scan(state, vip, big, pool_len, position, next);
-	return least_loaded_cached(state, vip, pool_len, seq, position, next);
+	return least_loaded_cached(state, vip, big, pool_len, seq, position, next);
 }
 
 #endif

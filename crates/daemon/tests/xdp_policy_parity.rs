@@ -1122,18 +1122,25 @@ fn absurd_published_loads_and_cursors_keep_picks_inside_the_pool() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// least loaded over a pool vip_info holds is picked from a per-CPU cache of the least
-/// loaded positions (bpf/lib/least_loaded.h), which this CPU's own picks and closes and
-/// every change of the published loads move. Through SYNs, retried SYNs, servers' FINs
+/// least loaded over a pool of up to 4,096 servers is picked from a per-CPU cache of the
+/// least loaded positions (bpf/lib/least_loaded.h), which this CPU's own picks and closes
+/// and every change of the published loads move. Through SYNs, retried SYNs, servers' FINs
 /// (each a close: -1 active in both views) and folds (new bases), and then through
-/// publications of new packet rates, the kernel must pick the core's servers, SYN for SYN.
+/// publications of new packet rates, the kernel must pick the core's servers, SYN for SYN:
+/// for a pool vip_info holds, for one in vip_big_pools whose positions span several of the
+/// cache's words, and for the biggest pool the cookie carries with 4 epoch bits.
 #[test]
 fn least_loaded_follows_picks_closes_and_folds_as_the_core_does() {
     if !in_lb_namespace() {
         return;
     }
-    let config = config("least-loaded", 12, &[]);
-    let servers = config.servers.len() as u16;
+    for servers in [12, 200, 4095] {
+        least_loaded_follows_the_core(servers);
+    }
+}
+
+fn least_loaded_follows_the_core(servers: u16) {
+    let config = config("least-loaded", servers, &[]);
     let lb = set_up(&config);
     let mut worker = Worker::new(Arc::clone(lb.core_plane.shared()), lb.worker_config);
     let mut kernel_loads = KernelLoads::new(Arc::clone(&lb.kernel_plane.shared().loads));
@@ -1212,13 +1219,13 @@ fn least_loaded_follows_picks_closes_and_folds_as_the_core_does() {
     assert!(closes > 400, "{closes} closes");
     assert!(
         kernel_picks == core_picks,
-        "least-loaded, active connections: the kernel's picks differ from the core's, {}",
+        "least-loaded over {servers}, active connections: the kernel's picks differ from the core's, {}",
         first_difference(&kernel_picks, &core_picks)
     );
 
     // Published packet rates, a new set every 40 SYNs: each publication must reach the
     // cache (the core's policy reads the same view).
-    let config = config_with("least-loaded", "load_metric = \"packets\"", 12, &[]);
+    let config = config_with("least-loaded", "load_metric = \"packets\"", servers, &[]);
     let lb = set_up(&config);
     pin_to_this_cpu();
     let pool = lb.kernel_plane.shared().snapshot.load().vips[0]
@@ -1242,7 +1249,7 @@ fn least_loaded_follows_picks_closes_and_folds_as_the_core_does() {
     }
     assert!(
         kernel_picks == core_picks,
-        "least-loaded, packet rates: the kernel's picks differ from the core's, {}",
+        "least-loaded over {servers}, packet rates: the kernel's picks differ from the core's, {}",
         first_difference(&kernel_picks, &core_picks)
     );
 }
