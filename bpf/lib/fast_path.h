@@ -262,11 +262,10 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	// Decide: every read, no write. (client_syn found the timestamp where Table 1 puts it,
 	// or, `walked`, elsewhere.)
 	// wrr and awrr keep per-position state for MAX_HASH_POOL positions: a bigger pool is
-	// published with wrr only when its cycle fits (then read, not scanned), never with
-	// awrr (xdp_tables.rs kernel_policy).
+	// published with them only when its cycle fits (then read, not scanned; awrr's
+	// whatever its loads: xdp_tables.rs kernel_policy).
 	if (policy == KERNEL_POLICY_NONE ||
-	    (policy != KERNEL_POLICY_MAGLEV && !vip_pool_open(config->copy, vip, &big)) ||
-	    (big && policy == KERNEL_POLICY_AWRR))
+	    (policy != KERNEL_POLICY_MAGLEV && !vip_pool_open(config->copy, vip, &big)))
 		return hand_up(STAT_UP_NEW_CONNECTION);
 	state = bpf_map_lookup_elem(&policy_state, &index);
 	words = bpf_map_lookup_elem(&handshakes, &zero);

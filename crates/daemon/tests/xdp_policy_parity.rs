@@ -45,7 +45,7 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{Mac, ServerId};
 use cheetah_core::verdict::Verdict;
 use cheetah_daemon::clock::monotonic_ns;
-use cheetah_daemon::dataplane::awrr_schedules::AwrrSchedules;
+use cheetah_daemon::dataplane::awrr_schedules::{AwrrSchedules, MAX_KERNEL_AWRR_POOL};
 use cheetah_daemon::dataplane::kernel_loads::{published_loads, KernelLoads};
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::*;
@@ -499,6 +499,13 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         // wrr from its cycle alone (the credits' state holds 64 positions): weights 1 to 5
         // over 200 servers, a cycle of 600.
         ("wrr, 200 servers", config("wrr", 200, &weights_1_to_5(200))),
+        // awrr from its balanced cycle (no load known), over 64 servers (not the biggest
+        // it takes, 136: the run's SYNs are a whole number of its cycles, and the cursor
+        // would end where it began).
+        (
+            "awrr, 135 servers",
+            config("awrr", MAX_KERNEL_AWRR_POOL as u16 - 1, &[]),
+        ),
         ("random, 300 servers", config("random", 300, &[])),
         ("hash, 300 servers", config("hash", 300, &[])),
         ("pow2, 300 servers", config("pow2", 300, &[])),
@@ -576,7 +583,8 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
     }
     // A pool the kernel does not hold goes up, counted as a new connection for userspace:
     // one over MAX_HASH_POOL for a policy with state per position, unless wrr's cycle
-    // fits (at most 4096 entries naming at most 256 positions).
+    // fits (at most 4096 entries naming at most 256 positions) or awrr's fits whatever
+    // its loads (MAX_KERNEL_AWRR_POOL).
     let odd_65: Vec<(u16, u32)> = (1..=MAX_HASH_POOL as u16 + 1)
         .map(|id| (id, 2 * u32::from(id) - 1))
         .collect();
@@ -587,8 +595,8 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         ),
         ("wrr, 300 servers", config("wrr", 300, &weights_1_to_5(300))),
         (
-            "awrr, 65 servers",
-            config("awrr", MAX_HASH_POOL as u16 + 1, &[]),
+            "awrr, 137 servers",
+            config("awrr", MAX_KERNEL_AWRR_POOL as u16 + 1, &[]),
         ),
     ] {
         let run = run_policy(&config);
@@ -960,6 +968,16 @@ fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
                 "awrr",
                 "load_metric = \"reported\"",
                 MAX_HASH_POOL as u16,
+                &[],
+            ),
+        ),
+        // The biggest pool whose cycle fits whatever the loads, from vip_big_pools.
+        (
+            "awrr, 136 servers",
+            config_with(
+                "awrr",
+                "load_metric = \"reported\"",
+                MAX_KERNEL_AWRR_POOL as u16,
                 &[],
             ),
         ),

@@ -25,6 +25,7 @@ use cheetah_core::policy::{LoadMetric, PolicyKind};
 use cheetah_core::tables::{vip_addr_bit, SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
 
+use super::awrr_schedules::MAX_KERNEL_AWRR_POOL;
 use super::egress;
 use super::maglev_tables::{self, MaglevTables};
 use super::publish_window::PublishWindow;
@@ -95,14 +96,15 @@ pub fn kernel_holds_pool(pool_len: usize) -> bool {
 /// (`maglev_tables`, published for every non-empty pool outside hash mode), never from the
 /// pool. wrr and awrr keep per-position state for MAX_HASH_POOL positions: over that,
 /// only a wrr pool whose cycle fits a [`Schedule`] (at most 256 servers), which the kernel
-/// reads instead of scanning credits. NONE leaves them to userspace (an empty pool, a
+/// reads instead of scanning credits, and an awrr pool whose cycle fits whatever its
+/// loads ([`MAX_KERNEL_AWRR_POOL`]). NONE leaves them to userspace (an empty pool, a
 /// bigger one).
 pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
     let pool_len = weights.len();
     let within_state = pool_len <= MAX_HASH_POOL
         || match kind {
             PolicyKind::WeightedRoundRobin => Schedule::of_weights(weights).is_some(),
-            PolicyKind::AutoWeightedRoundRobin => false,
+            PolicyKind::AutoWeightedRoundRobin => pool_len <= MAX_KERNEL_AWRR_POOL,
             _ => true,
         };
     if pool_len == 0
@@ -910,11 +912,17 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 "{kind}"
             );
             assert_eq!(kernel_policy(kind, &[]), KERNEL_POLICY_NONE, "{kind}");
-            // Beyond vip_info, in vip_big_pools: all but awrr, whose state is per position;
-            // wrr from its cycle, which names at most 256 positions.
-            for len in [MAX_HASH_POOL + 1, SCHEDULE_MAX_POSITIONS, MAX_BIG_POOL] {
+            // Beyond vip_info, in vip_big_pools: wrr from its cycle, which names at most
+            // 256 positions; awrr only while its cycle fits whatever the loads (136).
+            for len in [
+                MAX_HASH_POOL + 1,
+                MAX_KERNEL_AWRR_POOL,
+                MAX_KERNEL_AWRR_POOL + 1,
+                SCHEDULE_MAX_POSITIONS,
+                MAX_BIG_POOL,
+            ] {
                 let big = match kind {
-                    AutoWeightedRoundRobin => KERNEL_POLICY_NONE,
+                    AutoWeightedRoundRobin if len > MAX_KERNEL_AWRR_POOL => KERNEL_POLICY_NONE,
                     WeightedRoundRobin if len > SCHEDULE_MAX_POSITIONS => KERNEL_POLICY_NONE,
                     _ => expected,
                 };
