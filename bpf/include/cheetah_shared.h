@@ -63,7 +63,7 @@ enum xdp_stat {
 	// decides and counts it): one reason per packet.
 	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
 	STAT_UP_LAYOUT,         // a layout the kernel does not take (VLAN, IP options, fragment, malformed TCP options)
-	STAT_UP_COOKIE,         // an echo beyond the idle limit, a fallback entry naming no forwarding server, an ICMP error's cookie of an unknown clock
+	STAT_UP_COOKIE,         // a fallback entry naming no forwarding server, a cookie naming no entry of the servers map
 	STAT_UP_CLOCK,          // a reply whose clock the core would not learn (backwards, ahead of real time, too fast: it counts and warns), or that raced another writer
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a SYN-ACK with FIN or RST, or a retried SYN's first answer that also learns a clock, has no timestamp, or raced
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
@@ -230,6 +230,12 @@ enum xdp_stat {
 	// and the reason, nothing before). A forged-quote flood stays in the kernel too.
 	STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER,
 	STAT_DROP_ICMP_COOKIE_SERVER_REMOVED,
+	// An echo (a client segment's TSecr, an ICMP error's quoted TSval) restored in the
+	// kernel more than 2^(k-1) periods behind its server's newest MSB, counted beside the
+	// packet's entry: the core's `echoes_beyond_idle_limit` (MsbTable::restore_unmasked),
+	// which the metric adds it to. A connection idle past the layout's limit wakes up in
+	// the kernel.
+	STAT_ECHO_BEYOND_IDLE_LIMIT,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

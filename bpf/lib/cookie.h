@@ -70,14 +70,17 @@ static __always_inline __u32 cookie_server(struct cookie_layout layout, __u16 un
 
 // cookie_restore's answers.
 #define COOKIE_RESTORED 1
-#define COOKIE_CLOCK_UNKNOWN 0 // the core drops the echo (`ts_msb_unknown`)
-#define COOKIE_FOR_THE_CORE -1 // beyond the idle limit, which the core counts; or no map
+// Restored, more than 2^(k-1) periods behind the server's newest MSB: the core counts it
+// (`echoes_beyond_idle_limit`); the kernel, once it forwards the packet,
+// STAT_ECHO_BEYOND_IDLE_LIMIT.
+#define COOKIE_RESTORED_LATE 2
+#define COOKIE_CLOCK_UNKNOWN 0 // a client's echo the core drops (`ts_msb_unknown`)
+#define COOKIE_FOR_THE_CORE -1 // no map
 
 // `MsbTable::restore_unmasked` for the straight line: the two bytes that replace the
 // echoed cookie (the restored MSB, as it lies in the packet: the entry keeps it in network
 // order), read from `restores`, an msb_restores-shaped map (one entry: every word).
-// COOKIE_RESTORED, COOKIE_CLOCK_UNKNOWN, or COOKIE_FOR_THE_CORE beyond the idle limit
-// (`echoes_beyond_idle_limit`): the kernel leaves such an echo to the core.
+// COOKIE_RESTORED, COOKIE_RESTORED_LATE, COOKIE_CLOCK_UNKNOWN, or COOKIE_FOR_THE_CORE.
 static __always_inline int cookie_restore(void *restores, __u16 unmasked, __u16 *restored)
 {
 	__u32 zero = 0;
@@ -89,10 +92,8 @@ static __always_inline int cookie_restore(void *restores, __u16 unmasked, __u16 
 	word = words->word[unmasked];
 	if (!(word & MSB_KNOWN))
 		return COOKIE_CLOCK_UNKNOWN;
-	if (word & MSB_BEYOND_IDLE_LIMIT)
-		return COOKIE_FOR_THE_CORE;
 	*restored = (__u16)word;
-	return COOKIE_RESTORED;
+	return word & MSB_BEYOND_IDLE_LIMIT ? COOKIE_RESTORED_LATE : COOKIE_RESTORED;
 }
 
 // `MsbTable::learn`'s first test: a reply whose MSB is the newest seen, or the one before

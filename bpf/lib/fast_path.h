@@ -383,19 +383,22 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 }
 
 // cookie_stage.rs `route_by_cookie`: the server an echoed cookie (`echoed`, the 16 bits
-// as a number) of the connection with hash `hash` names, with its id and the MSB the echo
-// restores to. NULL when the kernel does not route it: either with *drop the STAT_DROP_*
-// entry of the core's reason, nothing counted yet (a cookie naming a server that is not
-// allocated or was removed, or a clock the LB does not know), or, *drop 0, left to
-// userspace, having counted why: an echo beyond the idle limit (`cookie`), or no resolved
-// egress (`next_hop`). Client segments and ICMP errors decode alike.
+// as a number) of the connection with hash `hash` names, with its id and, in *restore,
+// cookie_restore's answer: the MSB the echo restores to in *restored, beyond the idle limit
+// or not (the caller counts STAT_ECHO_BEYOND_IDLE_LIMIT once it forwards). A `quote` (an
+// ICMP error's) whose server's clock is unknown is routed unrestored, as the core's ICMP
+// path routes it; a client's echo is dropped. NULL when the kernel does not route it:
+// either with *drop the STAT_DROP_* entry of the core's reason, nothing counted yet (a
+// cookie naming a server that is not allocated or was removed, or a clock the LB does not
+// know), or, *drop 0, left to userspace, having counted why (no resolved egress:
+// `next_hop`). Client segments and ICMP errors decode alike.
 static __always_inline struct server_info *route_by_cookie(__u32 copy, struct cookie_layout layout,
-							   __u16 echoed, __u64 hash, __u32 *id,
-							   __u16 *restored, __u32 *drop)
+							   __u16 echoed, __u64 hash, int quote,
+							   __u32 *id, __u16 *restored, int *restore,
+							   __u32 *drop)
 {
 	__u16 unmasked = cookie_unmask(layout, echoed, hash);
 	struct server_info *server;
-	int restore;
 
 	*drop = 0;
 	*id = cookie_server(layout, unmasked);
@@ -409,12 +412,12 @@ static __always_inline struct server_info *route_by_cookie(__u32 copy, struct co
 							 STAT_DROP_COOKIE_UNKNOWN_SERVER;
 		return NULL;
 	}
-	restore = cookie_restore(&msb_restores, unmasked, restored);
-	if (restore == COOKIE_CLOCK_UNKNOWN) {
+	*restore = cookie_restore(&msb_restores, unmasked, restored);
+	if (*restore == COOKIE_CLOCK_UNKNOWN && !quote) {
 		*drop = STAT_DROP_TS_MSB_UNKNOWN;
 		return NULL;
 	}
-	if (restore != COOKIE_RESTORED) {
+	if (*restore == COOKIE_FOR_THE_CORE) {
 		hand_up(STAT_UP_COOKIE);
 		return NULL;
 	}
@@ -441,7 +444,7 @@ static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_
 	__u8 *option = timestamp_option_at(ctx, p, at);
 	__u16 restored = 0;
 	__u32 id, drop;
-	int action;
+	int action, restore;
 	// The VIP's side of the id was hashed by userspace (the packet's destination is the
 	// VIP's address and port: that is how it was found).
 	__u64 hash = siphash_finish(hash_prefix, p->ip->saddr, p->tcp->source);
@@ -450,8 +453,8 @@ static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_
 		return hand_up(STAT_UP_LAYOUT);
 	// The cookie is TSecr's high half.
 	server = route_by_cookie(config->copy, layout_of(config),
-				 bpf_ntohs(*(__be16 *)(option + TCP_TIMESTAMP_TSECR)), hash, &id,
-				 &restored, &drop);
+				 bpf_ntohs(*(__be16 *)(option + TCP_TIMESTAMP_TSECR)), hash, 0, &id,
+				 &restored, &restore, &drop);
 	if (!server) {
 		// A cookie that routes nowhere (forged, or of a removed server or an unknown
 		// clock): dropped as the core drops it, its cookie stage's counts first.
@@ -472,6 +475,8 @@ static __always_inline int client_by_cookie(struct xdp_md *ctx, const struct lb_
 	to.backend_port = backend_port;
 	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
+	if (restore == COOKIE_RESTORED_LATE)
+		count(STAT_ECHO_BEYOND_IDLE_LIMIT);
 	if (walked) {
 		__u8 *tsecr = option + TCP_TIMESTAMP_TSECR;
 		__be32 old;

@@ -13,7 +13,8 @@
 // carrying an error (destination unreachable, time exceeded, parameter problem) that
 // quotes a VIP's TCP segment with a whole TCP header whose options hold a timestamp (NOP
 // NOP TS first, or wherever the core's walk finds it: parse.h tcp_timestamp_walk), in
-// cheetah mode, whose cookie names a forwarding server with a known, recent clock; and in
+// cheetah mode, whose cookie names a forwarding server (its clock unknown, the quote goes
+// unrestored, as the core sends it; an echo beyond the idle limit is counted); and in
 // hash and maglev mode with l2 forwarding, any such error, to `pool[h % n]` or the VIP's
 // Maglev table's pick of the quoted connection as the core picks it (nothing in the quote
 // changes then). A cookie that names an id no server has or a removed server is dropped,
@@ -140,11 +141,11 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	struct vip_info *vip;
 	struct vip_key key = {};
 	__be16 vip_port, backend_port;
-	int nat, at;
+	int nat, at, restore;
 	__u8 *option, *tsval;
 	__be32 tsval_be;
 	__u32 total_len, quote_len, id, old_tsval, new_tsval, drop;
-	__u16 restored;
+	__u16 restored = 0;
 	__u64 hash;
 
 	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
@@ -219,16 +220,16 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	__builtin_memcpy(&tsval_be, tsval, sizeof(tsval_be));
 	old_tsval = bpf_ntohl(tsval_be);
 	// A cookie naming an id no server has or a removed server is dropped, as the core
-	// drops it; an unknown clock (the core then routes without restoring) or an echo
-	// beyond the idle limit (which the core counts) is the core's.
-	server = route_by_cookie(config->copy, layout, old_tsval >> 16, hash, &id, &restored,
-				 &drop);
+	// drops it; one whose server's clock is unknown is routed unrestored, as the core
+	// routes it.
+	server = route_by_cookie(config->copy, layout, old_tsval >> 16, hash, 1, &id, &restored,
+				 &restore, &drop);
 	if (!server && drop == STAT_DROP_COOKIE_UNKNOWN_SERVER)
 		return drop_by_tables(seq, STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER);
 	if (!server && drop == STAT_DROP_COOKIE_SERVER_REMOVED)
 		return drop_by_tables(seq, STAT_DROP_ICMP_COOKIE_SERVER_REMOVED);
 	if (!server)
-		return drop ? hand_up(STAT_UP_COOKIE) : LB_HAND_UP;
+		return LB_HAND_UP;
 	target = *server;
 	vip_port = vip->port;
 	backend_port = vip->backend_port;
@@ -238,12 +239,17 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	// The quoted TSval restored (the whole word written, as the core writes it, even when
 	// the MSB is the same), then the quoted TCP checksum; each change folded into the
 	// ICMP checksum, byte-swapped at an odd offset (the quoted TCP header sits at an even
-	// one from the ICMP header, so the parity from either is the option's).
-	new_tsval = (__u32)bpf_ntohs(restored) << 16 | (old_tsval & 0xffff);
-	icmp_write_option_u32(icmp, tsval, at & 1, old_tsval, new_tsval);
-	icmp_write_u16(icmp, &quoted_tcp->check,
-		       bpf_htons(csum_update_u32_at(bpf_ntohs(quoted_tcp->check), at & 1,
-						    old_tsval, new_tsval)));
+	// one from the ICMP header, so the parity from either is the option's). A clock
+	// unknown leaves the quote as it came.
+	if (restore != COOKIE_CLOCK_UNKNOWN) {
+		new_tsval = (__u32)bpf_ntohs(restored) << 16 | (old_tsval & 0xffff);
+		icmp_write_option_u32(icmp, tsval, at & 1, old_tsval, new_tsval);
+		icmp_write_u16(icmp, &quoted_tcp->check,
+			       bpf_htons(csum_update_u32_at(bpf_ntohs(quoted_tcp->check), at & 1,
+							    old_tsval, new_tsval)));
+	}
+	if (restore == COOKIE_RESTORED_LATE)
+		count(STAT_ECHO_BEYOND_IDLE_LIMIT);
 	// `rewrite_for_server`: with NAT, the outer destination, the quoted source (and the
 	// quoted IP header checksum that covers it) and the quoted source port become the
 	// server's.

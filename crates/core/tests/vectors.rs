@@ -841,6 +841,24 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         )
         .msb(2, M),
         input(
+            "icmp-frag-needed-cookie-msb-unknown",
+            "ICMP fragmentation-needed quoting a segment with server 2's cookie, whose clock the LB does not know: routed to server 2, the quote left as it came.",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 20 + 32 + 8),
+        ),
+        input(
+            "icmp-frag-needed-cookie-beyond-idle-limit",
+            "ICMP fragmentation-needed quoting a segment with server 2's cookie of 9 periods before M^ = 0x1234 (more than 2^(4-1)): routed to server 2, the quoted TSval restored to 0x122b5678, and counted in echoes_beyond_idle_limit.",
+            testkit::icmp_frag_needed(
+                ROUTER,
+                &seen_by_client_with(options::nop_nop_ts(
+                    cookie_ts(2, M - 9, 0x5678),
+                    CLIENT_TS + 1,
+                )),
+                20 + 32 + 8,
+            ),
+        )
+        .msb(2, M),
+        input(
             "icmp-frag-needed-cookie-sack-before-ts",
             "ICMP fragmentation-needed quoting a segment with NOP NOP SACK(1 block) NOP NOP TS carrying server 2's cookie: the option walk finds the quoted TSval; routed to server 2, TSval restored.",
             testkit::icmp_frag_needed(

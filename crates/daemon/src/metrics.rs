@@ -477,7 +477,14 @@ impl Collector for DaemonCollector {
             "cheetah_echoes_beyond_idle_limit",
             "Client echoes restored from further back than the cookie layout's idle limit (2^(k-1) x 65.5 s): those connections idled too long, and their client's PAWS check will drop the server's next segment.",
             MetricType::Counter,
-            [(Labels::new(), Count(state.shared.msb.echoes_beyond_idle_limit()))],
+            // The workers' restores and the kernel's.
+            [(
+                Labels::new(),
+                Count(
+                    state.shared.msb.echoes_beyond_idle_limit()
+                        + state.steering.echo_beyond_idle_limit.load(Relaxed),
+                ),
+            )],
         )?;
         family(
             e,

@@ -68,6 +68,9 @@ pub struct SteeringCounters {
     /// Server segments the kernel handled that the core's general path takes (no
     /// `fast_path`), beside an entry that stands for one.
     pub general_path: AtomicU64,
+    /// Echoes the kernel restored and forwarded beyond the idle limit: added to the core's
+    /// `echoes_beyond_idle_limit`.
+    pub echo_beyond_idle_limit: AtomicU64,
     /// The in-kernel path is on: its packets are reported as a worker of their own.
     pub fast_path: AtomicBool,
     fast: [AtomicU64; FAST_BUNDLES.len()],
@@ -89,6 +92,7 @@ impl Default for SteeringCounters {
             reply_by_steering: zero(),
             options_walked: zero(),
             general_path: zero(),
+            echo_beyond_idle_limit: zero(),
             fast_path: AtomicBool::new(false),
             fast: std::array::from_fn(|_| zero()),
             up: std::array::from_fn(|_| zero()),
@@ -111,6 +115,8 @@ impl SteeringCounters {
             .store(stats.reply_by_steering, Relaxed);
         self.options_walked.store(stats.options_walked, Relaxed);
         self.general_path.store(stats.general_path, Relaxed);
+        self.echo_beyond_idle_limit
+            .store(stats.echo_beyond_idle_limit, Relaxed);
         for (cell, value) in self.fast.iter().zip(stats.fast) {
             cell.store(value, Relaxed);
         }

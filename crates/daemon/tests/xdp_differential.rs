@@ -301,6 +301,11 @@ fn judge(
     kernel_wrote: &[String],
     core: &Core,
 ) -> Result<Outcome, String> {
+    // Counted beside a forwarded packet's entry only (then the handled case's counters
+    // compare it with the core's).
+    if kernel.echo_beyond_idle_limit && (!kernel.handled() || kernel.dropped_for().is_some()) {
+        return Err("counted an echo beyond the idle limit, but did not forward it".into());
+    }
     if !kernel.handled() {
         if kernel.frame != input {
             return Err("went up with its bytes changed".into());
@@ -392,7 +397,10 @@ fn judge(
     }
     let stat = kernel.fast_stat();
     let name = kernel.fast_name();
-    same_counters(&kernel.counted(), None, &core.moved, &name)?;
+    let late = kernel
+        .echo_beyond_idle_limit
+        .then(|| "echoes_beyond_idle_limit +1".to_string());
+    same_counters(&kernel.counted(), late, &core.moved, &name)?;
     let l3 = l3_offset(input);
     let total_len = u64::from(u16::from_be_bytes([input[l3 + 2], input[l3 + 3]]));
     let traffic: Vec<(u16, u64, u64)> = kernel

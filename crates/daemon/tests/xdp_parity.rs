@@ -197,6 +197,14 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "cookie-server-removed",
             "icmp-frag-needed-forged-cookie",
             "icmp-frag-needed-cookie-server-removed",
+            // Echoes beyond the idle limit (k = 4, 6), restored and counted in the kernel;
+            // a quote of an unknown clock routed unrestored.
+            "echo-9-periods-old",
+            "echo-14-periods-old",
+            "echo-33-periods-old",
+            "echo-62-periods-old",
+            "icmp-frag-needed-cookie-beyond-idle-limit",
+            "icmp-frag-needed-cookie-msb-unknown",
             // A trunk port's frames: decided untagged (vlan.h), tags put back.
             "vlan-tagged-syn",
             "qinq-tagged-syn",
@@ -276,6 +284,23 @@ fn judge(
             kernel.up.join(",")
         ));
         return;
+    }
+    // Counted beside a forwarded packet's entry only, and exactly when the core counts it.
+    let forwarded = kernel.handled() && kernel.dropped_for().is_none();
+    if kernel.echo_beyond_idle_limit != (forwarded && core.echo_beyond_idle_limit) {
+        fail(format!(
+            "the kernel {} an echo beyond the idle limit, the core {}",
+            if kernel.echo_beyond_idle_limit {
+                "counted"
+            } else {
+                "did not count"
+            },
+            if core.echo_beyond_idle_limit {
+                "did"
+            } else {
+                "did not"
+            }
+        ));
     }
     if !kernel.handled() {
         if !words.kernel_wrote.is_empty() {
@@ -496,6 +521,8 @@ struct CoreRun {
     frame: Vec<u8>,
     /// The counters the worker bumped for it (not its housekeeping ones), sorted.
     counted: Vec<Counter>,
+    /// The clock table's `echoes_beyond_idle_limit` moved.
+    echo_beyond_idle_limit: bool,
 }
 
 impl CoreRun {
@@ -510,8 +537,11 @@ impl CoreRun {
             counters.iter().map(|c| worker.counters().get(*c)).collect()
         };
         let before = read(worker);
+        let late = |worker: &Worker| worker.shared().msb.echoes_beyond_idle_limit();
+        let late_before = late(worker);
         let mut frame = packet_in.to_vec();
         let verdict = worker.process(&mut frame, now, ingress);
+        let echo_beyond_idle_limit = late(worker) != late_before;
         let mut counted: Vec<Counter> = counters
             .iter()
             .zip(read(worker).iter().zip(before))
@@ -524,6 +554,7 @@ impl CoreRun {
             verdict,
             frame,
             counted,
+            echo_beyond_idle_limit,
         }
     }
 }

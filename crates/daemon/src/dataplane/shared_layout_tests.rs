@@ -332,13 +332,18 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_DROP_ICMP_COOKIE_SERVER_REMOVED",
             STAT_DROP_ICMP_COOKIE_SERVER_REMOVED as usize,
         ),
+        (
+            "STAT_ECHO_BEYOND_IDLE_LIMIT",
+            STAT_ECHO_BEYOND_IDLE_LIMIT as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (
             "STAT_COUNT",
             // The event counters: STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING,
-            // STAT_NEXT_HOP_CACHE_MISS, STAT_OPTIONS_WALKED and STAT_GENERAL_PATH.
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 5 + FAST_EVENTS.len(),
+            // STAT_NEXT_HOP_CACHE_MISS, STAT_OPTIONS_WALKED, STAT_GENERAL_PATH and
+            // STAT_ECHO_BEYOND_IDLE_LIMIT.
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 6 + FAST_EVENTS.len(),
         ),
         ("STAT_SLOTS", STAT_SLOTS as usize),
         ("CHEETAH_PIN_LAYOUT", PIN_LAYOUT as usize),

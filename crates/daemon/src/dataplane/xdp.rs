@@ -29,8 +29,8 @@ use super::xdp_layout::{
     ActiveRow, Encode, HandshakeWords, LbConfigValue, PolicyRngState, PolicyState, PublishedRow,
     ServerInfo, ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, LOAD_METRICS,
     LOAD_METRIC_BYTES, LOAD_METRIC_PACKETS, LOAD_METRIC_REPORTED, PUBLISH_COPIES, SERVER_FORWARDS,
-    SERVER_ID_SPACE, STAT_GENERAL_PATH, STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS,
-    STAT_OPTIONS_WALKED, STAT_REPLY_BY_STEERING, UP_REASONS,
+    SERVER_ID_SPACE, STAT_ECHO_BEYOND_IDLE_LIMIT, STAT_GENERAL_PATH, STAT_NEXT_HOP_CACHE_MISS,
+    STAT_NEXT_HOP_MISS, STAT_OPTIONS_WALKED, STAT_REPLY_BY_STEERING, UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -88,6 +88,8 @@ pub struct SteeringStats {
     pub options_walked: u64,
     /// Server segments handled that the core's general path takes (`STAT_GENERAL_PATH`).
     pub general_path: u64,
+    /// Echoes restored and forwarded beyond the idle limit (`STAT_ECHO_BEYOND_IDLE_LIMIT`).
+    pub echo_beyond_idle_limit: u64,
 }
 
 // By hand: `events` is longer than the arrays std derives `Default` for.
@@ -106,6 +108,7 @@ impl Default for SteeringStats {
             reply_by_steering: 0,
             options_walked: 0,
             general_path: 0,
+            echo_beyond_idle_limit: 0,
         }
     }
 }
@@ -668,6 +671,7 @@ impl SteeringProgram {
             reply_by_steering: sum(STAT_REPLY_BY_STEERING),
             options_walked: sum(STAT_OPTIONS_WALKED),
             general_path: sum(STAT_GENERAL_PATH),
+            echo_beyond_idle_limit: sum(STAT_ECHO_BEYOND_IDLE_LIMIT),
         }
     }
 

@@ -607,7 +607,11 @@ pub const KERNEL_DROPS: [(u32, DropReason); 21] = [
     ),
 ];
 
-pub const STAT_COUNT: u32 = 74;
+/// An echo (a client's TSecr, an ICMP error's quoted TSval) the kernel restored and
+/// forwarded more than 2^(k-1) periods behind its server's newest MSB, counted beside the
+/// packet's entry: the core's `echoes_beyond_idle_limit`.
+pub const STAT_ECHO_BEYOND_IDLE_LIMIT: u32 = 74;
+pub const STAT_COUNT: u32 = 75;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 128;

@@ -101,6 +101,9 @@ pub struct KernelRun {
     /// `STAT_GENERAL_PATH` moved: the core's general path took the segment whose entry
     /// stands for a straight line's `fast_path` (`xdp_layout::GENERAL_PATH`).
     pub general_path: bool,
+    /// `STAT_ECHO_BEYOND_IDLE_LIMIT` moved: the echo the kernel restored was beyond the
+    /// idle limit (the core's `echoes_beyond_idle_limit`).
+    pub echo_beyond_idle_limit: bool,
 }
 
 impl KernelRun {
@@ -467,6 +470,8 @@ impl Kernel {
             reply_by_steering: stats_after.reply_by_steering != stats_before.reply_by_steering,
             options_walked: stats_after.options_walked != stats_before.options_walked,
             general_path: stats_after.general_path != stats_before.general_path,
+            echo_beyond_idle_limit: stats_after.echo_beyond_idle_limit
+                != stats_before.echo_beyond_idle_limit,
         }
     }
 }
