@@ -236,6 +236,16 @@ enum xdp_stat {
 	// which the metric adds it to. A connection idle past the layout's limit wakes up in
 	// the kernel.
 	STAT_ECHO_BEYOND_IDLE_LIMIT,
+	// A packet steering gave the LB whose IPv4 header the core's `Ipv4Packet::new_checked`
+	// refuses (`bad_ip_version`, `bad_ipv4_header_length`, `bad_ipv4_total_length`), and a
+	// TCP segment to a VIP address whose header its `TcpSegment::new_checked` refuses
+	// (`truncated_tcp`, `bad_tcp_data_offset`): dropped in the kernel, as the core drops
+	// them, counting only the drop. In parse.h's order (ipv4_fault, tcp_fault).
+	STAT_DROP_BAD_IP_VERSION,
+	STAT_DROP_BAD_IPV4_HEADER_LENGTH,
+	STAT_DROP_BAD_IPV4_TOTAL_LENGTH,
+	STAT_DROP_TRUNCATED_TCP,
+	STAT_DROP_BAD_TCP_DATA_OFFSET,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

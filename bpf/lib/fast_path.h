@@ -71,6 +71,28 @@ static __always_inline int drop_malformed_options(__u32 first, int found)
 	return XDP_DROP;
 }
 
+// A packet steering gave the LB (an owner) whose IPv4 header the core refuses before
+// anything else: dropped here under the core's reason; LB_HAND_UP if the header is one it
+// accepts, or the frame no IPv4 one.
+_Static_assert(STAT_DROP_BAD_IPV4_TOTAL_LENGTH - STAT_DROP_BAD_IP_VERSION ==
+		       IPV4_BAD_TOTAL_LENGTH - IPV4_BAD_VERSION,
+	       "one STAT_DROP_* per ipv4_fault, in its order");
+
+static __always_inline int drop_bad_ipv4_header(struct xdp_md *ctx)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	enum ipv4_fault fault;
+
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return LB_HAND_UP;
+	fault = ipv4_header_fault(ctx);
+	// A frame too short for an IP header has no destination steering could own it by.
+	if (fault == IPV4_CHECKED || fault == IPV4_TRUNCATED)
+		return LB_HAND_UP;
+	count(STAT_DROP_BAD_IP_VERSION + (fault - IPV4_BAD_VERSION));
+	return XDP_DROP;
+}
+
 // A drop decided on the published tables read under `seq` (whose VIP or server a packet
 // is): counted under `stat` if no publication moved on meanwhile, else handed up (the
 // core decides on one snapshot).

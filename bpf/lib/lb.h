@@ -135,6 +135,13 @@ static __always_inline int lb_decide(struct xdp_md *ctx)
 			return pass();
 		if (!fast || vip || slot)
 			return steer_to_socket(ctx, owner);
+		// A garbled IP header (never the straight line's): the core drops the packet
+		// before it looks at anything else.
+		if (refusal == PLAIN_LAYOUT) {
+			action = drop_bad_ipv4_header(ctx);
+			if (action != LB_HAND_UP)
+				return action;
+		}
 		if (owner & META_TO_VIP) {
 			// A fragment to a VIP address: the core drops it, whatever it carries.
 			if (refusal != PLAIN_OK && ipv4_fragment(ctx)) {

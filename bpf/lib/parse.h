@@ -123,25 +123,80 @@ static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 	return PLAIN_OK;
 }
 
+// What the core's `Ipv4Packet::new_checked` says of an untagged IPv4 frame's IP header
+// (the IP bytes run to the frame's end): IPV4_CHECKED, or its reason to drop the packet,
+// in its order. A frame without room for 20 bytes of IP is IPV4_TRUNCATED.
+enum ipv4_fault {
+	IPV4_CHECKED,
+	IPV4_TRUNCATED,
+	IPV4_BAD_VERSION,
+	IPV4_BAD_HEADER_LENGTH,
+	IPV4_BAD_TOTAL_LENGTH,
+};
+
+static __always_inline enum ipv4_fault ipv4_header_fault(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	__u32 ip_len, header_len, total_len;
+
+	if ((void *)(ip + 1) > data_end)
+		return IPV4_TRUNCATED;
+	if (ip->version != 4)
+		return IPV4_BAD_VERSION;
+	ip_len = data_end - (void *)ip;
+	header_len = ip->ihl * 4;
+	if (header_len < sizeof(struct iphdr) || header_len > ip_len)
+		return IPV4_BAD_HEADER_LENGTH;
+	total_len = bpf_ntohs(ip->tot_len);
+	if (total_len < header_len || total_len > ip_len)
+		return IPV4_BAD_TOTAL_LENGTH;
+	return IPV4_CHECKED;
+}
+
 // Whether an untagged IPv4 frame's IP header is one the core's `Ipv4Packet::new_checked`
 // accepts (version 4, header and total length within the frame): the core drops a packet
 // to a VIP address by what it carries only then, for any other reason first.
 static __always_inline int ipv4_checked(struct xdp_md *ctx)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip = data + sizeof(struct ethhdr);
-	__u32 ip_len, header_len, total_len;
+	struct ethhdr *eth = (void *)(long)ctx->data;
 
 	// (Steering also owns tagged frames: their IP header is not here.)
-	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return 0;
-	ip_len = data_end - (void *)ip;
-	header_len = ip->ihl * 4;
-	total_len = bpf_ntohs(ip->tot_len);
-	return ip->version == 4 && header_len >= sizeof(struct iphdr) && header_len <= ip_len &&
-	       total_len >= header_len && total_len <= ip_len;
+	return ipv4_header_fault(ctx) == IPV4_CHECKED;
+}
+
+// What the core's `TcpSegment::new_checked` says of the TCP segment an IPv4 frame
+// (ipv4_checked) carries, from the end of its IP header to its total length: TCP_CHECKED,
+// or its reason to drop the packet.
+enum tcp_fault {
+	TCP_CHECKED,
+	TCP_TRUNCATED,
+	TCP_BAD_DATA_OFFSET,
+};
+
+static __always_inline enum tcp_fault tcp_header_fault(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	struct tcphdr *tcp;
+	__u32 segment_len, header_len;
+
+	if ((void *)(ip + 1) > data_end)
+		return TCP_TRUNCATED; // (not ipv4_checked: not asked)
+	segment_len = bpf_ntohs(ip->tot_len) - ip->ihl * 4;
+	tcp = (void *)ip + ip->ihl * 4;
+	// ipv4_checked: the segment ends within the frame, so a segment of 20 bytes or more
+	// holds the whole fixed header; the bound is for the verifier.
+	if (segment_len < sizeof(struct tcphdr) || (void *)(tcp + 1) > data_end)
+		return TCP_TRUNCATED;
+	header_len = tcp->doff * 4;
+	if (header_len < sizeof(struct tcphdr) || header_len > segment_len)
+		return TCP_BAD_DATA_OFFSET;
+	return TCP_CHECKED;
 }
 
 // Whether an untagged IPv4 frame (ipv4_checked) is a fragment (MF set or an offset): the

@@ -260,6 +260,15 @@ fn malformed_common() -> Vec<Input> {
     testkit::refill_ipv4_checksum(&mut short_tcp, 14);
     let mut bad_offset = good.clone();
     bad_offset[14 + 20 + 12] = 0xf0;
+    let mut bad_version = good.clone();
+    bad_version[14] = 0x65;
+    testkit::refill_ipv4_checksum(&mut bad_version, 14);
+    // The SYN with 4 bytes of IP options (NOP NOP NOP EOL): IHL 6.
+    let mut ip_options = [&good[..14 + 20], &[1u8, 1, 1, 0][..], &good[14 + 20..]].concat();
+    ip_options[14] = 0x46;
+    let total = (good.len() - 14 + 4) as u16;
+    ip_options[16..18].copy_from_slice(&total.to_be_bytes());
+    testkit::refill_ipv4_checksum(&mut ip_options, 14);
     let mut fragment = good.clone();
     fragment[20] = 0x20; // more fragments, offset 0
     testkit::refill_ipv4_checksum(&mut fragment, 14);
@@ -285,9 +294,19 @@ fn malformed_common() -> Vec<Input> {
             good[..24].to_vec(),
         ),
         input(
+            "bad-ip-version",
+            "Version 6 in a frame whose EtherType says IPv4.",
+            bad_version,
+        ),
+        input(
             "bad-ipv4-header-length",
             "IHL 4 (16 bytes), below the minimum of 5.",
             bad_ihl,
+        ),
+        input(
+            "syn-with-ip-options",
+            "The Linux SYN with 4 bytes of IP options (NOP NOP NOP EOL, IHL 6): a well-formed segment, balanced with its options kept.",
+            ip_options,
         ),
         input(
             "bad-ipv4-total-length",

@@ -417,11 +417,13 @@ mod tests {
             // line; a server's reply on the clients' side; a server's FIN without a
             // timestamp, a first close or a duplicate; a cookie naming an unknown server,
             // a removed one, an unknown clock; an ICMP error's quoted cookie naming an
-            // unknown server, a removed one.
+            // unknown server, a removed one; a bad IP version, IPv4 header length, total
+            // length; a truncated TCP header, a bad data offset.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
                 1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
-                80, 90, 100, 110, 120, 6000, 7000, 130, 140, 150, 160, 170,
+                80, 90, 100, 110, 120, 6000, 7000, 130, 140, 150, 160, 170, 180, 190, 200, 210,
+                220,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -470,7 +472,7 @@ mod tests {
         assert_eq!(events["syn_retransmissions"], 1012);
         assert_eq!(
             events["dropped"],
-            10105 + 510 + 120 + 420 + 330,
+            10105 + 510 + 120 + 420 + 330 + 1000,
             "every kernel drop is a dropped verdict"
         );
         let drops: std::collections::BTreeMap<&str, u64> = counters
@@ -496,7 +498,15 @@ mod tests {
         assert_eq!(drops["cookie_unknown_server"], 130 + 160);
         assert_eq!(drops["cookie_server_removed"], 140 + 170);
         assert_eq!(drops["ts_msb_unknown"], 150);
-        assert_eq!(drops.values().sum::<u64>(), 10105 + 510 + 120 + 420 + 330);
+        assert_eq!(drops["bad_ip_version"], 180);
+        assert_eq!(drops["bad_ipv4_header_length"], 190);
+        assert_eq!(drops["bad_ipv4_total_length"], 200);
+        assert_eq!(drops["truncated_tcp"], 210);
+        assert_eq!(drops["bad_tcp_data_offset"], 220);
+        assert_eq!(
+            drops.values().sum::<u64>(),
+            10105 + 510 + 120 + 420 + 330 + 1000
+        );
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));
         assert_eq!(up[6], ("other", 7));

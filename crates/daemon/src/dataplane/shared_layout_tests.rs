@@ -336,6 +336,23 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_ECHO_BEYOND_IDLE_LIMIT",
             STAT_ECHO_BEYOND_IDLE_LIMIT as usize,
         ),
+        (
+            "STAT_DROP_BAD_IP_VERSION",
+            STAT_DROP_BAD_IP_VERSION as usize,
+        ),
+        (
+            "STAT_DROP_BAD_IPV4_HEADER_LENGTH",
+            STAT_DROP_BAD_IPV4_HEADER_LENGTH as usize,
+        ),
+        (
+            "STAT_DROP_BAD_IPV4_TOTAL_LENGTH",
+            STAT_DROP_BAD_IPV4_TOTAL_LENGTH as usize,
+        ),
+        ("STAT_DROP_TRUNCATED_TCP", STAT_DROP_TRUNCATED_TCP as usize),
+        (
+            "STAT_DROP_BAD_TCP_DATA_OFFSET",
+            STAT_DROP_BAD_TCP_DATA_OFFSET as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

@@ -124,7 +124,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 48] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 53] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -425,6 +425,12 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 48] = [
     // An ICMP error's quoted cookie that routes nowhere: the ICMP path counts only the drop.
     (STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER, &[Counter::Dropped]),
     (STAT_DROP_ICMP_COOKIE_SERVER_REMOVED, &[Counter::Dropped]),
+    // A garbled IP or TCP header: the core's parse refuses it before counting anything.
+    (STAT_DROP_BAD_IP_VERSION, &[Counter::Dropped]),
+    (STAT_DROP_BAD_IPV4_HEADER_LENGTH, &[Counter::Dropped]),
+    (STAT_DROP_BAD_IPV4_TOTAL_LENGTH, &[Counter::Dropped]),
+    (STAT_DROP_TRUNCATED_TCP, &[Counter::Dropped]),
+    (STAT_DROP_BAD_TCP_DATA_OFFSET, &[Counter::Dropped]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -538,7 +544,7 @@ pub const STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER: u32 = 72;
 pub const STAT_DROP_ICMP_COOKIE_SERVER_REMOVED: u32 = 73;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
-pub const KERNEL_DROPS: [(u32, DropReason); 21] = [
+pub const KERNEL_DROPS: [(u32, DropReason); 26] = [
     (
         STAT_DROP_TCP_OPTION_TRUNCATED,
         DropReason::TcpOptionTruncated,
@@ -605,13 +611,31 @@ pub const KERNEL_DROPS: [(u32, DropReason); 21] = [
         STAT_DROP_ICMP_COOKIE_SERVER_REMOVED,
         DropReason::CookieServerRemoved,
     ),
+    (STAT_DROP_BAD_IP_VERSION, DropReason::BadIpVersion),
+    (
+        STAT_DROP_BAD_IPV4_HEADER_LENGTH,
+        DropReason::BadIpv4HeaderLength,
+    ),
+    (
+        STAT_DROP_BAD_IPV4_TOTAL_LENGTH,
+        DropReason::BadIpv4TotalLength,
+    ),
+    (STAT_DROP_TRUNCATED_TCP, DropReason::TruncatedTcp),
+    (STAT_DROP_BAD_TCP_DATA_OFFSET, DropReason::BadTcpDataOffset),
 ];
 
 /// An echo (a client's TSecr, an ICMP error's quoted TSval) the kernel restored and
 /// forwarded more than 2^(k-1) periods behind its server's newest MSB, counted beside the
 /// packet's entry: the core's `echoes_beyond_idle_limit`.
 pub const STAT_ECHO_BEYOND_IDLE_LIMIT: u32 = 74;
-pub const STAT_COUNT: u32 = 75;
+/// A packet steering gave the LB with an IPv4 header the core refuses, and a TCP segment to
+/// a VIP address with a TCP header it refuses, dropped in the kernel (parse.h's faults).
+pub const STAT_DROP_BAD_IP_VERSION: u32 = 75;
+pub const STAT_DROP_BAD_IPV4_HEADER_LENGTH: u32 = 76;
+pub const STAT_DROP_BAD_IPV4_TOTAL_LENGTH: u32 = 77;
+pub const STAT_DROP_TRUNCATED_TCP: u32 = 78;
+pub const STAT_DROP_BAD_TCP_DATA_OFFSET: u32 = 79;
+pub const STAT_COUNT: u32 = 80;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 128;
