@@ -281,13 +281,21 @@ class Checker:
 
     def restore(self, suite, where, server, echoed, restored, hash_, estimates, what):
         """One echoed cookie and what the packet left with; returns 1 if the echo is
-        counted beyond the idle limit."""
+        counted beyond the idle limit. A client's echo of a server whose clock is unknown
+        cannot be routed (it must have been dropped); an ICMP error's quote of one is
+        routed to the server it names, left as it came (nothing to restore it to)."""
         id_, epoch = suite.layout.decode(echoed, hash_)
         if id_ != server:
             self.fail(where, f"cookie {echoed:#010x} names server {id_}, routed to {server}")
             return 0
         if server not in estimates:
-            self.fail(where, f"routed by cookie to server {server}, whose clock is unknown")
+            if what != "quoted TSval":
+                self.fail(where, f"routed by cookie to server {server}, whose clock is unknown")
+            elif restored != echoed:
+                self.fail(where, f"quoted TSval {echoed:#010x} of a server whose clock is "
+                                 f"unknown left as {restored:#010x}, not as it came")
+            else:
+                self.count(suite.name, "quotes of an unknown clock left as they came")
             return 0
         msb, beyond = suite.layout.restore(estimates[server], epoch)
         expected = (msb << 16) | (echoed & 0xFFFF)
