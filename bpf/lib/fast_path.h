@@ -80,10 +80,9 @@ _Static_assert(STAT_DROP_BAD_IPV4_TOTAL_LENGTH - STAT_DROP_BAD_IP_VERSION ==
 
 static __always_inline int drop_bad_ipv4_header(struct xdp_md *ctx)
 {
-	struct ethhdr *eth = (void *)(long)ctx->data;
 	enum ipv4_fault fault;
 
-	if ((void *)(eth + 1) > (void *)(long)ctx->data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if (!untagged_ipv4(ctx))
 		return LB_HAND_UP;
 	fault = ipv4_header_fault(ctx);
 	// A frame too short for an IP header has no destination steering could own it by.

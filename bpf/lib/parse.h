@@ -155,17 +155,22 @@ static __always_inline enum ipv4_fault ipv4_header_fault(struct xdp_md *ctx)
 	return IPV4_CHECKED;
 }
 
+// Whether the frame says, untagged, that it carries IPv4 (its EtherType): the frames
+// ipv4_header_fault reads. (Steering also owns tagged frames: their IP header is not here.)
+static __always_inline int untagged_ipv4(struct xdp_md *ctx)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+
+	return (void *)(eth + 1) <= (void *)(long)ctx->data_end &&
+	       eth->h_proto == bpf_htons(ETH_P_IP);
+}
+
 // Whether an untagged IPv4 frame's IP header is one the core's `Ipv4Packet::new_checked`
 // accepts (version 4, header and total length within the frame): the core drops a packet
 // to a VIP address by what it carries only then, for any other reason first.
 static __always_inline int ipv4_checked(struct xdp_md *ctx)
 {
-	struct ethhdr *eth = (void *)(long)ctx->data;
-
-	// (Steering also owns tagged frames: their IP header is not here.)
-	if ((void *)(eth + 1) > (void *)(long)ctx->data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-		return 0;
-	return ipv4_header_fault(ctx) == IPV4_CHECKED;
+	return untagged_ipv4(ctx) && ipv4_header_fault(ctx) == IPV4_CHECKED;
 }
 
 // What the core's `TcpSegment::new_checked` says of the TCP segment an IPv4 frame
