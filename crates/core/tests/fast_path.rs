@@ -271,6 +271,22 @@ fn sometimes_tagged(frames: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Val
     })
 }
 
+/// The frame without IP options, or with 4 to 40 bytes of them (Router Alert, then NOPs
+/// and an EOL): the straight line skips them as the general pipeline does.
+fn sometimes_optioned(frames: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
+    (frames, 0usize..=10).prop_map(|(frame, words)| match words {
+        0 => frame,
+        _ => testkit::with_ip_options(&frame, &ip_options(words * 4)),
+    })
+}
+
+fn ip_options(len: usize) -> Vec<u8> {
+    let mut options = vec![0x94, 0x04, 0, 0];
+    options.resize(len, 1);
+    options[len - 1] = 0;
+    options
+}
+
 const MODES: [(Mode, Forwarding); 6] = [
     (Mode::Cheetah, Forwarding::L2),
     (Mode::Cheetah, Forwarding::Nat),
@@ -293,8 +309,10 @@ fn fast_path_gives_the_general_pipelines_verdict_and_bytes() {
             ..Config::default()
         });
         let packets = prop_oneof![
-            mutated(sometimes_tagged(client_frames())),
-            mutated(sometimes_tagged(reply_frames(forwarding)))
+            mutated(sometimes_tagged(sometimes_optioned(client_frames()))),
+            mutated(sometimes_tagged(sometimes_optioned(reply_frames(
+                forwarding
+            ))))
         ];
         runner
             .run(&packets, |packet| {
@@ -400,6 +418,48 @@ fn tagged_segments_take_the_straight_line_with_their_tags() {
         assert_eq!(f[12..12 + tags], tags_in[..], "tags kept");
         assert_eq!(f[..12], expected[..12]);
         assert_eq!(f[12 + tags..], expected[12..], "{tags}-byte tags");
+    }
+}
+
+/// A segment with IP options takes the same straight line as one without, tagged or not,
+/// and keeps its options; only the TCP header's bytes change (header checksum too in NAT).
+#[test]
+fn segments_with_ip_options_take_the_straight_line_and_keep_them() {
+    for forwarding in [Forwarding::L2, Forwarding::Nat] {
+        let (_plane, mut w) = worker(Mode::Cheetah, forwarding, true);
+        let plain = frame(testkit::client_ip(1), 40_000, 2, 0x0125, ACK, false, 10);
+        let mut expected = plain.clone();
+        assert_eq!(
+            w.process(&mut expected, 5, Ingress::ServerSide),
+            Verdict::ToServer(ServerId(2))
+        );
+        for len in [4, 12, 40] {
+            let options = ip_options(len);
+            for (tags, optioned) in [
+                (0, testkit::with_ip_options(&plain, &options)),
+                (
+                    8,
+                    testkit::qinq_tagged(&testkit::with_ip_options(&plain, &options)),
+                ),
+            ] {
+                let mut f = optioned.clone();
+                let before = w.counters().bundle(Bundle::ClientCookie);
+                assert_eq!(
+                    w.process(&mut f, 5, Ingress::ServerSide),
+                    Verdict::ToServer(ServerId(2)),
+                    "{forwarding:?}, {len} bytes of options"
+                );
+                assert_eq!(w.counters().bundle(Bundle::ClientCookie), before + 1);
+                let l3 = 14 + tags;
+                assert_eq!(f[l3 + 20..l3 + 20 + len], options[..], "options kept");
+                assert_eq!(
+                    f[l3 + 20 + len..],
+                    expected[34..],
+                    "{forwarding:?}, {len} bytes: the same TCP segment out"
+                );
+                assert!(testkit::checksums_valid(&f), "{forwarding:?}, {len} bytes");
+            }
+        }
     }
 }
 

@@ -264,11 +264,7 @@ fn malformed_common() -> Vec<Input> {
     bad_version[14] = 0x65;
     testkit::refill_ipv4_checksum(&mut bad_version, 14);
     // The SYN with 4 bytes of IP options (NOP NOP NOP EOL): IHL 6.
-    let mut ip_options = [&good[..14 + 20], &[1u8, 1, 1, 0][..], &good[14 + 20..]].concat();
-    ip_options[14] = 0x46;
-    let total = (good.len() - 14 + 4) as u16;
-    ip_options[16..18].copy_from_slice(&total.to_be_bytes());
-    testkit::refill_ipv4_checksum(&mut ip_options, 14);
+    let ip_options = testkit::with_ip_options(&good, &[1, 1, 1, 0]);
     let mut fragment = good.clone();
     fragment[20] = 0x20; // more fragments, offset 0
     testkit::refill_ipv4_checksum(&mut fragment, 14);
@@ -1129,6 +1125,51 @@ fn tagged_cheetah_inputs(nat: bool) -> Vec<Input> {
     ]
 }
 
+/// Segments with IP options (rare on the Internet, but well-formed): the same verdicts and
+/// TCP bytes as without them, options kept where they were.
+fn ip_options_cheetah_inputs(nat: bool) -> Vec<Input> {
+    // Router Alert: the option a router may actually set.
+    let router_alert = [0x94, 0x04, 0x00, 0x00];
+    // 40 bytes, the most an IPv4 header holds: Router Alert, NOPs, EOL.
+    let mut longest = router_alert.to_vec();
+    longest.resize(40, 1);
+    longest[39] = 0;
+    let established = client_ack(cookie_ts(2, M, 0x5678));
+    let server_data = from_server(
+        nat,
+        2,
+        flags::ACK | flags::PSH,
+        options::nop_nop_ts(SERVER_TS + 1, CLIENT_TS + 1),
+    )
+    .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
+    .build();
+    let server_fin = server_fin(nat);
+    vec![
+        input(
+            "established-with-ip-options",
+            "Client ACK with a Router Alert IP option echoing server 2's cookie: TSecr restored, option kept.",
+            testkit::with_ip_options(&established, &router_alert),
+        )
+        .msb(2, M),
+        input(
+            "vlan-tagged-established-with-ip-options",
+            "The same ACK behind an 802.1Q tag: tag and option kept.",
+            testkit::vlan_tagged(&testkit::with_ip_options(&established, &router_alert)),
+        )
+        .msb(2, M),
+        input(
+            "server-data-with-ip-options",
+            "Server 2's data segment with 40 bytes of IP options (the most there are): cookie inserted, options kept.",
+            testkit::with_ip_options(&server_data, &longest),
+        ),
+        input(
+            "server-fin-with-ip-options",
+            "Server 2's FIN with a Router Alert IP option: a close counted, cookie inserted, option kept.",
+            testkit::with_ip_options(&server_fin, &router_alert),
+        ),
+    ]
+}
+
 fn baseline_inputs() -> Vec<Input> {
     let mut bad_sum = client_ack(CLIENT_TS);
     bad_sum[14 + 20 + 16] ^= 0x5a;
@@ -1214,6 +1255,16 @@ fn baseline_inputs() -> Vec<Input> {
             testkit::vlan_tagged(&client_ack(0x2222_3333)),
         ),
         input(
+            "established-ack-with-ip-options",
+            "The client ACK with a Router Alert IP option: the hash's server, option kept.",
+            testkit::with_ip_options(&client_ack(0x2222_3333), &[0x94, 0x04, 0x00, 0x00]),
+        ),
+        input(
+            "server-fin-with-ip-options",
+            "Server 2's FIN with a Router Alert IP option: to the client, option kept.",
+            testkit::with_ip_options(&server_fin(false), &[0x94, 0x04, 0x00, 0x00]),
+        ),
+        input(
             "qinq-tagged-server-syn-ack",
             "Server 2's SYN-ACK behind 802.1ad and 802.1Q tags: to the client, tags kept.",
             testkit::qinq_tagged(
@@ -1249,6 +1300,7 @@ fn suites() -> Vec<Suite> {
     let mut l2 = cheetah_inputs(false);
     l2.extend(epoch_inputs(CookieLayout::DEFAULT));
     l2.extend(tagged_cheetah_inputs(false));
+    l2.extend(ip_options_cheetah_inputs(false));
     l2.push(input(
         "unsupported-ipv6",
         "An IPv6 SYN to the suite's IPv6 VIP 2001:db8::100.",
@@ -1265,6 +1317,7 @@ fn suites() -> Vec<Suite> {
     ));
     let mut nat = cheetah_inputs(true);
     nat.extend(tagged_cheetah_inputs(true));
+    nat.extend(ip_options_cheetah_inputs(true));
     nat.push(input(
         "unknown-source-passes",
         "In NAT mode a reply from an address:port that is no backend is not ours: passed.",

@@ -58,31 +58,32 @@ struct PlainSegment {
     dst_port: u16,
 }
 
-/// An IPv4 frame without IP options or fragmentation carrying a TCP segment whose header
-/// has room for NOP NOP TS, all within the frame: its layout and the TCP data offset and
-/// flags word. Untagged, or behind one or two VLAN tags as `EthernetFrame` reads them (a
-/// trunk port's traffic takes the same line, its tags kept).
+/// An IPv4 frame without fragmentation carrying a TCP segment whose header has room for
+/// NOP NOP TS, all within the frame: its layout and the TCP data offset and flags word.
+/// Untagged, or behind one or two VLAN tags as `EthernetFrame` reads them (a trunk port's
+/// traffic takes the same line, its tags kept); without IP options, or with options (kept,
+/// skipped over) off the line.
 #[inline(always)]
 fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u16)> {
     if packet.len() < ETH + IP + TCP_WITH_TS {
         return None;
     }
     // EtherType, IP version and header length in one compare.
-    let l3 = if read_u32(packet, ethernet::field::ETHERTYPE) >> 8 == 0x08_00_45 {
-        ETH
+    let (l3, ip_header_len) = if read_u32(packet, ethernet::field::ETHERTYPE) >> 8 == 0x08_00_45 {
+        (ETH, IP)
     } else {
-        l3_past_tags(packet)?
+        ipv4_off_the_line(packet)?
     };
     let frag_ttl_proto = read_u32(packet, l3 + ipv4::field::FLAGS_FRAG);
     let total_len = read_u16(packet, l3 + ipv4::field::TOTAL_LEN) as usize;
-    let l4 = l3 + IP;
+    let l4 = l3 + ip_header_len;
     let doff_flags = read_u16(packet, l4 + tcp::field::DATA_OFFSET);
     let header_len = ((doff_flags >> 12) as usize) * 4;
-    // IP + TCP_WITH_TS <= IP + header_len <= total_len <= frame: the TCP header with room
-    // for NOP NOP TS is within the IP packet, which is within the frame.
+    // IP header + TCP_WITH_TS <= IP header + header_len <= total_len <= frame: the TCP
+    // header with room for NOP NOP TS is within the IP packet, which is within the frame.
     if frag_ttl_proto & 0x3fff_00ff != 0x0000_0006
         || header_len < TCP_WITH_TS
-        || IP + header_len > total_len
+        || ip_header_len + header_len > total_len
         || l3 + total_len > packet.len()
     {
         return None;
@@ -97,25 +98,35 @@ fn plain_ipv4_tcp(packet: &[u8]) -> Option<(Ipv4Layout, u16)> {
     Some((layout, doff_flags))
 }
 
-/// Where the IPv4 header (version 4, no options) starts behind one or two VLAN tags, with
-/// the frame long enough for the straight line's headers after it; `None` for any other
-/// frame. Out of line: an untagged frame never calls it.
+/// Where the IPv4 header starts and how long it is (version 4, IP options allowed) when
+/// the frame is not the commonest one (untagged, no options): behind up to two VLAN tags,
+/// with the frame long enough for the straight line's headers after it; `None` for any
+/// other frame. Out of line: the commonest frame never calls it.
 #[cold]
 #[inline(never)]
-fn l3_past_tags(packet: &[u8]) -> Option<usize> {
+fn ipv4_off_the_line(packet: &[u8]) -> Option<(usize, usize)> {
     let mut at = ethernet::field::ETHERTYPE;
-    for _ in 0..ethernet::MAX_TAGS {
-        if !ethernet::is_tag(read_u16(packet, at)) {
-            return None;
-        }
-        at += ethernet::TAG_LEN;
+    for tags in 0..=ethernet::MAX_TAGS {
         let l3 = at + 2;
         if packet.len() < l3 + IP + TCP_WITH_TS {
             return None;
         }
-        if read_u32(packet, at) >> 8 == 0x08_00_45 {
-            return Some(l3);
+        let ethertype = read_u16(packet, at);
+        if ethertype == ethernet::ethertype::IPV4 {
+            let version_ihl = packet[l3];
+            let ip_header_len = usize::from(version_ihl & 0x0f) * 4;
+            if version_ihl >> 4 != 4
+                || ip_header_len < IP
+                || packet.len() < l3 + ip_header_len + TCP_WITH_TS
+            {
+                return None;
+            }
+            return Some((l3, ip_header_len));
         }
+        if tags == ethernet::MAX_TAGS || !ethernet::is_tag(ethertype) {
+            return None;
+        }
+        at += ethernet::TAG_LEN;
     }
     None
 }

@@ -384,6 +384,22 @@ pub fn qinq_tagged(frame: &[u8]) -> Vec<u8> {
     tagged
 }
 
+/// Inserts IP `options` (a multiple of 4 bytes, at most 40) into an untagged IPv4 frame's
+/// header: IHL, total length and header checksum follow.
+pub fn with_ip_options(frame: &[u8], options: &[u8]) -> Vec<u8> {
+    assert!(
+        options.len() % 4 == 0 && options.len() <= 40,
+        "IP options: 4-byte words, <= 40"
+    );
+    let header_end = 14 + usize::from(frame[14] & 0x0f) * 4;
+    let mut optioned = [&frame[..header_end], options, &frame[header_end..]].concat();
+    optioned[14] += (options.len() / 4) as u8;
+    let total = u16::from_be_bytes([frame[16], frame[17]]) + options.len() as u16;
+    optioned[16..18].copy_from_slice(&total.to_be_bytes());
+    refill_ipv4_checksum(&mut optioned, 14);
+    optioned
+}
+
 /// A broadcast ARP request from the client at `sender_ip` for the VIP (passed to the host).
 pub fn arp_request(sender_ip: u32) -> Vec<u8> {
     let mut frame = vec![0xff; 6];
