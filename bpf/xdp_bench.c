@@ -69,15 +69,15 @@ int bench_lb(struct xdp_md *ctx)
 	return lb_process(ctx);
 }
 
-// The LB inlined into the program, without vlan.h's tag check and the call to the global
-// cheetah_decide that lb_process makes: the breakdown runs it before bench_lb, so their
-// difference is what those two cost an untagged frame.
+// The LB inlined into the program, without vlan.h's tag check, ip_options.h's and the call
+// to the global cheetah_decide that lb_process makes: the breakdown runs it before
+// bench_lb, so their difference is what those three cost an untagged frame.
 SEC("xdp")
 int bench_lb_inline(struct xdp_md *ctx)
 {
 	if (!restore_frame(ctx))
 		return XDP_ABORTED;
-	return lb_decide(ctx);
+	return lb_decide(ctx, 0);
 }
 
 // bench_lb again, at another address: the breakdown runs it after bench_lb, so the
@@ -128,7 +128,7 @@ int bench_fib(struct xdp_md *ctx)
 	ip = bench_ip(ctx);
 	if (!ip)
 		return XDP_ABORTED;
-	if (fib_toward_client(ctx, ip, &fib) != BPF_FIB_LKUP_RET_SUCCESS)
+	if (fib_toward_client(ctx, ip, bpf_ntohs(ip->tot_len), &fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return XDP_ABORTED;
 	return XDP_TX;
 }
@@ -181,7 +181,7 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 	config = bpf_map_lookup_elem(&lb_config, &copy);
 	if (!config || !(config->flags & LB_FAST_PATH) || config->mode != LB_MODE_CHEETAH)
 		return XDP_ABORTED;
-	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
+	if (parse_plain_tcp(ctx, &p, 0) != PLAIN_OK)
 		return XDP_ABORTED;
 	STAGE_DONE(1);
 
@@ -217,7 +217,7 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 	__builtin_memcpy(p.eth->h_source, server->src_mac, ETH_ALEN);
 	STAGE_DONE(6);
 
-	add_server_traffic(id, p.ip, 0);
+	add_server_traffic(id, plain_ip_len(&p), 0);
 	count(STAT_FAST_CLIENT_COOKIE);
 	return XDP_TX;
 }
@@ -259,7 +259,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	if (!config || !(config->flags & LB_FAST_PATH) || config->mode != LB_MODE_CHEETAH ||
 	    config->forwarding != LB_FORWARDING_L2)
 		return XDP_ABORTED;
-	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
+	if (parse_plain_tcp(ctx, &p, 0) != PLAIN_OK)
 		return XDP_ABORTED;
 	if (may_be_vip_addr(config, p.ip->daddr))
 		return XDP_ABORTED;
@@ -290,7 +290,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	SINK(cookie);
 	STAGE_DONE(4);
 
-	if (!next_hop_toward_client(ctx, p.ip, copy, seq, &hop))
+	if (!next_hop_toward_client(ctx, p.ip, plain_ip_len(&p), copy, seq, &hop))
 		return XDP_ABORTED;
 	next_hop_remember(&hop, p.ip->daddr, seq);
 	STAGE_DONE(5);
@@ -300,7 +300,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	__builtin_memcpy(p.eth->h_source, hop.hop.smac, ETH_ALEN);
 	STAGE_DONE(6);
 
-	add_server_traffic(id, p.ip, 0);
+	add_server_traffic(id, plain_ip_len(&p), 0);
 	count(STAT_FAST_SERVER_COOKIE);
 	return XDP_TX;
 }
@@ -505,7 +505,7 @@ static __always_inline int katran_lru_client(struct xdp_md *ctx)
 	config = bpf_map_lookup_elem(&lb_config, &copy);
 	if (!config || !(config->flags & LB_FAST_PATH))
 		return XDP_ABORTED;
-	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
+	if (parse_plain_tcp(ctx, &p, 0) != PLAIN_OK)
 		return XDP_ABORTED;
 	key.addr = p.ip->daddr;
 	key.port = p.tcp->dest;

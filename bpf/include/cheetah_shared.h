@@ -62,12 +62,12 @@ enum xdp_stat {
 	// Why the in-kernel path handed a packet it looked at to userspace (the core then
 	// decides and counts it): one reason per packet.
 	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
-	STAT_UP_LAYOUT,         // a layout the kernel does not take (VLAN, IP options, fragment, malformed TCP options)
+	STAT_UP_LAYOUT,         // a layout the kernel does not take (a third VLAN tag, an ICMP error's IP options, fragment, malformed TCP options)
 	STAT_UP_COOKIE,         // a fallback entry naming no forwarding server, a cookie naming no entry of the servers map
 	STAT_UP_CLOCK,          // a reply whose clock the core would not learn (backwards, ahead of real time, too fast: it counts and warns), or that raced another writer
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a SYN-ACK with FIN or RST, or a retried SYN's first answer that also learns a clock, has no timestamp, or raced
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
-	STAT_UP_OTHER,          // anything else: unknown VIP port (over 4,096 VIPs), pool not published, a reply on the client side with IP options
+	STAT_UP_OTHER,          // anything else: unknown VIP port (over 4,096 VIPs), pool not published
 	// A reply the in-kernel path looked up in next_hops without a usable answer: it asked
 	// bpf_fib_lookup instead (whatever the FIB then said).
 	STAT_NEXT_HOP_MISS,

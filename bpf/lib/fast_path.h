@@ -124,14 +124,15 @@ static __always_inline struct cookie_layout layout_of(const struct lb_config *co
 }
 
 // The core's `loads.on_packet(server, IP bytes)`, and with `closed` its counted close
-// (`loads.on_server_close`), folded into its loads by userspace.
-static __always_inline void add_server_traffic(__u32 server, const struct iphdr *ip, int closed)
+// (`loads.on_server_close`), folded into its loads by userspace. `ip_len`: the IP
+// packet's length as it came (parse.h plain_ip_len).
+static __always_inline void add_server_traffic(__u32 server, __u32 ip_len, int closed)
 {
 	struct server_traffic *traffic = bpf_map_lookup_elem(&server_traffic, &server);
 
 	if (traffic) {
 		traffic->packets += 1;
-		traffic->bytes += bpf_ntohs(ip->tot_len);
+		traffic->bytes += ip_len;
 	}
 	if (closed)
 		count_released(traffic, server);
@@ -212,7 +213,7 @@ static __always_inline int forward_to_server(struct xdp_md *ctx, const struct pl
 {
 	rewrite_toward_server(p, to->forwarding == LB_FORWARDING_NAT, &to->server, to->vip_port,
 			      to->backend_port);
-	add_server_traffic(to->id, p->ip, 0);
+	add_server_traffic(to->id, plain_ip_len(p), 0);
 	count(stat);
 	return send_out(ctx, to->server.egress_ifindex);
 }
@@ -397,7 +398,7 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		stat = STAT_FAST_CLIENT_SYN_RETRANSMITTED;
 	}
 	rewrite_toward_server(p, nat, &target, vip_port, backend_port);
-	add_server_traffic(id, p->ip, 0);
+	add_server_traffic(id, plain_ip_len(p), 0);
 	count(stat);
 	count_options_walked(walked);
 	return send_out(ctx, target.egress_ifindex);
@@ -750,7 +751,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 
 	// Before any byte changes: no next hop (map and FIB both) hands the packet up as it
 	// came, with the metadata steering writes for the worker's neighbour lookup.
-	if (!next_hop_toward_client(ctx, p->ip, config->copy, seq, &hop))
+	if (!next_hop_toward_client(ctx, p->ip, plain_ip_len(p), config->copy, seq, &hop))
 		return hand_up(STAT_UP_NEXT_HOP);
 	vip_addr = sender->vip_addr;
 	vip_port = sender->vip_port;
@@ -820,7 +821,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	}
 	__builtin_memcpy(p->eth->h_dest, hop.hop.dmac, ETH_ALEN);
 	__builtin_memcpy(p->eth->h_source, hop.hop.smac, ETH_ALEN);
-	add_server_traffic(id, p->ip, first_close);
+	add_server_traffic(id, plain_ip_len(p), first_close);
 	count(stat);
 	count_options_walked(walked);
 	return send_out(ctx, hop.hop.ifindex);

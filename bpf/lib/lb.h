@@ -2,7 +2,7 @@
 //
 // The whole LB program as one inline function, so that bpf/xdp_lb.c is only its section
 // and the bench wrapper (bpf/xdp_bench.c) runs exactly the same code. A tagged frame is
-// decided untagged (vlan.h).
+// decided untagged (vlan.h), a segment with IP options without them (ip_options.h).
 //
 // Every packet is first classified as steering always did (a VIP's client segment, a
 // server's reply, or the host's); with the in-kernel path on, a client's segment by its
@@ -25,6 +25,7 @@
 #include "fallback.h"
 #include "fast_path.h"
 #include "icmp_path.h"
+#include "ip_options.h"
 #include "maps.h"
 #include "not_a_vip.h"
 #include "publish.h"
@@ -34,7 +35,7 @@
 #include "vip_slots.h"
 #include "vlan.h"
 
-static __always_inline int lb_decide(struct xdp_md *ctx)
+static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted)
 {
 	enum plain_refusal refusal = PLAIN_LAYOUT;
 	const struct reply_sender *sender = NULL;
@@ -44,7 +45,7 @@ static __always_inline int lb_decide(struct xdp_md *ctx)
 	struct vip_info *vip = NULL;
 	struct lb_config *config = NULL, *entry0;
 	// Set on every path: clang may carry its fields in registers the verifier must see written.
-	struct plain_tcp p = {};
+	struct plain_tcp p = { .ip_options_lifted = ip_options_lifted };
 	__u32 zero = 0, owner = 0, seq = 0, copy = 0;
 	int fast, action, cookie = 0, without_timestamp = 0, dropped = LB_HAND_UP;
 	// Where an established segment's timestamp option starts within its options, and
@@ -66,7 +67,7 @@ static __always_inline int lb_decide(struct xdp_md *ctx)
 		// address the VIP filter says is no VIP's needs none at all. The commonest
 		// segment, a client's established one in cheetah mode, finds its VIP by an array
 		// read in vip_slots (vip_slots.h); any other, or one whose VIP has no slot, in vips.
-		refusal = parse_plain_tcp(ctx, &p);
+		refusal = parse_plain_tcp(ctx, &p, ip_options_lifted);
 		if (plain_tcp_set(refusal) && may_be_vip_addr(config, p.ip->daddr)) {
 			// The options' walk (timestamp_walk) only when they do not start NOP NOP TS.
 			// Options too short for a timestamp are walked too (none, or malformed).
@@ -134,7 +135,7 @@ static __always_inline int lb_decide(struct xdp_md *ctx)
 		if (!owner)
 			return pass();
 		if (!fast || vip || slot)
-			return steer_to_socket(ctx, owner);
+			return steer_to_socket(ctx, owner, p.ip_options_lifted);
 		// A garbled IP header (never the straight line's): the core drops the packet
 		// before it looks at anything else.
 		if (refusal == PLAIN_LAYOUT) {
@@ -157,12 +158,12 @@ static __always_inline int lb_decide(struct xdp_md *ctx)
 				action = client_not_found(refusal);
 			if (action != LB_HAND_UP)
 				return action;
-			return steer_to_socket(ctx, owner);
+			return steer_to_socket(ctx, owner, p.ip_options_lifted);
 		}
 		sender = reply_by_steering(ctx, config, seq, backend, &p, refusal, &by_steering,
 					   &dropped);
 		if (!sender)
-			return dropped != LB_HAND_UP ? dropped : steer_to_socket(ctx, owner);
+			return dropped != LB_HAND_UP ? dropped : steer_to_socket(ctx, owner, p.ip_options_lifted);
 	}
 	action = reply_fast(ctx, config, seq, sender, &p);
 	if (action != LB_HAND_UP)
@@ -173,21 +174,28 @@ static __always_inline int lb_decide(struct xdp_md *ctx)
 		if (!owner)
 			return pass();
 	}
-	return steer_to_socket(ctx, owner);
+	return steer_to_socket(ctx, owner, p.ip_options_lifted);
 }
 
 // The LB as a global function: the verifier checks it once, on its own, whatever state
-// its callers reach it in (with_tags_lifted reaches it on two paths), where an inlined
-// copy would be walked once per path.
-__noinline int cheetah_decide(struct xdp_md *ctx)
+// its callers reach it in (the option and tag wrappers reach it on four paths), where an
+// inlined copy would be walked once per path. `ip_options_lifted` is any u32 to it.
+__noinline int cheetah_decide(struct xdp_md *ctx, __u32 ip_options_lifted)
 {
-	return lb_decide(ctx);
+	return lb_decide(ctx, ip_options_lifted);
 }
 
-// The program: the LB on the frame, a tagged frame's tags lifted while it decides.
+// The LB on an untagged frame, its IP options lifted while it decides.
+static __always_inline int lb_untagged(struct xdp_md *ctx)
+{
+	return with_ip_options_lifted(ctx, cheetah_decide);
+}
+
+// The program: the LB on the frame, a tagged frame's tags lifted while it decides, then
+// its IP options.
 static __always_inline int lb_process(struct xdp_md *ctx)
 {
-	return with_tags_lifted(ctx, cheetah_decide);
+	return with_tags_lifted(ctx, lb_untagged);
 }
 
 #endif

@@ -422,6 +422,31 @@ struct {
 	__type(value, struct bpf_fib_lookup);
 } fib_scratch SEC(".maps");
 
+// What the program lifts off a frame while the LB decides: its VLAN tags (vlan.h), its IP
+// options and the headers that move over them (ip_options.h). Here rather than on the
+// stack, which the LB's frame needs (crates/daemon/tests/xdp_program_loads.rs counts it).
+// One packet's work, nothing kept: not pinned (pin.rs, `*_scratch`).
+struct lift_scratch {
+	__u32 tags[2];
+	__u8 head[14 + 20];
+	__u8 options[40];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lift_scratch);
+} lift_scratch SEC(".maps");
+
+// This CPU's lift_scratch slot.
+static __always_inline struct lift_scratch *lift_slot(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&lift_scratch, &zero);
+}
+
 // The client addresses' answers of the two maps above, per CPU and direct-mapped: a reply
 // toward a recent client reads one slot instead of walking the trie. The kernel's alone
 // (userspace never reads it, so it is not in cheetah_shared.h), and not pinned

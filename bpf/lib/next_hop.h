@@ -44,14 +44,13 @@ static __always_inline __u32 next_hop_cache_slot(__be32 addr)
 // it is rewritten only after the word moved on: publish.h). Its MTU is checked per packet as the trie's is; a
 // zeroed slot's MTU 0 refuses every packet, so an unfilled slot never answers.
 static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const struct iphdr *ip,
-						  __u32 copy, __u32 seq,
+						  __u32 len, __u32 copy, __u32 seq,
 						  struct next_hop_found *found)
 {
 	__u32 slot = next_hop_cache_slot(ip->daddr);
 	struct next_hop_cached *cached = bpf_map_lookup_elem(&next_hop_cache, &slot);
 	struct next_hop_key key = { .prefixlen = 64, .copy = copy, .addr = ip->daddr };
 	struct next_hop_host_key host = { .addr = ip->daddr, .copy = copy };
-	__u32 len = bpf_ntohs(ip->tot_len);
 	struct next_hop *known;
 	struct bpf_fib_lookup *fib;
 	__u32 zero = 0;
@@ -74,7 +73,7 @@ static __always_inline int next_hop_toward_client(struct xdp_md *ctx, const stru
 	count(STAT_NEXT_HOP_MISS);
 	// The FIB's answers are not remembered: no publication tells when they change.
 	fib = bpf_map_lookup_elem(&fib_scratch, &zero);
-	if (!fib || fib_toward_client(ctx, ip, fib) != BPF_FIB_LKUP_RET_SUCCESS)
+	if (!fib || fib_toward_client(ctx, ip, len, fib) != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
 	found->hop.ifindex = fib->ifindex;
 	__builtin_memcpy(found->hop.dmac, fib->dmac, ETH_ALEN);

@@ -46,7 +46,16 @@ struct plain_tcp {
 	// The first 12 option bytes (the header has room for them); NOP NOP TS only if
 	// `plain_has_nop_nop_ts` says so.
 	struct nop_nop_ts *ts;
+	// Bytes of IP options lifted off the header while the LB decides (ip_options.h): the
+	// IP packet is that much longer than ip->tot_len says.
+	__u32 ip_options_lifted;
 };
+
+// The IP packet's length as it came, options included.
+static __always_inline __u32 plain_ip_len(const struct plain_tcp *p)
+{
+	return bpf_ntohs(p->ip->tot_len) + p->ip_options_lifted;
+}
 
 // Why a frame is not the straight line's: only counted, never acted on, so it is found
 // only after the check failed.
@@ -71,9 +80,11 @@ static __always_inline int plain_tcp_set(enum plain_refusal refusal)
 	return refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS || refusal == PLAIN_SHORT_OPTIONS;
 }
 
-// Fills `view` if the frame is the straight line's layout (core `plain_ipv4_tcp`).
+// Fills `view` if the frame is the straight line's layout (core `plain_ipv4_tcp`), its
+// header having had `ip_options_lifted` bytes of options lifted off (ip_options.h).
 static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
-							  struct plain_tcp *view)
+							  struct plain_tcp *view,
+							  __u32 ip_options_lifted)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -100,6 +111,7 @@ static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 	view->ip = ip;
 	view->tcp = tcp;
 	view->ts = NULL;
+	view->ip_options_lifted = ip_options_lifted;
 	if (header_len == sizeof(struct tcphdr)) {
 		// IP + TCP <= total_len <= frame.
 		if (sizeof(struct iphdr) + sizeof(struct tcphdr) > total_len ||

@@ -91,13 +91,13 @@ static __always_inline struct iphdr *steered_ipv4(struct xdp_md *ctx)
 // Asks the kernel's FIB and neighbour table for the next hop of a server's reply toward
 // its client: a bpf_fib_lookup return code, with `fib` filled as the helper fills it.
 static __always_inline int fib_toward_client(struct xdp_md *ctx, const struct iphdr *ip,
-					     struct bpf_fib_lookup *fib)
+					     __u32 ip_len, struct bpf_fib_lookup *fib)
 {
 	__builtin_memset(fib, 0, sizeof(*fib));
 	fib->family = AF_INET;
 	fib->tos = ip->tos;
 	fib->l4_protocol = ip->protocol;
-	fib->tot_len = bpf_ntohs(ip->tot_len);
+	fib->tot_len = ip_len;
 	fib->ipv4_src = ip->saddr;
 	fib->ipv4_dst = ip->daddr;
 	// Looked up as if the reply came in on lo, not on the interface it came in on: the
@@ -112,11 +112,11 @@ static __always_inline int fib_toward_client(struct xdp_md *ctx, const struct ip
 	return bpf_fib_lookup(ctx, fib, sizeof(*fib), 0);
 }
 
-static __always_inline __u32 next_hop(struct xdp_md *ctx, struct iphdr *ip,
+static __always_inline __u32 next_hop(struct xdp_md *ctx, struct iphdr *ip, __u32 ip_len,
 				      struct cheetah_meta *meta)
 {
 	struct bpf_fib_lookup fib;
-	int rc = fib_toward_client(ctx, ip, &fib);
+	int rc = fib_toward_client(ctx, ip, ip_len, &fib);
 
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		meta->ifindex = fib.ifindex;
@@ -135,7 +135,9 @@ static __always_inline __u32 next_hop(struct xdp_md *ctx, struct iphdr *ip,
 }
 
 // Puts the direction and, for server replies, the next hop in front of the packet.
-static __always_inline int write_meta(struct xdp_md *ctx, __u32 flags)
+// `ip_options_lifted`: bytes of IP options off the header while the LB decides
+// (ip_options.h), which the next hop's MTU must count.
+static __always_inline int write_meta(struct xdp_md *ctx, __u32 flags, __u32 ip_options_lifted)
 {
 	struct cheetah_meta *meta;
 	struct iphdr *ip;
@@ -151,7 +153,7 @@ static __always_inline int write_meta(struct xdp_md *ctx, __u32 flags)
 		return 0;
 	__builtin_memset(meta, 0, sizeof(*meta));
 	if (flags & META_FROM_SERVER)
-		flags |= next_hop(ctx, ip, meta);
+		flags |= next_hop(ctx, ip, bpf_ntohs(ip->tot_len) + ip_options_lifted, meta);
 	meta->magic = META_MAGIC;
 	meta->flags = flags;
 	return 1;
@@ -206,8 +208,9 @@ static __always_inline __u32 steer_owner(struct xdp_md *ctx, __u32 copy,
 }
 
 // Hands an owned packet (`flags` from steer_owner) to the AF_XDP socket of its interface
-// and queue, with the metadata in front.
-static __always_inline int steer_to_socket(struct xdp_md *ctx, __u32 flags)
+// and queue, with the metadata in front (write_meta).
+static __always_inline int steer_to_socket(struct xdp_md *ctx, __u32 flags,
+					   __u32 ip_options_lifted)
 {
 	__u32 ifindex = ctx->ingress_ifindex;
 	__u32 *slot;
@@ -221,7 +224,7 @@ static __always_inline int steer_to_socket(struct xdp_md *ctx, __u32 flags)
 	}
 	key = *slot * MAX_QUEUES + ctx->rx_queue_index;
 
-	if (!write_meta(ctx, flags))
+	if (!write_meta(ctx, flags, ip_options_lifted))
 		count(STAT_NO_METADATA_ROOM);
 
 	// Lower bits of the flags are the action when no socket is bound: drop.

@@ -23,11 +23,6 @@
 #define VLAN_MACS_LEN 12
 #define VLAN_TAG_LEN 4
 
-// What vlan_lift took off: the tags' bytes (TPID and TCI each), as many as it took.
-struct vlan_tags {
-	__u32 words[2];
-};
-
 // How many bytes of tags a tagged IPv4 frame carries in front of its EtherType (4 or 8),
 // or 0 for any other frame (untagged included).
 static __always_inline __u32 vlan_tags_len(struct xdp_md *ctx)
@@ -66,34 +61,37 @@ static __always_inline void vlan_macs_write(void *at, const struct vlan_macs *ma
 	*(__u32 *)(at + 8) = macs->words[2];
 }
 
-// Takes `len` bytes of tags (vlan_tags_len) off the frame into `tags`: the MACs move up
-// over them and the frame starts `len` bytes later. 1 if so; 0 if the frame was left as
-// it was; -1 if the MACs moved but the frame's start could not (vlan_tags_len left room
-// for it, so this never happens): the frame is then neither tagged nor untagged.
-static __always_inline int vlan_lift(struct xdp_md *ctx, __u32 len, struct vlan_tags *tags)
+// Takes `len` bytes of tags (vlan_tags_len) off the frame into lift_scratch: the MACs
+// move up over them and the frame starts `len` bytes later. 1 if so; 0 if the frame was
+// left as it was; -1 if the MACs moved but the frame's start could not (vlan_tags_len left
+// room for it, so this never happens): the frame is then neither tagged nor untagged.
+// Not inlined, as vlan_put_back: its locals then never share the frame the LB's call
+// sits on.
+static __noinline int vlan_lift(struct xdp_md *ctx, __u32 len)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
+	struct lift_scratch *slot = lift_slot();
 	struct vlan_macs macs;
 
-	if (data + VLAN_MACS_LEN + 2 * VLAN_TAG_LEN > data_end)
+	if (!slot || data + VLAN_MACS_LEN + 2 * VLAN_TAG_LEN > data_end)
 		return 0;
 	vlan_macs_read(&macs, data);
-	tags->words[0] = *(__u32 *)(data + VLAN_MACS_LEN);
-	tags->words[1] = *(__u32 *)(data + VLAN_MACS_LEN + VLAN_TAG_LEN);
+	slot->tags[0] = *(__u32 *)(data + VLAN_MACS_LEN);
+	slot->tags[1] = *(__u32 *)(data + VLAN_MACS_LEN + VLAN_TAG_LEN);
 	vlan_macs_write(data + (len == 2 * VLAN_TAG_LEN ? 2 * VLAN_TAG_LEN : VLAN_TAG_LEN), &macs);
 	return bpf_xdp_adjust_head(ctx, (int)len) == 0 ? 1 : -1;
 }
 
 // Puts back the `len` bytes of tags vlan_lift took, behind the frame's MACs as they are
 // now (the LB may have rewritten them). 0 if there was no room in front of the frame.
-static __always_inline int vlan_put_back(struct xdp_md *ctx, __u32 len,
-					 const struct vlan_tags *tags)
+static __noinline int vlan_put_back(struct xdp_md *ctx, __u32 len)
 {
+	struct lift_scratch *slot = lift_slot();
 	void *data, *data_end;
 	struct vlan_macs macs;
 
-	if (bpf_xdp_adjust_head(ctx, -(int)len))
+	if (!slot || bpf_xdp_adjust_head(ctx, -(int)len))
 		return 0;
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
@@ -101,34 +99,33 @@ static __always_inline int vlan_put_back(struct xdp_md *ctx, __u32 len,
 		return 0;
 	vlan_macs_read(&macs, data + (len == 2 * VLAN_TAG_LEN ? 2 * VLAN_TAG_LEN : VLAN_TAG_LEN));
 	vlan_macs_write(data, &macs);
-	*(__u32 *)(data + VLAN_MACS_LEN) = tags->words[0];
+	*(__u32 *)(data + VLAN_MACS_LEN) = slot->tags[0];
 	if (len == 2 * VLAN_TAG_LEN)
-		*(__u32 *)(data + VLAN_MACS_LEN + VLAN_TAG_LEN) = tags->words[1];
+		*(__u32 *)(data + VLAN_MACS_LEN + VLAN_TAG_LEN) = slot->tags[1];
 	return 1;
 }
 
 // Runs `decide` (the LB: an XDP verdict) on the frame, tags lifted while it runs if it
 // has any. The frame gets its tags back whatever the verdict: one sent on (TX, REDIRECT,
 // PASS) needs them, and a dropped one then leaves as it came, as the core leaves it.
+// The slot's tags outlive `decide`: the LB never touches lift_scratch's tags, and a
+// program runs to its end on one CPU.
 static __always_inline int with_tags_lifted(struct xdp_md *ctx, int (*decide)(struct xdp_md *))
 {
-	struct vlan_tags tags;
 	__u32 len = vlan_tags_len(ctx);
-	int action, lifted;
+	int action, lifted = 0;
 
-	if (!len)
-		return decide(ctx);
-	lifted = vlan_lift(ctx, len, &tags);
-	if (lifted == 0)
-		return decide(ctx);
+	// One call of `decide` whatever the frame: each inlined copy would take stack.
+	if (len)
+		lifted = vlan_lift(ctx, len);
 	if (lifted < 0) {
 		count(STAT_NO_METADATA_ROOM);
 		return XDP_DROP;
 	}
 	action = decide(ctx);
-	if (action == XDP_ABORTED)
+	if (!lifted || action == XDP_ABORTED)
 		return action;
-	if (!vlan_put_back(ctx, len, &tags)) {
+	if (!vlan_put_back(ctx, len)) {
 		count(STAT_NO_METADATA_ROOM);
 		return XDP_DROP;
 	}

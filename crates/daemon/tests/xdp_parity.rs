@@ -218,6 +218,12 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "qinq-tagged-established",
             "vlan-tagged-server-data",
             "qinq-tagged-server-syn-ack",
+            // IP options: decided without them (ip_options.h), options put back.
+            "syn-with-ip-options",
+            "established-with-ip-options",
+            "vlan-tagged-established-with-ip-options",
+            "server-data-with-ip-options",
+            "server-fin-with-ip-options",
         ],
     ),
     (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),
@@ -256,6 +262,10 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "vlan-tagged-syn",
     "vlan-tagged-established-ack",
     "qinq-tagged-server-syn-ack",
+    // IP options: decided without them (ip_options.h), options put back.
+    "syn-with-ip-options",
+    "established-ack-with-ip-options",
+    "server-fin-with-ip-options",
 ];
 
 // --- One suite ----------------------------------------------------------------------------
@@ -504,26 +514,35 @@ fn judge(
         ));
     }
     // The packet's own traffic (a retransmitted SYN also releases its earlier pick's count,
-    // checked above).
-    let traffic: Vec<u16> = kernel
+    // checked above): one packet of its IP length as it came (IP options included), the
+    // core's `loads.on_packet`.
+    let traffic: Vec<(u16, u64, u64)> = kernel
         .traffic
         .iter()
         .filter(|moved| moved.packets != 0)
-        .map(|moved| moved.server)
+        .map(|moved| (moved.server, moved.packets, moved.bytes))
         .collect();
+    let ip_len = ip_total_len(packet_in);
     // An ICMP error counts toward no server's load in the core.
     let traffic_ok = if icmp {
         traffic.is_empty()
     } else {
-        traffic.len() == 1 && server.is_none_or(|id| traffic == [id])
+        matches!(traffic[..], [(id, 1, bytes)] if server.is_none_or(|s| s == id) && bytes == ip_len)
     };
     if !traffic_ok {
         fail(format!(
-            "server_traffic moved for servers {traffic:?}; the core's verdict is {}",
+            "server_traffic moved {traffic:?} (server, packets, bytes); the core's verdict is {}, for one packet of {ip_len} bytes",
             verdict_name(verdict)
         ));
     }
     report.handled.push(what.to_string());
+}
+
+/// The IPv4 total length of a frame, untagged or behind tags.
+fn ip_total_len(frame: &[u8]) -> u64 {
+    let l3 = cheetah_core::wire::ethernet::EthernetFrame::new_checked(frame)
+        .map_or(ETH_HLEN, |f| f.payload_offset());
+    u64::from(u16::from_be_bytes([frame[l3 + 2], frame[l3 + 3]]))
 }
 
 /// What one packet did in the core.

@@ -292,6 +292,9 @@ pub(super) const SETUPS: [Setup; 4] = [
     },
 ];
 
+/// The IP option a router may set on a segment: Router Alert (RFC 2113), 4 bytes.
+const ROUTER_ALERT: [u8; 4] = [0x94, 0x04, 0x00, 0x00];
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Path {
     ClientToServer,
@@ -303,6 +306,10 @@ pub(super) enum Path {
     /// lifted while the LB decides and put back after (bpf/lib/vlan.h).
     TaggedClientToServer,
     TaggedServerToClient,
+    /// Client->server and server->client with 4 bytes of IP options (Router Alert): the
+    /// options lifted while the LB decides and put back after (bpf/lib/ip_options.h).
+    OptionedClientToServer,
+    OptionedServerToClient,
     /// Server->client with `reply_senders` empty: the sender found the old way, by
     /// steering's lookups and the sender's maps, as a reply the map does not know.
     ReplyBySteering,
@@ -465,6 +472,8 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 Path::ServerToClient,
                 Path::TaggedClientToServer,
                 Path::TaggedServerToClient,
+                Path::OptionedClientToServer,
+                Path::OptionedServerToClient,
                 Path::ClockAdvanced,
                 Path::ReplyBySteering,
                 Path::ServerFin,
@@ -897,6 +906,7 @@ impl Bench {
             Path::ClientToServer
             | Path::ClientVipByHash
             | Path::TaggedClientToServer
+            | Path::OptionedClientToServer
             | Path::Syn
             | Path::FallbackSyn => Path::ClientToServer,
             Path::ServerFin
@@ -918,6 +928,9 @@ impl Bench {
                 Path::TaggedClientToServer | Path::TaggedServerToClient => {
                     (testkit::vlan_tagged(&frame), stat, None)
                 }
+                Path::OptionedClientToServer | Path::OptionedServerToClient => {
+                    (testkit::with_ip_options(&frame, &ROUTER_ALERT), stat, None)
+                }
                 _ => (frame, stat, None),
             }
         };
@@ -935,10 +948,12 @@ impl Bench {
             Path::ClientToServer
             | Path::ClientVipByHash
             | Path::TaggedClientToServer
+            | Path::OptionedClientToServer
             | Path::Syn
             | Path::FallbackSyn => ("bench_lb", XDP_TX),
             Path::ServerToClient
             | Path::TaggedServerToClient
+            | Path::OptionedServerToClient
             | Path::ServerFin
             | Path::ClockAdvanced
                 if ports.clients.ifindex == ingress =>
@@ -947,6 +962,7 @@ impl Bench {
             }
             Path::ServerToClient
             | Path::TaggedServerToClient
+            | Path::OptionedServerToClient
             | Path::ServerFin
             | Path::ClockAdvanced => ("bench_lb", XDP_REDIRECT),
             Path::Icmp if ports.servers.ifindex == ingress => ("bench_lb", XDP_TX),
@@ -1048,8 +1064,10 @@ impl Bench {
             _ => format!(
                 "{} {} ({}){}",
                 match path {
-                    Path::ClientToServer | Path::ClientVipByHash | Path::TaggedClientToServer =>
-                        "established client->server",
+                    Path::ClientToServer
+                    | Path::ClientVipByHash
+                    | Path::TaggedClientToServer
+                    | Path::OptionedClientToServer => "established client->server",
                     Path::ServerFin => "server FIN",
                     Path::ClockAdvanced => "server->client, clock advanced,",
                     Path::Icmp => "ICMP error by cookie",
@@ -1066,6 +1084,9 @@ impl Bench {
                     Path::ReplyBySteering => ", sender by steering (reply_senders empty)",
                     Path::ClientVipByHash => ", VIP by hash (vip_slots empty)",
                     Path::TaggedClientToServer | Path::TaggedServerToClient => ", 802.1Q tagged",
+                    Path::OptionedClientToServer | Path::OptionedServerToClient => {
+                        ", 4 bytes of IP options"
+                    }
                     _ => "",
                 }
             ),
@@ -1082,6 +1103,8 @@ impl Bench {
             | Path::ServerToClient
             | Path::TaggedClientToServer
             | Path::TaggedServerToClient
+            | Path::OptionedClientToServer
+            | Path::OptionedServerToClient
             | Path::Syn
             | Path::ServerFin
             | Path::Icmp
