@@ -388,7 +388,7 @@ pub fn qinq_tagged(frame: &[u8]) -> Vec<u8> {
 /// header: IHL, total length and header checksum follow.
 pub fn with_ip_options(frame: &[u8], options: &[u8]) -> Vec<u8> {
     assert!(
-        options.len() % 4 == 0 && options.len() <= 40,
+        options.len().is_multiple_of(4) && options.len() <= 40,
         "IP options: 4-byte words, <= 40"
     );
     let header_end = 14 + usize::from(frame[14] & 0x0f) * 4;
