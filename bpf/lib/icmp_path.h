@@ -9,10 +9,11 @@
 // Every checksum the core updates (outer IP, ICMP, quoted IP, quoted TCP) is updated the
 // same way, in the same order, so even the two encodings of zero come out as the core's.
 //
-// The kernel takes the straight case only: an IPv4 frame (tags lifted, vlan.h) without IP options
-// carrying an error (destination unreachable, time exceeded, parameter problem) that
-// quotes a VIP's TCP segment with a whole TCP header whose options hold a timestamp (NOP
-// NOP TS first, or wherever the core's walk finds it: parse.h tcp_timestamp_walk), in
+// The kernel takes the straight case only: an IPv4 frame (tags and IP options lifted:
+// vlan.h, ip_options.h) carrying an error (destination unreachable, time exceeded,
+// parameter problem) that quotes a VIP's TCP segment with a whole TCP header whose
+// options hold a timestamp (NOP NOP TS first, or wherever the core's walk finds it:
+// parse.h tcp_timestamp_walk), in
 // cheetah mode, whose cookie names a forwarding server (its clock unknown, the quote goes
 // unrestored, as the core sends it; an echo beyond the idle limit is counted); and in
 // hash and maglev mode with l2 forwarding, any such error, to `pool[h % n]` or the VIP's

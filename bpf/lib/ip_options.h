@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 //
-// A TCP segment whose IPv4 header carries options takes the same in-kernel path as one
-// without: the options are lifted off before the LB decides and put back after, so every
+// A TCP segment or ICMP error whose IPv4 header carries options takes the same in-kernel
+// path as one without: the options are lifted off before the LB decides and put back after, so every
 // rule below (parse.h onward) reads a 20-byte IP header at fixed offsets, as vlan.h does
 // for tags. The core's straight line skips the options (fast_path.rs
 // `ipv4_off_the_line`) and keeps them, so verdict, bytes and counters stay the core's.
@@ -13,9 +13,11 @@
 // counted for a server, the MTU a next hop is checked against) it gets from the lifted
 // length it is handed (parse.h `plain_ip_len`).
 //
-// Only a TCP segment whose IPv4 header the core accepts is lifted (version 4, total
-// length within the frame and covering the header): a garbled header stays as it came,
-// to be dropped as the core drops it (fast_path.h `drop_bad_ipv4_header`).
+// Only a TCP segment or an ICMP message whose IPv4 header the core accepts is lifted
+// (version 4, total length within the frame and covering the header): a garbled header
+// stays as it came, to be dropped as the core drops it (fast_path.h
+// `drop_bad_ipv4_header`). An ICMP error's own header is lifted, not its quote's (whose
+// options still send it up: icmp_path.h); the ICMP checksum covers neither.
 
 #ifndef CHEETAH_LIB_IP_OPTIONS_H
 #define CHEETAH_LIB_IP_OPTIONS_H
@@ -34,8 +36,9 @@
 #define IP_OPTIONS_HEAD_LEN (sizeof(struct ethhdr) + sizeof(struct iphdr))
 #define IP_OPTIONS_MAX_LEN 40
 
-// How many bytes of options the IPv4 header of an untagged TCP frame carries (4 to 40),
-// or 0 when there are none to lift (no options, not TCP, or a header the core refuses).
+// How many bytes of options the IPv4 header of an untagged TCP or ICMP frame carries (4
+// to 40), or 0 when there are none to lift (no options, another protocol, or a header the
+// core refuses).
 static __always_inline __u32 ip_options_len(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -49,7 +52,7 @@ static __always_inline __u32 ip_options_len(struct xdp_md *ctx)
 	version_ihl = *(__u8 *)ip;
 	// The commonest frame leaves here: 0x45 is no options.
 	if (version_ihl <= 0x45 || version_ihl > 0x4f || eth->h_proto != bpf_htons(ETH_P_IP) ||
-	    ip->protocol != IPPROTO_TCP)
+	    (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_ICMP))
 		return 0;
 	header_len = (version_ihl & 0x0f) * 4;
 	total_len = bpf_ntohs(ip->tot_len);

@@ -1167,6 +1167,15 @@ fn ip_options_cheetah_inputs(nat: bool) -> Vec<Input> {
             "Server 2's FIN with a Router Alert IP option: a close counted, cookie inserted, option kept.",
             testkit::with_ip_options(&server_fin, &router_alert),
         ),
+        input(
+            "icmp-frag-needed-cookie-with-ip-options",
+            "ICMP fragmentation-needed quoting server 2's cookie, its own IP header with a Router Alert option: routed to server 2, quoted TSval restored, option kept.",
+            testkit::with_ip_options(
+                &testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 20 + 32 + 8),
+                &router_alert,
+            ),
+        )
+        .msb(2, M),
     ]
 }
 
@@ -1253,6 +1262,14 @@ fn baseline_inputs() -> Vec<Input> {
             "vlan-tagged-established-ack",
             "The client ACK behind an 802.1Q tag: the hash's server, tag kept.",
             testkit::vlan_tagged(&client_ack(0x2222_3333)),
+        ),
+        input(
+            "icmp-frag-needed-with-ip-options",
+            "ICMP fragmentation-needed about the connection, its own IP header with a Router Alert option: routed by the hash of the quoted ports, option kept.",
+            testkit::with_ip_options(
+                &testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 28),
+                &[0x94, 0x04, 0x00, 0x00],
+            ),
         ),
         input(
             "established-ack-with-ip-options",

@@ -224,6 +224,7 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "vlan-tagged-established-with-ip-options",
             "server-data-with-ip-options",
             "server-fin-with-ip-options",
+            "icmp-frag-needed-cookie-with-ip-options",
         ],
     ),
     (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),
@@ -266,6 +267,7 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "syn-with-ip-options",
     "established-ack-with-ip-options",
     "server-fin-with-ip-options",
+    "icmp-frag-needed-with-ip-options",
 ];
 
 // --- One suite ----------------------------------------------------------------------------

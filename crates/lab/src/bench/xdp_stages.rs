@@ -122,7 +122,8 @@ pub(super) fn breakdown(
                     "send_out (the whole path, the LB inlined: bench_lb_inline)".into()
                 }
                 None if p + 1 < names.len() => {
-                    "vlan.h's tag check and the call to the global cheetah_decide (bench_lb)".into()
+                    "the tag and IP options checks and the call to the global cheetah_decide (bench_lb)"
+                        .into()
                 }
                 None => "nothing: bench_lb_twin, the same code at another address".into(),
             },
