@@ -61,6 +61,19 @@ static __always_inline __u32 ip_options_len(struct xdp_md *ctx)
 	return header_len - sizeof(struct iphdr);
 }
 
+// This CPU's lift_scratch slot, if `len` (masked: the verifier then sees the compare's
+// bounds) is a size the helpers may copy into it: ip_options_len returns 4..40.
+static __always_inline struct lift_scratch *options_slot(__u32 len)
+{
+	return len >= 4 && len <= IP_OPTIONS_MAX_LEN ? lift_slot() : NULL;
+}
+
+// The slot's IPv4 header, behind its Ethernet header.
+static __always_inline struct iphdr *slot_ip(struct lift_scratch *slot)
+{
+	return (void *)(slot->head + sizeof(struct ethhdr));
+}
+
 // Takes the `len` bytes of options (ip_options_len) off the frame into lift_scratch:
 // the Ethernet and fixed IPv4 headers move up over them, IHL and total length say so, and
 // the frame starts `len` bytes later. 1 if so; 0 if the frame was left as it was; -1 if
@@ -69,15 +82,14 @@ static __always_inline __u32 ip_options_len(struct xdp_md *ctx)
 // ip_options_put_back: their locals never share the frame the LB's call sits on.
 static __noinline int ip_options_lift(struct xdp_md *ctx, __u32 len)
 {
-	struct lift_scratch *slot = lift_slot();
+	struct lift_scratch *slot;
 	struct iphdr *ip;
 
-	// Bounded for the helpers' size (ip_options_len returns a multiple of 4 in 4..40):
-	// the mask lets the verifier see the compare's bounds.
 	len &= 0x3f;
-	if (!slot || len < 4 || len > IP_OPTIONS_MAX_LEN)
+	slot = options_slot(len);
+	if (!slot)
 		return 0;
-	ip = (void *)(slot->head + sizeof(struct ethhdr));
+	ip = slot_ip(slot);
 	if (bpf_xdp_load_bytes(ctx, 0, slot->head, IP_OPTIONS_HEAD_LEN) ||
 	    bpf_xdp_load_bytes(ctx, IP_OPTIONS_HEAD_LEN, slot->options, len))
 		return 0;
@@ -93,13 +105,14 @@ static __noinline int ip_options_lift(struct xdp_md *ctx, __u32 len)
 // length as they came. 0 if there was no room in front of the frame.
 static __noinline int ip_options_put_back(struct xdp_md *ctx, __u32 len)
 {
-	struct lift_scratch *slot = lift_slot();
+	struct lift_scratch *slot;
 	struct iphdr *ip;
 
 	len &= 0x3f;
-	if (!slot || len < 4 || len > IP_OPTIONS_MAX_LEN)
+	slot = options_slot(len);
+	if (!slot)
 		return 0;
-	ip = (void *)(slot->head + sizeof(struct ethhdr));
+	ip = slot_ip(slot);
 	if (bpf_xdp_adjust_head(ctx, -(int)len))
 		return 0;
 	if (bpf_xdp_load_bytes(ctx, len, slot->head, IP_OPTIONS_HEAD_LEN))

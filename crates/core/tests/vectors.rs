@@ -1067,19 +1067,23 @@ fn layout_suite(name: &'static str, k: u8, extra_server: Option<u16>) -> Suite {
     }
 }
 
-/// Hash and Maglev modes: every packet of a connection goes where the hash says.
-/// A trunk port's traffic in cheetah mode: behind one VLAN tag or two, the same verdicts
-/// and bytes as untagged, tags kept.
-fn tagged_cheetah_inputs(nat: bool) -> Vec<Input> {
-    let established = client_ack(cookie_ts(2, M, 0x5678));
-    let server_data = from_server(
+/// Server 2's segment carrying a response, its timestamps where Linux puts them.
+fn server_data(nat: bool) -> Vec<u8> {
+    from_server(
         nat,
         2,
         flags::ACK | flags::PSH,
         options::nop_nop_ts(SERVER_TS + 1, CLIENT_TS + 1),
     )
     .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
-    .build();
+    .build()
+}
+
+/// A trunk port's traffic in cheetah mode: behind one VLAN tag or two, the same verdicts
+/// and bytes as untagged, tags kept.
+fn tagged_cheetah_inputs(nat: bool) -> Vec<Input> {
+    let established = client_ack(cookie_ts(2, M, 0x5678));
+    let server_data = server_data(nat);
     let syn_ack = from_server(
         nat,
         2,
@@ -1135,14 +1139,7 @@ fn ip_options_cheetah_inputs(nat: bool) -> Vec<Input> {
     longest.resize(40, 1);
     longest[39] = 0;
     let established = client_ack(cookie_ts(2, M, 0x5678));
-    let server_data = from_server(
-        nat,
-        2,
-        flags::ACK | flags::PSH,
-        options::nop_nop_ts(SERVER_TS + 1, CLIENT_TS + 1),
-    )
-    .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
-    .build();
+    let server_data = server_data(nat);
     let server_fin = server_fin(nat);
     vec![
         input(
@@ -1179,6 +1176,7 @@ fn ip_options_cheetah_inputs(nat: bool) -> Vec<Input> {
     ]
 }
 
+/// Hash and Maglev modes: every packet of a connection goes where the hash says.
 fn baseline_inputs() -> Vec<Input> {
     let mut bad_sum = client_ack(CLIENT_TS);
     bad_sum[14 + 20 + 16] ^= 0x5a;
