@@ -30,8 +30,8 @@ _Static_assert(STAT_DROP_BAD_TCP_DATA_OFFSET - STAT_DROP_TRUNCATED_TCP ==
 // A packet steering gave to a VIP address (META_TO_VIP) that is not a fragment and that
 // the client path left (`refusal`: parse_plain_tcp's answer; for a TCP layout of its,
 // vips held no VIP at its address and port): dropped as the core drops it, or LB_HAND_UP
-// without a count (ICMP, a well-formed segment with IP options, and whatever the core
-// drops for another reason first).
+// without a count (ICMP, a well-formed segment with IP options left on, and whatever the
+// core drops for another reason first).
 static __always_inline int not_a_vip(struct xdp_md *ctx, const struct lb_config *config,
 				     __u32 seq, enum plain_refusal refusal)
 {
@@ -49,7 +49,8 @@ static __always_inline int not_a_vip(struct xdp_md *ctx, const struct lb_config 
 	if (refusal == PLAIN_LAYOUT) {
 		// A TCP segment (a checked IPv4 header of another protocol is PLAIN_NOT_TCP) in a
 		// layout the kernel does not take: the core drops it if its TCP header is
-		// malformed, whatever its port; else it is the core's (IP options).
+		// malformed, whatever its port; else it is the core's (IP options ip_options.h
+		// could not lift).
 		enum tcp_fault fault = tcp_header_fault(ctx);
 
 		if (fault == TCP_CHECKED)

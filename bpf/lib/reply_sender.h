@@ -87,6 +87,64 @@ static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx
 	return sender;
 }
 
+// A segment from a VIP address (l2) that steering called a server's reply but whose
+// layout the kernel does not take (parse_plain_tcp's PLAIN_LAYOUT: a fragment, or a TCP
+// header the core's parse refuses), dropped as the core drops it (worker.rs `classify`,
+// then `server_tcp` for a known server's VIP port, else `classify_rest`): from a MAC no
+// server has (`unknown_server_source`), a fragment (`unsupported_fragment`), from a known
+// server's VIP port on the clients' side (`reply_from_client_side`) or of a removed
+// server (`server_removed`), else under its TCP header's fault. LB_HAND_UP for anything
+// else (a well-formed TCP header, a VIP port the kernel cannot tell), counted by the
+// caller. A forged flood of garbled "replies" so costs the kernel a few lookups a packet.
+static __always_inline int garbled_reply_l2(struct xdp_md *ctx, const struct lb_config *config,
+					    __u32 seq, int client_side)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct mac_key mac = {};
+	struct vip_key key = {};
+	struct server_info *server;
+	enum tcp_fault fault;
+	__be16 *src_port;
+	__u32 *by_mac;
+
+	if (!ipv4_checked(ctx) || (void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP)
+		return LB_HAND_UP;
+	__builtin_memcpy(mac.mac, eth->h_source, ETH_ALEN);
+	mac.copy = config->copy;
+	by_mac = bpf_map_lookup_elem(&server_macs, &mac);
+	if (!by_mac)
+		return drop_by_tables(seq, STAT_DROP_UNKNOWN_SERVER_SOURCE);
+	if (ip->frag_off & bpf_htons(0x3fff))
+		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_FRAGMENT);
+	fault = tcp_header_fault(ctx);
+	if (fault == TCP_CHECKED)
+		return LB_HAND_UP;
+	// The ports, if the segment holds them (ipv4_checked: within the frame; the bound is
+	// for the verifier): the core asks for the sender's VIP first.
+	src_port = (void *)ip + ip->ihl * 4;
+	if (bpf_ntohs(ip->tot_len) >= ip->ihl * 4 + 4 && (void *)(src_port + 2) <= data_end) {
+		key.addr = ip->saddr;
+		key.port = *src_port;
+		key.protocol = IPPROTO_TCP;
+		key.copy = config->copy;
+		if (bpf_map_lookup_elem(&vips, &key)) {
+			if (client_side)
+				return drop_by_tables(seq, STAT_DROP_REPLY_FROM_CLIENT_SIDE);
+			server = server_at(config->copy, *by_mac);
+			if (!server)
+				return LB_HAND_UP;
+			if (!(server->flags & SERVER_FORWARDS))
+				return drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
+		} else if (!(config->flags & LB_EVERY_VIP)) {
+			return LB_HAND_UP;
+		}
+	}
+	return drop_by_tables(seq, STAT_DROP_TRUNCATED_TCP + (fault - TCP_TRUNCATED));
+}
+
 // The sender of a segment steering called a server's reply (`backend`: its backends entry
 // with NAT; counted as STAT_REPLY_BY_STEERING), copied into `found`; NULL when the kernel
 // leaves it to userspace, having counted why (not the plain layout, or no forwarding
@@ -123,6 +181,11 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 	// Only the servers' side carries replies (sides.rs).
 	client_side = !on_server_side(config->copy, ctx->ingress_ifindex);
 	if (!plain_tcp_set(refusal)) {
+		if (l2 && refusal == PLAIN_LAYOUT) {
+			*dropped = garbled_reply_l2(ctx, config, seq, client_side);
+			if (*dropped != LB_HAND_UP)
+				return NULL;
+		}
 		if (client_side)
 			hand_up(STAT_UP_OTHER);
 		else

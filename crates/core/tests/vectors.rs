@@ -1079,6 +1079,45 @@ fn server_data(nat: bool) -> Vec<u8> {
     .build()
 }
 
+/// l2: segments from a VIP address whose layout the straight line refuses, dropped under
+/// the first reason the core finds (the sender's MAC, the fragment, the TCP header).
+fn garbled_replies_l2() -> Vec<Input> {
+    let data = server_data(false);
+    let mut bad_offset = data.clone();
+    bad_offset[14 + 20 + 12] = 0xf0;
+    // Total length leaving 10 bytes of TCP: the ports, not the header.
+    let mut truncated = data[..14 + 20 + 10].to_vec();
+    truncated[16..18].copy_from_slice(&30u16.to_be_bytes());
+    testkit::refill_ipv4_checksum(&mut truncated, 14);
+    let mut forged = bad_offset.clone();
+    forged[6..12].copy_from_slice(&[0x02, 0, 0, 0x09, 0, 0x09]);
+    let mut fragment = data.clone();
+    fragment[20] = 0x20; // more fragments, offset 0
+    testkit::refill_ipv4_checksum(&mut fragment, 14);
+    vec![
+        input(
+            "server-data-bad-tcp-data-offset",
+            "Server 2's data segment with TCP data offset 15 (60 bytes), past its end: dropped.",
+            bad_offset,
+        ),
+        input(
+            "server-truncated-tcp",
+            "Server 2's segment whose IPv4 total length leaves 10 bytes of TCP header: dropped.",
+            truncated,
+        ),
+        input(
+            "forged-server-garbled-tcp",
+            "A garbled segment from the VIP address and port whose source MAC is no server's: dropped as from an unknown source.",
+            forged,
+        ),
+        input(
+            "server-fragment",
+            "A first fragment (MF set) of server 2's data segment: dropped.",
+            fragment,
+        ),
+    ]
+}
+
 /// A trunk port's traffic in cheetah mode: behind one VLAN tag or two, the same verdicts
 /// and bytes as untagged, tags kept.
 fn tagged_cheetah_inputs(nat: bool) -> Vec<Input> {
@@ -1255,6 +1294,7 @@ fn baseline_inputs() -> Vec<Input> {
             testkit::icmp_frag_needed(ROUTER, &quoted, 28),
         )
     }));
+    inputs.extend(garbled_replies_l2());
     inputs.extend([
         input(
             "vlan-tagged-established-ack",
@@ -1321,6 +1361,7 @@ fn suites() -> Vec<Suite> {
         "An IPv6 SYN to the suite's IPv6 VIP 2001:db8::100.",
         testkit::ipv6_syn(CLIENT_PORT, IPV6_VIP.parse().unwrap()),
     ));
+    l2.extend(garbled_replies_l2());
     l2.push(input(
         "unknown-server-source",
         "A packet from the VIP address whose source MAC is no server's.",
@@ -1401,6 +1442,15 @@ fn suites() -> Vec<Suite> {
                     "server-removed-rst",
                     "An RST without options from removed server 3: the general path's drop.",
                     from_server(false, 3, flags::RST, Vec::new()).build(),
+                ),
+                input(
+                    "server-removed-garbled-tcp",
+                    "A segment from removed server 3 with TCP data offset 15: dropped as a removed server's, before its header is read.",
+                    {
+                        let mut f = from_server(false, 3, flags::ACK, options::nop_nop_ts(SERVER_TS, 0)).build();
+                        f[14 + 20 + 12] = 0xf0;
+                        f
+                    },
                 ),
                 input(
                     "syn-skips-removed-server",
