@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 //
 // A TCP segment or ICMP error whose IPv4 header carries options takes the same in-kernel
-// path as one without: the options are lifted off before the LB decides and put back after, so every
-// rule below (parse.h onward) reads a 20-byte IP header at fixed offsets, as vlan.h does
-// for tags. The core's straight line skips the options (fast_path.rs
+// path as one without: the options are lifted off before the LB decides and put back
+// after, so every rule below (parse.h onward) reads a 20-byte IP header at fixed offsets,
+// as vlan.h does for tags. The core's straight line skips the options (fast_path.rs
 // `ipv4_off_the_line`) and keeps them, so verdict, bytes and counters stay the core's.
 //
 // While lifted, the header says IHL 5 and a total length shorter by the options; its

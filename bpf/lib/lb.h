@@ -163,7 +163,8 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 		sender = reply_by_steering(ctx, config, seq, backend, &p, refusal, &by_steering,
 					   &dropped);
 		if (!sender)
-			return dropped != LB_HAND_UP ? dropped : steer_to_socket(ctx, owner, p.ip_options_lifted);
+			return dropped != LB_HAND_UP ? dropped :
+						       steer_to_socket(ctx, owner, p.ip_options_lifted);
 	}
 	action = reply_fast(ctx, config, seq, sender, &p);
 	if (action != LB_HAND_UP)
