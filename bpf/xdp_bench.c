@@ -165,7 +165,7 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 	struct server_info *server;
 	const struct vip_slot *slot;
 	struct lb_config *config;
-	struct plain_tcp p;
+	struct plain_tcp p = {}; // as lb.h: no IP options lifted
 	__u16 unmasked = 0, restored = 0;
 	__u32 zero = 0, id = 0, copy;
 	__u64 hash = 0;
@@ -181,7 +181,7 @@ static __always_inline int client_stages(struct xdp_md *ctx, const int upto)
 	config = bpf_map_lookup_elem(&lb_config, &copy);
 	if (!config || !(config->flags & LB_FAST_PATH) || config->mode != LB_MODE_CHEETAH)
 		return XDP_ABORTED;
-	if (parse_plain_tcp(ctx, &p, 0) != PLAIN_OK)
+	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
 		return XDP_ABORTED;
 	STAGE_DONE(1);
 
@@ -241,7 +241,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	struct msb_seen_words *seen;
 	struct lb_config *config;
 	struct next_hop_found hop;
-	struct plain_tcp p;
+	struct plain_tcp p = {}; // as lb.h: no IP options lifted
 	__u32 zero = 0, id = 0, seq, copy;
 	__u16 msb, cookie;
 	__u64 hash;
@@ -259,7 +259,7 @@ static __always_inline int reply_stages(struct xdp_md *ctx, const int upto)
 	if (!config || !(config->flags & LB_FAST_PATH) || config->mode != LB_MODE_CHEETAH ||
 	    config->forwarding != LB_FORWARDING_L2)
 		return XDP_ABORTED;
-	if (parse_plain_tcp(ctx, &p, 0) != PLAIN_OK)
+	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
 		return XDP_ABORTED;
 	if (may_be_vip_addr(config, p.ip->daddr))
 		return XDP_ABORTED;
@@ -505,7 +505,7 @@ static __always_inline int katran_lru_client(struct xdp_md *ctx)
 	config = bpf_map_lookup_elem(&lb_config, &copy);
 	if (!config || !(config->flags & LB_FAST_PATH))
 		return XDP_ABORTED;
-	if (parse_plain_tcp(ctx, &p, 0) != PLAIN_OK)
+	if (parse_plain_tcp(ctx, &p) != PLAIN_OK)
 		return XDP_ABORTED;
 	key.addr = p.ip->daddr;
 	key.port = p.tcp->dest;

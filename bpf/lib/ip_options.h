@@ -36,6 +36,10 @@
 #define IP_OPTIONS_HEAD_LEN (sizeof(struct ethhdr) + sizeof(struct iphdr))
 #define IP_OPTIONS_MAX_LEN 40
 
+_Static_assert(sizeof(((struct lift_scratch *)0)->head) == IP_OPTIONS_HEAD_LEN &&
+		       sizeof(((struct lift_scratch *)0)->options) == IP_OPTIONS_MAX_LEN,
+	       "lift_scratch (maps.h) holds the headers and the most options there are");
+
 // How many bytes of options the IPv4 header of an untagged TCP or ICMP frame carries (4
 // to 40), or 0 when there are none to lift (no options, another protocol, or a header the
 // core refuses).

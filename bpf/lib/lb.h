@@ -67,7 +67,7 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 		// address the VIP filter says is no VIP's needs none at all. The commonest
 		// segment, a client's established one in cheetah mode, finds its VIP by an array
 		// read in vip_slots (vip_slots.h); any other, or one whose VIP has no slot, in vips.
-		refusal = parse_plain_tcp(ctx, &p, ip_options_lifted);
+		refusal = parse_plain_tcp(ctx, &p);
 		if (plain_tcp_set(refusal) && may_be_vip_addr(config, p.ip->daddr)) {
 			// The options' walk (timestamp_walk) only when they do not start NOP NOP TS.
 			// Options too short for a timestamp are walked too (none, or malformed).

@@ -80,11 +80,10 @@ static __always_inline int plain_tcp_set(enum plain_refusal refusal)
 	return refusal == PLAIN_OK || refusal == PLAIN_NO_OPTIONS || refusal == PLAIN_SHORT_OPTIONS;
 }
 
-// Fills `view` if the frame is the straight line's layout (core `plain_ipv4_tcp`), its
-// header having had `ip_options_lifted` bytes of options lifted off (ip_options.h).
+// Fills `view`'s headers if the frame is the straight line's layout (core
+// `plain_ipv4_tcp`); its `ip_options_lifted` is the caller's to set.
 static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
-							  struct plain_tcp *view,
-							  __u32 ip_options_lifted)
+							  struct plain_tcp *view)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -111,7 +110,6 @@ static __always_inline enum plain_refusal parse_plain_tcp(struct xdp_md *ctx,
 	view->ip = ip;
 	view->tcp = tcp;
 	view->ts = NULL;
-	view->ip_options_lifted = ip_options_lifted;
 	if (header_len == sizeof(struct tcphdr)) {
 		// IP + TCP <= total_len <= frame.
 		if (sizeof(struct iphdr) + sizeof(struct tcphdr) > total_len ||
