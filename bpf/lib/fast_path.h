@@ -235,13 +235,7 @@ static __always_inline void toward_server_of(struct toward_server *to,
 // and only hash lookup: a hit is a VIP's segment, so steering's vip_addrs is not asked.
 static __always_inline struct vip_info *client_vip(__u32 copy, const struct plain_tcp *p)
 {
-	struct vip_key key = {};
-
-	key.addr = p->ip->daddr;
-	key.port = p->tcp->dest;
-	key.protocol = IPPROTO_TCP;
-	key.copy = copy;
-	return bpf_map_lookup_elem(&vips, &key);
+	return tcp_vip_at(copy, p->ip->daddr, p->tcp->dest);
 }
 
 // Why a segment to a VIP address that client_vip did not find goes up: as the core's

@@ -140,7 +140,6 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	struct cookie_layout layout = layout_of(config);
 	struct server_info *server, target;
 	struct vip_info *vip;
-	struct vip_key key = {};
 	__be16 vip_port, backend_port;
 	int nat, at, restore;
 	__u8 *option, *tsval;
@@ -170,11 +169,7 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		return hand_up(STAT_UP_LAYOUT);
 	if (quoted_ip->protocol != IPPROTO_TCP || quoted_ip->saddr != ip->daddr)
 		return hand_up(STAT_UP_OTHER);
-	key.addr = quoted_ip->saddr;
-	key.port = quoted_tcp->source;
-	key.protocol = IPPROTO_TCP;
-	key.copy = config->copy;
-	vip = bpf_map_lookup_elem(&vips, &key);
+	vip = tcp_vip_at(config->copy, quoted_ip->saddr, quoted_tcp->source);
 	if (!vip)
 		return hand_up(STAT_UP_OTHER);
 	if (config->mode != LB_MODE_CHEETAH && config->forwarding == LB_FORWARDING_L2) {

@@ -9,6 +9,7 @@
 #define CHEETAH_LIB_MAPS_H
 
 #include <linux/bpf.h>
+#include <linux/in.h>
 #include <bpf/bpf_helpers.h>
 
 #include "cheetah_shared.h"
@@ -87,6 +88,18 @@ struct {
 	__type(key, struct vip_key);
 	__type(value, struct vip_info);
 } vips SEC(".maps");
+
+// The TCP VIP at (`addr`, `port`) in publication copy `copy`, or NULL.
+static __always_inline struct vip_info *tcp_vip_at(__u32 copy, __be32 addr, __be16 port)
+{
+	struct vip_key key = {};
+
+	key.addr = addr;
+	key.port = port;
+	key.protocol = IPPROTO_TCP;
+	key.copy = copy;
+	return bpf_map_lookup_elem(&vips, &key);
+}
 
 // The same VIPs by their index in the tables snapshot (NAT replies name theirs by index).
 struct {

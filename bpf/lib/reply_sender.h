@@ -87,6 +87,17 @@ static __always_inline const struct reply_sender *reply_known(struct xdp_md *ctx
 	return sender;
 }
 
+// The id of the server whose MAC `src` is (l2), or NULL: steering's test of a segment
+// from a VIP address, the core's `server_by_mac`.
+static __always_inline __u32 *server_by_mac(const struct lb_config *config, const __u8 *src)
+{
+	struct mac_key mac = {};
+
+	__builtin_memcpy(mac.mac, src, ETH_ALEN);
+	mac.copy = config->copy;
+	return bpf_map_lookup_elem(&server_macs, &mac);
+}
+
 // A segment from a VIP address (l2) that steering called a server's reply but whose
 // layout the kernel does not take (parse_plain_tcp's PLAIN_LAYOUT: a fragment, or a TCP
 // header the core's parse refuses), dropped as the core drops it (worker.rs `classify`,
@@ -103,8 +114,6 @@ static __always_inline int garbled_reply_l2(struct xdp_md *ctx, const struct lb_
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *ip = (void *)(eth + 1);
-	struct mac_key mac = {};
-	struct vip_key key = {};
 	struct server_info *server;
 	enum tcp_fault fault;
 	__be16 *src_port;
@@ -112,9 +121,7 @@ static __always_inline int garbled_reply_l2(struct xdp_md *ctx, const struct lb_
 
 	if (!ipv4_checked(ctx) || (void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP)
 		return LB_HAND_UP;
-	__builtin_memcpy(mac.mac, eth->h_source, ETH_ALEN);
-	mac.copy = config->copy;
-	by_mac = bpf_map_lookup_elem(&server_macs, &mac);
+	by_mac = server_by_mac(config, eth->h_source);
 	if (!by_mac)
 		return drop_by_tables(seq, STAT_DROP_UNKNOWN_SERVER_SOURCE);
 	if (ip->frag_off & bpf_htons(0x3fff))
@@ -126,11 +133,7 @@ static __always_inline int garbled_reply_l2(struct xdp_md *ctx, const struct lb_
 	// for the verifier): the core asks for the sender's VIP first.
 	src_port = (void *)ip + ip->ihl * 4;
 	if (bpf_ntohs(ip->tot_len) >= ip->ihl * 4 + 4 && (void *)(src_port + 2) <= data_end) {
-		key.addr = ip->saddr;
-		key.port = *src_port;
-		key.protocol = IPPROTO_TCP;
-		key.copy = config->copy;
-		if (bpf_map_lookup_elem(&vips, &key)) {
+		if (tcp_vip_at(config->copy, ip->saddr, *src_port)) {
 			if (client_side)
 				return drop_by_tables(seq, STAT_DROP_REPLY_FROM_CLIENT_SIDE);
 			server = server_at(config->copy, *by_mac);
@@ -168,11 +171,7 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 
 	count(STAT_REPLY_BY_STEERING);
 	if (l2 && plain_tcp_set(refusal)) {
-		struct mac_key mac = {};
-
-		__builtin_memcpy(mac.mac, p->eth->h_source, ETH_ALEN);
-		mac.copy = config->copy;
-		by_mac = bpf_map_lookup_elem(&server_macs, &mac);
+		by_mac = server_by_mac(config, p->eth->h_source);
 		if (!by_mac) {
 			*dropped = drop_by_tables(seq, STAT_DROP_UNKNOWN_SERVER_SOURCE);
 			return NULL;
@@ -218,18 +217,12 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 		index = latched_index(config->copy, backend->vip_index, MAX_VIPS);
 		vip = bpf_map_lookup_elem(&vips_by_index, &index);
 	} else {
-		struct vip_key key = {};
-
 		if (!by_mac) { // (looked up above for this layout: for the verifier)
 			hand_up(STAT_UP_OTHER);
 			return NULL;
 		}
 		id = *by_mac;
-		key.addr = p->ip->saddr;
-		key.port = p->tcp->source;
-		key.protocol = IPPROTO_TCP;
-		key.copy = config->copy;
-		vip = bpf_map_lookup_elem(&vips, &key);
+		vip = tcp_vip_at(config->copy, p->ip->saddr, p->tcp->source);
 		// A known server's segment from its VIP address, but from a port no VIP is on
 		// (on either side: the core asks before it checks the side).
 		if (!vip && (config->flags & LB_EVERY_VIP)) {
