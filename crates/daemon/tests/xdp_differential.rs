@@ -81,7 +81,9 @@ mod vectors;
 use vectors::{hex, load_suite, repository_path, suite_dirs, unhex, verdict_name, Suite};
 #[path = "shared/xdp_kernel.rs"]
 mod xdp_kernel;
-use xdp_kernel::{action_name, Kernel, KernelRun, NextHops, XDP_DROP, XDP_PASS};
+use xdp_kernel::{
+    action_name, ip_total_len, l3_offset, Kernel, KernelRun, NextHops, XDP_DROP, XDP_PASS,
+};
 #[path = "shared/egress.rs"]
 mod egress;
 use egress::after_egress;
@@ -90,7 +92,7 @@ mod shared_words;
 use shared_words::SharedWords;
 #[path = "shared/frame_mutator.rs"]
 mod frame_mutator;
-use frame_mutator::{l3_offset, Dictionary, Mutator};
+use frame_mutator::{Dictionary, Mutator};
 // The corpus's input format, read where the fuzz target and its stable replay read it.
 #[allow(dead_code)]
 #[path = "../../../fuzz/harness/input.rs"]
@@ -401,8 +403,7 @@ fn judge(
         .echo_beyond_idle_limit
         .then(|| "echoes_beyond_idle_limit +1".to_string());
     same_counters(&kernel.counted(), late, &core.moved, &name)?;
-    let l3 = l3_offset(input);
-    let total_len = u64::from(u16::from_be_bytes([input[l3 + 2], input[l3 + 3]]));
+    let total_len = ip_total_len(input);
     let traffic: Vec<(u16, u64, u64)> = kernel
         .traffic
         .iter()

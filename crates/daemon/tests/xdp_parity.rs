@@ -98,7 +98,9 @@ mod vectors;
 use vectors::{hex, load_suite, suite_dirs, unhex, verdict_name, Suite};
 #[path = "shared/xdp_kernel.rs"]
 mod xdp_kernel;
-use xdp_kernel::{action_name, Kernel, KernelRun, NextHops, ETH_HLEN, XDP_DROP, XDP_PASS};
+use xdp_kernel::{
+    action_name, ip_total_len, Kernel, KernelRun, NextHops, ETH_HLEN, XDP_DROP, XDP_PASS,
+};
 #[path = "shared/egress.rs"]
 mod egress;
 use egress::after_egress;
@@ -550,13 +552,6 @@ fn judge(
         ));
     }
     report.handled.push(what.to_string());
-}
-
-/// The IPv4 total length of a frame, untagged or behind tags.
-fn ip_total_len(frame: &[u8]) -> u64 {
-    let l3 = cheetah_core::wire::ethernet::EthernetFrame::new_checked(frame)
-        .map_or(ETH_HLEN, |f| f.payload_offset());
-    u64::from(u16::from_be_bytes([frame[l3 + 2], frame[l3 + 3]]))
 }
 
 /// What one packet did in the core.

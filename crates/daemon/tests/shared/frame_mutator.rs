@@ -6,9 +6,10 @@
 //! are left as the mutation leaves them: neither the kernel nor the core verifies one, and
 //! both must carry a wrong one on exactly as wrong (included by path, `#[path]`).
 
-use cheetah_core::wire::EthernetFrame;
 use rand_core::RngCore;
 use rand_xoshiro::Xoshiro256PlusPlus;
+
+use super::xdp_kernel::l3_offset;
 
 /// The values field-aware mutations draw from: what the LB's maps and config know, so that
 /// a mutated frame still reaches the paths that look them up.
@@ -21,11 +22,6 @@ pub struct Dictionary {
 
 const ETH: usize = 14;
 
-/// Where the IP header starts: past the Ethernet header and up to two VLAN tags, as the
-/// core's `EthernetFrame` finds it (14 for a frame too short for one).
-pub fn l3_offset(frame: &[u8]) -> usize {
-    EthernetFrame::new_checked(frame).map_or(ETH, |f| f.payload_offset())
-}
 const INTERESTING: [u8; 14] = [
     0x00, 0xff, 0x01, 0x7f, 0x80, 0x08, 0x0a, 0x02, 0x10, 0x12, 0x11, 0x04, 0x14, 0x05,
 ];

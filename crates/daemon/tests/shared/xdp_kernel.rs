@@ -32,6 +32,19 @@ use super::vectors::read;
 
 /// The shortest frame `BPF_PROG_TEST_RUN` takes (`bpf_test_init`).
 pub const ETH_HLEN: usize = 14;
+
+/// Where the IP header starts: past the Ethernet header and up to two VLAN tags, as the
+/// core's `EthernetFrame` finds it (14 for a frame too short for one).
+pub fn l3_offset(frame: &[u8]) -> usize {
+    cheetah_core::wire::EthernetFrame::new_checked(frame).map_or(ETH_HLEN, |f| f.payload_offset())
+}
+
+/// The IPv4 total length of a frame (options included), untagged or behind tags: the
+/// bytes the core's `loads.on_packet` counts for it.
+pub fn ip_total_len(frame: &[u8]) -> u64 {
+    let l3 = l3_offset(frame);
+    u64::from(u16::from_be_bytes([frame[l3 + 2], frame[l3 + 3]]))
+}
 pub const XDP_ABORTED: u32 = 0;
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
