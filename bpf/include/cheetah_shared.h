@@ -63,7 +63,7 @@ enum xdp_stat {
 	// decides and counts it): one reason per packet.
 	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
 	STAT_UP_LAYOUT,         // a layout the kernel does not take (an ICMP quote's IP options, a NAT backend's fragment or garbled TCP header, malformed TCP options)
-	STAT_UP_COOKIE,         // a fallback entry naming no forwarding server, a cookie naming no entry of the servers map
+	STAT_UP_COOKIE,         // a cookie whose maps the kernel could not read (defensive: never seen)
 	STAT_UP_CLOCK,          // a reply whose clock the core would not learn (backwards, ahead of real time, too fast: it counts and warns), or that raced another writer
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a SYN-ACK with FIN or RST, or a retried SYN's first answer that also learns a clock, has no timestamp, or raced
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
@@ -246,6 +246,10 @@ enum xdp_stat {
 	STAT_DROP_BAD_IPV4_TOTAL_LENGTH,
 	STAT_DROP_TRUNCATED_TCP,
 	STAT_DROP_BAD_TCP_DATA_OFFSET,
+	// cheetah mode: a client segment without a timestamp whose fallback entry names a
+	// server that no longer forwards, dropped and its entry removed in the kernel, as the
+	// core's client_path.rs does (`options_slow_path`, then the drop).
+	STAT_DROP_FALLBACK_SERVER_REMOVED,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

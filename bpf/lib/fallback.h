@@ -131,9 +131,16 @@ static __always_inline int client_fallback(struct xdp_md *ctx, const struct lb_c
 		return fallback_miss(ctx, config, seq, p, vip, hash);
 	id = fallback_server(hit.word);
 	server = server_at(config->copy, id);
-	// A removed server: the core drops the segment and forgets the flow.
-	if (!server || !(server->flags & SERVER_FORWARDS))
-		return hand_up(STAT_UP_COOKIE);
+	// Its server was removed (or the id names none): the connection is gone, as for a
+	// cookie naming a removed server. The core drops the segment and forgets the flow,
+	// so a flood of the dead connection's segments costs one lookup each, not a worker.
+	if (!server || !(server->flags & SERVER_FORWARDS)) {
+		if (!publish_unchanged(seq))
+			return hand_up(STAT_UP_PUBLISHING);
+		fallback_remove(config, hash);
+		count(STAT_DROP_FALLBACK_SERVER_REMOVED);
+		return XDP_DROP;
+	}
 	if (!(server->flags & SERVER_EGRESS))
 		return hand_up(STAT_UP_NEXT_HOP);
 	toward_server_of(&to, config, vip, server, id);

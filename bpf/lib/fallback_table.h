@@ -2,7 +2,7 @@
 //
 // The shared fallback table's operations (crates/core/src/lb/fallback.rs) over the
 // `fallback` map's sets (maps.h), one for one the core's: lookup, its refresh of a flow's
-// time, and insert. The paths that use them: fallback.h (client segments without
+// time, insert and remove. The paths that use them: fallback.h (client segments without
 // timestamps, their SYNs) and fast_path.h (a server's SYN-ACK without timestamps).
 
 #ifndef CHEETAH_LIB_FALLBACK_TABLE_H
@@ -72,6 +72,27 @@ static __always_inline void fallback_touch(const struct fallback_hit *hit, __u64
 	if (((word & FALLBACK_TIME_MASK) >> FALLBACK_TIME_SHIFT) != unit)
 		__sync_val_compare_and_swap(hit->way, word,
 					    (word & ~FALLBACK_TIME_MASK) | (unit << FALLBACK_TIME_SHIFT));
+}
+
+// fallback.rs `remove`: forgets the flow, every way holding its tag (a race between two
+// inserts can leave it in two), each by a compare-and-swap from the word read, so that a
+// way another CPU or worker took meanwhile keeps its new flow. The set is looked up again
+// rather than carried in fallback_hit: this path is rare, the LB's stack is not.
+static __always_inline void fallback_remove(const struct lb_config *config, __u64 hash)
+{
+	__u32 set = (__u32)hash & config->fallback_mask;
+	__u64 tag = hash >> 32;
+	struct fallback_set *ways = bpf_map_lookup_elem(&fallback, &set);
+
+	if (!ways)
+		return;
+#pragma unroll
+	for (int i = 0; i < FALLBACK_WAYS; i++) {
+		__u64 word = *(volatile __u64 *)&ways->way[i];
+
+		if ((word & FALLBACK_VALID) && (word & FALLBACK_TAG_MASK) == tag)
+			__sync_val_compare_and_swap(&ways->way[i], word, 0);
+	}
 }
 
 // fallback.rs `INSERT_ATTEMPTS`: how many times an insert reads its set again after

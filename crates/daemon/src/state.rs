@@ -418,12 +418,13 @@ mod tests {
             // timestamp, a first close or a duplicate; a cookie naming an unknown server,
             // a removed one, an unknown clock; an ICMP error's quoted cookie naming an
             // unknown server, a removed one; a bad IP version, IPv4 header length, total
-            // length; a truncated TCP header, a bad data offset.
+            // length; a truncated TCP header, a bad data offset; a fallback entry naming a
+            // removed server.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
                 1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
                 80, 90, 100, 110, 120, 6000, 7000, 130, 140, 150, 160, 170, 180, 190, 200, 210,
-                220,
+                220, 230,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -443,7 +444,7 @@ mod tests {
         assert_eq!(events["fallback_hits"], 50);
         assert_eq!(
             events["options_slow_path"],
-            177 + 256 + 9 + 1024 + 2048 + 4096 + 8192 + 13000
+            177 + 256 + 9 + 1024 + 2048 + 4096 + 8192 + 13000 + 230
         );
         assert_eq!(events["fallback_connections"], 15);
         assert_eq!(events["fallback_evictions"], 74);
@@ -472,7 +473,7 @@ mod tests {
         assert_eq!(events["syn_retransmissions"], 1012);
         assert_eq!(
             events["dropped"],
-            10105 + 510 + 120 + 420 + 330 + 1000,
+            10105 + 510 + 120 + 420 + 330 + 1000 + 230,
             "every kernel drop is a dropped verdict"
         );
         let drops: std::collections::BTreeMap<&str, u64> = counters
@@ -503,9 +504,10 @@ mod tests {
         assert_eq!(drops["bad_ipv4_total_length"], 200);
         assert_eq!(drops["truncated_tcp"], 210);
         assert_eq!(drops["bad_tcp_data_offset"], 220);
+        assert_eq!(drops["fallback_server_removed"], 230);
         assert_eq!(
             drops.values().sum::<u64>(),
-            10105 + 510 + 120 + 420 + 330 + 1000
+            10105 + 510 + 120 + 420 + 330 + 1000 + 230
         );
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));

@@ -75,7 +75,7 @@ use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{options, TcpFrame};
 use cheetah_core::types::ServerId;
-use cheetah_core::verdict::Verdict;
+use cheetah_core::verdict::{DropReason, Verdict};
 use cheetah_core::wire::tcp::flags;
 use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::xdp_layout::*;
@@ -937,7 +937,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
         clock_base_ns,
     );
     // The reference: the same packets through a core alone, at the same times.
-    let reference_plane = ControlPlane::new(&suite.config, &suite.secret).unwrap();
+    let mut reference_plane = ControlPlane::new(&suite.config, &suite.secret).unwrap();
     let mut reference = Worker::new(
         Arc::clone(reference_plane.shared()),
         WorkerConfig::new(0, 1, &suite.config),
@@ -1131,22 +1131,53 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     );
     assert_eq!(table.len(), 3 + FALLBACK_WAYS);
 
-    // Its server removed: the core drops the segment and forgets the flow; the kernel
-    // leaves both to it.
+    // Its server removed: the kernel drops the segment and forgets the flow, as the core
+    // does, and leaves the set's other flows (the SYNs' above) alone.
     let Verdict::ToServer(server) = placed else {
         panic!("the SYN was placed: {placed:?}")
     };
     plane.remove_server(server.0, now).unwrap();
+    reference_plane.remove_server(server.0, now).unwrap();
     kernel.publish(&topology, &plane);
     worker.tick(now);
+    reference.tick(now);
     let run = kernel.run(topology.servers, &ack, &ids, now);
-    assert_eq!((run.fast_moved(), &run.up[..]), (0, &["cookie"][..]));
-    assert_eq!(run.frame, ack, "goes up unchanged");
-    let verdict = worker.process(&mut ack.clone(), now, Ingress::ServerSide);
-    assert_eq!(verdict_name(verdict), "drop:fallback_server_removed");
+    let core = CoreRun::of(&mut reference, &ack, now, Ingress::ServerSide);
     assert_eq!(
-        plane.shared().fallback.len(),
+        verdict_name(core.verdict),
+        "drop:fallback_server_removed"
+    );
+    assert_eq!(
+        (run.fast_moved(), &run.up[..]),
+        (1, &[][..] as &[&str]),
+        "a fallback entry naming a removed server: decided in the kernel"
+    );
+    assert_eq!(run.fast_stat(), STAT_DROP_FALLBACK_SERVER_REMOVED);
+    assert_eq!(run.action, XDP_DROP);
+    assert_eq!(run.dropped_for(), Some(DropReason::FallbackServerRemoved));
+    assert_eq!(run.counted(), core.counted, "what the core counts");
+    let table = &plane.shared().fallback;
+    assert_eq!(
+        table.len(),
         2 + FALLBACK_WAYS,
         "the flow is forgotten, the others stay"
+    );
+    assert_eq!(
+        table.export(now),
+        reference_plane.shared().fallback.export(now),
+        "the kernel forgot what the core forgets"
+    );
+    // Forgotten: its next segment is a miss, which the VIP's Maglev table (rebuilt
+    // without the server) places elsewhere, in the kernel as in the core.
+    let run = kernel.run(topology.servers, &ack, &ids, now);
+    let core = CoreRun::of(&mut reference, &ack, now, Ingress::ServerSide);
+    assert_ne!(core.verdict, placed);
+    assert_kernel_is_core(
+        &topology,
+        &suite.config,
+        "the forgotten flow's next segment",
+        &run,
+        &core,
+        STAT_FAST_FALLBACK_MISS,
     );
 }

@@ -353,6 +353,10 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_DROP_BAD_TCP_DATA_OFFSET",
             STAT_DROP_BAD_TCP_DATA_OFFSET as usize,
         ),
+        (
+            "STAT_DROP_FALLBACK_SERVER_REMOVED",
+            STAT_DROP_FALLBACK_SERVER_REMOVED as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

@@ -124,7 +124,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 53] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 54] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -397,7 +397,8 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 53] = [
             Counter::ToClient,
             Counter::DuplicateCloses,
         ],
-    ), // A cookie that routes nowhere: the cookie stage's counts, then the drop.
+    ),
+    // A cookie that routes nowhere: the cookie stage's counts, then the drop.
     (
         STAT_DROP_COOKIE_UNKNOWN_SERVER,
         &[
@@ -431,6 +432,11 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 53] = [
     (STAT_DROP_BAD_IPV4_TOTAL_LENGTH, &[Counter::Dropped]),
     (STAT_DROP_TRUNCATED_TCP, &[Counter::Dropped]),
     (STAT_DROP_BAD_TCP_DATA_OFFSET, &[Counter::Dropped]),
+    // A fallback entry naming a removed server: the option walk's count, then the drop.
+    (
+        STAT_DROP_FALLBACK_SERVER_REMOVED,
+        &[Counter::OptionsSlowPath, Counter::Dropped],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -544,7 +550,7 @@ pub const STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER: u32 = 72;
 pub const STAT_DROP_ICMP_COOKIE_SERVER_REMOVED: u32 = 73;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
-pub const KERNEL_DROPS: [(u32, DropReason); 26] = [
+pub const KERNEL_DROPS: [(u32, DropReason); 27] = [
     (
         STAT_DROP_TCP_OPTION_TRUNCATED,
         DropReason::TcpOptionTruncated,
@@ -622,6 +628,10 @@ pub const KERNEL_DROPS: [(u32, DropReason); 26] = [
     ),
     (STAT_DROP_TRUNCATED_TCP, DropReason::TruncatedTcp),
     (STAT_DROP_BAD_TCP_DATA_OFFSET, DropReason::BadTcpDataOffset),
+    (
+        STAT_DROP_FALLBACK_SERVER_REMOVED,
+        DropReason::FallbackServerRemoved,
+    ),
 ];
 
 /// An echo (a client's TSecr, an ICMP error's quoted TSval) the kernel restored and
@@ -635,7 +645,10 @@ pub const STAT_DROP_BAD_IPV4_HEADER_LENGTH: u32 = 76;
 pub const STAT_DROP_BAD_IPV4_TOTAL_LENGTH: u32 = 77;
 pub const STAT_DROP_TRUNCATED_TCP: u32 = 78;
 pub const STAT_DROP_BAD_TCP_DATA_OFFSET: u32 = 79;
-pub const STAT_COUNT: u32 = 80;
+/// A client segment without a timestamp whose fallback entry names a server that no longer
+/// forwards, dropped (its entry removed) in the kernel (fallback.h).
+pub const STAT_DROP_FALLBACK_SERVER_REMOVED: u32 = 80;
+pub const STAT_COUNT: u32 = 81;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 128;
