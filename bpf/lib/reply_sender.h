@@ -148,6 +148,45 @@ static __always_inline int garbled_reply_l2(struct xdp_md *ctx, const struct lb_
 	return drop_by_tables(seq, STAT_DROP_TRUNCATED_TCP + (fault - TCP_TRUNCATED));
 }
 
+// The same for a NAT backend's segment (steering found `backend`, its (DIP, port) entry),
+// dropped as the core drops it (worker.rs `classify`, `server_tcp`, `classify_rest`): of
+// a (DIP, port) no current backend has whose server was removed (`server_removed`, the
+// core's `removed_server_at`); else, a whole segment of 4 bytes or more (the ports) from a
+// current backend's: on the clients' side (`reply_from_client_side`), of a server that no
+// longer forwards (`server_removed`), else under its TCP header's fault. LB_HAND_UP for the
+// rest: a fragment or a shorter segment from a current backend's (DIP, port), which the
+// core passes unless a removed server had the same DIP (the kernel keeps no index of
+// those), and a server the entry names but the servers map does not.
+static __always_inline int garbled_reply_nat(struct xdp_md *ctx, const struct lb_config *config,
+					     __u32 seq, const struct backend_info *backend,
+					     int client_side)
+{
+	void *data_end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
+	struct server_info *server;
+	enum tcp_fault fault;
+
+	if (!ipv4_checked(ctx) || (void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP)
+		return LB_HAND_UP;
+	server = server_at(config->copy, backend->server);
+	if (!server)
+		return LB_HAND_UP;
+	if (backend->vip_index == BACKEND_NO_VIP)
+		return server->flags & SERVER_FORWARDS ?
+			       LB_HAND_UP :
+			       drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
+	if ((ip->frag_off & bpf_htons(0x3fff)) || bpf_ntohs(ip->tot_len) < ip->ihl * 4 + 4)
+		return LB_HAND_UP;
+	if (client_side)
+		return drop_by_tables(seq, STAT_DROP_REPLY_FROM_CLIENT_SIDE);
+	if (!(server->flags & SERVER_FORWARDS))
+		return drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
+	fault = tcp_header_fault(ctx);
+	if (fault == TCP_CHECKED)
+		return LB_HAND_UP;
+	return drop_by_tables(seq, STAT_DROP_TRUNCATED_TCP + (fault - TCP_TRUNCATED));
+}
+
 // The sender of a segment steering called a server's reply (`backend`: its backends entry
 // with NAT; counted as STAT_REPLY_BY_STEERING), copied into `found`; NULL when the kernel
 // leaves it to userspace, having counted why (not the plain layout, or no forwarding
@@ -180,8 +219,11 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 	// Only the servers' side carries replies (sides.rs).
 	client_side = !on_server_side(config->copy, ctx->ingress_ifindex);
 	if (!plain_tcp_set(refusal)) {
-		if (l2 && refusal == PLAIN_LAYOUT) {
-			*dropped = garbled_reply_l2(ctx, config, seq, client_side);
+		if (refusal == PLAIN_LAYOUT) {
+			if (l2)
+				*dropped = garbled_reply_l2(ctx, config, seq, client_side);
+			else if (backend)
+				*dropped = garbled_reply_nat(ctx, config, seq, backend, client_side);
 			if (*dropped != LB_HAND_UP)
 				return NULL;
 		}

@@ -183,7 +183,10 @@ static __always_inline __u32 steer_owner(struct xdp_md *ctx, __u32 copy,
 		struct backend_key key = {};
 		struct backend_info *found;
 
-		if ((void *)(tcp + 1) > data_end)
+		// The ports are all the core reads to find the backend (worker.rs `classify`):
+		// a segment too short for a whole TCP header is still the backend's, for the LB
+		// to drop as the core does (`truncated_tcp`), not the host's.
+		if ((void *)tcp + 4 > data_end)
 			return 0;
 		key.addr = ip->saddr;
 		key.port = tcp->source;

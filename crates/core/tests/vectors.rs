@@ -1079,43 +1079,55 @@ fn server_data(nat: bool) -> Vec<u8> {
     .build()
 }
 
-/// l2: segments from a VIP address whose layout the straight line refuses, dropped under
-/// the first reason the core finds (the sender's MAC, the fragment, the TCP header).
-fn garbled_replies_l2() -> Vec<Input> {
-    let data = server_data(false);
+/// Server 2's segments whose layout the straight line refuses (l2: from a VIP address;
+/// nat: from its backend address and port), under the first reason the core finds (l2:
+/// the sender's MAC, the fragment; then the TCP header).
+fn garbled_replies(nat: bool) -> Vec<Input> {
+    let data = server_data(nat);
     let mut bad_offset = data.clone();
     bad_offset[14 + 20 + 12] = 0xf0;
     // Total length leaving 10 bytes of TCP: the ports, not the header.
     let mut truncated = data[..14 + 20 + 10].to_vec();
     truncated[16..18].copy_from_slice(&30u16.to_be_bytes());
     testkit::refill_ipv4_checksum(&mut truncated, 14);
-    let mut forged = bad_offset.clone();
-    forged[6..12].copy_from_slice(&[0x02, 0, 0, 0x09, 0, 0x09]);
     let mut fragment = data.clone();
     fragment[20] = 0x20; // more fragments, offset 0
     testkit::refill_ipv4_checksum(&mut fragment, 14);
-    vec![
+    let mut inputs = vec![
         input(
             "server-data-bad-tcp-data-offset",
             "Server 2's data segment with TCP data offset 15 (60 bytes), past its end: dropped.",
-            bad_offset,
+            bad_offset.clone(),
         ),
         input(
             "server-truncated-tcp",
             "Server 2's segment whose IPv4 total length leaves 10 bytes of TCP header: dropped.",
             truncated,
         ),
-        input(
-            "forged-server-garbled-tcp",
-            "A garbled segment from the VIP address and port whose source MAC is no server's: dropped as from an unknown source.",
-            forged,
-        ),
-        input(
-            "server-fragment",
-            "A first fragment (MF set) of server 2's data segment: dropped.",
+    ];
+    if nat {
+        inputs.push(input(
+            "backend-fragment-passes",
+            "A first fragment (MF set) of server 2's data segment from its backend address: no reply the LB takes, passed.",
             fragment,
-        ),
-    ]
+        ));
+    } else {
+        let mut forged = bad_offset;
+        forged[6..12].copy_from_slice(&[0x02, 0, 0, 0x09, 0, 0x09]);
+        inputs.extend([
+            input(
+                "forged-server-garbled-tcp",
+                "A garbled segment from the VIP address and port whose source MAC is no server's: dropped as from an unknown source.",
+                forged,
+            ),
+            input(
+                "server-fragment",
+                "A first fragment (MF set) of server 2's data segment: dropped.",
+                fragment,
+            ),
+        ]);
+    }
+    inputs
 }
 
 /// A trunk port's traffic in cheetah mode: behind one VLAN tag or two, the same verdicts
@@ -1294,7 +1306,7 @@ fn baseline_inputs() -> Vec<Input> {
             testkit::icmp_frag_needed(ROUTER, &quoted, 28),
         )
     }));
-    inputs.extend(garbled_replies_l2());
+    inputs.extend(garbled_replies(false));
     inputs.extend([
         input(
             "vlan-tagged-established-ack",
@@ -1361,7 +1373,7 @@ fn suites() -> Vec<Suite> {
         "An IPv6 SYN to the suite's IPv6 VIP 2001:db8::100.",
         testkit::ipv6_syn(CLIENT_PORT, IPV6_VIP.parse().unwrap()),
     ));
-    l2.extend(garbled_replies_l2());
+    l2.extend(garbled_replies(false));
     l2.push(input(
         "unknown-server-source",
         "A packet from the VIP address whose source MAC is no server's.",
@@ -1374,6 +1386,7 @@ fn suites() -> Vec<Suite> {
     let mut nat = cheetah_inputs(true);
     nat.extend(tagged_cheetah_inputs(true));
     nat.extend(ip_options_cheetah_inputs(true));
+    nat.extend(garbled_replies(true));
     nat.push(input(
         "unknown-source-passes",
         "In NAT mode a reply from an address:port that is no backend is not ours: passed.",
@@ -1473,6 +1486,25 @@ fn suites() -> Vec<Suite> {
                     "server-removed-rst",
                     "An RST without options from removed server 3: dropped.",
                     from_server(true, 3, flags::RST, Vec::new()).build(),
+                ),
+                input(
+                    "server-removed-garbled-tcp",
+                    "A segment from removed server 3 with TCP data offset 15: dropped as a removed server's, before its header is read.",
+                    {
+                        let mut f = from_server(true, 3, flags::ACK, options::nop_nop_ts(SERVER_TS, 0)).build();
+                        f[14 + 20 + 12] = 0xf0;
+                        f
+                    },
+                ),
+                input(
+                    "server-removed-fragment",
+                    "A first fragment (MF set) of a segment from removed server 3: dropped as a removed server's.",
+                    {
+                        let mut f = from_server(true, 3, flags::ACK, options::nop_nop_ts(SERVER_TS, 0)).build();
+                        f[20] = 0x20;
+                        testkit::refill_ipv4_checksum(&mut f, 14);
+                        f
+                    },
                 ),
                 input(
                     "reply-of-a-current-server",

@@ -234,6 +234,7 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "forged-server-garbled-tcp",
             "server-fragment",
             "server-removed-garbled-tcp",
+            "server-removed-fragment",
         ],
     ),
     (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),
