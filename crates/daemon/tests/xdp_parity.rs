@@ -254,6 +254,7 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "icmp-frag-needed-port-40001",
     "icmp-frag-needed-port-40002",
     "icmp-frag-needed-port-40003",
+    "icmp-frag-needed-whole-quote",
     // A TCP header too short for the straight line: the general path's pick.
     "options-not-parsed",
     // A fragment to a VIP address, what no VIP takes at one, and an l2 segment from a VIP
@@ -1144,10 +1145,7 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
     reference.tick(now);
     let run = kernel.run(topology.servers, &ack, &ids, now);
     let core = CoreRun::of(&mut reference, &ack, now, Ingress::ServerSide);
-    assert_eq!(
-        verdict_name(core.verdict),
-        "drop:fallback_server_removed"
-    );
+    assert_eq!(verdict_name(core.verdict), "drop:fallback_server_removed");
     assert_eq!(
         (run.fast_moved(), &run.up[..]),
         (1, &[][..] as &[&str]),
