@@ -16,9 +16,9 @@
 // parse.h tcp_timestamp_walk), in
 // cheetah mode, whose cookie names a forwarding server (its clock unknown, the quote goes
 // unrestored, as the core sends it; an echo beyond the idle limit is counted); and in
-// hash and maglev mode with l2 forwarding, any such error, to `pool[h % n]` or the VIP's
-// Maglev table's pick of the quoted connection as the core picks it (nothing in the quote
-// changes then). A cookie that names an id no server has or a removed server is dropped,
+// hash and maglev mode, any such error, to `pool[h % n]` or the VIP's Maglev table's pick
+// of the quoted connection as the core picks it (nothing in the quote changes but NAT's
+// translation, which needs only the least quote). A cookie that names an id no server has or a removed server is dropped,
 // as the core drops it. The rest goes up, unchanged: a quote without a cookie (8 bytes of TCP
 // only, options without a timestamp, or malformed ones) as STAT_UP_ICMP, since userspace
 // may have to route it by the fallback table or copy it to every server of the VIP; the
@@ -54,6 +54,8 @@
 // of TCP, the least RFC 792 promises; with the whole TCP header and NOP NOP TS, the cookie.
 #define ICMP_QUOTE_MIN (sizeof(struct iphdr) + 8)
 #define ICMP_QUOTE_WITH_TS (sizeof(struct iphdr) + TCP_WITH_TS_LEN)
+// A quote holding the quoted TCP checksum (bytes 16-17 of its header), which NAT updates.
+#define ICMP_QUOTE_WITH_CHECK (sizeof(struct iphdr) + 18)
 
 // The ICMP header's checksum word (`Embedded::write` keeps it as right or wrong as it was).
 struct icmp_error {
@@ -123,6 +125,49 @@ static __always_inline long icmp_baseline_pick(const struct lb_config *config,
 	return vip_pool_member(vip, big, hash % vip->pool_len);
 }
 
+// `rewrite_for_server` and the send, for an error whose server (`target`) is decided and
+// whose quote's cookie, if any, is restored: with NAT, the outer destination, the quoted
+// source (and the quoted IP header checksum that covers it) and the quoted source port
+// become the server's, the quoted TCP checksum following when the quote holds it
+// (`quote_len`: `Embedded::has_tcp_checksum`); then the MACs toward it. Counted under
+// `stat`.
+static __always_inline int icmp_to_server(struct xdp_md *ctx, struct ethhdr *eth,
+					  struct iphdr *ip, struct icmp_error *icmp,
+					  struct iphdr *quoted_ip, struct tcphdr *quoted_tcp,
+					  __u32 quote_len, const struct server_info *target,
+					  int nat, __be16 vip_port, __be16 backend_port, __u32 stat)
+{
+	void *data_end = (void *)(long)ctx->data_end;
+
+	if (nat) {
+		__be32 dip = target->dip;
+		__u32 old_src = bpf_ntohl(quoted_ip->saddr);
+		// The quote lies within the frame (icmp_fast checked the IP total length): the
+		// bound beside each use is for the verifier.
+		int check_quoted = quote_len >= ICMP_QUOTE_WITH_CHECK;
+
+		csum_set_ipv4_addr(&ip->check, &ip->daddr, dip);
+		icmp_write_u32(icmp, &quoted_ip->saddr, dip);
+		icmp_write_u16(icmp, &quoted_ip->check,
+			       bpf_htons(csum_update_u32(bpf_ntohs(quoted_ip->check), old_src,
+							 bpf_ntohl(dip))));
+		if (check_quoted && (void *)&quoted_tcp->urg_ptr <= data_end)
+			icmp_quoted_tcp_u32_changed(icmp, quoted_tcp, old_src, bpf_ntohl(dip));
+		if (backend_port != vip_port) {
+			icmp_write_u16(icmp, &quoted_tcp->source, backend_port);
+			if (check_quoted && (void *)&quoted_tcp->urg_ptr <= data_end)
+				icmp_write_u16(icmp, &quoted_tcp->check,
+					       bpf_htons(csum_update_u16(
+						       bpf_ntohs(quoted_tcp->check),
+						       bpf_ntohs(vip_port), bpf_ntohs(backend_port))));
+		}
+	}
+	__builtin_memcpy(eth->h_dest, target->dst_mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, target->src_mac, ETH_ALEN);
+	count(stat);
+	return send_out(ctx, target->egress_ifindex);
+}
+
 // lb/icmp_path.rs `client_icmp` for a packet to a VIP address that is not TCP (steering's
 // META_TO_VIP): forwards an ICMP error to the server its quoted cookie names (or, in hash
 // mode, the pool's pick), or hands the packet up having counted why.
@@ -172,8 +217,9 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	vip = tcp_vip_at(config->copy, quoted_ip->saddr, quoted_tcp->source);
 	if (!vip)
 		return hand_up(STAT_UP_OTHER);
-	if (config->mode != LB_MODE_CHEETAH && config->forwarding == LB_FORWARDING_L2) {
-		// `rewrite_for_server` in l2 changes only the destination MAC.
+	nat = config->forwarding == LB_FORWARDING_NAT;
+	if (config->mode != LB_MODE_CHEETAH) {
+		// The baselines route by their pick; nothing in the quote but NAT's changes.
 		long picked = icmp_baseline_pick(config, vip, quoted_ip->daddr, quoted_tcp->dest);
 
 		if (picked < 0)
@@ -183,16 +229,14 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		if (!server || !(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
 		target = *server;
+		vip_port = vip->port;
+		backend_port = vip->backend_port;
 		if (!publish_unchanged(seq))
 			return hand_up(STAT_UP_PUBLISHING);
-		__builtin_memcpy(eth->h_dest, target.dst_mac, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, target.src_mac, ETH_ALEN);
-		count(STAT_FAST_ICMP_PICK);
-		return send_out(ctx, target.egress_ifindex);
+		return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp,
+				      total_len - sizeof(struct iphdr) - ICMP_HEADER_LEN, &target,
+				      nat, vip_port, backend_port, STAT_FAST_ICMP_PICK);
 	}
-	// The baselines' NAT rewrite of the quote is userspace's.
-	if (config->mode != LB_MODE_CHEETAH)
-		return hand_up(STAT_UP_OTHER);
 	// The cookie, where the core's `tsval_at` looks for it: a whole TCP header within the
 	// quote (which ends with the IP packet) with room for a timestamp option, its options
 	// starting NOP NOP TS or, else, the first timestamp option the core's walk finds in
@@ -229,7 +273,6 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	target = *server;
 	vip_port = vip->port;
 	backend_port = vip->backend_port;
-	nat = config->forwarding == LB_FORWARDING_NAT;
 	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
 	// The quoted TSval restored (the whole word written, as the core writes it, even when
@@ -246,31 +289,8 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	}
 	if (restore == COOKIE_RESTORED_LATE)
 		count(STAT_ECHO_BEYOND_IDLE_LIMIT);
-	// `rewrite_for_server`: with NAT, the outer destination, the quoted source (and the
-	// quoted IP header checksum that covers it) and the quoted source port become the
-	// server's.
-	if (nat) {
-		__be32 dip = target.dip;
-		__u32 old_src = bpf_ntohl(quoted_ip->saddr);
-
-		csum_set_ipv4_addr(&ip->check, &ip->daddr, dip);
-		icmp_write_u32(icmp, &quoted_ip->saddr, dip);
-		icmp_write_u16(icmp, &quoted_ip->check,
-			       bpf_htons(csum_update_u32(bpf_ntohs(quoted_ip->check), old_src,
-							 bpf_ntohl(dip))));
-		icmp_quoted_tcp_u32_changed(icmp, quoted_tcp, old_src, bpf_ntohl(dip));
-		if (backend_port != vip_port) {
-			icmp_write_u16(icmp, &quoted_tcp->source, backend_port);
-			icmp_write_u16(icmp, &quoted_tcp->check,
-				       bpf_htons(csum_update_u16(bpf_ntohs(quoted_tcp->check),
-								 bpf_ntohs(vip_port),
-								 bpf_ntohs(backend_port))));
-		}
-	}
-	__builtin_memcpy(eth->h_dest, target.dst_mac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, target.src_mac, ETH_ALEN);
-	count(STAT_FAST_ICMP_COOKIE);
-	return send_out(ctx, target.egress_ifindex);
+	return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp, quote_len, &target, nat,
+			      vip_port, backend_port, STAT_FAST_ICMP_COOKIE);
 }
 
 #endif

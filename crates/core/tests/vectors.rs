@@ -1228,7 +1228,9 @@ fn ip_options_cheetah_inputs(nat: bool) -> Vec<Input> {
 }
 
 /// Hash and Maglev modes: every packet of a connection goes where the hash says.
-fn baseline_inputs() -> Vec<Input> {
+/// The baselines' inputs, with l2 or NAT forwarding (`nat`: the servers' segments come
+/// from their backend address and port, and go out from the VIP's).
+fn baseline_inputs(nat: bool) -> Vec<Input> {
     let mut bad_sum = client_ack(CLIENT_TS);
     bad_sum[14 + 20 + 16] ^= 0x5a;
     let mut inputs = vec![
@@ -1247,7 +1249,7 @@ fn baseline_inputs() -> Vec<Input> {
             "server-syn-ack",
             "Server 2's SYN-ACK: to the client unchanged (no cookie in this mode).",
             from_server(
-                false,
+                nat,
                 2,
                 flags::SYN | flags::ACK,
                 options::linux_syn(SERVER_TS, CLIENT_TS),
@@ -1260,14 +1262,19 @@ fn baseline_inputs() -> Vec<Input> {
             testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 28),
         ),
         input(
+            "icmp-frag-needed-whole-quote",
+            "ICMP fragmentation-needed quoting the whole TCP header: routed by the hash of the quoted ports (with NAT, the quoted TCP checksum follows the translation).",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 20 + 32 + 8),
+        ),
+        input(
             "server-rst",
             "Server 2's RST without options: to the client unchanged (this mode counts no close).",
-            from_server(false, 2, flags::RST, Vec::new()).build(),
+            from_server(nat, 2, flags::RST, Vec::new()).build(),
         ),
         input(
             "server-data-without-options",
             "Server 2's data segment without options: to the client unchanged.",
-            from_server(false, 2, flags::ACK | flags::PSH, Vec::new())
+            from_server(nat, 2, flags::ACK | flags::PSH, Vec::new())
                 .with_payload(b"HTTP/1.1 200 OK\r\n\r\n")
                 .build(),
         ),
@@ -1276,7 +1283,9 @@ fn baseline_inputs() -> Vec<Input> {
             "An ACK with malformed options: this mode never walks options, so it is forwarded.",
             from_client(flags::ACK, vec![2, 1, 0, 0]).build(),
         ),
-        input(
+    ];
+    if !nat {
+        inputs.push(input(
             "unknown-server-source",
             "A packet from the VIP address whose source MAC is no server's.",
             TcpFrame {
@@ -1284,8 +1293,8 @@ fn baseline_inputs() -> Vec<Input> {
                 ..from_server(false, 2, flags::ACK, Vec::new())
             }
             .build(),
-        ),
-    ];
+        ));
+    }
     // More connections, so that a pick by the wrong hash shows (each a pick of 1 in n).
     inputs.extend((1..=3).map(|n| {
         let port = CLIENT_PORT + n;
@@ -1306,7 +1315,7 @@ fn baseline_inputs() -> Vec<Input> {
             testkit::icmp_frag_needed(ROUTER, &quoted, 28),
         )
     }));
-    inputs.extend(garbled_replies(false));
+    inputs.extend(garbled_replies(nat));
     inputs.extend([
         input(
             "vlan-tagged-established-ack",
@@ -1329,14 +1338,14 @@ fn baseline_inputs() -> Vec<Input> {
         input(
             "server-fin-with-ip-options",
             "Server 2's FIN with a Router Alert IP option: to the client, option kept.",
-            testkit::with_ip_options(&server_fin(false), &[0x94, 0x04, 0x00, 0x00]),
+            testkit::with_ip_options(&server_fin(nat), &[0x94, 0x04, 0x00, 0x00]),
         ),
         input(
             "qinq-tagged-server-syn-ack",
             "Server 2's SYN-ACK behind 802.1ad and 802.1Q tags: to the client, tags kept.",
             testkit::qinq_tagged(
                 &from_server(
-                    false,
+                    nat,
                     2,
                     flags::SYN | flags::ACK,
                     options::linux_syn(SERVER_TS, CLIENT_TS),
@@ -1347,6 +1356,13 @@ fn baseline_inputs() -> Vec<Input> {
     ]);
     inputs.extend(malformed_common());
     inputs
+}
+
+/// A baseline mode with NAT forwarding: the VIP's backends listen on `BACKEND_PORT`.
+fn nat_baseline_config(mode: Mode, policy: PolicyKind) -> LbConfig {
+    let mut config = testkit::config(mode, Forwarding::Nat, policy, 3);
+    config.vips[0].backend_port = Some(BACKEND_PORT);
+    config
 }
 
 fn with_ipv6_vip(mut config: LbConfig) -> LbConfig {
@@ -1421,13 +1437,25 @@ fn suites() -> Vec<Suite> {
             name: "l2-hash",
             config: testkit::config(Mode::Hash, Forwarding::L2, PolicyKind::Hash, 3),
             removed_servers: Vec::new(),
-            inputs: baseline_inputs(),
+            inputs: baseline_inputs(false),
         },
         Suite {
             name: "l2-maglev",
             config: testkit::config(Mode::Maglev, Forwarding::L2, PolicyKind::Maglev, 3),
             removed_servers: Vec::new(),
-            inputs: baseline_inputs(),
+            inputs: baseline_inputs(false),
+        },
+        Suite {
+            name: "nat-hash",
+            config: nat_baseline_config(Mode::Hash, PolicyKind::Hash),
+            removed_servers: Vec::new(),
+            inputs: baseline_inputs(true),
+        },
+        Suite {
+            name: "nat-maglev",
+            config: nat_baseline_config(Mode::Maglev, PolicyKind::Maglev),
+            removed_servers: Vec::new(),
+            inputs: baseline_inputs(true),
         },
         Suite {
             name: "l2-cheetah-removed",
