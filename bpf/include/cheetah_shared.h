@@ -64,7 +64,7 @@ enum xdp_stat {
 	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
 	STAT_UP_LAYOUT,         // a layout the kernel does not take (an ICMP quote's IP options, a NAT backend's fragment or garbled TCP header, malformed TCP options)
 	STAT_UP_COOKIE,         // a cookie whose maps the kernel could not read (defensive: never seen)
-	STAT_UP_CLOCK,          // a reply whose clock the core would not learn (backwards, ahead of real time, too fast: it counts and warns), or that raced another writer
+	STAT_UP_CLOCK,          // a sample of the replies whose clock the core would not learn (one a second per CPU, for its warning), or a reply that raced another writer
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a SYN-ACK with FIN or RST, or a retried SYN's first answer that also learns a clock, has no timestamp, or raced
 	STAT_UP_NEXT_HOP,       // no next hop in the kernel (FIB miss, no neighbour, server egress unknown)
 	STAT_UP_OTHER,          // anything else: unknown VIP port (over 4,096 VIPs), pool not published
@@ -250,6 +250,19 @@ enum xdp_stat {
 	// server that no longer forwards, dropped and its entry removed in the kernel, as the
 	// core's client_path.rs does (`options_slow_path`, then the drop).
 	STAT_DROP_FALLBACK_SERVER_REMOVED,
+	// A reply whose clock the core would not learn (clock_learn.h), forwarded in the
+	// kernel when this CPU handed such a reply up less than a second ago (it goes up as a
+	// sample, STAT_UP_CLOCK, for the workers to log): what the packet's entry without the
+	// clock stands for (STAT_FAST_SERVER_COOKIE, _CLOSE or _DUPLICATE_CLOSE) plus the
+	// core's `server_ts_clock_unstable` (backwards, or ticking too fast: learnt first, as
+	// the core learns it) or `server_ts_ahead_of_real_time` (nothing learnt). Each UNSTABLE
+	// entry is followed by its AHEAD one.
+	STAT_FAST_SERVER_COOKIE_UNSTABLE,
+	STAT_FAST_SERVER_COOKIE_AHEAD,
+	STAT_FAST_SERVER_CLOSE_UNSTABLE,
+	STAT_FAST_SERVER_CLOSE_AHEAD,
+	STAT_FAST_SERVER_DUPLICATE_CLOSE_UNSTABLE,
+	STAT_FAST_SERVER_DUPLICATE_CLOSE_AHEAD,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

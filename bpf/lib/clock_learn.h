@@ -7,11 +7,13 @@
 // only) interleave on them as the core's threads do.
 //
 // Split as every in-kernel path is (publish.h): clock_learn_decide reads and decides,
-// before the publish check; clock_learn_commit writes, after it. What the kernel learns
-// itself is what continues as a reply: `Learned` (the server's first MSB) and `Advanced`.
-// An anomaly (`Backwards`, `AheadOfRealTime`, `TooFrequent`) is decided before any
-// write and goes up, so userspace learns it exactly as the core would (TooFrequent writes
-// the words, then says unstable), counts it and logs its rate-limited warning.
+// before the publish check; clock_learn_commit writes, after it. The kernel takes every
+// outcome a reply can have: `Learned` (the server's first MSB), `Advanced`, and the
+// anomalies the core counts and warns of, `Backwards` and `AheadOfRealTime` (nothing
+// written) and `TooFrequent` (written as an advance, then counted as unstable). The
+// warning is userspace's: the caller hands an anomaly up as a sample now and then
+// (fast_path.h clock_sample_due), decided before any write, so that the worker learns it
+// exactly as the core would, counts it and logs it.
 //
 // The core's SeqCst compare-exchanges are __sync_val_compare_and_swap (fully ordered), on
 // the 64 bits around a 32-bit word (clock_cas32: clang 14 emits 32-bit BPF atomics only
@@ -210,11 +212,25 @@ static __always_inline void clock_raise_estimate(const struct clock_learning *l,
 	}
 }
 
+// What `learn_slow` does with a reply, as clock_learn_decide finds it before any write.
+enum clock_decision {
+	CLOCK_FOR_USERSPACE,  // a map the kernel could not read
+	CLOCK_LEARNS,         // `Learned` or `Advanced`: clock_learn_commit writes
+	CLOCK_TOO_FREQUENT,   // written as an advance, then `Unstable(TooFrequent)`
+	CLOCK_BACKWARDS,      // `Unstable(Backwards)`: nothing written
+	CLOCK_AHEAD,          // `Unstable(AheadOfRealTime)`: nothing written
+};
+
+// Whether the reply writes the clock's words (clock_learn_commit).
+static __always_inline int clock_decision_writes(int decision)
+{
+	return decision == CLOCK_LEARNS || decision == CLOCK_TOO_FREQUENT;
+}
+
 // `learn_slow` up to its first write, for a reply of server `index` whose TSval is `tsval`
 // (host order) and whose MSB `cookie_clock_unchanged` did not take against `current`, its
-// msb_seen word; `now_ns` the core's `now` (core_now). 1: the kernel learns it (commit
-// with clock_learn_commit after the publish check). 0: userspace does (an anomaly: the
-// core counts and logs it), nothing read having been written.
+// msb_seen word; `now_ns` the core's `now` (core_now). An enum clock_decision: the core's
+// outcome, nothing read having been written.
 static __always_inline int clock_learn_decide(struct clock_learning *l, __u32 index,
 					      __u32 tsval, __u32 current, __u64 now_ns,
 					      struct cookie_layout layout)
@@ -224,7 +240,7 @@ static __always_inline int clock_learn_decide(struct clock_learning *l, __u32 in
 	struct msb_clock_words *clock = bpf_map_lookup_elem(&msb_clock, &zero);
 
 	if (!clock)
-		return 0;
+		return CLOCK_FOR_USERSPACE;
 	index &= SERVER_ID_SPACE - 1;
 	l->index = index;
 	l->tsval = tsval;
@@ -238,18 +254,19 @@ static __always_inline int clock_learn_decide(struct clock_learning *l, __u32 in
 	l->limit = *(volatile __u64 *)&clock->limits[index];
 	l->advanced = (current & MSB_KNOWN) != 0;
 	if (!l->advanced)
-		return 1;
+		return CLOCK_LEARNS;
 	// Unchanged (the newest or the one before) is the caller's test; a step back of more
 	// is `Backwards`.
 	if ((__s16)(__u16)(msb - (__u16)current) <= 0)
-		return 0;
+		return CLOCK_BACKWARDS;
 	if (l->limit != MSB_UNKNOWN_ANCHOR && clock_ahead_of_real_time(l->limit, tsval, l->now_ms))
-		return 0;
-	// Decided before the writes the core makes ahead of this test: so a reply that goes
-	// up has written nothing, and userspace's learn_slow writes what it always did.
+		return CLOCK_AHEAD;
+	// The core tests it after its writes, on what it read before them: decided here, so
+	// that a reply sent up as a sample has written nothing, and userspace's learn_slow
+	// writes what it always did.
 	if (l->previous != MSB_UNKNOWN_ANCHOR && clock_too_frequent(l->previous, tsval, l->now_ms))
-		return 0;
-	return 1;
+		return CLOCK_TOO_FREQUENT;
+	return CLOCK_LEARNS;
 }
 
 // The rest of `learn_slow`, in its order of writes (the reverse of `learn_probe`'s, so
@@ -282,17 +299,24 @@ static __always_inline int clock_learn_commit(const struct clock_learning *l)
 	return 1;
 }
 
-// The STAT_FAST_* entry of a reply that learnt its server's clock: `stat`'s own (a cookie
-// written, a close, a duplicate close) with `ts_msb_learned` or `ts_msb_advanced`.
-static __always_inline __u32 clock_learnt_stat(__u32 stat, const struct clock_learning *l)
+// The STAT_FAST_* entry of a reply whose clock moved (`decision`): `stat`'s own (a cookie
+// written, a close, a duplicate close) with `ts_msb_learned` or `ts_msb_advanced`, or with
+// `server_ts_clock_unstable` or `server_ts_ahead_of_real_time`.
+static __always_inline __u32 clock_learnt_stat(__u32 stat, int decision,
+					       const struct clock_learning *l)
 {
-	__u32 learned = STAT_FAST_SERVER_COOKIE_LEARNED;
+	__u32 learned = STAT_FAST_SERVER_COOKIE_LEARNED, unstable = STAT_FAST_SERVER_COOKIE_UNSTABLE;
 
-	if (stat == STAT_FAST_SERVER_CLOSE)
+	if (stat == STAT_FAST_SERVER_CLOSE) {
 		learned = STAT_FAST_SERVER_CLOSE_LEARNED;
-	else if (stat == STAT_FAST_SERVER_DUPLICATE_CLOSE)
+		unstable = STAT_FAST_SERVER_CLOSE_UNSTABLE;
+	} else if (stat == STAT_FAST_SERVER_DUPLICATE_CLOSE) {
 		learned = STAT_FAST_SERVER_DUPLICATE_CLOSE_LEARNED;
-	return learned + l->advanced;
+		unstable = STAT_FAST_SERVER_DUPLICATE_CLOSE_UNSTABLE;
+	}
+	if (decision == CLOCK_LEARNS)
+		return learned + l->advanced;
+	return unstable + (decision == CLOCK_AHEAD);
 }
 
 #endif

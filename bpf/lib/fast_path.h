@@ -567,12 +567,14 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 // What a reply decides before its publish check and writes after it, when it learns a
 // clock, answers a retried SYN or closes: per CPU, not on the stack, where its 112 bytes
 // would stand beside every local of the deepest path (the program and least-loaded's
-// callback share 512 bytes). Per packet, nothing to keep: not pinned (pin.rs). A reply
-// takes the entry only on those cold branches; the straight line never reads it.
+// callback share 512 bytes). Per packet, but for when this CPU last sent a clock anomaly
+// up; nothing worth keeping across a restart: not pinned (pin.rs). A reply takes the
+// entry only on those cold branches; the straight line never reads it.
 struct reply_cold {
 	struct clock_learning learning; // a reply whose MSB moved (clock_learn.h)
 	struct handshake_answer answer; // a SYN-ACK that first answers a retried SYN
 	struct close close;             // a FIN or an RST (closes.h)
+	__u32 clock_sampled_ms;         // the core's `now` (ms) of the last clock_sample_due
 };
 
 struct {
@@ -581,6 +583,25 @@ struct {
 	__type(key, __u32);
 	__type(value, struct reply_cold);
 } reply_scratch SEC(".maps");
+
+// How often a CPU hands up a reply whose clock the core would not learn.
+#define CLOCK_SAMPLE_MS 1000
+
+// Whether a reply whose clock the core would not learn (clock_learn_decide, which set
+// `now_ms`) goes up as a sample: the first on this CPU in CLOCK_SAMPLE_MS. The workers
+// learn it, count it and log the warning (`MsbTable::unstable`, at most once a minute a
+// server); the kernel takes the rest, counted as the core counts them, so a server with a
+// broken clock (two clocks behind one address, tcp_timestamps=1) or a flood of spoofed
+// replies costs no worker trip a packet.
+static __always_inline int clock_sample_due(struct reply_cold *cold)
+{
+	__u32 now_ms = cold->learning.now_ms;
+
+	if (cold->clock_sampled_ms && now_ms - cold->clock_sampled_ms < CLOCK_SAMPLE_MS)
+		return 0;
+	cold->clock_sampled_ms = now_ms;
+	return 1;
+}
 
 // fast_path.rs `reply_fast` for a server's reply from `sender` (reply_sender.h found it:
 // a forwarding server, on the servers' side, in the plain layout). `p` is the frame as
@@ -716,7 +737,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 					return hand_up(STAT_UP_CLOCK);
 				learns = clock_learn_decide(&cold->learning, id, bpf_ntohl(*tsval),
 							    seen_word, core_now(config), layout);
-				if (!learns)
+				if (learns == CLOCK_FOR_USERSPACE ||
+				    (learns != CLOCK_LEARNS && clock_sample_due(cold)))
 					return hand_up(STAT_UP_CLOCK);
 				if (answers)
 					return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
@@ -753,7 +775,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		return hand_up(STAT_UP_PUBLISHING);
 	// The first write: a clock (or a handshake slot) another writer moved meanwhile goes
 	// up, nothing written. A reply does one or the other, not both.
-	if (learns && cold && !clock_learn_commit(&cold->learning))
+	if (clock_decision_writes(learns) && cold && !clock_learn_commit(&cold->learning))
 		return hand_up(STAT_UP_CLOCK);
 	if (answers && cold && !handshake_answer_commit(&cold->answer))
 		return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
@@ -796,7 +818,7 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			stat = first_close ? STAT_FAST_SERVER_CLOSE : STAT_FAST_SERVER_DUPLICATE_CLOSE;
 		}
 		if (learns && cold)
-			stat = clock_learnt_stat(stat, &cold->learning);
+			stat = clock_learnt_stat(stat, learns, &cold->learning);
 		if (answers && cold && handshake_answer_moves(&cold->answer, id)) {
 			move_count(cold->answer.from, id);
 			stat = STAT_FAST_SERVER_COOKIE_MOVED;

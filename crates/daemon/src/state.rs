@@ -419,12 +419,13 @@ mod tests {
             // a removed one, an unknown clock; an ICMP error's quoted cookie naming an
             // unknown server, a removed one; a bad IP version, IPv4 header length, total
             // length; a truncated TCP header, a bad data offset; a fallback entry naming a
-            // removed server.
+            // removed server; a reply whose clock the core would not learn (a cookie, a first
+            // close, a duplicate close; each unstable or ahead of real time).
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
                 1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
                 80, 90, 100, 110, 120, 6000, 7000, 130, 140, 150, 160, 170, 180, 190, 200, 210,
-                220, 230,
+                220, 230, 300, 301, 302, 303, 304, 305,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -451,21 +452,23 @@ mod tests {
         assert_eq!(events["fallback_learned_from_server"], 96);
         assert_eq!(events["fallback_misses"], 16);
         assert_eq!(
-            events["to_client"], 650 + 1024 + 2048 + 4096 + 8192 + 16384 + 13000,
+            events["to_client"], 650 + 1024 + 2048 + 4096 + 8192 + 16384 + 13000 + 1815,
             "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves + replies without timestamps + baseline replies too short + FINs without timestamps"
         );
         assert_eq!(
             events["fast_path"],
-            680 + 1024 + 2048 + 100 + 90 + 13000 + 420 - 3,
+            680 + 1024 + 2048 + 100 + 90 + 13000 + 420 - 3 + 1815,
             "+ the server replies dropped (malformed options, a removed server's) + FINs without timestamps + cookies routing nowhere - the general path's"
         );
         assert_eq!(events["resets_without_timestamp"], 2048 + 8192);
         assert_eq!(events["cookie_routed"], 10 + 256);
-        assert_eq!(events["cookies_inserted"], 514);
-        assert_eq!(events["options_fast_path"], 1624 + 420 - 9);
+        assert_eq!(events["cookies_inserted"], 514 + 1815);
+        assert_eq!(events["options_fast_path"], 1624 + 420 - 9 + 1815);
         assert_eq!(events["handshake_count_moved"], 128);
-        assert_eq!(events["server_closes"], 118 + 6000);
-        assert_eq!(events["duplicate_closes"], 230 + 7000);
+        assert_eq!(events["server_closes"], 118 + 6000 + 302 + 303);
+        assert_eq!(events["duplicate_closes"], 230 + 7000 + 304 + 305);
+        assert_eq!(events["server_ts_clock_unstable"], 300 + 302 + 304);
+        assert_eq!(events["server_ts_ahead_of_real_time"], 301 + 303 + 305);
         assert_eq!(events["ts_msb_learned"], 23);
         assert_eq!(events["ts_msb_advanced"], 33);
         assert_eq!(events["icmp_routed_by_cookie"], 400);

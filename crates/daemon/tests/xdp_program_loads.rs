@@ -40,7 +40,7 @@ const MAX_VIPS: u32 = 4096;
 const SERVER_ID_SPACE: u32 = 16384;
 const COOKIE_SPACE: u32 = 65536;
 const MAX_HASH_POOL: usize = 64;
-const STAT_COUNT: u32 = 81;
+const STAT_COUNT: u32 = 87;
 const STAT_SLOTS: u32 = 128;
 const CLOSE_SLOTS: u32 = 65536;
 const STAT_NO_SOCKET: u32 = 1;
@@ -460,10 +460,11 @@ fn the_verifier_takes_the_program_and_its_maps_are_the_contracts() {
         ),
         // One packet's scratch space, per CPU: the options' walk (40 option bytes and
         // three words), a FIB lookup's parameters (struct bpf_fib_lookup) and a reply's
-        // cold decisions (struct reply_cold: a clock learnt, a handshake answered, a close).
+        // cold decisions (struct reply_cold: a clock learnt, a handshake answered, a close;
+        // and when the CPU last sent a clock anomaly up).
         ("option_walk_scratch", MapType::PercpuArray, 4, 52, 1, 0),
         ("fib_scratch", MapType::PercpuArray, 4, 64, 1, 0),
-        ("reply_scratch", MapType::PercpuArray, 4, 80, 1, 0),
+        ("reply_scratch", MapType::PercpuArray, 4, 88, 1, 0),
         // VIP index -> the fd of its Maglev table's inner array (made by the publisher).
         (
             "maglev_tables",

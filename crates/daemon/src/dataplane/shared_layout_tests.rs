@@ -357,6 +357,30 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_DROP_FALLBACK_SERVER_REMOVED",
             STAT_DROP_FALLBACK_SERVER_REMOVED as usize,
         ),
+        (
+            "STAT_FAST_SERVER_COOKIE_UNSTABLE",
+            STAT_FAST_SERVER_COOKIE_UNSTABLE as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_COOKIE_AHEAD",
+            STAT_FAST_SERVER_COOKIE_AHEAD as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_CLOSE_UNSTABLE",
+            STAT_FAST_SERVER_CLOSE_UNSTABLE as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_CLOSE_AHEAD",
+            STAT_FAST_SERVER_CLOSE_AHEAD as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_DUPLICATE_CLOSE_UNSTABLE",
+            STAT_FAST_SERVER_DUPLICATE_CLOSE_UNSTABLE as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_DUPLICATE_CLOSE_AHEAD",
+            STAT_FAST_SERVER_DUPLICATE_CLOSE_AHEAD as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

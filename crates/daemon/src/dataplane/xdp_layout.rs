@@ -124,7 +124,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 54] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 60] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -436,6 +436,71 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 54] = [
     (
         STAT_DROP_FALLBACK_SERVER_REMOVED,
         &[Counter::OptionsSlowPath, Counter::Dropped],
+    ),    // A reply whose clock the core would not learn, forwarded in the kernel: the entry
+    // of the same reply without it, plus the core's count of the anomaly.
+    (
+        STAT_FAST_SERVER_COOKIE_UNSTABLE,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::ServerTsClockUnstable,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_COOKIE_AHEAD,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::ServerTsAheadOfRealTime,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_CLOSE_UNSTABLE,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::ServerCloses,
+            Counter::ServerTsClockUnstable,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_CLOSE_AHEAD,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::ServerCloses,
+            Counter::ServerTsAheadOfRealTime,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_DUPLICATE_CLOSE_UNSTABLE,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::DuplicateCloses,
+            Counter::ServerTsClockUnstable,
+        ],
+    ),
+    (
+        STAT_FAST_SERVER_DUPLICATE_CLOSE_AHEAD,
+        &[
+            Counter::FastPath,
+            Counter::OptionsFastPath,
+            Counter::CookiesInserted,
+            Counter::ToClient,
+            Counter::DuplicateCloses,
+            Counter::ServerTsAheadOfRealTime,
+        ],
     ),
 ];
 
@@ -648,7 +713,17 @@ pub const STAT_DROP_BAD_TCP_DATA_OFFSET: u32 = 79;
 /// A client segment without a timestamp whose fallback entry names a server that no longer
 /// forwards, dropped (its entry removed) in the kernel (fallback.h).
 pub const STAT_DROP_FALLBACK_SERVER_REMOVED: u32 = 80;
-pub const STAT_COUNT: u32 = 81;
+/// A reply whose clock the core would not learn, forwarded in the kernel (one a second per
+/// CPU goes up instead, for the workers' warning): the entry of the same reply without it
+/// (a cookie, a first close, a duplicate close), plus `server_ts_clock_unstable` or
+/// `server_ts_ahead_of_real_time`.
+pub const STAT_FAST_SERVER_COOKIE_UNSTABLE: u32 = 81;
+pub const STAT_FAST_SERVER_COOKIE_AHEAD: u32 = 82;
+pub const STAT_FAST_SERVER_CLOSE_UNSTABLE: u32 = 83;
+pub const STAT_FAST_SERVER_CLOSE_AHEAD: u32 = 84;
+pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_UNSTABLE: u32 = 85;
+pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_AHEAD: u32 = 86;
+pub const STAT_COUNT: u32 = 87;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 128;
