@@ -436,7 +436,8 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 60] = [
     (
         STAT_DROP_FALLBACK_SERVER_REMOVED,
         &[Counter::OptionsSlowPath, Counter::Dropped],
-    ),    // A reply whose clock the core would not learn, forwarded in the kernel: the entry
+    ),
+    // A reply whose clock the core would not learn, forwarded in the kernel: the entry
     // of the same reply without it, plus the core's count of the anomaly.
     (
         STAT_FAST_SERVER_COOKIE_UNSTABLE,
