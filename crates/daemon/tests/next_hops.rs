@@ -33,6 +33,9 @@ mod ip_command;
 mod lb_namespace;
 use ip_command::ip;
 use lb_namespace::{enter_lb_namespace, interface, Veth};
+#[path = "shared/this_cpu.rs"]
+mod this_cpu;
+use this_cpu::pin_to_this_cpu;
 
 const SERVERS: Veth = Veth {
     name: "xn-srv",
@@ -119,29 +122,6 @@ fn reply_of_len(
     let after = program.stats();
     // An XDP_REDIRECT leaves the frame where it was: no metadata in front.
     (action, out[0..6].try_into().unwrap(), before, after)
-}
-
-/// Keeps this thread on the CPU it is on: BPF_PROG_TEST_RUN runs the program there, and
-/// the next-hop cache is per CPU.
-fn pin_to_one_cpu() {
-    // SAFETY: plain libc calls on this thread's own affinity, with a zeroed cpu_set_t.
-    unsafe {
-        let cpu = libc::sched_getcpu();
-        assert!(
-            cpu >= 0,
-            "sched_getcpu: {}",
-            std::io::Error::last_os_error()
-        );
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        let rc = libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
-        assert_eq!(
-            rc,
-            0,
-            "sched_setaffinity: {}",
-            std::io::Error::last_os_error()
-        );
-    }
 }
 
 fn up_next_hop(stats: &SteeringStats) -> u64 {
@@ -288,7 +268,8 @@ fn a_reply_follows_a_route_change_while_the_cache_holds_the_old_answer() {
 
     // The first reply reads the trie and fills this CPU's slot; the second is the cache's.
     // (One CPU for the test run: the cache is per CPU.)
-    pin_to_one_cpu();
+    // BPF_PROG_TEST_RUN runs the program on this CPU, and the next-hop cache is per CPU.
+    pin_to_this_cpu();
     let (action, dst, _, _) = reply(&program, servers, client);
     assert_eq!((action, dst), (XDP_REDIRECT, GATEWAY_MAC));
     let (action, dst, before, after) = reply(&program, servers, client);

@@ -45,6 +45,9 @@ use xdp_kernel::{Kernel, KernelRun, NextHops};
 #[path = "shared/egress.rs"]
 mod egress;
 use egress::after_egress;
+#[path = "shared/this_cpu.rs"]
+mod this_cpu;
+use this_cpu::pin_to_this_cpu;
 
 /// One MSB period of a millisecond clock, in LB time.
 const PERIOD: u64 = 65_536 * NANOS_PER_MS;
@@ -283,31 +286,13 @@ fn a_clock_that_moves_forward_is_learnt_in_the_kernel_as_the_core_learns_it() {
     assert_eq!(lb.estimate(1), Some(0x1238));
 }
 
-/// Pins the test thread to the CPU it is on, so that every run of the program sees one
-/// CPU's `reply_scratch` (where the last clock sample's time is kept).
-fn stay_on_this_cpu() {
-    // SAFETY: sched_getcpu has no preconditions; the set is a valid cpu_set_t.
-    unsafe {
-        let cpu = libc::sched_getcpu();
-        assert!(cpu >= 0, "sched_getcpu");
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        assert_eq!(
-            rc,
-            0,
-            "sched_setaffinity: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
 #[test]
 fn a_clock_the_core_would_not_learn_goes_up_as_a_sample_and_stays_in_the_kernel_after() {
     if skip() {
         return;
     }
-    stay_on_this_cpu();
+    // The last clock sample's time is per CPU.
+    pin_to_this_cpu();
     let mut lb = Lb::new();
     let mut now = START;
     lb.handled(

@@ -61,6 +61,9 @@ mod ip_command;
 #[path = "shared/lb_namespace.rs"]
 mod lb_namespace;
 use lb_namespace::{enter_lb_namespace, interface, Veth};
+#[path = "shared/this_cpu.rs"]
+mod this_cpu;
+use this_cpu::pin_to_this_cpu;
 
 const SERVERS: Veth = Veth {
     name: "pp-srv",
@@ -248,25 +251,6 @@ fn syns() -> Vec<Vec<u8>> {
         }
     }
     out
-}
-
-/// Pins this thread to the CPU it runs on: the kernel's policy state is per CPU.
-fn pin_to_this_cpu() -> usize {
-    // SAFETY: sched_getcpu has no preconditions; the set is a valid cpu_set_t.
-    unsafe {
-        let cpu = libc::sched_getcpu();
-        assert!(cpu >= 0, "sched_getcpu");
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        assert_eq!(
-            rc,
-            0,
-            "sched_setaffinity: {}",
-            std::io::Error::last_os_error()
-        );
-        cpu as usize
-    }
 }
 
 /// What one policy's run gave.
