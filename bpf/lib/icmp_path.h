@@ -16,13 +16,13 @@
 // parse.h tcp_timestamp_walk), in
 // cheetah mode, whose cookie names a forwarding server (its clock unknown, the quote goes
 // unrestored, as the core sends it; an echo beyond the idle limit is counted); and in
-// hash and maglev mode, any such error, to `pool[h % n]` or the VIP's Maglev table's pick
-// of the quoted connection as the core picks it (nothing in the quote changes but NAT's
-// translation, which needs only the least quote). A cookie that names an id no server has or a removed server is dropped,
-// as the core drops it. The rest goes up, unchanged: a quote without a cookie (8 bytes of TCP
-// only, options without a timestamp, or malformed ones) as STAT_UP_ICMP, since userspace
-// may have to route it by the fallback table or copy it to every server of the VIP; the
-// others by the usual reasons.
+// hash and maglev mode, any such error (the least quote will do), to `pool[h % n]` or the
+// VIP's Maglev table's pick of the quoted connection as the core picks it (nothing in the
+// quote changes but NAT's translation). A cookie that names an id no server has or a
+// removed server is dropped, as the core drops it. The rest goes up, unchanged: a quote
+// without a cookie (8 bytes of TCP only, options without a timestamp, or malformed ones) as
+// STAT_UP_ICMP, since userspace may have to route it by the fallback table or copy it to
+// every server of the VIP; the others by the usual reasons.
 
 #ifndef CHEETAH_LIB_ICMP_PATH_H
 #define CHEETAH_LIB_ICMP_PATH_H
