@@ -51,11 +51,7 @@ static __always_inline int not_a_vip(struct xdp_md *ctx, const struct lb_config 
 		// layout the kernel does not take: the core drops it if its TCP header is
 		// malformed, whatever its port; else it is the core's (IP options ip_options.h
 		// could not lift).
-		enum tcp_fault fault = tcp_header_fault(ctx);
-
-		if (fault == TCP_CHECKED)
-			return LB_HAND_UP;
-		return drop_by_tables(seq, STAT_DROP_TRUNCATED_TCP + (fault - TCP_TRUNCATED));
+		return drop_bad_tcp_header(ctx, seq);
 	}
 	if (ip->protocol == IPPROTO_UDP)
 		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_UDP);

@@ -164,7 +164,6 @@ static __always_inline int garbled_reply_nat(struct xdp_md *ctx, const struct lb
 	void *data_end = (void *)(long)ctx->data_end;
 	struct iphdr *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
 	struct server_info *server;
-	enum tcp_fault fault;
 
 	if (!ipv4_checked(ctx) || (void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP)
 		return LB_HAND_UP;
@@ -181,10 +180,7 @@ static __always_inline int garbled_reply_nat(struct xdp_md *ctx, const struct lb
 		return drop_by_tables(seq, STAT_DROP_REPLY_FROM_CLIENT_SIDE);
 	if (!(server->flags & SERVER_FORWARDS))
 		return drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
-	fault = tcp_header_fault(ctx);
-	if (fault == TCP_CHECKED)
-		return LB_HAND_UP;
-	return drop_by_tables(seq, STAT_DROP_TRUNCATED_TCP + (fault - TCP_TRUNCATED));
+	return drop_bad_tcp_header(ctx, seq);
 }
 
 // The sender of a segment steering called a server's reply (`backend`: its backends entry
