@@ -263,6 +263,18 @@ enum xdp_stat {
 	STAT_FAST_SERVER_CLOSE_AHEAD,
 	STAT_FAST_SERVER_DUPLICATE_CLOSE_UNSTABLE,
 	STAT_FAST_SERVER_DUPLICATE_CLOSE_AHEAD,
+	// An ICMP message to a VIP address that the core's ICMP path refuses before it looks
+	// for a VIP (icmp_path.rs `Embedded::parse`, `client_icmp`): shorter than its header
+	// or than a quoted IPv4 header and 8 bytes (`truncated_icmp`), not an error (an echo
+	// request: a ping of a VIP), quoting no TCP segment or one not from that VIP address
+	// (`unsupported_icmp_type`). Dropped in the kernel, counting only the drop, so a ping
+	// flood at a VIP stays in the kernel.
+	STAT_DROP_TRUNCATED_ICMP,
+	STAT_DROP_UNSUPPORTED_ICMP_TYPE,
+	// l2: a packet from a VIP address that is no TCP segment, from a server's MAC (a
+	// server's ICMP error to its client, say), forwarded to the client as it came
+	// (reply_sender.h not_tcp_from_vip_l2): the core's `to_client` only.
+	STAT_FAST_SERVER_NOT_TCP,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

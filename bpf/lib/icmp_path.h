@@ -19,10 +19,14 @@
 // hash and maglev mode, any such error (the least quote will do), to `pool[h % n]` or the
 // VIP's Maglev table's pick of the quoted connection as the core picks it (nothing in the
 // quote changes but NAT's translation). A cookie that names an id no server has or a
-// removed server is dropped, as the core drops it. The rest goes up, unchanged: a quote
-// without a cookie (8 bytes of TCP only, options without a timestamp, or malformed ones) as
-// STAT_UP_ICMP, since userspace may have to route it by the fallback table or copy it to
-// every server of the VIP; the others by the usual reasons.
+// removed server is dropped, as the core drops it; so is, before any cookie, what the
+// core's `Embedded::parse` refuses (a message shorter than its header, a ping or any other
+// type but an error, a quote shorter than an IPv4 header and 8 bytes, or of no TCP segment
+// from that VIP address) and a quote from a port no VIP is on (LB_EVERY_VIP). The rest
+// goes up, unchanged: a quote without a cookie (8 bytes of TCP only, options without a
+// timestamp, or malformed ones) as STAT_UP_ICMP, since userspace may have to route it by
+// the fallback table or copy it to every server of the VIP; a quote with IP options as
+// STAT_UP_LAYOUT; the others by the usual reasons.
 
 #ifndef CHEETAH_LIB_ICMP_PATH_H
 #define CHEETAH_LIB_ICMP_PATH_H
@@ -197,26 +201,44 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		return hand_up(STAT_UP_LAYOUT);
 	if (ip->protocol != IPPROTO_ICMP)
 		return hand_up(STAT_UP_OTHER);
-	if ((void *)quoted_ip + ICMP_QUOTE_MIN > data_end)
-		return hand_up(STAT_UP_LAYOUT);
 	total_len = bpf_ntohs(ip->tot_len);
-	// No IP options and no fragment; the IP packet within the frame and holding the
-	// least quote (the core drops shorter ones as truncated).
+	// No IP options (lifted) and no fragment (dropped before), the IP packet within the
+	// frame (drop_bad_ipv4_header dropped it otherwise): what follows reads only bytes
+	// within the total length, each bound below being the verifier's.
 	if (*(__u8 *)ip != 0x45 || ip->frag_off & bpf_htons(0x3fff) ||
-	    total_len < sizeof(struct iphdr) + ICMP_HEADER_LEN + ICMP_QUOTE_MIN ||
-	    data + sizeof(struct ethhdr) + total_len > data_end)
+	    total_len < sizeof(struct iphdr) || data + sizeof(struct ethhdr) + total_len > data_end)
+		return hand_up(STAT_UP_LAYOUT);
+	// The core's `Embedded::parse`, in its order: an ICMP header, an error type, a quote of
+	// an IPv4 header and 8 bytes of what it carries, and that a TCP segment.
+	if (total_len < sizeof(struct iphdr) + ICMP_HEADER_LEN)
+		return drop_by_tables(seq, STAT_DROP_TRUNCATED_ICMP);
+	if ((void *)icmp + ICMP_HEADER_LEN > data_end)
 		return hand_up(STAT_UP_LAYOUT);
 	if (icmp->type != ICMP_DEST_UNREACH && icmp->type != ICMP_TIME_EXCEEDED &&
 	    icmp->type != ICMP_PARAMETERPROB)
-		return hand_up(STAT_UP_OTHER);
-	// The quoted packet went VIP -> client: a TCP segment from this very VIP address.
-	if (*(__u8 *)quoted_ip != 0x45)
+		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_ICMP_TYPE);
+	quote_len = total_len - sizeof(struct iphdr) - ICMP_HEADER_LEN;
+	if (quote_len < sizeof(struct iphdr))
+		return drop_by_tables(seq, STAT_DROP_TRUNCATED_ICMP);
+	if ((void *)(quoted_ip + 1) > data_end)
 		return hand_up(STAT_UP_LAYOUT);
-	if (quoted_ip->protocol != IPPROTO_TCP || quoted_ip->saddr != ip->daddr)
-		return hand_up(STAT_UP_OTHER);
+	if (quoted_ip->version != 4 || quoted_ip->ihl < 5 || quote_len < quoted_ip->ihl * 4 + 8)
+		return drop_by_tables(seq, STAT_DROP_TRUNCATED_ICMP);
+	if (quoted_ip->protocol != IPPROTO_TCP)
+		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_ICMP_TYPE);
+	// A quote with IP options: its TCP header is not where the kernel reads it.
+	if (quoted_ip->ihl != 5 || (void *)quoted_ip + ICMP_QUOTE_MIN > data_end)
+		return hand_up(STAT_UP_LAYOUT);
+	// The quoted packet went VIP -> client: a segment from this very VIP address.
+	if (quoted_ip->saddr != ip->daddr)
+		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_ICMP_TYPE);
 	vip = tcp_vip_at(config->copy, quoted_ip->saddr, quoted_tcp->source);
-	if (!vip)
+	if (!vip) {
+		// Its index of VIPs is the kernel's only if vips holds every one.
+		if (config->flags & LB_EVERY_VIP)
+			return drop_by_tables(seq, STAT_DROP_VIP_PORT_UNKNOWN);
 		return hand_up(STAT_UP_OTHER);
+	}
 	nat = config->forwarding == LB_FORWARDING_NAT;
 	if (config->mode != LB_MODE_CHEETAH) {
 		// The baselines route by their pick; nothing in the quote but NAT's changes.
@@ -233,8 +255,7 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		backend_port = vip->backend_port;
 		if (!publish_unchanged(seq))
 			return hand_up(STAT_UP_PUBLISHING);
-		return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp,
-				      total_len - sizeof(struct iphdr) - ICMP_HEADER_LEN, &target,
+		return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp, quote_len, &target,
 				      nat, vip_port, backend_port, STAT_FAST_ICMP_PICK);
 	}
 	// The cookie, where the core's `tsval_at` looks for it: a whole TCP header within the
@@ -242,7 +263,6 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	// starting NOP NOP TS or, else, the first timestamp option the core's walk finds in
 	// them. The walk's answer without one, or malformed options, is the core's `None`
 	// (no cookie: it routes by the fallback table or copies), not a drop.
-	quote_len = total_len - sizeof(struct iphdr) - ICMP_HEADER_LEN;
 	if ((void *)(quoted_ts + 1) > data_end || quote_len < ICMP_QUOTE_WITH_TS ||
 	    quoted_tcp->doff * 4 < TCP_WITH_TS_LEN ||
 	    sizeof(struct iphdr) + quoted_tcp->doff * 4 > quote_len)

@@ -136,9 +136,10 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 			return pass();
 		if (!fast || vip || slot)
 			return steer_to_socket(ctx, owner, p.ip_options_lifted);
-		// A garbled IP header (never the straight line's): the core drops the packet
-		// before it looks at anything else.
-		if (refusal == PLAIN_LAYOUT) {
+		// A garbled IP header (never the straight line's; parse_plain_tcp tells another
+		// protocol from its first bytes only): the core drops the packet before it looks
+		// at anything else.
+		if (refusal == PLAIN_LAYOUT || refusal == PLAIN_NOT_TCP) {
 			action = drop_bad_ipv4_header(ctx);
 			if (action != LB_HAND_UP)
 				return action;

@@ -148,6 +148,44 @@ static __always_inline int garbled_reply_l2(struct xdp_md *ctx, const struct lb_
 	return drop_by_tables(seq, STAT_DROP_TRUNCATED_TCP + (fault - TCP_TRUNCATED));
 }
 
+// A packet from a VIP address (l2) that is no TCP segment: the core's `classify_rest`
+// drops it from a MAC no server has (`unknown_server_source`: a forged source, on either
+// side) or as a fragment (`unsupported_fragment`), and forwards anything else to the client
+// as it came (a server's ICMP error, say), counting it to the server. The action, or
+// LB_HAND_UP with its reason counted (no next hop, a publication; `other` for a header the
+// core would refuse first, which the caller's drop_bad_ipv4_header leaves none of), the
+// frame unchanged.
+static __always_inline int not_tcp_from_vip_l2(struct xdp_md *ctx, const struct lb_config *config,
+					       __u32 seq, __u32 ip_options_lifted)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct next_hop_found hop;
+	__u32 *by_mac, server, len;
+
+	if (!ipv4_checked(ctx) || (void *)(ip + 1) > data_end || ip->protocol == IPPROTO_TCP)
+		return hand_up(STAT_UP_OTHER);
+	by_mac = server_by_mac(config, eth->h_source);
+	if (!by_mac)
+		return drop_by_tables(seq, STAT_DROP_UNKNOWN_SERVER_SOURCE);
+	if (ip->frag_off & bpf_htons(0x3fff))
+		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_FRAGMENT);
+	server = *by_mac;
+	len = bpf_ntohs(ip->tot_len) + ip_options_lifted;
+	if (!next_hop_toward_client(ctx, ip, len, config->copy, seq, &hop))
+		return hand_up(STAT_UP_NEXT_HOP);
+	if (!publish_unchanged(seq))
+		return hand_up(STAT_UP_PUBLISHING);
+	next_hop_remember(&hop, ip->daddr, seq);
+	__builtin_memcpy(eth->h_dest, hop.hop.dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, hop.hop.smac, ETH_ALEN);
+	add_server_traffic(server, len, 0);
+	count(STAT_FAST_SERVER_NOT_TCP);
+	return send_out(ctx, hop.hop.ifindex);
+}
+
 // The same for a NAT backend's segment (steering found `backend`, its (DIP, port) entry),
 // dropped as the core drops it (worker.rs `classify`, `server_tcp`, `classify_rest`): of
 // a (DIP, port) no current backend has whose server was removed (`server_removed`, the
@@ -186,7 +224,8 @@ static __always_inline int garbled_reply_nat(struct xdp_md *ctx, const struct lb
 // The sender of a segment steering called a server's reply (`backend`: its backends entry
 // with NAT; counted as STAT_REPLY_BY_STEERING), copied into `found`; NULL when the kernel
 // leaves it to userspace, having counted why (not the plain layout, or no forwarding
-// server), or drops it as the core does (*dropped: the action), having counted that:
+// server), or drops or forwards it as the core does (*dropped: the action), having counted
+// that (l2, a packet from a VIP address that is no TCP segment: not_tcp_from_vip_l2):
 // - a sender the core finds, on the clients' side (`reply_from_client_side`);
 // - l2: from a MAC no server has (`unknown_server_source`, on either side: the core asks
 //   before the side), from a port of a VIP address no VIP is on (`vip_port_unknown`), or
@@ -215,6 +254,10 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 	// Only the servers' side carries replies (sides.rs).
 	client_side = !on_server_side(config->copy, ctx->ingress_ifindex);
 	if (!plain_tcp_set(refusal)) {
+		if (refusal == PLAIN_NOT_TCP && l2) {
+			*dropped = not_tcp_from_vip_l2(ctx, config, seq, p->ip_options_lifted);
+			return NULL;
+		}
 		if (refusal == PLAIN_LAYOUT) {
 			if (l2)
 				*dropped = garbled_reply_l2(ctx, config, seq, client_side);

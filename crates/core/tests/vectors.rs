@@ -278,7 +278,67 @@ fn malformed_common() -> Vec<Input> {
     other_port_ack.dst_port = 8443;
     let mut other_port = from_client(flags::SYN, options::linux_syn(CLIENT_TS, 0));
     other_port.dst_port = 8443;
-    vec![
+    // A router's "fragmentation needed" about server 2's segment, edited: what the ICMP
+    // path refuses before it looks for a cookie.
+    let icmp_edited = |quote_len: usize, edit: &dyn Fn(&mut Vec<u8>)| {
+        let mut frame = testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), quote_len);
+        edit(&mut frame);
+        testkit::refill_ipv4_checksum(&mut frame, 14);
+        let icmp_end = (14 + 20 + 8).max(frame.len().min(14 + 20 + 8 + quote_len));
+        if frame.len() >= icmp_end {
+            cheetah_core::wire::icmp::Icmpv4Packet::new_checked(&mut frame[34..icmp_end])
+                .unwrap()
+                .fill_checksum();
+        }
+        frame
+    };
+    let icmp_inputs = [
+        input(
+            "icmp-echo-request",
+            "A ping of the VIP address (ICMP echo request): no error the LB routes, dropped.",
+            icmp_edited(28, &|f| {
+                f[34] = 8;
+                f[35] = 0;
+            }),
+        ),
+        input(
+            "icmp-truncated",
+            "An ICMP message of 4 bytes to the VIP address: shorter than its header, dropped.",
+            icmp_edited(28, &|f| {
+                f.truncate(14 + 20 + 4);
+                f[16..18].copy_from_slice(&24u16.to_be_bytes());
+            }),
+        ),
+        input(
+            "icmp-quote-truncated",
+            "Fragmentation needed quoting 12 bytes of the IP header: too short a quote, dropped.",
+            icmp_edited(12, &|_| {}),
+        ),
+        input(
+            "icmp-quoting-udp",
+            "Fragmentation needed quoting a UDP datagram from the VIP address: no TCP connection to route it to, dropped.",
+            icmp_edited(28, &|f| f[42 + 9] = ip_proto::UDP),
+        ),
+        input(
+            "icmp-quoting-another-source",
+            "Fragmentation needed quoting a segment from another address than the VIP's: dropped.",
+            icmp_edited(28, &|f| f[42 + 12] ^= 0x01),
+        ),
+        input(
+            "icmp-quoting-unknown-port",
+            "Fragmentation needed quoting a segment from the VIP address's port 8443, where no VIP is: dropped.",
+            icmp_edited(28, &|f| f[62..64].copy_from_slice(&8443u16.to_be_bytes())),
+        ),
+        input(
+            "icmp-bad-total-length",
+            "Fragmentation needed whose IPv4 total length runs one byte past the frame: dropped.",
+            icmp_edited(28, &|f| {
+                let total = (f.len() - 14 + 1) as u16;
+                f[16..18].copy_from_slice(&total.to_be_bytes());
+            }),
+        ),
+    ];
+    let mut inputs = vec![
         input(
             "truncated-ethernet",
             "10 bytes: shorter than an Ethernet header.",
@@ -354,7 +414,9 @@ fn malformed_common() -> Vec<Input> {
             "A Linux SYN with an 802.1Q tag (VLAN 42): balanced like an untagged one, tag kept.",
             testkit::vlan_tagged(&good),
         ),
-    ]
+    ];
+    inputs.extend(icmp_inputs);
+    inputs
 }
 
 /// Option-level malformations: only cheetah mode walks the options.
@@ -1079,6 +1141,58 @@ fn server_data(nat: bool) -> Vec<u8> {
     .build()
 }
 
+/// l2: what a VIP address sends that is no TCP segment: a server's ICMP error to its client
+/// (port unreachable, quoting the client's UDP datagram) goes to the client as it came; the
+/// same from a MAC no server has, or as a fragment, is dropped.
+fn not_tcp_from_vip() -> Vec<Input> {
+    let data = server_data(false);
+    let (vip, client) = (&data[26..30], &data[30..34]);
+    // The client's UDP datagram to the VIP of 12 bytes of data, quoted to 8 of UDP.
+    let mut quoted = vec![0u8; 40];
+    cheetah_core::wire::ipv4::write_header(
+        &mut quoted,
+        u32::from_be_bytes(client.try_into().unwrap()),
+        u32::from_be_bytes(vip.try_into().unwrap()),
+        ip_proto::UDP,
+        40,
+        64,
+    );
+    quoted.truncate(28);
+    quoted[20..28].copy_from_slice(&[0xc3, 0x50, 0x00, 0x35, 0x00, 0x14, 0x00, 0x00]);
+    let mut unreachable = data[..34].to_vec();
+    unreachable.extend_from_slice(&[3, 3, 0, 0, 0, 0, 0, 0]);
+    unreachable.extend_from_slice(&quoted);
+    let total = (unreachable.len() - 14) as u16;
+    unreachable[16..18].copy_from_slice(&total.to_be_bytes());
+    unreachable[23] = ip_proto::ICMP;
+    testkit::refill_ipv4_checksum(&mut unreachable, 14);
+    cheetah_core::wire::icmp::Icmpv4Packet::new_checked(&mut unreachable[34..])
+        .unwrap()
+        .fill_checksum();
+    let mut forged = unreachable.clone();
+    forged[6..12].copy_from_slice(&[0x02, 0, 0, 0x09, 0, 0x09]);
+    let mut fragment = unreachable.clone();
+    fragment[20] = 0x20; // more fragments, offset 0
+    testkit::refill_ipv4_checksum(&mut fragment, 14);
+    vec![
+        input(
+            "server-icmp-port-unreachable",
+            "Server 2's ICMP port unreachable from the VIP address to the client: forwarded as it came.",
+            unreachable,
+        ),
+        input(
+            "forged-not-tcp-from-vip",
+            "The same ICMP error from a MAC no server has: dropped as from an unknown source.",
+            forged,
+        ),
+        input(
+            "server-not-tcp-fragment",
+            "The same ICMP error as a first fragment (MF set): dropped.",
+            fragment,
+        ),
+    ]
+}
+
 /// Server 2's segments whose layout the straight line refuses (l2: from a VIP address;
 /// nat: from its backend address and port), under the first reason the core finds (l2:
 /// the sender's MAC, the fragment; then the TCP header).
@@ -1285,6 +1399,7 @@ fn baseline_inputs(nat: bool) -> Vec<Input> {
         ),
     ];
     if !nat {
+        inputs.extend(not_tcp_from_vip());
         inputs.push(input(
             "unknown-server-source",
             "A packet from the VIP address whose source MAC is no server's.",
@@ -1390,6 +1505,7 @@ fn suites() -> Vec<Suite> {
         testkit::ipv6_syn(CLIENT_PORT, IPV6_VIP.parse().unwrap()),
     ));
     l2.extend(garbled_replies(false));
+    l2.extend(not_tcp_from_vip());
     l2.push(input(
         "unknown-server-source",
         "A packet from the VIP address whose source MAC is no server's.",

@@ -418,14 +418,16 @@ mod tests {
             // timestamp, a first close or a duplicate; a cookie naming an unknown server,
             // a removed one, an unknown clock; an ICMP error's quoted cookie naming an
             // unknown server, a removed one; a bad IP version, IPv4 header length, total
-            // length; a truncated TCP header, a bad data offset; a fallback entry naming a
+            // length; a truncated TCP header, a bad data offset; an ICMP message to a VIP
+            // address too short, or of a type the core does not route; l2, a packet from a VIP
+            // address that is no TCP segment, forwarded; a fallback entry naming a
             // removed server; a reply whose clock the core would not learn (a cookie, a first
             // close, a duplicate close; each unstable or ahead of real time).
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
                 1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
                 80, 90, 100, 110, 120, 6000, 7000, 130, 140, 150, 160, 170, 180, 190, 200, 210,
-                220, 230, 300, 301, 302, 303, 304, 305,
+                220, 240, 250, 260, 230, 300, 301, 302, 303, 304, 305,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -452,8 +454,8 @@ mod tests {
         assert_eq!(events["fallback_learned_from_server"], 96);
         assert_eq!(events["fallback_misses"], 16);
         assert_eq!(
-            events["to_client"], 650 + 1024 + 2048 + 4096 + 8192 + 16384 + 13000 + 1815,
-            "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves + replies without timestamps + baseline replies too short + FINs without timestamps"
+            events["to_client"], 650 + 1024 + 2048 + 4096 + 8192 + 16384 + 13000 + 1815 + 260,
+            "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves + replies without timestamps + baseline replies too short + FINs without timestamps + l2 packets from a VIP address that are no TCP"
         );
         assert_eq!(
             events["fast_path"],
@@ -476,7 +478,7 @@ mod tests {
         assert_eq!(events["syn_retransmissions"], 1012);
         assert_eq!(
             events["dropped"],
-            10105 + 510 + 120 + 420 + 330 + 1000 + 230,
+            10105 + 510 + 120 + 420 + 330 + 1000 + 230 + 240 + 250,
             "every kernel drop is a dropped verdict"
         );
         let drops: std::collections::BTreeMap<&str, u64> = counters
@@ -508,9 +510,11 @@ mod tests {
         assert_eq!(drops["truncated_tcp"], 210);
         assert_eq!(drops["bad_tcp_data_offset"], 220);
         assert_eq!(drops["fallback_server_removed"], 230);
+        assert_eq!(drops["truncated_icmp"], 240);
+        assert_eq!(drops["unsupported_icmp_type"], 250);
         assert_eq!(
             drops.values().sum::<u64>(),
-            10105 + 510 + 120 + 420 + 330 + 1000 + 230
+            10105 + 510 + 120 + 420 + 330 + 1000 + 230 + 240 + 250
         );
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));

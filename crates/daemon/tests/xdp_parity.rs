@@ -89,7 +89,7 @@ mod ip_command;
 mod lb_namespace;
 #[path = "shared/lb_topology.rs"]
 mod lb_topology;
-use lb_topology::{enter_new_namespace, Topology};
+use lb_topology::{enter_new_namespace, Port, Topology};
 #[path = "shared/shared_words.rs"]
 mod shared_words;
 use shared_words::SharedWords;
@@ -207,6 +207,16 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "echo-62-periods-old",
             "icmp-frag-needed-cookie-beyond-idle-limit",
             "icmp-frag-needed-cookie-msb-unknown",
+            // ICMP at a VIP address that the core's ICMP path refuses before any cookie:
+            // a ping, a short message or quote, a quote of no VIP's TCP segment, and a
+            // garbled IP header.
+            "icmp-echo-request",
+            "icmp-truncated",
+            "icmp-quote-truncated",
+            "icmp-quoting-udp",
+            "icmp-quoting-another-source",
+            "icmp-quoting-unknown-port",
+            "icmp-bad-total-length",
             // Garbled IP and TCP headers: dropped in the kernel under the core's reason.
             "bad-ip-version",
             "bad-ipv4-header-length",
@@ -235,6 +245,12 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&str])] = &[
             "server-fragment",
             "server-removed-garbled-tcp",
             "server-removed-fragment",
+            // l2: what a VIP address sends that is no TCP segment (reply_sender.h
+            // not_tcp_from_vip_l2): forwarded as it came, or dropped under the core's
+            // reason.
+            "server-icmp-port-unreachable",
+            "forged-not-tcp-from-vip",
+            "server-not-tcp-fragment",
         ],
     ),
     (Mode::Hash, BASELINE_HANDLED_IN_KERNEL),
@@ -270,6 +286,16 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "bad-ipv4-total-length",
     "truncated-tcp",
     "bad-tcp-data-offset",
+    // ICMP at a VIP address that the core's ICMP path refuses before any cookie:
+    // a ping, a short message or quote, a quote of no VIP's TCP segment, and a
+    // garbled IP header.
+    "icmp-echo-request",
+    "icmp-truncated",
+    "icmp-quote-truncated",
+    "icmp-quoting-udp",
+    "icmp-quoting-another-source",
+    "icmp-quoting-unknown-port",
+    "icmp-bad-total-length",
     // A trunk port's frames: decided untagged (vlan.h), tags put back.
     "vlan-tagged-syn",
     "vlan-tagged-established-ack",
@@ -284,6 +310,11 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "server-truncated-tcp",
     "forged-server-garbled-tcp",
     "server-fragment",
+    // l2: what a VIP address sends that is no TCP segment (reply_sender.h
+    // not_tcp_from_vip_l2).
+    "server-icmp-port-unreachable",
+    "forged-not-tcp-from-vip",
+    "server-not-tcp-fragment",
 ];
 
 // --- One suite ----------------------------------------------------------------------------
@@ -307,6 +338,7 @@ fn judge(
     report: &mut SuiteReport,
     next_hops: NextHops,
     topology: &Topology,
+    ingress: Port,
     config: &LbConfig,
     what: &str,
     packet_in: &[u8],
@@ -408,8 +440,7 @@ fn judge(
         report.handled.push(what.to_string());
         return;
     }
-    let Some((action, expected)) =
-        after_egress(topology, config, topology.servers, verdict, core_out)
+    let Some((action, expected)) = after_egress(topology, config, ingress, verdict, core_out)
     else {
         fail(format!(
             "handled by the kernel ({}, {}), but the core says {}",
@@ -493,8 +524,9 @@ fn judge(
         ));
     }
     // Every server of the vectors serves its VIP: its replies' senders are in
-    // reply_senders, found in one lookup, not by steering's.
-    if toward_client && kernel.reply_by_steering {
+    // reply_senders, found in one lookup, not by steering's (which alone takes what is no
+    // TCP segment).
+    if toward_client && kernel.reply_by_steering && kernel.fast_stat() != STAT_FAST_SERVER_NOT_TCP {
         fail(format!(
             "a reply from a server of the VIP's ({}) was not found in reply_senders",
             kernel.fast_name()
@@ -670,6 +702,7 @@ fn run_suite(topology: &Topology, suite: &Suite, next_hops: NextHops) -> SuiteRe
                             report,
                             next_hops,
                             topology,
+                            topology.port(ingress),
                             &suite.config,
                             what,
                             &packet_in,

@@ -381,6 +381,18 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_FAST_SERVER_DUPLICATE_CLOSE_AHEAD",
             STAT_FAST_SERVER_DUPLICATE_CLOSE_AHEAD as usize,
         ),
+        (
+            "STAT_DROP_TRUNCATED_ICMP",
+            STAT_DROP_TRUNCATED_ICMP as usize,
+        ),
+        (
+            "STAT_DROP_UNSUPPORTED_ICMP_TYPE",
+            STAT_DROP_UNSUPPORTED_ICMP_TYPE as usize,
+        ),
+        (
+            "STAT_FAST_SERVER_NOT_TCP",
+            STAT_FAST_SERVER_NOT_TCP as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

@@ -124,7 +124,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 60] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 63] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -432,6 +432,11 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 60] = [
     (STAT_DROP_BAD_IPV4_TOTAL_LENGTH, &[Counter::Dropped]),
     (STAT_DROP_TRUNCATED_TCP, &[Counter::Dropped]),
     (STAT_DROP_BAD_TCP_DATA_OFFSET, &[Counter::Dropped]),
+    // An ICMP message to a VIP address the core's ICMP path refuses: only the drop.
+    (STAT_DROP_TRUNCATED_ICMP, &[Counter::Dropped]),
+    (STAT_DROP_UNSUPPORTED_ICMP_TYPE, &[Counter::Dropped]),
+    // l2: a packet from a VIP address that is no TCP segment, forwarded as it came.
+    (STAT_FAST_SERVER_NOT_TCP, &[Counter::ToClient]),
     // A fallback entry naming a removed server: the option walk's count, then the drop.
     (
         STAT_DROP_FALLBACK_SERVER_REMOVED,
@@ -616,7 +621,7 @@ pub const STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER: u32 = 72;
 pub const STAT_DROP_ICMP_COOKIE_SERVER_REMOVED: u32 = 73;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
-pub const KERNEL_DROPS: [(u32, DropReason); 27] = [
+pub const KERNEL_DROPS: [(u32, DropReason); 29] = [
     (
         STAT_DROP_TCP_OPTION_TRUNCATED,
         DropReason::TcpOptionTruncated,
@@ -698,6 +703,11 @@ pub const KERNEL_DROPS: [(u32, DropReason); 27] = [
         STAT_DROP_FALLBACK_SERVER_REMOVED,
         DropReason::FallbackServerRemoved,
     ),
+    (STAT_DROP_TRUNCATED_ICMP, DropReason::TruncatedIcmp),
+    (
+        STAT_DROP_UNSUPPORTED_ICMP_TYPE,
+        DropReason::UnsupportedIcmpType,
+    ),
 ];
 
 /// An echo (a client's TSecr, an ICMP error's quoted TSval) the kernel restored and
@@ -724,7 +734,15 @@ pub const STAT_FAST_SERVER_CLOSE_UNSTABLE: u32 = 83;
 pub const STAT_FAST_SERVER_CLOSE_AHEAD: u32 = 84;
 pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_UNSTABLE: u32 = 85;
 pub const STAT_FAST_SERVER_DUPLICATE_CLOSE_AHEAD: u32 = 86;
-pub const STAT_COUNT: u32 = 87;
+/// An ICMP message to a VIP address the core's ICMP path refuses before it looks for a VIP
+/// (too short, not an error, quoting no TCP segment from that address), dropped in the
+/// kernel (icmp_path.h).
+pub const STAT_DROP_TRUNCATED_ICMP: u32 = 87;
+pub const STAT_DROP_UNSUPPORTED_ICMP_TYPE: u32 = 88;
+/// l2: a packet from a VIP address that is no TCP segment, from a server's MAC, forwarded
+/// to the client as it came (reply_sender.h).
+pub const STAT_FAST_SERVER_NOT_TCP: u32 = 89;
+pub const STAT_COUNT: u32 = 90;
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 128;
