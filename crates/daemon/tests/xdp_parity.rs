@@ -185,16 +185,10 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
                 // A quoted timestamp where no wide compare looks: found by the options' walk.
                 "icmp-frag-needed-cookie-sack-before-ts",
                 "icmp-frag-needed-cookie-ts-odd-offset",
-                "unsupported-fragment",
-                // What no VIP takes at a VIP address, and l2 segments from a VIP address that
-                // no forwarding server sent: dropped in the kernel under the core's reason.
-                "unsupported-udp",
-                "unsupported-protocol",
-                "vip-port-unknown",
-                "vip-port-unknown-no-options",
+                // l2 segments from a VIP address that no forwarding server sent: dropped
+                // in the kernel under the core's reason.
                 "server-removed",
                 "server-removed-rst",
-                "unknown-server-source",
                 // A cookie that routes nowhere: dropped in the kernel under the core's reason.
                 "forged-cookie",
                 "msb-unknown",
@@ -209,12 +203,6 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
                 "echo-62-periods-old",
                 "icmp-frag-needed-cookie-beyond-idle-limit",
                 "icmp-frag-needed-cookie-msb-unknown",
-                // Garbled IP and TCP headers: dropped in the kernel under the core's reason.
-                "bad-ip-version",
-                "bad-ipv4-header-length",
-                "bad-ipv4-total-length",
-                "truncated-tcp",
-                "bad-tcp-data-offset",
                 // A trunk port's frames: decided untagged (vlan.h), tags put back.
                 "vlan-tagged-syn",
                 "qinq-tagged-syn",
@@ -229,12 +217,8 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
                 "server-data-with-ip-options",
                 "server-fin-with-ip-options",
                 "icmp-frag-needed-cookie-with-ip-options",
-                // l2: garbled segments from a VIP address, dropped under the core's first
-                // reason (reply_sender.h garbled_reply_l2).
-                "server-data-bad-tcp-data-offset",
-                "server-truncated-tcp",
-                "forged-server-garbled-tcp",
-                "server-fragment",
+                // l2: a removed server's garbled segments from a VIP address, dropped under
+                // the core's first reason (reply_sender.h garbled_reply_l2).
                 "server-removed-garbled-tcp",
                 "server-removed-fragment",
             ],
@@ -252,6 +236,26 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
 
 /// What every mode handles in the kernel alike, wherever a suite has it.
 const EVERY_MODE_HANDLED_IN_KERNEL: &[&str] = &[
+    // A fragment to a VIP address, what no VIP takes at one, and an l2 segment from a VIP
+    // address of a MAC no server has: dropped under the core's reason.
+    "unsupported-fragment",
+    "unsupported-udp",
+    "unsupported-protocol",
+    "vip-port-unknown",
+    "vip-port-unknown-no-options",
+    "unknown-server-source",
+    // Garbled IP and TCP headers.
+    "bad-ip-version",
+    "bad-ipv4-header-length",
+    "bad-ipv4-total-length",
+    "truncated-tcp",
+    "bad-tcp-data-offset",
+    // l2: garbled segments from a VIP address, dropped under the core's first reason
+    // (reply_sender.h garbled_reply_l2).
+    "server-data-bad-tcp-data-offset",
+    "server-truncated-tcp",
+    "forged-server-garbled-tcp",
+    "server-fragment",
     // ICMP at a VIP address that the core's ICMP path refuses before any cookie:
     // a ping, a short message or quote, a quote of no VIP's TCP segment, and a
     // garbled IP header.
@@ -285,19 +289,6 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "icmp-frag-needed-whole-quote",
     // A TCP header too short for the straight line: the general path's pick.
     "options-not-parsed",
-    // A fragment to a VIP address, what no VIP takes at one, and an l2 segment from a VIP
-    // address of a MAC no server has: dropped in every mode.
-    "unsupported-fragment",
-    "unsupported-udp",
-    "unsupported-protocol",
-    "vip-port-unknown",
-    "vip-port-unknown-no-options",
-    "unknown-server-source",
-    "bad-ip-version",
-    "bad-ipv4-header-length",
-    "bad-ipv4-total-length",
-    "truncated-tcp",
-    "bad-tcp-data-offset",
     // A trunk port's frames: decided untagged (vlan.h), tags put back.
     "vlan-tagged-syn",
     "vlan-tagged-established-ack",
@@ -307,11 +298,6 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "established-ack-with-ip-options",
     "server-fin-with-ip-options",
     "icmp-frag-needed-with-ip-options",
-    // Garbled segments from a VIP address (reply_sender.h garbled_reply_l2).
-    "server-data-bad-tcp-data-offset",
-    "server-truncated-tcp",
-    "forged-server-garbled-tcp",
-    "server-fragment",
 ];
 
 // --- One suite ----------------------------------------------------------------------------
