@@ -8,12 +8,12 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use cheetah_core::testkit::{options, refill_ipv4_checksum, TcpFrame};
+use cheetah_core::testkit::{options, qinq_tagged, refill_ipv4_checksum, vlan_tagged, TcpFrame};
 use cheetah_core::types::Mac;
 use cheetah_core::verdict::DropReason;
 use cheetah_core::wire::tcp::{self, flags};
 use cheetah_core::wire::tcp_options::kind;
-use cheetah_core::wire::{checksum, ip_proto};
+use cheetah_core::wire::{checksum, icmp, ip_proto, Icmpv4Packet};
 use rand_core::{RngCore, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -142,7 +142,8 @@ pub enum Outcome {
 
 macro_rules! malformed_kinds {
     ($($variant:ident => $name:literal, $outcome:expr, $what:literal;)*) => {
-        /// A kind of malformed frame addressed to a VIP.
+        /// A kind of frame addressed to a VIP that the LB must drop: malformed, or of a
+        /// protocol or ICMP message it serves nothing for.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum Malformed {
             $(#[doc = $what] $variant,)*
@@ -206,6 +207,22 @@ malformed_kinds! {
         "The first fragment (more-fragments set, offset 0) of a TCP segment to the VIP.";
     Ipv4LaterFragment => "ipv4_later_fragment", LbDrop(R::UnsupportedFragment),
         "A later fragment (offset 1480 bytes, the last one) of a TCP segment to the VIP.";
+    IcmpEchoRequest => "icmp_echo_request", LbDrop(R::UnsupportedIcmpType),
+        "A ping of the VIP address: ICMP echo request with 56 bytes of data.";
+    IcmpTruncated => "icmp_truncated", LbDrop(R::TruncatedIcmp),
+        "An ICMP message of 4 bytes, shorter than its header.";
+    IcmpQuotingUdp => "icmp_quoting_udp", LbDrop(R::UnsupportedIcmpType),
+        "Fragmentation needed quoting a UDP datagram from the VIP address.";
+    IcmpQuotingAnotherSource => "icmp_quoting_another_source", LbDrop(R::UnsupportedIcmpType),
+        "Fragmentation needed quoting a TCP segment from an address next to the VIP's.";
+    IcmpQuotingUnknownPort => "icmp_quoting_unknown_port", LbDrop(R::VipPortUnknown),
+        "Fragmentation needed quoting a TCP segment from port 8443 of the VIP address, where the testbed has no VIP.";
+    UdpToVip => "udp_to_vip", LbDrop(R::UnsupportedUdp),
+        "A UDP datagram to the VIP address, port 53.";
+    VlanTaggedFragment => "vlan_tagged_fragment", LbDrop(R::UnsupportedFragment),
+        "The first fragment of a TCP segment to the VIP, in an 802.1Q frame (VLAN 42).";
+    QinqTaggedEchoRequest => "qinq_tagged_echo_request", LbDrop(R::UnsupportedIcmpType),
+        "A ping of the VIP address in a QinQ frame (802.1ad S-VLAN 7, then 802.1Q VLAN 42).";
 }
 
 impl Malformed {
@@ -254,9 +271,101 @@ impl Malformed {
             }
             Malformed::Ipv4FirstFragment => set_fragment(&mut frame, true, 0),
             Malformed::Ipv4LaterFragment => set_fragment(&mut frame, false, 1480),
+            Malformed::IcmpEchoRequest => frame = echo_request(to, n),
+            Malformed::IcmpTruncated => {
+                frame = ip_datagram(
+                    to,
+                    ip_proto::ICMP,
+                    &[icmp::message::DESTINATION_UNREACHABLE, 4, 0, 0],
+                )
+            }
+            Malformed::IcmpQuotingUdp => {
+                let mut quote = quoted_reply(to, port, to.target.port());
+                quote[9] = ip_proto::UDP;
+                frame = frag_needed(to, &quote);
+            }
+            Malformed::IcmpQuotingAnotherSource => {
+                let mut quote = quoted_reply(to, port, to.target.port());
+                quote[15] ^= 0x01;
+                frame = frag_needed(to, &quote);
+            }
+            Malformed::IcmpQuotingUnknownPort => {
+                frame = frag_needed(to, &quoted_reply(to, port, 8443))
+            }
+            Malformed::UdpToVip => {
+                const LEN: u16 = 8 + 32;
+                let mut datagram = [0u8; LEN as usize];
+                datagram[0..2].copy_from_slice(&port.to_be_bytes());
+                datagram[2..4].copy_from_slice(&53u16.to_be_bytes());
+                datagram[4..6].copy_from_slice(&LEN.to_be_bytes());
+                // Checksum 0: none, which IPv4 allows for UDP.
+                frame = ip_datagram(to, ip_proto::UDP, &datagram)
+            }
+            Malformed::VlanTaggedFragment => {
+                set_fragment(&mut frame, true, 0);
+                frame = vlan_tagged(&frame);
+            }
+            Malformed::QinqTaggedEchoRequest => frame = qinq_tagged(&echo_request(to, n)),
         }
         frame
     }
+}
+
+/// An IPv4 frame from the sender to the target's address carrying `payload` as `protocol`,
+/// its header checksum filled.
+fn ip_datagram(to: &Addressing, protocol: u8, payload: &[u8]) -> Vec<u8> {
+    let mut frame = to.ack(0, 0, 0, Vec::new()).build();
+    frame.truncate(L4);
+    frame.extend_from_slice(payload);
+    frame[ETH + 9] = protocol;
+    set_total_len(&mut frame, IP + payload.len());
+    frame
+}
+
+/// An ICMP message (checksum filled) from the sender to the target's address.
+fn icmp_message(to: &Addressing, message: Vec<u8>) -> Vec<u8> {
+    let mut message = message;
+    Icmpv4Packet::new_checked(&mut message[..])
+        .expect("an ICMP message holds its header")
+        .fill_checksum();
+    ip_datagram(to, ip_proto::ICMP, &message)
+}
+
+/// The `n`th ping of the target's address, as `ping` sends it: 56 bytes of data.
+fn echo_request(to: &Addressing, n: u32) -> Vec<u8> {
+    let mut message = vec![icmp::message::ECHO_REQUEST, 0, 0, 0, 0x0c, 0x4e];
+    message.extend_from_slice(&(n as u16).to_be_bytes());
+    message.extend((0..56).map(|i| i as u8));
+    icmp_message(to, message)
+}
+
+/// The IPv4 header and first 8 TCP bytes of a segment from the target's address (port
+/// `from_port`) to the sender's `client_port`: what an ICMP error about a reply quotes.
+fn quoted_reply(to: &Addressing, client_port: u16, from_port: u16) -> Vec<u8> {
+    let reply = TcpFrame {
+        src_mac: to.dst_mac,
+        dst_mac: to.src_mac,
+        src_ip: u32::from(*to.target.ip()),
+        dst_ip: u32::from(to.src_ip),
+        src_port: from_port,
+        dst_port: client_port,
+        seq: 1,
+        ack: 1,
+        flags: flags::ACK,
+        options: options::nop_nop_ts(1, 1),
+        payload: Vec::new(),
+    }
+    .build();
+    reply[ETH..L4 + 8].to_vec()
+}
+
+/// "Fragmentation needed" (next-hop MTU 1400) quoting `quote`, as a router on the way to the
+/// client would send it to the VIP.
+fn frag_needed(to: &Addressing, quote: &[u8]) -> Vec<u8> {
+    let mut message = vec![icmp::message::DESTINATION_UNREACHABLE, 4, 0, 0, 0, 0];
+    message.extend_from_slice(&1400u16.to_be_bytes());
+    message.extend_from_slice(quote);
+    icmp_message(to, message)
 }
 
 /// 12 option bytes: `start`, then END padding (the walk stops before it reaches them).
@@ -366,6 +475,8 @@ mod tests {
             Malformed::TruncatedTcpHeader,
             Malformed::Ipv4FirstFragment,
             Malformed::Ipv4LaterFragment,
+            Malformed::IcmpTruncated,
+            Malformed::UdpToVip,
         ] {
             let frame = kind.frame(&addressing(), 0);
             let ihl = usize::from(frame[ETH] & 0x0f) * 4;
@@ -386,6 +497,23 @@ mod tests {
                 "{}",
                 kind.name()
             );
+        }
+    }
+
+    /// Only the ICMP type or the quote is wrong: both checksums verify.
+    #[test]
+    fn icmp_kinds_are_well_formed_messages() {
+        for kind in [
+            Malformed::IcmpEchoRequest,
+            Malformed::IcmpQuotingUdp,
+            Malformed::IcmpQuotingAnotherSource,
+            Malformed::IcmpQuotingUnknownPort,
+        ] {
+            let frame = kind.frame(&addressing(), 3);
+            let ip = cheetah_core::wire::Ipv4Packet::new_checked(&frame[ETH..]).unwrap();
+            assert!(ip.header_checksum_is_valid(), "{}", kind.name());
+            assert_eq!(ip.total_len(), frame.len() - ETH, "{}", kind.name());
+            assert!(icmp::checksum_is_valid(&frame[L4..]), "{}", kind.name());
         }
     }
 
