@@ -40,7 +40,13 @@ fn every_xdp_bench_row_times_its_own_path() {
         return;
     }
     let table = bench(&["--xdp", "--xdp-runs", "300", "--markdown"]);
-    for row in ["established client->server", "server->client", "plain hash"] {
+    for row in [
+        "established client->server",
+        "server->client",
+        "plain hash",
+        "forged cookie, dropped",
+        "ping of the VIP, dropped",
+    ] {
         assert!(table.contains(row), "no row {row:?} in:\n{table}");
     }
     let curves = bench(&[

@@ -21,6 +21,7 @@
 //! LB program took the fast path on every run (its `STAT_FAST_*` counter moved by the
 //! number of runs); otherwise it is reported void.
 
+use std::net::SocketAddrV4;
 use std::process::Command;
 use std::sync::Arc;
 
@@ -33,14 +34,15 @@ use cheetah_core::policy::{LoadMetric, PolicyKind, ReportedLoad, WorkerLoads};
 use cheetah_core::tables::ControlPlane;
 use cheetah_core::testkit::{self, options, TcpFrame};
 use cheetah_core::types::{Mac, ServerId};
-use cheetah_core::verdict::Verdict;
+use cheetah_core::verdict::{DropReason, Verdict};
 use cheetah_core::wire::tcp::flags;
 use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::awrr_schedules::AwrrSchedules;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::{size_at_load, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::{
-    Encode, NextHopKey, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
+    Encode, NextHopKey, STAT_DROP_COOKIE_UNKNOWN_SERVER, STAT_DROP_UNSUPPORTED_ICMP_TYPE,
+    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
     STAT_FAST_CLIENT_SYN, STAT_FAST_FALLBACK_MISS, STAT_FAST_FALLBACK_SYN, STAT_FAST_ICMP_COOKIE,
     STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE, STAT_FAST_SERVER_COOKIE_ADVANCED,
     STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_CACHE_MISS,
@@ -52,11 +54,13 @@ use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, ProgramInput};
 
 use super::lab::SECRET;
 use super::{affinity, xdp_flows, xdp_katran, xdp_stages};
+use crate::crafted::{Addressing, Malformed};
 
 static BENCH_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_bench.o"));
 
 /// `BENCH_FRAME_MAX` of bpf/xdp_bench.c.
 const BENCH_FRAME_MAX: usize = 256;
+const XDP_DROP: u32 = 1;
 pub(super) const XDP_TX: u32 = 3;
 /// The core's `now` when the bench's frames are made (and the kernel's, by its clock base).
 const FRAMES_AT: u64 = 10 * cheetah_core::types::NANOS_PER_SEC;
@@ -357,6 +361,11 @@ pub(super) enum Path {
     /// fallback entry and handshake-table slot are emptied before each run, out of the
     /// timed part).
     FallbackSyn,
+    /// A client ACK whose cookie names no server, as every packet but 1 in 4096/S of a
+    /// forged-cookie flood does: dropped in the kernel as `cookie_unknown_server`.
+    ForgedCookieDrop,
+    /// A ping of the VIP address: dropped in the kernel as `unsupported_icmp_type`.
+    PingDrop,
 }
 
 /// Per-run durations of one row, in the kernel's ns.
@@ -487,6 +496,8 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 Path::FallbackHit,
                 Path::FallbackMiss,
                 Path::FallbackSyn,
+                Path::ForgedCookieDrop,
+                Path::PingDrop,
             ],
             (Mode::Cheetah, Forwarding::Nat) => &[
                 Path::ClientToServer,
@@ -826,13 +837,16 @@ impl Bench {
             return Ok((error, STAT_FAST_ICMP_COOKIE));
         }
         let (tsval, _) = testkit::timestamps(&seen_by_client).context("no timestamps")?;
-        let ack = TcpFrame::from_client(
-            client,
-            client_port,
-            flags::ACK,
-            options::nop_nop_ts(CLIENT_TS + 1, tsval),
-        )
-        .build();
+        let ack_echoing = |tsecr| {
+            TcpFrame::from_client(
+                client,
+                client_port,
+                flags::ACK,
+                options::nop_nop_ts(CLIENT_TS + 1, tsecr),
+            )
+            .build()
+        };
+        let ack = ack_echoing(tsval);
         let mut routed = ack.clone();
         let verdict = worker.process(&mut routed, now, Ingress::ServerSide);
         ensure!(
@@ -840,7 +854,25 @@ impl Bench {
             "the core routes the bench's client ACK to {verdict:?}, not to server {}",
             server.0
         );
-        Ok((ack, STAT_FAST_CLIENT_COOKIE))
+        match direction {
+            Path::ForgedCookieDrop => forged_cookie(&mut worker, &ack_echoing, tsval),
+            Path::PingDrop => {
+                let to = Addressing {
+                    src_mac: ack[6..12].try_into()?,
+                    dst_mac: ack[..6].try_into()?,
+                    src_ip: client.into(),
+                    target: SocketAddrV4::new(testkit::VIP.into(), testkit::VIP_PORT),
+                };
+                let ping = Malformed::IcmpEchoRequest.frame(&to, 1);
+                let verdict = worker.process(&mut ping.clone(), now, Ingress::ServerSide);
+                ensure!(
+                    verdict == Verdict::Drop(DropReason::UnsupportedIcmpType),
+                    "the core's verdict on the bench's ping is {verdict:?}"
+                );
+                Ok((ping, STAT_DROP_UNSUPPORTED_ICMP_TYPE))
+            }
+            _ => Ok((ack, STAT_FAST_CLIENT_COOKIE)),
+        }
     }
 
     /// The bench's client SYN (Linux's layout; `without_timestamps`: Windows'), checked to
@@ -913,7 +945,9 @@ impl Bench {
             | Path::Icmp
             | Path::FallbackHit
             | Path::FallbackMiss
-            | Path::ClockAdvanced => path,
+            | Path::ClockAdvanced
+            | Path::ForgedCookieDrop
+            | Path::PingDrop => path,
             _ => Path::ServerToClient,
         };
         let (frame, cookie_stat, syn_hash) = if path == Path::Syn {
@@ -980,6 +1014,7 @@ impl Bench {
             Path::NextHopCache => ("bench_next_hop_cache", XDP_TX),
             Path::NextHopHash => ("bench_next_hop_hash", XDP_TX),
             Path::FallbackHit | Path::FallbackMiss => ("bench_lb", XDP_TX),
+            Path::ForgedCookieDrop | Path::PingDrop => ("bench_lb", XDP_DROP),
         };
         let emptied = match path {
             Path::NextHopMiss => {
@@ -1061,6 +1096,10 @@ impl Bench {
             Path::FallbackHit => "fallback hit (client without timestamps, l2)".to_string(),
             Path::FallbackMiss => "fallback miss, by Maglev (no timestamps, l2)".to_string(),
             Path::FallbackSyn => "SYN without timestamps, Maglev + insert (l2)".to_string(),
+            Path::ForgedCookieDrop => {
+                "forged cookie, dropped: cookie_unknown_server (l2)".to_string()
+            }
+            Path::PingDrop => "ping of the VIP, dropped: unsupported_icmp_type (l2)".to_string(),
             _ => format!(
                 "{} {} ({}){}",
                 match path {
@@ -1111,7 +1150,9 @@ impl Bench {
             | Path::FallbackHit
             | Path::FallbackMiss
             | Path::ClockAdvanced
-            | Path::FallbackSyn => (all_runs, 0),
+            | Path::FallbackSyn
+            | Path::ForgedCookieDrop
+            | Path::PingDrop => (all_runs, 0),
         };
         let result = if let Some(action) = wrong_action {
             Err(format!(
@@ -1224,6 +1265,23 @@ impl Bench {
             &before_run,
         )
     }
+}
+
+/// The ACK echoing `tsecr` with its cookie (TSecr's 16 MSB) changed until it names no
+/// server: the first of 2^16 - 1 changes the core drops as `cookie_unknown_server`.
+fn forged_cookie(
+    worker: &mut Worker,
+    ack_echoing: &dyn Fn(u32) -> Vec<u8>,
+    tsecr: u32,
+) -> anyhow::Result<(Vec<u8>, u32)> {
+    for flip in 1..=u32::from(u16::MAX) {
+        let forged = ack_echoing(tsecr ^ flip << 16);
+        let verdict = worker.process(&mut forged.clone(), FRAMES_AT, Ingress::ServerSide);
+        if verdict == Verdict::Drop(DropReason::CookieUnknownServer) {
+            return Ok((forged, STAT_DROP_COOKIE_UNKNOWN_SERVER));
+        }
+    }
+    bail!("every cookie names a server: the bench has no unallocated id")
 }
 
 /// The client (address, port) of the bench's frames.
