@@ -9,6 +9,7 @@
 //! host's clock as before.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use crate::support::*;
 
@@ -21,6 +22,9 @@ live_tests! {
     }
     fn shared_clocks_are_the_hosts_clock() {
         shared_clocks();
+    }
+    fn a_server_with_a_clock_per_client_is_named_and_costs_the_workers_little() {
+        a_clock_per_client();
     }
 }
 
@@ -202,5 +206,118 @@ fn shared_clocks() {
                 "{s}: TSval {tsval} is not the host's clock ({before}..{after})"
             );
         }
+    }
+}
+
+/// How long the misconfigured server's load runs.
+const MISCONFIGURED_FOR: Duration = Duration::from_secs(8);
+
+/// A server left at Linux's default `tcp_timestamps=1` sends every peer its own TSval
+/// offset: to the LB's health probes one clock, to each client host another. No LB can
+/// correct that (docs/design.md, "Unstable clocks"); what an operator must get is the
+/// server named, the anomaly counted, and no flood of work: the XDP program forwards
+/// such replies itself as the core does (nothing learnt) and hands up at most one a
+/// second per CPU as a sample for the workers' warning.
+///
+/// s2 runs `tcp_timestamps=1`, s1 the testbed's `2`; two clients (two host pairs) load
+/// the VIP. Checked: the kernel counted the anomalies (`server_ts_clock_unstable` or
+/// `server_ts_ahead_of_real_time`, worker `xdp`) and handed up under `clock` no more than
+/// one a second per CPU; the LB's log warns about server 2 and never server 1; s2's own TCP
+/// refuses echoes of the wrong clock (`TSEcrRejected`), s1's none.
+fn a_clock_per_client() {
+    let testbed = Testbed::up("ckm", &["--servers", "2", "--clients", "2"]);
+    let misconfigured = testbed.ns("s2");
+    in_netns_ok(
+        &misconfigured,
+        "sysctl",
+        &["-q", "-w", "net.ipv4.tcp_timestamps=1"],
+    );
+    let rejected = |s: &str| netstat_counter(&testbed.ns(s), "TcpExt", "TSEcrRejected");
+    let rejected_before = (rejected("s1"), rejected("s2"));
+    let lb = Lb::start(&testbed, &testbed.config_path());
+    let window = Instant::now();
+    let before = lb.metrics();
+    let loads: Vec<Loadgen> = ["c0", "c1"]
+        .iter()
+        .map(|c| {
+            Loadgen::start_until_finished(
+                &testbed,
+                c,
+                &format!("per-pair-{c}"),
+                &[
+                    "--keepalive",
+                    "4",
+                    "--short-rate",
+                    "20/s",
+                    "--request-timeout",
+                    "2s",
+                ],
+            )
+        })
+        .collect();
+    std::thread::sleep(MISCONFIGURED_FOR);
+    let reports: Vec<_> = loads.into_iter().map(Loadgen::finish).collect();
+    // The kernel's counts reach /metrics within a second.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let after = lb.metrics();
+    let window = window.elapsed();
+
+    let kernel = |metrics: &str| {
+        kernel_event(metrics, "server_ts_clock_unstable")
+            + kernel_event(metrics, "server_ts_ahead_of_real_time")
+    };
+    let anomalies_in_kernel = kernel(&after) - kernel(&before);
+    let up_clock = |metrics: &str| {
+        metric_sum(
+            metrics,
+            "cheetah_xdp_to_userspace_total",
+            &["reason=\"clock\""],
+        )
+    };
+    let handed_up = up_clock(&after) - up_clock(&before);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    // One sample a second per CPU between the two scrapes, plus what the first scrape
+    // missed: /metrics reads the kernel's counters once a second.
+    let allowed = cpus * (window.as_secs_f64().ceil() + 2.0);
+    let log = std::fs::read_to_string(lb.log.with_extension("1.log")).unwrap_or_default();
+    let warned = |id: u16| {
+        log.lines()
+            .filter(|l| l.contains("WARN") && l.contains(&format!("server {id}")))
+            .filter(|l| l.contains("TCP timestamp"))
+            .count()
+    };
+    let rejected_after = (rejected("s1"), rejected("s2"));
+    eprintln!(
+        "tcp_timestamps=1 on s2, {window:?} between the scrapes: anomalies forwarded by the kernel {anomalies_in_kernel}, handed up as clock samples {handed_up} (allowed {allowed}); warnings about server 2: {}, server 1: {}; TSEcrRejected s1 {:?} -> {:?}, s2 {:?} -> {:?}; broken: {:?}",
+        warned(2),
+        warned(1),
+        rejected_before.0,
+        rejected_after.0,
+        rejected_before.1,
+        rejected_after.1,
+        reports
+            .iter()
+            .map(|r| r["connections_broken"].as_u64())
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        anomalies_in_kernel >= 20.0,
+        "the XDP program forwarded only {anomalies_in_kernel} replies of a server with a clock per peer"
+    );
+    assert!(
+        handed_up <= allowed,
+        "{handed_up} clock samples handed up in {window:?}, more than one a second per CPU ({allowed})"
+    );
+    assert!(warned(2) >= 1, "no warning names server 2:\n{log}");
+    assert_eq!(warned(1), 0, "a warning names server 1:\n{log}");
+    if let ((Some(s1_before), Some(s1_after)), (Some(s2_before), Some(s2_after))) = (
+        (rejected_before.0, rejected_after.0),
+        (rejected_before.1, rejected_after.1),
+    ) {
+        assert_eq!(s1_after, s1_before, "s1 rejected echoes of its own clock");
+        assert!(
+            s2_after > s2_before,
+            "s2 rejected no echo: was its clock ever wrong?"
+        );
     }
 }
