@@ -45,8 +45,8 @@ use cheetah_daemon::dataplane::xdp_layout::{
     STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
     STAT_FAST_CLIENT_SYN, STAT_FAST_FALLBACK_MISS, STAT_FAST_FALLBACK_SYN, STAT_FAST_ICMP_COOKIE,
     STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE, STAT_FAST_SERVER_COOKIE_ADVANCED,
-    STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_CACHE_MISS,
-    STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING,
+    STAT_FAST_SERVER_COOKIE_UNSTABLE, STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN,
+    STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING, STAT_UP_CLOCK,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -366,12 +366,20 @@ pub(super) enum Path {
     ForgedCookieDrop,
     /// A ping of the VIP address: dropped in the kernel as `unsupported_icmp_type`.
     PingDrop,
+    /// A server segment whose MSB is two behind the server's (a clock the LB cannot
+    /// correct: `tcp_timestamps=1`, or a spoofed reply): forwarded with nothing learnt,
+    /// counted `server_ts_clock_unstable`. The first such reply a CPU sees in a second goes
+    /// up as a sample (fast_path.h `clock_sample_due`); those runs are counted, not timed.
+    ClockUnstable,
 }
 
 /// Per-run durations of one row, in the kernel's ns.
 pub(super) struct Timings {
     lb: Vec<u32>,
     trivial: Vec<u32>,
+    /// Runs, warm-up ones included, whose action was not the expected one (the timed
+    /// ones are left out of `lb` and `trivial`).
+    off_path: u64,
 }
 
 impl Timings {
@@ -406,6 +414,7 @@ pub(super) fn time_against(
     let mut timings = Timings {
         lb: Vec::with_capacity(runs as usize),
         trivial: Vec::with_capacity(runs as usize),
+        off_path: 0,
     };
     let mut wrong_action = None;
     for n in 0..WARM_UP_RUNS + runs {
@@ -414,8 +423,8 @@ pub(super) fn time_against(
         let (_, baseline_ns) = test_run(baseline, frame, ingress)?;
         if action != expected {
             wrong_action.get_or_insert(action);
-        }
-        if n >= WARM_UP_RUNS {
+            timings.off_path += 1;
+        } else if n >= WARM_UP_RUNS {
             timings.lb.push(subject_ns);
             timings.trivial.push(baseline_ns);
         }
@@ -498,6 +507,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 Path::FallbackSyn,
                 Path::ForgedCookieDrop,
                 Path::PingDrop,
+                Path::ClockUnstable,
             ],
             (Mode::Cheetah, Forwarding::Nat) => &[
                 Path::ClientToServer,
@@ -800,6 +810,21 @@ impl Bench {
             );
             return Ok((advance, STAT_FAST_SERVER_COOKIE_ADVANCED));
         }
+        if direction == Path::ClockUnstable {
+            let behind = TcpFrame {
+                options: options::nop_nop_ts(u32::from(SERVER_MSB - 2) << 16 | 0x5678, CLIENT_TS),
+                ..reply_base
+            }
+            .with_payload(&[0x42; 100])
+            .build();
+            let verdict = worker.process(&mut behind.clone(), now, Ingress::ServerSide);
+            let estimate = self.plane.shared().msb.get(server);
+            ensure!(
+                verdict == Verdict::ToClient && estimate == Some(SERVER_MSB),
+                "the core's verdict on the bench's segment from a clock behind is {verdict:?}, its estimate {estimate:?}"
+            );
+            return Ok((behind, STAT_FAST_SERVER_COOKIE_UNSTABLE));
+        }
         if direction == Path::ServerFin {
             let fin = TcpFrame {
                 flags: flags::FIN | flags::ACK,
@@ -947,7 +972,8 @@ impl Bench {
             | Path::FallbackMiss
             | Path::ClockAdvanced
             | Path::ForgedCookieDrop
-            | Path::PingDrop => path,
+            | Path::PingDrop
+            | Path::ClockUnstable => path,
             _ => Path::ServerToClient,
         };
         let (frame, cookie_stat, syn_hash) = if path == Path::Syn {
@@ -990,6 +1016,7 @@ impl Bench {
             | Path::OptionedServerToClient
             | Path::ServerFin
             | Path::ClockAdvanced
+            | Path::ClockUnstable
                 if ports.clients.ifindex == ingress =>
             {
                 ("bench_lb", XDP_TX)
@@ -998,7 +1025,8 @@ impl Bench {
             | Path::TaggedServerToClient
             | Path::OptionedServerToClient
             | Path::ServerFin
-            | Path::ClockAdvanced => ("bench_lb", XDP_REDIRECT),
+            | Path::ClockAdvanced
+            | Path::ClockUnstable => ("bench_lb", XDP_REDIRECT),
             Path::Icmp if ports.servers.ifindex == ingress => ("bench_lb", XDP_TX),
             Path::Icmp => ("bench_lb", XDP_REDIRECT),
             Path::NextHopMiss | Path::NextHopCacheMiss | Path::ReplyBySteering
@@ -1041,6 +1069,7 @@ impl Bench {
             fast_stats.iter().map(|&s| stat(program.object(), s)).sum()
         };
         let before = fast_count(&self.program)?;
+        let up_clock_before = stat(self.program.object(), STAT_UP_CLOCK)?;
         let misses_before = stat(self.program.object(), STAT_NEXT_HOP_MISS)?;
         let cache_misses_before = stat(self.program.object(), STAT_NEXT_HOP_CACHE_MISS)?;
         let by_steering_before = stat(self.program.object(), STAT_REPLY_BY_STEERING)?;
@@ -1070,6 +1099,7 @@ impl Bench {
                 }
             }
         };
+        let started = std::time::Instant::now();
         let timed = self.time(subject, &frame, ingress, runs, expected_action, &before_run);
         if path == Path::ClockAdvanced {
             self.import_clocks(u32::from(SERVER_MSB) << 16, 0);
@@ -1083,6 +1113,7 @@ impl Bench {
         }
         let (timings, wrong_action) = timed?;
         let moved = fast_count(&self.program)? - before;
+        let up_clock = stat(self.program.object(), STAT_UP_CLOCK)? - up_clock_before;
         let misses = stat(self.program.object(), STAT_NEXT_HOP_MISS)? - misses_before;
         let cache_misses =
             stat(self.program.object(), STAT_NEXT_HOP_CACHE_MISS)? - cache_misses_before;
@@ -1109,6 +1140,7 @@ impl Bench {
                     | Path::OptionedClientToServer => "established client->server",
                     Path::ServerFin => "server FIN",
                     Path::ClockAdvanced => "server->client, clock advanced,",
+                    Path::ClockUnstable => "server->client, clock unstable (not learnt),",
                     Path::Icmp => "ICMP error by cookie",
                     _ => "server->client",
                 },
@@ -1153,10 +1185,20 @@ impl Bench {
             | Path::FallbackSyn
             | Path::ForgedCookieDrop
             | Path::PingDrop => (all_runs, 0),
+            // The samples handed up are checked below.
+            Path::ClockUnstable => (all_runs - timings.off_path, 0),
         };
-        let result = if let Some(action) = wrong_action {
+        // The samples: each run that went up, counted under `clock`, and no more than one
+        // a second on this (pinned) CPU, plus one at the start.
+        let samples_allowed = started.elapsed().as_secs() + 2;
+        let sampled = path == Path::ClockUnstable
+            && wrong_action == Some(XDP_DROP)
+            && up_clock == timings.off_path
+            && timings.off_path <= samples_allowed;
+        let result = if let (Some(action), false) = (wrong_action, sampled) {
             Err(format!(
-                "void: {subject} returned {action}, not {expected_action}"
+                "void: {subject} returned {action}, not {expected_action}, in {} runs ({up_clock} handed up as clock samples)",
+                timings.off_path
             ))
         } else if moved != expected_moves {
             Err(format!(
