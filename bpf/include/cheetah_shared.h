@@ -275,6 +275,10 @@ enum xdp_stat {
 	// server's ICMP error to its client, say), forwarded to the client as it came
 	// (reply_sender.h not_tcp_from_vip_l2): the core's `to_client` only.
 	STAT_FAST_SERVER_NOT_TCP,
+	// Cheetah mode: an ICMP error whose quote carries no cookie (a client without
+	// timestamps), routed to the server the fallback table remembers for the quoted
+	// connection (icmp_path.h): the core's `icmp_routed_by_fallback` and `to_server`.
+	STAT_FAST_ICMP_FALLBACK,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

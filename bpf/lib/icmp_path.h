@@ -22,11 +22,14 @@
 // removed server is dropped, as the core drops it; so is, before any cookie, what the
 // core's `Embedded::parse` refuses (a message shorter than its header, a ping or any other
 // type but an error, a quote shorter than an IPv4 header and 8 bytes, or of no TCP segment
-// from that VIP address) and a quote from a port no VIP is on (LB_EVERY_VIP). The rest
-// goes up, unchanged: a quote without a cookie (8 bytes of TCP only, options without a
-// timestamp, or malformed ones) as STAT_UP_ICMP, since userspace may have to route it by
-// the fallback table or copy it to every server of the VIP; a quote with IP options as
-// STAT_UP_LAYOUT; the others by the usual reasons.
+// from that VIP address) and a quote from a port no VIP is on (LB_EVERY_VIP). In cheetah
+// mode a quote without a cookie (8 bytes of TCP only, options without a timestamp, or
+// malformed ones: a client without timestamps) goes to the forwarding server the fallback
+// table remembers for the quoted connection, looked at without marking it used, as the
+// core's `peek`. The rest goes up, unchanged: such a quote of a connection the table does
+// not know (or of a server that no longer forwards) as STAT_UP_ICMP, for userspace to copy
+// it to every server of the VIP (rate-limited); a quote with IP options as STAT_UP_LAYOUT;
+// the others by the usual reasons.
 
 #ifndef CHEETAH_LIB_ICMP_PATH_H
 #define CHEETAH_LIB_ICMP_PATH_H
@@ -42,6 +45,7 @@
 #include "cheetah_shared.h"
 #include "cookie.h"
 #include "csum.h"
+#include "fallback_table.h"
 #include "fast_path.h"
 #include "maglev.h"
 #include "maps.h"
@@ -188,10 +192,11 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	struct nop_nop_ts *quoted_ts = (void *)(quoted_tcp + 1);
 	struct cookie_layout layout = layout_of(config);
 	struct server_info *server, target;
+	struct fallback_hit hit = {};
 	struct vip_info *vip;
 	__be16 vip_port, backend_port;
-	int nat, at, restore;
-	__u8 *option, *tsval;
+	int nat, at = 0, restore;
+	__u8 *option = NULL, *tsval;
 	__be32 tsval_be;
 	__u32 total_len, quote_len, id, old_tsval, new_tsval, drop;
 	__u16 restored = 0;
@@ -263,20 +268,40 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	// starting NOP NOP TS or, else, the first timestamp option the core's walk finds in
 	// them. The walk's answer without one, or malformed options, is the core's `None`
 	// (no cookie: it routes by the fallback table or copies), not a drop.
-	if ((void *)(quoted_ts + 1) > data_end || quote_len < ICMP_QUOTE_WITH_TS ||
-	    quoted_tcp->doff * 4 < TCP_WITH_TS_LEN ||
-	    sizeof(struct iphdr) + quoted_tcp->doff * 4 > quote_len)
-		return hand_up(STAT_UP_ICMP);
-	at = *(__be32 *)quoted_ts == bpf_htonl(NOP_NOP_TS) ? 2 :
-								  tcp_timestamp_walk(ctx, quoted_tcp);
-	// Hidden from the verifier, so that what follows is verified once for both finds.
-	asm volatile("" : "+r"(at));
-	option = tcp_timestamp_option_at(ctx, (__u8 *)quoted_ts, at);
-	if (!option)
-		return hand_up(STAT_UP_ICMP);
-	tsval = option + TCP_TIMESTAMP_TSVAL;
+	if ((void *)(quoted_ts + 1) <= data_end && quote_len >= ICMP_QUOTE_WITH_TS &&
+	    quoted_tcp->doff * 4 >= TCP_WITH_TS_LEN &&
+	    sizeof(struct iphdr) + quoted_tcp->doff * 4 <= quote_len) {
+		at = *(__be32 *)quoted_ts == bpf_htonl(NOP_NOP_TS) ?
+			     2 :
+			     tcp_timestamp_walk(ctx, quoted_tcp);
+		// Hidden from the verifier, so that what follows is verified once for both
+		// finds.
+		asm volatile("" : "+r"(at));
+		option = tcp_timestamp_option_at(ctx, (__u8 *)quoted_ts, at);
+	}
 	// The connection's hash: its client is the quoted destination.
 	hash = siphash_finish(vip->hash_prefix, quoted_ip->daddr, quoted_tcp->dest);
+	if (!option) {
+		// No cookie: the server the fallback table remembers, if it still forwards;
+		// else userspace copies the error to every server of the VIP.
+		if (!fallback_find(config, hash, &hit))
+			return hand_up(STAT_UP_ICMP);
+		id = fallback_server(hit.word);
+		server = server_at(config->copy, id);
+		if (!server || !(server->flags & SERVER_FORWARDS))
+			return hand_up(STAT_UP_ICMP);
+		if (!(server->flags & SERVER_EGRESS))
+			return hand_up(STAT_UP_NEXT_HOP);
+		target = *server;
+		vip_port = vip->port;
+		backend_port = vip->backend_port;
+		if (!publish_unchanged(seq))
+			return hand_up(STAT_UP_PUBLISHING);
+		return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp, quote_len,
+				      &target, nat, vip_port, backend_port,
+				      STAT_FAST_ICMP_FALLBACK);
+	}
+	tsval = option + TCP_TIMESTAMP_TSVAL;
 	__builtin_memcpy(&tsval_be, tsval, sizeof(tsval_be));
 	old_tsval = bpf_ntohl(tsval_be);
 	// A cookie naming an id no server has or a removed server is dropped, as the core

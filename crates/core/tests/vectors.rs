@@ -974,6 +974,18 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
             "ICMP fragmentation-needed quoting only IP and 8 bytes of TCP: no cookie, copied to every active server.",
             testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 28),
         ),
+        input(
+            "icmp-frag-needed-no-timestamps-known-flow",
+            "ICMP fragmentation-needed quoting a segment without options to a client without timestamps, after its Windows SYN: routed by the fallback table to the server the SYN went to, the quote unchanged.",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client_with(Vec::new()), 20 + 20 + 8),
+        )
+        .after(syn(options::windows_syn())),
+        input(
+            "icmp-frag-needed-8-bytes-known-flow",
+            "ICMP fragmentation-needed quoting only IP and 8 bytes of TCP of a connection the fallback table knows (its Windows SYN went first): routed to the server the table remembers.",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 28),
+        )
+        .after(syn(options::windows_syn())),
     ];
     inputs.extend(malformed_common());
     inputs.extend(malformed_options());

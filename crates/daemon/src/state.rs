@@ -422,12 +422,13 @@ mod tests {
             // address too short, or of a type the core does not route; l2, a packet from a VIP
             // address that is no TCP segment, forwarded; a fallback entry naming a
             // removed server; a reply whose clock the core would not learn (a cookie, a first
-            // close, a duplicate close; each unstable or ahead of real time).
+            // close, a duplicate close; each unstable or ahead of real time); an ICMP error
+            // without a cookie routed by the fallback table.
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
                 1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
                 80, 90, 100, 110, 120, 6000, 7000, 130, 140, 150, 160, 170, 180, 190, 200, 210,
-                220, 240, 250, 260, 230, 300, 301, 302, 303, 304, 305,
+                220, 240, 250, 260, 230, 300, 301, 302, 303, 304, 305, 700,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -441,8 +442,8 @@ mod tests {
             .map(|(c, n)| (c.name(), n))
             .collect();
         assert_eq!(
-            events["to_server"], 2667 + 512,
-            "client cookie (compared or walked) + client pick (straight or general) + SYNs (retransmitted or not) + ICMP (cookie, pick) + client fallback + SYNs without options + fallback misses"
+            events["to_server"], 2667 + 512 + 700,
+            "client cookie (compared or walked) + client pick (straight or general) + SYNs (retransmitted or not) + ICMP (cookie, pick, fallback) + client fallback + SYNs without options + fallback misses"
         );
         assert_eq!(events["fallback_hits"], 50);
         assert_eq!(
@@ -474,6 +475,7 @@ mod tests {
         assert_eq!(events["ts_msb_learned"], 23);
         assert_eq!(events["ts_msb_advanced"], 33);
         assert_eq!(events["icmp_routed_by_cookie"], 400);
+        assert_eq!(events["icmp_routed_by_fallback"], 700);
         assert_eq!(events["new_connections"], 1100);
         assert_eq!(events["syn_retransmissions"], 1012);
         assert_eq!(

@@ -62,7 +62,7 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{parse_mac, ServerId, NANOS_PER_SEC};
 use cheetah_core::verdict::{DropReason, Verdict};
 use cheetah_daemon::clock::monotonic_ns;
-use cheetah_daemon::dataplane::xdp_layout::{STAT_FAST_ICMP_COOKIE, STAT_FAST_ICMP_PICK};
+use cheetah_daemon::dataplane::xdp_layout::ICMP_FORWARDS;
 use rand_core::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -412,7 +412,7 @@ fn judge(
         .collect();
     let server = traffic_server(config, core.verdict, input);
     // An ICMP error counts toward no server's load in the core.
-    let icmp = stat == STAT_FAST_ICMP_COOKIE || stat == STAT_FAST_ICMP_PICK;
+    let icmp = ICMP_FORWARDS.contains(&stat);
     let traffic_expected = match server {
         Some(_) if icmp => Some(Vec::new()),
         Some(id) => Some(vec![(id, 1, total_len)]),

@@ -203,6 +203,10 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
                 "echo-62-periods-old",
                 "icmp-frag-needed-cookie-beyond-idle-limit",
                 "icmp-frag-needed-cookie-msb-unknown",
+                // A quote without a cookie of a connection the fallback table knows: routed
+                // by the table in the kernel (icmp_path.h).
+                "icmp-frag-needed-no-timestamps-known-flow",
+                "icmp-frag-needed-8-bytes-known-flow",
                 // A trunk port's frames: decided untagged (vlan.h), tags put back.
                 "vlan-tagged-syn",
                 "qinq-tagged-syn",
@@ -438,7 +442,7 @@ fn judge(
     // A reply's entries (cookie, plain, closes, each with a clock learnt or not, and a
     // SYN-ACK that taught the fallback table) all stand for the core's `to_client`.
     let toward_client = kernel.counted().contains(&Counter::ToClient);
-    let icmp = stat == STAT_FAST_ICMP_COOKIE || stat == STAT_FAST_ICMP_PICK;
+    let icmp = ICMP_FORWARDS.contains(&stat);
     let direction_ok = match verdict {
         Verdict::ToServer(_) => {
             [

@@ -393,6 +393,7 @@ fn rust_side() -> BTreeMap<String, u64> {
             "STAT_FAST_SERVER_NOT_TCP",
             STAT_FAST_SERVER_NOT_TCP as usize,
         ),
+        ("STAT_FAST_ICMP_FALLBACK", STAT_FAST_ICMP_FALLBACK as usize),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

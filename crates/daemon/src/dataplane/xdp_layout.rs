@@ -124,7 +124,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 63] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 64] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -508,6 +508,12 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 63] = [
             Counter::ServerTsAheadOfRealTime,
         ],
     ),
+    // An ICMP error without a cookie routed by the fallback table: `client_icmp`'s count,
+    // and its verdict's.
+    (
+        STAT_FAST_ICMP_FALLBACK,
+        &[Counter::IcmpRoutedByFallback, Counter::ToServer],
+    ),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -742,7 +748,17 @@ pub const STAT_DROP_UNSUPPORTED_ICMP_TYPE: u32 = 88;
 /// l2: a packet from a VIP address that is no TCP segment, from a server's MAC, forwarded
 /// to the client as it came (reply_sender.h).
 pub const STAT_FAST_SERVER_NOT_TCP: u32 = 89;
-pub const STAT_COUNT: u32 = 90;
+/// Cheetah mode: an ICMP error whose quote carries no cookie, routed to the server the
+/// fallback table remembers for the quoted connection (icmp_path.h).
+pub const STAT_FAST_ICMP_FALLBACK: u32 = 90;
+pub const STAT_COUNT: u32 = 91;
+/// The entries of an ICMP error forwarded to a server: by its quoted cookie, a baseline's
+/// pick, the fallback table. None counts toward the server's load, as in the core.
+pub const ICMP_FORWARDS: [u32; 3] = [
+    STAT_FAST_ICMP_COOKIE,
+    STAT_FAST_ICMP_PICK,
+    STAT_FAST_ICMP_FALLBACK,
+];
 /// Entries of the `stats` map (`STAT_SLOTS`): more than [`STAT_COUNT`], with room for
 /// counters an upgrade appends.
 pub const STAT_SLOTS: u32 = 128;
