@@ -15,6 +15,7 @@ mod health;
 mod idle;
 mod maglev;
 mod multi;
+mod path_mtu;
 mod pinned;
 mod readd;
 mod schedules;
