@@ -44,9 +44,10 @@ use cheetah_daemon::dataplane::xdp_layout::{
     Encode, NextHopKey, STAT_DROP_COOKIE_UNKNOWN_SERVER, STAT_DROP_UNSUPPORTED_ICMP_TYPE,
     STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_FALLBACK, STAT_FAST_CLIENT_PICK,
     STAT_FAST_CLIENT_SYN, STAT_FAST_FALLBACK_MISS, STAT_FAST_FALLBACK_SYN, STAT_FAST_ICMP_COOKIE,
-    STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE, STAT_FAST_SERVER_COOKIE_ADVANCED,
-    STAT_FAST_SERVER_COOKIE_UNSTABLE, STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN,
-    STAT_NEXT_HOP_CACHE_MISS, STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING, STAT_UP_CLOCK,
+    STAT_FAST_ICMP_FALLBACK, STAT_FAST_SERVER_CLOSE, STAT_FAST_SERVER_COOKIE,
+    STAT_FAST_SERVER_COOKIE_ADVANCED, STAT_FAST_SERVER_COOKIE_UNSTABLE,
+    STAT_FAST_SERVER_DUPLICATE_CLOSE, STAT_FAST_SERVER_PLAIN, STAT_NEXT_HOP_CACHE_MISS,
+    STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING, STAT_UP_CLOCK,
 };
 use cheetah_daemon::dataplane::xdp_tables::{self, Publication};
 use cheetah_daemon::dataplane::Interface;
@@ -371,6 +372,9 @@ pub(super) enum Path {
     /// counted `server_ts_clock_unstable`. The first such reply a CPU sees in a second goes
     /// up as a sample (fast_path.h `clock_sample_due`); those runs are counted, not timed.
     ClockUnstable,
+    /// An ICMP fragmentation-needed error quoting a server segment to a client without
+    /// timestamps (no cookie): to the server the fallback table remembers.
+    IcmpFallback,
 }
 
 /// Per-run durations of one row, in the kernel's ns.
@@ -505,6 +509,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
                 Path::FallbackHit,
                 Path::FallbackMiss,
                 Path::FallbackSyn,
+                Path::IcmpFallback,
                 Path::ForgedCookieDrop,
                 Path::PingDrop,
                 Path::ClockUnstable,
@@ -761,7 +766,7 @@ impl Bench {
         let mut worker = self.worker();
         let now = FRAMES_AT;
         let (client, _) = frame_client();
-        if let Path::FallbackHit | Path::FallbackMiss = direction {
+        if let Path::FallbackHit | Path::FallbackMiss | Path::IcmpFallback = direction {
             return self.fallback_frame(&mut worker, direction, client, CLIENT_PORT);
         }
         // Which server the client's connection is on: the one the core picks for its SYN.
@@ -949,6 +954,42 @@ impl Bench {
         if direction == Path::FallbackMiss {
             return Ok((ack, STAT_FAST_FALLBACK_MISS));
         }
+        if direction == Path::IcmpFallback {
+            // The server's data segment as the client got it (no options), quoted whole,
+            // as a Linux router quotes it.
+            let mut seen_by_client = match self.config.forwarding {
+                Forwarding::L2 => TcpFrame::from_server_l2(
+                    server.0,
+                    client,
+                    client_port,
+                    flags::ACK | flags::PSH,
+                    Vec::new(),
+                ),
+                Forwarding::Nat => TcpFrame::from_server_nat(
+                    server.0,
+                    client,
+                    client_port,
+                    flags::ACK | flags::PSH,
+                    Vec::new(),
+                ),
+            }
+            .with_payload(&[0x42; 100])
+            .build();
+            let verdict = worker.process(&mut seen_by_client, now, Ingress::ServerSide);
+            ensure!(
+                verdict == Verdict::ToClient,
+                "the core's verdict on the bench's server segment without options is {verdict:?}"
+            );
+            let router = u32::from(std::net::Ipv4Addr::new(10, 7, 0, 2));
+            let error = testkit::icmp_frag_needed(router, &seen_by_client, 20 + 20 + 8);
+            let verdict = worker.process(&mut error.clone(), now, Ingress::ClientSide);
+            ensure!(
+                verdict == Verdict::ToServer(server),
+                "the core routes the bench's ICMP error without a cookie to {verdict:?}, not to server {}",
+                server.0
+            );
+            return Ok((error, STAT_FAST_ICMP_FALLBACK));
+        }
         let verdict = worker.process(&mut ack.clone(), now, Ingress::ServerSide);
         ensure!(
             verdict == Verdict::ToServer(server),
@@ -968,6 +1009,7 @@ impl Bench {
             | Path::FallbackSyn => Path::ClientToServer,
             Path::ServerFin
             | Path::Icmp
+            | Path::IcmpFallback
             | Path::FallbackHit
             | Path::FallbackMiss
             | Path::ClockAdvanced
@@ -1001,7 +1043,7 @@ impl Bench {
         };
         // An ICMP error comes from the clients' side; the rest from the servers'.
         let ingress = match path {
-            Path::Icmp => ports.clients.ifindex,
+            Path::Icmp | Path::IcmpFallback => ports.clients.ifindex,
             _ => ports.servers.ifindex,
         };
         let (subject, expected_action) = match path {
@@ -1027,8 +1069,10 @@ impl Bench {
             | Path::ServerFin
             | Path::ClockAdvanced
             | Path::ClockUnstable => ("bench_lb", XDP_REDIRECT),
-            Path::Icmp if ports.servers.ifindex == ingress => ("bench_lb", XDP_TX),
-            Path::Icmp => ("bench_lb", XDP_REDIRECT),
+            Path::Icmp | Path::IcmpFallback if ports.servers.ifindex == ingress => {
+                ("bench_lb", XDP_TX)
+            }
+            Path::Icmp | Path::IcmpFallback => ("bench_lb", XDP_REDIRECT),
             Path::NextHopMiss | Path::NextHopCacheMiss | Path::ReplyBySteering
                 if ports.clients.ifindex == ingress =>
             {
@@ -1127,6 +1171,9 @@ impl Bench {
             Path::FallbackHit => "fallback hit (client without timestamps, l2)".to_string(),
             Path::FallbackMiss => "fallback miss, by Maglev (no timestamps, l2)".to_string(),
             Path::FallbackSyn => "SYN without timestamps, Maglev + insert (l2)".to_string(),
+            Path::IcmpFallback => {
+                "ICMP error by the fallback table (no timestamps, l2)".to_string()
+            }
             Path::ForgedCookieDrop => {
                 "forged cookie, dropped: cookie_unknown_server (l2)".to_string()
             }
@@ -1184,7 +1231,8 @@ impl Bench {
             | Path::ClockAdvanced
             | Path::FallbackSyn
             | Path::ForgedCookieDrop
-            | Path::PingDrop => (all_runs, 0),
+            | Path::PingDrop
+            | Path::IcmpFallback => (all_runs, 0),
             // The samples handed up are checked below.
             Path::ClockUnstable => (all_runs - timings.off_path, 0),
         };
