@@ -176,6 +176,24 @@ static __always_inline int icmp_to_server(struct xdp_md *ctx, struct ethhdr *eth
 	return send_out(ctx, target->egress_ifindex);
 }
 
+// An error whose server (`server`) is decided and whose quote stays as it came (a
+// baseline's pick, the fallback table's): the publication checked, then icmp_to_server.
+static __always_inline int icmp_forward_unrestored(struct xdp_md *ctx, __u32 seq,
+						   struct ethhdr *eth, struct iphdr *ip,
+						   struct icmp_error *icmp, struct iphdr *quoted_ip,
+						   struct tcphdr *quoted_tcp, __u32 quote_len,
+						   const struct server_info *server,
+						   const struct vip_info *vip, int nat, __u32 stat)
+{
+	struct server_info target = *server;
+	__be16 vip_port = vip->port, backend_port = vip->backend_port;
+
+	if (!publish_unchanged(seq))
+		return hand_up(STAT_UP_PUBLISHING);
+	return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp, quote_len, &target, nat,
+			      vip_port, backend_port, stat);
+}
+
 // lb/icmp_path.rs `client_icmp` for a packet to a VIP address that is not TCP (steering's
 // META_TO_VIP): forwards an ICMP error to the server its quoted cookie names (or, in hash
 // mode, the pool's pick), or hands the packet up having counted why.
@@ -255,13 +273,8 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		server = server_at(config->copy, id);
 		if (!server || !(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
-		target = *server;
-		vip_port = vip->port;
-		backend_port = vip->backend_port;
-		if (!publish_unchanged(seq))
-			return hand_up(STAT_UP_PUBLISHING);
-		return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp, quote_len, &target,
-				      nat, vip_port, backend_port, STAT_FAST_ICMP_PICK);
+		return icmp_forward_unrestored(ctx, seq, eth, ip, icmp, quoted_ip, quoted_tcp,
+					       quote_len, server, vip, nat, STAT_FAST_ICMP_PICK);
 	}
 	// The cookie, where the core's `tsval_at` looks for it: a whole TCP header within the
 	// quote (which ends with the IP packet) with room for a timestamp option, its options
@@ -292,14 +305,8 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 			return hand_up(STAT_UP_ICMP);
 		if (!(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
-		target = *server;
-		vip_port = vip->port;
-		backend_port = vip->backend_port;
-		if (!publish_unchanged(seq))
-			return hand_up(STAT_UP_PUBLISHING);
-		return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp, quote_len,
-				      &target, nat, vip_port, backend_port,
-				      STAT_FAST_ICMP_FALLBACK);
+		return icmp_forward_unrestored(ctx, seq, eth, ip, icmp, quoted_ip, quoted_tcp,
+					       quote_len, server, vip, nat, STAT_FAST_ICMP_FALLBACK);
 	}
 	tsval = option + TCP_TIMESTAMP_TSVAL;
 	__builtin_memcpy(&tsval_be, tsval, sizeof(tsval_be));

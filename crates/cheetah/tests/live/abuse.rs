@@ -304,26 +304,14 @@ fn malformed_packets_are_dropped_and_counted_by_reason_under_load() {
     let metrics_after = lb.metrics();
     let drops = deltas(&before, &drops_by_reason(&metrics_after));
     let host_after = ip_snmp(lb.namespace());
-    let xdp_outcomes = |metrics: &str| {
-        metric_by_label(metrics, "cheetah_xdp_packets_total", "outcome")
-            .into_iter()
-            .map(|(outcome, count)| (outcome, count as u64))
-            .collect()
+    let moved = |metric: &str, label: &str| {
+        deltas(
+            &counts_by_label(&metrics_before, metric, label),
+            &counts_by_label(&metrics_after, metric, label),
+        )
     };
-    let xdp = deltas(
-        &xdp_outcomes(&metrics_before),
-        &xdp_outcomes(&metrics_after),
-    );
-    let up_by_reason = |metrics: &str| {
-        metric_by_label(metrics, "cheetah_xdp_to_userspace_total", "reason")
-            .into_iter()
-            .map(|(reason, count)| (reason, count as u64))
-            .collect()
-    };
-    let handed_up = deltas(
-        &up_by_reason(&metrics_before),
-        &up_by_reason(&metrics_after),
-    );
+    let xdp = moved("cheetah_xdp_packets_total", "outcome");
+    let handed_up = moved("cheetah_xdp_to_userspace_total", "reason");
     // A few more seconds of load after the injection, to see the connections survive it.
     std::thread::sleep(Duration::from_secs(2));
     let report = load.finish();

@@ -780,22 +780,12 @@ impl Bench {
         let Verdict::ToServer(server) = worker.process(&mut syn, now, Ingress::ServerSide) else {
             bail!("the core did not send the bench's SYN to a server");
         };
-        let reply_base = match self.config.forwarding {
-            Forwarding::L2 => TcpFrame::from_server_l2(
-                server.0,
-                client,
-                client_port,
-                flags::ACK | flags::PSH,
-                options::nop_nop_ts(u32::from(SERVER_MSB) << 16 | 0x5678, CLIENT_TS),
-            ),
-            Forwarding::Nat => TcpFrame::from_server_nat(
-                server.0,
-                client,
-                client_port,
-                flags::ACK | flags::PSH,
-                options::nop_nop_ts(u32::from(SERVER_MSB) << 16 | 0x5678, CLIENT_TS),
-            ),
-        };
+        let reply_base = self.server_segment(
+            server,
+            client,
+            client_port,
+            options::nop_nop_ts(u32::from(SERVER_MSB) << 16 | 0x5678, CLIENT_TS),
+        );
         if direction == Path::ClockAdvanced {
             // The core learns the advance in the program's words: from the MSB before,
             // then back to the bench's clocks.
@@ -856,14 +846,7 @@ impl Bench {
         if direction == Path::Icmp {
             // The quote a Linux router sends: the IP header and the first 52 bytes of TCP
             // (header and options), more than the cookie needs.
-            let router = u32::from(std::net::Ipv4Addr::new(10, 7, 0, 2));
-            let error = testkit::icmp_frag_needed(router, &seen_by_client, 20 + 32 + 20);
-            let verdict = worker.process(&mut error.clone(), now, Ingress::ClientSide);
-            ensure!(
-                verdict == Verdict::ToServer(server),
-                "the core routes the bench's ICMP error to {verdict:?}, not to server {}",
-                server.0
-            );
+            let error = icmp_error_to(&mut worker, &seen_by_client, 20 + 32 + 20, server)?;
             return Ok((error, STAT_FAST_ICMP_COOKIE));
         }
         let (tsval, _) = testkit::timestamps(&seen_by_client).context("no timestamps")?;
@@ -902,6 +885,26 @@ impl Bench {
                 Ok((ping, STAT_DROP_UNSUPPORTED_ICMP_TYPE))
             }
             _ => Ok((ack, STAT_FAST_CLIENT_COOKIE)),
+        }
+    }
+
+    /// A data-less ACK|PSH from `server` to the client's port with `options`, as the
+    /// config's forwarding has the server send it.
+    fn server_segment(
+        &self,
+        server: ServerId,
+        client: u32,
+        client_port: u16,
+        options: Vec<u8>,
+    ) -> TcpFrame {
+        let flags = flags::ACK | flags::PSH;
+        match self.config.forwarding {
+            Forwarding::L2 => {
+                TcpFrame::from_server_l2(server.0, client, client_port, flags, options)
+            }
+            Forwarding::Nat => {
+                TcpFrame::from_server_nat(server.0, client, client_port, flags, options)
+            }
         }
     }
 
@@ -957,37 +960,16 @@ impl Bench {
         if direction == Path::IcmpFallback {
             // The server's data segment as the client got it (no options), quoted whole,
             // as a Linux router quotes it.
-            let mut seen_by_client = match self.config.forwarding {
-                Forwarding::L2 => TcpFrame::from_server_l2(
-                    server.0,
-                    client,
-                    client_port,
-                    flags::ACK | flags::PSH,
-                    Vec::new(),
-                ),
-                Forwarding::Nat => TcpFrame::from_server_nat(
-                    server.0,
-                    client,
-                    client_port,
-                    flags::ACK | flags::PSH,
-                    Vec::new(),
-                ),
-            }
-            .with_payload(&[0x42; 100])
-            .build();
+            let mut seen_by_client = self
+                .server_segment(server, client, client_port, Vec::new())
+                .with_payload(&[0x42; 100])
+                .build();
             let verdict = worker.process(&mut seen_by_client, now, Ingress::ServerSide);
             ensure!(
                 verdict == Verdict::ToClient,
                 "the core's verdict on the bench's server segment without options is {verdict:?}"
             );
-            let router = u32::from(std::net::Ipv4Addr::new(10, 7, 0, 2));
-            let error = testkit::icmp_frag_needed(router, &seen_by_client, 20 + 20 + 8);
-            let verdict = worker.process(&mut error.clone(), now, Ingress::ClientSide);
-            ensure!(
-                verdict == Verdict::ToServer(server),
-                "the core routes the bench's ICMP error without a cookie to {verdict:?}, not to server {}",
-                server.0
-            );
+            let error = icmp_error_to(worker, &seen_by_client, 20 + 20 + 8, server)?;
             return Ok((error, STAT_FAST_ICMP_FALLBACK));
         }
         let verdict = worker.process(&mut ack.clone(), now, Ingress::ServerSide);
@@ -1372,6 +1354,25 @@ fn forged_cookie(
         }
     }
     bail!("every cookie names a server: the bench has no unallocated id")
+}
+
+/// A router's fragmentation-needed about `seen_by_client` (a server segment as the client
+/// got it), quoting `quote_len` bytes of it, checked to be routed to `server` by the core.
+fn icmp_error_to(
+    worker: &mut Worker,
+    seen_by_client: &[u8],
+    quote_len: usize,
+    server: ServerId,
+) -> anyhow::Result<Vec<u8>> {
+    let router = u32::from(std::net::Ipv4Addr::new(10, 7, 0, 2));
+    let error = testkit::icmp_frag_needed(router, seen_by_client, quote_len);
+    let verdict = worker.process(&mut error.clone(), FRAMES_AT, Ingress::ClientSide);
+    ensure!(
+        verdict == Verdict::ToServer(server),
+        "the core routes the bench's ICMP error to {verdict:?}, not to server {}",
+        server.0
+    );
+    Ok(error)
 }
 
 /// The client (address, port) of the bench's frames.

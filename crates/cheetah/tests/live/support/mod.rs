@@ -444,9 +444,18 @@ pub fn metric_by_label(
 
 /// Drops by reason, summed over the workers.
 pub fn drops_by_reason(metrics: &str) -> std::collections::BTreeMap<String, u64> {
-    metric_by_label(metrics, "cheetah_drops_total", "reason")
+    counts_by_label(metrics, "cheetah_drops_total", "reason")
+}
+
+/// [`metric_by_label`] for a counter: whole counts.
+pub fn counts_by_label(
+    metrics: &str,
+    metric: &str,
+    label: &str,
+) -> std::collections::BTreeMap<String, u64> {
+    metric_by_label(metrics, metric, label)
         .into_iter()
-        .map(|(reason, count)| (reason, count as u64))
+        .map(|(value, count)| (value, count as u64))
         .collect()
 }
 
