@@ -304,14 +304,9 @@ fn malformed_packets_are_dropped_and_counted_by_reason_under_load() {
     let metrics_after = lb.metrics();
     let drops = deltas(&before, &drops_by_reason(&metrics_after));
     let host_after = ip_snmp(lb.namespace());
-    let moved = |metric: &str, label: &str| {
-        deltas(
-            &counts_by_label(&metrics_before, metric, label),
-            &counts_by_label(&metrics_after, metric, label),
-        )
-    };
-    let xdp = moved("cheetah_xdp_packets_total", "outcome");
-    let handed_up = moved("cheetah_xdp_to_userspace_total", "reason");
+    let outcomes = |metrics| counts_by_label(metrics, "cheetah_xdp_packets_total", "outcome");
+    let xdp = deltas(&outcomes(&metrics_before), &outcomes(&metrics_after));
+    let handed_up = handed_up_between(&metrics_before, &metrics_after);
     // A few more seconds of load after the injection, to see the connections survive it.
     std::thread::sleep(Duration::from_secs(2));
     let report = load.finish();

@@ -267,14 +267,10 @@ fn a_clock_per_client() {
             + kernel_event(metrics, "server_ts_ahead_of_real_time")
     };
     let anomalies_in_kernel = kernel(&after) - kernel(&before);
-    let up_clock = |metrics: &str| {
-        metric_sum(
-            metrics,
-            "cheetah_xdp_to_userspace_total",
-            &["reason=\"clock\""],
-        )
-    };
-    let handed_up = up_clock(&after) - up_clock(&before);
+    let handed_up = handed_up_between(&before, &after)
+        .get("clock")
+        .copied()
+        .unwrap_or(0) as f64;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     // One sample a second per CPU between the two scrapes, plus what the first scrape
     // missed: /metrics reads the kernel's counters once a second.

@@ -447,6 +447,13 @@ pub fn drops_by_reason(metrics: &str) -> std::collections::BTreeMap<String, u64>
     counts_by_label(metrics, "cheetah_drops_total", "reason")
 }
 
+/// What the XDP program handed to the workers between two `/metrics` texts, by reason
+/// (`cheetah_xdp_to_userspace_total`).
+pub fn handed_up_between(before: &str, after: &str) -> std::collections::BTreeMap<String, u64> {
+    let by_reason = |metrics| counts_by_label(metrics, "cheetah_xdp_to_userspace_total", "reason");
+    deltas(&by_reason(before), &by_reason(after))
+}
+
 /// [`metric_by_label`] for a counter: whole counts.
 pub fn counts_by_label(
     metrics: &str,
