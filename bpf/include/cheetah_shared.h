@@ -131,10 +131,11 @@ enum xdp_stat {
 	// a flow.
 	STAT_FAST_SERVER_FALLBACK_LEARNED,
 	STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED,
-	// loads (stage 4). A server's SYN-ACK with a timestamp that answered a retried SYN
-	// first and moved its load count here from the server holding it (handshakes.h
-	// handshake_answer): STAT_FAST_SERVER_COOKIE's counters plus HandshakeCountMoved.
-	STAT_FAST_SERVER_COOKIE_MOVED,
+	// loads (stage 4). Retired: what programs before STAT_ANSWER_MOVED counted for a
+	// SYN-ACK with a timestamp that moved its retried SYN's load count (STAT_FAST_SERVER_
+	// COOKIE's counters plus HandshakeCountMoved). Never counted now; kept so that the
+	// counts a pinned stats map holds from an older program keep their meaning.
+	STAT_FAST_SERVER_COOKIE_MOVED_RETIRED,
 	// hop (stage 4). A reply whose next hop the per-CPU next_hop_cache did not hold for the
 	// current publication: it read next_hops (and, on a miss there, asked the FIB).
 	STAT_NEXT_HOP_CACHE_MISS,
@@ -279,6 +280,11 @@ enum xdp_stat {
 	// timestamps), routed to the server the fallback table remembers for the quoted
 	// connection (icmp_path.h): the core's `icmp_routed_by_fallback` and `to_server`.
 	STAT_FAST_ICMP_FALLBACK,
+	// Counted beside a SYN-ACK's own STAT_FAST_* entry when it answered a retried SYN
+	// first and moved the connection's load count to its server from the one holding it
+	// (handshakes.h handshake_answer): the core's HandshakeCountMoved. Beside, because an
+	// answer can also carry a cookie, learn a clock or teach the fallback table.
+	STAT_ANSWER_MOVED,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

@@ -708,8 +708,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 
 			// The answer to a recently retried SYN may have to move its load count
 			// (server_path.rs, handshakes.rs `on_syn_ack`): the first answer marks the
-			// slot and takes the count. One that would also teach the fallback table
-			// (no timestamp) or learn a clock goes up: no entry counts those together.
+			// slot and takes the count, whatever else it does (a cookie, a clock, the
+			// fallback table).
 			__u64 now = core_now(config);
 
 			if (!words)
@@ -721,8 +721,6 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 				answers = handshake_answer_decide(words, hash,
 								  bpf_ntohl(p->tcp->ack_seq) - 1,
 								  id, &cold->answer);
-				if (answers && without_timestamp)
-					return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			}
 			if (without_timestamp) {
 				// server_path.rs: the client offered no timestamp, so its later
@@ -751,8 +749,6 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 				if (learns == CLOCK_FOR_USERSPACE ||
 				    (learns != CLOCK_LEARNS && clock_sample_due(cold)))
 					return hand_up(STAT_UP_CLOCK);
-				if (answers)
-					return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			}
 			cookie = cookie_encode(layout, id, hash, msb);
 		}
@@ -784,8 +780,11 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	vip_port = sender->vip_port;
 	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
-	// The first write: a clock (or a handshake slot) another writer moved meanwhile goes
-	// up, nothing written. A reply does one or the other, not both.
+	// The first write: a clock another writer moved meanwhile goes up, nothing written.
+	// Then the handshake slot: one another writer moved goes up too, for the workers to
+	// decide afresh, the clock as this reply left it (so the core finds it unchanged and
+	// only that learn's count is lost, in a race of two answers within microseconds).
+	// The other order could not go up: a slot marked answered moves no count again.
 	if (clock_decision_writes(learns) && cold && !clock_learn_commit(&cold->learning))
 		return hand_up(STAT_UP_CLOCK);
 	if (answers && cold && !handshake_answer_commit(&cold->answer))
@@ -830,10 +829,6 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		}
 		if (learns && cold)
 			stat = clock_learnt_stat(stat, learns, &cold->learning);
-		if (answers && cold && handshake_answer_moves(&cold->answer, id)) {
-			move_count(cold->answer.from, id);
-			stat = STAT_FAST_SERVER_COOKIE_MOVED;
-		}
 	} else {
 		stat = general ? STAT_FAST_SERVER_PLAIN_GENERAL : STAT_FAST_SERVER_PLAIN;
 	}
@@ -848,6 +843,10 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 	}
 	__builtin_memcpy(p->eth->h_dest, hop.hop.dmac, ETH_ALEN);
 	__builtin_memcpy(p->eth->h_source, hop.hop.smac, ETH_ALEN);
+	if (answers && cold && handshake_answer_moves(&cold->answer, id)) {
+		move_count(cold->answer.from, id);
+		count(STAT_ANSWER_MOVED);
+	}
 	add_server_traffic(id, plain_ip_len(p), first_close);
 	count(stat);
 	count_options_walked(walked);

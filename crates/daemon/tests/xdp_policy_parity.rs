@@ -47,7 +47,7 @@ use cheetah_core::verdict::Verdict;
 use cheetah_daemon::clock::monotonic_ns;
 use cheetah_daemon::dataplane::awrr_schedules::{AwrrSchedules, MAX_KERNEL_AWRR_POOL};
 use cheetah_daemon::dataplane::kernel_loads::{published_loads, KernelLoads};
-use cheetah_daemon::dataplane::xdp::SteeringProgram;
+use cheetah_daemon::dataplane::xdp::{SteeringProgram, SteeringStats};
 use cheetah_daemon::dataplane::xdp_layout::*;
 use cheetah_daemon::dataplane::xdp_policy::PolicySeeds;
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
@@ -697,13 +697,15 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
     assert_eq!(action, XDP_REDIRECT, "the kernel handled the SYN-ACK");
     let moved = FAST_EVENTS
         .iter()
-        .position(|(stat, _)| *stat == STAT_FAST_SERVER_COOKIE_MOVED)
+        .position(|(stat, _)| *stat == STAT_ANSWER_MOVED)
         .unwrap();
     assert_eq!(
         after.events[moved] - before.events[moved],
         1,
         "counted as a move"
     );
+    // FAST_BUNDLES: ServerCookie at 2, the SYN-ACK's own entry beside the move.
+    assert_eq!(after.fast[2] - before.fast[2], 1, "a reply with a cookie");
     assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
     core_out[0..6].copy_from_slice(&GATEWAY_MAC);
     core_out[6..12].copy_from_slice(&CLIENTS.mac);
@@ -730,6 +732,116 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
     core_out[0..6].copy_from_slice(&GATEWAY_MAC);
     core_out[6..12].copy_from_slice(&CLIENTS.mac);
     assert_eq!(out, core_out, "the core's bytes (cookie in TSval)");
+
+    // The delta of STAT_FAST_* entry `stat` between two reads of the stats.
+    let delta = |after: &SteeringStats, before: &SteeringStats, stat: u32| {
+        let at = FAST_EVENTS.iter().position(|(s, _)| *s == stat).unwrap();
+        after.events[at] - before.events[at]
+    };
+    let client_end = |host: u8| End {
+        mac: [0x02, 0xaa, 0, 0, 0, 1],
+        ..client(host)
+    };
+    // The first answer to a retried SYN, without a timestamp, from `answering` to
+    // client `host`: it teaches the fallback table, in the kernel as in the core, and
+    // moves the count (`moves`: 1) or not; the client's next segment, without options,
+    // goes to that server.
+    let answer_without_timestamp =
+        |worker: &mut Worker, host: u8, isn: u32, answering: u16, moves: u64| {
+            let mss_only = segment(
+                vip_end(server_mac(answering)),
+                End {
+                    mac: SERVERS.mac,
+                    ..client(host)
+                },
+                TCP_SYN_ACK,
+                7,
+                isn.wrapping_add(1),
+                &[2, 4, 0x05, 0xb4],
+            );
+            let moved_before = worker.counters().get(Counter::HandshakeCountMoved);
+            let (action, out, after, before, verdict, mut core_out) = both(worker, &mss_only);
+            assert_eq!(verdict, Verdict::ToClient);
+            assert_eq!(action, XDP_REDIRECT, "the kernel handled the SYN-ACK");
+            assert_eq!(delta(&after, &before, STAT_ANSWER_MOVED), moves, "a move");
+            assert_eq!(
+                delta(&after, &before, STAT_FAST_SERVER_FALLBACK_LEARNED),
+                1,
+                "the fallback table's lesson"
+            );
+            assert_eq!(
+                worker.counters().get(Counter::HandshakeCountMoved),
+                moved_before + moves
+            );
+            core_out[0..6].copy_from_slice(&GATEWAY_MAC);
+            core_out[6..12].copy_from_slice(&CLIENTS.mac);
+            assert_eq!(out, core_out, "the core's bytes");
+            let bare_ack = segment(
+                client_end(host),
+                vip_end(SERVERS.mac),
+                0x10,
+                isn.wrapping_add(1),
+                8,
+                &[],
+            );
+            let (action, out, _, _, verdict, _) = both(worker, &bare_ack);
+            assert_eq!(verdict, Verdict::ToServer(ServerId(answering)));
+            assert_eq!(action, XDP_TX);
+            assert_eq!(picked(&out, servers), answering, "routed by what it learnt");
+        };
+    // Client 3 offers timestamps and retries its SYN (two picks); the first pick runs
+    // without timestamps (tcp_timestamps=0) and answers first, without one.
+    let isn = 0x0d15_ea5e;
+    let (_, out, ..) = both(&mut worker, &syn(client(3).addr, client(3).port, isn));
+    let answering = picked(&out, servers);
+    let (_, out, ..) = both(&mut worker, &syn(client(3).addr, client(3).port, isn));
+    assert_ne!(picked(&out, servers), answering, "rr picks another");
+    answer_without_timestamp(&mut worker, 3, isn, answering, 1);
+    // Client 5 offers none (a Windows client) and retries its SYN: the fallback table
+    // sends the retry where the first went, so the answer moves nothing.
+    let isn = 0x0bad_d00d;
+    let bare_syn = segment(client_end(5), vip_end(SERVERS.mac), TCP_SYN, isn, 0, &[]);
+    let (_, out, ..) = both(&mut worker, &bare_syn);
+    let answering = picked(&out, servers);
+    let (_, out, ..) = both(&mut worker, &bare_syn);
+    assert_eq!(picked(&out, servers), answering, "the table's server");
+    answer_without_timestamp(&mut worker, 5, isn, answering, 0);
+
+    // Client 4 retries a SYN with timestamps, and the first pick's SYN-ACK also moves
+    // its server's clock forward (MSB 0x43 over 0x42): the learn and the move, in the
+    // kernel as in the core.
+    let isn = 0x0fee_d1e5;
+    let (_, out, ..) = both(&mut worker, &syn(client(4).addr, client(4).port, isn));
+    let answering = picked(&out, servers);
+    both(&mut worker, &syn(client(4).addr, client(4).port, isn));
+    let advancing = handshake_segment(
+        vip_end(server_mac(answering)),
+        End {
+            mac: SERVERS.mac,
+            ..client(4)
+        },
+        TCP_SYN_ACK,
+        7,
+        isn.wrapping_add(1),
+        (msb + 1) << 16 | 0x0123,
+    );
+    let advanced_before = worker.counters().get(Counter::MsbAdvanced);
+    let (action, out, after, before, verdict, mut core_out) = both(&mut worker, &advancing);
+    assert_eq!(verdict, Verdict::ToClient);
+    assert_eq!(action, XDP_REDIRECT, "the kernel handled the SYN-ACK");
+    assert_eq!(delta(&after, &before, STAT_ANSWER_MOVED), 1, "a move");
+    assert_eq!(
+        delta(&after, &before, STAT_FAST_SERVER_COOKIE_ADVANCED),
+        1,
+        "beside the clock's advance"
+    );
+    assert_eq!(
+        worker.counters().get(Counter::MsbAdvanced),
+        advanced_before + 1
+    );
+    core_out[0..6].copy_from_slice(&GATEWAY_MAC);
+    core_out[6..12].copy_from_slice(&CLIENTS.mac);
+    assert_eq!(out, core_out, "the core's bytes (the new MSB's cookie)");
 
     // The fold gives the kernel's plane the core's loads: the count on the server that
     // answered, one new connection per pick.

@@ -12,6 +12,9 @@
 //! later SYN-ACK retransmissions reach the client, which answers them with challenge ACKs
 //! echoing the *second* server's cookie, so no RST ever lowers the first server's count:
 //! the LB must release it itself when it sees the retried SYN.
+//!
+//! A client without timestamps that retries its SYN stays on the first server (the fallback
+//! table remembers it), and the XDP program takes the retried SYN's answer.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -27,6 +30,9 @@ const REQUESTS: usize = 8;
 live_tests! {
     fn a_lost_syn_ack_leaves_the_connection_on_the_second_server_and_no_count_on_the_first() {
         scenario();
+    }
+    fn a_client_without_timestamps_that_retries_its_syn_is_answered_in_the_kernel() {
+        without_timestamps();
     }
 }
 
@@ -177,6 +183,94 @@ fn scenario() {
         lb.event_count("handshake_count_moved"),
         0.0,
         "the holder answered first: no count should have moved"
+    );
+}
+
+/// A client without timestamps (a Windows client; here Linux at `tcp_timestamps=0`) whose
+/// first SYN-ACK is lost retries its SYN. The fallback table sends the retry where the
+/// first SYN went, and that server's answer is the first answer to a recently retried SYN
+/// (the handshake slot is marked, no count moves) and teaches the table the server. The
+/// XDP program takes all of it; before, the answer went to a worker as
+/// `handshake_or_close`.
+fn without_timestamps() {
+    let testbed = Testbed::up("srn", &["--servers", "2", "--clients", "1"]);
+    let client_ns = testbed.ns("c1");
+    in_netns_ok(
+        &client_ns,
+        "sysctl",
+        &["-q", "-w", "net.ipv4.tcp_timestamps=0"],
+    );
+    let lb = Lb::start(&testbed, &testbed.config_path());
+    let before = lb.metrics();
+    let mut drops = [
+        SynAckDrop::install(&testbed, 1),
+        SynAckDrop::install(&testbed, 2),
+    ];
+    let url = format!("http://{}/", testbed.vip());
+    let port = CLIENT_PORT.to_string();
+    let curl_log = testbed.dir.join("curl-without-timestamps.log");
+    let args = [
+        "-s",
+        "-m",
+        "10",
+        "--local-port",
+        &port,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %header{x-server}",
+        url.as_str(),
+    ];
+    let mut curl = spawn_in_netns(&client_ns, "curl", &args, &curl_log);
+    // One SYN-ACK lost, then the way is clear: the client's retried SYN, about 1 s after
+    // the first, gets the next one.
+    let started = Instant::now();
+    let first = loop {
+        if let Some(i) = (0..2).find(|&i| drops[i].dropped() > 0) {
+            break i as u16 + 1;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no SYN-ACK was dropped: did the SYN reach a server?"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for drop in &mut drops {
+        drop.remove();
+    }
+    let status = curl.wait().unwrap();
+    let output = std::fs::read_to_string(&curl_log).unwrap();
+    assert!(status.success(), "curl failed: {status}\n{output}");
+    assert_eq!(
+        output.trim(),
+        format!("200 s{first}"),
+        "the retried SYN should reach the server the first went to"
+    );
+
+    // The kernel's counts reach /metrics within a second.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let after = lb.metrics();
+    let moved = |event: &str| kernel_event(&after, event) - kernel_event(&before, event);
+    let handed_up = handed_up_between(&before, &after);
+    eprintln!(
+        "in the kernel: syn_retransmissions {}, fallback_learned_from_server {}, handshake_count_moved {}; handed up: {handed_up:?}",
+        moved("syn_retransmissions"),
+        moved("fallback_learned_from_server"),
+        moved("handshake_count_moved")
+    );
+    assert!(
+        moved("syn_retransmissions") >= 1.0,
+        "the kernel saw no retried SYN"
+    );
+    assert!(
+        moved("fallback_learned_from_server") >= 1.0,
+        "no SYN-ACK taught the fallback table in the kernel"
+    );
+    assert_eq!(moved("handshake_count_moved"), 0.0, "the holder answered");
+    assert_eq!(
+        handed_up.get("handshake_or_close").copied().unwrap_or(0),
+        0,
+        "the retried SYN's answer went to a worker: {handed_up:?}"
     );
 }
 

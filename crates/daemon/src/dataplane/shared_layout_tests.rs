@@ -206,8 +206,8 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED as usize,
         ),
         (
-            "STAT_FAST_SERVER_COOKIE_MOVED",
-            STAT_FAST_SERVER_COOKIE_MOVED as usize,
+            "STAT_FAST_SERVER_COOKIE_MOVED_RETIRED",
+            STAT_FAST_SERVER_COOKIE_MOVED_RETIRED as usize,
         ),
         (
             "STAT_FAST_CLIENT_COOKIE_WALKED",
@@ -394,6 +394,7 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_FAST_SERVER_NOT_TCP as usize,
         ),
         ("STAT_FAST_ICMP_FALLBACK", STAT_FAST_ICMP_FALLBACK as usize),
+        ("STAT_ANSWER_MOVED", STAT_ANSWER_MOVED as usize),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

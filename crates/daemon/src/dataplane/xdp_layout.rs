@@ -124,7 +124,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 64] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 65] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -286,9 +286,10 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 64] = [
             Counter::ToClient,
         ],
     ),
-    // A SYN-ACK that moved its retried SYN's count: Bundle::ServerCookie, plus the move.
+    // Retired (older programs'): a SYN-ACK that moved its retried SYN's count,
+    // Bundle::ServerCookie plus the move.
     (
-        STAT_FAST_SERVER_COOKIE_MOVED,
+        STAT_FAST_SERVER_COOKIE_MOVED_RETIRED,
         &[
             Counter::FastPath,
             Counter::OptionsFastPath,
@@ -514,6 +515,8 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 64] = [
         STAT_FAST_ICMP_FALLBACK,
         &[Counter::IcmpRoutedByFallback, Counter::ToServer],
     ),
+    // Beside a SYN-ACK's own entry: it moved its retried SYN's count.
+    (STAT_ANSWER_MOVED, &[Counter::HandshakeCountMoved]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -547,8 +550,11 @@ pub const STAT_FAST_FALLBACK_MISS: u32 = 37;
 /// (evicting a flow, or not).
 pub const STAT_FAST_SERVER_FALLBACK_LEARNED: u32 = 38;
 pub const STAT_FAST_SERVER_FALLBACK_LEARNED_EVICTED: u32 = 39;
-/// A SYN-ACK that answered a retried SYN first and moved its load count to its server.
-pub const STAT_FAST_SERVER_COOKIE_MOVED: u32 = 40;
+/// Retired: what programs before [`STAT_ANSWER_MOVED`] counted for a SYN-ACK with a
+/// timestamp that moved its retried SYN's load count. Never counted now; kept in
+/// [`FAST_EVENTS`] so that the counts a pinned `stats` map holds from an older program
+/// keep their meaning after an upgrade.
+pub const STAT_FAST_SERVER_COOKIE_MOVED_RETIRED: u32 = 40;
 /// Replies whose next hop this CPU's `next_hop_cache` did not hold for the current
 /// publication: the kernel read `next_hops` (and maybe the FIB) instead.
 pub const STAT_NEXT_HOP_CACHE_MISS: u32 = 41;
@@ -751,7 +757,11 @@ pub const STAT_FAST_SERVER_NOT_TCP: u32 = 89;
 /// Cheetah mode: an ICMP error whose quote carries no cookie, routed to the server the
 /// fallback table remembers for the quoted connection (icmp_path.h).
 pub const STAT_FAST_ICMP_FALLBACK: u32 = 90;
-pub const STAT_COUNT: u32 = 91;
+/// Counted beside a SYN-ACK's own `STAT_FAST_*` entry (a cookie written, a clock learnt,
+/// the fallback table taught) when it answered a retried SYN first and moved the
+/// connection's load count to its server: the core's `handshake_count_moved`.
+pub const STAT_ANSWER_MOVED: u32 = 91;
+pub const STAT_COUNT: u32 = 92;
 /// The entries of an ICMP error forwarded to a server: by its quoted cookie, a baseline's
 /// pick, the fallback table. None counts toward the server's load, as in the core.
 pub const ICMP_FORWARDS: [u32; 3] = [

@@ -117,6 +117,9 @@ pub struct KernelRun {
     /// `STAT_ECHO_BEYOND_IDLE_LIMIT` moved: the echo the kernel restored was beyond the
     /// idle limit (the core's `echoes_beyond_idle_limit`).
     pub echo_beyond_idle_limit: bool,
+    /// `STAT_ANSWER_MOVED` moved, beside the SYN-ACK's own entry (kept out of `events`):
+    /// it moved its retried SYN's load count (the core's `handshake_count_moved`).
+    pub answer_moved: bool,
 }
 
 impl KernelRun {
@@ -131,6 +134,7 @@ impl KernelRun {
             )
             .chain(self.options_walked.then(|| "OptionsWalked".to_string()))
             .chain(self.general_path.then(|| "GeneralPath".to_string()))
+            .chain(self.answer_moved.then(|| "AnswerMoved".to_string()))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -176,6 +180,7 @@ impl KernelRun {
                     .iter()
                     .flat_map(|&i| FAST_EVENTS[i].1.iter().copied()),
             )
+            .chain(self.answer_moved.then_some(Counter::HandshakeCountMoved))
             .collect();
         if self.options_walked {
             let (compared, walk) = OPTIONS_WALKED;
@@ -429,8 +434,13 @@ impl Kernel {
         let fast = (0..FAST_BUNDLES.len() as u32)
             .filter(|&i| stats_after.fast[i as usize] != stats_before.fast[i as usize])
             .collect();
+        let moved = |i: usize| stats_after.events[i] != stats_before.events[i];
+        let answer_at = FAST_EVENTS
+            .iter()
+            .position(|(stat, _)| *stat == STAT_ANSWER_MOVED)
+            .expect("STAT_ANSWER_MOVED is an event");
         let events = (0..FAST_EVENTS.len())
-            .filter(|&i| stats_after.events[i] != stats_before.events[i])
+            .filter(|&i| i != answer_at && moved(i))
             .collect();
         let up = UP_REASONS
             .iter()
@@ -485,6 +495,7 @@ impl Kernel {
             general_path: stats_after.general_path != stats_before.general_path,
             echo_beyond_idle_limit: stats_after.echo_beyond_idle_limit
                 != stats_before.echo_beyond_idle_limit,
+            answer_moved: moved(answer_at),
         }
     }
 }
