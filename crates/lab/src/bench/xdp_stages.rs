@@ -78,6 +78,7 @@ pub(super) fn breakdown(
     let mut names = vec!["bench_trivial".to_string()];
     names.extend((1..=adds.len()).map(|k| format!("{prefix}{k}")));
     names.push("bench_lb_inline".into());
+    names.push("bench_lb_call".into());
     names.push("bench_lb".into());
     names.push("bench_lb_twin".into());
     let programs: Vec<ProgramMut<'_>> = names
@@ -85,7 +86,7 @@ pub(super) fn breakdown(
         .map(|name| program(object, name))
         .collect::<anyhow::Result<_>>()?;
     let expected = |p: usize| {
-        if p + 3 >= names.len() {
+        if p + 4 >= names.len() {
             whole_action
         } else {
             XDP_TX
@@ -118,12 +119,14 @@ pub(super) fn breakdown(
         .map(|p| Stage {
             adds: match adds.get(p - 1) {
                 Some(stage) => stage.to_string(),
-                None if p + 2 < names.len() => {
+                None if p + 3 < names.len() => {
                     "send_out (the whole path, the LB inlined: bench_lb_inline)".into()
                 }
+                None if p + 2 < names.len() => {
+                    "the call to the global cheetah_decide (bench_lb_call)".into()
+                }
                 None if p + 1 < names.len() => {
-                    "the tag and IP options checks and the call to the global cheetah_decide (bench_lb)"
-                        .into()
+                    "the tag and IP options checks before the call (bench_lb)".into()
                 }
                 None => "nothing: bench_lb_twin, the same code at another address".into(),
             },
