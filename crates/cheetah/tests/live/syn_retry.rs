@@ -114,16 +114,7 @@ fn scenario() {
     // The server whose SYN-ACK is dropped first got the first SYN; the other one's rule
     // must go before the retried SYN reaches it, about 1 s later.
     let started = Instant::now();
-    let first = loop {
-        if let Some(i) = (0..2).find(|&i| drops[i].dropped() > 0) {
-            break i;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no SYN-ACK was dropped: did the SYN reach a server?"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let first = first_dropped(&drops, started);
     let second = 1 - first;
     drops[second].remove();
     let (first_id, second_id) = (first as u16 + 1, second as u16 + 1);
@@ -225,16 +216,7 @@ fn without_timestamps() {
     // One SYN-ACK lost, then the way is clear: the client's retried SYN, about 1 s after
     // the first, gets the next one.
     let started = Instant::now();
-    let first = loop {
-        if let Some(i) = (0..2).find(|&i| drops[i].dropped() > 0) {
-            break i as u16 + 1;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no SYN-ACK was dropped: did the SYN reach a server?"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let first = first_dropped(&drops, started) as u16 + 1;
     for drop in &mut drops {
         drop.remove();
     }
@@ -272,6 +254,20 @@ fn without_timestamps() {
         0,
         "the retried SYN's answer went to a worker: {handed_up:?}"
     );
+}
+
+/// Which rule (0 or 1) dropped a SYN-ACK first, waited for up to 5 s from `started`.
+fn first_dropped(drops: &[SynAckDrop; 2], started: Instant) -> usize {
+    loop {
+        if let Some(i) = (0..2).find(|&i| drops[i].dropped() > 0) {
+            return i;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no SYN-ACK was dropped: did the SYN reach a server?"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn syn_challenges(namespace: &str) -> u64 {
