@@ -48,7 +48,7 @@ fn scenario(forwarding: &str, prefix: &str) {
     );
     let lb_ns = testbed.ns("lb");
     // Whatever the testbed did, the LB host starts as a host that is not a router.
-    in_netns_ok(&lb_ns, "sysctl", &["-qw", "net.ipv4.conf.all.forwarding=0"]);
+    set_sysctl(&lb_ns, "net.ipv4.conf.all.forwarding", "0");
     in_netns_ok(
         &testbed.ns("rt"),
         "ip",
@@ -113,10 +113,10 @@ fn scenario(forwarding: &str, prefix: &str) {
 fn operator_forwarding_is_left_alone(testbed: &Testbed, lb: &mut Lb, dips: &[String]) {
     let lb_ns = testbed.ns("lb");
     for interface in ["lb-c", "lb-s"] {
-        in_netns_ok(
+        set_sysctl(
             &lb_ns,
-            "sysctl",
-            &["-qw", &format!("net.ipv4.conf.{interface}.forwarding=1")],
+            &format!("net.ipv4.conf.{interface}.forwarding"),
+            "1",
         );
     }
     let before = forwarding_sysctls(&lb_ns);

@@ -169,11 +169,7 @@ fn shared_clocks() {
     }
     // No LB needed: c0's gateway is the LB's namespace, made to forward to the servers' own
     // addresses here (the testbed leaves it off, as cheetah needs it).
-    in_netns_ok(
-        &testbed.ns("lb"),
-        "sysctl",
-        &["-q", "-w", "net.ipv4.ip_forward=1"],
-    );
+    set_sysctl(&testbed.ns("lb"), "net.ipv4.ip_forward", "1");
     for id in testbed.server_ids() {
         let s = format!("s{id}");
         let (dip, _) = testbed.server(id);
@@ -227,11 +223,7 @@ const MISCONFIGURED_FOR: Duration = Duration::from_secs(8);
 fn a_clock_per_client() {
     let testbed = Testbed::up("ckm", &["--servers", "2", "--clients", "2"]);
     let misconfigured = testbed.ns("s2");
-    in_netns_ok(
-        &misconfigured,
-        "sysctl",
-        &["-q", "-w", "net.ipv4.tcp_timestamps=1"],
-    );
+    set_sysctl(&misconfigured, "net.ipv4.tcp_timestamps", "1");
     let rejected = |s: &str| netstat_counter(&testbed.ns(s), "TcpExt", "TSEcrRejected");
     let rejected_before = (rejected("s1"), rejected("s2"));
     let lb = Lb::start(&testbed, &testbed.config_path());

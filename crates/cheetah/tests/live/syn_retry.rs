@@ -186,11 +186,7 @@ fn scenario() {
 fn without_timestamps() {
     let testbed = Testbed::up("srn", &["--servers", "2", "--clients", "1"]);
     let client_ns = testbed.ns("c1");
-    in_netns_ok(
-        &client_ns,
-        "sysctl",
-        &["-q", "-w", "net.ipv4.tcp_timestamps=0"],
-    );
+    set_sysctl(&client_ns, "net.ipv4.tcp_timestamps", "0");
     let lb = Lb::start(&testbed, &testbed.config_path());
     let before = lb.metrics();
     let mut drops = [

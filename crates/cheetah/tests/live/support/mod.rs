@@ -442,6 +442,13 @@ pub fn metric_by_label(
     sums
 }
 
+/// Sets `key` to `value` in `namespace` (the lab's `testbed::sysctl`), failing the test if
+/// it cannot.
+pub fn set_sysctl(namespace: &str, key: &str, value: &str) {
+    cheetah_lab::testbed::sysctl(namespace, &[(key, value)])
+        .unwrap_or_else(|e| panic!("sysctl {key}={value} in {namespace}: {e:#}"));
+}
+
 /// Drops by reason, summed over the workers.
 pub fn drops_by_reason(metrics: &str) -> std::collections::BTreeMap<String, u64> {
     counts_by_label(metrics, "cheetah_drops_total", "reason")
