@@ -219,10 +219,13 @@ fn vip_end(mac: Mac) -> End {
     }
 }
 
+/// The MAC a client's segment arrives from (the clients' router, as the kernel sees it).
+const CLIENT_ROUTER_MAC: Mac = [0x02, 0xaa, 0, 0, 0, 1];
+
 /// A client's SYN to the VIP.
 fn syn(client: Ipv4Addr, port: u16, isn: u32) -> Vec<u8> {
     let from = End {
-        mac: [0x02, 0xaa, 0, 0, 0, 1],
+        mac: CLIENT_ROUTER_MAC,
         addr: client,
         port,
     };
@@ -670,14 +673,24 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
         )
     };
     // The kernel's verdict on `frame` and the STAT_FAST_* it moved, then the core's bytes
-    // for it (as the kernel sends them: toward the gateway from the clients' interface).
+    // for it (a reply's as the kernel sends them: toward the gateway from the clients'
+    // interface).
     let both = |worker: &mut Worker, frame: &[u8]| {
         let stats = lb.program.stats();
         let (action, out) = lb.program.test_run(frame, lb.servers_ifindex).unwrap();
         let after = lb.program.stats();
         let mut core_out = frame.to_vec();
         let verdict = worker.process(&mut core_out, NOW, Ingress::ServerSide);
+        if verdict == Verdict::ToClient {
+            core_out[0..6].copy_from_slice(&GATEWAY_MAC);
+            core_out[6..12].copy_from_slice(&CLIENTS.mac);
+        }
         (action, out, after, stats, verdict, core_out)
+    };
+    // The delta of STAT_FAST_* entry `stat` between two reads of the stats.
+    let delta = |after: &SteeringStats, before: &SteeringStats, stat: u32| {
+        let at = FAST_EVENTS.iter().position(|(s, _)| *s == stat).unwrap();
+        after.events[at] - before.events[at]
     };
 
     // Client 1's SYN, retransmitted: two picks, the second holding the count.
@@ -691,24 +704,18 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
         "rr picks {first} then {second}"
     );
     // The first pick answers first: the kernel moves the count to it, as the core does.
-    let (action, out, after, before, verdict, mut core_out) =
+    let (action, out, after, before, verdict, core_out) =
         both(&mut worker, &syn_ack(first, client(1), isn));
     assert_eq!(verdict, Verdict::ToClient);
     assert_eq!(action, XDP_REDIRECT, "the kernel handled the SYN-ACK");
-    let moved = FAST_EVENTS
-        .iter()
-        .position(|(stat, _)| *stat == STAT_ANSWER_MOVED)
-        .unwrap();
     assert_eq!(
-        after.events[moved] - before.events[moved],
+        delta(&after, &before, STAT_ANSWER_MOVED),
         1,
         "counted as a move"
     );
     // FAST_BUNDLES: ServerCookie at 2, the SYN-ACK's own entry beside the move.
     assert_eq!(after.fast[2] - before.fast[2], 1, "a reply with a cookie");
     assert_eq!(worker.counters().get(Counter::HandshakeCountMoved), 1);
-    core_out[0..6].copy_from_slice(&GATEWAY_MAC);
-    core_out[6..12].copy_from_slice(&CLIENTS.mac);
     assert_eq!(out, core_out, "the core's bytes (cookie in TSval)");
     // The second pick's late SYN-ACK moves nothing, in either.
     let (action, _, after, before, _, _) = both(&mut worker, &syn_ack(second, client(1), isn));
@@ -721,7 +728,7 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
     let isn = 0x0bad_cafe;
     let (_, out, ..) = both(&mut worker, &syn(client(2).addr, client(2).port, isn));
     let server = picked(&out, servers);
-    let (action, out, after, before, _, mut core_out) =
+    let (action, out, after, before, _, core_out) =
         both(&mut worker, &syn_ack(server, client(2), isn));
     assert_eq!(
         after.fast[2] - before.fast[2],
@@ -729,17 +736,10 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
         "the kernel handled the SYN-ACK"
     );
     assert_eq!(action, XDP_REDIRECT);
-    core_out[0..6].copy_from_slice(&GATEWAY_MAC);
-    core_out[6..12].copy_from_slice(&CLIENTS.mac);
     assert_eq!(out, core_out, "the core's bytes (cookie in TSval)");
 
-    // The delta of STAT_FAST_* entry `stat` between two reads of the stats.
-    let delta = |after: &SteeringStats, before: &SteeringStats, stat: u32| {
-        let at = FAST_EVENTS.iter().position(|(s, _)| *s == stat).unwrap();
-        after.events[at] - before.events[at]
-    };
     let client_end = |host: u8| End {
-        mac: [0x02, 0xaa, 0, 0, 0, 1],
+        mac: CLIENT_ROUTER_MAC,
         ..client(host)
     };
     // The first answer to a retried SYN, without a timestamp, from `answering` to
@@ -760,7 +760,7 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
                 &[2, 4, 0x05, 0xb4],
             );
             let moved_before = worker.counters().get(Counter::HandshakeCountMoved);
-            let (action, out, after, before, verdict, mut core_out) = both(worker, &mss_only);
+            let (action, out, after, before, verdict, core_out) = both(worker, &mss_only);
             assert_eq!(verdict, Verdict::ToClient);
             assert_eq!(action, XDP_REDIRECT, "the kernel handled the SYN-ACK");
             assert_eq!(delta(&after, &before, STAT_ANSWER_MOVED), moves, "a move");
@@ -773,8 +773,6 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
                 worker.counters().get(Counter::HandshakeCountMoved),
                 moved_before + moves
             );
-            core_out[0..6].copy_from_slice(&GATEWAY_MAC);
-            core_out[6..12].copy_from_slice(&CLIENTS.mac);
             assert_eq!(out, core_out, "the core's bytes");
             let bare_ack = segment(
                 client_end(host),
@@ -826,7 +824,7 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
         (msb + 1) << 16 | 0x0123,
     );
     let advanced_before = worker.counters().get(Counter::MsbAdvanced);
-    let (action, out, after, before, verdict, mut core_out) = both(&mut worker, &advancing);
+    let (action, out, after, before, verdict, core_out) = both(&mut worker, &advancing);
     assert_eq!(verdict, Verdict::ToClient);
     assert_eq!(action, XDP_REDIRECT, "the kernel handled the SYN-ACK");
     assert_eq!(delta(&after, &before, STAT_ANSWER_MOVED), 1, "a move");
@@ -839,8 +837,6 @@ fn a_syn_ack_after_a_retried_syn_moves_the_count_in_the_kernel_as_the_core_does(
         worker.counters().get(Counter::MsbAdvanced),
         advanced_before + 1
     );
-    core_out[0..6].copy_from_slice(&GATEWAY_MAC);
-    core_out[6..12].copy_from_slice(&CLIENTS.mac);
     assert_eq!(out, core_out, "the core's bytes (the new MSB's cookie)");
 
     // The fold gives the kernel's plane the core's loads: the count on the server that
