@@ -31,7 +31,7 @@
 // Entries of host_addrs: the LB host's own IPv4 addresses.
 #define MAX_HOST_ADDRS 256
 
-// In front of each packet handed to a socket, as XDP metadata.
+// In front of each packet handed to a socket, as its first bytes (steer.h `write_meta`).
 #define META_MAGIC 0xc4ee7a11
 #define META_TO_VIP (1u << 0)
 #define META_FROM_SERVER (1u << 1)

@@ -135,7 +135,7 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 		if (!owner)
 			return pass();
 		if (!fast || vip || slot)
-			return steer_to_socket(ctx, owner, p.ip_options_lifted);
+			return to_socket(owner);
 		// A garbled IP header (never the straight line's; parse_plain_tcp tells another
 		// protocol from its first bytes only): the core drops the packet before it looks
 		// at anything else.
@@ -159,13 +159,13 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 				action = client_not_found(refusal);
 			if (action != LB_HAND_UP)
 				return action;
-			return steer_to_socket(ctx, owner, p.ip_options_lifted);
+			return to_socket(owner);
 		}
 		sender = reply_by_steering(ctx, config, seq, backend, &p, refusal, &by_steering,
 					   &dropped);
 		if (!sender)
 			return dropped != LB_HAND_UP ? dropped :
-						       steer_to_socket(ctx, owner, p.ip_options_lifted);
+						       to_socket(owner);
 	}
 	action = reply_fast(ctx, config, seq, sender, &p);
 	if (action != LB_HAND_UP)
@@ -176,7 +176,7 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 		if (!owner)
 			return pass();
 	}
-	return steer_to_socket(ctx, owner, p.ip_options_lifted);
+	return to_socket(owner);
 }
 
 // The LB as a global function: the verifier checks it once, on its own, whatever state
@@ -194,10 +194,10 @@ static __always_inline int lb_untagged(struct xdp_md *ctx)
 }
 
 // The program: the LB on the frame, a tagged frame's tags lifted while it decides, then
-// its IP options.
+// its IP options; a frame it hands up is steered to its socket once both are back.
 static __always_inline int lb_process(struct xdp_md *ctx)
 {
-	return with_tags_lifted(ctx, lb_untagged);
+	return steer_if_asked(ctx, with_tags_lifted(ctx, lb_untagged));
 }
 
 #endif

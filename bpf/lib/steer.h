@@ -8,7 +8,7 @@
 // (l2: sent from a VIP address; nat: sent from a backend DIP:port, unless addressed to one
 // of the host's own addresses: the answers to the LB's health probes). For server replies the
 // program also asks the kernel's FIB and neighbour table for the next hop toward the
-// client and leaves the answer in XDP metadata in front of the packet, so the userspace
+// client and leaves the answer in front of the packet (write_meta), so the userspace
 // data path never keeps its own routing state. When no socket is bound for the receiving
 // queue (the LB is restarting, or was killed), owned packets are dropped rather than passed:
 // the host kernel must never answer a load-balanced connection with a RST.
@@ -134,28 +134,35 @@ static __always_inline __u32 next_hop(struct xdp_md *ctx, struct iphdr *ip, __u3
 	return META_FIB_FAILED;
 }
 
-// Puts the direction and, for server replies, the next hop in front of the packet.
-// `ip_options_lifted`: bytes of IP options off the header while the LB decides
-// (ip_options.h), which the next hop's MTU must count.
-static __always_inline int write_meta(struct xdp_md *ctx, __u32 flags, __u32 ip_options_lifted)
+// Puts the direction and, for server replies, the next hop in front of the frame, as the
+// first META_LEN bytes of the packet itself (bpf_xdp_adjust_head): the socket's reader
+// takes them off (dataplane/xsk.rs `receive`). Not XDP metadata (bpf_xdp_adjust_meta):
+// some kernels refuse that helper to XDP programs, and drivers without metadata support
+// fail it at run time, while every XDP driver has headroom. Written last, with the frame
+// as it will leave (tags and IP options back, lb.h), so nothing moves it after. 0 if
+// there was no room, the frame then as it came.
+static __always_inline int write_meta(struct xdp_md *ctx, __u32 flags)
 {
-	struct cheetah_meta *meta;
+	struct cheetah_meta meta = {};
+	struct cheetah_meta *front;
 	struct iphdr *ip;
 
-	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct cheetah_meta)))
-		return 0;
-	meta = (void *)(long)ctx->data_meta;
-	if ((void *)(meta + 1) > (void *)(long)ctx->data)
-		return 0;
 	// Past any VLAN tags, as steer_owner found it.
 	ip = steered_ipv4(ctx);
 	if (!ip)
 		return 0;
-	__builtin_memset(meta, 0, sizeof(*meta));
 	if (flags & META_FROM_SERVER)
-		flags |= next_hop(ctx, ip, bpf_ntohs(ip->tot_len) + ip_options_lifted, meta);
-	meta->magic = META_MAGIC;
-	meta->flags = flags;
+		flags |= next_hop(ctx, ip, bpf_ntohs(ip->tot_len), &meta);
+	meta.magic = META_MAGIC;
+	meta.flags = flags;
+	if (bpf_xdp_adjust_head(ctx, -(int)sizeof(meta)))
+		return 0;
+	front = (void *)(long)ctx->data;
+	if ((void *)(front + 1) > (void *)(long)ctx->data_end) {
+		bpf_xdp_adjust_head(ctx, (int)sizeof(meta));
+		return 0;
+	}
+	__builtin_memcpy(front, &meta, sizeof(meta));
 	return 1;
 }
 
@@ -210,30 +217,58 @@ static __always_inline __u32 steer_owner(struct xdp_md *ctx, __u32 copy,
 	return 0;
 }
 
-// Hands an owned packet (`flags` from steer_owner) to the AF_XDP socket of its interface
-// and queue, with the metadata in front (write_meta).
-static __always_inline int steer_to_socket(struct xdp_md *ctx, __u32 flags,
-					   __u32 ip_options_lifted)
+// What the LB returns for a packet it hands to a socket: `owner` (steer_owner's flags)
+// above every XDP action, so that the program steers it only after the frame has its tags
+// and IP options back (lb.h `lb_process`).
+#define LB_TO_SOCKET 0x100
+
+static __always_inline int to_socket(__u32 owner)
 {
-	__u32 ifindex = ctx->ingress_ifindex;
+	return LB_TO_SOCKET | (owner & (META_TO_VIP | META_FROM_SERVER));
+}
+
+// Hands an owned packet (`flags` from steer_owner) to the AF_XDP socket of its interface
+// and queue, with the metadata in front (write_meta). A frame no socket takes is dropped
+// as it came. Global: verified once, whatever state the LB's paths leave.
+__noinline int steer_to_socket(struct xdp_md *ctx, __u32 flags)
+{
+	__u32 ifindex, queue, key;
 	__u32 *slot;
-	__u32 key;
 	int action;
 
+	if (!ctx)
+		return XDP_DROP;
+	ifindex = ctx->ingress_ifindex;
+	queue = ctx->rx_queue_index;
 	slot = bpf_map_lookup_elem(&interface_slots, &ifindex);
-	if (!slot || ctx->rx_queue_index >= MAX_QUEUES) {
+	if (!slot || queue >= MAX_QUEUES) {
 		count(STAT_NO_SOCKET);
 		return XDP_DROP;
 	}
-	key = *slot * MAX_QUEUES + ctx->rx_queue_index;
-
-	if (!write_meta(ctx, flags, ip_options_lifted))
+	key = *slot * MAX_QUEUES + queue;
+	// A frame without it would lose its first bytes to the reader: dropped instead.
+	if (!write_meta(ctx, flags)) {
 		count(STAT_NO_METADATA_ROOM);
-
+		return XDP_DROP;
+	}
 	// Lower bits of the flags are the action when no socket is bound: drop.
 	action = bpf_redirect_map(&xsks, key, XDP_DROP);
-	count(action == XDP_REDIRECT ? STAT_TO_SOCKET : STAT_NO_SOCKET);
+	if (action == XDP_REDIRECT) {
+		count(STAT_TO_SOCKET);
+		return action;
+	}
+	count(STAT_NO_SOCKET);
+	bpf_xdp_adjust_head(ctx, (int)sizeof(struct cheetah_meta));
 	return action;
+}
+
+// The program's verdict for what the LB decided: a frame for a socket is steered now
+// (to_socket), anything else is the LB's XDP action.
+static __always_inline int steer_if_asked(struct xdp_md *ctx, int decided)
+{
+	if (decided >= LB_TO_SOCKET)
+		return steer_to_socket(ctx, (__u32)decided);
+	return decided;
 }
 
 #endif

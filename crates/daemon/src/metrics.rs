@@ -418,7 +418,7 @@ impl Collector for DaemonCollector {
         family(
             e,
             "cheetah_xdp_packets",
-            "Packets the XDP program saw, by outcome: to_socket (the LB's), no_socket (the LB's, dropped while no worker socket was bound), passed_to_host, no_metadata_room.",
+            "Packets the XDP program saw, by outcome: to_socket (the LB's), no_socket (the LB's, dropped while no worker socket was bound), passed_to_host, no_metadata_room (dropped: no headroom for the metadata or a lifted header).",
             MetricType::Counter,
             state
                 .steering

@@ -209,8 +209,8 @@ impl WorkerPorts {
         std::slice::from_raw_parts_mut(self.area.ptr.as_ptr().add(addr as usize), len as usize)
     }
 
-    /// The metadata the XDP program put in front of the packet at `addr`, if there is room
-    /// for it in the frame.
+    /// The metadata the XDP program put in front of the packet at `addr` (`receive` moved
+    /// the descriptor past it), if the frame holds that much in front.
     pub fn meta(&self, addr: u64) -> Option<&[u8; META_LEN]> {
         let frame_start = addr - addr % FRAME_SIZE as u64;
         if addr - frame_start < META_LEN as u64 {
@@ -226,7 +226,10 @@ impl WorkerPorts {
         bytes.try_into().ok()
     }
 
-    /// Takes received descriptors from `port` into `out` (up to its free capacity).
+    /// Takes received descriptors from `port` into `out` (up to its free capacity), each
+    /// moved past the metadata the XDP program writes as the frame's first `META_LEN`
+    /// bytes (bpf/lib/steer.h `write_meta`), so that it names the packet alone and `meta`
+    /// finds the metadata in front of it.
     pub fn receive(&mut self, port: usize, out: &mut Vec<XdpDesc>) -> usize {
         let room = (out.capacity() - out.len()) as u32;
         if room == 0 {
@@ -235,7 +238,7 @@ impl WorkerPorts {
         let mut rx = self.ports[port].rx.receive(room);
         let before = out.len();
         while let Some(desc) = rx.read() {
-            out.push(desc);
+            out.push(past_meta(desc));
         }
         rx.release();
         out.len() - before
@@ -339,4 +342,37 @@ impl WorkerPorts {
 
     /// Headroom left in front of copies, so they look like received frames.
     pub const COPY_HEADROOM: u64 = 256;
+}
+
+/// A received descriptor moved past the metadata in front of its packet. The program
+/// writes the metadata on every frame it steers (it drops a frame it cannot write it on),
+/// so a shorter frame is cut to nothing, which the core drops as truncated.
+fn past_meta(desc: XdpDesc) -> XdpDesc {
+    let skip = desc.len.min(META_LEN as u32);
+    XdpDesc {
+        addr: desc.addr + u64::from(skip),
+        len: desc.len - skip,
+        options: desc.options,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_received_frame_is_read_from_past_its_metadata() {
+        let desc = past_meta(XdpDesc {
+            addr: 4096 + 256,
+            len: 60 + META_LEN as u32,
+            options: 0,
+        });
+        assert_eq!((desc.addr, desc.len), (4096 + 256 + META_LEN as u64, 60));
+        let short = past_meta(XdpDesc {
+            addr: 256,
+            len: 3,
+            options: 0,
+        });
+        assert_eq!((short.addr, short.len), (259, 0));
+    }
 }

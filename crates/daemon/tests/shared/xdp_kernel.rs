@@ -20,6 +20,7 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::ServerId;
 use cheetah_core::verdict::DropReason;
 use cheetah_daemon::clock::monotonic_ns;
+use cheetah_daemon::dataplane::meta::META_LEN;
 use cheetah_daemon::dataplane::next_hops::NextHopMirror;
 use cheetah_daemon::dataplane::xdp::{CloseWords, KernelWords, SteeringProgram};
 use cheetah_daemon::dataplane::xdp_layout::*;
@@ -402,13 +403,11 @@ impl Kernel {
         // egress_ifindex 0.
         context[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
         context[12..16].copy_from_slice(&ingress.ifindex.to_ne_bytes());
-        let mut context_out = [0u8; 24];
         let mut data_out = vec![0u8; packet.len() + 256];
         let mut input = ProgramInput::default();
         input.data_in = Some(packet);
         input.data_out = Some(&mut data_out);
         input.context_in = Some(&mut context);
-        input.context_out = Some(&mut context_out);
         input.repeat = 1;
         // Last, so that the program reads the core's `now` a few microseconds on, not the
         // milliseconds reading every server's traffic takes (the clock table anchors in
@@ -426,10 +425,6 @@ impl Kernel {
             .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on {} bytes: {e}", packet.len()));
         let action = output.return_value;
         let data = output.data.expect("data out").to_vec();
-        // The context out says where the frame starts after the metadata steering put in
-        // front of it (`data` is the metadata's length).
-        let meta = u32::from_ne_bytes(context_out[0..4].try_into().unwrap()) as usize;
-        let frame = data[meta.min(data.len())..].to_vec();
         let stats_after = self.program.stats();
         let fast = (0..FAST_BUNDLES.len() as u32)
             .filter(|&i| stats_after.fast[i as usize] != stats_before.fast[i as usize])
@@ -465,7 +460,14 @@ impl Kernel {
         .into_iter()
         .filter(|(_, before, after)| before != after)
         .map(|(name, _, _)| name)
-        .collect();
+        .collect::<Vec<_>>();
+        // A frame a socket took starts with the metadata steering wrote (steer.h
+        // `write_meta`); one no socket took was dropped as it came.
+        let frame = if steered.contains(&"to_socket") {
+            data[META_LEN.min(data.len())..].to_vec()
+        } else {
+            data
+        };
         let traffic_after = self.program.server_traffic(traffic_ids).unwrap();
         let traffic = traffic_ids
             .iter()
