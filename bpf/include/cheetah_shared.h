@@ -302,7 +302,13 @@ struct backend_key {
 struct backend_info {
 	__u16 server;
 	__u16 vip_index; // BACKEND_NO_VIP: no VIP's pool has this (DIP, port) now
+	__u32 flags;     // BACKEND_*
 };
+
+// backend_info.flags: a removed server had this DIP (the core's `removed_server_at`), so
+// a segment from it that no current backend explains is dropped (`server_removed`), not
+// passed to the host.
+#define BACKEND_DIP_OF_REMOVED (1u << 0)
 
 // backend_info.vip_index of an allocated server's (DIP, port) that no current backend is
 // (a removed server's, whose late replies the core drops as `server_removed`).

@@ -24,6 +24,8 @@
 #include "fast_path.h"
 #include "maps.h"
 #include "parse.h"
+#include "publish.h"
+#include "steer.h"
 #include "vip_addr_filter.h"
 
 // The slot of `key` (dataplane/reply_senders.rs computes the same): its three words as
@@ -186,15 +188,35 @@ static __always_inline int not_tcp_from_vip_l2(struct xdp_md *ctx, const struct 
 	return send_out(ctx, hop.hop.ifindex);
 }
 
+// A pass decided on the published tables read under `seq`, as drop_by_tables drops.
+static __always_inline int pass_by_tables(__u32 seq)
+{
+	if (!publish_unchanged(seq))
+		return hand_up(STAT_UP_PUBLISHING);
+	return pass();
+}
+
+// A NAT backend's segment that the core's classify leaves to `classify_rest` (no current
+// backend at its (DIP, port), or a fragment or a segment too short for its ports from
+// one): dropped as `server_removed` if a removed server had its DIP (the core's
+// `removed_server_at`, which the publisher marks on the entry), else passed to the host
+// as the core passes it, on either side. The host's stack drops it too (the LB's
+// interfaces do not forward) but counts it as its own; the AF_XDP path cannot pass a
+// frame a socket took, so its worker drops what the core passes.
+static __always_inline int not_a_reply_nat(__u32 seq, const struct backend_info *backend)
+{
+	if (backend->flags & BACKEND_DIP_OF_REMOVED)
+		return drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
+	return pass_by_tables(seq);
+}
+
 // The same for a NAT backend's segment (steering found `backend`, its (DIP, port) entry),
-// dropped as the core drops it (worker.rs `classify`, `server_tcp`, `classify_rest`): of
-// a (DIP, port) no current backend has whose server was removed (`server_removed`, the
-// core's `removed_server_at`); else, a whole segment of 4 bytes or more (the ports) from a
-// current backend's: on the clients' side (`reply_from_client_side`), of a server that no
-// longer forwards (`server_removed`), else under its TCP header's fault. LB_HAND_UP for the
-// rest: a fragment or a shorter segment from a current backend's (DIP, port), which the
-// core passes unless a removed server had the same DIP (the kernel keeps no index of
-// those), and a server the entry names but the servers map does not.
+// dropped or passed as the core does (worker.rs `classify`, `server_tcp`,
+// `classify_rest`): of a (DIP, port) no current backend has, or a fragment or a segment
+// shorter than its ports, not_a_reply_nat; else, a whole segment of 4 bytes or more from
+// a current backend's: on the clients' side (`reply_from_client_side`), of a server that
+// no longer forwards (`server_removed`), else under its TCP header's fault. LB_HAND_UP
+// for a server the entry names but the servers map does not.
 static __always_inline int garbled_reply_nat(struct xdp_md *ctx, const struct lb_config *config,
 					     __u32 seq, const struct backend_info *backend,
 					     int client_side)
@@ -205,14 +227,11 @@ static __always_inline int garbled_reply_nat(struct xdp_md *ctx, const struct lb
 
 	if (!ipv4_checked(ctx) || (void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP)
 		return LB_HAND_UP;
+	if (backend->vip_index == BACKEND_NO_VIP ||
+	    (ip->frag_off & bpf_htons(0x3fff)) || bpf_ntohs(ip->tot_len) < ip->ihl * 4 + 4)
+		return not_a_reply_nat(seq, backend);
 	server = server_at(config->copy, backend->server);
 	if (!server)
-		return LB_HAND_UP;
-	if (backend->vip_index == BACKEND_NO_VIP)
-		return server->flags & SERVER_FORWARDS ?
-			       LB_HAND_UP :
-			       drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
-	if ((ip->frag_off & bpf_htons(0x3fff)) || bpf_ntohs(ip->tot_len) < ip->ihl * 4 + 4)
 		return LB_HAND_UP;
 	if (client_side)
 		return drop_by_tables(seq, STAT_DROP_REPLY_FROM_CLIENT_SIDE);
@@ -258,6 +277,14 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 			*dropped = not_tcp_from_vip_l2(ctx, config, seq, p->ip_options_lifted);
 			return NULL;
 		}
+		// With NAT, replies come from backends, never from a VIP address: a packet
+		// from one that is no TCP segment (a forged source) is the host's, as the core
+		// passes it (`classify_rest`), fragment or not. (Its IP header is sound:
+		// lb_decide dropped a garbled one.)
+		if (refusal == PLAIN_NOT_TCP) {
+			*dropped = pass_by_tables(seq);
+			return NULL;
+		}
 		if (refusal == PLAIN_LAYOUT) {
 			if (l2)
 				*dropped = garbled_reply_l2(ctx, config, seq, client_side);
@@ -281,14 +308,10 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 		}
 		id = backend->server;
 		// No current backend at this (DIP, port): the core's drop of a removed server's
-		// late reply (`removed_server_at`, by its DIP, on either side) if the server the
-		// entry names was removed. Its general path: no `fast_path` before it.
+		// late reply (`removed_server_at`, by its DIP, on either side), or its pass.
+		// Its general path: no `fast_path` before it.
 		if (backend->vip_index == BACKEND_NO_VIP) {
-			server = server_at(config->copy, id);
-			if (server && !(server->flags & SERVER_FORWARDS))
-				*dropped = drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
-			else
-				hand_up(STAT_UP_OTHER);
+			*dropped = not_a_reply_nat(seq, backend);
 			return NULL;
 		}
 		if (client_side) {

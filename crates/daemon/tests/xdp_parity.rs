@@ -394,6 +394,14 @@ fn judge(
                 "passed to the host, but the core says {}",
                 verdict_name(verdict)
             ));
+        } else if kernel.action == XDP_PASS && kernel.reply_by_steering && verdict != Verdict::Pass
+        {
+            // A NAT backend's segment the kernel judged not a reply: passed only where
+            // the core passes it.
+            fail(format!(
+                "passed a backend's segment to the host, but the core says {}",
+                verdict_name(verdict)
+            ));
         }
         report.up.push(format!("{what} ({})", kernel.up_name()));
         return;

@@ -10,7 +10,7 @@ use cheetah_core::cookie::msb::KNOWN;
 use cheetah_core::hash::{FlowKey, Secret};
 use cheetah_core::lb::Ingress;
 use cheetah_core::policy::PolicyKind;
-use cheetah_core::tables::ControlPlane;
+use cheetah_core::tables::{ControlPlane, ServerSpec};
 use cheetah_core::testkit::{self, options, TcpFrame, VIP, VIP_PORT};
 use cheetah_core::types::{ServerId, NANOS_PER_SEC};
 use cheetah_core::wire::tcp::flags::ACK;
@@ -19,9 +19,9 @@ use cheetah_daemon::dataplane::vip_slots;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
     Encode, MaglevChunk, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, PUBLISH_COPIES,
-    STAT_DROP_TS_MSB_UNKNOWN, STAT_DROP_VIP_PORT_UNKNOWN, STAT_FAST_CLIENT_COOKIE,
-    STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_OTHER,
-    VIP_SLOTS,
+    STAT_DROP_SERVER_REMOVED_GENERAL, STAT_DROP_TS_MSB_UNKNOWN, STAT_DROP_VIP_PORT_UNKNOWN,
+    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE,
+    STAT_REPLY_BY_STEERING, STAT_UP_LAYOUT, STAT_UP_OTHER, VIP_SLOTS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::{MapCore, MapFlags};
@@ -413,4 +413,94 @@ fn the_publisher_writes_a_maglev_table_only_when_its_pool_changed() {
         chunk_bytes(&maglev_tables::chunks(&changed)[0])
     );
     assert_eq!(first_chunk(&program, 1), None);
+}
+
+/// With NAT, a server's segment that no current backend explains (here a fragment of a
+/// current backend's reply: the core reads no ports from it) is the core's `Pass`, so the
+/// kernel gives it to the host's stack rather than to a worker; once a removed server had
+/// the same DIP (the server removed, then back under a new id at the same address), the
+/// core drops it as `server_removed`, and so does the kernel.
+#[test]
+fn a_nat_backends_fragment_is_the_hosts_unless_a_removed_server_had_its_dip() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
+        return;
+    }
+    let config = testkit::config(Mode::Cheetah, Forwarding::Nat, PolicyKind::RoundRobin, 3);
+    let program = SteeringProgram::load(config.fallback_table_capacity).unwrap();
+    let words = program.kernel_words().unwrap();
+    let mut plane =
+        ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout, _| words.tables(layout))
+            .unwrap();
+    let mut publisher = Publisher::new();
+    publish(&program, &plane, &mut publisher, true);
+    let server = ServerId(2);
+    let reply = TcpFrame::from_server_nat(
+        server.0,
+        testkit::client_ip(9),
+        40_000,
+        ACK,
+        options::nop_nop_ts(0x1234_0042, 77),
+    )
+    .build();
+    let fragment = more_fragments(&reply);
+
+    let passed = program.stats().passed_to_host;
+    let up = stat(&program, STAT_UP_OTHER) + stat(&program, STAT_UP_LAYOUT);
+    let (verdict, bytes) = program.test_run(&fragment, LOOPBACK).unwrap();
+    assert_eq!(
+        (verdict, &bytes),
+        (XDP_PASS, &fragment),
+        "the host's, unchanged"
+    );
+    assert_eq!(program.stats().passed_to_host, passed + 1);
+    assert_eq!(
+        stat(&program, STAT_UP_OTHER) + stat(&program, STAT_UP_LAYOUT),
+        up,
+        "not handed to a worker"
+    );
+
+    let dip = plane.shared().snapshot.load().servers.get(server).dip;
+    plane.remove_server(server.0, 0).unwrap();
+    plane
+        .add_server(
+            ServerSpec {
+                id: None,
+                dip: std::net::Ipv4Addr::from(dip).into(),
+                mac: Some("02:ce:00:00:09:09".into()),
+                vips: vec![(format!("{}:{VIP_PORT}", std::net::Ipv4Addr::from(VIP)), 1)],
+            },
+            0,
+        )
+        .unwrap();
+    publish(&program, &plane, &mut publisher, true);
+    let removed = stat(&program, STAT_DROP_SERVER_REMOVED_GENERAL);
+    let (verdict, bytes) = program.test_run(&fragment, LOOPBACK).unwrap();
+    assert_eq!(
+        (verdict, &bytes),
+        (XDP_DROP, &fragment),
+        "a removed server's DIP"
+    );
+    assert_eq!(
+        stat(&program, STAT_DROP_SERVER_REMOVED_GENERAL),
+        removed + 1
+    );
+    assert_eq!(program.stats().passed_to_host, passed + 1);
+}
+
+/// `frame` (untagged IPv4) as the first fragment of its datagram: MF set, checksum fixed.
+fn more_fragments(frame: &[u8]) -> Vec<u8> {
+    let mut out = frame.to_vec();
+    let ip = 14;
+    out[ip + 6] = 0x20;
+    out[ip + 7] = 0;
+    out[ip + 10..ip + 12].fill(0);
+    let sum = out[ip..ip + 20]
+        .chunks(2)
+        .map(|pair| u32::from(u16::from_be_bytes([pair[0], pair[1]])))
+        .sum::<u32>();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    let checksum = !(((folded & 0xffff) + (folded >> 16)) as u16);
+    out[ip + 10..ip + 12].copy_from_slice(&checksum.to_be_bytes());
+    out
 }

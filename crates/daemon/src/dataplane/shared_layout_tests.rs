@@ -312,6 +312,7 @@ fn rust_side() -> BTreeMap<String, u64> {
             STAT_DROP_REPLY_FROM_CLIENT_SIDE as usize,
         ),
         ("BACKEND_NO_VIP", NO_VIP as usize),
+        ("BACKEND_DIP_OF_REMOVED", BACKEND_DIP_OF_REMOVED as usize),
         (
             "STAT_DROP_COOKIE_UNKNOWN_SERVER",
             STAT_DROP_COOKIE_UNKNOWN_SERVER as usize,
@@ -473,7 +474,8 @@ fn rust_side() -> BTreeMap<String, u64> {
         BackendInfo,
         "struct backend_info",
         server,
-        vip_index
+        vip_index,
+        flags
     ));
     values.extend(layout!(
         LbConfigValue,

@@ -1056,13 +1056,18 @@ impl Encode for BackendKey {
 pub struct BackendInfo {
     pub server: u16,
     pub vip_index: u16,
+    pub flags: u32,
 }
+
+/// `BACKEND_DIP_OF_REMOVED`: a removed server had the entry's DIP.
+pub const BACKEND_DIP_OF_REMOVED: u32 = 1 << 0;
 
 impl Encode for BackendInfo {
     fn to_bytes(&self) -> Vec<u8> {
         Bytes::of::<Self>()
             .put(offset_of!(Self, server), &self.server.to_ne_bytes())
             .put(offset_of!(Self, vip_index), &self.vip_index.to_ne_bytes())
+            .put(offset_of!(Self, flags), &self.flags.to_ne_bytes())
             .0
     }
 }

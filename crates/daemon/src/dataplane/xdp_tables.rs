@@ -273,7 +273,17 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
                     port: vip.backend_port.to_be_bytes(),
                     copy: 0,
                 };
-                let value = BackendInfo { server, vip_index };
+                // What the core asks of a segment from this (DIP, port) that no current
+                // backend explains (worker.rs `classify_rest`): drop or pass.
+                let flags = match snapshot.removed_server_at(slot.dip) {
+                    Some(_) => BACKEND_DIP_OF_REMOVED,
+                    None => 0,
+                };
+                let value = BackendInfo {
+                    server,
+                    vip_index,
+                    flags,
+                };
                 wanted.backends.insert(key.to_bytes(), value.to_bytes());
             }
         }
@@ -700,7 +710,7 @@ mod tests {
     use cheetah_core::config::LbConfig;
     use cheetah_core::hash::Secret;
     use cheetah_core::policy::schedule::SCHEDULE_MAX_POSITIONS;
-    use cheetah_core::tables::ControlPlane;
+    use cheetah_core::tables::{ControlPlane, ServerSpec};
 
     use super::*;
 
@@ -1012,6 +1022,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         let value = BackendInfo {
             server: 2,
             vip_index: 0,
+            flags: 0,
         };
         assert_eq!(nat.backends[&key.to_bytes()], value.to_bytes());
         assert_eq!(nat.backends.len(), 3);
@@ -1038,5 +1049,34 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         };
         let info = &published.backends[&key.to_bytes()];
         assert_eq!(info[2..4], NO_VIP.to_ne_bytes(), "no VIP claims it");
+        let flags = |published: &Wanted, dip: [u8; 4]| {
+            let key = BackendKey {
+                addr: dip,
+                port: 80u16.to_be_bytes(),
+                copy: 0,
+            };
+            let info = &published.backends[&key.to_bytes()];
+            u32::from_ne_bytes(info[4..8].try_into().unwrap())
+        };
+        assert_eq!(flags(&published, [10, 20, 0, 12]), BACKEND_DIP_OF_REMOVED);
+        assert_eq!(flags(&published, [10, 20, 0, 11]), 0);
+        // The server back under a new id at the same DIP, a current backend again: what
+        // no current backend explains from that DIP is still the removed server's to drop.
+        let back = plane
+            .add_server(
+                ServerSpec {
+                    id: Some(4),
+                    dip: "10.20.0.12".parse().unwrap(),
+                    mac: Some("02:ce:00:00:02:04".into()),
+                    vips: vec![("10.0.0.100:80".into(), 1)],
+                },
+                0,
+            )
+            .unwrap();
+        let published = wanted_of(&plane, true);
+        let info = &published.backends[&key.to_bytes()];
+        assert_eq!(info[0..2], back.0.to_ne_bytes(), "the current backend's");
+        assert_ne!(info[2..4], NO_VIP.to_ne_bytes());
+        assert_eq!(flags(&published, [10, 20, 0, 12]), BACKEND_DIP_OF_REMOVED);
     }
 }
