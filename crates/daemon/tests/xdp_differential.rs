@@ -82,7 +82,8 @@ use vectors::{hex, load_suite, repository_path, suite_dirs, unhex, verdict_name,
 #[path = "shared/xdp_kernel.rs"]
 mod xdp_kernel;
 use xdp_kernel::{
-    action_name, ip_total_len, l3_offset, Kernel, KernelRun, NextHops, XDP_DROP, XDP_PASS,
+    action_name, ip_total_len, l3_offset, to_the_host, Kernel, KernelRun, NextHops, XDP_DROP,
+    XDP_PASS,
 };
 #[path = "shared/egress.rs"]
 mod egress;
@@ -334,6 +335,39 @@ fn judge(
             return Err(format!(
                 "went up but changed shared words: {kernel_wrote:?}"
             ));
+        }
+        // The host's stack gets it: what the core forwards must reach a worker, but for a
+        // segment to the host itself, which steering gives the host whatever its source
+        // (the answer to a health probe: the core, which knows no host address, would
+        // take it for a reply).
+        if kernel.action == XDP_PASS {
+            if matches!(
+                core.verdict,
+                Verdict::ToServer(_) | Verdict::ToClient | Verdict::ToAllServers { .. }
+            ) && !to_the_host(input)
+            {
+                return Err(format!(
+                    "passed to the host, but the core says {}",
+                    verdict_name(core.verdict)
+                ));
+            }
+            if core.verdict == Verdict::Pass {
+                if core.moved != ["passed +1"] {
+                    return Err(format!(
+                        "passed to the host as the core does, but the core counted {:?}",
+                        core.moved
+                    ));
+                }
+                return Ok(Outcome::Handled("pass".into()));
+            }
+            // A packet steering owned (a NAT backend's) that the kernel judged not a
+            // reply: passed only where the core passes it.
+            if kernel.reply_by_steering {
+                return Err(format!(
+                    "passed a backend's segment to the host, but the core says {}",
+                    verdict_name(core.verdict)
+                ));
+            }
         }
         let reason = match kernel.up.first() {
             Some(reason) => format!("up:{reason}"),
@@ -809,12 +843,19 @@ fn the_kernel_does_what_the_core_does_or_hands_the_frame_up_unchanged() {
     }
     let seconds = started.elapsed().as_secs_f64();
     let handled: u64 = tally.handled.values().sum();
+    // Passed to the host's stack where the core passes (not the LB's traffic), apart from
+    // what the kernel forwarded or dropped.
+    let passed = tally.handled.get("pass").copied().unwrap_or(0);
+    let share = |n: u64| 100.0 * n as f64 / index.max(1) as f64;
     let mut summary = String::new();
     let _ = writeln!(
         summary,
-        "xdp_differential: {index} inputs in {seconds:.1} s ({:.0} per second), seed {seed:x}; handled in the kernel {handled} ({:.1}%): {:?}",
+        "xdp_differential: {index} inputs in {seconds:.1} s ({:.0} per second), seed {seed:x}; handled in the kernel {handled} ({:.1}%: forwarded or dropped {} ({:.1}%), passed to the host as the core passes {passed} ({:.1}%)): {:?}",
         index as f64 / seconds,
-        100.0 * handled as f64 / index.max(1) as f64,
+        share(handled),
+        handled - passed,
+        share(handled - passed),
+        share(passed),
         tally.handled
     );
     let _ = writeln!(summary, "  went up, by reason: {:?}", tally.up);

@@ -46,6 +46,18 @@ pub fn ip_total_len(frame: &[u8]) -> u64 {
     let l3 = l3_offset(frame);
     u64::from(u16::from_be_bytes([frame[l3 + 2], frame[l3 + 3]]))
 }
+
+/// The LB host's own addresses, as `cheetah run` gives them to steering (`host_addrs`):
+/// a backend's segment to one is the answer to a health probe, the host's.
+pub const HOST_ADDRS: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 1, 255, 254), Ipv4Addr::new(10, 7, 0, 1)];
+
+/// Whether `frame` is IPv4 to one of the [`HOST_ADDRS`].
+pub fn to_the_host(frame: &[u8]) -> bool {
+    let l3 = l3_offset(frame);
+    frame
+        .get(l3 + 16..l3 + 20)
+        .is_some_and(|dst| HOST_ADDRS.iter().any(|host| host.octets() == dst))
+}
 pub const XDP_ABORTED: u32 = 0;
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
@@ -267,9 +279,7 @@ impl Kernel {
         program
             .set_interface_slot(topology.clients.ifindex, 1)
             .unwrap();
-        program
-            .set_host_addrs(&[Ipv4Addr::new(10, 1, 255, 254), Ipv4Addr::new(10, 7, 0, 1)])
-            .unwrap();
+        program.set_host_addrs(&HOST_ADDRS).unwrap();
         let words = program
             .kernel_words()
             .expect("mmap the clock and handshake words");
