@@ -4,6 +4,9 @@
 //! program's own path (cheetah's STAT_FAST_CLIENT_COOKIE) on the LB's CPU. A run may be
 //! void only for load (the LB's CPU less than 95% busy), which depends on the machine and
 //! what else runs on it; the figures are benchmarks (docs/benchmarks.md), not checked here.
+//! On a kernel that refuses BPF_PROG_TEST_RUN's live frames the bench feeds the veth from
+//! an AF_PACKET socket instead (napi-thread), and refuses cpumap steering, which needs
+//! them, with an error that says so.
 
 use std::process::Command;
 
@@ -33,6 +36,13 @@ fn both_live_runs_are_well_formed() {
             .expect("cannot run the cheetah binary");
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
+        if steer == "cpumap"
+            && !out.status.success()
+            && stderr.contains("needs BPF_PROG_TEST_RUN live frames, which this kernel refuses")
+        {
+            eprintln!("cpumap: not run, this kernel refuses live frames: {stderr}");
+            continue;
+        }
         assert!(
             out.status.success(),
             "`cheetah bench --xdp-live --xdp-live-steer {steer}` failed: {stderr}\n{stdout}"

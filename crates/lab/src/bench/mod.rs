@@ -35,6 +35,7 @@ mod xdp_flows_plot;
 mod xdp_katran;
 mod xdp_live;
 mod xdp_live_net;
+mod xdp_live_packet;
 mod xdp_live_probe;
 mod xdp_stages;
 

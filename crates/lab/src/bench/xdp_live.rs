@@ -37,6 +37,7 @@ use libbpf_rs::{libbpf_sys, MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFl
 use super::affinity;
 use super::xdp::{self, Bench, Path, SETUPS};
 use super::xdp_live_net::{self, Namespace, Net};
+use super::xdp_live_packet::{PacketSender, BATCH as PACKET_BATCH};
 use super::xdp_live_probe::{self, BpfStats, CpuTimes, ProgramRuns, ThreadTimes};
 
 static REFLECT_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xdp_reflect.o"));
@@ -60,6 +61,27 @@ const FRAMES_PER_CALL: u32 = 1 << 30;
 const BATCH: u32 = 64;
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
 const FIRST_CLIENT_PORT: u16 = 20_000;
+
+/// What feeds the LB's veth: the kernel's live frames where it allows them, else an
+/// AF_PACKET socket (`xdp_live_packet`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Feed {
+    LiveFrames,
+    PacketSocket,
+}
+
+impl Feed {
+    fn describe(self) -> String {
+        match self {
+            Feed::LiveFrames => {
+                format!("BPF_PROG_TEST_RUN live frames, one call per run in batches of {BATCH}")
+            }
+            Feed::PacketSocket => format!(
+                "an AF_PACKET socket's transmit ring (PACKET_QDISC_BYPASS, {PACKET_BATCH} frames a send), as this kernel refuses BPF_PROG_TEST_RUN live frames"
+            ),
+        }
+    }
+}
 
 /// How the LB's veth NAPI is made to run on the LB's CPU (`xdp_live_net`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -242,6 +264,17 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     fill_traffic(&traffic, &frames, gen_ifindex, options.steer, lb_cpu)?;
+    gen_namespace.enter()?;
+    let feed = if live_frames_refused(&find_program(&traffic, "traffic_send")?, gen_ifindex)? {
+        ensure!(
+            options.steer != Steer::Cpumap,
+            "--xdp-live-steer cpumap needs BPF_PROG_TEST_RUN live frames, which this kernel refuses (EPERM); use napi-thread"
+        );
+        Feed::PacketSocket
+    } else {
+        Feed::LiveFrames
+    };
+    lb_namespace.enter()?;
     let reflect = load(REFLECT_OBJECT, "bpf/xdp_reflect.c")?;
 
     let subjects: [(&'static str, &Object, &str); 2] = [
@@ -277,6 +310,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
             &net,
             &gen_namespace,
             &traffic,
+            (feed, &frames),
             gen_ifindex,
             sender_cpu,
             lb_cpu,
@@ -323,8 +357,11 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         )
     );
     println!(
-        "runs: {:.1} s each after {:.1} s of warm-up; sender: BPF_PROG_TEST_RUN live frames, {} flows (client ACKs with NOP NOP TS and a valid cookie), one call per run in batches of {BATCH}",
-        options.seconds, options.warm_up, options.flows
+        "runs: {:.1} s each after {:.1} s of warm-up; {} flows (client ACKs with NOP NOP TS and a valid cookie); sender: {}",
+        options.seconds,
+        options.warm_up,
+        options.flows,
+        feed.describe()
     );
     print!("{}", render(&runs, options.markdown));
     Ok(())
@@ -340,6 +377,7 @@ fn measure(
     net: &Net,
     gen_namespace: &Namespace,
     traffic: &Object,
+    (feed, frames): (Feed, &[Vec<u8>]),
     gen_ifindex: u32,
     sender_cpu: usize,
     lb_cpu: usize,
@@ -359,6 +397,10 @@ fn measure(
                 affinity::realtime().context("cannot make the sender SCHED_FIFO")?;
             }
             let program = find_program(traffic, "traffic_send")?;
+            let mut packets = match feed {
+                Feed::PacketSocket => Some(PacketSender::open(gen_ifindex, frames)?),
+                Feed::LiveFrames => None,
+            };
             // SAFETY: pthread_self has no preconditions.
             control
                 .thread
@@ -370,7 +412,13 @@ fn measure(
                     continue;
                 }
                 control.idle.store(false, Ordering::Release);
-                send(&program, gen_ifindex)?;
+                match packets.as_mut() {
+                    Some(packets) => {
+                        let sent = packets.send_batch()?;
+                        control.sent.fetch_add(sent, Ordering::Relaxed);
+                    }
+                    None => send(&program, gen_ifindex)?,
+                }
             }
             Ok(())
         });
@@ -378,15 +426,21 @@ fn measure(
             wait(options.warm_up, interrupted, &sender)?;
             control.pause(&sender)?;
             let before_times = Times::read(lb_cpu, napi)?;
-            let before = Counters::read(net, traffic, &program_counters)?;
+            let before = Counters::read(net, traffic, &control.sent, &program_counters)?;
             control.resume();
             let clock = Instant::now();
             wait(options.seconds, interrupted, &sender)?;
             control.pause(&sender)?;
             let seconds = clock.elapsed().as_secs_f64();
             let after_times = Times::read(lb_cpu, napi)?;
-            let after = Counters::read(net, traffic, &program_counters)?;
-            Ok(after.since(&before, after_times.since(&before_times), lb_cpu, seconds))
+            let after = Counters::read(net, traffic, &control.sent, &program_counters)?;
+            Ok(after.since(
+                &before,
+                after_times.since(&before_times),
+                feed,
+                lb_cpu,
+                seconds,
+            ))
         })();
         control.stop.store(true, Ordering::Relaxed);
         if !sender.is_finished() {
@@ -407,6 +461,8 @@ struct SenderControl {
     idle: AtomicBool,
     /// The sender's pthread_t, to signal it.
     thread: std::sync::atomic::AtomicU64,
+    /// Frames the packet-socket sender handed to its veth.
+    sent: std::sync::atomic::AtomicU64,
     signalled: Arc<AtomicBool>,
 }
 
@@ -488,12 +544,14 @@ struct Counters {
     handled: Vec<u64>,
     runs: ProgramRuns,
     net_rx: Vec<u64>,
+    sent: u64,
 }
 
 impl Counters {
     fn read(
         net: &Net,
         traffic: &Object,
+        sent: &std::sync::atomic::AtomicU64,
         program_counters: &impl Fn() -> anyhow::Result<(Vec<u64>, ProgramRuns)>,
     ) -> anyhow::Result<Self> {
         let (handled, runs) = program_counters()?;
@@ -504,10 +562,18 @@ impl Counters {
             handled,
             runs,
             net_rx: xdp_live_probe::net_rx_softirqs()?,
+            sent: sent.load(Ordering::Relaxed),
         })
     }
 
-    fn since(&self, before: &Counters, times: Times, lb_cpu: usize, seconds: f64) -> Run {
+    fn since(
+        &self,
+        before: &Counters,
+        times: Times,
+        feed: Feed,
+        lb_cpu: usize,
+        seconds: f64,
+    ) -> Run {
         let counter =
             |counters: &BTreeMap<String, u64>, name: &str| counters.get(name).copied().unwrap_or(0);
         let moved = |pick: fn(&Counters) -> &BTreeMap<String, u64>, name: &str| {
@@ -517,13 +583,29 @@ impl Counters {
         let handled: Vec<u64> = (0..self.handled.len())
             .map(|i| at(&self.handled, i) - at(&before.handled, i))
             .collect();
-        let ring_full = moved(|c| &c.gen, "tx_queue_0_xdp_xmit_errors");
+        let received_by_lb = moved(|c| &c.lb, "rx_queue_0_xdp_packets");
+        // Live frames cross as XDP frames, which the sender's veth counts; a socket's
+        // as skbs, of which it counts only what it dropped in total: the socket's own
+        // count then, and what the LB's end did not receive.
+        let (offered, ring_full) = match feed {
+            Feed::LiveFrames => {
+                let ring_full = moved(|c| &c.gen, "tx_queue_0_xdp_xmit_errors");
+                (
+                    moved(|c| &c.gen, "tx_queue_0_xdp_xmit") + ring_full,
+                    ring_full,
+                )
+            }
+            Feed::PacketSocket => {
+                let sent = self.sent - before.sent;
+                (sent, sent.saturating_sub(received_by_lb))
+            }
+        };
         Run {
             subject: "",
             seconds,
-            offered: moved(|c| &c.gen, "tx_queue_0_xdp_xmit") + ring_full,
+            offered,
             ring_full,
-            received_by_lb: moved(|c| &c.lb, "rx_queue_0_xdp_packets"),
+            received_by_lb,
             forwarded: self.sink - before.sink,
             handled: handled.iter().sum(),
             handled_on_lb_cpu: at(&handled, lb_cpu),
@@ -536,8 +618,38 @@ impl Counters {
     }
 }
 
+/// Whether the kernel refuses BPF_PROG_TEST_RUN's live-frames mode (EPERM), tried with
+/// one frame of traffic_send (which, allowed, reaches the LB's end before any program is
+/// attached there, to be dropped by its stack).
+fn live_frames_refused(
+    program: &libbpf_rs::ProgramMut<'_>,
+    gen_ifindex: u32,
+) -> anyhow::Result<bool> {
+    match run_live(program, gen_ifindex, 1) {
+        Ok(()) => Ok(false),
+        Err(error) if error.raw_os_error() == Some(libc::EPERM) => Ok(true),
+        Err(error) => Err(error).context("BPF_PROG_TEST_RUN (live frames) of traffic_send"),
+    }
+}
+
 /// One BPF_PROG_TEST_RUN of traffic_send in live-frames mode.
 fn send(program: &libbpf_rs::ProgramMut<'_>, gen_ifindex: u32) -> anyhow::Result<()> {
+    match run_live(program, gen_ifindex, FRAMES_PER_CALL) {
+        // A signal (the bench pausing its sender, or Ctrl-C) ends a call early; the loop
+        // then sees the flag.
+        Err(error) if error.raw_os_error() != Some(libc::EINTR) => {
+            bail!("BPF_PROG_TEST_RUN (live frames) of traffic_send: {error}")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `repeat` frames of traffic_send, live.
+fn run_live(
+    program: &libbpf_rs::ProgramMut<'_>,
+    gen_ifindex: u32,
+    repeat: u32,
+) -> std::io::Result<()> {
     // The first flow's frame: its length is every frame's, and the program rewrites it.
     let frame = [0u8; 66];
     // struct xdp_md: the frames arrive on the sender's veth, queue 0.
@@ -551,19 +663,14 @@ fn send(program: &libbpf_rs::ProgramMut<'_>, gen_ifindex: u32) -> anyhow::Result
     opts.data_size_in = frame.len() as u32;
     opts.ctx_in = context.as_ptr().cast();
     opts.ctx_size_in = context.len() as u32;
-    opts.repeat = FRAMES_PER_CALL as i32;
+    opts.repeat = repeat as i32;
     opts.flags = BPF_F_TEST_XDP_LIVE_FRAMES;
     opts.batch_size = BATCH;
     // SAFETY: the buffers named in `opts` live across the call; live-frames mode writes
     // no data or context out.
     let rc = unsafe { libbpf_sys::bpf_prog_test_run_opts(program.as_fd().as_raw_fd(), &mut opts) };
     if rc != 0 {
-        let error = std::io::Error::last_os_error();
-        // A signal (Ctrl-C) ends a call early; the loop then sees the flag.
-        if error.raw_os_error() == Some(libc::EINTR) {
-            return Ok(());
-        }
-        bail!("BPF_PROG_TEST_RUN (live frames) of traffic_send: {error}");
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
