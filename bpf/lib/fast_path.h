@@ -103,6 +103,12 @@ static __always_inline int drop_by_tables(__u32 seq, __u32 stat)
 	return XDP_DROP;
 }
 
+// A segment dropped under its TCP header's fault (tcp_header_fault, not TCP_CHECKED).
+static __always_inline int drop_tcp_fault(__u32 seq, enum tcp_fault fault)
+{
+	return drop_by_tables(seq, STAT_DROP_TRUNCATED_TCP + (fault - TCP_TRUNCATED));
+}
+
 // A TCP segment of an ipv4_checked frame whose header the core's `TcpSegment::new_checked`
 // refuses, dropped under its fault (tcp_header_fault); LB_HAND_UP for a sound header.
 static __always_inline int drop_bad_tcp_header(struct xdp_md *ctx, __u32 seq)
@@ -111,7 +117,7 @@ static __always_inline int drop_bad_tcp_header(struct xdp_md *ctx, __u32 seq)
 
 	if (fault == TCP_CHECKED)
 		return LB_HAND_UP;
-	return drop_by_tables(seq, STAT_DROP_TRUNCATED_TCP + (fault - TCP_TRUNCATED));
+	return drop_tcp_fault(seq, fault);
 }
 
 static __always_inline int hand_up_refused(enum plain_refusal refusal)

@@ -107,10 +107,10 @@ static __always_inline __u32 *server_by_mac(const struct lb_config *config, cons
 // server has (`unknown_server_source`), a fragment (`unsupported_fragment`), from a known
 // server's VIP port on the clients' side (`reply_from_client_side`) or of a removed
 // server (`server_removed`), else under its TCP header's fault. LB_HAND_UP for anything
-// else (a well-formed TCP header, a VIP port the kernel cannot tell), counted by the
-// caller. A forged flood of garbled "replies" so costs the kernel a few lookups a packet.
+// else (a well-formed TCP header, a VIP port the kernel cannot tell), counted as `up`.
+// A forged flood of garbled "replies" so costs the kernel a few lookups a packet.
 static __always_inline int garbled_reply_l2(struct xdp_md *ctx, const struct lb_config *config,
-					    __u32 seq, int client_side)
+					    __u32 seq, int client_side, __u32 up)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -122,7 +122,7 @@ static __always_inline int garbled_reply_l2(struct xdp_md *ctx, const struct lb_
 	__u32 *by_mac;
 
 	if (!ipv4_checked(ctx) || (void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP)
-		return LB_HAND_UP;
+		return hand_up(up);
 	by_mac = server_by_mac(config, eth->h_source);
 	if (!by_mac)
 		return drop_by_tables(seq, STAT_DROP_UNKNOWN_SERVER_SOURCE);
@@ -130,7 +130,7 @@ static __always_inline int garbled_reply_l2(struct xdp_md *ctx, const struct lb_
 		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_FRAGMENT);
 	fault = tcp_header_fault(ctx);
 	if (fault == TCP_CHECKED)
-		return LB_HAND_UP;
+		return hand_up(up);
 	// The ports, if the segment holds them (ipv4_checked: within the frame; the bound is
 	// for the verifier): the core asks for the sender's VIP first.
 	src_port = (void *)ip + ip->ihl * 4;
@@ -140,14 +140,14 @@ static __always_inline int garbled_reply_l2(struct xdp_md *ctx, const struct lb_
 				return drop_by_tables(seq, STAT_DROP_REPLY_FROM_CLIENT_SIDE);
 			server = server_at(config->copy, *by_mac);
 			if (!server)
-				return LB_HAND_UP;
+				return hand_up(up);
 			if (!(server->flags & SERVER_FORWARDS))
 				return drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
 		} else if (!(config->flags & LB_EVERY_VIP)) {
-			return LB_HAND_UP;
+			return hand_up(up);
 		}
 	}
-	return drop_by_tables(seq, STAT_DROP_TRUNCATED_TCP + (fault - TCP_TRUNCATED));
+	return drop_tcp_fault(seq, fault);
 }
 
 // A packet from a VIP address (l2) that is no TCP segment: the core's `classify_rest`
@@ -210,34 +210,61 @@ static __always_inline int not_a_reply_nat(__u32 seq, const struct backend_info 
 	return pass_by_tables(seq);
 }
 
+// A NAT segment from a VIP address (steering asks vip_addrs before backends, so it found
+// no backend): replies come from backends with NAT, so the source is forged, or a server's
+// DIP was set to a VIP address. Passed to the host as the core passes it, or dropped as
+// `server_removed` where a removed server had the address; LB_HAND_UP, counted as `up`,
+// where a server that forwards has it (the core may take the segment for that backend's).
+static __always_inline int from_vip_addr_nat(struct xdp_md *ctx, __u32 copy, __u32 seq,
+					     __u32 up)
+{
+	struct iphdr *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
+	struct vip_addr_key key = { .copy = copy };
+	__u32 *flags;
+
+	if (!ipv4_checked(ctx) || (void *)(ip + 1) > (void *)(long)ctx->data_end)
+		return hand_up(up);
+	key.addr = ip->saddr;
+	flags = bpf_map_lookup_elem(&vip_addrs, &key);
+	if (!flags || (*flags & VIP_ADDR_DIP_OF_SERVER))
+		return hand_up(up);
+	if (*flags & VIP_ADDR_DIP_OF_REMOVED)
+		return drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
+	return pass_by_tables(seq);
+}
+
 // The same for a NAT backend's segment (steering found `backend`, its (DIP, port) entry),
 // dropped or passed as the core does (worker.rs `classify`, `server_tcp`,
 // `classify_rest`): of a (DIP, port) no current backend has, or a fragment or a segment
 // shorter than its ports, not_a_reply_nat; else, a whole segment of 4 bytes or more from
 // a current backend's: on the clients' side (`reply_from_client_side`), of a server that
-// no longer forwards (`server_removed`), else under its TCP header's fault. LB_HAND_UP
-// for a server the entry names but the servers map does not.
+// no longer forwards (`server_removed`), else under its TCP header's fault. LB_HAND_UP,
+// counted as `up`, for a server the entry names but the servers map does not.
 static __always_inline int garbled_reply_nat(struct xdp_md *ctx, const struct lb_config *config,
 					     __u32 seq, const struct backend_info *backend,
-					     int client_side)
+					     int client_side, __u32 up)
 {
 	void *data_end = (void *)(long)ctx->data_end;
 	struct iphdr *ip = (void *)(long)ctx->data + sizeof(struct ethhdr);
 	struct server_info *server;
+	enum tcp_fault fault;
 
 	if (!ipv4_checked(ctx) || (void *)(ip + 1) > data_end || ip->protocol != IPPROTO_TCP)
-		return LB_HAND_UP;
+		return hand_up(up);
 	if (backend->vip_index == BACKEND_NO_VIP ||
 	    (ip->frag_off & bpf_htons(0x3fff)) || bpf_ntohs(ip->tot_len) < ip->ihl * 4 + 4)
 		return not_a_reply_nat(seq, backend);
 	server = server_at(config->copy, backend->server);
 	if (!server)
-		return LB_HAND_UP;
+		return hand_up(up);
 	if (client_side)
 		return drop_by_tables(seq, STAT_DROP_REPLY_FROM_CLIENT_SIDE);
 	if (!(server->flags & SERVER_FORWARDS))
 		return drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);
-	return drop_bad_tcp_header(ctx, seq);
+	fault = tcp_header_fault(ctx);
+	if (fault == TCP_CHECKED)
+		return hand_up(up);
+	return drop_tcp_fault(seq, fault);
 }
 
 // The sender of a segment steering called a server's reply (`backend`: its backends entry
@@ -249,7 +276,10 @@ static __always_inline int garbled_reply_nat(struct xdp_md *ctx, const struct lb
 // - l2: from a MAC no server has (`unknown_server_source`, on either side: the core asks
 //   before the side), from a port of a VIP address no VIP is on (`vip_port_unknown`), or
 //   from a server that no longer forwards (`server_removed`);
-// - nat: from a (DIP, port) no current backend has, of a removed server (`server_removed`).
+// - nat: from a (DIP, port) no current backend has, or from a VIP address, dropped where
+//   a removed server had the address (`server_removed`), else passed to the host as the
+//   core passes it (not_a_reply_nat, from_vip_addr_nat); anything but TCP from a VIP
+//   address is passed too.
 static __always_inline const struct reply_sender *
 reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 		  const struct backend_info *backend, const struct plain_tcp *p,
@@ -286,12 +316,17 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 			return NULL;
 		}
 		if (refusal == PLAIN_LAYOUT) {
+			// Each counts a hand-up itself (a publication that moved, or this).
+			__u32 up = client_side ? STAT_UP_OTHER : STAT_UP_LAYOUT;
+
 			if (l2)
-				*dropped = garbled_reply_l2(ctx, config, seq, client_side);
+				*dropped = garbled_reply_l2(ctx, config, seq, client_side, up);
 			else if (backend)
-				*dropped = garbled_reply_nat(ctx, config, seq, backend, client_side);
-			if (*dropped != LB_HAND_UP)
-				return NULL;
+				*dropped = garbled_reply_nat(ctx, config, seq, backend, client_side,
+							     up);
+			else
+				*dropped = from_vip_addr_nat(ctx, config->copy, seq, up);
+			return NULL;
 		}
 		if (client_side)
 			hand_up(STAT_UP_OTHER);
@@ -303,7 +338,7 @@ reply_by_steering(struct xdp_md *ctx, const struct lb_config *config, __u32 seq,
 		__u32 index;
 
 		if (!backend) {
-			hand_up(STAT_UP_OTHER);
+			*dropped = from_vip_addr_nat(ctx, config->copy, seq, STAT_UP_OTHER);
 			return NULL;
 		}
 		id = backend->server;

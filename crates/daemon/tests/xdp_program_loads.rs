@@ -56,7 +56,7 @@ const LOOPBACK_IFINDEX: u32 = 1;
 
 /// Sizes of the shared structs, as the C compiler lays them out (cheetah_shared.h).
 const BACKEND_KEY: u32 = 8; // addr, port, copy
-const BACKEND_INFO: u32 = 4; // server, vip_index
+const BACKEND_INFO: u32 = 8; // server, vip_index, flags
 const LB_CONFIG: u32 = 48; // flags, mode, forwarding, id_bits, copy, id_mask, pad2, generation, publish_seq, fallback_mask, maglev_size, (pad), clock_base_ns, vip_addr_filter
 const FALLBACK_SET: u32 = 64; // way[8]
 const VIP_KEY: u32 = 8; // addr, port, protocol, copy

@@ -488,12 +488,84 @@ fn a_nat_backends_fragment_is_the_hosts_unless_a_removed_server_had_its_dip() {
     assert_eq!(program.stats().passed_to_host, passed + 1);
 }
 
+/// With NAT, replies come from backends: a segment from a VIP address is forged (or from
+/// a server misconfigured with that address), and the core passes it to the host, unless
+/// a server that forwards has the address (then it may be that backend's: the kernel
+/// leaves it to a worker) or a removed server had it (dropped as `server_removed`).
+#[test]
+fn a_nat_segment_from_a_vip_address_is_the_hosts() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
+        return;
+    }
+    let config = testkit::config(Mode::Cheetah, Forwarding::Nat, PolicyKind::RoundRobin, 3);
+    let program = SteeringProgram::load(config.fallback_table_capacity).unwrap();
+    let words = program.kernel_words().unwrap();
+    let mut plane =
+        ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout, _| words.tables(layout))
+            .unwrap();
+    let mut publisher = Publisher::new();
+    publish(&program, &plane, &mut publisher, true);
+    let reply = TcpFrame::from_server_nat(
+        2,
+        testkit::client_ip(9),
+        40_000,
+        ACK,
+        options::nop_nop_ts(0x1234_0042, 77),
+    )
+    .build();
+    let mut forged = reply.clone();
+    forged[26..30].copy_from_slice(&VIP.to_be_bytes());
+    let forged = with_ip_checksum(&forged);
+    let run = |expected: u32, what: &str| {
+        let (verdict, bytes) = program.test_run(&forged, LOOPBACK).unwrap();
+        assert_eq!((verdict, &bytes), (expected, &forged), "{what}");
+    };
+
+    let passed = program.stats().passed_to_host;
+    run(XDP_PASS, "the host's, unchanged");
+    assert_eq!(program.stats().passed_to_host, passed + 1);
+
+    let misconfigured = plane
+        .add_server(
+            ServerSpec {
+                id: None,
+                dip: std::net::Ipv4Addr::from(VIP).into(),
+                mac: Some("02:ce:00:00:09:09".into()),
+                vips: vec![],
+            },
+            0,
+        )
+        .unwrap();
+    publish(&program, &plane, &mut publisher, true);
+    let other = stat(&program, STAT_UP_OTHER);
+    run(XDP_DROP, "to a worker (none bound here)");
+    assert_eq!(stat(&program, STAT_UP_OTHER), other + 1);
+
+    plane.remove_server(misconfigured.0, 0).unwrap();
+    publish(&program, &plane, &mut publisher, true);
+    let removed = stat(&program, STAT_DROP_SERVER_REMOVED_GENERAL);
+    run(XDP_DROP, "a removed server's address");
+    assert_eq!(
+        stat(&program, STAT_DROP_SERVER_REMOVED_GENERAL),
+        removed + 1
+    );
+    assert_eq!(stat(&program, STAT_UP_OTHER), other + 1);
+    assert_eq!(program.stats().passed_to_host, passed + 1);
+}
+
 /// `frame` (untagged IPv4) as the first fragment of its datagram: MF set, checksum fixed.
 fn more_fragments(frame: &[u8]) -> Vec<u8> {
     let mut out = frame.to_vec();
+    out[14 + 6] = 0x20;
+    out[14 + 7] = 0;
+    with_ip_checksum(&out)
+}
+
+/// `frame` (untagged IPv4) with its header checksum computed again.
+fn with_ip_checksum(frame: &[u8]) -> Vec<u8> {
+    let mut out = frame.to_vec();
     let ip = 14;
-    out[ip + 6] = 0x20;
-    out[ip + 7] = 0;
     out[ip + 10..ip + 12].fill(0);
     let sum = out[ip..ip + 20]
         .chunks(2)

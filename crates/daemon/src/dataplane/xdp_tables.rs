@@ -175,6 +175,13 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
         ..Wanted::default()
     };
 
+    // Of the servers that forward: only they are ever a current backend.
+    let server_dips: std::collections::HashSet<u32> = snapshot
+        .servers
+        .iter()
+        .filter(|(_, slot)| slot.state.forwards())
+        .map(|(_, slot)| slot.dip)
+        .collect();
     for (index, vip) in snapshot.vips.iter().enumerate() {
         let std::net::IpAddr::V4(addr) = vip.address else {
             continue;
@@ -183,9 +190,18 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             addr: addr.octets(),
             copy: 0,
         };
+        // What the core asks of a NAT segment from this address (a forged source, or a
+        // server misconfigured with it): a removed server's, or maybe a backend's.
+        let mut flags = 0;
+        if snapshot.removed_server_at(u32::from(addr)).is_some() {
+            flags |= VIP_ADDR_DIP_OF_REMOVED;
+        }
+        if server_dips.contains(&u32::from(addr)) {
+            flags |= VIP_ADDR_DIP_OF_SERVER;
+        }
         wanted
             .vip_addrs
-            .insert(key.to_bytes(), 0u32.to_ne_bytes().to_vec());
+            .insert(key.to_bytes(), flags.to_ne_bytes().to_vec());
         if index >= MAX_VIPS {
             break;
         }
@@ -1026,6 +1042,40 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         };
         assert_eq!(nat.backends[&key.to_bytes()], value.to_bytes());
         assert_eq!(nat.backends.len(), 3);
+    }
+
+    /// What the kernel asks of a NAT segment from a VIP address: whether a server has the
+    /// address as its DIP (then the core may find a backend), or a removed server had it.
+    #[test]
+    fn a_vip_address_says_whether_a_server_has_or_had_it() {
+        let mut plane = plane("forwarding = \"nat\"");
+        let key = AddrKey {
+            addr: [10, 0, 0, 100],
+            copy: 0,
+        };
+        let flags = |plane: &ControlPlane| {
+            let published = wanted_of(plane, true);
+            u32::from_ne_bytes(
+                published.vip_addrs[&key.to_bytes()][..4]
+                    .try_into()
+                    .unwrap(),
+            )
+        };
+        assert_eq!(flags(&plane), 0);
+        let misconfigured = plane
+            .add_server(
+                ServerSpec {
+                    id: None,
+                    dip: "10.0.0.100".parse().unwrap(),
+                    mac: Some("02:ce:00:00:02:09".into()),
+                    vips: vec![],
+                },
+                0,
+            )
+            .unwrap();
+        assert_eq!(flags(&plane), VIP_ADDR_DIP_OF_SERVER);
+        plane.remove_server(misconfigured.0, 0).unwrap();
+        assert_eq!(flags(&plane), VIP_ADDR_DIP_OF_REMOVED);
     }
 
     #[test]
