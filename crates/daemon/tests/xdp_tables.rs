@@ -426,24 +426,9 @@ fn a_nat_backends_fragment_is_the_hosts_unless_a_removed_server_had_its_dip() {
         eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
         return;
     }
-    let config = testkit::config(Mode::Cheetah, Forwarding::Nat, PolicyKind::RoundRobin, 3);
-    let program = SteeringProgram::load(config.fallback_table_capacity).unwrap();
-    let words = program.kernel_words().unwrap();
-    let mut plane =
-        ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout, _| words.tables(layout))
-            .unwrap();
-    let mut publisher = Publisher::new();
-    publish(&program, &plane, &mut publisher, true);
+    let (program, mut plane, mut publisher) = nat_lb();
     let server = ServerId(2);
-    let reply = TcpFrame::from_server_nat(
-        server.0,
-        testkit::client_ip(9),
-        40_000,
-        ACK,
-        options::nop_nop_ts(0x1234_0042, 77),
-    )
-    .build();
-    let fragment = more_fragments(&reply);
+    let fragment = more_fragments(&nat_reply(server));
 
     let passed = program.stats().passed_to_host;
     let up = stat(&program, STAT_UP_OTHER) + stat(&program, STAT_UP_LAYOUT);
@@ -462,17 +447,7 @@ fn a_nat_backends_fragment_is_the_hosts_unless_a_removed_server_had_its_dip() {
 
     let dip = plane.shared().snapshot.load().servers.get(server).dip;
     plane.remove_server(server.0, 0).unwrap();
-    plane
-        .add_server(
-            ServerSpec {
-                id: None,
-                dip: std::net::Ipv4Addr::from(dip).into(),
-                mac: Some("02:ce:00:00:09:09".into()),
-                vips: vec![(format!("{}:{VIP_PORT}", std::net::Ipv4Addr::from(VIP)), 1)],
-            },
-            0,
-        )
-        .unwrap();
+    add_server_at(&mut plane, dip, true);
     publish(&program, &plane, &mut publisher, true);
     let removed = stat(&program, STAT_DROP_SERVER_REMOVED_GENERAL);
     let (verdict, bytes) = program.test_run(&fragment, LOOPBACK).unwrap();
@@ -498,23 +473,8 @@ fn a_nat_segment_from_a_vip_address_is_the_hosts() {
         eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
         return;
     }
-    let config = testkit::config(Mode::Cheetah, Forwarding::Nat, PolicyKind::RoundRobin, 3);
-    let program = SteeringProgram::load(config.fallback_table_capacity).unwrap();
-    let words = program.kernel_words().unwrap();
-    let mut plane =
-        ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout, _| words.tables(layout))
-            .unwrap();
-    let mut publisher = Publisher::new();
-    publish(&program, &plane, &mut publisher, true);
-    let reply = TcpFrame::from_server_nat(
-        2,
-        testkit::client_ip(9),
-        40_000,
-        ACK,
-        options::nop_nop_ts(0x1234_0042, 77),
-    )
-    .build();
-    let mut forged = reply.clone();
+    let (program, mut plane, mut publisher) = nat_lb();
+    let mut forged = nat_reply(ServerId(2));
     forged[26..30].copy_from_slice(&VIP.to_be_bytes());
     let forged = with_ip_checksum(&forged);
     let run = |expected: u32, what: &str| {
@@ -526,17 +486,7 @@ fn a_nat_segment_from_a_vip_address_is_the_hosts() {
     run(XDP_PASS, "the host's, unchanged");
     assert_eq!(program.stats().passed_to_host, passed + 1);
 
-    let misconfigured = plane
-        .add_server(
-            ServerSpec {
-                id: None,
-                dip: std::net::Ipv4Addr::from(VIP).into(),
-                mac: Some("02:ce:00:00:09:09".into()),
-                vips: vec![],
-            },
-            0,
-        )
-        .unwrap();
+    let misconfigured = add_server_at(&mut plane, VIP, false);
     publish(&program, &plane, &mut publisher, true);
     let other = stat(&program, STAT_UP_OTHER);
     run(XDP_DROP, "to a worker (none bound here)");
@@ -552,6 +502,48 @@ fn a_nat_segment_from_a_vip_address_is_the_hosts() {
     );
     assert_eq!(stat(&program, STAT_UP_OTHER), other + 1);
     assert_eq!(program.stats().passed_to_host, passed + 1);
+}
+
+/// A NAT LB: the program with the control plane's tables published, and the publisher
+/// that publishes the plane's changes.
+fn nat_lb() -> (SteeringProgram, ControlPlane, Publisher) {
+    let config = testkit::config(Mode::Cheetah, Forwarding::Nat, PolicyKind::RoundRobin, 3);
+    let program = SteeringProgram::load(config.fallback_table_capacity).unwrap();
+    let words = program.kernel_words().unwrap();
+    let plane =
+        ControlPlane::new_with_tables(&config, &Secret([7; 16]), &|layout, _| words.tables(layout))
+            .unwrap();
+    let mut publisher = Publisher::new();
+    publish(&program, &plane, &mut publisher, true);
+    (program, plane, publisher)
+}
+
+/// A new server at `dip` (an address as a u32), in the VIP's pool or in none.
+fn add_server_at(plane: &mut ControlPlane, dip: u32, in_pool: bool) -> ServerId {
+    let vip = format!("{}:{VIP_PORT}", std::net::Ipv4Addr::from(VIP));
+    plane
+        .add_server(
+            ServerSpec {
+                id: None,
+                dip: std::net::Ipv4Addr::from(dip).into(),
+                mac: Some("02:ce:00:00:09:09".into()),
+                vips: if in_pool { vec![(vip, 1)] } else { vec![] },
+            },
+            0,
+        )
+        .unwrap()
+}
+
+/// `server`'s established reply to a client, as a NAT backend sends it.
+fn nat_reply(server: ServerId) -> Vec<u8> {
+    TcpFrame::from_server_nat(
+        server.0,
+        testkit::client_ip(9),
+        40_000,
+        ACK,
+        options::nop_nop_ts(0x1234_0042, 77),
+    )
+    .build()
 }
 
 /// `frame` (untagged IPv4) as the first fragment of its datagram: MF set, checksum fixed.
