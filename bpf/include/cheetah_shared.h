@@ -381,10 +381,9 @@ struct vip_addr_key {
 
 // Value of the vip_addrs map (a __u32): what the address is as a server's DIP, which the
 // core asks of a NAT segment from it (worker.rs `classify`, `classify_rest`).
-// A removed server had it (`removed_server_at`): such a segment is dropped.
+// A removed server had it (`removed_server_at`): such a segment is dropped. (No server
+// that forwards can have it: the control plane refuses that DIP.)
 #define VIP_ADDR_DIP_OF_REMOVED (1u << 0)
-// A server that forwards has it: such a segment may be that backend's (left to userspace).
-#define VIP_ADDR_DIP_OF_SERVER (1u << 1)
 
 // Value of the vips map (by address and port) and of vips_by_index (by index).
 struct vip_info {

@@ -211,10 +211,11 @@ static __always_inline int not_a_reply_nat(__u32 seq, const struct backend_info 
 }
 
 // A NAT segment from a VIP address (steering asks vip_addrs before backends, so it found
-// no backend): replies come from backends with NAT, so the source is forged, or a server's
-// DIP was set to a VIP address. Passed to the host as the core passes it, or dropped as
-// `server_removed` where a removed server had the address; LB_HAND_UP, counted as `up`,
-// where a server that forwards has it (the core may take the segment for that backend's).
+// no backend): replies come from backends with NAT, and no server that forwards may have a
+// VIP's address (config.rs `dip_is_a_vip_address`), so the source is forged. Passed to the
+// host as the core passes it, or dropped as `server_removed` where a removed server had
+// the address; LB_HAND_UP, counted as `up`, if the address's entry is gone (a publication
+// under way).
 static __always_inline int from_vip_addr_nat(struct xdp_md *ctx, __u32 copy, __u32 seq,
 					     __u32 up)
 {
@@ -226,7 +227,7 @@ static __always_inline int from_vip_addr_nat(struct xdp_md *ctx, __u32 copy, __u
 		return hand_up(up);
 	key.addr = ip->saddr;
 	flags = bpf_map_lookup_elem(&vip_addrs, &key);
-	if (!flags || (*flags & VIP_ADDR_DIP_OF_SERVER))
+	if (!flags)
 		return hand_up(up);
 	if (*flags & VIP_ADDR_DIP_OF_REMOVED)
 		return drop_by_tables(seq, STAT_DROP_SERVER_REMOVED_GENERAL);

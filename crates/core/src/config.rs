@@ -462,8 +462,29 @@ impl LbConfig {
             }
             vips.push(vip);
         }
+        for (i, s) in servers.iter().enumerate() {
+            if let Some(problem) = dip_is_a_vip_address(s.dip, &vips) {
+                return Err(ConfigError::new(format!("servers[{i}].dip"), problem));
+            }
+        }
         Ok((servers, vips))
     }
+}
+
+/// A server's address may not be a VIP's: the LB would send the server its own VIP's
+/// traffic (with NAT, every rewritten segment; health probes in either mode), and a
+/// segment from the VIP's address could not be told from the server's reply. The problem
+/// in words, if `dip` is one. Checked by the config's validation and by every
+/// control-plane change.
+pub(crate) fn dip_is_a_vip_address(dip: u32, vips: &[ValidVip]) -> Option<String> {
+    vips.iter().find(|v| v.ipv4() == Some(dip)).map(|v| {
+        format!(
+            "{} is the address of VIP {}:{}; a server needs an address of its own",
+            std::net::Ipv4Addr::from(dip),
+            v.address,
+            v.port
+        )
+    })
 }
 
 /// The NAT rule that a backend (a server's address and the VIP's backend port) serves one
@@ -702,6 +723,11 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "maglev_table_size: must be between 4096 (the number of server ids) and 16777213, not 1021"
+        );
+        let e = error_for(|c| c.servers[1].dip = "10.0.0.100".parse().unwrap());
+        assert_eq!(
+            e.to_string(),
+            "servers[1].dip: 10.0.0.100 is the address of VIP 10.0.0.100:80; a server needs an address of its own"
         );
         let mut big = LbConfig::from_toml(GOOD).unwrap();
         big.maglev_table_size = 1_048_573;

@@ -7,6 +7,7 @@ pub mod churn;
 
 use crate::config::{Forwarding, LbConfig, Mode, ServerConfig, VipConfig};
 use crate::policy::PolicyKind;
+use crate::tables::{ControlState, SavedServer, SavedServerState};
 use crate::types::{format_mac, Mac};
 use crate::wire::ethernet::{self, ethertype};
 use crate::wire::tcp::{self, TcpHeader};
@@ -17,6 +18,22 @@ pub const LB_MAC: Mac = [0x02, 0x00, 0x00, 0x00, 0x00, 0xfe];
 pub const CLIENT_MAC: Mac = [0x02, 0x00, 0x00, 0x00, 0x00, 0xc1];
 pub const VIP: u32 = 0x0a00_0064; // 10.0.0.100
 pub const VIP_PORT: u16 = 80;
+
+/// A saved state holding only server `id`, removed and quarantined for a minute, whose DIP
+/// was `dip`: what `ControlPlane::restore_quarantine` keeps across a restart (the one way a
+/// removed server's address can be a VIP's: the new config put a VIP there).
+pub fn removed_server_state(id: u16, dip: u32) -> ControlState {
+    ControlState {
+        servers: vec![SavedServer {
+            id,
+            dip: std::net::Ipv4Addr::from(dip).into(),
+            mac: Some(format_mac(&server_mac(id))),
+            state: SavedServerState::Removed,
+            quarantine_left_secs: Some(60),
+        }],
+        vips: Vec::new(),
+    }
+}
 
 /// MAC of test server `id`.
 pub fn server_mac(id: u16) -> Mac {

@@ -314,7 +314,6 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("BACKEND_NO_VIP", NO_VIP as usize),
         ("BACKEND_DIP_OF_REMOVED", BACKEND_DIP_OF_REMOVED as usize),
         ("VIP_ADDR_DIP_OF_REMOVED", VIP_ADDR_DIP_OF_REMOVED as usize),
-        ("VIP_ADDR_DIP_OF_SERVER", VIP_ADDR_DIP_OF_SERVER as usize),
         (
             "STAT_DROP_COOKIE_UNKNOWN_SERVER",
             STAT_DROP_COOKIE_UNKNOWN_SERVER as usize,

@@ -1064,8 +1064,6 @@ pub const BACKEND_DIP_OF_REMOVED: u32 = 1 << 0;
 
 /// `VIP_ADDR_DIP_OF_REMOVED`, in a `vip_addrs` value: a removed server had the address.
 pub const VIP_ADDR_DIP_OF_REMOVED: u32 = 1 << 0;
-/// `VIP_ADDR_DIP_OF_SERVER`: a server that forwards has the address as its DIP.
-pub const VIP_ADDR_DIP_OF_SERVER: u32 = 1 << 1;
 
 impl Encode for BackendInfo {
     fn to_bytes(&self) -> Vec<u8> {

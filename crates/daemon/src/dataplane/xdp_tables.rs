@@ -175,13 +175,6 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
         ..Wanted::default()
     };
 
-    // Of the servers that forward: only they are ever a current backend.
-    let server_dips: std::collections::HashSet<u32> = snapshot
-        .servers
-        .iter()
-        .filter(|(_, slot)| slot.state.forwards())
-        .map(|(_, slot)| slot.dip)
-        .collect();
     for (index, vip) in snapshot.vips.iter().enumerate() {
         let std::net::IpAddr::V4(addr) = vip.address else {
             continue;
@@ -190,14 +183,11 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
             addr: addr.octets(),
             copy: 0,
         };
-        // What the core asks of a NAT segment from this address (a forged source, or a
-        // server misconfigured with it): a removed server's, or maybe a backend's.
+        // What the core asks of a NAT segment from this address (a forged source: no
+        // server that forwards may have it): whether a removed server had it.
         let mut flags = 0;
         if snapshot.removed_server_at(u32::from(addr)).is_some() {
             flags |= VIP_ADDR_DIP_OF_REMOVED;
-        }
-        if server_dips.contains(&u32::from(addr)) {
-            flags |= VIP_ADDR_DIP_OF_SERVER;
         }
         wanted
             .vip_addrs
@@ -727,6 +717,7 @@ mod tests {
     use cheetah_core::hash::Secret;
     use cheetah_core::policy::schedule::SCHEDULE_MAX_POSITIONS;
     use cheetah_core::tables::{ControlPlane, ServerSpec};
+    use cheetah_core::testkit;
 
     use super::*;
 
@@ -1044,10 +1035,11 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         assert_eq!(nat.backends.len(), 3);
     }
 
-    /// What the kernel asks of a NAT segment from a VIP address: whether a server has the
-    /// address as its DIP (then the core may find a backend), or a removed server had it.
+    /// What the kernel asks of a NAT segment from a VIP address: whether a removed server had
+    /// it (a quarantine kept across a restart whose config put a VIP at that address; no
+    /// server that forwards can have it).
     #[test]
-    fn a_vip_address_says_whether_a_server_has_or_had_it() {
+    fn a_vip_address_says_whether_a_removed_server_had_it() {
         let mut plane = plane("forwarding = \"nat\"");
         let key = AddrKey {
             addr: [10, 0, 0, 100],
@@ -1062,19 +1054,10 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             )
         };
         assert_eq!(flags(&plane), 0);
-        let misconfigured = plane
-            .add_server(
-                ServerSpec {
-                    id: None,
-                    dip: "10.0.0.100".parse().unwrap(),
-                    mac: Some("02:ce:00:00:02:09".into()),
-                    vips: vec![],
-                },
-                0,
-            )
+        let vip = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 100));
+        plane
+            .restore_quarantine(&testkit::removed_server_state(9, vip), 0)
             .unwrap();
-        assert_eq!(flags(&plane), VIP_ADDR_DIP_OF_SERVER);
-        plane.remove_server(misconfigured.0, 0).unwrap();
         assert_eq!(flags(&plane), VIP_ADDR_DIP_OF_REMOVED);
     }
 

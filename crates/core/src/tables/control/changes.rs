@@ -61,6 +61,9 @@ impl ControlPlane {
             self.forwarding,
             self.layout(),
         )?;
+        if let Some(problem) = config::dip_is_a_vip_address(valid.dip, &self.vips) {
+            return Err(ConfigError::new("dip", problem).into());
+        }
         let mut next = self.clone_state();
         next.servers.insert(
             id,
@@ -363,6 +366,14 @@ mod tests {
         );
         let e = p.add_server(spec(Some(9), 1), 0).unwrap_err();
         assert!(e.to_string().contains("same MAC"), "{e}");
+        let at_the_vip = ServerSpec {
+            dip: "10.0.0.100".parse().unwrap(),
+            ..spec(Some(9), 9)
+        };
+        assert_eq!(
+            p.add_server(at_the_vip, 0).unwrap_err().to_string(),
+            "dip: 10.0.0.100 is the address of VIP 10.0.0.100:80; a server needs an address of its own"
+        );
         let e = p
             .set_policy("nonsense", PolicyKind::Random, None)
             .unwrap_err();

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::servers::{AllServers, ServerSlot, SlotState};
 use super::snapshot::{Snapshot, VipEntry};
 use crate::config::{
-    ConfigError, ConfiguredState, Forwarding, LbConfig, Mode, NatBackends, ValidVip,
+    self, ConfigError, ConfiguredState, Forwarding, LbConfig, Mode, NatBackends, ValidVip,
 };
 use crate::cookie::CookieLayout;
 use crate::hash::Secret;
@@ -354,6 +354,14 @@ impl Draft {
                         )));
                     }
                 }
+            }
+        }
+        for (id, r) in &self.servers {
+            if r.state == SlotState::Removed {
+                continue;
+            }
+            if let Some(problem) = config::dip_is_a_vip_address(r.dip, &self.vips) {
+                return Err(ControlError::Conflict(format!("server {id}: {problem}")));
             }
         }
         let mut macs = BTreeMap::new();

@@ -484,6 +484,13 @@ mod tests {
         );
         assert!(refused(&|s| s.servers[2].mac = s.servers[1].mac.clone()).contains("same MAC"));
         assert_eq!(
+            refused(&|s| s.servers[2].dip = s.vips[0].address),
+            format!(
+                "server {}: 10.0.0.100 is the address of VIP 10.0.0.100:80; a server needs an address of its own",
+                good.servers[2].id
+            )
+        );
+        assert_eq!(
             refused(&|s| s.servers[0].quarantine_left_secs = None),
             "servers[0].quarantine_left_secs: a removed server needs its quarantine time"
         );
