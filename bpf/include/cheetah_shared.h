@@ -61,8 +61,8 @@ enum xdp_stat {
 	STAT_FAST_SERVER_PLAIN,
 	// Why the in-kernel path handed a packet it looked at to userspace (the core then
 	// decides and counts it): one reason per packet.
-	STAT_UP_NEW_CONNECTION, // client SYN, or no ACK: the VIP's policy runs in userspace
-	STAT_UP_LAYOUT,         // a layout the kernel does not take (an ICMP quote's IP options, a current NAT backend's fragment, malformed TCP options)
+	STAT_UP_NEW_CONNECTION, // a client SYN or SYN-ACK the kernel does not place: the VIP's policy runs in userspace
+	STAT_UP_LAYOUT,         // a layout the kernel does not take (an ICMP quote's IP options, a server's SYN without ACK)
 	STAT_UP_COOKIE,         // a cookie whose maps the kernel could not read (defensive: never seen)
 	STAT_UP_CLOCK,          // a sample of the replies whose clock the core would not learn (one a second per CPU, for its warning), or a reply that raced another writer
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a SYN-ACK with FIN or RST, or a retried SYN's first answer that also learns a clock, has no timestamp, or raced
@@ -165,10 +165,11 @@ enum xdp_stat {
 	// layout. A baseline's server segment whose TCP header is too short for the straight
 	// line, forwarded as the core's general path forwards it: ToClient only.
 	STAT_FAST_SERVER_PLAIN_GENERAL,
-	// drops. A client's ACK or SYN to a cheetah-mode VIP whose TCP options the core drops,
-	// dropped in the kernel (XDP_DROP): the core's
-	// `dropped` and its drops_by_reason entry of the same name. In the order of the walk's
-	// codes (parse.h TIMESTAMP_OPTION_TRUNCATED ... TIMESTAMP_BAD_LENGTH).
+	// drops. A client's segment to a cheetah-mode VIP whose TCP options the core drops,
+	// or a server's reply whose TCP header is too short for the straight line (the core's
+	// general path counts nothing first either), dropped in the kernel (XDP_DROP): the
+	// core's `dropped` and its drops_by_reason entry of the same name. In the order of the
+	// walk's codes (parse.h TIMESTAMP_OPTION_TRUNCATED ... TIMESTAMP_BAD_LENGTH).
 	STAT_DROP_TCP_OPTION_TRUNCATED,
 	STAT_DROP_TCP_OPTION_BAD_LENGTH,
 	STAT_DROP_TCP_OPTION_OVERRUN,
@@ -285,6 +286,12 @@ enum xdp_stat {
 	// (handshakes.h handshake_answer): the core's HandshakeCountMoved. Beside, because an
 	// answer can also carry a cookie, learn a clock or teach the fallback table.
 	STAT_ANSWER_MOVED,
+	// Counted beside the fallback entry (STAT_FAST_CLIENT_FALLBACK, STAT_FAST_FALLBACK_MISS,
+	// STAT_DROP_FALLBACK_SERVER_REMOVED: each stands for OptionsSlowPath) of a client
+	// segment without SYN and ACK whose options start NOP NOP TS: the core's compare found
+	// its timestamp (OptionsFastPath) before routing it as one without. STAT_OPTIONS_WALKED
+	// the other way round.
+	STAT_OPTIONS_COMPARED,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which

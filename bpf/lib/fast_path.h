@@ -549,8 +549,9 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 	__u64 hash;
 
 	if (config->mode == LB_MODE_CHEETAH) {
-		// A SYN is client_syn's (client_syn.h); a segment without ACK carries no echo in
-		// TSecr (RFC 7323), so userspace routes it like one without timestamps.
+		// A SYN is client_syn's (client_syn.h), a segment without SYN and ACK the
+		// fallback table's (lb.h); a client's SYN-ACK (the core routes it by its cookie,
+		// found as a SYN's is) goes up.
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
 			return hand_up(STAT_UP_NEW_CONNECTION);
 		// An ACK with a timestamp went to client_by_cookie, one without to client_fallback,
@@ -686,12 +687,14 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 			// segment is forwarded without a cookie (server_path.rs), an RST never
 			// counted as a close, a FIN's close counted as a stamped one's.
 			if (at < TIMESTAMP_NONE) {
-				// Malformed: the core drops it (after its server path's count, which
-				// the general path, a header too short for the straight line, does
-				// not make: that one is left to userspace).
-				if (timestamp_malformed(at) && !general)
+				// Malformed: the core drops it, after its server path's count; the
+				// general path (a header too short for the straight line) counts
+				// nothing first, as the core's drop of a client's options.
+				if (timestamp_malformed(at))
 					return drop_malformed_options(
-						STAT_DROP_SERVER_TCP_OPTION_TRUNCATED, at);
+						general ? STAT_DROP_TCP_OPTION_TRUNCATED :
+							  STAT_DROP_SERVER_TCP_OPTION_TRUNCATED,
+						at);
 				return hand_up(STAT_UP_LAYOUT);
 			}
 			without_timestamp = at == TIMESTAMP_NONE;

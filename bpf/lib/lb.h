@@ -51,6 +51,9 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 	// Where an established segment's timestamp option starts within its options, and
 	// whether the walk found it there (not the straight line's NOP NOP TS).
 	int ts_at = 0, walked = 0;
+	// A segment without SYN and ACK (an RST, mostly) whose timestamp echoes nothing, and
+	// whether it was found by the compare (NOP NOP TS first), not the walk.
+	int unechoed = 0, compared = 0;
 
 	// The word first, then every published map from the copy it names (publish.h).
 	entry0 = bpf_map_lookup_elem(&lb_config, &zero);
@@ -71,9 +74,13 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 		if (plain_tcp_set(refusal) && may_be_vip_addr(config, p.ip->daddr)) {
 			// The options' walk (timestamp_walk) only when they do not start NOP NOP TS.
 			// Options too short for a timestamp are walked too (none, or malformed).
+			// A segment without SYN and ACK looks for its timestamp as an established
+			// one does (SegmentKind::Other), then is routed as one without (TSecr
+			// echoes nothing: client_path.rs).
+			unechoed = refusal == PLAIN_OK && !(tcp_flags(p.tcp) & (TCP_SYN | TCP_ACK));
 			if (config->mode == LB_MODE_CHEETAH &&
 			    (refusal == PLAIN_SHORT_OPTIONS ||
-			     (refusal == PLAIN_OK && established(&p)))) {
+			     (refusal == PLAIN_OK && (established(&p) || unechoed)))) {
 				if (refusal == PLAIN_OK && plain_has_nop_nop_ts(&p)) {
 					ts_at = 2;
 				} else {
@@ -82,7 +89,11 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 					without_timestamp = ts_at == TIMESTAMP_NONE;
 				}
 				// (Options too short for one never hold a timestamp.)
-				cookie = ts_at >= 0 && refusal == PLAIN_OK;
+				cookie = ts_at >= 0 && refusal == PLAIN_OK && !unechoed;
+				if (unechoed && ts_at >= 0) {
+					compared = !walked;
+					without_timestamp = 1;
+				}
 				// Hidden from the verifier, so that the cookie stage is verified once
 				// for the compare's find and the walk's, not once for each.
 				asm volatile("" : "+r"(ts_at), "+r"(walked));
@@ -108,8 +119,13 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 			// No timestamp (no options, or none the walk found): the fallback table
 			// routes it (fallback.h). The baselines pick for it as for any other
 			// segment, on the core's general path (client_fast).
-			if ((refusal == PLAIN_NO_OPTIONS && cheetah) || without_timestamp)
+			if ((refusal == PLAIN_NO_OPTIONS && cheetah) || without_timestamp) {
 				action = client_fallback(ctx, config, seq, &p, vip);
+				// Its entry stands for the walk's count; the core counted the
+				// compare's.
+				if (compared && action != LB_HAND_UP)
+					count(STAT_OPTIONS_COMPARED);
+			}
 			// Options the walk found malformed (only a cheetah-mode walk sets
 			// ts_at below 0): the core drops the segment, and so does the kernel.
 			else if (timestamp_malformed(ts_at))

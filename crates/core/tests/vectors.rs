@@ -877,6 +877,16 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         )
         .msb(2, M),
         input(
+            "server-short-header-option-overrun",
+            "Server 2's ACK whose 4 option bytes claim a SACK of length 30: a header too short for the straight line, malformed, dropped by the general path (which counts nothing first).",
+            from_server(nat, 2, flags::ACK, vec![1, 1, 5, 30]).build(),
+        ),
+        input(
+            "client-rst-nop-nop-ts",
+            "Client RST without ACK with NOP NOP TS: TSecr echoes nothing, so no cookie; found by the compare, then routed as a segment without timestamps (unknown to the fallback table, Maglev picks).",
+            from_client(flags::RST, options::nop_nop_ts(CLIENT_TS, 0)).build(),
+        ),
+        input(
             "syn-ts-after-wscale",
             "SYN with MSS WS NOP TS SAckOK: not a Table 1 layout, found by the option walk; round-robin picks.",
             syn(

@@ -65,6 +65,8 @@ pub struct SteeringCounters {
     pub reply_by_steering: AtomicU64,
     /// Packets the kernel handled whose timestamp the options' walk found.
     pub options_walked: AtomicU64,
+    /// Packets the kernel routed as without a timestamp whose timestamp the compare found.
+    pub options_compared: AtomicU64,
     /// Server segments the kernel handled that the core's general path takes (no
     /// `fast_path`), beside an entry that stands for one.
     pub general_path: AtomicU64,
@@ -91,6 +93,7 @@ impl Default for SteeringCounters {
             next_hop_cache_miss: zero(),
             reply_by_steering: zero(),
             options_walked: zero(),
+            options_compared: zero(),
             general_path: zero(),
             echo_beyond_idle_limit: zero(),
             fast_path: AtomicBool::new(false),
@@ -114,6 +117,7 @@ impl SteeringCounters {
         self.reply_by_steering
             .store(stats.reply_by_steering, Relaxed);
         self.options_walked.store(stats.options_walked, Relaxed);
+        self.options_compared.store(stats.options_compared, Relaxed);
         self.general_path.store(stats.general_path, Relaxed);
         self.echo_beyond_idle_limit
             .store(stats.echo_beyond_idle_limit, Relaxed);
@@ -142,15 +146,16 @@ impl SteeringCounters {
                 .zip(&self.events)
                 .filter(|((_, counters), _)| counters.contains(counter))
                 .map(|(_, cell)| cell.load(Relaxed));
-            // A walked packet's entry stands for the compare's count; the core counted
-            // the walk's.
+            // A walked packet's entry stands for the compare's count, the core counted the
+            // walk's; an options_compared packet's the other way round.
             let walked = self.options_walked.load(Relaxed);
-            let (compared, walk) = OPTIONS_WALKED;
+            let found_by_compare = self.options_compared.load(Relaxed);
+            let (compare, walk) = OPTIONS_WALKED;
             let total = bundles.chain(events).fold(0, u64::wrapping_add);
-            let total = if *counter == compared {
-                total.wrapping_sub(walked)
+            let total = if *counter == compare {
+                total.wrapping_sub(walked).wrapping_add(found_by_compare)
             } else if *counter == walk {
-                total.wrapping_add(walked)
+                total.wrapping_add(walked).wrapping_sub(found_by_compare)
             } else {
                 total
             };
@@ -434,6 +439,8 @@ mod tests {
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
+            // Of those counted under options_slow_path, 4 were found by the compare.
+            options_compared: 4,
             // Of those counted under fast_path, 3 took the core's general path.
             general_path: 3,
             ..SteeringStats::default()
@@ -450,7 +457,7 @@ mod tests {
         assert_eq!(events["fallback_hits"], 50);
         assert_eq!(
             events["options_slow_path"],
-            177 + 256 + 9 + 1024 + 2048 + 4096 + 8192 + 13000 + 230
+            177 + 256 + 9 + 1024 + 2048 + 4096 + 8192 + 13000 + 230 - 4
         );
         assert_eq!(events["fallback_connections"], 15);
         assert_eq!(events["fallback_evictions"], 74);
@@ -468,7 +475,7 @@ mod tests {
         assert_eq!(events["resets_without_timestamp"], 2048 + 8192);
         assert_eq!(events["cookie_routed"], 10 + 256);
         assert_eq!(events["cookies_inserted"], 514 + 1815);
-        assert_eq!(events["options_fast_path"], 1624 + 420 - 9 + 1815);
+        assert_eq!(events["options_fast_path"], 1624 + 420 - 9 + 1815 + 4);
         assert_eq!(events["handshake_count_moved"], 128 + 50);
         assert_eq!(events["server_closes"], 118 + 6000 + 302 + 303);
         assert_eq!(events["duplicate_closes"], 230 + 7000 + 304 + 305);

@@ -143,6 +143,8 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
                 "no-timestamps-ack-after-syn",
                 "syn-no-timestamps",
                 "client-rst-without-timestamps",
+                // Without ACK, its timestamp echoes nothing: routed as one without.
+                "client-rst-nop-nop-ts",
                 // Timestamps where no wide compare looks: found by the options' walk.
                 "established-sack-before-ts",
                 "established-ts-odd-offset",
@@ -182,6 +184,7 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
                 "syn-bad-timestamp-length",
                 "server-data-bad-timestamp-length",
                 "server-data-option-overrun",
+                "server-short-header-option-overrun",
                 // A quoted timestamp where no wide compare looks: found by the options' walk.
                 "icmp-frag-needed-cookie-sack-before-ts",
                 "icmp-frag-needed-cookie-ts-odd-offset",
@@ -907,7 +910,8 @@ const UNIT_SHIFT: u32 = 30;
 /// as a core alone places and remembers it (the same bytes, counters and table words; sent
 /// again, a retransmission); then its ACK and a RST without ACK, both of the same flow,
 /// must be forwarded by the kernel from that table with the bytes and counters the core
-/// gives them, and the kernel's refresh of the flow's time must be the word the core
+/// gives them (and an RST or FIN without ACK that carries a timestamp, which echoes
+/// nothing), and the kernel's refresh of the flow's time must be the word the core
 /// writes. A flow the table does not know is forwarded by the Maglev table as the core
 /// forwards it; a SYN without any options is placed like the first, and one into a full
 /// set evicts the flow the core evicts; a server's SYN-ACK without timestamps teaches the
@@ -1045,6 +1049,50 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
             "{what}: the kernel's refresh is the core's"
         );
         assert_eq!(table.export(now)[0].idle_units, 0, "{what}: refreshed");
+    }
+    // A segment without SYN and ACK echoes nothing in TSecr (RFC 7323) even when it
+    // carries a timestamp: routed from the table too, in the kernel as in the core, with
+    // the core's count of how its timestamp was found (the compare's, NOP NOP TS first, or
+    // the walk's).
+    let flow_field = |at: usize| u32::from_be_bytes(ack[at..at + 4].try_into().unwrap());
+    for (what, found_by) in [
+        ("RST with NOP NOP TS", options::nop_nop_ts(7, 0)),
+        ("FIN with its timestamp first", options::ts_first(7, 0)),
+    ] {
+        let flag = if what.starts_with("RST") {
+            flags::RST
+        } else {
+            flags::FIN
+        };
+        let mut frame = TcpFrame::from_client(
+            flow_field(26),
+            u16::from_be_bytes([ack[34], ack[35]]),
+            flag,
+            found_by,
+        );
+        frame.dst_ip = flow_field(30);
+        frame.dst_port = u16::from_be_bytes([ack[36], ack[37]]);
+        let mut segment = frame.build();
+        segment[..14].copy_from_slice(&ack[..14]);
+        let run = kernel.run(topology.servers, &segment, &ids, now);
+        let core = CoreRun::of(&mut reference, &segment, now, Ingress::ServerSide);
+        assert_eq!(
+            core.verdict, placed,
+            "{what}: the core routes it by the table"
+        );
+        assert_kernel_is_core(
+            &topology,
+            &suite.config,
+            what,
+            &run,
+            &core,
+            STAT_FAST_CLIENT_FALLBACK,
+        );
+        assert_eq!(
+            run.options_compared,
+            what.contains("NOP NOP TS"),
+            "{what}: the compare's find is counted as the core counts it"
+        );
     }
 
     // Another client port: not in the table. The kernel forwards it by the Maglev table,

@@ -397,14 +397,15 @@ fn rust_side() -> BTreeMap<String, u64> {
         ),
         ("STAT_FAST_ICMP_FALLBACK", STAT_FAST_ICMP_FALLBACK as usize),
         ("STAT_ANSWER_MOVED", STAT_ANSWER_MOVED as usize),
+        ("STAT_OPTIONS_COMPARED", STAT_OPTIONS_COMPARED as usize),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (
             "STAT_COUNT",
             // The event counters: STAT_NEXT_HOP_MISS, STAT_REPLY_BY_STEERING,
-            // STAT_NEXT_HOP_CACHE_MISS, STAT_OPTIONS_WALKED, STAT_GENERAL_PATH and
-            // STAT_ECHO_BEYOND_IDLE_LIMIT.
-            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 6 + FAST_EVENTS.len(),
+            // STAT_NEXT_HOP_CACHE_MISS, STAT_OPTIONS_WALKED, STAT_GENERAL_PATH,
+            // STAT_ECHO_BEYOND_IDLE_LIMIT and STAT_OPTIONS_COMPARED.
+            stats.len() + FAST_BUNDLES.len() + UP_REASONS.len() + 7 + FAST_EVENTS.len(),
         ),
         ("STAT_SLOTS", STAT_SLOTS as usize),
         ("CHEETAH_PIN_LAYOUT", PIN_LAYOUT as usize),

@@ -30,7 +30,8 @@ use super::xdp_layout::{
     ServerInfo, ServerLoadValue, ServerTraffic, FAST_BUNDLES, FAST_EVENTS, LOAD_METRICS,
     LOAD_METRIC_BYTES, LOAD_METRIC_PACKETS, LOAD_METRIC_REPORTED, PUBLISH_COPIES, SERVER_FORWARDS,
     SERVER_ID_SPACE, STAT_ECHO_BEYOND_IDLE_LIMIT, STAT_GENERAL_PATH, STAT_NEXT_HOP_CACHE_MISS,
-    STAT_NEXT_HOP_MISS, STAT_OPTIONS_WALKED, STAT_REPLY_BY_STEERING, UP_REASONS,
+    STAT_NEXT_HOP_MISS, STAT_OPTIONS_COMPARED, STAT_OPTIONS_WALKED, STAT_REPLY_BY_STEERING,
+    UP_REASONS,
 };
 
 use anyhow::{bail, Context};
@@ -86,6 +87,9 @@ pub struct SteeringStats {
     pub reply_by_steering: u64,
     /// Packets handled whose timestamp the options' walk found (`STAT_OPTIONS_WALKED`).
     pub options_walked: u64,
+    /// Packets handled as without a timestamp whose timestamp the compare found
+    /// (`STAT_OPTIONS_COMPARED`).
+    pub options_compared: u64,
     /// Server segments handled that the core's general path takes (`STAT_GENERAL_PATH`).
     pub general_path: u64,
     /// Echoes restored and forwarded beyond the idle limit (`STAT_ECHO_BEYOND_IDLE_LIMIT`).
@@ -107,6 +111,7 @@ impl Default for SteeringStats {
             next_hop_cache_miss: 0,
             reply_by_steering: 0,
             options_walked: 0,
+            options_compared: 0,
             general_path: 0,
             echo_beyond_idle_limit: 0,
         }
@@ -670,6 +675,7 @@ impl SteeringProgram {
             next_hop_cache_miss: sum(STAT_NEXT_HOP_CACHE_MISS),
             reply_by_steering: sum(STAT_REPLY_BY_STEERING),
             options_walked: sum(STAT_OPTIONS_WALKED),
+            options_compared: sum(STAT_OPTIONS_COMPARED),
             general_path: sum(STAT_GENERAL_PATH),
             echo_beyond_idle_limit: sum(STAT_ECHO_BEYOND_IDLE_LIMIT),
         }

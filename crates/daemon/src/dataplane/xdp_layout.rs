@@ -584,8 +584,10 @@ pub const STAT_FAST_SERVER_RESET_NO_TIMESTAMP_GENERAL: u32 = 48;
 /// A baseline's server segment whose TCP header is too short for the straight line.
 pub const STAT_FAST_SERVER_PLAIN_GENERAL: u32 = 49;
 
-/// A segment to a VIP whose TCP options the core drops, dropped in the kernel: one entry
-/// per reason, in the order of the options' walk's codes (parse.h).
+/// A segment to a VIP whose TCP options the core drops, or a server's reply too short for
+/// the straight line whose options it drops (its general path counts nothing first),
+/// dropped in the kernel: one entry per reason, in the order of the options' walk's codes
+/// (parse.h).
 pub const STAT_DROP_TCP_OPTION_TRUNCATED: u32 = 50;
 pub const STAT_DROP_TCP_OPTION_BAD_LENGTH: u32 = 51;
 pub const STAT_DROP_TCP_OPTION_OVERRUN: u32 = 52;
@@ -761,7 +763,11 @@ pub const STAT_FAST_ICMP_FALLBACK: u32 = 90;
 /// the fallback table taught) when it answered a retried SYN first and moved the
 /// connection's load count to its server: the core's `handshake_count_moved`.
 pub const STAT_ANSWER_MOVED: u32 = 91;
-pub const STAT_COUNT: u32 = 92;
+/// Counted beside the fallback entry of a client segment without SYN and ACK whose options
+/// start NOP NOP TS: that entry stands for `options_slow_path`, the core counted
+/// `options_fast_path` in its place ([`OPTIONS_WALKED`] the other way round).
+pub const STAT_OPTIONS_COMPARED: u32 = 92;
+pub const STAT_COUNT: u32 = 93;
 /// The entries of an ICMP error forwarded to a server: by its quoted cookie, a baseline's
 /// pick, the fallback table. None counts toward the server's load, as in the core.
 pub const ICMP_FORWARDS: [u32; 3] = [

@@ -124,6 +124,9 @@ pub struct KernelRun {
     /// `STAT_OPTIONS_WALKED` moved: the options' walk found the timestamp its
     /// `STAT_FAST_*` entry stands for a compare's find of (`xdp_layout::OPTIONS_WALKED`).
     pub options_walked: bool,
+    /// `STAT_OPTIONS_COMPARED` moved: the compare found the timestamp of a segment whose
+    /// entry stands for the walk's count (the other way round).
+    pub options_compared: bool,
     /// `STAT_GENERAL_PATH` moved: the core's general path took the segment whose entry
     /// stands for a straight line's `fast_path` (`xdp_layout::GENERAL_PATH`).
     pub general_path: bool,
@@ -146,6 +149,7 @@ impl KernelRun {
                     .map(|&i| format!("{:?}", FAST_EVENTS[i].1)),
             )
             .chain(self.options_walked.then(|| "OptionsWalked".to_string()))
+            .chain(self.options_compared.then(|| "OptionsCompared".to_string()))
             .chain(self.general_path.then(|| "GeneralPath".to_string()))
             .chain(self.answer_moved.then(|| "AnswerMoved".to_string()))
             .collect::<Vec<_>>()
@@ -195,13 +199,20 @@ impl KernelRun {
             )
             .chain(self.answer_moved.then_some(Counter::HandshakeCountMoved))
             .collect();
+        let (compare, walk) = OPTIONS_WALKED;
         if self.options_walked {
-            let (compared, walk) = OPTIONS_WALKED;
             // Only an entry that stands for the compare's count can have been walked:
             // otherwise the kernel counted more than the core can.
-            match counted.iter().position(|c| *c == compared) {
+            match counted.iter().position(|c| *c == compare) {
                 Some(at) => counted[at] = walk,
-                None => counted.push(compared),
+                None => counted.push(compare),
+            }
+        }
+        if self.options_compared {
+            // The other way round: only an entry that stands for the walk's count.
+            match counted.iter().position(|c| *c == walk) {
+                Some(at) => counted[at] = compare,
+                None => counted.push(walk),
             }
         }
         if self.general_path {
@@ -504,6 +515,7 @@ impl Kernel {
             next_hop_miss: stats_after.next_hop_miss != stats_before.next_hop_miss,
             reply_by_steering: stats_after.reply_by_steering != stats_before.reply_by_steering,
             options_walked: stats_after.options_walked != stats_before.options_walked,
+            options_compared: stats_after.options_compared != stats_before.options_compared,
             general_path: stats_after.general_path != stats_before.general_path,
             echo_beyond_idle_limit: stats_after.echo_beyond_idle_limit
                 != stats_before.echo_beyond_idle_limit,
