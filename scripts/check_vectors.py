@@ -314,9 +314,9 @@ class Checker:
         if protocol == 6:
             tcp_in, tcp_out = frame_in[l4:end], frame_out[l4:end]
             at = timestamp_option(tcp_in)
-            if at is None or tcp_in[13] & 0x02 or not tcp_in[13] & 0x10:
-                # No cookie (fallback), a SYN (nothing to echo yet), or no ACK: TSecr
-                # echoes nothing without it (RFC 7323, 3.2).
+            if at is None or not tcp_in[13] & 0x10:
+                # No cookie (fallback), or no ACK (a SYN, an RST): TSecr echoes nothing
+                # without it (RFC 7323, 3.2). A SYN-ACK echoes, as any ACK does.
                 return 0
             vip = suite.vip_at(u32(frame_in, l3 + 16), u16(frame_in, l4 + 2))
             h = flow_hash(suite.secret, ip_int(vip["address"]), vip["port"],

@@ -61,7 +61,7 @@ enum xdp_stat {
 	STAT_FAST_SERVER_PLAIN,
 	// Why the in-kernel path handed a packet it looked at to userspace (the core then
 	// decides and counts it): one reason per packet.
-	STAT_UP_NEW_CONNECTION, // a client SYN or SYN-ACK the kernel does not place: the VIP's policy runs in userspace
+	STAT_UP_NEW_CONNECTION, // a client SYN the kernel does not place: the VIP's policy runs in userspace
 	STAT_UP_LAYOUT,         // a layout the kernel does not take (an ICMP quote's IP options, a server's SYN without ACK)
 	STAT_UP_COOKIE,         // a cookie whose maps the kernel could not read (defensive: never seen)
 	STAT_UP_CLOCK,          // a sample of the replies whose clock the core would not learn (one a second per CPU, for its warning), or a reply that raced another writer
@@ -140,8 +140,10 @@ enum xdp_stat {
 	// current publication: it read next_hops (and, on a miss there, asked the FIB).
 	STAT_NEXT_HOP_CACHE_MISS,
 	// layout. A client's established segment whose timestamp option the options' walk
-	// found, not NOP NOP TS (parse.h timestamp_walk), routed by its cookie as the core's
-	// general path routes it: OptionsSlowPath, CookieRouted and ToServer.
+	// found, not NOP NOP TS (parse.h timestamp_walk), or a client's SYN-ACK (its
+	// timestamp found by the compare too: STAT_OPTIONS_COMPARED beside it), routed by its
+	// cookie as the core's general path routes it: OptionsSlowPath, CookieRouted and
+	// ToServer.
 	STAT_FAST_CLIENT_COOKIE_WALKED,
 	// layout. Counted beside the entry of a reply, SYN-ACK or client SYN whose timestamp
 	// the walk found where no wide compare looks: the core counted OptionsSlowPath where
@@ -286,11 +288,13 @@ enum xdp_stat {
 	// (handshakes.h handshake_answer): the core's HandshakeCountMoved. Beside, because an
 	// answer can also carry a cookie, learn a clock or teach the fallback table.
 	STAT_ANSWER_MOVED,
-	// Counted beside the fallback entry (STAT_FAST_CLIENT_FALLBACK, STAT_FAST_FALLBACK_MISS,
-	// STAT_DROP_FALLBACK_SERVER_REMOVED: each stands for OptionsSlowPath) of a client
-	// segment without SYN and ACK whose options start NOP NOP TS: the core's compare found
-	// its timestamp (OptionsFastPath) before routing it as one without. STAT_OPTIONS_WALKED
-	// the other way round.
+	// Counted beside the entry that stands for OptionsSlowPath of a client segment whose
+	// timestamp the core's compare found (OptionsFastPath): one without SYN and ACK whose
+	// options start NOP NOP TS, routed as one without (STAT_FAST_CLIENT_FALLBACK,
+	// STAT_FAST_FALLBACK_MISS, STAT_DROP_FALLBACK_SERVER_REMOVED), or a client's SYN-ACK
+	// whose timestamp sits where Table 1 puts a SYN's, routed by its cookie
+	// (STAT_FAST_CLIENT_COOKIE_WALKED, or a cookie drop with STAT_OPTIONS_WALKED).
+	// STAT_OPTIONS_WALKED the other way round.
 	STAT_OPTIONS_COMPARED,
 	STAT_COUNT,
 };

@@ -549,9 +549,9 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 	__u64 hash;
 
 	if (config->mode == LB_MODE_CHEETAH) {
-		// A SYN is client_syn's (client_syn.h), a segment without SYN and ACK the
-		// fallback table's (lb.h); a client's SYN-ACK (the core routes it by its cookie,
-		// found as a SYN's is) goes up.
+		// A SYN is client_syn's (client_syn.h); a segment without SYN and ACK the
+		// fallback table's, a client's SYN-ACK the cookie stage's (lb.h): one that
+		// reaches here is one whose options could not be walked.
 		if ((tcp_flags(p->tcp) & (TCP_SYN | TCP_ACK)) != TCP_ACK)
 			return hand_up(STAT_UP_NEW_CONNECTION);
 		// An ACK with a timestamp went to client_by_cookie, one without to client_fallback,

@@ -51,9 +51,12 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 	// Where an established segment's timestamp option starts within its options, and
 	// whether the walk found it there (not the straight line's NOP NOP TS).
 	int ts_at = 0, walked = 0;
-	// A segment without SYN and ACK (an RST, mostly) whose timestamp echoes nothing, and
-	// whether it was found by the compare (NOP NOP TS first), not the walk.
-	int unechoed = 0, compared = 0;
+	// A segment without SYN and ACK (an RST, mostly) whose timestamp echoes nothing; a
+	// client's SYN-ACK (backscatter of a SYN flood that spoofed a VIP's address, mostly),
+	// which the core routes by its cookie on its general path; and whether the compare
+	// found the timestamp of either (NOP NOP TS first, or where Table 1 puts a SYN's),
+	// where the STAT_FAST_* entry that counts the packet stands for the walk's find.
+	int unechoed = 0, answer = 0, compared = 0;
 
 	// The word first, then every published map from the copy it names (publish.h).
 	entry0 = bpf_map_lookup_elem(&lb_config, &zero);
@@ -77,11 +80,19 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 			// A segment without SYN and ACK looks for its timestamp as an established
 			// one does (SegmentKind::Other), then is routed as one without (TSecr
 			// echoes nothing: client_path.rs).
+			// A client's SYN-ACK looks for it as a SYN does, and takes the cookie stage
+			// as a walked timestamp (the core's general path) whoever found it.
 			unechoed = refusal == PLAIN_OK && !(tcp_flags(p.tcp) & (TCP_SYN | TCP_ACK));
+			answer = refusal == PLAIN_OK &&
+				 (tcp_flags(p.tcp) & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK);
 			if (config->mode == LB_MODE_CHEETAH &&
 			    (refusal == PLAIN_SHORT_OPTIONS ||
-			     (refusal == PLAIN_OK && (established(&p) || unechoed)))) {
-				if (refusal == PLAIN_OK && plain_has_nop_nop_ts(&p)) {
+			     (refusal == PLAIN_OK && (established(&p) || unechoed || answer)))) {
+				if (answer && (ts_at = syn_timestamp_at(ctx, &p))) {
+					walked = 1;
+					compared = 1;
+				} else if (!answer && refusal == PLAIN_OK &&
+					   plain_has_nop_nop_ts(&p)) {
 					ts_at = 2;
 				} else {
 					ts_at = timestamp_walk(ctx, &p);
@@ -111,8 +122,11 @@ static __always_inline int lb_decide(struct xdp_md *ctx, __u32 ip_options_lifted
 
 			action = client_by_cookie(ctx, config, seq, &p, hash_prefix, vip_port,
 						  backend_port, ts_at, walked);
-			if (action != LB_HAND_UP)
+			if (action != LB_HAND_UP) {
+				if (compared)
+					count(STAT_OPTIONS_COMPARED);
 				return action;
+			}
 		} else if (vip) {
 			int cheetah = config->mode == LB_MODE_CHEETAH;
 

@@ -882,6 +882,26 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
             from_server(nat, 2, flags::ACK, vec![1, 1, 5, 30]).build(),
         ),
         input(
+            "client-syn-ack-cookie",
+            "A client's SYN-ACK (Linux layout, as SYN-flood backscatter at a spoofed VIP address arrives) echoing server 2's cookie: routed by it on the general path, TSecr restored to 0x12345678.",
+            from_client(
+                flags::SYN | flags::ACK,
+                options::linux_syn(CLIENT_TS, cookie_ts(2, M, 0x5678)),
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
+            "client-syn-ack-forged-cookie",
+            "A client's SYN-ACK whose TSecr carries a cookie for server 77, which does not exist: dropped.",
+            from_client(
+                flags::SYN | flags::ACK,
+                options::linux_syn(CLIENT_TS, cookie_ts(77, M, 0x5678)),
+            )
+            .build(),
+        )
+        .msb(2, M),
+        input(
             "client-rst-nop-nop-ts",
             "Client RST without ACK with NOP NOP TS: TSecr echoes nothing, so no cookie; found by the compare, then routed as a segment without timestamps (unknown to the fallback table, Maglev picks).",
             from_client(flags::RST, options::nop_nop_ts(CLIENT_TS, 0)).build(),

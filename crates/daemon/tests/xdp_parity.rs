@@ -145,6 +145,9 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
                 "client-rst-without-timestamps",
                 // Without ACK, its timestamp echoes nothing: routed as one without.
                 "client-rst-nop-nop-ts",
+                // A client's SYN-ACK: the cookie stage, as the core's general path.
+                "client-syn-ack-cookie",
+                "client-syn-ack-forged-cookie",
                 // Timestamps where no wide compare looks: found by the options' walk.
                 "established-sack-before-ts",
                 "established-ts-odd-offset",

@@ -560,7 +560,8 @@ pub const STAT_FAST_SERVER_COOKIE_MOVED_RETIRED: u32 = 40;
 pub const STAT_NEXT_HOP_CACHE_MISS: u32 = 41;
 
 /// A client's established segment whose timestamp the options' walk found (not NOP NOP
-/// TS first), routed by its cookie in the kernel.
+/// TS first), or a client's SYN-ACK, routed by its cookie in the kernel (the core's
+/// general path).
 pub const STAT_FAST_CLIENT_COOKIE_WALKED: u32 = 42;
 /// Counted beside the `STAT_FAST_*` entry of a packet whose timestamp the options' walk
 /// found where that entry stands for `options_fast_path`: the core counted
@@ -763,9 +764,10 @@ pub const STAT_FAST_ICMP_FALLBACK: u32 = 90;
 /// the fallback table taught) when it answered a retried SYN first and moved the
 /// connection's load count to its server: the core's `handshake_count_moved`.
 pub const STAT_ANSWER_MOVED: u32 = 91;
-/// Counted beside the fallback entry of a client segment without SYN and ACK whose options
-/// start NOP NOP TS: that entry stands for `options_slow_path`, the core counted
-/// `options_fast_path` in its place ([`OPTIONS_WALKED`] the other way round).
+/// Counted beside an entry that stands for `options_slow_path` where the core counted
+/// `options_fast_path`: a client segment without SYN and ACK whose options start NOP NOP
+/// TS (a fallback entry), a client's SYN-ACK with a Table 1 layout (a cookie entry)
+/// ([`OPTIONS_WALKED`] the other way round).
 pub const STAT_OPTIONS_COMPARED: u32 = 92;
 pub const STAT_COUNT: u32 = 93;
 /// The entries of an ICMP error forwarded to a server: by its quoted cookie, a baseline's
