@@ -211,6 +211,16 @@ fn server_fin_without_timestamp(nat: bool) -> Vec<u8> {
         .build()
 }
 
+/// A SYN-ACK from the client's address (SYN-flood backscatter, a VIP's address spoofed),
+/// Linux's layout, echoing `tsecr`.
+fn client_syn_ack(tsecr: u32) -> Vec<u8> {
+    from_client(
+        flags::SYN | flags::ACK,
+        options::linux_syn(CLIENT_TS, tsecr),
+    )
+    .build()
+}
+
 fn client_ack(tsecr: u32) -> Vec<u8> {
     from_client(
         flags::ACK | flags::PSH,
@@ -884,21 +894,13 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         input(
             "client-syn-ack-cookie",
             "A client's SYN-ACK (Linux layout, as SYN-flood backscatter at a spoofed VIP address arrives) echoing server 2's cookie: routed by it on the general path, TSecr restored to 0x12345678.",
-            from_client(
-                flags::SYN | flags::ACK,
-                options::linux_syn(CLIENT_TS, cookie_ts(2, M, 0x5678)),
-            )
-            .build(),
+            client_syn_ack(cookie_ts(2, M, 0x5678)),
         )
         .msb(2, M),
         input(
             "client-syn-ack-forged-cookie",
             "A client's SYN-ACK whose TSecr carries a cookie for server 77, which does not exist: dropped.",
-            from_client(
-                flags::SYN | flags::ACK,
-                options::linux_syn(CLIENT_TS, cookie_ts(77, M, 0x5678)),
-            )
-            .build(),
+            client_syn_ack(cookie_ts(77, M, 0x5678)),
         )
         .msb(2, M),
         input(

@@ -1028,8 +1028,32 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
         reference_plane.shared().fallback.export(now)
     );
 
-    // Its ACK and its RST: forwarded by the kernel from the core's entry.
-    for (what, segment) in [("ACK", &ack), ("RST without ACK", &rst)] {
+    // Its ACK and its RST: forwarded by the kernel from the core's entry. So is a segment
+    // without SYN and ACK that carries a timestamp: it echoes nothing in TSecr (RFC 7323),
+    // and the core counts how its timestamp was found (the compare's, NOP NOP TS first, or
+    // the walk's).
+    let flow_field = |at: usize| u32::from_be_bytes(ack[at..at + 4].try_into().unwrap());
+    let of_the_flow = |flag: u8, found_by: Vec<u8>| {
+        let mut frame = TcpFrame::from_client(
+            flow_field(26),
+            u16::from_be_bytes([ack[34], ack[35]]),
+            flag,
+            found_by,
+        );
+        frame.dst_ip = flow_field(30);
+        frame.dst_port = u16::from_be_bytes([ack[36], ack[37]]);
+        let mut segment = frame.build();
+        segment[..14].copy_from_slice(&ack[..14]);
+        segment
+    };
+    let rst_compared = of_the_flow(flags::RST, options::nop_nop_ts(7, 0));
+    let fin_walked = of_the_flow(flags::FIN, options::ts_first(7, 0));
+    for (what, segment, compared) in [
+        ("ACK", &ack, false),
+        ("RST without ACK", &rst, false),
+        ("RST with NOP NOP TS", &rst_compared, true),
+        ("FIN with its timestamp first", &fin_walked, false),
+    ] {
         let run = kernel.run(topology.servers, segment, &ids, now);
         let core = CoreRun::of(&mut reference, segment, now, Ingress::ServerSide);
         assert_eq!(
@@ -1044,6 +1068,10 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
             &core,
             STAT_FAST_CLIENT_FALLBACK,
         );
+        assert_eq!(
+            run.options_compared, compared,
+            "{what}: the compare's find is counted as the core counts it"
+        );
         // The kernel refreshed the flow's time as the core's lookup did (the same word:
         // the same flows with the same idle times, at any instant).
         assert_eq!(
@@ -1052,50 +1080,6 @@ fn the_kernel_routes_clients_without_timestamps_by_the_cores_fallback_table() {
             "{what}: the kernel's refresh is the core's"
         );
         assert_eq!(table.export(now)[0].idle_units, 0, "{what}: refreshed");
-    }
-    // A segment without SYN and ACK echoes nothing in TSecr (RFC 7323) even when it
-    // carries a timestamp: routed from the table too, in the kernel as in the core, with
-    // the core's count of how its timestamp was found (the compare's, NOP NOP TS first, or
-    // the walk's).
-    let flow_field = |at: usize| u32::from_be_bytes(ack[at..at + 4].try_into().unwrap());
-    for (what, found_by) in [
-        ("RST with NOP NOP TS", options::nop_nop_ts(7, 0)),
-        ("FIN with its timestamp first", options::ts_first(7, 0)),
-    ] {
-        let flag = if what.starts_with("RST") {
-            flags::RST
-        } else {
-            flags::FIN
-        };
-        let mut frame = TcpFrame::from_client(
-            flow_field(26),
-            u16::from_be_bytes([ack[34], ack[35]]),
-            flag,
-            found_by,
-        );
-        frame.dst_ip = flow_field(30);
-        frame.dst_port = u16::from_be_bytes([ack[36], ack[37]]);
-        let mut segment = frame.build();
-        segment[..14].copy_from_slice(&ack[..14]);
-        let run = kernel.run(topology.servers, &segment, &ids, now);
-        let core = CoreRun::of(&mut reference, &segment, now, Ingress::ServerSide);
-        assert_eq!(
-            core.verdict, placed,
-            "{what}: the core routes it by the table"
-        );
-        assert_kernel_is_core(
-            &topology,
-            &suite.config,
-            what,
-            &run,
-            &core,
-            STAT_FAST_CLIENT_FALLBACK,
-        );
-        assert_eq!(
-            run.options_compared,
-            what.contains("NOP NOP TS"),
-            "{what}: the compare's find is counted as the core counts it"
-        );
     }
 
     // Another client port: not in the table. The kernel forwards it by the Maglev table,

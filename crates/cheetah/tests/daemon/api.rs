@@ -232,6 +232,13 @@ fn refused_requests_say_why_and_change_nothing() {
         (
             "POST",
             "/servers",
+            Some(r#"{"dip": "10.0.0.100", "mac": "02:00:00:01:00:09"}"#),
+            400,
+            "dip: 10.0.0.100 is the address of VIP 10.0.0.100:80; a server needs an address of its own",
+        ),
+        (
+            "POST",
+            "/servers",
             Some(r#"{"id": 40000, "dip": "10.1.0.9", "mac": "02:00:00:01:00:09"}"#),
             400,
             "id: 40000 is above",

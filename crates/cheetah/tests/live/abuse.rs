@@ -478,6 +478,17 @@ fn refused_calls_change_nothing(testbed: &Testbed, lb: &Lb) {
                 "servers",
                 "add",
                 "--dip",
+                "10.99.0.1",
+                "--mac",
+                "02:ce:00:00:02:62",
+            ],
+            "dip: 10.99.0.1 is the address of VIP 10.99.0.1:80; a server needs an address of its own",
+        ),
+        (
+            vec![
+                "servers",
+                "add",
+                "--dip",
                 "10.20.0.300",
                 "--mac",
                 "02:ce:00:00:02:62",
