@@ -274,6 +274,11 @@ fn scenario() {
         &[(1, 2), (2, 2)],
         &format!("after {REPLAYS} replays drew RSTs from server {target}"),
     );
+    // The kernel counts them, and its counts reach the metrics once a second.
+    let counted = eventually(Duration::from_secs(3), || {
+        lb.event_count("resets_without_timestamp") - resets_before >= REPLAYS as f64
+    });
+    assert!(counted);
     assert_eq!(
         lb.event_count("resets_without_timestamp") - resets_before,
         REPLAYS as f64
