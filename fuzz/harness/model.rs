@@ -385,6 +385,7 @@ pub fn model_matches_control_plane(setup: Setup, actions: &[(Action, u16, Nanos)
                             server,
                         ))),
                         vips: vec![(vip, 1)],
+                        state: ConfiguredState::Active,
                     },
                     now,
                 )

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use cheetah_core::config::{Forwarding, LbConfig, Mode};
+use cheetah_core::config::{ConfiguredState, Forwarding, LbConfig, Mode};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
 use cheetah_core::policy::PolicyKind;
@@ -97,6 +97,7 @@ impl Lb {
                     dip: std::net::Ipv4Addr::from(testkit::server_dip(7)).into(),
                     mac: Some(cheetah_core::types::format_mac(&testkit::server_mac(7))),
                     vips: vec![(vip, 1)],
+                    state: ConfiguredState::Active,
                 },
                 now,
             )

@@ -1,7 +1,7 @@
 //! End-to-end behaviour of the stateless pipeline on real frames: one or two workers driven
 //! by packets from clients and servers, as the LB would see them.
 
-use cheetah_core::config::{Forwarding, LbConfig, Mode};
+use cheetah_core::config::{ConfiguredState, Forwarding, LbConfig, Mode};
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Counter, Ingress, Worker, WorkerConfig};
@@ -915,6 +915,7 @@ fn a_server_added_back_under_a_new_id_owns_its_replies_at_once() {
                         dip: std::net::Ipv4Addr::from(testkit::server_dip(3)).into(),
                         mac: Some(cheetah_core::types::format_mac(&testkit::server_mac(3))),
                         vips: vec![(vip.clone(), 1)],
+                        state: ConfiguredState::Active,
                     },
                     2 * NANOS_PER_SEC,
                 )

@@ -24,7 +24,8 @@ use axum::extract::path::ErrorKind;
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
@@ -140,6 +141,10 @@ pub fn router(state: Arc<DaemonState>) -> Router {
         .route("/vips/{vip}/servers", post(join_pool))
         .route("/vips/{vip}/servers/{id}", delete(leave_pool))
         .route("/metrics", get(scrape))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            answered_once_published,
+        ))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -148,6 +153,28 @@ pub fn router(state: Arc<DaemonState>) -> Router {
             )
         })
         .with_state(state)
+}
+
+/// How long a change's answer waits for the data path to take it: many rounds of the
+/// daemon's main thread, which publishes every 50 ms.
+const PUBLISH_WAIT: Duration = Duration::from_secs(2);
+
+/// Answers a change once packets see it (`published.rs`). Should the data path not take
+/// it within [`PUBLISH_WAIT`] (its maps refuse the writes, say), the answer goes anyway and
+/// the log says so: the change is made and saved, and the main thread keeps trying.
+async fn answered_once_published(State(state): Daemon, request: Request, next: Next) -> Response {
+    let changes = request.method() != Method::GET;
+    let response = next.run(request).await;
+    if changes && response.status().is_success() {
+        let generation = state.shared.snapshot.generation();
+        if !state.published.reached(generation, PUBLISH_WAIT).await {
+            tracing::warn!(
+                generation,
+                "answered a change that the XDP program's maps do not hold yet"
+            );
+        }
+    }
+    response
 }
 
 // ---- errors and extractors -------------------------------------------------------------
@@ -486,6 +513,7 @@ async fn add_server(
             .iter()
             .map(|v| (v.vip.clone(), v.weight))
             .collect(),
+        state: body.state,
     };
     let id = state.control().add_server(spec, state.now())?;
     tracing::info!(
@@ -493,6 +521,7 @@ async fn add_server(
         dip = %body.dip,
         mac = body.mac.as_deref().unwrap_or("-"),
         vips = ?body.vips.iter().map(|v| format!("{}*{}", v.vip, v.weight)).collect::<Vec<_>>(),
+        state = SlotState::from(body.state).name(),
         "server added"
     );
     state.persist();

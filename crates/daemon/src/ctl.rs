@@ -75,6 +75,10 @@ pub enum ServersCommand {
         /// A VIP to join, `address:port` or `address:port:weight`; repeatable.
         #[arg(long = "vip", value_name = "VIP[:WEIGHT]")]
         vips: Vec<String>,
+        /// Add it draining: its replies forwarded and its cookies decoded, but no new
+        /// connections until `servers activate` (how to add a server to several instances).
+        #[arg(long)]
+        draining: bool,
     },
     /// Stop new connections to a server; its connections keep going.
     Drain {
@@ -354,7 +358,13 @@ fn execute(args: &Args) -> Result<String, Failure> {
             client.call::<ServersView>(Method::Get, "/servers", None)?,
             show_servers,
         ),
-        CtlCommand::Servers(ServersCommand::Add { dip, mac, id, vips }) => {
+        CtlCommand::Servers(ServersCommand::Add {
+            dip,
+            mac,
+            id,
+            vips,
+            draining,
+        }) => {
             // The operator's text as typed (not `AddServer`, whose `dip` is parsed): the
             // daemon validates it and names the field in its message.
             let mut body = json!({ "dip": dip, "vips": vips.iter().map(|v| vip_and_weight(v)).collect::<Vec<_>>() });
@@ -363,6 +373,9 @@ fn execute(args: &Args) -> Result<String, Failure> {
             }
             if let Some(id) = id {
                 body["id"] = json!(id);
+            }
+            if *draining {
+                body["state"] = json!("draining");
             }
             show(
                 json,

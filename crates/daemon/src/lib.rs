@@ -32,6 +32,7 @@ pub mod fallback_state;
 pub mod health;
 pub mod metrics;
 pub mod persist;
+pub mod published;
 mod replace_file;
 pub mod run;
 pub mod saver;

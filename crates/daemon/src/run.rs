@@ -267,7 +267,7 @@ impl DataPlane {
         // The kernel's CPUs draw random picks too: from generators of their own, seeded
         // apart from the workers' (`xdp_policy.rs`).
         let mut publisher = Publisher::with_policy_seeds(PolicySeeds::PerCpu { rng_seed: !seed });
-        publish(
+        let generation = publish(
             &mut publisher,
             &steering,
             state,
@@ -275,6 +275,7 @@ impl DataPlane {
             &initial,
             fast_path,
         )?;
+        state.published.published(generation);
         state.steering.fast_path.store(fast_path, Ordering::Relaxed);
         // Before the program is attached too: the first replies find their next hops
         // without bpf_fib_lookup (which answers on a miss anyway).
@@ -422,8 +423,11 @@ impl DataPlane {
                     &sides,
                     self.fast_path,
                 );
-                if let Err(e) = published {
-                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's tables");
+                match published {
+                    Ok(generation) => state.published.published(generation),
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's tables")
+                    }
                 }
                 if tables_changed {
                     // A new VIP's address is the host's no more.
@@ -482,7 +486,8 @@ fn adopt_kept_clocks(
     Ok(())
 }
 
-/// Publishes the current tables into the XDP program's maps (`xdp_tables.rs`).
+/// Publishes the current tables into the XDP program's maps (`xdp_tables.rs`); the
+/// generation they now hold.
 fn publish(
     publisher: &mut Publisher,
     steering: &SteeringProgram,
@@ -490,7 +495,7 @@ fn publish(
     interfaces: &[Interface],
     sides: &[Ingress],
     fast_path: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<u64> {
     let snapshot = state.shared.snapshot.load();
     let publication = Publication {
         snapshot: &snapshot,
@@ -500,7 +505,8 @@ fn publish(
         fast_path,
         fallback_sets: state.shared.fallback.sets(),
     };
-    publisher.publish(steering, &publication)
+    publisher.publish(steering, &publication)?;
+    Ok(snapshot.generation)
 }
 
 /// Puts the host's own IPv4 addresses, VIPs left out, into the XDP program's map, so that

@@ -25,6 +25,7 @@ use crate::dataplane::IoCounters;
 use crate::fallback_state;
 use crate::health::{self, HealthBook, Readiness};
 use crate::persist::{Persister, SaveContents};
+use crate::published::PublishedGeneration;
 
 /// One data-path worker, as the API and metrics see it.
 #[derive(Clone)]
@@ -232,6 +233,8 @@ pub struct DaemonState {
     pub steering: SteeringCounters,
     /// The health prober's decisions with their reasons (`health/`).
     pub health: HealthBook,
+    /// The snapshot generation the XDP program's maps hold (`published.rs`).
+    pub published: PublishedGeneration,
 }
 
 impl DaemonState {
@@ -254,6 +257,7 @@ impl DaemonState {
             rates: Mutex::new(RateMeter::default()),
             steering: SteeringCounters::default(),
             health: HealthBook::default(),
+            published: PublishedGeneration::default(),
         }
     }
 

@@ -4,8 +4,8 @@
 //! kernel to forward an established client segment and a NAT backend's reply as the core
 //! would; with `datapath = "afxdp"` it forwards nothing.
 
-use cheetah_core::config::Forwarding;
 use cheetah_core::config::Mode;
+use cheetah_core::config::{ConfiguredState, Forwarding};
 use cheetah_core::cookie::msb::KNOWN;
 use cheetah_core::hash::{FlowKey, Secret};
 use cheetah_core::lb::Ingress;
@@ -525,6 +525,7 @@ fn add_server_at(plane: &mut ControlPlane, dip: u32) -> ServerId {
                 dip: std::net::Ipv4Addr::from(dip).into(),
                 mac: Some("02:ce:00:00:09:09".into()),
                 vips: vec![(vip, 1)],
+                state: ConfiguredState::Active,
             },
             0,
         )

@@ -108,6 +108,21 @@ fn server_lifecycle_through_the_api() {
         vec![(1, 1), (2, 1), (7, 3), (0, 1)]
     );
 
+    let (code, added) = api.post(
+        "/servers",
+        r#"{"id": 9, "dip": "10.1.0.9", "mac": "02:00:00:01:00:09",
+            "vips": [{"vip": "10.0.0.100:80"}], "state": "draining"}"#,
+    );
+    assert_eq!((code, added), (201, json!({"id": 9})));
+    let (_, servers) = api.get("/servers");
+    assert_eq!(server(&servers, 9)["state"], "draining");
+    assert_eq!(
+        api.get("/vips").1["vips"][0]["members"][4]["state"],
+        "draining"
+    );
+    let (code, active) = api.send("POST", "/servers/9/activate", None);
+    assert_eq!((code, &active["state"]), (200, &json!("active")));
+
     let (code, drained) = api.send("POST", "/servers/7/drain", None);
     assert_eq!(code, 200);
     assert_eq!(drained["state"], "draining");
@@ -122,9 +137,12 @@ fn server_lifecycle_through_the_api() {
     assert_eq!(code, 200);
     assert_eq!(removed["state"], "removed");
     assert_eq!(removed["quarantine_left_secs"], 600);
-    assert_eq!(members(&api.get("/vips").1), vec![(1, 1), (2, 1), (0, 1)]);
+    assert_eq!(
+        members(&api.get("/vips").1),
+        vec![(1, 1), (2, 1), (0, 1), (9, 1)]
+    );
     assert_eq!(api.get("/status").1["servers"]["removed"], 1);
-    assert_eq!(api.state.shared.snapshot.generation(), 6);
+    assert_eq!(api.state.shared.snapshot.generation(), 8);
 }
 
 #[test]
@@ -235,6 +253,13 @@ fn refused_requests_say_why_and_change_nothing() {
             Some(r#"{"dip": "10.0.0.100", "mac": "02:00:00:01:00:09"}"#),
             400,
             "dip: 10.0.0.100 is the address of VIP 10.0.0.100:80; a server needs an address of its own",
+        ),
+        (
+            "POST",
+            "/servers",
+            Some(r#"{"dip": "10.1.0.9", "mac": "02:00:00:01:00:09", "state": "removed"}"#),
+            400,
+            "state: unknown variant `removed`, expected `active` or `draining`",
         ),
         (
             "POST",
@@ -539,4 +564,55 @@ fn every_change_is_saved_at_once() {
         .modified()
         .unwrap();
     assert_eq!(saved, after);
+}
+
+/// Under `cheetah run` the XDP program reads copies of the tables, published by the main
+/// thread; a change is answered once they hold it, so that the next packet after a `ctl`
+/// sees it. Here the test plays the publisher.
+#[test]
+fn a_change_is_answered_once_the_data_path_holds_it() {
+    let api = start();
+    let published = &api.state.published;
+    let before = api.state.shared.snapshot.generation();
+    published.published(before);
+    let (answer, answered) = std::sync::mpsc::channel();
+    let url = format!("http://{}/servers/1/drain", api.addr());
+    std::thread::spawn(move || answer.send(ureq::post(&url).send_empty().map(|r| r.status())));
+    assert!(
+        answered.recv_timeout(Duration::from_millis(300)).is_err(),
+        "the drain was answered before the data path held it"
+    );
+    let after = api.state.shared.snapshot.generation();
+    assert!(after > before, "the drain made a new snapshot");
+    published.published(after);
+    let status = answered
+        .recv_timeout(Duration::from_secs(5))
+        .expect("answered once the data path holds the change")
+        .unwrap();
+    assert_eq!(status, 200);
+    // Reads and refused changes change nothing the data path has to take: answered at
+    // once, with the publisher behind.
+    published.published(before);
+    let started = Instant::now();
+    assert_eq!(api.get("/servers").0, 200);
+    assert_eq!(api.send("POST", "/servers/99/drain", None).0, 404);
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// A data path that does not take a change (its maps refuse the writes, say) delays the
+/// answer by the bound only: the change is made, answered and saved all the same.
+#[test]
+fn a_change_the_data_path_does_not_take_is_answered_after_the_bound() {
+    let api = start();
+    api.state
+        .published
+        .published(api.state.shared.snapshot.generation());
+    let started = Instant::now();
+    let (status, drained) = api.send("POST", "/servers/1/drain", None);
+    let waited = started.elapsed();
+    assert_eq!((status, &drained["state"]), (200, &json!("draining")));
+    assert!(
+        (Duration::from_secs(2)..Duration::from_secs(5)).contains(&waited),
+        "answered after {waited:?}"
+    );
 }

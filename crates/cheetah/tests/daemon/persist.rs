@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use cheetah_core::config::ConfiguredState;
 use cheetah_core::policy::{LoadMetric, PolicyKind};
 use cheetah_core::tables::{ControlPlane, ServerSpec, SlotState};
 use cheetah_core::types::NANOS_PER_SEC;
@@ -23,6 +24,7 @@ fn saved_state(dir: &std::path::Path) -> StateFile {
                     dip: "10.1.0.5".parse().unwrap(),
                     mac: Some("02:00:00:01:00:05".into()),
                     vips: vec![(VIP.into(), 4)],
+                    state: ConfiguredState::Active,
                 },
                 state.now(),
             )
@@ -119,6 +121,7 @@ fn changed_config_wins_but_quarantine_and_msb_survive() {
                 dip: "10.1.0.2".parse().unwrap(),
                 mac: Some("02:00:00:01:00:02".into()),
                 vips: vec![],
+                state: ConfiguredState::Active,
             },
             NANOS_PER_SEC,
         )

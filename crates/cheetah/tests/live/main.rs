@@ -7,6 +7,7 @@
 //! of its own.
 
 mod abuse;
+mod applied;
 mod churn;
 mod clock_moves;
 mod closes;

@@ -1,5 +1,6 @@
 //! AllServers: server id -> where to send, and whether the id may be used.
 
+use crate::config::ConfiguredState;
 use crate::types::{boxed_array, Mac, ServerId};
 
 /// Lifecycle of an id in AllServers.
@@ -34,6 +35,16 @@ impl SlotState {
     #[inline(always)]
     pub fn forwards(self) -> bool {
         self as u8 >= SlotState::Active as u8
+    }
+}
+
+/// A server configured, or added at run time, in one of the states it may start in.
+impl From<ConfiguredState> for SlotState {
+    fn from(state: ConfiguredState) -> Self {
+        match state {
+            ConfiguredState::Active => SlotState::Active,
+            ConfiguredState::Draining => SlotState::Draining,
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use std::net::Ipv4Addr;
 
 use super::{client_ip, config, options, server_mac, TcpFrame, VIP, VIP_PORT};
-use crate::config::{Forwarding, Mode};
+use crate::config::{ConfiguredState, Forwarding, Mode};
 use crate::hash::Secret;
 use crate::lb::{Ingress, Worker, WorkerConfig};
 use crate::policy::PolicyKind;
@@ -94,6 +94,7 @@ pub fn run(mode: Mode, connections: usize) -> ChurnReport {
                     dip: "10.1.0.20".parse().unwrap(),
                     mac: Some(format_mac(&server_mac(20))),
                     vips: vec![(vip.clone(), 1)],
+                    state: ConfiguredState::Active,
                 };
                 plane
                     .add_server(spec, now)

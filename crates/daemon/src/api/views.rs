@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use cheetah_core::config::ConfiguredState;
 use cheetah_core::policy::{LoadMetric, PolicyKind};
 use serde::{Deserialize, Serialize};
 
@@ -178,6 +179,9 @@ pub struct AddServer {
     pub mac: Option<String>,
     #[serde(default)]
     pub vips: Vec<JoinVip>,
+    /// `draining`: known to the data path, no new connections until activated.
+    #[serde(default)]
+    pub state: ConfiguredState,
 }
 
 /// A VIP a new server joins, with its weight there.

@@ -713,7 +713,7 @@ pub fn publish(program: &SteeringProgram, publication: &Publication) -> anyhow::
 mod tests {
     use std::mem::offset_of;
 
-    use cheetah_core::config::LbConfig;
+    use cheetah_core::config::{ConfiguredState, LbConfig};
     use cheetah_core::hash::Secret;
     use cheetah_core::policy::schedule::SCHEDULE_MAX_POSITIONS;
     use cheetah_core::tables::{ControlPlane, ServerSpec};
@@ -1102,6 +1102,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                     dip: "10.20.0.12".parse().unwrap(),
                     mac: Some("02:ce:00:00:02:04".into()),
                     vips: vec![("10.0.0.100:80".into(), 1)],
+                    state: ConfiguredState::Active,
                 },
                 0,
             )

@@ -478,7 +478,11 @@ impl Runner<'_> {
                     &mac,
                     "--vip",
                     &vip,
+                    "--draining",
                 ])?;
+                // Known to every instance before any sends it a connection: its replies
+                // cross all of them (docs/operations.md, "Add a server in two steps").
+                self.ctl_all(&["servers", "activate", &id.to_string()])?;
                 self.active_servers += 1;
                 self.event_at(
                     t,

@@ -14,7 +14,8 @@ use cheetah_core::policy::PolicyKind;
 /// One change to the LB.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// `ctl servers add` with the VIP: the server takes new connections at once.
+    /// `ctl servers add` with the VIP, draining, on every instance, then `ctl servers
+    /// activate` on every instance: the server takes new connections from then on.
     Add(u16),
     /// `ctl servers drain`: no new connections; the runner removes it once it is empty.
     Drain(u16),

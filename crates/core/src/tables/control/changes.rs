@@ -19,10 +19,14 @@ pub struct ServerSpec {
     pub mac: Option<String>,
     /// VIPs (`address:port`) to join, with a weight.
     pub vips: Vec<(String, u32)>,
+    /// `Draining` adds it known to the data path (its replies forwarded, its cookies
+    /// decoded, its health probed) but taking no new connection until activated: how a
+    /// server is added to several instances (docs/operations.md).
+    pub state: ConfiguredState,
 }
 
 impl ControlPlane {
-    /// Adds a server (and makes it join the VIPs listed).
+    /// Adds a server (and makes it join the VIPs listed), active or draining.
     pub fn add_server(&mut self, spec: ServerSpec, now: Nanos) -> Result<ServerId, ControlError> {
         self.expire(now);
         let id = match spec.id {
@@ -55,7 +59,7 @@ impl ControlPlane {
                 id: id.0,
                 dip: spec.dip,
                 mac: spec.mac.clone(),
-                state: ConfiguredState::Active,
+                state: spec.state,
             },
             "server",
             self.forwarding,
@@ -70,7 +74,7 @@ impl ControlPlane {
             ServerRecord {
                 dip: valid.dip,
                 mac: valid.mac,
-                state: SlotState::Active,
+                state: spec.state.into(),
                 quarantine_until: None,
             },
         );
@@ -346,6 +350,26 @@ mod tests {
             u32::from(Ipv4Addr::new(10, 1, 0, 10))
         );
         assert_eq!(pool(&p), vec![1, 0, 2]);
+    }
+
+    /// How a server joins several instances: added draining, it is known (its replies and
+    /// cookies) and a member of its pools, but no new connection goes to it until it is
+    /// activated.
+    #[test]
+    fn a_server_added_draining_is_known_and_takes_new_connections_once_activated() {
+        let mut p = plane();
+        let draining = ServerSpec {
+            state: ConfiguredState::Draining,
+            ..spec(Some(7), 7)
+        };
+        assert_eq!(p.add_server(draining, 0).unwrap(), ServerId(7));
+        let snap = p.shared().snapshot.load();
+        assert_eq!(snap.servers.get(ServerId(7)).state, SlotState::Draining);
+        assert_eq!(snap.server_by_mac(&[2, 0, 0, 0, 1, 7]), Some(ServerId(7)));
+        assert!(p.vips()[0].members.iter().any(|(id, _)| *id == ServerId(7)));
+        assert_eq!(pool(&p), vec![1, 2]);
+        p.activate_server(7).unwrap();
+        assert_eq!(pool(&p), vec![1, 2, 7]);
     }
 
     #[test]

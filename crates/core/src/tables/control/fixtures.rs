@@ -1,7 +1,7 @@
 //! A small control plane, and servers to add to it, for the control plane's tests.
 
 use super::{ControlPlane, ServerSpec};
-use crate::config::LbConfig;
+use crate::config::{ConfiguredState, LbConfig};
 use crate::hash::Secret;
 
 pub(super) const CONFIG: &str = r#"
@@ -30,6 +30,7 @@ pub(super) fn spec(id: Option<u16>, last: u8) -> ServerSpec {
         dip: format!("10.1.0.{last}").parse().unwrap(),
         mac: Some(format!("02:00:00:00:01:{last:02x}")),
         vips: vec![("10.0.0.100:80".into(), 1)],
+        state: ConfiguredState::Active,
     }
 }
 

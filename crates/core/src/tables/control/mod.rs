@@ -18,9 +18,7 @@ use std::sync::Arc;
 
 use super::servers::{AllServers, ServerSlot, SlotState};
 use super::snapshot::{Snapshot, VipEntry};
-use crate::config::{
-    self, ConfigError, ConfiguredState, Forwarding, LbConfig, Mode, NatBackends, ValidVip,
-};
+use crate::config::{self, ConfigError, Forwarding, LbConfig, Mode, NatBackends, ValidVip};
 use crate::cookie::CookieLayout;
 use crate::hash::Secret;
 use crate::lb::closes::CloseFilter;
@@ -117,10 +115,7 @@ impl ControlPlane {
         let servers = servers
             .into_iter()
             .map(|s| {
-                let state = match s.state {
-                    ConfiguredState::Active => SlotState::Active,
-                    ConfiguredState::Draining => SlotState::Draining,
-                };
+                let state = SlotState::from(s.state);
                 (
                     s.id,
                     ServerRecord {
