@@ -296,6 +296,19 @@ enum xdp_stat {
 	// (STAT_FAST_CLIENT_COOKIE_WALKED, or a cookie drop with STAT_OPTIONS_WALKED).
 	// STAT_OPTIONS_WALKED the other way round.
 	STAT_OPTIONS_COMPARED,
+	// A new connection to a VIP whose pool is empty (every server drained, removed or out
+	// of it: vip_info.policy KERNEL_POLICY_EMPTY), dropped in the kernel as the core
+	// drops it (`no_server_available`), after the counts its path made first: a SYN with
+	// a timestamp (the options' count, STAT_OPTIONS_WALKED beside it when walked), one
+	// without (the walk's), a fallback miss (the walk's and FallbackMisses), a
+	// baseline's pick on the straight line (FastPath); the drop alone for a baseline's
+	// pick on the general path and an ICMP error that nothing else routes (icmp_path.h).
+	// So a SYN flood at an emptied VIP costs the kernel a lookup a SYN, not a worker trip.
+	STAT_DROP_NO_SERVER_AVAILABLE_SYN,
+	STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_SYN,
+	STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_MISS,
+	STAT_DROP_NO_SERVER_AVAILABLE_PICK,
+	STAT_DROP_NO_SERVER_AVAILABLE,
 	STAT_COUNT,
 };
 // Entries of the stats map: room for counters appended later, so that an upgrade which
@@ -435,8 +448,10 @@ struct vip_slot {
 };
 
 // vip_info.policy: the VIP policies the kernel runs for a SYN (crates/core/src/policy/),
-// each bit for bit the core's. NONE (an empty pool, a pool bigger than MAX_HASH_POOL for
-// every policy but maglev) leaves the SYN to userspace.
+// each bit for bit the core's. NONE (a pool bigger than MAX_HASH_POOL for every policy
+// but maglev, and the other envelopes xdp_tables.rs `kernel_policy` names) leaves the SYN
+// to userspace; EMPTY (no server in the pool, whatever the policy and mode) drops every
+// new connection, as the core does.
 #define KERNEL_POLICY_NONE 0
 #define KERNEL_POLICY_RR 1
 #define KERNEL_POLICY_WRR 2
@@ -453,6 +468,7 @@ struct vip_slot {
 // maglev: the VIP's Maglev table (maglev_tables) at the connection's hash, as the maglev
 // mode and the connections without timestamps use it; any pool size (vip_info.pool unread).
 #define KERNEL_POLICY_MAGLEV 8
+#define KERNEL_POLICY_EMPTY 9
 #define LOAD_METRIC_ACTIVE 0
 #define LOAD_METRIC_REPORTED 1
 #define LOAD_METRIC_PACKETS 2

@@ -39,8 +39,8 @@
 // mode: the VIP's Maglev table places it, `remember` puts it in the fallback table
 // (FallbackConnections, and FallbackEvictions when a flow had to go), `loads.on_new_connection`
 // counts it (server_traffic.opened) and `count_once_per_handshake` books it, as syn_fast
-// books a SYN with a timestamp; then `forward_to_server`. A VIP without a published
-// Maglev table goes up.
+// books a SYN with a timestamp; then `forward_to_server`. An empty pool drops it
+// (`no_server_available`); a VIP without a published Maglev table goes up.
 static __always_inline int fallback_syn(struct xdp_md *ctx, const struct lb_config *config,
 					__u32 seq, const struct plain_tcp *p,
 					const struct vip_info *vip, __u64 hash)
@@ -54,6 +54,8 @@ static __always_inline int fallback_syn(struct xdp_md *ctx, const struct lb_conf
 	__u64 now;
 
 	// Decide: every read, no write.
+	if (vip->policy == KERNEL_POLICY_EMPTY)
+		return drop_by_tables(seq, STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_SYN);
 	if (!maglev_lookup(config, vip->index, hash, &id))
 		return hand_up(STAT_UP_OTHER);
 	server = server_at(config->copy, id);
@@ -83,8 +85,9 @@ static __always_inline int fallback_syn(struct xdp_md *ctx, const struct lb_conf
 }
 
 // client_path.rs for a client segment (not a SYN) without TCP options that the fallback
-// table does not know: FallbackMisses, and the VIP's Maglev table places it. A VIP
-// without a published table goes up as the miss it is.
+// table does not know: FallbackMisses, and the VIP's Maglev table places it. An empty
+// pool drops it (`no_server_available`); a VIP without a published table goes up as the
+// miss it is.
 static __always_inline int fallback_miss(struct xdp_md *ctx, const struct lb_config *config,
 					 __u32 seq, const struct plain_tcp *p,
 					 const struct vip_info *vip, __u64 hash)
@@ -93,6 +96,8 @@ static __always_inline int fallback_miss(struct xdp_md *ctx, const struct lb_con
 	struct toward_server to;
 	__u32 id;
 
+	if (vip->policy == KERNEL_POLICY_EMPTY)
+		return drop_by_tables(seq, STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_MISS);
 	if (!maglev_lookup(config, vip->index, hash, &id))
 		return hand_up(STAT_UP_FALLBACK_MISS);
 	server = server_at(config->copy, id);

@@ -297,6 +297,13 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	// wrr and awrr keep per-position state for MAX_HASH_POOL positions: a bigger pool is
 	// published with them only when its cycle fits (then read, not scanned; awrr's
 	// whatever its loads: xdp_tables.rs kernel_policy).
+	if (policy == KERNEL_POLICY_EMPTY) {
+		if (!publish_unchanged(seq))
+			return hand_up(STAT_UP_PUBLISHING);
+		count(STAT_DROP_NO_SERVER_AVAILABLE_SYN);
+		count_options_walked(walked);
+		return XDP_DROP;
+	}
 	if (policy == KERNEL_POLICY_NONE ||
 	    (policy != KERNEL_POLICY_MAGLEV && !vip_pool_open(config->copy, vip, &big)))
 		return hand_up(STAT_UP_NEW_CONNECTION);
@@ -560,6 +567,10 @@ static __always_inline int client_fast(struct xdp_md *ctx, const struct lb_confi
 	} else {
 		// The baselines: this same path with `pool[h % n]` or the VIP's Maglev table for
 		// the cookie stage, for every segment (SYN too), as the core's.
+		if (vip->policy == KERNEL_POLICY_EMPTY)
+			return drop_by_tables(seq, pick_stat == STAT_FAST_CLIENT_PICK ?
+							   STAT_DROP_NO_SERVER_AVAILABLE_PICK :
+							   STAT_DROP_NO_SERVER_AVAILABLE);
 		hash = siphash_finish(vip->hash_prefix, p->ip->saddr, p->tcp->source);
 		if (config->mode == LB_MODE_HASH) {
 			const struct vip_big_pool *big;

@@ -133,6 +133,15 @@ static __always_inline long icmp_baseline_pick(const struct lb_config *config,
 	return vip_pool_member(vip, big, hash % vip->pool_len);
 }
 
+// An ICMP error without a cookie that no server is remembered for: the core copies it to
+// every server of the VIP (userspace does) or, with none in the pool, drops it.
+static __always_inline int icmp_to_all(__u32 seq, const struct vip_info *vip)
+{
+	if (vip->policy == KERNEL_POLICY_EMPTY)
+		return drop_by_tables(seq, STAT_DROP_NO_SERVER_AVAILABLE);
+	return hand_up(STAT_UP_ICMP);
+}
+
 // `rewrite_for_server` and the send, for an error whose server (`target`) is decided and
 // whose quote's cookie, if any, is restored: with NAT, the outer destination, the quoted
 // source (and the quoted IP header checksum that covers it) and the quoted source port
@@ -265,8 +274,11 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	nat = config->forwarding == LB_FORWARDING_NAT;
 	if (config->mode != LB_MODE_CHEETAH) {
 		// The baselines route by their pick; nothing in the quote but NAT's changes.
-		long picked = icmp_baseline_pick(config, vip, quoted_ip->daddr, quoted_tcp->dest);
+		long picked;
 
+		if (vip->policy == KERNEL_POLICY_EMPTY)
+			return drop_by_tables(seq, STAT_DROP_NO_SERVER_AVAILABLE);
+		picked = icmp_baseline_pick(config, vip, quoted_ip->daddr, quoted_tcp->dest);
 		if (picked < 0)
 			return hand_up(STAT_UP_OTHER);
 		id = picked;
@@ -296,13 +308,14 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	hash = siphash_finish(vip->hash_prefix, quoted_ip->daddr, quoted_tcp->dest);
 	if (!option) {
 		// No cookie: the server the fallback table remembers, if it still forwards;
-		// else userspace copies the error to every server of the VIP.
+		// else userspace copies the error to every server of the VIP, unless it has
+		// none (the core drops it).
 		if (!fallback_find(config, hash, &hit))
-			return hand_up(STAT_UP_ICMP);
+			return icmp_to_all(seq, vip);
 		id = fallback_server(hit.word);
 		server = server_at(config->copy, id);
 		if (!server || !(server->flags & SERVER_FORWARDS))
-			return hand_up(STAT_UP_ICMP);
+			return icmp_to_all(seq, vip);
 		if (!(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
 		return icmp_forward_unrestored(ctx, seq, eth, ip, icmp, quoted_ip, quoted_tcp,

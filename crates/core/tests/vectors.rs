@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cheetah_core::config::{Forwarding, LbConfig, Mode, VipConfig};
+use cheetah_core::config::{ConfiguredState, Forwarding, LbConfig, Mode, VipConfig};
 use cheetah_core::cookie::{tcp_ts, CookieLayout};
 use cheetah_core::hash::{FlowHasher, FlowKey, Secret};
 use cheetah_core::lb::{Ingress, Worker, WorkerConfig};
@@ -1702,6 +1702,130 @@ fn suites() -> Vec<Suite> {
         },
         layout_suite("l2-cheetah-k2", 2, Some(9000)),
         layout_suite("l2-cheetah-k6", 6, None),
+        Suite {
+            name: "l2-cheetah-empty-pool",
+            config: with_every_server_draining(testkit::config(
+                Mode::Cheetah,
+                Forwarding::L2,
+                PolicyKind::RoundRobin,
+                3,
+            )),
+            removed_servers: Vec::new(),
+            inputs: empty_pool_cheetah_inputs(),
+        },
+        Suite {
+            name: "l2-hash-empty-pool",
+            config: with_every_server_draining(testkit::config(
+                Mode::Hash,
+                Forwarding::L2,
+                PolicyKind::Hash,
+                3,
+            )),
+            removed_servers: Vec::new(),
+            inputs: empty_pool_baseline_inputs(),
+        },
+        Suite {
+            name: "l2-maglev-empty-pool",
+            config: with_every_server_draining(testkit::config(
+                Mode::Maglev,
+                Forwarding::L2,
+                PolicyKind::Maglev,
+                3,
+            )),
+            removed_servers: Vec::new(),
+            inputs: empty_pool_baseline_inputs(),
+        },
+    ]
+}
+
+/// A VIP whose every server is draining: its pool is empty (the maintenance an operator
+/// does before taking a whole VIP down), and its servers still serve their connections.
+fn with_every_server_draining(mut config: LbConfig) -> LbConfig {
+    for server in &mut config.servers {
+        server.state = ConfiguredState::Draining;
+    }
+    config
+}
+
+/// New connections to an empty pool are dropped (`no_server_available`) on every path
+/// that would pick a server; a connection a draining server holds carries on.
+fn empty_pool_cheetah_inputs() -> Vec<Input> {
+    vec![
+        input(
+            "empty-pool-syn",
+            "A Linux SYN to a VIP whose every server is draining: nobody to take it, dropped.",
+            linux_syn(),
+        ),
+        input(
+            "empty-pool-syn-walked",
+            "A SYN whose timestamp the option walk finds (MSS WS NOP TS SAckOK), to the empty pool: dropped.",
+            syn(
+                [
+                    &[2u8, 4, 0x05, 0xb4, 3, 3, 7, 1][..],
+                    &ts_option(CLIENT_TS, 0),
+                    &[4, 2],
+                ]
+                .concat(),
+            ),
+        ),
+        input(
+            "empty-pool-syn-without-timestamp",
+            "A Windows SYN (no timestamp) to the empty pool: no Maglev table to place it, dropped.",
+            syn(options::windows_syn()),
+        ),
+        input(
+            "empty-pool-syn-without-options",
+            "A SYN without options to the empty pool: dropped.",
+            syn(Vec::new()),
+        ),
+        input(
+            "empty-pool-fallback-miss",
+            "An ACK without options the fallback table does not know, to the empty pool: dropped.",
+            from_client(flags::ACK, Vec::new()).build(),
+        ),
+        input(
+            "empty-pool-icmp-without-cookie",
+            "ICMP fragmentation-needed quoting a segment without options of a flow the fallback table does not know: no server to copy it to, dropped.",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client_with(Vec::new()), 20 + 20 + 8),
+        ),
+        input(
+            "empty-pool-icmp-cookie-of-draining-server",
+            "ICMP fragmentation-needed quoting server 2's cookie: its connection is still served, routed to it, TSval restored.",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 20 + 32 + 8),
+        )
+        .msb(2, M),
+        input(
+            "empty-pool-reply-of-draining-server",
+            "Server 2's data segment: a draining server's replies still get its cookie.",
+            server_data(false),
+        ),
+        input(
+            "empty-pool-cookie-of-draining-server",
+            "A client ACK echoing the cookie of server 2, which is draining: its connection carries on, TSecr restored.",
+            client_ack(cookie_ts(2, M, 0x5678)),
+        )
+        .msb(2, M),
+    ]
+}
+
+/// The baselines' picks for an empty pool: on the straight line and on the general path.
+fn empty_pool_baseline_inputs() -> Vec<Input> {
+    vec![
+        input(
+            "empty-pool-pick",
+            "A client ACK to a VIP whose every server is draining: the baseline has no server to pick, dropped.",
+            client_ack(0x2222_3333),
+        ),
+        input(
+            "empty-pool-icmp",
+            "ICMP fragmentation-needed about a connection to the empty pool: no server to pick, dropped.",
+            testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 28),
+        ),
+        input(
+            "empty-pool-pick-general",
+            "A client ACK with four bytes of NOPs (the general path's layout) to the empty pool: dropped.",
+            from_client(flags::ACK, vec![1, 1, 1, 1]).build(),
+        ),
     ]
 }
 

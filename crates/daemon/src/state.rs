@@ -434,12 +434,13 @@ mod tests {
             // removed server; a reply whose clock the core would not learn (a cookie, a first
             // close, a duplicate close; each unstable or ahead of real time); an ICMP error
             // without a cookie routed by the fallback table; a move counted beside a
-            // SYN-ACK's entry.
+            // SYN-ACK's entry; a new connection to an empty pool (a SYN with a timestamp,
+            // one without, a fallback miss, a baseline's pick, straight or general).
             events: [
                 100, 200, 400, 800, 3, 5, 7, 11, 13, 17, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
                 1024, 2048, 4096, 8192, 16384, 1000, 2000, 3000, 4000, 10, 20, 30, 40, 5, 60, 70,
                 80, 90, 100, 110, 120, 6000, 7000, 130, 140, 150, 160, 170, 180, 190, 200, 210,
-                220, 240, 250, 260, 230, 300, 301, 302, 303, 304, 305, 700, 50,
+                220, 240, 250, 260, 230, 300, 301, 302, 303, 304, 305, 700, 50, 31, 37, 41, 43, 47,
             ],
             // Of the packets above counted under options_fast_path, 9 were walked.
             options_walked: 9,
@@ -461,25 +462,25 @@ mod tests {
         assert_eq!(events["fallback_hits"], 50);
         assert_eq!(
             events["options_slow_path"],
-            177 + 256 + 9 + 1024 + 2048 + 4096 + 8192 + 13000 + 230 - 4
+            177 + 256 + 9 + 1024 + 2048 + 4096 + 8192 + 13000 + 230 - 4 + 37 + 41
         );
         assert_eq!(events["fallback_connections"], 15);
         assert_eq!(events["fallback_evictions"], 74);
         assert_eq!(events["fallback_learned_from_server"], 96);
-        assert_eq!(events["fallback_misses"], 16);
+        assert_eq!(events["fallback_misses"], 16 + 41);
         assert_eq!(
             events["to_client"], 650 + 1024 + 2048 + 4096 + 8192 + 16384 + 13000 + 1815 + 260,
             "server cookie + server plain + closes + replies that learnt a clock + SYN-ACKs without timestamps + moves + replies without timestamps + baseline replies too short + FINs without timestamps + l2 packets from a VIP address that are no TCP"
         );
         assert_eq!(
             events["fast_path"],
-            680 + 1024 + 2048 + 100 + 90 + 13000 + 420 - 3 + 1815,
-            "+ the server replies dropped (malformed options, a removed server's) + FINs without timestamps + cookies routing nowhere - the general path's"
+            680 + 1024 + 2048 + 100 + 90 + 13000 + 420 - 3 + 1815 + 43,
+            "+ the server replies dropped (malformed options, a removed server's) + FINs without timestamps + cookies routing nowhere - the general path's + a baseline's pick for an empty pool"
         );
         assert_eq!(events["resets_without_timestamp"], 2048 + 8192);
         assert_eq!(events["cookie_routed"], 10 + 256);
         assert_eq!(events["cookies_inserted"], 514 + 1815);
-        assert_eq!(events["options_fast_path"], 1624 + 420 - 9 + 1815 + 4);
+        assert_eq!(events["options_fast_path"], 1624 + 420 - 9 + 1815 + 4 + 31);
         assert_eq!(events["handshake_count_moved"], 128 + 50);
         assert_eq!(events["server_closes"], 118 + 6000 + 302 + 303);
         assert_eq!(events["duplicate_closes"], 230 + 7000 + 304 + 305);
@@ -493,7 +494,7 @@ mod tests {
         assert_eq!(events["syn_retransmissions"], 1012);
         assert_eq!(
             events["dropped"],
-            10105 + 510 + 120 + 420 + 330 + 1000 + 230 + 240 + 250,
+            10105 + 510 + 120 + 420 + 330 + 1000 + 230 + 240 + 250 + 31 + 37 + 41 + 43 + 47,
             "every kernel drop is a dropped verdict"
         );
         let drops: std::collections::BTreeMap<&str, u64> = counters
@@ -515,6 +516,7 @@ mod tests {
         assert_eq!(drops["vip_port_unknown"], 80);
         assert_eq!(drops["server_removed"], 90 + 110);
         assert_eq!(drops["unknown_server_source"], 100);
+        assert_eq!(drops["no_server_available"], 31 + 37 + 41 + 43 + 47);
         assert_eq!(drops["reply_from_client_side"], 120);
         assert_eq!(drops["cookie_unknown_server"], 130 + 160);
         assert_eq!(drops["cookie_server_removed"], 140 + 170);
@@ -529,7 +531,7 @@ mod tests {
         assert_eq!(drops["unsupported_icmp_type"], 250);
         assert_eq!(
             drops.values().sum::<u64>(),
-            10105 + 510 + 120 + 420 + 330 + 1000 + 230 + 240 + 250
+            10105 + 510 + 120 + 420 + 330 + 1000 + 230 + 240 + 250 + 31 + 37 + 41 + 43 + 47
         );
         let up: Vec<(&str, u64)> = counters.to_userspace().collect();
         assert_eq!(up[0], ("new_connection", 1));

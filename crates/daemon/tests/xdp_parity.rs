@@ -231,6 +231,17 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
                 // the core's first reason (reply_sender.h garbled_reply_l2).
                 "server-removed-garbled-tcp",
                 "server-removed-fragment",
+                // An empty pool: every new connection dropped (KERNEL_POLICY_EMPTY), the
+                // draining servers' connections carried on.
+                "empty-pool-syn",
+                "empty-pool-syn-walked",
+                "empty-pool-syn-without-timestamp",
+                "empty-pool-syn-without-options",
+                "empty-pool-fallback-miss",
+                "empty-pool-reply-of-draining-server",
+                "empty-pool-cookie-of-draining-server",
+                "empty-pool-icmp-without-cookie",
+                "empty-pool-icmp-cookie-of-draining-server",
             ],
         ],
     ),
@@ -286,6 +297,10 @@ const EVERY_MODE_HANDLED_IN_KERNEL: &[&str] = &[
 /// The baselines (`pool[h % n]`, or the VIP's Maglev table in the kernel) place every
 /// segment alike.
 const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
+    // An empty pool: the pick finds nobody, dropped on either layout.
+    "empty-pool-pick",
+    "empty-pool-pick-general",
+    "empty-pool-icmp",
     "syn-linux",
     "established-ack",
     "established-bad-tcp-checksum",

@@ -19,9 +19,9 @@ use cheetah_daemon::dataplane::vip_slots;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
     Encode, MaglevChunk, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, PUBLISH_COPIES,
-    STAT_DROP_SERVER_REMOVED_GENERAL, STAT_DROP_TS_MSB_UNKNOWN, STAT_DROP_VIP_PORT_UNKNOWN,
-    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE,
-    STAT_REPLY_BY_STEERING, STAT_UP_LAYOUT, STAT_UP_OTHER, VIP_SLOTS,
+    STAT_DROP_NO_SERVER_AVAILABLE_PICK, STAT_DROP_SERVER_REMOVED_GENERAL, STAT_DROP_TS_MSB_UNKNOWN,
+    STAT_DROP_VIP_PORT_UNKNOWN, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK,
+    STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_LAYOUT, STAT_UP_OTHER, VIP_SLOTS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::{MapCore, MapFlags};
@@ -316,7 +316,7 @@ fn chunk_bytes(chunk: &MaglevChunk) -> Vec<u8> {
 /// Maglev mode: each VIP's table is in the kernel, slot for slot the core's; the kernel
 /// forwards a client segment where the core's table says; a pool change rewrites only its
 /// own VIP's table, a publication that changes no pool rewrites none, and a VIP whose pool
-/// empties loses its table (its packets then go up).
+/// empties loses its table (its packets are then dropped: `no_server_available`).
 #[test]
 fn the_publisher_writes_a_maglev_table_only_when_its_pool_changed() {
     if !is_root() {
@@ -386,7 +386,7 @@ fn the_publisher_writes_a_maglev_table_only_when_its_pool_changed() {
         "VIP 1's left alone"
     );
 
-    // VIP 1's pool empties: its table goes, and its packets go up.
+    // VIP 1's pool empties: its table goes, and its packets are dropped.
     plane.drain_server(4).unwrap();
     plane.drain_server(5).unwrap();
     publish(&program, &plane, &mut publisher, true);
@@ -399,10 +399,17 @@ fn the_publisher_writes_a_maglev_table_only_when_its_pool_changed() {
     );
     frame.dst_port = VIP_PORT + 1;
     let frame = frame.build();
-    let other = stat(&program, STAT_UP_OTHER);
-    let (_, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
-    assert_eq!(bytes, frame, "no table: up unchanged");
-    assert_eq!(stat(&program, STAT_UP_OTHER), other + 1);
+    let dropped = stat(&program, STAT_DROP_NO_SERVER_AVAILABLE_PICK);
+    let (verdict, bytes) = program.test_run(&frame, LOOPBACK).unwrap();
+    assert_eq!(
+        (verdict, bytes),
+        (XDP_DROP, frame),
+        "no server: dropped unchanged, as the core drops it"
+    );
+    assert_eq!(
+        stat(&program, STAT_DROP_NO_SERVER_AVAILABLE_PICK),
+        dropped + 1
+    );
 
     // A fresh publisher (a restarted daemon) knows nothing it wrote: it writes every
     // table and empties every other slot.

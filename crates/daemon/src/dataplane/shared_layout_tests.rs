@@ -129,6 +129,7 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("KERNEL_POLICY_POW2", KERNEL_POLICY_POW2 as usize),
         ("KERNEL_POLICY_AWRR", KERNEL_POLICY_AWRR as usize),
         ("KERNEL_POLICY_MAGLEV", KERNEL_POLICY_MAGLEV as usize),
+        ("KERNEL_POLICY_EMPTY", KERNEL_POLICY_EMPTY as usize),
         ("SCHEDULE_CAP", SCHEDULE_CAP),
         ("LOAD_METRIC_ACTIVE", LOAD_METRIC_ACTIVE as usize),
         ("LOAD_METRIC_REPORTED", LOAD_METRIC_REPORTED as usize),
@@ -398,6 +399,26 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("STAT_FAST_ICMP_FALLBACK", STAT_FAST_ICMP_FALLBACK as usize),
         ("STAT_ANSWER_MOVED", STAT_ANSWER_MOVED as usize),
         ("STAT_OPTIONS_COMPARED", STAT_OPTIONS_COMPARED as usize),
+        (
+            "STAT_DROP_NO_SERVER_AVAILABLE_SYN",
+            STAT_DROP_NO_SERVER_AVAILABLE_SYN as usize,
+        ),
+        (
+            "STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_SYN",
+            STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_SYN as usize,
+        ),
+        (
+            "STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_MISS",
+            STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_MISS as usize,
+        ),
+        (
+            "STAT_DROP_NO_SERVER_AVAILABLE_PICK",
+            STAT_DROP_NO_SERVER_AVAILABLE_PICK as usize,
+        ),
+        (
+            "STAT_DROP_NO_SERVER_AVAILABLE",
+            STAT_DROP_NO_SERVER_AVAILABLE as usize,
+        ),
         ("MAGLEV_CHUNK_SLOTS", MAGLEV_CHUNK_SLOTS),
         ("MAGLEV_NO_SERVER", MAGLEV_NO_SERVER as usize),
         (

@@ -44,7 +44,8 @@ pub const LB_MODE_MAGLEV: u8 = 2;
 pub const LB_FORWARDING_L2: u8 = 0;
 pub const LB_FORWARDING_NAT: u8 = 1;
 
-/// `vip_info.policy`: the policy the kernel places a VIP's SYNs by (NONE: userspace).
+/// `vip_info.policy`: the policy the kernel places a VIP's SYNs by (NONE: userspace;
+/// EMPTY: nobody).
 pub const KERNEL_POLICY_NONE: u8 = 0;
 pub const KERNEL_POLICY_RR: u8 = 1;
 pub const KERNEL_POLICY_WRR: u8 = 2;
@@ -54,6 +55,8 @@ pub const KERNEL_POLICY_POW2: u8 = 5;
 pub const KERNEL_POLICY_LEAST_LOADED: u8 = 6;
 pub const KERNEL_POLICY_AWRR: u8 = 7;
 pub const KERNEL_POLICY_MAGLEV: u8 = 8;
+/// No server in the pool: every new connection is dropped (`no_server_available`).
+pub const KERNEL_POLICY_EMPTY: u8 = 9;
 /// `vip_info.load_metric`: which load of the view (`struct active_row`, `struct
 /// published_row`) pow2 and least loaded
 /// compare.
@@ -124,7 +127,7 @@ pub const STAT_UP_ICMP: u32 = 23;
 /// The `STAT_FAST_*` counters that are no single bundle, each with every core counter one
 /// of its packets stands for (what the core counts for that packet): metrics add it to
 /// each, under the core's names.
-pub const FAST_EVENTS: [(u32, &[Counter]); 65] = [
+pub const FAST_EVENTS: [(u32, &[Counter]); 70] = [
     // Bundle::ServerCookie, plus the close `on_server_close` counts.
     (
         STAT_FAST_SERVER_CLOSE,
@@ -517,6 +520,28 @@ pub const FAST_EVENTS: [(u32, &[Counter]); 65] = [
     ),
     // Beside a SYN-ACK's own entry: it moved its retried SYN's count.
     (STAT_ANSWER_MOVED, &[Counter::HandshakeCountMoved]),
+    // A new connection to an empty pool: the counts its path made, then the drop.
+    (
+        STAT_DROP_NO_SERVER_AVAILABLE_SYN,
+        &[Counter::OptionsFastPath, Counter::Dropped],
+    ),
+    (
+        STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_SYN,
+        &[Counter::OptionsSlowPath, Counter::Dropped],
+    ),
+    (
+        STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_MISS,
+        &[
+            Counter::OptionsSlowPath,
+            Counter::FallbackMisses,
+            Counter::Dropped,
+        ],
+    ),
+    (
+        STAT_DROP_NO_SERVER_AVAILABLE_PICK,
+        &[Counter::FastPath, Counter::Dropped],
+    ),
+    (STAT_DROP_NO_SERVER_AVAILABLE, &[Counter::Dropped]),
 ];
 
 /// `CLOSE_SLOTS`: the words of `closes`, the core's `closes::DEFAULT_SLOTS`.
@@ -636,7 +661,7 @@ pub const STAT_DROP_ICMP_COOKIE_UNKNOWN_SERVER: u32 = 72;
 pub const STAT_DROP_ICMP_COOKIE_SERVER_REMOVED: u32 = 73;
 /// The core's reason for each `STAT_DROP_*` entry: metrics count the kernel's drops under
 /// the core's names (`cheetah_drops`, worker `xdp`).
-pub const KERNEL_DROPS: [(u32, DropReason); 29] = [
+pub const KERNEL_DROPS: [(u32, DropReason); 34] = [
     (
         STAT_DROP_TCP_OPTION_TRUNCATED,
         DropReason::TcpOptionTruncated,
@@ -723,6 +748,23 @@ pub const KERNEL_DROPS: [(u32, DropReason); 29] = [
         STAT_DROP_UNSUPPORTED_ICMP_TYPE,
         DropReason::UnsupportedIcmpType,
     ),
+    (
+        STAT_DROP_NO_SERVER_AVAILABLE_SYN,
+        DropReason::NoServerAvailable,
+    ),
+    (
+        STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_SYN,
+        DropReason::NoServerAvailable,
+    ),
+    (
+        STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_MISS,
+        DropReason::NoServerAvailable,
+    ),
+    (
+        STAT_DROP_NO_SERVER_AVAILABLE_PICK,
+        DropReason::NoServerAvailable,
+    ),
+    (STAT_DROP_NO_SERVER_AVAILABLE, DropReason::NoServerAvailable),
 ];
 
 /// An echo (a client's TSecr, an ICMP error's quoted TSval) the kernel restored and
@@ -769,7 +811,16 @@ pub const STAT_ANSWER_MOVED: u32 = 91;
 /// TS (a fallback entry), a client's SYN-ACK with a Table 1 layout (a cookie entry)
 /// ([`OPTIONS_WALKED`] the other way round).
 pub const STAT_OPTIONS_COMPARED: u32 = 92;
-pub const STAT_COUNT: u32 = 93;
+/// A new connection to a VIP whose pool is empty (`KERNEL_POLICY_EMPTY`), dropped in the
+/// kernel after its path's counts: a SYN with a timestamp (`STAT_OPTIONS_WALKED` beside
+/// it when walked), one without, a fallback miss, a baseline's pick on the straight line
+/// and on the general path.
+pub const STAT_DROP_NO_SERVER_AVAILABLE_SYN: u32 = 93;
+pub const STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_SYN: u32 = 94;
+pub const STAT_DROP_NO_SERVER_AVAILABLE_FALLBACK_MISS: u32 = 95;
+pub const STAT_DROP_NO_SERVER_AVAILABLE_PICK: u32 = 96;
+pub const STAT_DROP_NO_SERVER_AVAILABLE: u32 = 97;
+pub const STAT_COUNT: u32 = 98;
 /// The entries of an ICMP error forwarded to a server: by its quoted cookie, a baseline's
 /// pick, the fallback table. None counts toward the server's load, as in the core.
 pub const ICMP_FORWARDS: [u32; 3] = [

@@ -97,8 +97,8 @@ pub fn kernel_holds_pool(pool_len: usize) -> bool {
 /// pool. wrr and awrr keep per-position state for MAX_HASH_POOL positions: over that,
 /// only a wrr pool whose cycle fits a [`Schedule`] (at most 256 servers), which the kernel
 /// reads instead of scanning credits, and an awrr pool whose cycle fits whatever its
-/// loads ([`MAX_KERNEL_AWRR_POOL`]). NONE leaves them to userspace (an empty pool, a
-/// bigger one).
+/// loads ([`MAX_KERNEL_AWRR_POOL`]). NONE leaves them to userspace (a bigger pool); EMPTY
+/// (no server) has the kernel drop every new connection, as the core does.
 pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
     let pool_len = weights.len();
     let within_state = pool_len <= MAX_HASH_POOL
@@ -107,10 +107,10 @@ pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
             PolicyKind::AutoWeightedRoundRobin => pool_len <= MAX_KERNEL_AWRR_POOL,
             _ => true,
         };
-    if pool_len == 0
-        || (kind != PolicyKind::Maglev && !kernel_holds_pool(pool_len))
-        || !within_state
-    {
+    if pool_len == 0 {
+        return KERNEL_POLICY_EMPTY;
+    }
+    if (kind != PolicyKind::Maglev && !kernel_holds_pool(pool_len)) || !within_state {
         return KERNEL_POLICY_NONE;
     }
     match kind {
@@ -928,7 +928,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 expected,
                 "{kind}"
             );
-            assert_eq!(kernel_policy(kind, &[]), KERNEL_POLICY_NONE, "{kind}");
+            assert_eq!(kernel_policy(kind, &[]), KERNEL_POLICY_EMPTY, "{kind}");
             // Beyond vip_info, in vip_big_pools: wrr from its cycle, which names at most
             // 256 positions; awrr only while its cycle fits whatever the loads (136).
             for len in [
