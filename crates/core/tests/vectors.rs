@@ -249,6 +249,16 @@ fn syn(options: Vec<u8>) -> Vec<u8> {
     from_client(flags::SYN, options).build()
 }
 
+/// MSS WS NOP TS SAckOK: no Table 1 layout, so the option walk finds the timestamp.
+fn syn_ts_after_wscale() -> Vec<u8> {
+    syn([
+        &[2u8, 4, 0x05, 0xb4, 3, 3, 7, 1][..],
+        &ts_option(CLIENT_TS, 0),
+        &[4, 2],
+    ]
+    .concat())
+}
+
 fn linux_syn() -> Vec<u8> {
     syn(options::linux_syn(CLIENT_TS, 0))
 }
@@ -911,14 +921,7 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
         input(
             "syn-ts-after-wscale",
             "SYN with MSS WS NOP TS SAckOK: not a Table 1 layout, found by the option walk; round-robin picks.",
-            syn(
-                [
-                    &[2u8, 4, 0x05, 0xb4, 3, 3, 7, 1][..],
-                    &ts_option(CLIENT_TS, 0),
-                    &[4, 2],
-                ]
-                .concat(),
-            ),
+            syn_ts_after_wscale(),
         ),
         input(
             "server-syn-ack-ts-after-sackok",
@@ -1759,14 +1762,7 @@ fn empty_pool_cheetah_inputs() -> Vec<Input> {
         input(
             "empty-pool-syn-walked",
             "A SYN whose timestamp the option walk finds (MSS WS NOP TS SAckOK), to the empty pool: dropped.",
-            syn(
-                [
-                    &[2u8, 4, 0x05, 0xb4, 3, 3, 7, 1][..],
-                    &ts_option(CLIENT_TS, 0),
-                    &[4, 2],
-                ]
-                .concat(),
-            ),
+            syn_ts_after_wscale(),
         ),
         input(
             "empty-pool-syn-without-timestamp",

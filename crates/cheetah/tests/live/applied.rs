@@ -25,19 +25,7 @@ live_tests! {
 }
 
 fn scenario(forwarding: &str, prefix: &str) {
-    let testbed = Testbed::up(
-        prefix,
-        &[
-            "--servers",
-            "2",
-            "--clients",
-            "1",
-            "--forwarding",
-            forwarding,
-            "--policy",
-            "rr",
-        ],
-    );
+    let testbed = Testbed::round_robin(prefix, forwarding, 2, 1);
     let lb = Lb::start(&testbed, &testbed.config_path());
     let vip = testbed.vip();
     // Both servers start in the pool: s1 alone before the first swap.

@@ -45,19 +45,7 @@ live_tests! {
 }
 
 fn testbed(forwarding: &str, prefix: &str) -> Testbed {
-    Testbed::up(
-        prefix,
-        &[
-            "--servers",
-            "4",
-            "--clients",
-            "2",
-            "--forwarding",
-            forwarding,
-            "--policy",
-            "rr",
-        ],
-    )
+    Testbed::round_robin(prefix, forwarding, 4, 2)
 }
 
 /// `rounds` requests from `client`, one connection each; the servers that answered, or

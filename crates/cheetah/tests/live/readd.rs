@@ -30,19 +30,7 @@ live_tests! {
 }
 
 fn scenario(forwarding: &str, prefix: &str) {
-    let testbed = Testbed::up(
-        prefix,
-        &[
-            "--servers",
-            "3",
-            "--clients",
-            "1",
-            "--forwarding",
-            forwarding,
-            "--policy",
-            "rr",
-        ],
-    );
+    let testbed = Testbed::round_robin(prefix, forwarding, 3, 1);
     let lb = Lb::start(&testbed, &testbed.config_path());
     let (dip, mac) = testbed.server(3);
     let vip = testbed.vip();

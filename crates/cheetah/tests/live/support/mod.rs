@@ -71,6 +71,25 @@ pub struct Testbed {
 }
 
 impl Testbed {
+    /// `servers` servers and `clients` clients behind one LB with `forwarding`, every VIP
+    /// round-robin: the testbed most scenarios need.
+    pub fn round_robin(prefix: &str, forwarding: &str, servers: usize, clients: usize) -> Self {
+        let (servers, clients) = (servers.to_string(), clients.to_string());
+        Self::up(
+            prefix,
+            &[
+                "--servers",
+                &servers,
+                "--clients",
+                &clients,
+                "--forwarding",
+                forwarding,
+                "--policy",
+                "rr",
+            ],
+        )
+    }
+
     pub fn up(prefix: &str, extra: &[&str]) -> Self {
         let mut args = vec!["testbed", "up", "--prefix", prefix];
         args.extend_from_slice(extra);
