@@ -267,8 +267,9 @@ static __always_inline int client_not_found(enum plain_refusal refusal)
 // client_path.rs for a client SYN to a cheetah-mode VIP whose timestamp sits where Table 1
 // puts it (client_syn.h): `pick_new` (the VIP's policy, +1 active and +1 new connection for the pick:
 // server_traffic.opened) and `count_once_per_handshake` (the handshake table; a retransmitted
-// SYN releases its earlier pick's count), then `forward_to_server`. A VIP whose policy the
-// kernel does not run (vip_info.policy) or an empty or unpublished pool goes up as before.
+// SYN releases its earlier pick's count), then `forward_to_server`. An empty pool
+// (KERNEL_POLICY_EMPTY) drops it as the core does; a VIP whose policy the kernel does not
+// run (vip_info.policy) or an unpublished pool goes up as before.
 // maglev reads no pool position: the VIP's Maglev table names the server, for a pool of
 // any size (a bigger one is published with pool_len 0).
 static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *config,

@@ -267,7 +267,7 @@ impl DataPlane {
         // The kernel's CPUs draw random picks too: from generators of their own, seeded
         // apart from the workers' (`xdp_policy.rs`).
         let mut publisher = Publisher::with_policy_seeds(PolicySeeds::PerCpu { rng_seed: !seed });
-        let generation = publish(
+        publish(
             &mut publisher,
             &steering,
             state,
@@ -275,7 +275,6 @@ impl DataPlane {
             &initial,
             fast_path,
         )?;
-        state.published.published(generation);
         state.steering.fast_path.store(fast_path, Ordering::Relaxed);
         // Before the program is attached too: the first replies find their next hops
         // without bpf_fib_lookup (which answers on a miss anyway).
@@ -423,11 +422,8 @@ impl DataPlane {
                     &sides,
                     self.fast_path,
                 );
-                match published {
-                    Ok(generation) => state.published.published(generation),
-                    Err(e) => {
-                        tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's tables")
-                    }
+                if let Err(e) = published {
+                    tracing::error!(error = %format!("{e:#}"), "cannot update the XDP program's tables");
                 }
                 if tables_changed {
                     // A new VIP's address is the host's no more.
@@ -486,8 +482,8 @@ fn adopt_kept_clocks(
     Ok(())
 }
 
-/// Publishes the current tables into the XDP program's maps (`xdp_tables.rs`); the
-/// generation they now hold.
+/// Publishes the current tables into the XDP program's maps (`xdp_tables.rs`), and
+/// records the generation they now hold, which changes' answers wait for (`published.rs`).
 fn publish(
     publisher: &mut Publisher,
     steering: &SteeringProgram,
@@ -495,7 +491,7 @@ fn publish(
     interfaces: &[Interface],
     sides: &[Ingress],
     fast_path: bool,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<()> {
     let snapshot = state.shared.snapshot.load();
     let publication = Publication {
         snapshot: &snapshot,
@@ -506,7 +502,8 @@ fn publish(
         fallback_sets: state.shared.fallback.sets(),
     };
     publisher.publish(steering, &publication)?;
-    Ok(snapshot.generation)
+    state.published.published(snapshot.generation);
+    Ok(())
 }
 
 /// Puts the host's own IPv4 addresses, VIPs left out, into the XDP program's map, so that

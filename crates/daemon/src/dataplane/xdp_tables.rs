@@ -101,15 +101,15 @@ pub fn kernel_holds_pool(pool_len: usize) -> bool {
 /// (no server) has the kernel drop every new connection, as the core does.
 pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
     let pool_len = weights.len();
+    if pool_len == 0 {
+        return KERNEL_POLICY_EMPTY;
+    }
     let within_state = pool_len <= MAX_HASH_POOL
         || match kind {
             PolicyKind::WeightedRoundRobin => Schedule::of_weights(weights).is_some(),
             PolicyKind::AutoWeightedRoundRobin => pool_len <= MAX_KERNEL_AWRR_POOL,
             _ => true,
         };
-    if pool_len == 0 {
-        return KERNEL_POLICY_EMPTY;
-    }
     if (kind != PolicyKind::Maglev && !kernel_holds_pool(pool_len)) || !within_state {
         return KERNEL_POLICY_NONE;
     }
