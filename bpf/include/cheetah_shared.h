@@ -525,11 +525,14 @@ struct vip_weights {
 
 // Value of the wrr_schedules and awrr_schedules hash maps (by VIP index): one cycle of
 // smooth-WRR picks from zero credits as pool positions (core Schedule,
-// crates/core/src/policy/schedule.rs), `len` entries of at most SCHEDULE_CAP.
+// crates/core/src/policy/schedule.rs), `len` entries of at most SCHEDULE_CAP. A cycle
+// picks every position at least once, so it names at most SCHEDULE_CAP positions: 16 bits
+// each (8 KiB + 4 a value). (Pinned maps of the byte positions of earlier builds have
+// another value size and are replaced, as pin.rs replaces any map defined otherwise.)
 #define SCHEDULE_CAP 4096
 struct vip_schedule {
 	__u32 len;
-	__u8 position[SCHEDULE_CAP];
+	__u16 position[SCHEDULE_CAP];
 };
 
 // Value of the per-CPU policy_state array (by VIP index): this CPU's instance of the

@@ -2,7 +2,7 @@
 //! held to the core's: for rr, wrr (unequal weights), random (the same seed), hash, maglev
 //! (the VIP's Maglev table, also over a pool bigger than the kernel holds), every policy
 //! over a pool bigger than `vip_info` holds (`vip_big_pools`) but awrr (and wrr only from a
-//! cycle that fits), and
+//! cycle that fits, over 256 servers too), and
 //! least loaded and pow2 over the loads their own picks make, a sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
 //! servers in the same order as the core's policy instance given the same initial state
 //! (every CPU seeded as the core's worker, `PolicySeeds::AsWorker`), with the core's bytes
@@ -486,6 +486,9 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         // wrr from its cycle alone (the credits' state holds 64 positions): weights 1 to 5
         // over 200 servers, a cycle of 600.
         ("wrr, 200 servers", config("wrr", 200, &weights_1_to_5(200))),
+        // Positions beyond a byte (16-bit in struct vip_schedule): weights 1 to 5 over 300
+        // servers, a cycle of 900 entries, which the run's 1,224 SYNs go around once.
+        ("wrr, 300 servers", config("wrr", 300, &weights_1_to_5(300))),
         // awrr from its balanced cycle (no load known), over 64 servers (not the biggest
         // it takes, 136: the run's SYNs are a whole number of its cycles, and the cursor
         // would end where it began).
@@ -570,17 +573,24 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
     }
     // A pool the kernel does not hold goes up, counted as a new connection for userspace:
     // one over MAX_HASH_POOL for a policy with state per position, unless wrr's cycle
-    // fits (at most 4096 entries naming at most 256 positions) or awrr's fits whatever
-    // its loads (MAX_KERNEL_AWRR_POOL).
+    // fits (at most SCHEDULE_CAP entries, naming at most as many positions) or awrr's
+    // fits whatever its loads (MAX_KERNEL_AWRR_POOL).
     let odd_65: Vec<(u16, u32)> = (1..=MAX_HASH_POOL as u16 + 1)
         .map(|id| (id, 2 * u32::from(id) - 1))
+        .collect();
+    // Weights 1 to 9 over 1,000 servers: a cycle of 4,996 entries.
+    let one_to_nine: Vec<(u16, u32)> = (1..=1000)
+        .map(|id| (id, 1 + u32::from(id - 1) % 9))
         .collect();
     for (name, config) in [
         (
             "wrr, 65 servers, a cycle over the cap",
             config("wrr", MAX_HASH_POOL as u16 + 1, &odd_65),
         ),
-        ("wrr, 300 servers", config("wrr", 300, &weights_1_to_5(300))),
+        (
+            "wrr, 1000 servers, a cycle over the cap",
+            config("wrr", 1000, &one_to_nine),
+        ),
         (
             "awrr, 137 servers",
             config("awrr", MAX_KERNEL_AWRR_POOL as u16 + 1, &[]),

@@ -257,10 +257,7 @@ mod tests {
         assert_eq!(awrr.buckets(), [20, 10, 7]);
         let cycle = crate::policy::schedule::Schedule::of_weights(&[20, 10, 7]).unwrap();
         let after = picks(&mut awrr, &pool, &LoadView::new(), 0, 3);
-        let expected: Vec<ServerId> = cycle.cycle()[2..5]
-            .iter()
-            .map(|&p| ServerId(u16::from(p)))
-            .collect();
+        let expected: Vec<ServerId> = cycle.cycle()[2..5].iter().map(|&p| ServerId(p)).collect();
         assert_eq!(before, [ServerId(0), ServerId(1)]);
         assert_eq!(
             after, expected,
@@ -269,17 +266,28 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_too_wide_for_a_schedule_scans_and_still_follows_the_buckets() {
-        let (pool, _) = reported_pool(300);
+    fn buckets_whose_cycle_is_over_the_cap_scan_and_still_follow_the_buckets() {
+        // Balanced, 500 servers make a cycle of 500; then buckets 20, 7, 10, 10, .. one of
+        // 5,007 entries, over SCHEDULE_CAP.
+        let (pool, _) = reported_pool(500);
         let mut awrr = AutoWeightedRoundRobin::new(&pool, 5, 8);
-        assert!(matches!(awrr.picks, SmoothPicks::Scanned(_)));
-        let loads: Vec<f64> = (0..300).map(|i| if i == 0 { 0.0 } else { 1.0 }).collect();
+        assert!(matches!(awrr.picks, SmoothPicks::Scheduled { .. }));
+        let loads: Vec<f64> = (0..500)
+            .map(|i| match i {
+                0 => 0.0,
+                1 => 2.0,
+                _ => 1.0,
+            })
+            .collect();
         merge(&mut awrr, &pool, &loads);
+        assert!(matches!(awrr.picks, SmoothPicks::Scanned(_)));
         let total: u32 = awrr.buckets().iter().sum();
+        assert_eq!(total, 5007);
         let picked = picks(&mut awrr, &pool, &LoadView::new(), 0, total as usize);
-        let picked = counts(&picked, 300);
+        let picked = counts(&picked, 500);
         assert_eq!(picked[0] as u32, awrr.buckets()[0]);
         assert_eq!(picked[1] as u32, awrr.buckets()[1]);
+        assert_eq!(picked[2] as u32, awrr.buckets()[2]);
     }
 
     proptest! {

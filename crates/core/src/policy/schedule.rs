@@ -9,22 +9,27 @@
 //! `SmoothWeights::for_worker(weights, w)`'s i-th pick is `cycle[(w + i) % len]`.
 //!
 //! The cycle is built where the weights change (a snapshot for wrr, a merge for awrr) and
-//! read per pick, by the core's workers and, as the same bytes, by the XDP program
-//! (docs/dataplane.md "Schedules"). Positions are bytes and the cycle has at most
-//! [`SCHEDULE_CAP`] entries; weights beyond either bound keep the credit scan.
+//! read per pick, by the core's workers and, as the same 16-bit positions, by the XDP
+//! program (docs/dataplane.md "Schedules"). The cycle has at most [`SCHEDULE_CAP`] entries,
+//! so it names at most that many positions (each server is picked at least once a cycle);
+//! weights beyond it keep the credit scan. Writing a cycle out costs its length times the
+//! pool's size in steps, at most `SCHEDULE_CAP`^2.
 
 use crate::policy::wrr::SmoothWeights;
 
-/// Most entries of a cycle (after dividing by the gcd): 4 KiB per VIP, which holds any
-/// awrr cycle of the kernel's pools (64 servers of at most 30 buckets).
+/// Most entries of a cycle (after dividing by the gcd): 8 KiB of positions per VIP, which
+/// holds any awrr cycle of the kernel's pools (136 servers of at most 30 buckets).
 pub const SCHEDULE_CAP: usize = 4096;
-/// Most pool positions a cycle can name (they are bytes).
-pub const SCHEDULE_MAX_POSITIONS: usize = 256;
+/// Most pool positions a cycle can name: a cycle of at most [`SCHEDULE_CAP`] entries picks
+/// every position at least once, so no more than that many.
+pub const SCHEDULE_MAX_POSITIONS: usize = SCHEDULE_CAP;
+// Positions are u16.
+const _: () = assert!(SCHEDULE_MAX_POSITIONS <= u16::MAX as usize + 1);
 
 /// One cycle of smooth-WRR picks from zero credits, as pool positions.
 #[derive(Clone, Debug, Default)]
 pub struct Schedule {
-    cycle: Vec<u8>,
+    cycle: Vec<u16>,
     /// The credit scan that writes the cycle out, kept so a rebuild reuses its buffers.
     builder: Option<SmoothWeights>,
 }
@@ -49,12 +54,12 @@ impl Schedule {
         let builder = self.builder.get_or_insert_with(|| SmoothWeights::new(&[]));
         builder.restart(reduced);
         self.cycle
-            .extend((0..len).map_while(|_| builder.next_position().map(|p| p as u8)));
+            .extend((0..len).map_while(|_| builder.next_position().map(|p| p as u16)));
         true
     }
 
     /// The pool positions of one cycle, in pick order.
-    pub fn cycle(&self) -> &[u8] {
+    pub fn cycle(&self) -> &[u16] {
         &self.cycle
     }
 
@@ -133,7 +138,32 @@ mod tests {
         assert!(Schedule::of_weights(&[4096, 1]).is_none());
         assert!(Schedule::of_weights(&[1; SCHEDULE_MAX_POSITIONS + 1]).is_none());
         assert!(Schedule::of_weights(&[1; SCHEDULE_MAX_POSITIONS]).is_some());
+        // Positions beyond a byte fit; 1,000 positions of weights 1 to 9 do not (4,996).
+        assert_eq!(cycle_len(&[1; 300]), Some(300));
+        let one_to_nine: Vec<u32> = (0..1000).map(|i| 1 + i % 9).collect();
+        assert_eq!(cycle_len(&one_to_nine), None);
         assert!(Schedule::of_weights(&[]).is_none());
+    }
+
+    #[test]
+    fn a_cycle_names_positions_beyond_a_byte() {
+        // Weights 1 to 5 over 1,000 servers: a cycle of 3,000 entries naming all 1,000.
+        let weights: Vec<u32> = (0..1000).map(|i| 1 + i % 5).collect();
+        let schedule = Schedule::of_weights(&weights).unwrap();
+        assert_eq!(schedule.len(), 3000);
+        assert_eq!(schedule.cycle().iter().max(), Some(&999));
+        let mut smooth = SmoothWeights::for_worker(&weights, 3);
+        let count = schedule.len() + 7;
+        let scanned: Vec<usize> = (0..count)
+            .map(|_| smooth.next_position().unwrap())
+            .collect();
+        assert_eq!(picks(&schedule, 3, count), scanned);
+        // Every position once: the most a cycle names.
+        let schedule = Schedule::of_weights(&[7; SCHEDULE_CAP]).unwrap();
+        assert_eq!(
+            schedule.cycle(),
+            (0..SCHEDULE_CAP as u16).collect::<Vec<u16>>()
+        );
     }
 
     #[test]

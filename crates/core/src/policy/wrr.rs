@@ -242,6 +242,10 @@ mod tests {
         let pool = weighted_pool(&[5, 1, 1]);
         let wrr = WeightedRoundRobin::new(&pool, 0, 1);
         assert!(matches!(wrr.picks(), SmoothPicks::Scheduled { .. }));
+        // More positions than a byte names: weights 1 to 5 over 300 servers, 900 entries.
+        let weights: Vec<u32> = (0..300).map(|i| 1 + i % 5).collect();
+        let wrr = WeightedRoundRobin::new(&weighted_pool(&weights), 0, 1);
+        assert!(matches!(wrr.picks(), SmoothPicks::Scheduled { .. }));
         let pool = weighted_pool(&[4000, 97, 3]);
         let wrr = WeightedRoundRobin::new(&pool, 0, 1);
         assert!(matches!(wrr.picks(), SmoothPicks::Scanned(_)));

@@ -1368,16 +1368,17 @@ pub const SCHEDULE_CAP: usize = cheetah_core::policy::schedule::SCHEDULE_CAP;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VipSchedule {
     pub len: u32,
-    pub position: [u8; SCHEDULE_CAP],
+    pub position: [u16; SCHEDULE_CAP],
 }
 
 impl VipSchedule {
     /// The value for `cycle` (at most [`SCHEDULE_CAP`] entries, as a `Schedule` holds).
-    pub fn value_of(cycle: &[u8]) -> Vec<u8> {
+    pub fn value_of(cycle: &[u16]) -> Vec<u8> {
         let cycle = &cycle[..cycle.len().min(SCHEDULE_CAP)];
+        let positions: Vec<u8> = cycle.iter().flat_map(|p| p.to_ne_bytes()).collect();
         Bytes::of::<Self>()
             .put(offset_of!(Self, len), &(cycle.len() as u32).to_ne_bytes())
-            .put(offset_of!(Self, position), cycle)
+            .put(offset_of!(Self, position), &positions)
             .0
     }
 }

@@ -20,7 +20,7 @@ use anyhow::Context;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::lb::Ingress;
-use cheetah_core::policy::schedule::Schedule;
+use cheetah_core::policy::schedule::{cycle_len, Schedule};
 use cheetah_core::policy::{LoadMetric, PolicyKind};
 use cheetah_core::tables::{vip_addr_bit, SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
@@ -95,10 +95,11 @@ pub fn kernel_holds_pool(pool_len: usize) -> bool {
 /// (`kernel_loads.rs`); maglev for a pool of any size, from the VIP's Maglev table
 /// (`maglev_tables`, published for every non-empty pool outside hash mode), never from the
 /// pool. wrr and awrr keep per-position state for MAX_HASH_POOL positions: over that,
-/// only a wrr pool whose cycle fits a [`Schedule`] (at most 256 servers), which the kernel
-/// reads instead of scanning credits, and an awrr pool whose cycle fits whatever its
-/// loads ([`MAX_KERNEL_AWRR_POOL`]). NONE leaves them to userspace (a bigger pool); EMPTY
-/// (no server) has the kernel drop every new connection, as the core does.
+/// only a wrr pool whose cycle fits a [`Schedule`] (at most `SCHEDULE_CAP` entries, so at
+/// most that many servers), which the kernel reads instead of scanning credits, and an
+/// awrr pool whose cycle fits whatever its loads ([`MAX_KERNEL_AWRR_POOL`]). NONE leaves
+/// them to userspace (a bigger pool); EMPTY (no server) has the kernel drop every new
+/// connection, as the core does. Costs a pass over the weights, not a cycle's build.
 pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
     let pool_len = weights.len();
     if pool_len == 0 {
@@ -106,7 +107,7 @@ pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
     }
     let within_state = pool_len <= MAX_HASH_POOL
         || match kind {
-            PolicyKind::WeightedRoundRobin => Schedule::of_weights(weights).is_some(),
+            PolicyKind::WeightedRoundRobin => cycle_len(weights).is_some(),
             PolicyKind::AutoWeightedRoundRobin => pool_len <= MAX_KERNEL_AWRR_POOL,
             _ => true,
         };
@@ -930,12 +931,16 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             );
             assert_eq!(kernel_policy(kind, &[]), KERNEL_POLICY_EMPTY, "{kind}");
             // Beyond vip_info, in vip_big_pools: wrr from its cycle, which names at most
-            // 256 positions; awrr only while its cycle fits whatever the loads (136).
+            // SCHEDULE_CAP positions; awrr only while its cycle fits whatever the loads
+            // (136).
             for len in [
                 MAX_HASH_POOL + 1,
                 MAX_KERNEL_AWRR_POOL,
                 MAX_KERNEL_AWRR_POOL + 1,
+                256,
+                257,
                 SCHEDULE_MAX_POSITIONS,
+                SCHEDULE_MAX_POSITIONS + 1,
                 MAX_BIG_POOL,
             ] {
                 let big = match kind {
@@ -964,6 +969,22 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         assert_eq!(
             kernel_policy(WeightedRoundRobin, &alternating),
             KERNEL_POLICY_WRR
+        );
+        // Over 256 servers, positions beyond a byte: weights 1 to 5 over 300 and 1,000
+        // servers make cycles of 900 and 3,000 entries; 1 to 9 over 1,000 one of 4,996, over
+        // SCHEDULE_CAP.
+        let cycling =
+            |servers: u32, top: u32| -> Vec<u32> { (0..servers).map(|i| 1 + i % top).collect() };
+        for servers in [300, 1000] {
+            assert_eq!(
+                kernel_policy(WeightedRoundRobin, &cycling(servers, 5)),
+                KERNEL_POLICY_WRR,
+                "{servers}"
+            );
+        }
+        assert_eq!(
+            kernel_policy(WeightedRoundRobin, &cycling(1000, 9)),
+            KERNEL_POLICY_NONE
         );
         // Every metric's loads are in each CPU's view (the metric does not decide).
         for (metric, expected) in [
@@ -1009,6 +1030,37 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         assert_eq!(weights[..8], 6i64.to_ne_bytes(), "the total");
         // Not a wrr VIP: no weights.
         assert!(wanted_of(&self::plane(""), true).vip_weights.is_empty());
+    }
+
+    #[test]
+    fn a_wrr_vip_over_256_servers_carries_its_cycle_in_16_bit_positions() {
+        let mut config = testkit::config(
+            Mode::Cheetah,
+            Forwarding::L2,
+            PolicyKind::WeightedRoundRobin,
+            300,
+        );
+        let weights: Vec<u32> = (0..300).map(|i| 1 + i % 5).collect();
+        for (id, weight) in (1..=300u16).zip(&weights) {
+            config.vips[0].weights.insert(id.to_string(), *weight);
+        }
+        let plane = ControlPlane::new(&config, &Secret([5; 16])).unwrap();
+        let wanted = wanted_of(&plane, true);
+        let info = &wanted.vips_by_index[&array_key(0)];
+        assert_eq!(info[offset_of!(VipInfo, policy)], KERNEL_POLICY_WRR);
+        // Read from its cycle alone: no credits' weights.
+        assert!(wanted.vip_weights.is_empty());
+        assert!(wanted.vip_big_pools.contains_key(&array_key(0)));
+        let value = &wanted.wrr_schedules[&array_key(0)];
+        assert_eq!(value.len(), std::mem::size_of::<VipSchedule>());
+        assert_eq!(value[..4], 900u32.to_ne_bytes());
+        let first = offset_of!(VipSchedule, position);
+        let positions: Vec<u16> = value[first..first + 2 * 900]
+            .chunks(2)
+            .map(|p| u16::from_ne_bytes([p[0], p[1]]))
+            .collect();
+        assert_eq!(positions, Schedule::of_weights(&weights).unwrap().cycle());
+        assert_eq!(positions.iter().max(), Some(&299));
     }
 
     #[test]

@@ -180,7 +180,8 @@ fn bench_config(setup: &Setup, servers: u16) -> LbConfig {
     let mut config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
     let weight = |id: u16| match setup.label {
         // Odd weights fill the cycle's cap at 64 servers (64^2 entries); over that, weights 1
-        // to 5 keep a cycle that fits (3n entries up to 256 servers), which the kernel reads.
+        // to 5 keep a cycle that fits (about 3n entries: up to 1,366 servers), which the
+        // kernel reads.
         WRR_CYCLE if usize::from(servers) <= 64 => Some(2 * u32::from(id) - 1),
         WRR_CYCLE => Some(1 + u32::from(id - 1) % 5),
         WRR_SCAN => Some(if id == 1 { SCHEDULE_CAP as u32 } else { 1 }),
