@@ -351,6 +351,7 @@ impl Draft {
                 }
             }
         }
+        let mut macs = BTreeMap::new();
         for (id, r) in &self.servers {
             if r.state == SlotState::Removed {
                 continue;
@@ -358,16 +359,12 @@ impl Draft {
             if let Some(problem) = config::dip_is_a_vip_address(r.dip, &self.vips) {
                 return Err(ControlError::Conflict(format!("server {id}: {problem}")));
             }
-        }
-        let mut macs = BTreeMap::new();
-        for (id, r) in &self.servers {
-            if let (Some(mac), false) = (r.mac, r.state == SlotState::Removed) {
-                if let Some(other) = macs.insert(mac, *id) {
-                    return Err(ControlError::Conflict(format!(
-                        "servers {other} and {id} have the same MAC {}; replies could not be told apart",
-                        format_mac(&mac)
-                    )));
-                }
+            let Some(mac) = r.mac else { continue };
+            if let Some(other) = macs.insert(mac, *id) {
+                return Err(ControlError::Conflict(format!(
+                    "servers {other} and {id} have the same MAC {}; replies could not be told apart",
+                    format_mac(&mac)
+                )));
             }
         }
         Ok(())
