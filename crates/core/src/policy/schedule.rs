@@ -1,7 +1,7 @@
 //! Smooth weighted round-robin as a precomputed cycle, so that a pick costs one read
 //! instead of a scan of the pool.
 //!
-//! [`SmoothWeights`] from zero credits is periodic: after `total` picks (the sum of the
+//! [`SmoothWeights`](crate::policy::wrr::SmoothWeights) from zero credits is periodic: after `total` picks (the sum of the
 //! weights) every server has been picked exactly its weight's times and every credit is
 //! back to zero. Scaling every weight by `k` scales every credit by `k` and changes no
 //! comparison, so the weights divided by their gcd give the same picks with a shorter
@@ -12,10 +12,13 @@
 //! read per pick, by the core's workers and, as the same 16-bit positions, by the XDP
 //! program (docs/dataplane.md "Schedules"). The cycle has at most [`SCHEDULE_CAP`] entries,
 //! so it names at most that many positions (each server is picked at least once a cycle);
-//! weights beyond it keep the credit scan. Writing a cycle out costs its length times the
-//! pool's size in steps, at most `SCHEDULE_CAP`^2.
-
-use crate::policy::wrr::SmoothWeights;
+//! weights beyond it keep the credit scan.
+//!
+//! Writing a cycle out costs its length times the number of distinct weights in steps
+//! (`WeightGroups`), not times the pool's size: an awrr pool has at most 29 distinct
+//! buckets (2 to 30), so a merge that changes them rebuilds any cycle in at most
+//! 4,096 x 29 steps, where the credit scan took up to 4,096 x 4,096 (a cycle of 4,096
+//! servers at one bucket count each).
 
 /// Most entries of a cycle (after dividing by the gcd): 8 KiB of positions per VIP, which
 /// holds any awrr cycle of the kernel's pools (136 servers of at most 30 buckets).
@@ -30,13 +33,13 @@ const _: () = assert!(SCHEDULE_MAX_POSITIONS <= u16::MAX as usize + 1);
 #[derive(Clone, Debug, Default)]
 pub struct Schedule {
     cycle: Vec<u16>,
-    /// The credit scan that writes the cycle out, kept so a rebuild reuses its buffers.
-    builder: Option<SmoothWeights>,
+    /// What writes the cycle out, kept so a rebuild reuses its buffers.
+    builder: WeightGroups,
 }
 
 impl Schedule {
     /// The cycle of `weights` (one per pool position; 0 counts as 1, as in
-    /// [`SmoothWeights`]), or `None` if it does not fit.
+    /// `SmoothWeights`), or `None` if it does not fit.
     pub fn of_weights(weights: &[u32]) -> Option<Schedule> {
         let mut schedule = Schedule::default();
         schedule.rebuild(weights).then_some(schedule)
@@ -50,11 +53,8 @@ impl Schedule {
             return false;
         };
         let divisor = weights.iter().fold(0, |g, &w| gcd(g, w.max(1)));
-        let reduced = weights.iter().map(|&w| w.max(1) / divisor);
-        let builder = self.builder.get_or_insert_with(|| SmoothWeights::new(&[]));
-        builder.restart(reduced);
-        self.cycle
-            .extend((0..len).map_while(|_| builder.next_position().map(|p| p as u16)));
+        self.builder
+            .write_cycle(weights, divisor, len, &mut self.cycle);
         true
     }
 
@@ -91,6 +91,83 @@ impl Schedule {
     }
 }
 
+/// Smooth WRR's picks from zero credits, one candidate per distinct weight.
+///
+/// From zero credits, every position of one weight gains the same credit each step, and a
+/// pick costs the picked position the total. So among the positions of one weight, those
+/// picked fewest times so far hold the most credit, and the scan's tie-break (the first
+/// position wins) takes the lowest of them: a weight's picks go round its positions in
+/// order, and its next position's credit drops by the total only when the round wraps.
+/// The scan's winner is then the group's next position with the most credit, the lowest
+/// position on a tie: `SmoothWeights`' picks, comparing one candidate per weight.
+#[derive(Clone, Debug, Default)]
+struct WeightGroups {
+    /// Pool positions ordered by (weight, position): each group's, in position order.
+    members: Vec<u16>,
+    groups: Vec<WeightGroup>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct WeightGroup {
+    /// The group's weight divided by the gcd of all of them.
+    weight: i64,
+    /// The credit of the group's next position.
+    credit: i64,
+    /// The group's positions are `members[start..end]`, `next` the one to pick next.
+    start: usize,
+    end: usize,
+    next: usize,
+}
+
+impl WeightGroups {
+    /// Replaces `cycle` by the first `len` picks over `weights` (0 counts as 1) divided by
+    /// `divisor`, their gcd; `len` is their sum, one whole cycle.
+    fn write_cycle(&mut self, weights: &[u32], divisor: u32, len: usize, cycle: &mut Vec<u16>) {
+        let reduced = |position: u16| i64::from(weights[usize::from(position)].max(1) / divisor);
+        self.members.clear();
+        self.members.extend(0..weights.len() as u16);
+        self.members
+            .sort_unstable_by_key(|&position| (reduced(position), position));
+        self.groups.clear();
+        for (index, &position) in self.members.iter().enumerate() {
+            let weight = reduced(position);
+            match self.groups.last_mut() {
+                Some(group) if group.weight == weight => group.end = index + 1,
+                _ => self.groups.push(WeightGroup {
+                    weight,
+                    credit: 0,
+                    start: index,
+                    end: index + 1,
+                    next: index,
+                }),
+            }
+        }
+        let total = len as i64;
+        cycle.clear();
+        for _ in 0..len {
+            let mut best = 0;
+            for index in 0..self.groups.len() {
+                self.groups[index].credit += self.groups[index].weight;
+                let (group, leader) = (&self.groups[index], &self.groups[best]);
+                if index != best
+                    && (group.credit > leader.credit
+                        || (group.credit == leader.credit
+                            && self.members[group.next] < self.members[leader.next]))
+                {
+                    best = index;
+                }
+            }
+            let group = &mut self.groups[best];
+            cycle.push(self.members[group.next]);
+            group.next += 1;
+            if group.next == group.end {
+                group.next = group.start;
+                group.credit -= total;
+            }
+        }
+    }
+}
+
 /// The length of `weights`'s cycle if it fits a [`Schedule`]: the sum of the weights
 /// divided by their gcd.
 pub fn cycle_len(weights: &[u32]) -> Option<usize> {
@@ -114,6 +191,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::policy::wrr::SmoothWeights;
 
     fn picks(schedule: &Schedule, mut cursor: u32, count: usize) -> Vec<usize> {
         (0..count)
@@ -193,6 +271,24 @@ mod tests {
             let schedule = Schedule::of_weights(&weights).unwrap();
             let mut smooth = SmoothWeights::for_worker(&weights, worker);
             let count = 2 * schedule.len() + 3;
+            let scanned: Vec<usize> = (0..count).map(|_| smooth.next_position().unwrap()).collect();
+            prop_assert_eq!(picks(&schedule, worker as u32, count), scanned);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// Pools of hundreds of positions and few distinct weights, as awrr's buckets: the
+        /// groups' picks are still the scan's, across every tie between groups.
+        #[test]
+        fn big_pools_of_few_weights_pick_as_the_credit_scan(
+            weights in prop::collection::vec(2u32..=30, 100..600),
+            worker in 0usize..50,
+        ) {
+            prop_assume!(cycle_len(&weights).is_some());
+            let schedule = Schedule::of_weights(&weights).unwrap();
+            let mut smooth = SmoothWeights::for_worker(&weights, worker);
+            let count = schedule.len() + 3;
             let scanned: Vec<usize> = (0..count).map(|_| smooth.next_position().unwrap()).collect();
             prop_assert_eq!(picks(&schedule, worker as u32, count), scanned);
         }
