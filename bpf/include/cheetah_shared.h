@@ -527,9 +527,9 @@ struct vip_weights {
 // smooth-WRR picks from zero credits as pool positions (core Schedule,
 // crates/core/src/policy/schedule.rs), `len` entries of at most SCHEDULE_CAP. A cycle
 // picks every position at least once, so it names at most SCHEDULE_CAP positions: 16 bits
-// each (8 KiB + 4 a value). (Pinned maps of the byte positions of earlier builds have
-// another value size and are replaced, as pin.rs replaces any map defined otherwise.)
-#define SCHEDULE_CAP 4096
+// each (32 KiB + 4 a value). (Pinned maps of earlier builds' smaller values have another
+// value size and are replaced, as pin.rs replaces any map defined otherwise.)
+#define SCHEDULE_CAP 16384
 struct vip_schedule {
 	__u32 len;
 	__u16 position[SCHEDULE_CAP];

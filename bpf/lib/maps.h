@@ -238,8 +238,8 @@ struct {
 // VIP index (of a copy, as an array's: publish.h latched_index) -> the cycle of its wrr
 // weights, for the wrr VIPs whose cycle fits (cheetah_shared.h struct vip_schedule; the
 // others scan vip_weights). Written at a publication. A hash map without preallocation
-// holds only the VIPs that have one (8 KiB each): an array, or a preallocated hash map,
-// would take 64 MiB for both copies of MAX_VIPS.
+// holds only the VIPs that have one (32 KiB each): an array, or a preallocated hash map,
+// would take 256 MiB for both copies of MAX_VIPS.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -252,7 +252,7 @@ struct {
 // changes them, outside the publish window: an update of a hash map without
 // preallocation links a whole new element in and frees the old one after an RCU grace
 // period, so a reader sees the old cycle or the new, never a mix. Only the kernel's awrr
-// VIPs take memory (8 KiB each; preallocated, MAX_VIPS entries would take 32 MiB).
+// VIPs take memory (32 KiB each; preallocated, MAX_VIPS entries would take 128 MiB).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);

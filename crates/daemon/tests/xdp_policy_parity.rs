@@ -447,12 +447,12 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         return;
     }
     let wrr_weights = [(1, 5), (2, 1), (3, 3), (4, 2), (5, 7), (6, 1), (7, 4)];
-    // Odd weights 1, 3, .., 127: a cycle of exactly SCHEDULE_CAP (64^2) entries.
+    // Odd weights 1, 3, .., 127: a cycle of 64^2 entries.
     let odd_weights: Vec<(u16, u32)> = (1..=MAX_HASH_POOL as u16)
         .map(|id| (id, 2 * u32::from(id) - 1))
         .collect();
-    // A cycle of 4100 entries: over the cap, so the kernel scans the credits.
-    let over_the_cap = [(1, 4000), (2, 97), (3, 3)];
+    // A cycle of 16,400 entries: over the cap, so the kernel scans the credits.
+    let over_the_cap = [(1, 16_300), (2, 97), (3, 3)];
     let cases = [
         ("rr", config("rr", 7, &[])),
         ("wrr", config("wrr", 7, &wrr_weights)),
@@ -489,12 +489,12 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         // Positions beyond a byte (16-bit in struct vip_schedule): weights 1 to 5 over 300
         // servers, a cycle of 900 entries, which the run's 1,224 SYNs go around once.
         ("wrr, 300 servers", config("wrr", 300, &weights_1_to_5(300))),
-        // awrr from its balanced cycle (no load known), over 64 servers (not the biggest
-        // it takes, 136: the run's SYNs are a whole number of its cycles, and the cursor
-        // would end where it began).
+        // awrr from its balanced cycle (no load known), the biggest pool it takes whatever
+        // the loads (546; the run's 1,224 SYNs are not a whole number of its cycles, or
+        // the cursor would end where it began).
         (
-            "awrr, 135 servers",
-            config("awrr", MAX_KERNEL_AWRR_POOL as u16 - 1, &[]),
+            "awrr, 546 servers",
+            config("awrr", MAX_KERNEL_AWRR_POOL as u16, &[]),
         ),
         ("random, 300 servers", config("random", 300, &[])),
         ("hash, 300 servers", config("hash", 300, &[])),
@@ -575,12 +575,20 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
     // one over MAX_HASH_POOL for a policy with state per position, unless wrr's cycle
     // fits (at most SCHEDULE_CAP entries, naming at most as many positions) or awrr's
     // fits whatever its loads (MAX_KERNEL_AWRR_POOL).
+    // Odd weights 1, 3, .., 127 and one of 13,000: a cycle of 17,096 entries.
     let odd_65: Vec<(u16, u32)> = (1..=MAX_HASH_POOL as u16 + 1)
-        .map(|id| (id, 2 * u32::from(id) - 1))
+        .map(|id| {
+            let weight = if usize::from(id) > MAX_HASH_POOL {
+                13_000
+            } else {
+                2 * u32::from(id) - 1
+            };
+            (id, weight)
+        })
         .collect();
-    // Weights 1 to 9 over 1,000 servers: a cycle of 4,996 entries.
-    let one_to_nine: Vec<(u16, u32)> = (1..=1000)
-        .map(|id| (id, 1 + u32::from(id - 1) % 9))
+    // Weights 1 to 40 over 1,000 servers: a cycle of 20,500 entries.
+    let one_to_forty: Vec<(u16, u32)> = (1..=1000)
+        .map(|id| (id, 1 + u32::from(id - 1) % 40))
         .collect();
     for (name, config) in [
         (
@@ -589,10 +597,10 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         ),
         (
             "wrr, 1000 servers, a cycle over the cap",
-            config("wrr", 1000, &one_to_nine),
+            config("wrr", 1000, &one_to_forty),
         ),
         (
-            "awrr, 137 servers",
+            "awrr, 547 servers",
             config("awrr", MAX_KERNEL_AWRR_POOL as u16 + 1, &[]),
         ),
     ] {
@@ -1073,15 +1081,11 @@ fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
                 &[],
             ),
         ),
-        // The biggest pool whose cycle fits whatever the loads, from vip_big_pools.
+        // Over 64 servers, from vip_big_pools (not the biggest, 546: the 157 SYNs between
+        // two merges must carry the cursor beyond the balanced cycle of merge 2).
         (
             "awrr, 136 servers",
-            config_with(
-                "awrr",
-                "load_metric = \"reported\"",
-                MAX_KERNEL_AWRR_POOL as u16,
-                &[],
-            ),
+            config_with("awrr", "load_metric = \"reported\"", 136, &[]),
         ),
     ];
     let mut failures = Vec::new();

@@ -267,12 +267,12 @@ mod tests {
 
     #[test]
     fn buckets_whose_cycle_is_over_the_cap_scan_and_still_follow_the_buckets() {
-        // Balanced, 500 servers make a cycle of 500; then buckets 20, 7, 10, 10, .. one of
-        // 5,007 entries, over SCHEDULE_CAP.
-        let (pool, _) = reported_pool(500);
+        // Balanced, 1,640 servers make a cycle of 1,640; then buckets 20, 7, 10, 10, .. one
+        // of 16,407 entries, over SCHEDULE_CAP.
+        let (pool, _) = reported_pool(1640);
         let mut awrr = AutoWeightedRoundRobin::new(&pool, 5, 8);
         assert!(matches!(awrr.picks, SmoothPicks::Scheduled { .. }));
-        let loads: Vec<f64> = (0..500)
+        let loads: Vec<f64> = (0..1640)
             .map(|i| match i {
                 0 => 0.0,
                 1 => 2.0,
@@ -282,9 +282,9 @@ mod tests {
         merge(&mut awrr, &pool, &loads);
         assert!(matches!(awrr.picks, SmoothPicks::Scanned(_)));
         let total: u32 = awrr.buckets().iter().sum();
-        assert_eq!(total, 5007);
+        assert_eq!(total, 16407);
         let picked = picks(&mut awrr, &pool, &LoadView::new(), 0, total as usize);
-        let picked = counts(&picked, 500);
+        let picked = counts(&picked, 1640);
         assert_eq!(picked[0] as u32, awrr.buckets()[0]);
         assert_eq!(picked[1] as u32, awrr.buckets()[1]);
         assert_eq!(picked[2] as u32, awrr.buckets()[2]);

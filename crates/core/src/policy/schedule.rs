@@ -17,12 +17,13 @@
 //! Writing a cycle out costs its length times the number of distinct weights in steps
 //! (`WeightGroups`), not times the pool's size: an awrr pool has at most 29 distinct
 //! buckets (2 to 30), so a merge that changes them rebuilds any cycle in at most
-//! 4,096 x 29 steps, where the credit scan took up to 4,096 x 4,096 (a cycle of 4,096
-//! servers at one bucket count each).
+//! 16,384 x 29 steps, where the credit scan would take the cycle's length times the
+//! pool's size (up to 16,384 x 16,384).
 
-/// Most entries of a cycle (after dividing by the gcd): 8 KiB of positions per VIP, which
-/// holds any awrr cycle of the kernel's pools (136 servers of at most 30 buckets).
-pub const SCHEDULE_CAP: usize = 4096;
+/// Most entries of a cycle (after dividing by the gcd): 32 KiB of positions per VIP, which
+/// holds any awrr cycle of up to 546 servers (at most 30 buckets each), and bounds a
+/// rebuild at `SCHEDULE_CAP` times the distinct weights in steps.
+pub const SCHEDULE_CAP: usize = 16384;
 /// Most pool positions a cycle can name: a cycle of at most [`SCHEDULE_CAP`] entries picks
 /// every position at least once, so no more than that many.
 pub const SCHEDULE_MAX_POSITIONS: usize = SCHEDULE_CAP;
@@ -211,15 +212,16 @@ mod tests {
 
     #[test]
     fn weights_beyond_the_cap_or_positions_do_not_fit() {
-        assert_eq!(cycle_len(&[4096]), Some(1));
-        assert_eq!(cycle_len(&[4095, 1]), Some(4096));
-        assert!(Schedule::of_weights(&[4096, 1]).is_none());
+        let cap = SCHEDULE_CAP as u32;
+        assert_eq!(cycle_len(&[cap]), Some(1));
+        assert_eq!(cycle_len(&[cap - 1, 1]), Some(SCHEDULE_CAP));
+        assert!(Schedule::of_weights(&[cap, 1]).is_none());
         assert!(Schedule::of_weights(&[1; SCHEDULE_MAX_POSITIONS + 1]).is_none());
         assert!(Schedule::of_weights(&[1; SCHEDULE_MAX_POSITIONS]).is_some());
-        // Positions beyond a byte fit; 1,000 positions of weights 1 to 9 do not (4,996).
+        // Positions beyond a byte fit; 1,000 positions of weights 1 to 40 do not (20,500).
         assert_eq!(cycle_len(&[1; 300]), Some(300));
-        let one_to_nine: Vec<u32> = (0..1000).map(|i| 1 + i % 9).collect();
-        assert_eq!(cycle_len(&one_to_nine), None);
+        let one_to_forty: Vec<u32> = (0..1000).map(|i| 1 + i % 40).collect();
+        assert_eq!(cycle_len(&one_to_forty), None);
         assert!(Schedule::of_weights(&[]).is_none());
     }
 
@@ -247,7 +249,7 @@ mod tests {
     #[test]
     fn a_rebuild_that_does_not_fit_leaves_no_cycle() {
         let mut schedule = Schedule::of_weights(&[1, 2]).unwrap();
-        assert!(!schedule.rebuild(&[5000, 1]));
+        assert!(!schedule.rebuild(&[SCHEDULE_CAP as u32, 1]));
         assert!(schedule.is_empty());
         assert_eq!(schedule.pick(&mut 0), None);
     }

@@ -246,10 +246,10 @@ mod tests {
         let weights: Vec<u32> = (0..300).map(|i| 1 + i % 5).collect();
         let wrr = WeightedRoundRobin::new(&weighted_pool(&weights), 0, 1);
         assert!(matches!(wrr.picks(), SmoothPicks::Scheduled { .. }));
-        let pool = weighted_pool(&[4000, 97, 3]);
+        let pool = weighted_pool(&[16_300, 97, 3]);
         let wrr = WeightedRoundRobin::new(&pool, 0, 1);
         assert!(matches!(wrr.picks(), SmoothPicks::Scanned(_)));
-        assert_eq!(sequence(&[4000, 97, 3], 3, 5), [0, 0, 0, 0, 0]);
+        assert_eq!(sequence(&[16_300, 97, 3], 3, 5), [0, 0, 0, 0, 0]);
     }
 
     #[test]

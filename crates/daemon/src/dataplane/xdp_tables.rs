@@ -931,8 +931,8 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             );
             assert_eq!(kernel_policy(kind, &[]), KERNEL_POLICY_EMPTY, "{kind}");
             // Beyond vip_info, in vip_big_pools: wrr from its cycle, which names at most
-            // SCHEDULE_CAP positions; awrr only while its cycle fits whatever the loads
-            // (136).
+            // SCHEDULE_CAP positions (every one MAX_BIG_POOL holds); awrr only while its
+            // cycle fits whatever the loads (546).
             for len in [
                 MAX_HASH_POOL + 1,
                 MAX_KERNEL_AWRR_POOL,
@@ -940,7 +940,6 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 256,
                 257,
                 SCHEDULE_MAX_POSITIONS,
-                SCHEDULE_MAX_POSITIONS + 1,
                 MAX_BIG_POOL,
             ] {
                 let big = match kind {
@@ -961,9 +960,13 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 "{kind}"
             );
         }
-        // wrr over 64 servers only with a cycle that fits: odd weights 1, 3, .., 129 make
-        // one of 65^2 entries, over SCHEDULE_CAP; 1, 2, 1, 2, .. one of 98.
-        let odd: Vec<u32> = (0..MAX_HASH_POOL as u32 + 1).map(|i| 2 * i + 1).collect();
+        // wrr over 64 servers only with a cycle that fits: odd weights 1, 3, .., 127 and
+        // one of 13,000 make one of 17,096 entries, over SCHEDULE_CAP; 1, 2, 1, 2, .. one of
+        // 98.
+        let odd: Vec<u32> = (0..MAX_HASH_POOL as u32)
+            .map(|i| 2 * i + 1)
+            .chain([13_000])
+            .collect();
         assert_eq!(kernel_policy(WeightedRoundRobin, &odd), KERNEL_POLICY_NONE);
         let alternating: Vec<u32> = (0..MAX_HASH_POOL as u32 + 1).map(|i| 1 + i % 2).collect();
         assert_eq!(
@@ -971,8 +974,8 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             KERNEL_POLICY_WRR
         );
         // Over 256 servers, positions beyond a byte: weights 1 to 5 over 300 and 1,000
-        // servers make cycles of 900 and 3,000 entries; 1 to 9 over 1,000 one of 4,996, over
-        // SCHEDULE_CAP.
+        // servers make cycles of 900 and 3,000 entries; 1 to 40 over 1,000 one of 20,500,
+        // over SCHEDULE_CAP.
         let cycling =
             |servers: u32, top: u32| -> Vec<u32> { (0..servers).map(|i| 1 + i % top).collect() };
         for servers in [300, 1000] {
@@ -983,7 +986,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             );
         }
         assert_eq!(
-            kernel_policy(WeightedRoundRobin, &cycling(1000, 9)),
+            kernel_policy(WeightedRoundRobin, &cycling(1000, 40)),
             KERNEL_POLICY_NONE
         );
         // Every metric's loads are in each CPU's view (the metric does not decide).

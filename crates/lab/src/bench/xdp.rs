@@ -168,20 +168,20 @@ const SYN_SETUPS: [Setup; 8] = [
     },
 ];
 
-/// wrr with odd weights 1, 3, 5, ..: for 64 servers a cycle of 64^2 entries, the most a
-/// schedule holds (SCHEDULE_CAP).
+/// wrr with odd weights 1, 3, 5, ..: for 64 servers a cycle of 64^2 entries, read from the
+/// published schedule.
 const WRR_CYCLE: &str = "wrr";
 /// wrr with one server of weight SCHEDULE_CAP: a cycle over the cap, so the kernel scans
-/// the credits as before schedules.
+/// the credits as before schedules (up to 64 servers; over that the SYN goes up).
 const WRR_SCAN: &str = "wrr over the cap (scan)";
 
 /// `setup`'s config for `servers` servers: the test kit's, with the wrr rows' weights.
 fn bench_config(setup: &Setup, servers: u16) -> LbConfig {
     let mut config = testkit::config(setup.mode, setup.forwarding, setup.policy, servers);
     let weight = |id: u16| match setup.label {
-        // Odd weights fill the cycle's cap at 64 servers (64^2 entries); over that, weights 1
-        // to 5 keep a cycle that fits (about 3n entries: up to 1,366 servers), which the
-        // kernel reads.
+        // Odd weights make a cycle of 64^2 entries at 64 servers; over that, weights 1 to 5
+        // keep a cycle that fits (about 3n entries: up to 5,461 servers), which the kernel
+        // reads.
         WRR_CYCLE if usize::from(servers) <= 64 => Some(2 * u32::from(id) - 1),
         WRR_CYCLE => Some(1 + u32::from(id - 1) % 5),
         WRR_SCAN => Some(if id == 1 { SCHEDULE_CAP as u32 } else { 1 }),
