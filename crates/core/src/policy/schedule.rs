@@ -1,12 +1,13 @@
 //! Smooth weighted round-robin as a precomputed cycle, so that a pick costs one read
 //! instead of a scan of the pool.
 //!
-//! [`SmoothWeights`](crate::policy::wrr::SmoothWeights) from zero credits is periodic: after `total` picks (the sum of the
-//! weights) every server has been picked exactly its weight's times and every credit is
-//! back to zero. Scaling every weight by `k` scales every credit by `k` and changes no
-//! comparison, so the weights divided by their gcd give the same picks with a shorter
-//! period. A [`Schedule`] is that shortest period written out as pool positions, and
-//! `SmoothWeights::for_worker(weights, w)`'s i-th pick is `cycle[(w + i) % len]`.
+//! [`SmoothWeights`](crate::policy::wrr::SmoothWeights) from zero credits is periodic:
+//! after `total` picks (the sum of the weights) every server has been picked exactly its
+//! weight's times and every credit is back to zero. Scaling every weight by `k` scales
+//! every credit by `k` and changes no comparison, so the weights divided by their gcd give
+//! the same picks with a shorter period. A [`Schedule`] is that shortest period written
+//! out as pool positions, and `SmoothWeights::for_worker(weights, w)`'s i-th pick is
+//! `cycle[(w + i) % len]`.
 //!
 //! The cycle is built where the weights change (a snapshot for wrr, a merge for awrr) and
 //! read per pick, by the core's workers and, as the same 16-bit positions, by the XDP
