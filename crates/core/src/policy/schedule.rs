@@ -201,6 +201,14 @@ mod tests {
             .collect()
     }
 
+    /// The first `count` picks of worker `worker`'s credit scan over `weights`.
+    fn scanned(weights: &[u32], worker: usize, count: usize) -> Vec<usize> {
+        let mut smooth = SmoothWeights::for_worker(weights, worker);
+        (0..count)
+            .map(|_| smooth.next_position().unwrap())
+            .collect()
+    }
+
     #[test]
     fn the_cycle_is_divided_by_the_gcd() {
         let schedule = Schedule::of_weights(&[10, 20, 30]).unwrap();
@@ -233,12 +241,8 @@ mod tests {
         let schedule = Schedule::of_weights(&weights).unwrap();
         assert_eq!(schedule.len(), 3000);
         assert_eq!(schedule.cycle().iter().max(), Some(&999));
-        let mut smooth = SmoothWeights::for_worker(&weights, 3);
         let count = schedule.len() + 7;
-        let scanned: Vec<usize> = (0..count)
-            .map(|_| smooth.next_position().unwrap())
-            .collect();
-        assert_eq!(picks(&schedule, 3, count), scanned);
+        assert_eq!(picks(&schedule, 3, count), scanned(&weights, 3, count));
         // Every position once: the most a cycle names.
         let schedule = Schedule::of_weights(&[7; SCHEDULE_CAP]).unwrap();
         assert_eq!(
@@ -272,10 +276,8 @@ mod tests {
         ) {
             let weights: Vec<u32> = weights.iter().map(|w| w * scale).collect();
             let schedule = Schedule::of_weights(&weights).unwrap();
-            let mut smooth = SmoothWeights::for_worker(&weights, worker);
             let count = 2 * schedule.len() + 3;
-            let scanned: Vec<usize> = (0..count).map(|_| smooth.next_position().unwrap()).collect();
-            prop_assert_eq!(picks(&schedule, worker as u32, count), scanned);
+            prop_assert_eq!(picks(&schedule, worker as u32, count), scanned(&weights, worker, count));
         }
     }
 
@@ -290,10 +292,8 @@ mod tests {
         ) {
             prop_assume!(cycle_len(&weights).is_some());
             let schedule = Schedule::of_weights(&weights).unwrap();
-            let mut smooth = SmoothWeights::for_worker(&weights, worker);
             let count = schedule.len() + 3;
-            let scanned: Vec<usize> = (0..count).map(|_| smooth.next_position().unwrap()).collect();
-            prop_assert_eq!(picks(&schedule, worker as u32, count), scanned);
+            prop_assert_eq!(picks(&schedule, worker as u32, count), scanned(&weights, worker, count));
         }
     }
 }
