@@ -17,7 +17,8 @@
 
 // The server owning `hash` in the Maglev table of VIP `vip_index`, into `id`: 0 when the
 // VIP has no published table (not published yet), which the caller hands up. An empty
-// pool has none either, but callers drop its packets first (KERNEL_POLICY_EMPTY). Reads published maps only: call before the publish check.
+// pool has none either, but callers drop its packets first (KERNEL_POLICY_EMPTY). Reads
+// published maps only: call before the publish check.
 static __always_inline int maglev_lookup(const struct lb_config *config, __u32 vip_index,
 					 __u64 hash, __u32 *id)
 {
