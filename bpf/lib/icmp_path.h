@@ -11,7 +11,8 @@
 //
 // The kernel takes the straight case only: an IPv4 frame (tags and IP options lifted:
 // vlan.h, ip_options.h) carrying an error (destination unreachable, time exceeded,
-// parameter problem) that quotes a VIP's TCP segment with a whole TCP header whose
+// parameter problem) that quotes a VIP's TCP segment (its own IP options, if any, skipped
+// by the quoted IHL) with a whole TCP header whose
 // options hold a timestamp (NOP NOP TS first, or wherever the core's walk finds it:
 // parse.h tcp_timestamp_walk), in
 // cheetah mode, whose cookie names a forwarding server (its clock unknown, the quote goes
@@ -28,8 +29,7 @@
 // table remembers for the quoted connection, looked at without marking it used, as the
 // core's `peek`. The rest goes up, unchanged: such a quote of a connection the table does
 // not know (or of a server that no longer forwards) as STAT_UP_ICMP, for userspace to copy
-// it to every server of the VIP (rate-limited); a quote with IP options as STAT_UP_LAYOUT;
-// the others by the usual reasons.
+// it to every server of the VIP (rate-limited); the others by the usual reasons.
 
 #ifndef CHEETAH_LIB_ICMP_PATH_H
 #define CHEETAH_LIB_ICMP_PATH_H
@@ -58,12 +58,14 @@
 #define ICMP_DEST_UNREACH 3
 #define ICMP_TIME_EXCEEDED 11
 #define ICMP_PARAMETERPROB 12
-// The quote the kernel looks into: the quoted IP header (no options) and the first 8 bytes
-// of TCP, the least RFC 792 promises; with the whole TCP header and NOP NOP TS, the cookie.
-#define ICMP_QUOTE_MIN (sizeof(struct iphdr) + 8)
-#define ICMP_QUOTE_WITH_TS (sizeof(struct iphdr) + TCP_WITH_TS_LEN)
+// What the kernel looks into after the quoted IP header (options included): the first 8
+// bytes of TCP, the least RFC 792 promises; with the whole TCP header and NOP NOP TS, the
+// cookie.
+#define ICMP_QUOTED_TCP_MIN 8
 // A quote holding the quoted TCP checksum (bytes 16-17 of its header), which NAT updates.
-#define ICMP_QUOTE_WITH_CHECK (sizeof(struct iphdr) + 18)
+#define ICMP_QUOTED_TCP_WITH_CHECK 18
+// The longest IPv4 header (IHL 15): the quoted TCP header lies at most this far in.
+#define IPV4_HEADER_MAX 60
 
 // The ICMP header's checksum word (`Embedded::write` keeps it as right or wrong as it was).
 struct icmp_error {
@@ -146,12 +148,13 @@ static __always_inline int icmp_to_all(__u32 seq, const struct vip_info *vip)
 // whose quote's cookie, if any, is restored: with NAT, the outer destination, the quoted
 // source (and the quoted IP header checksum that covers it) and the quoted source port
 // become the server's, the quoted TCP checksum following when the quote holds it
-// (`quote_len`: `Embedded::has_tcp_checksum`); then the MACs toward it. Counted under
-// `stat`.
+// (`quote_len`, past the quoted IP header's `quoted_ip_len`: `Embedded::has_tcp_checksum`);
+// then the MACs toward it. Counted under `stat`.
 static __always_inline int icmp_to_server(struct xdp_md *ctx, struct ethhdr *eth,
 					  struct iphdr *ip, struct icmp_error *icmp,
 					  struct iphdr *quoted_ip, struct tcphdr *quoted_tcp,
-					  __u32 quote_len, const struct server_info *target,
+					  __u32 quote_len, __u32 quoted_ip_len,
+					  const struct server_info *target,
 					  int nat, __be16 vip_port, __be16 backend_port, __u32 stat)
 {
 	void *data_end = (void *)(long)ctx->data_end;
@@ -161,7 +164,7 @@ static __always_inline int icmp_to_server(struct xdp_md *ctx, struct ethhdr *eth
 		__u32 old_src = bpf_ntohl(quoted_ip->saddr);
 		// The quote lies within the frame (icmp_fast checked the IP total length): the
 		// bound beside each use is for the verifier.
-		int check_quoted = quote_len >= ICMP_QUOTE_WITH_CHECK;
+		int check_quoted = quote_len >= quoted_ip_len + ICMP_QUOTED_TCP_WITH_CHECK;
 
 		csum_set_ipv4_addr(&ip->check, &ip->daddr, dip);
 		icmp_write_u32(icmp, &quoted_ip->saddr, dip);
@@ -191,6 +194,7 @@ static __always_inline int icmp_forward_unrestored(struct xdp_md *ctx, __u32 seq
 						   struct ethhdr *eth, struct iphdr *ip,
 						   struct icmp_error *icmp, struct iphdr *quoted_ip,
 						   struct tcphdr *quoted_tcp, __u32 quote_len,
+						   __u32 quoted_ip_len,
 						   const struct server_info *server,
 						   const struct vip_info *vip, int nat, __u32 stat)
 {
@@ -199,8 +203,8 @@ static __always_inline int icmp_forward_unrestored(struct xdp_md *ctx, __u32 seq
 
 	if (!publish_unchanged(seq))
 		return hand_up(STAT_UP_PUBLISHING);
-	return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp, quote_len, &target, nat,
-			      vip_port, backend_port, stat);
+	return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp, quote_len, quoted_ip_len,
+			      &target, nat, vip_port, backend_port, stat);
 }
 
 // lb/icmp_path.rs `client_icmp` for a packet to a VIP address that is not TCP (steering's
@@ -215,8 +219,8 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	struct iphdr *ip = (void *)(eth + 1);
 	struct icmp_error *icmp = (void *)(ip + 1);
 	struct iphdr *quoted_ip = (void *)icmp + ICMP_HEADER_LEN;
-	struct tcphdr *quoted_tcp = (void *)(quoted_ip + 1);
-	struct nop_nop_ts *quoted_ts = (void *)(quoted_tcp + 1);
+	struct tcphdr *quoted_tcp;
+	struct nop_nop_ts *quoted_ts;
 	struct cookie_layout layout = layout_of(config);
 	struct server_info *server, target;
 	struct fallback_hit hit = {};
@@ -225,7 +229,7 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	int nat, at = 0, restore;
 	__u8 *option = NULL, *tsval;
 	__be32 tsval_be;
-	__u32 total_len, quote_len, id, old_tsval, new_tsval, drop;
+	__u32 total_len, quote_len, quoted_ip_len, id, old_tsval, new_tsval, drop;
 	__u16 restored = 0;
 	__u64 hash;
 
@@ -258,8 +262,12 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		return drop_by_tables(seq, STAT_DROP_TRUNCATED_ICMP);
 	if (quoted_ip->protocol != IPPROTO_TCP)
 		return drop_by_tables(seq, STAT_DROP_UNSUPPORTED_ICMP_TYPE);
-	// A quote with IP options: its TCP header is not where the kernel reads it.
-	if (quoted_ip->ihl != 5 || (void *)quoted_ip + ICMP_QUOTE_MIN > data_end)
+	// The quoted TCP header follows the quoted IP header and its options, if any (a
+	// Router Alert, say): 20 to 60 bytes in, as the IHL says (the mask is the verifier's).
+	quoted_ip_len = (quoted_ip->ihl * 4) & IPV4_HEADER_MAX;
+	quoted_tcp = (void *)quoted_ip + quoted_ip_len;
+	quoted_ts = (void *)(quoted_tcp + 1);
+	if ((void *)quoted_tcp + ICMP_QUOTED_TCP_MIN > data_end)
 		return hand_up(STAT_UP_LAYOUT);
 	// The quoted packet went VIP -> client: a segment from this very VIP address.
 	if (quoted_ip->saddr != ip->daddr)
@@ -286,16 +294,17 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		if (!server || !(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
 		return icmp_forward_unrestored(ctx, seq, eth, ip, icmp, quoted_ip, quoted_tcp,
-					       quote_len, server, vip, nat, STAT_FAST_ICMP_PICK);
+					       quote_len, quoted_ip_len, server, vip, nat,
+					       STAT_FAST_ICMP_PICK);
 	}
 	// The cookie, where the core's `tsval_at` looks for it: a whole TCP header within the
 	// quote (which ends with the IP packet) with room for a timestamp option, its options
 	// starting NOP NOP TS or, else, the first timestamp option the core's walk finds in
 	// them. The walk's answer without one, or malformed options, is the core's `None`
 	// (no cookie: it routes by the fallback table or copies), not a drop.
-	if ((void *)(quoted_ts + 1) <= data_end && quote_len >= ICMP_QUOTE_WITH_TS &&
+	if ((void *)(quoted_ts + 1) <= data_end && quote_len >= quoted_ip_len + TCP_WITH_TS_LEN &&
 	    quoted_tcp->doff * 4 >= TCP_WITH_TS_LEN &&
-	    sizeof(struct iphdr) + quoted_tcp->doff * 4 <= quote_len) {
+	    quoted_ip_len + quoted_tcp->doff * 4 <= quote_len) {
 		at = *(__be32 *)quoted_ts == bpf_htonl(NOP_NOP_TS) ?
 			     2 :
 			     tcp_timestamp_walk(ctx, quoted_tcp);
@@ -319,7 +328,8 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 		if (!(server->flags & SERVER_EGRESS))
 			return hand_up(STAT_UP_NEXT_HOP);
 		return icmp_forward_unrestored(ctx, seq, eth, ip, icmp, quoted_ip, quoted_tcp,
-					       quote_len, server, vip, nat, STAT_FAST_ICMP_FALLBACK);
+					       quote_len, quoted_ip_len, server, vip, nat,
+					       STAT_FAST_ICMP_FALLBACK);
 	}
 	tsval = option + TCP_TIMESTAMP_TSVAL;
 	__builtin_memcpy(&tsval_be, tsval, sizeof(tsval_be));
@@ -354,8 +364,8 @@ static __always_inline int icmp_fast(struct xdp_md *ctx, const struct lb_config 
 	}
 	if (restore == COOKIE_RESTORED_LATE)
 		count(STAT_ECHO_BEYOND_IDLE_LIMIT);
-	return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp, quote_len, &target, nat,
-			      vip_port, backend_port, STAT_FAST_ICMP_COOKIE);
+	return icmp_to_server(ctx, eth, ip, icmp, quoted_ip, quoted_tcp, quote_len, quoted_ip_len,
+			      &target, nat, vip_port, backend_port, STAT_FAST_ICMP_COOKIE);
 }
 
 #endif

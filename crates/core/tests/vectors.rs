@@ -1384,6 +1384,16 @@ fn ip_options_cheetah_inputs(nat: bool) -> Vec<Input> {
             ),
         )
         .msb(2, M),
+        input(
+            "icmp-frag-needed-cookie-quoting-ip-options",
+            "ICMP fragmentation-needed quoting server 2's segment sent with a Router Alert IP option (quoted IHL 6): the quoted TCP header found past the option, routed to server 2, quoted TSval restored.",
+            testkit::icmp_frag_needed(
+                ROUTER,
+                &testkit::with_ip_options(&seen_by_client(2), &router_alert),
+                24 + 32 + 8,
+            ),
+        )
+        .msb(2, M),
     ]
 }
 
@@ -1489,6 +1499,15 @@ fn baseline_inputs(nat: bool) -> Vec<Input> {
             testkit::with_ip_options(
                 &testkit::icmp_frag_needed(ROUTER, &seen_by_client(2), 28),
                 &[0x94, 0x04, 0x00, 0x00],
+            ),
+        ),
+        input(
+            "icmp-frag-needed-quoting-ip-options",
+            "ICMP fragmentation-needed quoting the connection's segment sent with a Router Alert IP option (quoted IHL 6, then 8 bytes of TCP): routed by the hash of the quoted ports, found past the option.",
+            testkit::icmp_frag_needed(
+                ROUTER,
+                &testkit::with_ip_options(&seen_by_client(2), &[0x94, 0x04, 0x00, 0x00]),
+                24 + 8,
             ),
         ),
         input(

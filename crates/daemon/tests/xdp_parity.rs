@@ -227,6 +227,8 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
                 "server-data-with-ip-options",
                 "server-fin-with-ip-options",
                 "icmp-frag-needed-cookie-with-ip-options",
+                // A quote whose own IP header has options: its TCP header found past them.
+                "icmp-frag-needed-cookie-quoting-ip-options",
                 // l2: a removed server's garbled segments from a VIP address, dropped under
                 // the core's first reason (reply_sender.h garbled_reply_l2).
                 "server-removed-garbled-tcp",
@@ -312,6 +314,8 @@ const BASELINE_HANDLED_IN_KERNEL: &[&str] = &[
     "icmp-frag-needed-port-40002",
     "icmp-frag-needed-port-40003",
     "icmp-frag-needed-whole-quote",
+    // A quote whose own IP header has options: its TCP header found past them.
+    "icmp-frag-needed-quoting-ip-options",
     // A TCP header too short for the straight line: the general path's pick.
     "options-not-parsed",
     // A trunk port's frames: decided untagged (vlan.h), tags put back.
