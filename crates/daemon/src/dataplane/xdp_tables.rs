@@ -13,7 +13,7 @@
 //! Every map holds two copies of the tables (`publish_window.rs`): a publication writes
 //! the copy packets do not read, flips, and writes the same into the other.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -137,9 +137,53 @@ pub fn kernel_load_metric(metric: LoadMetric) -> u8 {
     }
 }
 
+/// The `wrr_schedules` values of the last publication, by the weights they were written
+/// out from. The publisher runs every second and on every change of the tables; a cycle
+/// costs up to `SCHEDULE_CAP` times the distinct weights to write out, and only a change of
+/// its VIP's weights changes it, so each is written out once per set of weights.
+#[derive(Default)]
+pub struct WrrCycles {
+    by_weights: HashMap<Vec<u32>, Option<Vec<u8>>>,
+    written_out: u64,
+}
+
+impl WrrCycles {
+    /// `wrr_schedules`' value for a pool of `weights` (None: its cycle does not fit),
+    /// from `earlier` (the last publication's) or written out now; kept in `self`.
+    fn value_of(&mut self, earlier: &mut WrrCycles, weights: &[u32]) -> Option<Vec<u8>> {
+        if let Some(value) = self.by_weights.get(weights) {
+            return value.clone();
+        }
+        let value = earlier.by_weights.remove(weights).unwrap_or_else(|| {
+            self.written_out += 1;
+            Schedule::of_weights(weights).map(|schedule| VipSchedule::value_of(schedule.cycle()))
+        });
+        self.by_weights.insert(weights.to_vec(), value.clone());
+        value
+    }
+
+    /// How many cycles were written out since this was made (a test's measure).
+    pub fn written_out(&self) -> u64 {
+        self.written_out
+    }
+}
+
 /// The maps' entries for `publication`, with `routes` and `neighbours` as
 /// `/proc/net/route` and `/proc/net/arp` print them.
 pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Wanted {
+    wanted_reusing(publication, routes, neighbours, &mut WrrCycles::default())
+}
+
+/// [`wanted`], taking the wrr cycles of pools whose weights did not change from `cycles`
+/// (the last call's), which then holds this publication's.
+pub fn wanted_reusing(
+    publication: &Publication,
+    routes: &str,
+    neighbours: &str,
+    cycles: &mut WrrCycles,
+) -> Wanted {
+    let mut earlier = std::mem::take(cycles);
+    cycles.written_out = earlier.written_out;
     let snapshot = publication.snapshot;
     let id_bits = publication.layout.id_bits();
     // Every VIP below MAX_VIPS goes into vips; an address's port vips does not hold is
@@ -249,10 +293,8 @@ pub fn wanted(publication: &Publication, routes: &str, neighbours: &str) -> Want
                 .insert(array_key(index), weights.to_bytes());
         }
         if info.policy == KERNEL_POLICY_WRR {
-            if let Some(schedule) = Schedule::of_weights(&vip.pool.weights) {
-                wanted
-                    .wrr_schedules
-                    .insert(array_key(index), VipSchedule::value_of(schedule.cycle()));
+            if let Some(value) = cycles.value_of(&mut earlier, &vip.pool.weights) {
+                wanted.wrr_schedules.insert(array_key(index), value);
             }
         }
         let key = VipKey {
@@ -416,6 +458,7 @@ impl Latch {
 pub struct Publisher {
     last: Option<Wanted>,
     policies: PolicySeeder,
+    cycles: WrrCycles,
 }
 
 impl Publisher {
@@ -428,6 +471,7 @@ impl Publisher {
         Publisher {
             last: None,
             policies: PolicySeeder::new(seeds),
+            cycles: WrrCycles::default(),
         }
     }
 
@@ -451,7 +495,7 @@ impl Publisher {
     ) -> anyhow::Result<()> {
         let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
         let neighbours = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
-        let wanted = wanted(publication, &routes, &neighbours);
+        let wanted = wanted_reusing(publication, &routes, &neighbours, &mut self.cycles);
         self.write(program, wanted)?;
         self.seed_policies(program, publication.snapshot)
     }
@@ -775,6 +819,10 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
     }
 
     fn wanted_of(plane: &ControlPlane, fast_path: bool) -> Wanted {
+        wanted_of_reusing(plane, fast_path, &mut WrrCycles::default())
+    }
+
+    fn wanted_of_reusing(plane: &ControlPlane, fast_path: bool, cycles: &mut WrrCycles) -> Wanted {
         let snapshot = plane.shared().snapshot.load();
         let interfaces = interfaces();
         let publication = Publication {
@@ -785,7 +833,7 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             fast_path,
             fallback_sets: 64,
         };
-        wanted(&publication, ROUTES, ARP)
+        wanted_reusing(&publication, ROUTES, ARP, cycles)
     }
 
     fn server(wanted: &Wanted, id: u16) -> ServerInfo {
@@ -1064,6 +1112,54 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             .collect();
         assert_eq!(positions, Schedule::of_weights(&weights).unwrap().cycle());
         assert_eq!(positions.iter().max(), Some(&299));
+    }
+
+    #[test]
+    fn a_wrr_cycle_is_written_out_again_only_when_its_weights_change() {
+        let mut config = testkit::config(
+            Mode::Cheetah,
+            Forwarding::L2,
+            PolicyKind::WeightedRoundRobin,
+            300,
+        );
+        for id in 1..=300u16 {
+            config.vips[0]
+                .weights
+                .insert(id.to_string(), 1 + u32::from(id) % 5);
+        }
+        // A second wrr VIP with other weights, and a third with the first's: one cycle.
+        let mut second = config.vips[0].clone();
+        second.port += 1;
+        second.servers = (1..=20).collect();
+        second.weights = (1..=20u16)
+            .map(|id| (id.to_string(), 1 + u32::from(id) % 3))
+            .collect();
+        let mut third = config.vips[0].clone();
+        third.port += 2;
+        config.vips.extend([second, third]);
+        let first_vip = format!("{}:{}", config.vips[0].address, config.vips[0].port);
+        let mut plane = ControlPlane::new(&config, &Secret([5; 16])).unwrap();
+        let mut cycles = WrrCycles::default();
+
+        let cold = wanted_of_reusing(&plane, true, &mut cycles);
+        assert_eq!(cold, wanted_of(&plane, true));
+        assert_eq!(cold.wrr_schedules.len(), 3);
+        assert_eq!(cycles.written_out(), 2, "one per distinct set of weights");
+        assert_eq!(wanted_of_reusing(&plane, true, &mut cycles), cold);
+        assert_eq!(
+            cycles.written_out(),
+            2,
+            "nothing changed: nothing written out"
+        );
+
+        plane.set_weights(&first_vip, &[(7, 40)]).unwrap();
+        let changed = wanted_of_reusing(&plane, true, &mut cycles);
+        assert_eq!(changed, wanted_of(&plane, true));
+        assert_ne!(
+            changed.wrr_schedules[&array_key(0)],
+            cold.wrr_schedules[&array_key(0)]
+        );
+        assert_eq!(cycles.written_out(), 3, "only the changed pool's cycle");
     }
 
     #[test]
