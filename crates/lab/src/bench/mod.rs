@@ -23,6 +23,7 @@ mod lab;
 mod layouts;
 mod packets;
 mod pipeline;
+mod publisher;
 mod report;
 mod rng;
 mod rows;
@@ -183,6 +184,17 @@ pub struct Args {
     /// (threaded NAPI, pinned) or cpumap (the sender's frames cross to that CPU first).
     #[arg(long, value_enum, default_value = "napi-thread")]
     xdp_live_steer: xdp_live::Steer,
+    /// Time one publication of the tables into the XDP program's maps instead (the
+    /// daemon's main thread, on every change and once a second; see bench/publisher.rs).
+    /// Uses --servers and --markdown.
+    #[arg(long)]
+    publisher: bool,
+    /// With --publisher: VIPs in the tables.
+    #[arg(long, default_value_t = 200)]
+    publisher_vips: u16,
+    /// With --publisher: publications timed per row.
+    #[arg(long, default_value_t = 11)]
+    publisher_runs: u32,
 }
 
 impl Args {
@@ -226,6 +238,14 @@ impl Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.publisher {
+        return publisher::run(publisher::Options {
+            servers: args.servers,
+            vips: args.publisher_vips,
+            runs: args.publisher_runs,
+            markdown: args.markdown,
+        });
+    }
     if args.xdp_flows {
         return xdp_flows::run(xdp_flows::Options {
             runs: args.xdp_runs,
