@@ -3,7 +3,11 @@
 //! Resolved from the kernel's routing and neighbour tables the first time a server is
 //! used, then cached per server id until the tables snapshot changes. Lookups read
 //! `/proc/net/route` and `/proc/net/arp`: they happen once per server, never per packet.
+//! Each table is parsed once per use ([`RouteTable`], [`Neighbours`]), not once per server:
+//! the XDP publisher resolves every server every second, and a host with thousands of
+//! neighbours made that thousands of times thousands of lines.
 
+use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use cheetah_core::types::{parse_mac, Mac, Nanos, ServerId, NANOS_PER_SEC};
@@ -63,6 +67,7 @@ impl ServerEgress {
         }
         let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
         let neighbours = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
+        let (routes, neighbours) = (RouteTable::parse(&routes), Neighbours::parse(&neighbours));
         match resolve(Ipv4Addr::from(dip), mac, &routes, &neighbours, ports) {
             Some(egress) => {
                 *entry = Entry::Resolved(egress);
@@ -80,15 +85,15 @@ impl ServerEgress {
 pub(super) fn resolve(
     dip: Ipv4Addr,
     mac: Option<Mac>,
-    routes: &str,
-    neighbours: &str,
+    routes: &RouteTable,
+    neighbours: &Neighbours,
     ports: &[(String, u8)],
 ) -> Option<Egress> {
-    let route = best_route(routes, dip)?;
+    let route = routes.best(dip)?;
     let port = ports.iter().find(|(name, _)| *name == route.interface)?.1;
     let dst_mac = match mac {
         Some(mac) => mac,
-        None => neighbour(neighbours, route.gateway.unwrap_or(dip), &route.interface)?,
+        None => neighbours.complete(route.gateway.unwrap_or(dip), &route.interface)?,
     };
     Some(Egress { port, dst_mac })
 }
@@ -99,45 +104,88 @@ pub(super) struct Route {
     gateway: Option<Ipv4Addr>,
 }
 
-/// Longest-prefix match over `/proc/net/route` (addresses are little-endian hex there).
-pub(super) fn best_route(table: &str, dst: Ipv4Addr) -> Option<Route> {
-    const RTF_UP: u32 = 0x1;
-    let dst = u32::from(dst);
-    let hex = |s: &str| u32::from_str_radix(s, 16).ok().map(u32::from_be);
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 8 {
-                return None;
-            }
-            let (net, gateway, flags, mask) = (hex(f[1])?, hex(f[2])?, hex(f[3])?, hex(f[7])?);
-            let flags = u32::from_be(flags);
-            (flags & RTF_UP != 0 && dst & mask == net).then(|| {
-                (
-                    mask.count_ones(),
-                    Route {
-                        interface: f[0].to_string(),
-                        gateway: (gateway != 0).then(|| Ipv4Addr::from(gateway)),
-                    },
-                )
-            })
-        })
-        .max_by_key(|(len, _)| *len)
-        .map(|(_, route)| route)
+/// The routes of `/proc/net/route` that are up (addresses are little-endian hex there).
+pub(super) struct RouteTable {
+    routes: Vec<RouteEntry>,
 }
 
-/// A complete entry for `addr` on `interface` in `/proc/net/arp`.
-fn neighbour(table: &str, addr: Ipv4Addr, interface: &str) -> Option<Mac> {
-    const ATF_COM: u32 = 0x2;
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let flags = u32::from_str_radix(f.get(2)?.trim_start_matches("0x"), 16).ok()?;
-        (f.len() >= 6 && f[0] == addr.to_string() && f[5] == interface && flags & ATF_COM != 0)
-            .then(|| parse_mac(f[3]))
-            .flatten()
-    })
+struct RouteEntry {
+    net: u32,
+    mask: u32,
+    interface: String,
+    gateway: Option<Ipv4Addr>,
+}
+
+impl RouteTable {
+    pub(super) fn parse(table: &str) -> Self {
+        const RTF_UP: u32 = 0x1;
+        let hex = |s: &str| u32::from_str_radix(s, 16).ok().map(u32::from_be);
+        let routes = table
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.len() < 8 {
+                    return None;
+                }
+                let (net, gateway, flags, mask) = (hex(f[1])?, hex(f[2])?, hex(f[3])?, hex(f[7])?);
+                (u32::from_be(flags) & RTF_UP != 0).then(|| RouteEntry {
+                    net,
+                    mask,
+                    interface: f[0].to_string(),
+                    gateway: (gateway != 0).then(|| Ipv4Addr::from(gateway)),
+                })
+            })
+            .collect();
+        RouteTable { routes }
+    }
+
+    /// Longest-prefix match (of equally long prefixes, the table's last).
+    pub(super) fn best(&self, dst: Ipv4Addr) -> Option<Route> {
+        let dst = u32::from(dst);
+        self.routes
+            .iter()
+            .filter(|route| dst & route.mask == route.net)
+            .max_by_key(|route| route.mask.count_ones())
+            .map(|route| Route {
+                interface: route.interface.clone(),
+                gateway: route.gateway,
+            })
+    }
+}
+
+/// The complete entries of `/proc/net/arp`, by address and interface (of several for one,
+/// the table's first).
+pub(super) struct Neighbours {
+    complete: HashMap<(Ipv4Addr, String), Mac>,
+}
+
+impl Neighbours {
+    pub(super) fn parse(table: &str) -> Self {
+        const ATF_COM: u32 = 0x2;
+        let mut complete = HashMap::new();
+        for line in table.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 {
+                continue;
+            }
+            let Ok(flags) = u32::from_str_radix(f[2].trim_start_matches("0x"), 16) else {
+                continue;
+            };
+            let (Ok(addr), Some(mac)) = (f[0].parse::<Ipv4Addr>(), parse_mac(f[3])) else {
+                continue;
+            };
+            if flags & ATF_COM != 0 {
+                complete.entry((addr, f[5].to_string())).or_insert(mac);
+            }
+        }
+        Neighbours { complete }
+    }
+
+    /// The MAC of a complete entry for `addr` on `interface`.
+    fn complete(&self, addr: Ipv4Addr, interface: &str) -> Option<Mac> {
+        self.complete.get(&(addr, interface.to_string())).copied()
+    }
 }
 
 #[cfg(test)]
@@ -165,13 +213,19 @@ lb-c\t00000A0A\t01010A0A\t0003\t0\t0\t0\t0000FFFF\t0\t0\t0
 
     #[test]
     fn longest_prefix_wins() {
-        let r = best_route(ROUTES, "10.20.0.11".parse().unwrap()).unwrap();
+        let r = RouteTable::parse(ROUTES)
+            .best("10.20.0.11".parse().unwrap())
+            .unwrap();
         assert_eq!(r.interface, "lb-s");
         assert_eq!(r.gateway, None);
-        let r = best_route(ROUTES, "10.10.12.2".parse().unwrap()).unwrap();
+        let r = RouteTable::parse(ROUTES)
+            .best("10.10.12.2".parse().unwrap())
+            .unwrap();
         assert_eq!(r.interface, "lb-c");
         assert_eq!(r.gateway, Some("10.10.1.1".parse().unwrap()));
-        let r = best_route(ROUTES, "10.10.1.7".parse().unwrap()).unwrap();
+        let r = RouteTable::parse(ROUTES)
+            .best("10.10.1.7".parse().unwrap())
+            .unwrap();
         assert_eq!(r.gateway, None);
     }
 
@@ -181,8 +235,8 @@ lb-c\t00000A0A\t01010A0A\t0003\t0\t0\t0\t0000FFFF\t0\t0\t0
         let egress = resolve(
             "10.20.0.19".parse().unwrap(),
             Some(mac),
-            ROUTES,
-            ARP,
+            &RouteTable::parse(ROUTES),
+            &Neighbours::parse(ARP),
             &ports(),
         );
         assert_eq!(
@@ -196,19 +250,60 @@ lb-c\t00000A0A\t01010A0A\t0003\t0\t0\t0\t0000FFFF\t0\t0\t0
 
     #[test]
     fn missing_mac_comes_from_a_complete_neighbour_entry() {
-        let egress = resolve("10.20.0.11".parse().unwrap(), None, ROUTES, ARP, &ports());
+        let egress = resolve(
+            "10.20.0.11".parse().unwrap(),
+            None,
+            &RouteTable::parse(ROUTES),
+            &Neighbours::parse(ARP),
+            &ports(),
+        );
         assert_eq!(egress.map(|e| e.dst_mac), Some([2, 0xce, 0, 0, 2, 1]));
         // Incomplete entry: not usable.
         assert_eq!(
-            resolve("10.20.0.12".parse().unwrap(), None, ROUTES, ARP, &ports()),
+            resolve(
+                "10.20.0.12".parse().unwrap(),
+                None,
+                &RouteTable::parse(ROUTES),
+                &Neighbours::parse(ARP),
+                &ports()
+            ),
             None
         );
         // Behind a gateway: the gateway's MAC.
-        let egress = resolve("10.10.12.2".parse().unwrap(), None, ROUTES, ARP, &ports());
+        let egress = resolve(
+            "10.10.12.2".parse().unwrap(),
+            None,
+            &RouteTable::parse(ROUTES),
+            &Neighbours::parse(ARP),
+            &ports(),
+        );
         assert_eq!(
             egress.map(|e| e.dst_mac),
             Some([0xa, 0xb, 0xc, 0xd, 0xe, 0xf])
         );
+    }
+
+    #[test]
+    fn of_several_neighbour_entries_the_first_complete_one_on_the_interface_counts() {
+        let arp = "IP address       HW type     Flags       HW address            Mask     Device
+10.20.0.11       0x1         0x0         00:00:00:00:00:00     *        lb-s
+10.20.0.11
+10.20.0.11       0x1         0x2         02:ce:00:00:02:01     *        lb-c
+10.20.0.11       0x1         0x2         not-a-mac             *        lb-s
+10.20.0.11       0x1         0x2         02:ce:00:00:02:02     *        lb-s
+10.20.0.11       0x1         0x2         02:ce:00:00:02:03     *        lb-s
+";
+        let neighbours = Neighbours::parse(arp);
+        let addr = "10.20.0.11".parse().unwrap();
+        assert_eq!(
+            neighbours.complete(addr, "lb-s"),
+            Some([2, 0xce, 0, 0, 2, 2])
+        );
+        assert_eq!(
+            neighbours.complete(addr, "lb-c"),
+            Some([2, 0xce, 0, 0, 2, 1])
+        );
+        assert_eq!(neighbours.complete(addr, "lb-x"), None);
     }
 
     #[test]
@@ -219,8 +314,8 @@ lb-c\t00000A0A\t01010A0A\t0003\t0\t0\t0\t0000FFFF\t0\t0\t0
             resolve(
                 "10.20.0.11".parse().unwrap(),
                 Some(mac),
-                ROUTES,
-                ARP,
+                &RouteTable::parse(ROUTES),
+                &Neighbours::parse(ARP),
                 &only_c
             ),
             None

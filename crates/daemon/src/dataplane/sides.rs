@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use cheetah_core::lb::Ingress;
 use cheetah_core::tables::{SlotState, Snapshot};
 
-use super::egress::best_route;
+use super::egress::RouteTable;
 
 /// One flag per interface slot (its index in `[daemon] interfaces`), shared by the control
 /// thread that writes it and the workers that read it.
@@ -97,9 +97,10 @@ fn server_dips(snapshot: &Snapshot) -> Vec<Ipv4Addr> {
 
 /// The rule: server side if the kernel's best route to some server leaves through it.
 fn sides_by_route(interfaces: &[String], dips: &[Ipv4Addr], routes: &str) -> Vec<Ingress> {
+    let routes = RouteTable::parse(routes);
     let through: Vec<String> = dips
         .iter()
-        .filter_map(|dip| best_route(routes, *dip))
+        .filter_map(|dip| routes.best(*dip))
         .map(|route| route.interface)
         .collect();
     interfaces

@@ -13,7 +13,7 @@
 //! Every map holds two copies of the tables (`publish_window.rs`): a publication writes
 //! the copy packets do not read, flips, and writes the same into the other.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -220,6 +220,7 @@ pub fn wanted_reusing(
         ..Wanted::default()
     };
 
+    let mut backend_ports = BTreeSet::new();
     for (index, vip) in snapshot.vips.iter().enumerate() {
         let std::net::IpAddr::V4(addr) = vip.address else {
             continue;
@@ -308,36 +309,43 @@ pub fn wanted_reusing(
             .vips_by_index
             .insert(array_key(index), info.to_bytes());
         if snapshot.forwarding == Forwarding::Nat {
-            // Every allocated server, in any state: late replies of a removed server must
-            // still reach the core (to be dropped and counted), not the host kernel.
-            for (id, slot) in snapshot.servers.iter() {
-                if slot.state == SlotState::Free {
-                    continue;
-                }
-                let (server, vip_index) = snapshot
-                    .nat_backend(slot.dip, vip.backend_port)
-                    .map_or((id.0, NO_VIP), |(server, vip_index)| (server.0, vip_index));
-                let key = BackendKey {
-                    addr: slot.dip.to_be_bytes(),
-                    port: vip.backend_port.to_be_bytes(),
-                    copy: 0,
-                };
-                // What the core asks of a segment from this (DIP, port) that no current
-                // backend explains (worker.rs `classify_rest`): drop or pass.
-                let flags = match snapshot.removed_server_at(slot.dip) {
-                    Some(_) => BACKEND_DIP_OF_REMOVED,
-                    None => 0,
-                };
-                let value = BackendInfo {
-                    server,
-                    vip_index,
-                    flags,
-                };
-                wanted.backends.insert(key.to_bytes(), value.to_bytes());
+            backend_ports.insert(vip.backend_port);
+        }
+    }
+    // NAT: every allocated server at every backend port a VIP the kernel holds uses, in
+    // any state: late replies of a removed server must still reach the core (to be
+    // dropped and counted), not the host kernel. Once per port, not per VIP: the entry
+    // depends on the address and port alone, and many VIPs share a port.
+    for port in backend_ports {
+        for (id, slot) in snapshot.servers.iter() {
+            if slot.state == SlotState::Free {
+                continue;
             }
+            let (server, vip_index) = snapshot
+                .nat_backend(slot.dip, port)
+                .map_or((id.0, NO_VIP), |(server, vip_index)| (server.0, vip_index));
+            let key = BackendKey {
+                addr: slot.dip.to_be_bytes(),
+                port: port.to_be_bytes(),
+                copy: 0,
+            };
+            // What the core asks of a segment from this (DIP, port) that no current
+            // backend explains (worker.rs `classify_rest`): drop or pass.
+            let flags = match snapshot.removed_server_at(slot.dip) {
+                Some(_) => BACKEND_DIP_OF_REMOVED,
+                None => 0,
+            };
+            let value = BackendInfo {
+                server,
+                vip_index,
+                flags,
+            };
+            wanted.backends.insert(key.to_bytes(), value.to_bytes());
         }
     }
 
+    let routes = egress::RouteTable::parse(routes);
+    let neighbours = egress::Neighbours::parse(neighbours);
     let ports: Vec<(String, u8)> = publication
         .interfaces
         .iter()
@@ -359,7 +367,7 @@ pub fn wanted_reusing(
         };
         let mac = slot.has_mac.then_some(slot.mac);
         let dip = std::net::Ipv4Addr::from(slot.dip);
-        if let Some(egress) = egress::resolve(dip, mac, routes, neighbours, &ports) {
+        if let Some(egress) = egress::resolve(dip, mac, &routes, &neighbours, &ports) {
             let iface = &publication.interfaces[egress.port as usize];
             info.flags |= SERVER_EGRESS;
             info.egress_ifindex = iface.ifindex;
