@@ -37,7 +37,7 @@ mod xdp_katran;
 mod xdp_live;
 mod xdp_live_net;
 mod xdp_live_packet;
-mod xdp_live_probe;
+pub(crate) mod xdp_live_probe;
 mod xdp_stages;
 
 use std::str::FromStr;

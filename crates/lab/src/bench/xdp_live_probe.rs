@@ -1,7 +1,7 @@
 //! What the live bench reads around a run: one CPU's time by kind (`/proc/stat`), its
 //! NET_RX softirqs (`/proc/softirqs`), and a BPF program's own run time and count, which
 //! the kernel keeps only while `kernel.bpf_stats_enabled` is 1 ([`BpfStats`] turns it on
-//! and puts back what it was).
+//! and puts back what it was). `cheetah testbed throughput` reads the last two too.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -135,13 +135,13 @@ impl ThreadTimes {
 /// A program's cumulated run time and runs, as `bpf_stats_enabled` makes the kernel count
 /// them (around every run, on whatever CPU).
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct ProgramRuns {
-    pub(super) run_time_ns: u64,
-    pub(super) run_cnt: u64,
+pub(crate) struct ProgramRuns {
+    pub(crate) run_time_ns: u64,
+    pub(crate) run_cnt: u64,
 }
 
 impl ProgramRuns {
-    pub(super) fn read(program: BorrowedFd<'_>) -> anyhow::Result<Self> {
+    pub(crate) fn read(program: BorrowedFd<'_>) -> anyhow::Result<Self> {
         let mut info = libbpf_sys::bpf_prog_info::default();
         let mut len = std::mem::size_of_val(&info) as u32;
         // SAFETY: `info` is a bpf_prog_info of `len` bytes; with no arrays asked for, the
@@ -166,7 +166,7 @@ impl ProgramRuns {
     }
 
     /// ns per run between `before` and now.
-    pub(super) fn ns_per_run_since(&self, before: &ProgramRuns) -> Option<f64> {
+    pub(crate) fn ns_per_run_since(&self, before: &ProgramRuns) -> Option<f64> {
         let runs = self.run_cnt.checked_sub(before.run_cnt)?;
         (runs > 0).then(|| (self.run_time_ns - before.run_time_ns) as f64 / runs as f64)
     }
@@ -176,12 +176,12 @@ const BPF_STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 /// `kernel.bpf_stats_enabled = 1` for as long as it lives; what was there before when it
 /// drops.
-pub(super) struct BpfStats {
+pub(crate) struct BpfStats {
     previous: String,
 }
 
 impl BpfStats {
-    pub(super) fn enable() -> anyhow::Result<Self> {
+    pub(crate) fn enable() -> anyhow::Result<Self> {
         let previous = std::fs::read_to_string(BPF_STATS_SYSCTL)
             .with_context(|| format!("cannot read {BPF_STATS_SYSCTL}"))?;
         std::fs::write(BPF_STATS_SYSCTL, "1")

@@ -1,16 +1,20 @@
 //! `cheetah testbed throughput`: requests/s and latency through the LB in the testbed,
-//! beside the same load sent straight to one server and through the LB in hash mode, and
-//! the CPU the LB spends per packet. A benchmark, not a test: numbers go to
-//! docs/benchmarks.md with the command that produced them.
+//! beside the same load sent straight to one server and through the LB in hash mode, on
+//! the XDP data path and on the AF_XDP one, and what the LB spends per packet: its XDP
+//! program's own time (`kernel.bpf_stats_enabled`) and its process's CPU. A benchmark, not
+//! a test: numbers go to docs/benchmarks.md with the command that produced them.
 
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::bench::xdp_live_probe::{BpfStats, ProgramRuns};
 use crate::scrape;
 use anyhow::{bail, Context};
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
+use libbpf_rs::libbpf_sys;
 
 use super::lb::Lb;
 use super::lbconfig;
@@ -47,8 +51,13 @@ struct Row {
     requests_per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
-    /// CPU time of the `cheetah run` process per packet it received, in ns (None: no LB).
+    /// CPU time of the `cheetah run` process per packet the LB forwarded, in ns (None: no
+    /// LB). With the XDP data path the packets are forwarded in the kernel's softirqs, not
+    /// by the process.
     lb_cpu_ns_per_packet: Option<f64>,
+    /// The LB's XDP program's own time per run (`bpf_stats`), in ns: every frame the LB's
+    /// interfaces received, forwarded in the kernel or (AF_XDP) steered to the workers.
+    xdp_ns_per_run: Option<f64>,
     /// The LB's packets per request (both directions).
     packets_per_request: Option<f64>,
     /// Frames the LB dropped during the run: its drop reasons plus frames lost to a full TX
@@ -120,6 +129,8 @@ pub fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     let client = ns("c1");
     let vip_url = format!("http://{}:{}{}", topo.vip, topo.vip_port, args.path);
 
+    // Only while it lives: the kernel times every BPF program run meanwhile.
+    let _bpf_stats = BpfStats::enable()?;
     let mut rows = Vec::new();
     let direct_url = format!("http://{}{}", topo.servers[0].dip, args.path);
     lb_forwarding("1")?;
@@ -132,16 +143,38 @@ pub fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     );
     lb_forwarding("0")?;
     rows.push(direct?);
-    for (mode, pool, name) in [
-        (Mode::Cheetah, &all[..1], "cheetah, pool of 1 (s1)"),
-        (Mode::Hash, &all[..1], "hash, pool of 1 (s1)"),
-        (Mode::Cheetah, &all[..], "cheetah, all servers (rr)"),
-        (Mode::Hash, &all[..], "hash, all servers"),
+    for (mode, pool, datapath, name) in [
+        (
+            Mode::Cheetah,
+            &all[..1],
+            "xdp",
+            "cheetah, pool of 1 (s1), XDP",
+        ),
+        (Mode::Hash, &all[..1], "xdp", "hash, pool of 1 (s1), XDP"),
+        (
+            Mode::Cheetah,
+            &all[..],
+            "xdp",
+            "cheetah, all servers (rr), XDP",
+        ),
+        (Mode::Hash, &all[..], "xdp", "hash, all servers, XDP"),
+        (
+            Mode::Cheetah,
+            &all[..1],
+            "afxdp",
+            "cheetah, pool of 1 (s1), AF_XDP",
+        ),
+        (
+            Mode::Cheetah,
+            &all[..],
+            "afxdp",
+            "cheetah, all servers (rr), AF_XDP",
+        ),
     ] {
-        let config = config_for(&topo.files.config, &dir, pool, mode)?;
+        let config = config_for(&topo.files.config, &dir, pool, mode, datapath)?;
         let mut lb = Lb::new(&ns("lb"), &exe, &config, "127.0.0.1:9180", &dir);
         lb.start()?;
-        let row = measure(&args, &client, &vip_url, name, Some(&lb));
+        let row = measure(&args, &client, &vip_url, name, Some((&lb, &ns("lb"))));
         lb.stop();
         rows.push(row?);
     }
@@ -158,12 +191,22 @@ fn config_for(
     dir: &Path,
     pool: &[u16],
     mode: Mode,
+    datapath: &str,
 ) -> anyhow::Result<PathBuf> {
     let text = std::fs::read_to_string(testbed_config)?;
     let config = lbconfig::config_text(&text, pool, "127.0.0.1:9180")?;
     let mut table: toml::Table = config.parse()?;
     table.insert("mode".into(), mode.name().into());
-    let path = dir.join(format!("throughput-{}-{}.toml", mode.name(), pool.len()));
+    table
+        .get_mut("daemon")
+        .and_then(toml::Value::as_table_mut)
+        .context("the testbed's config has no [daemon]")?
+        .insert("datapath".into(), datapath.into());
+    let path = dir.join(format!(
+        "throughput-{}-{}-{datapath}.toml",
+        mode.name(),
+        pool.len()
+    ));
     std::fs::write(&path, toml::to_string(&table)?)?;
     Ok(path)
 }
@@ -173,15 +216,15 @@ fn measure(
     client: &str,
     url: &str,
     name: &str,
-    lb: Option<&Lb>,
+    lb: Option<(&Lb, &str)>,
 ) -> anyhow::Result<Row> {
     eprintln!("throughput: {name}: {url}");
     wrk(client, url, args, Duration::from_secs(3))?;
-    let lb_before = lb.map(lb_sample).transpose()?;
+    let lb_before = lb.map(|(lb, ns)| lb_sample(lb, ns)).transpose()?;
     let host_before = host_busy_ticks()?;
     let result = wrk(client, url, args, args.duration)?;
     let host_after = host_busy_ticks()?;
-    let lb_after = lb.map(lb_sample).transpose()?;
+    let lb_after = lb.map(|(lb, ns)| lb_sample(lb, ns)).transpose()?;
     let requests = result.requests_per_sec * args.duration.as_secs_f64();
     let ticks_per_sec = clock_ticks_per_sec();
     let mut row = Row {
@@ -199,6 +242,7 @@ fn measure(
         row.lb_cpu_ns_per_packet = Some(cpu_s * 1e9 / packets);
         row.packets_per_request = Some(packets / requests.max(1.0));
         row.lb_drops = Some(after.drops - before.drops);
+        row.xdp_ns_per_run = after.program.ns_per_run_since(&before.program);
     }
     Ok(row)
 }
@@ -265,9 +309,10 @@ struct LbSample {
     cpu_ticks: u64,
     packets: f64,
     drops: f64,
+    program: ProgramRuns,
 }
 
-fn lb_sample(lb: &Lb) -> anyhow::Result<LbSample> {
+fn lb_sample(lb: &Lb, ns: &str) -> anyhow::Result<LbSample> {
     let pid = lb.pid().context("the LB is not running")?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may contain spaces): state is field 3, utime 14,
@@ -276,12 +321,46 @@ fn lb_sample(lb: &Lb) -> anyhow::Result<LbSample> {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let cpu_ticks = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
     let metrics = lb.metrics()?;
+    // What the LB forwarded, in the kernel (worker "xdp") or in its workers.
+    let forwarded = scrape::samples(&metrics)
+        .filter(|s| {
+            s.name == "cheetah_events_total"
+                && matches!(s.label("event"), Some("to_server" | "to_client"))
+        })
+        .map(|s| s.value)
+        .sum();
+    let program = lb_program(ns)?;
     Ok(LbSample {
         cpu_ticks,
-        packets: scrape::total(&metrics, "cheetah_io_rx_packets_total"),
+        packets: forwarded,
         drops: scrape::total(&metrics, "cheetah_drops_total")
             + scrape::total(&metrics, "cheetah_io_tx_ring_full_total"),
+        program: ProgramRuns::read(program.as_fd())?,
     })
+}
+
+/// The XDP program attached to the LB's interfaces (the same one on both), by the id
+/// `ip link` shows.
+fn lb_program(ns: &str) -> anyhow::Result<OwnedFd> {
+    let out = Command::new("ip")
+        .args(["-j", "-n", ns, "link", "show", "dev", "lb-c"])
+        .output()
+        .context("cannot run ip link")?;
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("cannot read `ip -j -n {ns} link show dev lb-c`"))?;
+    let id = links[0]["xdp"]["prog"]["id"]
+        .as_u64()
+        .with_context(|| format!("no XDP program on lb-c in {ns}"))?;
+    // SAFETY: a plain syscall wrapper; a valid fd it returns is ours alone.
+    let fd = unsafe { libbpf_sys::bpf_prog_get_fd_by_id(id as u32) };
+    if fd < 0 {
+        bail!(
+            "cannot open XDP program {id}: {}",
+            std::io::Error::from_raw_os_error(-fd)
+        );
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Busy time of the whole machine, in clock ticks (all CPUs, user + system + softirq...).
@@ -322,8 +401,8 @@ fn sh(args: &[&str]) -> anyhow::Result<()> {
 fn table(args: &ThroughputArgs, rows: &[Row]) -> String {
     let mut text = format!(
         "wrk -t{} -c{} -d{}s --latency, GET {} (keep-alive), from {}-c1 behind the router\n\n\
-         | configuration | requests/s | p50 ms | p99 ms | LB process CPU ns/packet | LB packets/request | LB frames dropped | host CPU µs/request |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+         | configuration | requests/s | p50 ms | p99 ms | XDP program ns/run | LB process CPU ns/packet | LB packets/request | LB frames dropped | host CPU µs/request |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         args.threads,
         args.connections,
         args.duration.as_secs(),
@@ -334,11 +413,12 @@ fn table(args: &ThroughputArgs, rows: &[Row]) -> String {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
         text.push_str(&format!(
-            "| {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {:.1} |\n",
+            "| {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {:.1} |\n",
             row.name,
             row.requests_per_sec,
             row.p50_ms,
             row.p99_ms,
+            opt(row.xdp_ns_per_run, 0),
             opt(row.lb_cpu_ns_per_packet, 0),
             opt(row.packets_per_request, 1),
             opt(row.lb_drops, 0),
