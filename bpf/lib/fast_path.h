@@ -675,15 +675,10 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		__u64 hash;
 
 		if (flags & TCP_SYN) {
-			// SYN-ACKs: Table 1's layouts, TSval 2 bytes into the option. One that also
+			// SYN-ACKs (and SYNs): Table 1's layouts, TSval 2 bytes into the option. One that also
 			// closes is left to userspace whole.
 			if (flags & (TCP_FIN | TCP_RST))
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
-			// A server's SYN without ACK (SegmentKind::Syn, not SynAck) answers no SYN
-			// and teaches nothing: left to userspace (the differential fuzzer made one
-			// that the kernel took for an answer moving a load count).
-			if (!(flags & TCP_ACK))
-				return hand_up(STAT_UP_LAYOUT);
 			// A header too short for the straight line (only MSS, say) has no room for
 			// a timestamp: the walk below finds none, and it teaches the fallback table.
 			at = general ? 0 : syn_timestamp_at(ctx, p);
@@ -724,7 +719,10 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		}
 		// The connection's hash: its client is the reply's destination.
 		hash = siphash_finish(sender->hash_prefix, p->ip->daddr, p->tcp->dest);
-		if (flags & TCP_SYN) {
+		// A server's SYN without ACK (SegmentKind::Syn, a simultaneous open's) answers no
+		// SYN: its timestamp, if any, is a reply's like any other, and it neither moves a
+		// load count nor teaches the fallback table.
+		if ((flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK)) {
 			struct handshake_words *words = bpf_map_lookup_elem(&handshakes, &zero);
 
 			// The answer to a recently retried SYN may have to move its load count

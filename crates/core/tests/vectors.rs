@@ -765,6 +765,16 @@ fn cheetah_inputs(nat: bool) -> Vec<Input> {
                 .build(),
         ),
         input(
+            "server-syn-without-ack",
+            "Server 2's SYN without ACK (a simultaneous open's, answering no SYN) with the Linux layout: TSval's 16 MSB replaced by the cookie, its clock learnt; no handshake slot or fallback entry touched.",
+            from_server(nat, 2, flags::SYN, options::linux_syn(SERVER_TS, 0)).build(),
+        ),
+        input(
+            "server-syn-without-ack-mss-only",
+            "Server 2's SYN without ACK with only MSS (no timestamp): to the client unchanged, the fallback table not taught (it answers no SYN).",
+            from_server(nat, 2, flags::SYN, vec![2, 4, 0x05, 0xb4]).build(),
+        ),
+        input(
             "server-syn-ack-mss-only",
             "Server 2's SYN-ACK with only MSS (a 24-byte header, no room for a timestamp): to the client unchanged, the fallback table taught server 2.",
             from_server(nat, 2, flags::SYN | flags::ACK, vec![2, 4, 0x05, 0xb4]).build(),

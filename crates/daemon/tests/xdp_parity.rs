@@ -173,6 +173,10 @@ const MUST_BE_HANDLED_IN_KERNEL: &[(Mode, &[&[&str]])] = &[
                 "server-fin-sack-without-timestamp",
                 "server-syn-ack-mss-only",
                 "server-syn-ack-mss-nop-ws",
+                // A server's SYN without ACK answers no SYN: a cookie with a timestamp,
+                // nothing taught without one.
+                "server-syn-without-ack",
+                "server-syn-without-ack-mss-only",
                 // Options the core drops for a reason of the walk's: dropped in the kernel,
                 // counted under that reason.
                 "tcp-option-truncated",
