@@ -62,7 +62,7 @@ enum xdp_stat {
 	// Why the in-kernel path handed a packet it looked at to userspace (the core then
 	// decides and counts it): one reason per packet.
 	STAT_UP_NEW_CONNECTION, // a client SYN the kernel does not place: the VIP's policy runs in userspace
-	STAT_UP_LAYOUT,         // a layout the kernel does not take (a server's SYN without ACK)
+	STAT_UP_LAYOUT,         // a layout the kernel could not read (defensive: the options' walk did not run)
 	STAT_UP_COOKIE,         // a cookie whose maps the kernel could not read (defensive: never seen)
 	STAT_UP_CLOCK,          // a sample of the replies whose clock the core would not learn (one a second per CPU, for its warning), or a reply that raced another writer
 	STAT_UP_HANDSHAKE_OR_CLOSE, // a SYN-ACK with FIN or RST, or a retried SYN's first answer that also learns a clock, has no timestamp, or raced

@@ -16,7 +16,7 @@ use cheetah_core::hash::Secret;
 use cheetah_core::lb::Ingress;
 use cheetah_core::tables::ControlPlane;
 use cheetah_daemon::dataplane::xdp_tables::{wanted_reusing, Publication, WrrCycles};
-use cheetah_daemon::dataplane::xsk::Interface;
+use cheetah_daemon::dataplane::Interface;
 
 pub struct Options {
     pub servers: u16,
