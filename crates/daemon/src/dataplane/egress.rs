@@ -3,7 +3,7 @@
 //! Resolved from the kernel's routing and neighbour tables the first time a server is
 //! used, then cached per server id until the tables snapshot changes. Lookups read
 //! `/proc/net/route` and `/proc/net/arp`: they happen once per server, never per packet.
-//! Each table is parsed once per use ([`RouteTable`], [`Neighbours`]), not once per server:
+//! Each table is parsed once per use (`RouteTable`, `Neighbours`), not once per server:
 //! the XDP publisher resolves every server every second, and a host with thousands of
 //! neighbours made that thousands of times thousands of lines.
 

@@ -176,24 +176,21 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         "Publication of the tables (xdp_tables::wanted): {} servers (NAT: resolved from as many neighbour entries), {} VIPs: a wrr one over every server, the others over {POOL} on {BACKEND_PORTS} backend ports; {} runs",
         options.servers, options.vips, options.runs
     );
+    println!("{title}");
     if options.markdown {
-        println!("{title}\n\n| publication | median ms | least ms |\n| --- | --- | --- |");
-        for row in &rows {
+        println!("\n| publication | median ms | least ms |\n| --- | --- | --- |");
+    }
+    for row in &rows {
+        let (median, least) = (
+            row.median.as_secs_f64() * 1e3,
+            row.least.as_secs_f64() * 1e3,
+        );
+        if options.markdown {
+            println!("| {} | {median:.2} | {least:.2} |", row.label);
+        } else {
             println!(
-                "| {} | {:.2} | {:.2} |",
-                row.label,
-                row.median.as_secs_f64() * 1e3,
-                row.least.as_secs_f64() * 1e3
-            );
-        }
-    } else {
-        println!("{title}");
-        for row in &rows {
-            println!(
-                "  {:<50} median {:>9.2} ms   least {:>9.2} ms",
-                row.label,
-                row.median.as_secs_f64() * 1e3,
-                row.least.as_secs_f64() * 1e3
+                "  {:<50} median {median:>9.2} ms   least {least:>9.2} ms",
+                row.label
             );
         }
     }
