@@ -675,8 +675,8 @@ static __always_inline int reply_fast(struct xdp_md *ctx, const struct lb_config
 		__u64 hash;
 
 		if (flags & TCP_SYN) {
-			// SYN-ACKs (and SYNs): Table 1's layouts, TSval 2 bytes into the option. One that also
-			// closes is left to userspace whole.
+			// SYN-ACKs and SYNs: Table 1's layouts, TSval 2 bytes into the option. One
+			// that also closes is left to userspace whole.
 			if (flags & (TCP_FIN | TCP_RST))
 				return hand_up(STAT_UP_HANDSHAKE_OR_CLOSE);
 			// A header too short for the straight line (only MSS, say) has no room for

@@ -12,10 +12,9 @@
 // The kernel takes the straight case only: an IPv4 frame (tags and IP options lifted:
 // vlan.h, ip_options.h) carrying an error (destination unreachable, time exceeded,
 // parameter problem) that quotes a VIP's TCP segment (its own IP options, if any, skipped
-// by the quoted IHL) with a whole TCP header whose
-// options hold a timestamp (NOP NOP TS first, or wherever the core's walk finds it:
-// parse.h tcp_timestamp_walk), in
-// cheetah mode, whose cookie names a forwarding server (its clock unknown, the quote goes
+// by the quoted IHL) with a whole TCP header whose options hold a timestamp (NOP NOP TS
+// first, or wherever the core's walk finds it: parse.h tcp_timestamp_walk), in cheetah
+// mode, whose cookie names a forwarding server (its clock unknown, the quote goes
 // unrestored, as the core sends it; an echo beyond the idle limit is counted); and in
 // hash and maglev mode, any such error (the least quote will do), to `pool[h % n]` or the
 // VIP's Maglev table's pick of the quoted connection as the core picks it (nothing in the
