@@ -4,7 +4,7 @@
 //! program's own time (`kernel.bpf_stats_enabled`) and its process's CPU. A benchmark, not
 //! a test: numbers go to docs/benchmarks.md with the command that produced them.
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -14,7 +14,6 @@ use crate::scrape;
 use anyhow::{bail, Context};
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::policy::PolicyKind;
-use libbpf_rs::libbpf_sys;
 
 use super::lb::Lb;
 use super::lbconfig;
@@ -351,16 +350,8 @@ fn lb_program(ns: &str) -> anyhow::Result<OwnedFd> {
     let id = links[0]["xdp"]["prog"]["id"]
         .as_u64()
         .with_context(|| format!("no XDP program on lb-c in {ns}"))?;
-    // SAFETY: a plain syscall wrapper; a valid fd it returns is ours alone.
-    let fd = unsafe { libbpf_sys::bpf_prog_get_fd_by_id(id as u32) };
-    if fd < 0 {
-        bail!(
-            "cannot open XDP program {id}: {}",
-            std::io::Error::from_raw_os_error(-fd)
-        );
-    }
-    // SAFETY: `fd` was just opened and is owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    libbpf_rs::Program::fd_from_id(id as u32)
+        .with_context(|| format!("cannot open XDP program {id}"))
 }
 
 /// Busy time of the whole machine, in clock ticks (all CPUs, user + system + softirq...).
