@@ -149,12 +149,16 @@ pub struct WrrCycles {
 
 impl WrrCycles {
     /// `wrr_schedules`' value for a pool of `weights` (None: its cycle does not fit),
-    /// from `earlier` (the last publication's) or written out now; kept in `self`.
-    fn value_of(&mut self, earlier: &mut WrrCycles, weights: &[u32]) -> Option<Vec<u8>> {
+    /// from `earlier` (the last publication's cycles) or written out now; kept in `self`.
+    fn value_of(
+        &mut self,
+        earlier: &mut HashMap<Vec<u32>, Option<Vec<u8>>>,
+        weights: &[u32],
+    ) -> Option<Vec<u8>> {
         if let Some(value) = self.by_weights.get(weights) {
             return value.clone();
         }
-        let value = earlier.by_weights.remove(weights).unwrap_or_else(|| {
+        let value = earlier.remove(weights).unwrap_or_else(|| {
             self.written_out += 1;
             Schedule::of_weights(weights).map(|schedule| VipSchedule::value_of(schedule.cycle()))
         });
@@ -182,8 +186,7 @@ pub fn wanted_reusing(
     neighbours: &str,
     cycles: &mut WrrCycles,
 ) -> Wanted {
-    let mut earlier = std::mem::take(cycles);
-    cycles.written_out = earlier.written_out;
+    let mut earlier = std::mem::take(&mut cycles.by_weights);
     let snapshot = publication.snapshot;
     let id_bits = publication.layout.id_bits();
     // Every VIP below MAX_VIPS goes into vips; an address's port vips does not hold is
