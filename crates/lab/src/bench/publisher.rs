@@ -121,7 +121,7 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         1 + u32::from(BACKEND_PORTS) * u32::from(options.servers / POOL),
         options.servers
     );
-    ensure!(options.runs >= 1, "--xdp-runs must be at least 1");
+    ensure!(options.runs >= 1, "--publisher-runs must be at least 1");
     let interfaces: Vec<Interface> = ["lb-c", "lb-s"]
         .iter()
         .enumerate()
