@@ -211,34 +211,38 @@ lb-c\t00000A0A\t01010A0A\t0003\t0\t0\t0\t0000FFFF\t0\t0\t0
         vec![("lb-c".into(), 0), ("lb-s".into(), 1)]
     }
 
+    /// `resolve` over the tables above.
+    fn resolve_in_tables(
+        dip: Ipv4Addr,
+        mac: Option<Mac>,
+        ports: &[(String, u8)],
+    ) -> Option<Egress> {
+        resolve(
+            dip,
+            mac,
+            &RouteTable::parse(ROUTES),
+            &Neighbours::parse(ARP),
+            ports,
+        )
+    }
+
     #[test]
     fn longest_prefix_wins() {
-        let r = RouteTable::parse(ROUTES)
-            .best("10.20.0.11".parse().unwrap())
-            .unwrap();
+        let routes = RouteTable::parse(ROUTES);
+        let r = routes.best("10.20.0.11".parse().unwrap()).unwrap();
         assert_eq!(r.interface, "lb-s");
         assert_eq!(r.gateway, None);
-        let r = RouteTable::parse(ROUTES)
-            .best("10.10.12.2".parse().unwrap())
-            .unwrap();
+        let r = routes.best("10.10.12.2".parse().unwrap()).unwrap();
         assert_eq!(r.interface, "lb-c");
         assert_eq!(r.gateway, Some("10.10.1.1".parse().unwrap()));
-        let r = RouteTable::parse(ROUTES)
-            .best("10.10.1.7".parse().unwrap())
-            .unwrap();
+        let r = routes.best("10.10.1.7".parse().unwrap()).unwrap();
         assert_eq!(r.gateway, None);
     }
 
     #[test]
     fn configured_mac_needs_only_the_route() {
         let mac = [2, 0xce, 0, 0, 2, 9];
-        let egress = resolve(
-            "10.20.0.19".parse().unwrap(),
-            Some(mac),
-            &RouteTable::parse(ROUTES),
-            &Neighbours::parse(ARP),
-            &ports(),
-        );
+        let egress = resolve_in_tables("10.20.0.19".parse().unwrap(), Some(mac), &ports());
         assert_eq!(
             egress,
             Some(Egress {
@@ -250,33 +254,15 @@ lb-c\t00000A0A\t01010A0A\t0003\t0\t0\t0\t0000FFFF\t0\t0\t0
 
     #[test]
     fn missing_mac_comes_from_a_complete_neighbour_entry() {
-        let egress = resolve(
-            "10.20.0.11".parse().unwrap(),
-            None,
-            &RouteTable::parse(ROUTES),
-            &Neighbours::parse(ARP),
-            &ports(),
-        );
+        let egress = resolve_in_tables("10.20.0.11".parse().unwrap(), None, &ports());
         assert_eq!(egress.map(|e| e.dst_mac), Some([2, 0xce, 0, 0, 2, 1]));
         // Incomplete entry: not usable.
         assert_eq!(
-            resolve(
-                "10.20.0.12".parse().unwrap(),
-                None,
-                &RouteTable::parse(ROUTES),
-                &Neighbours::parse(ARP),
-                &ports()
-            ),
+            resolve_in_tables("10.20.0.12".parse().unwrap(), None, &ports()),
             None
         );
         // Behind a gateway: the gateway's MAC.
-        let egress = resolve(
-            "10.10.12.2".parse().unwrap(),
-            None,
-            &RouteTable::parse(ROUTES),
-            &Neighbours::parse(ARP),
-            &ports(),
-        );
+        let egress = resolve_in_tables("10.10.12.2".parse().unwrap(), None, &ports());
         assert_eq!(
             egress.map(|e| e.dst_mac),
             Some([0xa, 0xb, 0xc, 0xd, 0xe, 0xf])
@@ -311,13 +297,7 @@ lb-c\t00000A0A\t01010A0A\t0003\t0\t0\t0\t0000FFFF\t0\t0\t0
         let only_c = vec![("lb-c".to_string(), 0)];
         let mac = [2, 0xce, 0, 0, 2, 9];
         assert_eq!(
-            resolve(
-                "10.20.0.11".parse().unwrap(),
-                Some(mac),
-                &RouteTable::parse(ROUTES),
-                &Neighbours::parse(ARP),
-                &only_c
-            ),
+            resolve_in_tables("10.20.0.11".parse().unwrap(), Some(mac), &only_c),
             None
         );
     }
