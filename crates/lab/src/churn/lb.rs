@@ -184,6 +184,11 @@ impl Lb {
         &self.api
     }
 
+    /// The network namespace it runs in.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     /// The running LB's pid (`ip netns exec` execs the LB, so it is the child's).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())

@@ -173,7 +173,7 @@ pub fn run(args: ThroughputArgs) -> anyhow::Result<()> {
         let config = config_for(&topo.files.config, &dir, pool, mode, datapath)?;
         let mut lb = Lb::new(&ns("lb"), &exe, &config, "127.0.0.1:9180", &dir);
         lb.start()?;
-        let row = measure(&args, &client, &vip_url, name, Some((&lb, &ns("lb"))));
+        let row = measure(&args, &client, &vip_url, name, Some(&lb));
         lb.stop();
         rows.push(row?);
     }
@@ -215,15 +215,15 @@ fn measure(
     client: &str,
     url: &str,
     name: &str,
-    lb: Option<(&Lb, &str)>,
+    lb: Option<&Lb>,
 ) -> anyhow::Result<Row> {
     eprintln!("throughput: {name}: {url}");
     wrk(client, url, args, Duration::from_secs(3))?;
-    let lb_before = lb.map(|(lb, ns)| lb_sample(lb, ns)).transpose()?;
+    let lb_before = lb.map(lb_sample).transpose()?;
     let host_before = host_busy_ticks()?;
     let result = wrk(client, url, args, args.duration)?;
     let host_after = host_busy_ticks()?;
-    let lb_after = lb.map(|(lb, ns)| lb_sample(lb, ns)).transpose()?;
+    let lb_after = lb.map(lb_sample).transpose()?;
     let requests = result.requests_per_sec * args.duration.as_secs_f64();
     let ticks_per_sec = clock_ticks_per_sec();
     let mut row = Row {
@@ -311,7 +311,7 @@ struct LbSample {
     program: ProgramRuns,
 }
 
-fn lb_sample(lb: &Lb, ns: &str) -> anyhow::Result<LbSample> {
+fn lb_sample(lb: &Lb) -> anyhow::Result<LbSample> {
     let pid = lb.pid().context("the LB is not running")?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may contain spaces): state is field 3, utime 14,
@@ -328,7 +328,7 @@ fn lb_sample(lb: &Lb, ns: &str) -> anyhow::Result<LbSample> {
         })
         .map(|s| s.value)
         .sum();
-    let program = lb_program(ns)?;
+    let program = lb_program(lb.namespace())?;
     Ok(LbSample {
         cpu_ticks,
         packets: forwarded,
