@@ -1,8 +1,8 @@
 //! The kernel's VIP policies (bpf/lib/policy.h, run by `syn_fast` in bpf/lib/fast_path.h)
 //! held to the core's: for rr, wrr (unequal weights), random (the same seed), hash, maglev
 //! (the VIP's Maglev table, also over a pool bigger than the kernel holds), every policy
-//! over a pool bigger than `vip_info` holds (`vip_big_pools`) but awrr (and wrr only from a
-//! cycle that fits, over 256 servers too), and
+//! over a pool bigger than `vip_info` holds (`vip_big_pools`; wrr only from a cycle that
+//! fits, over 256 servers too; awrr also from buckets scaled to fit), and
 //! least loaded and pow2 over the loads their own picks make, a sequence of SYNs from distinct clients through `BPF_PROG_TEST_RUN` must pick the same
 //! servers in the same order as the core's policy instance given the same initial state
 //! (every CPU seeded as the core's worker, `PolicySeeds::AsWorker`), with the core's bytes
@@ -33,10 +33,10 @@ use std::sync::Arc;
 use cheetah_core::config::LbConfig;
 use cheetah_core::hash::Secret;
 use cheetah_core::lb::{Counter, Ingress, SharedTables, Worker, WorkerConfig};
-use cheetah_core::policy::awrr::AutoWeightedRoundRobin;
+use cheetah_core::policy::awrr::{awrr_buckets, AutoWeightedRoundRobin};
 use cheetah_core::policy::least_loaded::LeastLoaded;
 use cheetah_core::policy::pow2::PowerOfTwo;
-use cheetah_core::policy::schedule::Schedule;
+use cheetah_core::policy::schedule::{cycle_len, Schedule};
 use cheetah_core::policy::{
     LoadMetric, LoadView, PickContext, Policy, PolicyRng, PoolSnapshot, ReportedLoad, WorkerLoads,
     MERGE_INTERVAL,
@@ -45,7 +45,7 @@ use cheetah_core::tables::ControlPlane;
 use cheetah_core::types::{Mac, ServerId};
 use cheetah_core::verdict::Verdict;
 use cheetah_daemon::clock::monotonic_ns;
-use cheetah_daemon::dataplane::awrr_schedules::{AwrrSchedules, MAX_KERNEL_AWRR_POOL};
+use cheetah_daemon::dataplane::awrr_schedules::AwrrSchedules;
 use cheetah_daemon::dataplane::kernel_loads::{published_loads, KernelLoads};
 use cheetah_daemon::dataplane::xdp::{SteeringProgram, SteeringStats};
 use cheetah_daemon::dataplane::xdp_layout::*;
@@ -489,13 +489,10 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         // Positions beyond a byte (16-bit in struct vip_schedule): weights 1 to 5 over 300
         // servers, a cycle of 900 entries, which the run's 1,224 SYNs go around once.
         ("wrr, 300 servers", config("wrr", 300, &weights_1_to_5(300))),
-        // awrr from its balanced cycle (no load known), the biggest pool it takes whatever
-        // the loads (546; the run's 1,224 SYNs are not a whole number of its cycles, or
-        // the cursor would end where it began).
-        (
-            "awrr, 546 servers",
-            config("awrr", MAX_KERNEL_AWRR_POOL as u16, &[]),
-        ),
+        // awrr from its balanced cycle (no load known), over the 819 servers whose buckets
+        // always fit (the run's 1,224 SYNs are not a whole number of its cycles, or the
+        // cursor would end where it began).
+        ("awrr, 2000 servers", config("awrr", 2000, &[])),
         ("random, 300 servers", config("random", 300, &[])),
         ("hash, 300 servers", config("hash", 300, &[])),
         ("pow2, 300 servers", config("pow2", 300, &[])),
@@ -573,8 +570,8 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
     }
     // A pool the kernel does not hold goes up, counted as a new connection for userspace:
     // one over MAX_HASH_POOL for a policy with state per position, unless wrr's cycle
-    // fits (at most SCHEDULE_CAP entries, naming at most as many positions) or awrr's
-    // fits whatever its loads (MAX_KERNEL_AWRR_POOL).
+    // fits (at most SCHEDULE_CAP entries, naming at most as many positions); awrr's
+    // always does.
     // Odd weights 1, 3, .., 127 and one of 13,000: a cycle of 17,096 entries.
     let odd_65: Vec<(u16, u32)> = (1..=MAX_HASH_POOL as u16 + 1)
         .map(|id| {
@@ -598,10 +595,6 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         (
             "wrr, 1000 servers, a cycle over the cap",
             config("wrr", 1000, &one_to_forty),
-        ),
-        (
-            "awrr, 547 servers",
-            config("awrr", MAX_KERNEL_AWRR_POOL as u16 + 1, &[]),
         ),
     ] {
         let run = run_policy(&config);
@@ -1067,10 +1060,12 @@ fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
     if !in_lb_namespace() {
         return;
     }
+    // (name, config, whether its buckets are over the cap and scaled to fit)
     let cases = [
         (
             "awrr, reported load",
             config_with("awrr", "load_metric = \"reported\"", 7, &[]),
+            false,
         ),
         (
             "awrr, 64 servers",
@@ -1080,16 +1075,25 @@ fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
                 MAX_HASH_POOL as u16,
                 &[],
             ),
+            false,
         ),
-        // Over 64 servers, from vip_big_pools (not the biggest, 546: the 157 SYNs between
-        // two merges must carry the cursor beyond the balanced cycle of merge 2).
+        // Over 64 servers, from vip_big_pools (small enough that the 157 SYNs between two
+        // merges carry the cursor beyond the balanced cycle of merge 2).
         (
             "awrr, 136 servers",
             config_with("awrr", "load_metric = \"reported\"", 136, &[]),
+            false,
+        ),
+        // Loads whose buckets (7 to 20 over 2,000 servers) make a cycle over SCHEDULE_CAP:
+        // both sides pick from the scaled buckets' cycle.
+        (
+            "awrr, 2000 servers",
+            config_with("awrr", "load_metric = \"reported\"", 2000, &[]),
+            true,
         ),
     ];
     let mut failures = Vec::new();
-    for (name, config) in &cases {
+    for (name, config, over_the_cap) in &cases {
         let lb = set_up(config);
         let shared = lb.kernel_plane.shared();
         let servers = config.servers.len() as u16;
@@ -1108,8 +1112,9 @@ fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
         let stats_before = lb.program.stats();
         let (mut kernel, mut core, mut cycles) = (Vec::new(), Vec::new(), Vec::new());
         let mut frames = syns().into_iter();
-        // Some merge must leave the cursor beyond the new, shorter cycle.
-        let mut carried_beyond = false;
+        // Some merge must leave the cursor beyond the new, shorter cycle, or (over the cap)
+        // scale the buckets.
+        let (mut carried_beyond, mut scaled) = (false, false);
         for merge in 0..6u16 {
             // Loads that move every merge; in merges 2 and 3 even ones (balanced buckets:
             // a cycle of one pick per server, shorter than the cursor), then unchanged.
@@ -1124,6 +1129,8 @@ fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
                 };
                 shared.loads.report(*id, report).unwrap();
             }
+            let loads: Vec<f64> = ids.iter().map(|id| load(id.0)).collect();
+            scaled |= cycle_len(&awrr_buckets(&loads)).is_none();
             kernel_loads.fold(&lb.program, shared).unwrap();
             schedules
                 .publish(&lb.program, &snapshot, kernel_loads.view())
@@ -1169,7 +1176,10 @@ fn kernel_awrr_picks_the_cores_servers_across_merges_of_changing_loads() {
             core.len(),
             cycles.len()
         );
-        if !carried_beyond {
+        if *over_the_cap && !scaled {
+            failures.push(format!("{name}: no merge's buckets were over the cap"));
+        }
+        if !over_the_cap && !carried_beyond {
             failures.push(format!(
                 "{name}: no merge carried the cursor beyond a cycle"
             ));

@@ -5,7 +5,8 @@
 //! `a = 0.5`, clamped to `[2, 30]`: a server at the average load gets 10, a less loaded one
 //! more, a busier one fewer. The buckets are recomputed whenever the worker merges loads
 //! (every 10 ms), never per pick, and served as smooth WRR from their cycle
-//! ([`SmoothPicks`], a [`Schedule`](crate::policy::schedule::Schedule) when it fits):
+//! ([`SmoothPicks`], a [`Schedule`](crate::policy::schedule::Schedule), which a pool of
+//! more than 819 servers fits by coarser buckets: [`fit_to_schedule`]):
 //! when a merge changes the buckets, the new buckets' cycle replaces the old and the
 //! worker's cursor carries on into it (modulo its length). The XDP program serves the
 //! kernel's awrr VIPs from the same cycles, which the daemon builds from the same rule
@@ -17,12 +18,13 @@
 //! periodic sequence is a prefix of a rotation). A switch therefore costs at most about
 //! one pick per server against the exact shares, the same order as what carried credits
 //! save, and the picks between two merges (10 ms) follow the new buckets from the first.
-//! A new cycle is written out by the credit scan once (its length times the pool's size in
-//! steps, into the old cycle's buffers), on a merge whose buckets changed only.
+//! A new cycle is written out once (its length times the distinct buckets in steps, into
+//! the old cycle's buffers), on a merge whose buckets changed only.
 //!
 //! Unlike least-loaded, AWRR keeps sending some connections to every server between two
 //! load reports, so a stale report cannot make one server take every new connection.
 
+use crate::policy::schedule::{cycle_len, SCHEDULE_CAP};
 use crate::policy::wrr::SmoothPicks;
 use crate::policy::{LoadView, PickContext, Policy, PolicyKind, PoolSnapshot};
 use crate::types::ServerId;
@@ -81,6 +83,8 @@ fn average(loads: impl ExactSizeIterator<Item = f64>) -> f64 {
 
 /// Buckets of each of `pool`'s servers under `loads` (its metric), written into
 /// `buckets`: the one rule the workers and the daemon's kernel schedules both follow.
+/// Their cycle always fits a [`Schedule`](crate::policy::schedule::Schedule)
+/// ([`fit_to_schedule`]).
 pub fn awrr_buckets_into(pool: &PoolSnapshot, loads: &LoadView, buckets: &mut Vec<u32>) {
     let load_of = |id: &ServerId| loads.load(*id, pool.metric);
     let average = average(pool.servers.iter().map(load_of));
@@ -90,6 +94,30 @@ pub fn awrr_buckets_into(pool: &PoolSnapshot, loads: &LoadView, buckets: &mut Ve
             .iter()
             .map(|id| awrr_bucket(load_of(id), average)),
     );
+    fit_to_schedule(buckets);
+}
+
+/// Scales `buckets` down, if their cycle is over [`SCHEDULE_CAP`], to `1 + b * spare /
+/// total` each (`spare` = the cap less one per server), whose sum is at most the cap.
+///
+/// Why coarser buckets, not the credit scan: a pool of up to 819 servers always fits (at
+/// most 20 buckets each, `buckets_stay_within_two_and_twenty`), and is left as it is. A
+/// bigger one whose loads differ would otherwise be served by a scan of the whole pool on
+/// every pick (16,384 steps for the biggest), which the XDP program cannot run, so each of
+/// its SYNs would go up to userspace. Scaled, a busier server still gets no more buckets
+/// than a less busy one, the cycle stays one read per pick on both data paths, and the
+/// loads' resolution shrinks with the pool: about 15 levels at 2,000 servers, 3 at
+/// 8,192, plain round-robin at 16,384.
+pub fn fit_to_schedule(buckets: &mut [u32]) {
+    if buckets.len() > SCHEDULE_CAP || cycle_len(buckets).is_some() {
+        return;
+    }
+    let total: u64 = buckets.iter().map(|&b| u64::from(b)).sum();
+    let spare = (SCHEDULE_CAP - buckets.len()) as u64;
+    for bucket in buckets.iter_mut() {
+        // At most 1 + spare * b / total <= 1 + spare: a u32.
+        *bucket = 1 + (u64::from(*bucket) * spare / total) as u32;
+    }
 }
 
 /// Per-worker AWRR: smooth WRR over buckets derived from the pool's load metric.
@@ -204,6 +232,25 @@ mod tests {
                 prop_assert!((MIN_BUCKETS..=20).contains(&buckets));
             }
         }
+
+        /// Scaled buckets fit, keep the order of the loads, and change nothing that fit.
+        #[test]
+        fn scaled_buckets_fit_and_keep_their_order(
+            servers in 1usize..=16384,
+            seed in prop::collection::vec(MIN_BUCKETS..=20u32, 1..64),
+        ) {
+            let raw: Vec<u32> = (0..servers).map(|i| seed[i % seed.len()]).collect();
+            let mut fitted = raw.clone();
+            fit_to_schedule(&mut fitted);
+            prop_assert!(cycle_len(&fitted).is_some());
+            if cycle_len(&raw).is_some() {
+                prop_assert_eq!(&fitted, &raw);
+            }
+            // Sorted by the raw buckets, the scaled ones never go down.
+            let mut pairs: Vec<(u32, u32)> = raw.into_iter().zip(fitted).collect();
+            pairs.sort_unstable();
+            prop_assert!(pairs.windows(2).all(|w| w[0].1 <= w[1].1));
+        }
     }
 
     #[test]
@@ -266,12 +313,11 @@ mod tests {
     }
 
     #[test]
-    fn buckets_whose_cycle_is_over_the_cap_scan_and_still_follow_the_buckets() {
-        // Balanced, 1,640 servers make a cycle of 1,640; then buckets 20, 7, 10, 10, .. one
-        // of 16,407 entries, over SCHEDULE_CAP.
+    fn buckets_whose_cycle_is_over_the_cap_are_scaled_to_fit_and_still_follow_the_loads() {
+        // Balanced, 1,640 servers make a cycle of 1,640; then buckets 20, 7, 10, 10, ..
+        // would make one of 16,407 entries, over SCHEDULE_CAP: scaled by 14,744 / 16,407.
         let (pool, _) = reported_pool(1640);
         let mut awrr = AutoWeightedRoundRobin::new(&pool, 5, 8);
-        assert!(matches!(awrr.picks, SmoothPicks::Scheduled { .. }));
         let loads: Vec<f64> = (0..1640)
             .map(|i| match i {
                 0 => 0.0,
@@ -280,14 +326,30 @@ mod tests {
             })
             .collect();
         merge(&mut awrr, &pool, &loads);
-        assert!(matches!(awrr.picks, SmoothPicks::Scanned(_)));
+        assert!(matches!(awrr.picks, SmoothPicks::Scheduled { .. }));
+        assert_eq!(awrr.buckets()[..3], [18, 7, 9]);
         let total: u32 = awrr.buckets().iter().sum();
-        assert_eq!(total, 16407);
+        assert_eq!(total, 18 + 7 + 1638 * 9);
         let picked = picks(&mut awrr, &pool, &LoadView::new(), 0, total as usize);
         let picked = counts(&picked, 1640);
-        assert_eq!(picked[0] as u32, awrr.buckets()[0]);
-        assert_eq!(picked[1] as u32, awrr.buckets()[1]);
-        assert_eq!(picked[2] as u32, awrr.buckets()[2]);
+        assert_eq!(picked[..3], [18, 7, 9]);
+    }
+
+    #[test]
+    fn the_biggest_pool_fits_and_a_pool_of_819_is_never_scaled() {
+        let mut idle_and_busy: Vec<u32> = (0..16384).map(|i| [20, 2, 10][i % 3]).collect();
+        fit_to_schedule(&mut idle_and_busy);
+        assert_eq!(
+            idle_and_busy,
+            vec![1; 16384],
+            "no spare bucket: round-robin"
+        );
+        let mut one_idle = vec![MIN_BUCKETS; 819];
+        one_idle[0] = 20;
+        one_idle[1] = 19;
+        let kept = one_idle.clone();
+        fit_to_schedule(&mut one_idle);
+        assert_eq!(one_idle, kept);
     }
 
     proptest! {

@@ -22,8 +22,9 @@
 //! pool's size (up to 16,384 x 16,384).
 
 /// Most entries of a cycle (after dividing by the gcd): 32 KiB of positions per VIP, which
-/// holds any awrr cycle of up to 546 servers (at most 30 buckets each), and bounds a
-/// rebuild at `SCHEDULE_CAP` times the distinct weights in steps.
+/// holds any awrr cycle of up to 819 servers (at most 20 buckets each; a bigger pool's
+/// buckets are scaled to fit: `awrr::fit_to_schedule`), and bounds a rebuild at
+/// `SCHEDULE_CAP` times the distinct weights in steps.
 pub const SCHEDULE_CAP: usize = 16384;
 /// Most pool positions a cycle can name: a cycle of at most [`SCHEDULE_CAP`] entries picks
 /// every position at least once, so no more than that many.

@@ -11,24 +11,16 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use cheetah_core::policy::awrr::{awrr_buckets_into, MAX_BUCKETS};
-use cheetah_core::policy::schedule::{Schedule, SCHEDULE_CAP, SCHEDULE_MAX_POSITIONS};
+use cheetah_core::policy::awrr::awrr_buckets_into;
+use cheetah_core::policy::schedule::Schedule;
 use cheetah_core::policy::LoadView;
 use cheetah_core::tables::Snapshot;
 use cheetah_core::types::ServerId;
 use libbpf_rs::{MapCore, MapFlags};
 
 use super::xdp::SteeringProgram;
-use super::xdp_layout::{VipSchedule, KERNEL_POLICY_AWRR, MAX_HASH_POOL, MAX_VIPS};
+use super::xdp_layout::{VipSchedule, KERNEL_POLICY_AWRR, MAX_VIPS};
 use super::xdp_tables::kernel_policy;
-
-/// The most servers of an awrr pool the kernel places SYNs for: its cycle fits a
-/// [`Schedule`] whatever the loads (at most MAX_BUCKETS each), so the core's instance
-/// never leaves its schedule for the credit scan, whose per-position state the kernel
-/// holds for MAX_HASH_POOL positions only.
-pub const MAX_KERNEL_AWRR_POOL: usize = SCHEDULE_CAP / MAX_BUCKETS as usize;
-const _: () = assert!(MAX_KERNEL_AWRR_POOL >= MAX_HASH_POOL);
-const _: () = assert!(MAX_KERNEL_AWRR_POOL <= SCHEDULE_MAX_POSITIONS);
 
 /// What a VIP's published cycle was built from.
 #[derive(PartialEq, Eq)]
@@ -85,7 +77,7 @@ impl AwrrSchedules {
             let unchanged = published
                 .get(&index)
                 .is_some_and(|p| p.buckets == self.buckets && p.servers == pool.servers);
-            // A kernel pool's buckets always fit (MAX_KERNEL_AWRR_POOL).
+            // awrr_buckets_into fits every pool the kernel holds to a Schedule.
             if unchanged || !self.schedule.rebuild(&self.buckets) {
                 continue;
             }

@@ -1362,6 +1362,9 @@ impl VipBigPool {
 
 /// `struct vip_schedule`'s capacity: the core's `SCHEDULE_CAP`.
 pub const SCHEDULE_CAP: usize = cheetah_core::policy::schedule::SCHEDULE_CAP;
+// Every pool the kernel holds fits a cycle once its weights allow: awrr's always do
+// (`awrr_buckets_into`), xdp_tables.rs `kernel_policy`.
+const _: () = assert!(MAX_BIG_POOL <= SCHEDULE_CAP);
 
 /// `struct vip_schedule`: one cycle of a wrr or awrr VIP's picks as pool positions.
 #[repr(C)]

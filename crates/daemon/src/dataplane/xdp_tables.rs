@@ -25,7 +25,6 @@ use cheetah_core::policy::{LoadMetric, PolicyKind};
 use cheetah_core::tables::{vip_addr_bit, SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::awrr_schedules::MAX_KERNEL_AWRR_POOL;
 use super::egress;
 use super::maglev_tables::{self, MaglevTables};
 use super::publish_window::PublishWindow;
@@ -95,11 +94,12 @@ pub fn kernel_holds_pool(pool_len: usize) -> bool {
 /// (`kernel_loads.rs`); maglev for a pool of any size, from the VIP's Maglev table
 /// (`maglev_tables`, published for every non-empty pool outside hash mode), never from the
 /// pool. wrr and awrr keep per-position state for MAX_HASH_POOL positions: over that,
-/// only a wrr pool whose cycle fits a [`Schedule`] (at most `SCHEDULE_CAP` entries, so at
-/// most that many servers), which the kernel reads instead of scanning credits, and an
-/// awrr pool whose cycle fits whatever its loads ([`MAX_KERNEL_AWRR_POOL`]). NONE leaves
-/// them to userspace (a bigger pool); EMPTY (no server) has the kernel drop every new
-/// connection, as the core does. Costs a pass over the weights, not a cycle's build.
+/// the kernel reads their cycle instead of scanning credits. A wrr pool's must fit a
+/// [`Schedule`] (at most `SCHEDULE_CAP` entries, so at most that many servers); an awrr
+/// pool's always does (`awrr_buckets_into` scales the buckets of a pool over 819 servers
+/// to fit). NONE leaves them to userspace (a bigger pool); EMPTY (no server) has the
+/// kernel drop every new connection, as the core does. Costs a pass over the weights, not
+/// a cycle's build.
 pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
     let pool_len = weights.len();
     if pool_len == 0 {
@@ -108,7 +108,6 @@ pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
     let within_state = pool_len <= MAX_HASH_POOL
         || match kind {
             PolicyKind::WeightedRoundRobin => cycle_len(weights).is_some(),
-            PolicyKind::AutoWeightedRoundRobin => pool_len <= MAX_KERNEL_AWRR_POOL,
             _ => true,
         };
     if (kind != PolicyKind::Maglev && !kernel_holds_pool(pool_len)) || !within_state {
@@ -121,7 +120,7 @@ pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
         PolicyKind::Hash => KERNEL_POLICY_HASH,
         PolicyKind::PowerOfTwo => KERNEL_POLICY_POW2,
         PolicyKind::LeastLoaded => KERNEL_POLICY_LEAST_LOADED,
-        // Its cycle (awrr_schedules, from the buckets of at most 30 per server) always fits.
+        // Its cycle (awrr_schedules) always fits: awrr_buckets_into scales its buckets.
         PolicyKind::AutoWeightedRoundRobin => KERNEL_POLICY_AWRR,
         PolicyKind::Maglev => KERNEL_POLICY_MAGLEV,
     }
@@ -989,20 +988,19 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 "{kind}"
             );
             assert_eq!(kernel_policy(kind, &[]), KERNEL_POLICY_EMPTY, "{kind}");
-            // Beyond vip_info, in vip_big_pools: wrr from its cycle, which names at most
-            // SCHEDULE_CAP positions (every one MAX_BIG_POOL holds); awrr only while its
-            // cycle fits whatever the loads (546).
+            // Beyond vip_info, in vip_big_pools: wrr and awrr from their cycle, which names
+            // at most SCHEDULE_CAP positions (every one MAX_BIG_POOL holds); awrr's always
+            // fits, over 819 servers by scaled buckets.
             for len in [
                 MAX_HASH_POOL + 1,
-                MAX_KERNEL_AWRR_POOL,
-                MAX_KERNEL_AWRR_POOL + 1,
+                819,
+                820,
                 256,
                 257,
                 SCHEDULE_MAX_POSITIONS,
                 MAX_BIG_POOL,
             ] {
                 let big = match kind {
-                    AutoWeightedRoundRobin if len > MAX_KERNEL_AWRR_POOL => KERNEL_POLICY_NONE,
                     WeightedRoundRobin if len > SCHEDULE_MAX_POSITIONS => KERNEL_POLICY_NONE,
                     _ => expected,
                 };
