@@ -525,13 +525,30 @@ struct vip_weights {
 
 // Value of the wrr_schedules and awrr_schedules hash maps (by VIP index): one cycle of
 // smooth-WRR picks from zero credits as pool positions (core Schedule,
-// crates/core/src/policy/schedule.rs), `len` entries of at most SCHEDULE_CAP. A cycle
-// picks every position at least once, so it names at most SCHEDULE_CAP positions: 16 bits
-// each (32 KiB + 4 a value). (Pinned maps of earlier builds' smaller values have another
-// value size and are replaced, as pin.rs replaces any map defined otherwise.)
+// crates/core/src/policy/schedule.rs), `len` entries, its first SCHEDULE_CAP here. A
+// cycle picks every position at least once; pools hold at most MAX_BIG_POOL positions:
+// 16 bits each (32 KiB + 4 a value). (Pinned maps of earlier builds' smaller values have
+// another value size and are replaced, as pin.rs replaces any map defined otherwise.)
 #define SCHEDULE_CAP 16384
 struct vip_schedule {
 	__u32 len;
+	__u16 position[SCHEDULE_CAP];
+};
+
+// A wrr cycle over SCHEDULE_CAP entries (of a pool over MAX_HASH_POOL servers, whose
+// credits the kernel cannot scan) goes on in chunks of SCHEDULE_CAP entries, chunk c
+// (1 to SCHEDULE_CHUNKS - 1) holding entries c * SCHEDULE_CAP on, in wrr_schedule_chunks:
+// at most SCHEDULE_CHUNKS * SCHEDULE_CAP entries a cycle, and SCHEDULE_CHUNK_BUDGET
+// chunks (32 KiB each) a copy of the tables, which the daemon shares out in VIP order.
+#define SCHEDULE_CHUNKS 32
+#define SCHEDULE_MAX_LEN (SCHEDULE_CHUNKS * SCHEDULE_CAP)
+#define SCHEDULE_CHUNK_BUDGET 1024
+struct schedule_chunk_key {
+	__u16 index; // the VIP's index
+	__u8 chunk;  // 1 to SCHEDULE_CHUNKS - 1
+	__u8 copy;   // of the published tables (publish.h)
+};
+struct schedule_chunk {
 	__u16 position[SCHEDULE_CAP];
 };
 

@@ -296,8 +296,8 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	// Decide: every read, no write. (client_syn found the timestamp where Table 1 puts it,
 	// or, `walked`, elsewhere.)
 	// wrr and awrr keep per-position state for MAX_HASH_POOL positions: a bigger pool is
-	// published with them only when its cycle fits (then read, not scanned; awrr's
-	// whatever its loads: xdp_tables.rs kernel_policy).
+	// published with them only when the kernel reads its cycle (then read, not scanned;
+	// awrr's always: xdp_tables.rs kernel_policy).
 	if (policy == KERNEL_POLICY_EMPTY) {
 		if (!publish_unchanged(seq))
 			return hand_up(STAT_UP_PUBLISHING);
@@ -320,7 +320,16 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 	case KERNEL_POLICY_WRR:
 		schedule = bpf_map_lookup_elem(&wrr_schedules, &latched);
 		if (schedule) {
-			position = schedule_decide(state, schedule, pool_len, &next_cursor);
+			struct schedule_chunk_key chunk_key = {
+				.index = index,
+				.copy = config->copy,
+			};
+
+			drawn = schedule_decide(state, schedule, &chunk_key, pool_len,
+						&next_cursor);
+			if (drawn < 0)
+				return hand_up(STAT_UP_OTHER);
+			position = drawn;
 			break;
 		}
 		weights = bpf_map_lookup_elem(&vip_weights, &latched);
@@ -331,7 +340,10 @@ static __always_inline int syn_fast(struct xdp_md *ctx, const struct lb_config *
 		break;
 	case KERNEL_POLICY_AWRR:
 		schedule = bpf_map_lookup_elem(&awrr_schedules, &index);
-		position = schedule_decide(state, schedule, pool_len, &next_cursor);
+		drawn = schedule_decide(state, schedule, NULL, pool_len, &next_cursor);
+		if (drawn < 0)
+			return hand_up(STAT_UP_OTHER);
+		position = drawn;
 		break;
 	case KERNEL_POLICY_RANDOM:
 		cpu_rng = bpf_map_lookup_elem(&policy_rng, &zero);

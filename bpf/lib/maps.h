@@ -236,8 +236,8 @@ struct {
 } vip_big_pools SEC(".maps");
 
 // VIP index (of a copy, as an array's: publish.h latched_index) -> the cycle of its wrr
-// weights, for the wrr VIPs whose cycle fits (cheetah_shared.h struct vip_schedule; the
-// others scan vip_weights). Written at a publication. A hash map without preallocation
+// weights, for the wrr VIPs the kernel reads one for (cheetah_shared.h struct
+// vip_schedule: its length and first SCHEDULE_CAP entries; the others scan vip_weights). Written at a publication. A hash map without preallocation
 // holds only the VIPs that have one (32 KiB each): an array, or a preallocated hash map,
 // would take 256 MiB for both copies of MAX_VIPS.
 struct {
@@ -247,6 +247,16 @@ struct {
 	__type(key, __u32);
 	__type(value, struct vip_schedule);
 } wrr_schedules SEC(".maps");
+
+// The chunks of wrr cycles over SCHEDULE_CAP entries (cheetah_shared.h struct
+// schedule_chunk), written at a publication with the cycle's first entries.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, PUBLISH_COPIES * SCHEDULE_CHUNK_BUDGET);
+	__type(key, struct schedule_chunk_key);
+	__type(value, struct schedule_chunk);
+} wrr_schedule_chunks SEC(".maps");
 
 // VIP index -> the cycle of its awrr buckets, replaced by userspace at every fold that
 // changes them, outside the publish window: an update of a hash map without

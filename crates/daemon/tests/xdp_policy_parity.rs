@@ -288,6 +288,12 @@ struct Lb {
 }
 
 fn set_up(config: &LbConfig) -> Lb {
+    set_up_as(config, 0)
+}
+
+/// [`set_up`] with every CPU's policy state and the core's worker those of worker
+/// `worker` (of `worker + 1`).
+fn set_up_as(config: &LbConfig, worker: usize) -> Lb {
     let secret = Secret([0x5a; 16]);
     let program = SteeringProgram::load(config.fallback_table_capacity)
         .expect("the verifier refused bpf/xdp_lb.c");
@@ -310,7 +316,7 @@ fn set_up(config: &LbConfig) -> Lb {
         fast_path: true,
         fallback_sets: kernel_plane.shared().fallback.sets(),
     };
-    let mut worker_config = WorkerConfig::new(0, 1, config);
+    let mut worker_config = WorkerConfig::new(worker, worker + 1, config);
     worker_config.seed = RNG_SEED;
     let mut publisher = Publisher::with_policy_seeds(PolicySeeds::AsWorker {
         index: worker_config.index,
@@ -342,13 +348,18 @@ fn picked(frame: &[u8], servers: u16) -> u16 {
 }
 
 fn run_policy(config: &LbConfig) -> Run {
+    run_policy_as(config, 0)
+}
+
+/// [`run_policy`] as worker `worker` ([`set_up_as`]).
+fn run_policy_as(config: &LbConfig, worker: usize) -> Run {
     let Lb {
         program,
         kernel_plane,
         core_plane,
         worker_config,
         servers_ifindex,
-    } = set_up(config);
+    } = set_up_as(config, worker);
     let mut worker = Worker::new(Arc::clone(core_plane.shared()), worker_config);
 
     let cpu = pin_to_this_cpu();
@@ -441,6 +452,10 @@ fn weights_1_to_5(n: u16) -> Vec<(u16, u32)> {
     (1..=n).map(|id| (id, 1 + u32::from(id - 1) % 5)).collect()
 }
 
+fn one_to_forty(n: u16) -> Vec<(u16, u32)> {
+    (1..=n).map(|id| (id, 1 + u32::from(id - 1) % 40)).collect()
+}
+
 #[test]
 fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
     if !in_lb_namespace() {
@@ -509,9 +524,23 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
             config("maglev", MAX_HASH_POOL as u16 + 36, &[]),
         ),
     ];
+    // Every case as worker 0 of 1, and a cycle over SCHEDULE_CAP, read from its chunks:
+    // weights 1 to 40 over 1,000 servers make one of 20,500. As worker 16,000 the run's
+    // 1,224 SYNs cross from the first entries into chunk 1; as worker 20,000 from chunk 1
+    // round to the first entries.
+    let mut cases: Vec<(&str, LbConfig, usize)> = cases
+        .into_iter()
+        .map(|(name, config)| (name, config, 0))
+        .collect();
+    for (name, worker) in [
+        ("wrr, 1000 servers, into a chunk", 16_000),
+        ("wrr, 1000 servers, out of a chunk", 20_000),
+    ] {
+        cases.push((name, config("wrr", 1000, &one_to_forty(1000)), worker));
+    }
     let mut failures = Vec::new();
-    for (name, config) in &cases {
-        let run = run_policy(config);
+    for (name, config, worker) in &cases {
+        let run = run_policy_as(config, *worker);
         let scheduled = run.schedule_cursor_moved;
         if name.starts_with("wrr") && scheduled == name.ends_with("over the cap") {
             failures.push(format!(
@@ -569,32 +598,32 @@ fn kernel_policies_pick_the_cores_servers_in_the_cores_order() {
         }
     }
     // A pool the kernel does not hold goes up, counted as a new connection for userspace:
-    // one over MAX_HASH_POOL for a policy with state per position, unless wrr's cycle
-    // fits (at most SCHEDULE_CAP entries, naming at most as many positions); awrr's
-    // always does.
-    // Odd weights 1, 3, .., 127 and one of 13,000: a cycle of 17,096 entries.
+    // one over MAX_HASH_POOL for a policy with state per position, unless wrr's cycle is
+    // one the kernel reads (at most SCHEDULE_MAX_LEN entries, in chunks); awrr's always
+    // is. Odd weights 1, 3, .., 127 and one of 600,000: a cycle of 604,096 entries.
+    // Weights 1 to 250 over 4,000 servers: one of 502,000, but 250 distinct weights would
+    // take 125.5 M steps to write it out, over MAX_CYCLE_STEPS.
     let odd_65: Vec<(u16, u32)> = (1..=MAX_HASH_POOL as u16 + 1)
         .map(|id| {
             let weight = if usize::from(id) > MAX_HASH_POOL {
-                13_000
+                600_000
             } else {
                 2 * u32::from(id) - 1
             };
             (id, weight)
         })
         .collect();
-    // Weights 1 to 40 over 1,000 servers: a cycle of 20,500 entries.
-    let one_to_forty: Vec<(u16, u32)> = (1..=1000)
-        .map(|id| (id, 1 + u32::from(id - 1) % 40))
+    let one_to_250: Vec<(u16, u32)> = (1..=4000)
+        .map(|id| (id, 1 + u32::from(id - 1) % 250))
         .collect();
     for (name, config) in [
         (
-            "wrr, 65 servers, a cycle over the cap",
+            "wrr, 65 servers, a cycle over the most the kernel reads",
             config("wrr", MAX_HASH_POOL as u16 + 1, &odd_65),
         ),
         (
-            "wrr, 1000 servers, a cycle over the cap",
-            config("wrr", 1000, &one_to_forty),
+            "wrr, 4000 servers, a cycle too costly to write out",
+            config("wrr", 4000, &one_to_250),
         ),
     ] {
         let run = run_policy(&config);

@@ -13,7 +13,8 @@
 //! read per pick, by the core's workers and, as the same 16-bit positions, by the XDP
 //! program (docs/dataplane.md "Schedules"). The cycle has at most [`SCHEDULE_CAP`] entries,
 //! so it names at most that many positions (each server is picked at least once a cycle);
-//! weights beyond it keep the credit scan.
+//! weights beyond it keep the credit scan. (The daemon writes longer wrr cycles out for
+//! the XDP program, which cannot scan a big pool's credits: [`Schedule::of_weights_within`].)
 //!
 //! Writing a cycle out costs its length times the number of distinct weights in steps
 //! (`WeightGroups`), not times the pool's size: an awrr pool has at most 29 distinct
@@ -48,11 +49,24 @@ impl Schedule {
         schedule.rebuild(weights).then_some(schedule)
     }
 
+    /// [`Schedule::of_weights`] with room for `cap` entries instead of [`SCHEDULE_CAP`]:
+    /// the daemon writes longer wrr cycles out for the XDP program, which reads them in
+    /// chunks, where a worker scans the credits instead.
+    pub fn of_weights_within(weights: &[u32], cap: usize) -> Option<Schedule> {
+        let mut schedule = Schedule::default();
+        schedule.rebuild_within(weights, cap).then_some(schedule)
+    }
+
     /// Replaces the cycle by `weights`'s, reusing the buffers; `false` (and an empty
     /// cycle) if it does not fit.
     pub fn rebuild(&mut self, weights: &[u32]) -> bool {
+        self.rebuild_within(weights, SCHEDULE_CAP)
+    }
+
+    /// [`Schedule::rebuild`] with room for `cap` entries.
+    fn rebuild_within(&mut self, weights: &[u32], cap: usize) -> bool {
         self.cycle.clear();
-        let Some(len) = cycle_len(weights) else {
+        let Some(len) = cycle_len_within(weights, cap) else {
             return false;
         };
         let divisor = weights.iter().fold(0, |g, &w| gcd(g, w.max(1)));
@@ -174,12 +188,18 @@ impl WeightGroups {
 /// The length of `weights`'s cycle if it fits a [`Schedule`]: the sum of the weights
 /// divided by their gcd.
 pub fn cycle_len(weights: &[u32]) -> Option<usize> {
+    cycle_len_within(weights, SCHEDULE_CAP)
+}
+
+/// The length of `weights`'s cycle if it has at most `cap` entries (and names at most
+/// [`SCHEDULE_MAX_POSITIONS`] positions, 16 bits each).
+pub fn cycle_len_within(weights: &[u32], cap: usize) -> Option<usize> {
     if weights.is_empty() || weights.len() > SCHEDULE_MAX_POSITIONS {
         return None;
     }
     let divisor = weights.iter().fold(0, |g, &w| gcd(g, w.max(1)));
     let len: u64 = weights.iter().map(|&w| u64::from(w.max(1) / divisor)).sum();
-    (len <= SCHEDULE_CAP as u64).then_some(len as usize)
+    (len <= cap as u64).then_some(len as usize)
 }
 
 fn gcd(mut a: u32, mut b: u32) -> u32 {

@@ -131,6 +131,9 @@ fn rust_side() -> BTreeMap<String, u64> {
         ("KERNEL_POLICY_MAGLEV", KERNEL_POLICY_MAGLEV as usize),
         ("KERNEL_POLICY_EMPTY", KERNEL_POLICY_EMPTY as usize),
         ("SCHEDULE_CAP", SCHEDULE_CAP),
+        ("SCHEDULE_CHUNKS", SCHEDULE_CHUNKS),
+        ("SCHEDULE_MAX_LEN", SCHEDULE_MAX_LEN),
+        ("SCHEDULE_CHUNK_BUDGET", SCHEDULE_CHUNK_BUDGET),
         ("LOAD_METRIC_ACTIVE", LOAD_METRIC_ACTIVE as usize),
         ("LOAD_METRIC_REPORTED", LOAD_METRIC_REPORTED as usize),
         (
@@ -608,6 +611,14 @@ fn rust_side() -> BTreeMap<String, u64> {
     ));
     values.extend(layout!(VipWeights, "struct vip_weights", total, weight));
     values.extend(layout!(VipSchedule, "struct vip_schedule", len, position));
+    values.extend(layout!(
+        ScheduleChunkKey,
+        "struct schedule_chunk_key",
+        index,
+        chunk,
+        copy
+    ));
+    values.extend(layout!(ScheduleChunk, "struct schedule_chunk", position));
     values.extend(layout!(VipBigPool, "struct vip_big_pool", id));
     values.extend(layout!(
         PolicyState,

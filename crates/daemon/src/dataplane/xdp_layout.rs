@@ -1375,14 +1375,70 @@ pub struct VipSchedule {
 }
 
 impl VipSchedule {
-    /// The value for `cycle` (at most [`SCHEDULE_CAP`] entries, as a `Schedule` holds).
+    /// The value for `cycle` (at most [`SCHEDULE_MAX_LEN`] entries): its length and its
+    /// first [`SCHEDULE_CAP`] entries; the rest go to [`ScheduleChunk::values_of`].
     pub fn value_of(cycle: &[u16]) -> Vec<u8> {
-        let cycle = &cycle[..cycle.len().min(SCHEDULE_CAP)];
-        let positions: Vec<u8> = cycle.iter().flat_map(|p| p.to_ne_bytes()).collect();
+        let len = cycle.len().min(SCHEDULE_MAX_LEN);
+        let head = &cycle[..len.min(SCHEDULE_CAP)];
+        let positions: Vec<u8> = head.iter().flat_map(|p| p.to_ne_bytes()).collect();
         Bytes::of::<Self>()
-            .put(offset_of!(Self, len), &(cycle.len() as u32).to_ne_bytes())
+            .put(offset_of!(Self, len), &(len as u32).to_ne_bytes())
             .put(offset_of!(Self, position), &positions)
             .0
+    }
+}
+
+/// Chunks a wrr cycle may take, its first included (`SCHEDULE_CHUNKS`).
+pub const SCHEDULE_CHUNKS: usize = 32;
+/// The most entries of a cycle the kernel reads (`SCHEDULE_MAX_LEN`).
+pub const SCHEDULE_MAX_LEN: usize = SCHEDULE_CHUNKS * SCHEDULE_CAP;
+/// `wrr_schedule_chunks` entries a copy of the tables may take (`SCHEDULE_CHUNK_BUDGET`).
+pub const SCHEDULE_CHUNK_BUDGET: usize = 1024;
+
+/// `struct schedule_chunk_key`: chunk `chunk` of VIP `index`'s wrr cycle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleChunkKey {
+    pub index: u16,
+    pub chunk: u8,
+    /// Of the published tables: the publisher sets it per copy (`xdp_tables.rs`).
+    pub copy: u8,
+}
+
+impl Encode for ScheduleChunkKey {
+    fn to_bytes(&self) -> Vec<u8> {
+        Bytes::of::<Self>()
+            .put(offset_of!(Self, index), &self.index.to_ne_bytes())
+            .put(offset_of!(Self, chunk), &[self.chunk])
+            .put(offset_of!(Self, copy), &[self.copy])
+            .0
+    }
+}
+
+/// `struct schedule_chunk`: entries `chunk * SCHEDULE_CAP` on of a cycle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleChunk {
+    pub position: [u16; SCHEDULE_CAP],
+}
+
+impl ScheduleChunk {
+    /// The chunks of `cycle` beyond its first [`SCHEDULE_CAP`] entries (at most
+    /// [`SCHEDULE_MAX_LEN`] entries in all): (chunk, value), from chunk 1 on.
+    pub fn values_of(cycle: &[u16]) -> Vec<(u8, Vec<u8>)> {
+        let cycle = &cycle[..cycle.len().min(SCHEDULE_MAX_LEN)];
+        cycle
+            .chunks(SCHEDULE_CAP)
+            .enumerate()
+            .skip(1)
+            .map(|(chunk, entries)| {
+                let positions: Vec<u8> = entries.iter().flat_map(|p| p.to_ne_bytes()).collect();
+                let value = Bytes::of::<Self>()
+                    .put(offset_of!(Self, position), &positions)
+                    .0;
+                (chunk as u8, value)
+            })
+            .collect()
     }
 }
 

@@ -20,7 +20,7 @@ use anyhow::Context;
 use cheetah_core::config::{Forwarding, Mode};
 use cheetah_core::cookie::CookieLayout;
 use cheetah_core::lb::Ingress;
-use cheetah_core::policy::schedule::{cycle_len, Schedule};
+use cheetah_core::policy::schedule::{cycle_len_within, Schedule};
 use cheetah_core::policy::{LoadMetric, PolicyKind};
 use cheetah_core::tables::{vip_addr_bit, SlotState, Snapshot};
 use libbpf_rs::{MapCore, MapFlags};
@@ -61,8 +61,10 @@ pub struct Wanted {
     pub vip_weights: Entries,
     /// The pools over MAX_HASH_POOL servers (`vip_big_pools`), by VIP index.
     pub vip_big_pools: Entries,
-    /// The cycles of the wrr VIPs whose cycle fits a `Schedule`.
+    /// The cycles of the wrr VIPs the kernel reads one for (`kernel_wrr_cycle_len`).
     pub wrr_schedules: Entries,
+    /// Their entries beyond `SCHEDULE_CAP`, by (VIP, chunk).
+    pub wrr_schedule_chunks: Entries,
     pub servers: Entries,
     pub server_macs: Entries,
     pub backends: Entries,
@@ -94,9 +96,8 @@ pub fn kernel_holds_pool(pool_len: usize) -> bool {
 /// (`kernel_loads.rs`); maglev for a pool of any size, from the VIP's Maglev table
 /// (`maglev_tables`, published for every non-empty pool outside hash mode), never from the
 /// pool. wrr and awrr keep per-position state for MAX_HASH_POOL positions: over that,
-/// the kernel reads their cycle instead of scanning credits. A wrr pool's must fit a
-/// [`Schedule`] (at most `SCHEDULE_CAP` entries, so at most that many servers); an awrr
-/// pool's always does (`awrr_buckets_into` scales the buckets of a pool over 819 servers
+/// the kernel reads their cycle instead of scanning credits. A wrr pool's must be one the
+/// kernel reads ([`kernel_wrr_cycle_len`]); an awrr pool's always is (`awrr_buckets_into` scales the buckets of a pool over 819 servers
 /// to fit). NONE leaves them to userspace (a bigger pool); EMPTY (no server) has the
 /// kernel drop every new connection, as the core does. Costs a pass over the weights, not
 /// a cycle's build.
@@ -107,7 +108,7 @@ pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
     }
     let within_state = pool_len <= MAX_HASH_POOL
         || match kind {
-            PolicyKind::WeightedRoundRobin => cycle_len(weights).is_some(),
+            PolicyKind::WeightedRoundRobin => kernel_wrr_cycle_len(weights).is_some(),
             _ => true,
         };
     if (kind != PolicyKind::Maglev && !kernel_holds_pool(pool_len)) || !within_state {
@@ -126,6 +127,32 @@ pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
     }
 }
 
+/// Most steps the publisher spends writing out a wrr cycle longer than `SCHEDULE_CAP`:
+/// its length times its distinct weights, about 1 ns each in a release build (about
+/// 35 ms), once per change of a VIP's weights.
+pub const MAX_CYCLE_STEPS: u64 = 1 << 25;
+
+/// The length of the cycle the kernel reads for a wrr pool of `weights`, if it reads one:
+/// up to `SCHEDULE_CAP` entries in `wrr_schedules`, or for a pool over MAX_HASH_POOL
+/// servers (whose credits it cannot scan) up to `SCHEDULE_MAX_LEN` in chunks, if writing it
+/// out costs at most [`MAX_CYCLE_STEPS`].
+pub fn kernel_wrr_cycle_len(weights: &[u32]) -> Option<usize> {
+    let cap = if weights.len() > MAX_HASH_POOL {
+        SCHEDULE_MAX_LEN
+    } else {
+        SCHEDULE_CAP
+    };
+    let len = cycle_len_within(weights, cap)?;
+    if len <= SCHEDULE_CAP {
+        return Some(len);
+    }
+    // As the cycle's writer takes them: a weight of 0 counts as 1.
+    let mut distinct: Vec<u32> = weights.iter().map(|&w| w.max(1)).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    (len as u64 * distinct.len() as u64 <= MAX_CYCLE_STEPS).then_some(len)
+}
+
 /// `vip_info.load_metric` for `metric`.
 pub fn kernel_load_metric(metric: LoadMetric) -> u8 {
     match metric {
@@ -136,30 +163,44 @@ pub fn kernel_load_metric(metric: LoadMetric) -> u8 {
     }
 }
 
-/// The `wrr_schedules` values of the last publication, by the weights they were written
+/// A wrr cycle as the kernel reads it: its `wrr_schedules` value and, beyond
+/// `SCHEDULE_CAP` entries, its `wrr_schedule_chunks` values by chunk.
+#[derive(Clone)]
+struct CycleValues {
+    head: Vec<u8>,
+    chunks: Vec<(u8, Vec<u8>)>,
+}
+
+/// The values of the wrr cycles of the last publication, by the weights they were written
 /// out from. The publisher runs every second and on every change of the tables; a cycle
-/// costs up to `SCHEDULE_CAP` times the distinct weights to write out, and only a change of
+/// costs up to its length times the distinct weights to write out, and only a change of
 /// its VIP's weights changes it, so each is written out once per set of weights.
 #[derive(Default)]
 pub struct WrrCycles {
-    by_weights: HashMap<Vec<u32>, Option<Vec<u8>>>,
+    by_weights: HashMap<Vec<u32>, Option<CycleValues>>,
     written_out: u64,
 }
 
 impl WrrCycles {
-    /// `wrr_schedules`' value for a pool of `weights` (None: its cycle does not fit),
-    /// from `earlier` (the last publication's cycles) or written out now; kept in `self`.
+    /// The cycle the kernel reads for a pool of `weights` (None: it reads none,
+    /// [`kernel_wrr_cycle_len`]), from `earlier` (the last publication's cycles) or
+    /// written out now; kept in `self`.
     fn value_of(
         &mut self,
-        earlier: &mut HashMap<Vec<u32>, Option<Vec<u8>>>,
+        earlier: &mut HashMap<Vec<u32>, Option<CycleValues>>,
         weights: &[u32],
-    ) -> Option<Vec<u8>> {
+    ) -> Option<CycleValues> {
         if let Some(value) = self.by_weights.get(weights) {
             return value.clone();
         }
         let value = earlier.remove(weights).unwrap_or_else(|| {
             self.written_out += 1;
-            Schedule::of_weights(weights).map(|schedule| VipSchedule::value_of(schedule.cycle()))
+            let len = kernel_wrr_cycle_len(weights)?;
+            let schedule = Schedule::of_weights_within(weights, len)?;
+            Some(CycleValues {
+                head: VipSchedule::value_of(schedule.cycle()),
+                chunks: ScheduleChunk::values_of(schedule.cycle()),
+            })
         });
         self.by_weights.insert(weights.to_vec(), value.clone());
         value
@@ -223,6 +264,7 @@ pub fn wanted_reusing(
     };
 
     let mut backend_ports = BTreeSet::new();
+    let mut chunks_left = SCHEDULE_CHUNK_BUDGET;
     for (index, vip) in snapshot.vips.iter().enumerate() {
         let std::net::IpAddr::V4(addr) = vip.address else {
             continue;
@@ -252,6 +294,19 @@ pub fn wanted_reusing(
                 .maglev
                 .insert(index as u32, Arc::clone(&vip.pool.maglev));
         }
+        let mut policy = kernel_policy(vip.policy, &vip.pool.weights);
+        let cycle = if policy == KERNEL_POLICY_WRR {
+            cycles.value_of(&mut earlier, &vip.pool.weights)
+        } else {
+            None
+        };
+        // Chunks beyond what is left of the copy's budget: this VIP's SYNs go up.
+        if let Some(values) = &cycle {
+            match chunks_left.checked_sub(values.chunks.len()) {
+                Some(left) => chunks_left = left,
+                None => policy = KERNEL_POLICY_NONE,
+            }
+        }
         let mut info = VipInfo {
             hash_prefix: snapshot.vip_hash_prefix(index as u16).state(),
             addr: addr.octets(),
@@ -265,7 +320,7 @@ pub fn wanted_reusing(
                 0
             },
             pool: [0; MAX_HASH_POOL],
-            policy: kernel_policy(vip.policy, &vip.pool.weights),
+            policy,
             load_metric: kernel_load_metric(vip.pool.metric),
             pad: [0; 2],
         };
@@ -295,9 +350,15 @@ pub fn wanted_reusing(
                 .vip_weights
                 .insert(array_key(index), weights.to_bytes());
         }
-        if info.policy == KERNEL_POLICY_WRR {
-            if let Some(value) = cycles.value_of(&mut earlier, &vip.pool.weights) {
-                wanted.wrr_schedules.insert(array_key(index), value);
+        if let Some(values) = cycle.filter(|_| info.policy == KERNEL_POLICY_WRR) {
+            wanted.wrr_schedules.insert(array_key(index), values.head);
+            for (chunk, value) in values.chunks {
+                let key = ScheduleChunkKey {
+                    index: index as u16,
+                    chunk,
+                    copy: 0,
+                };
+                wanted.wrr_schedule_chunks.insert(key.to_bytes(), value);
             }
         }
         let key = VipKey {
@@ -574,7 +635,7 @@ fn write_copy(
         )
     };
     let field = |offset: usize, width: usize| (Kind::Hash, Latch::Field { offset, width });
-    let maps: [PublishedMap; 12] = [
+    let maps: [PublishedMap; 13] = [
         (
             "servers",
             array(SERVER_ID_SPACE, std::mem::size_of::<ServerInfo>()),
@@ -598,6 +659,12 @@ fn write_copy(
             (Kind::Hash, Latch::Index { entries: MAX_VIPS }),
             &wanted.wrr_schedules,
             last.map(|l| &l.wrr_schedules),
+        ),
+        (
+            "wrr_schedule_chunks",
+            field(std::mem::offset_of!(ScheduleChunkKey, copy), 1),
+            &wanted.wrr_schedule_chunks,
+            last.map(|l| &l.wrr_schedule_chunks),
         ),
         (
             "vips_by_index",
@@ -1017,14 +1084,27 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
                 "{kind}"
             );
         }
-        // wrr over 64 servers only with a cycle that fits: odd weights 1, 3, .., 127 and
-        // one of 13,000 make one of 17,096 entries, over SCHEDULE_CAP; 1, 2, 1, 2, .. one of
-        // 98.
-        let odd: Vec<u32> = (0..MAX_HASH_POOL as u32)
-            .map(|i| 2 * i + 1)
-            .chain([13_000])
-            .collect();
-        assert_eq!(kernel_policy(WeightedRoundRobin, &odd), KERNEL_POLICY_NONE);
+        // wrr over 64 servers only with a cycle the kernel reads: odd weights 1, 3, .., 127
+        // and one of 13,000 make one of 17,096 entries, over SCHEDULE_CAP, in two chunks;
+        // with one of 600,000, one of 604,096, over SCHEDULE_MAX_LEN; 1, 2, 1, 2, .. one
+        // of 98.
+        let odd = |last: u32| -> Vec<u32> {
+            (0..MAX_HASH_POOL as u32)
+                .map(|i| 2 * i + 1)
+                .chain([last])
+                .collect()
+        };
+        assert_eq!(
+            kernel_policy(WeightedRoundRobin, &odd(13_000)),
+            KERNEL_POLICY_WRR
+        );
+        assert_eq!(kernel_wrr_cycle_len(&odd(13_000)), Some(17_096));
+        assert_eq!(
+            kernel_policy(WeightedRoundRobin, &odd(600_000)),
+            KERNEL_POLICY_NONE
+        );
+        // Within 64 servers the kernel scans the credits of a cycle over SCHEDULE_CAP.
+        assert_eq!(kernel_wrr_cycle_len(&odd(13_000)[1..]), None);
         let alternating: Vec<u32> = (0..MAX_HASH_POOL as u32 + 1).map(|i| 1 + i % 2).collect();
         assert_eq!(
             kernel_policy(WeightedRoundRobin, &alternating),
@@ -1032,7 +1112,9 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         );
         // Over 256 servers, positions beyond a byte: weights 1 to 5 over 300 and 1,000
         // servers make cycles of 900 and 3,000 entries; 1 to 40 over 1,000 one of 20,500,
-        // over SCHEDULE_CAP.
+        // over SCHEDULE_CAP (in chunks); 1 to 300 over 16,384 one of 2,465,668, over
+        // SCHEDULE_MAX_LEN; 1 to 100 over 10,000 one of 505,000 under it, but 100 distinct
+        // weights make 50.5 M steps to write it out, over MAX_CYCLE_STEPS.
         let cycling =
             |servers: u32, top: u32| -> Vec<u32> { (0..servers).map(|i| 1 + i % top).collect() };
         for servers in [300, 1000] {
@@ -1044,8 +1126,14 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
         }
         assert_eq!(
             kernel_policy(WeightedRoundRobin, &cycling(1000, 40)),
+            KERNEL_POLICY_WRR
+        );
+        assert_eq!(
+            kernel_policy(WeightedRoundRobin, &cycling(16_384, 300)),
             KERNEL_POLICY_NONE
         );
+        assert_eq!(kernel_wrr_cycle_len(&cycling(10_000, 100)), None);
+        assert_eq!(kernel_wrr_cycle_len(&cycling(10_000, 50)), Some(255_000));
         // Every metric's loads are in each CPU's view (the metric does not decide).
         for (metric, expected) in [
             (LoadMetric::ActiveConnections, LOAD_METRIC_ACTIVE),
@@ -1169,6 +1257,100 @@ lb-s\t0000140A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
             cold.wrr_schedules[&array_key(0)]
         );
         assert_eq!(cycles.written_out(), 3, "only the changed pool's cycle");
+    }
+
+    /// A wrr config of `vips` VIPs (ports 80 on) over servers 1 to `servers`, each with
+    /// the weights `weight(id)`.
+    fn wrr_config(vips: u16, servers: u16, weight: impl Fn(u16) -> u32) -> LbConfig {
+        let mut config = testkit::config(
+            Mode::Cheetah,
+            Forwarding::L2,
+            PolicyKind::WeightedRoundRobin,
+            servers,
+        );
+        config.vips[0].weights = (1..=servers)
+            .map(|id| (id.to_string(), weight(id)))
+            .collect();
+        let first = config.vips[0].clone();
+        config.vips.extend((1..vips).map(|n| {
+            let mut vip = first.clone();
+            vip.port += n;
+            vip
+        }));
+        config
+    }
+
+    #[test]
+    fn a_wrr_cycle_over_the_cap_is_published_in_chunks() {
+        // Weights 1 to 40 over 1,000 servers: a cycle of 20,500 entries, 16,384 in
+        // wrr_schedules and the rest in chunk 1.
+        let config = wrr_config(1, 1000, |id| 1 + u32::from(id - 1) % 40);
+        let plane = ControlPlane::new(&config, &Secret([5; 16])).unwrap();
+        let wanted = wanted_of(&plane, true);
+        let weights: Vec<u32> = (1..=1000u16).map(|id| 1 + u32::from(id - 1) % 40).collect();
+        let cycle = Schedule::of_weights_within(&weights, SCHEDULE_MAX_LEN).unwrap();
+        assert_eq!(cycle.len(), 20_500);
+        let positions = |bytes: &[u8]| -> Vec<u16> {
+            bytes
+                .chunks(2)
+                .map(|p| u16::from_ne_bytes([p[0], p[1]]))
+                .collect()
+        };
+        let head = &wanted.wrr_schedules[&array_key(0)];
+        let len_at = std::mem::offset_of!(VipSchedule, len);
+        assert_eq!(head[len_at..len_at + 4], 20_500u32.to_ne_bytes());
+        let at = std::mem::offset_of!(VipSchedule, position);
+        assert_eq!(positions(&head[at..]), cycle.cycle()[..SCHEDULE_CAP]);
+        assert_eq!(wanted.wrr_schedule_chunks.len(), 1);
+        let key = ScheduleChunkKey {
+            index: 0,
+            chunk: 1,
+            copy: 0,
+        };
+        let chunk = positions(&wanted.wrr_schedule_chunks[&key.to_bytes()]);
+        assert_eq!(
+            chunk[..20_500 - SCHEDULE_CAP],
+            cycle.cycle()[SCHEDULE_CAP..]
+        );
+        assert!(chunk[20_500 - SCHEDULE_CAP..].iter().all(|&p| p == 0));
+        let info = &wanted.vips_by_index[&array_key(0)];
+        assert_eq!(
+            info[std::mem::offset_of!(VipInfo, policy)],
+            KERNEL_POLICY_WRR
+        );
+    }
+
+    #[test]
+    fn wrr_cycles_beyond_the_chunk_budget_leave_their_vips_to_userspace() {
+        // 64 servers of weight 1 and one of 524,224: a cycle of SCHEDULE_MAX_LEN entries,
+        // 31 chunks beyond the first. 33 such VIPs take 1,023 of the 1,024 chunks.
+        let config = wrr_config(35, 65, |id| if id == 65 { 524_224 } else { 1 });
+        let plane = ControlPlane::new(&config, &Secret([5; 16])).unwrap();
+        let wanted = wanted_of(&plane, true);
+        let fitting = SCHEDULE_CHUNK_BUDGET / (SCHEDULE_CHUNKS - 1);
+        assert_eq!(fitting, 33);
+        assert_eq!(
+            wanted.wrr_schedule_chunks.len(),
+            fitting * (SCHEDULE_CHUNKS - 1)
+        );
+        for index in 0..35 {
+            let info = &wanted.vips_by_index[&array_key(index)];
+            let expected = if index < fitting {
+                KERNEL_POLICY_WRR
+            } else {
+                KERNEL_POLICY_NONE
+            };
+            assert_eq!(
+                info[std::mem::offset_of!(VipInfo, policy)],
+                expected,
+                "VIP {index}"
+            );
+            assert_eq!(
+                wanted.wrr_schedules.contains_key(&array_key(index)),
+                index < fitting,
+                "VIP {index}"
+            );
+        }
     }
 
     #[test]

@@ -172,8 +172,9 @@ const SYN_SETUPS: [Setup; 8] = [
 /// published schedule.
 const WRR_CYCLE: &str = "wrr";
 /// wrr with one server of weight SCHEDULE_CAP: a cycle over the cap, so the kernel scans
-/// the credits as before schedules (up to 64 servers; over that the SYN goes up).
-const WRR_SCAN: &str = "wrr over the cap (scan)";
+/// the credits as before schedules up to 64 servers, and over that reads the cycle, whose
+/// entries past the cap are in `wrr_schedule_chunks` (one more lookup).
+const WRR_SCAN: &str = "wrr over the cap (scan; chunks over 64 servers)";
 
 /// `setup`'s config for `servers` servers: the test kit's, with the wrr rows' weights.
 fn bench_config(setup: &Setup, servers: u16) -> LbConfig {
