@@ -136,6 +136,9 @@ pub struct KernelRun {
     /// `STAT_ANSWER_MOVED` moved, beside the SYN-ACK's own entry (kept out of `events`):
     /// it moved its retried SYN's load count (the core's `handshake_count_moved`).
     pub answer_moved: bool,
+    /// How far past the core's `now` the kernel's clock may have been when the program
+    /// read it: the time from setting it to the run's return (an upper bound).
+    pub clock_slack_ns: u64,
 }
 
 impl KernelRun {
@@ -433,8 +436,9 @@ impl Kernel {
         // Last, so that the program reads the core's `now` a few microseconds on, not the
         // milliseconds reading every server's traffic takes (the clock table anchors in
         // ms).
+        let clock_set_at = monotonic_ns();
         self.program
-            .set_clock_base(monotonic_ns().wrapping_sub(now))
+            .set_clock_base(clock_set_at.wrapping_sub(now))
             .expect("set the kernel's clock");
         let output = self
             .program
@@ -444,6 +448,7 @@ impl Kernel {
             .expect("program cheetah_lb")
             .test_run(input)
             .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on {} bytes: {e}", packet.len()));
+        let clock_slack_ns = monotonic_ns().saturating_sub(clock_set_at);
         let action = output.return_value;
         let data = output.data.expect("data out").to_vec();
         let stats_after = self.program.stats();
@@ -520,6 +525,7 @@ impl Kernel {
             echo_beyond_idle_limit: stats_after.echo_beyond_idle_limit
                 != stats_before.echo_beyond_idle_limit,
             answer_moved: moved(answer_at),
+            clock_slack_ns,
         }
     }
 }
