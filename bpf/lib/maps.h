@@ -237,9 +237,10 @@ struct {
 
 // VIP index (of a copy, as an array's: publish.h latched_index) -> the cycle of its wrr
 // weights, for the wrr VIPs the kernel reads one for (cheetah_shared.h struct
-// vip_schedule: its length and first SCHEDULE_CAP entries; the others scan vip_weights). Written at a publication. A hash map without preallocation
-// holds only the VIPs that have one (32 KiB each): an array, or a preallocated hash map,
-// would take 256 MiB for both copies of MAX_VIPS.
+// vip_schedule: its length and first SCHEDULE_CAP entries; the others scan vip_weights).
+// Written at a publication. A hash map without preallocation holds only the VIPs that
+// have one (32 KiB each): an array, or a preallocated hash map, would take 256 MiB for
+// both copies of MAX_VIPS.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -249,11 +250,13 @@ struct {
 } wrr_schedules SEC(".maps");
 
 // The chunks of wrr cycles over SCHEDULE_CAP entries (cheetah_shared.h struct
-// schedule_chunk), written at a publication with the cycle's first entries.
+// schedule_chunk), written at a publication with the cycle's first entries. Room for one
+// budget more than the copies hold: the publisher writes a copy's new chunks before it
+// deletes its stale ones (xdp_tables.rs `sync`), and their keys need not be the same.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, PUBLISH_COPIES * SCHEDULE_CHUNK_BUDGET);
+	__uint(max_entries, (PUBLISH_COPIES + 1) * SCHEDULE_CHUNK_BUDGET);
 	__type(key, struct schedule_chunk_key);
 	__type(value, struct schedule_chunk);
 } wrr_schedule_chunks SEC(".maps");

@@ -19,9 +19,10 @@ use cheetah_daemon::dataplane::vip_slots;
 use cheetah_daemon::dataplane::xdp::SteeringProgram;
 use cheetah_daemon::dataplane::xdp_layout::{
     Encode, MaglevChunk, NextHop, NextHopKey, VipSlot, NEXT_HOP_KNOWN, PUBLISH_COPIES,
-    STAT_DROP_NO_SERVER_AVAILABLE_PICK, STAT_DROP_SERVER_REMOVED_GENERAL, STAT_DROP_TS_MSB_UNKNOWN,
-    STAT_DROP_VIP_PORT_UNKNOWN, STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK,
-    STAT_FAST_SERVER_COOKIE, STAT_REPLY_BY_STEERING, STAT_UP_LAYOUT, STAT_UP_OTHER, VIP_SLOTS,
+    SCHEDULE_CHUNKS, SCHEDULE_CHUNK_BUDGET, STAT_DROP_NO_SERVER_AVAILABLE_PICK,
+    STAT_DROP_SERVER_REMOVED_GENERAL, STAT_DROP_TS_MSB_UNKNOWN, STAT_DROP_VIP_PORT_UNKNOWN,
+    STAT_FAST_CLIENT_COOKIE, STAT_FAST_CLIENT_PICK, STAT_FAST_SERVER_COOKIE,
+    STAT_REPLY_BY_STEERING, STAT_UP_LAYOUT, STAT_UP_OTHER, VIP_SLOTS,
 };
 use cheetah_daemon::dataplane::xdp_tables::{wanted, Publication, Publisher};
 use libbpf_rs::{MapCore, MapFlags};
@@ -572,4 +573,57 @@ fn with_ip_checksum(frame: &[u8]) -> Vec<u8> {
     let checksum = !(((folded & 0xffff) + (folded >> 16)) as u16);
     out[ip + 10..ip + 12].copy_from_slice(&checksum.to_be_bytes());
     out
+}
+
+/// wrr cycles in chunks up to the budget, then every VIP's index moves by one (a VIP
+/// before them): the copy being written holds its new chunks before its stale ones go,
+/// beside the other copy's. The map must take them all, or the publication fails.
+#[test]
+fn wrr_chunks_that_all_move_at_once_fit_the_map() {
+    if !is_root() {
+        eprintln!("\n*** SKIPPED: needs root (loads a BPF program) ***\n");
+        return;
+    }
+    // 64 servers of weight 1 and one of 524,224: a cycle of SCHEDULE_MAX_LEN entries, 31
+    // chunks beyond the first; 33 such VIPs take 1,023 of a copy's 1,024 chunks.
+    let chunked_vips = SCHEDULE_CHUNK_BUDGET / (SCHEDULE_CHUNKS - 1);
+    let mut config = testkit::config(
+        Mode::Cheetah,
+        Forwarding::L2,
+        PolicyKind::WeightedRoundRobin,
+        65,
+    );
+    config.vips[0].weights = (1..=65u16)
+        .map(|id| (id.to_string(), if id == 65 { 524_224 } else { 1 }))
+        .collect();
+    let first = config.vips[0].clone();
+    config.vips = (0..chunked_vips as u16)
+        .map(|n| {
+            let mut vip = first.clone();
+            vip.port = 1000 + n;
+            vip
+        })
+        .collect();
+    let mut moved = config.clone();
+    let mut before = first.clone();
+    before.port = 999;
+    before.weights.clear();
+    before.policy = PolicyKind::RoundRobin;
+    moved.vips.insert(0, before);
+
+    let program = SteeringProgram::load(config.fallback_table_capacity).unwrap();
+    let mut publisher = Publisher::new();
+    let chunks = |program: &SteeringProgram| {
+        program
+            .try_map("wrr_schedule_chunks")
+            .unwrap()
+            .keys()
+            .count()
+    };
+    let in_copies = PUBLISH_COPIES * chunked_vips * (SCHEDULE_CHUNKS - 1);
+    for config in [&config, &moved] {
+        let plane = ControlPlane::new(config, &Secret([7; 16])).unwrap();
+        publish(&program, &plane, &mut publisher, true);
+        assert_eq!(chunks(&program), in_copies, "every copy holds every chunk");
+    }
 }
