@@ -557,15 +557,29 @@ struct Tally {
     clock_slips: u64,
 }
 
-/// The shared tables' time units: handshake retry marks and fallback ages (2^30 ns), the
-/// clock table's anchors (ms).
-const TIME_UNITS: [u64; 2] = [1 << 30, 1_000_000];
+/// The shared tables' time units, each with how far below its boundaries `now` is never
+/// drawn: handshake retry marks and fallback ages (2^30 ns; 10 ms), the clock table's
+/// anchors (ms; 100 us).
+const TIME_UNITS: [(u64, u64); 2] = [(1 << 30, 10_000_000), (1_000_000, 100_000)];
+
+/// `now`, moved up to a unit's boundary where it is closer below one than the unit's
+/// margin ([`TIME_UNITS`]).
+fn clear_of_unit_boundaries(mut now: u64) -> u64 {
+    for (unit, margin) in TIME_UNITS {
+        if unit - now % unit < margin {
+            now += unit - now % unit;
+        }
+    }
+    now
+}
 
 /// Whether a clock read up to `slack` ns after `now` may fall in another unit than `now`
 /// (the kernel's clock is `now` when a run starts and runs on: preempted between, it
 /// writes a later ms than the core, which is no difference between the two).
 fn crossed_a_unit(now: u64, slack: u64) -> bool {
-    TIME_UNITS.iter().any(|unit| now % unit + slack >= *unit)
+    TIME_UNITS
+        .iter()
+        .any(|(unit, _)| now % unit + slack >= *unit)
 }
 
 #[test]
@@ -685,16 +699,9 @@ fn the_kernel_does_what_the_core_does_or_hands_the_frame_up_unchanged() {
             };
             // The kernel's clock is the core's `now` when the run is set up, and a few
             // microseconds more when the program reads it: close below a boundary of the
-            // shared tables' time units (2^30 ns: handshake retry marks, fallback ages), the
-            // two would write different units. Not a difference between kernel and core.
-            const UNIT: u64 = 1 << 30;
-            if UNIT - now % UNIT < 10_000_000 {
-                now += UNIT - now % UNIT;
-            }
-            // Likewise the clock table's anchors, in ms.
-            if 1_000_000 - now % 1_000_000 < 100_000 {
-                now += 1_000_000 - now % 1_000_000;
-            }
+            // shared tables' time units, the two would write different units. Not a
+            // difference between kernel and core.
+            now = clear_of_unit_boundaries(now);
             if now - refreshed >= NANOS_PER_SEC {
                 plane.shared().msb.refresh(now);
                 refreshed = now;

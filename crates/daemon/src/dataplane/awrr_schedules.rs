@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use anyhow::Context;
 use cheetah_core::policy::awrr::awrr_buckets_into;
 use cheetah_core::policy::schedule::Schedule;
-use cheetah_core::policy::LoadView;
+use cheetah_core::policy::{LoadView, PolicyKind};
 use cheetah_core::tables::Snapshot;
 use cheetah_core::types::ServerId;
 use libbpf_rs::{MapCore, MapFlags};
@@ -68,7 +68,11 @@ impl AwrrSchedules {
         let mut awrr = Vec::new();
         for (index, vip) in snapshot.vips.iter().take(MAX_VIPS).enumerate() {
             let pool = &vip.pool;
-            if kernel_policy(vip.policy, &pool.weights) != KERNEL_POLICY_AWRR {
+            // Every fold (50 ms): only awrr VIPs are asked, not wrr ones, whose question
+            // may sort their weights.
+            if vip.policy != PolicyKind::AutoWeightedRoundRobin
+                || kernel_policy(vip.policy, &pool.weights) != KERNEL_POLICY_AWRR
+            {
                 continue;
             }
             let index = index as u32;

@@ -97,10 +97,11 @@ pub fn kernel_holds_pool(pool_len: usize) -> bool {
 /// (`maglev_tables`, published for every non-empty pool outside hash mode), never from the
 /// pool. wrr and awrr keep per-position state for MAX_HASH_POOL positions: over that,
 /// the kernel reads their cycle instead of scanning credits. A wrr pool's must be one the
-/// kernel reads ([`kernel_wrr_cycle_len`]); an awrr pool's always is (`awrr_buckets_into` scales the buckets of a pool over 819 servers
-/// to fit). NONE leaves them to userspace (a bigger pool); EMPTY (no server) has the
-/// kernel drop every new connection, as the core does. Costs a pass over the weights, not
-/// a cycle's build.
+/// kernel reads ([`kernel_wrr_cycle_len`]); an awrr pool's always is (`awrr_buckets_into`
+/// scales the buckets of a pool over 819 servers to fit). NONE leaves them to userspace
+/// (a bigger pool); EMPTY (no server) has the kernel drop every new connection, as the
+/// core does. Costs a pass over the weights (and for a wrr cycle over `SCHEDULE_CAP` a
+/// sort of them, to count the distinct ones), not a cycle's build.
 pub fn kernel_policy(kind: PolicyKind, weights: &[u32]) -> u8 {
     let pool_len = weights.len();
     if pool_len == 0 {
